@@ -1,0 +1,676 @@
+//! The transition algorithm, written once for every backend.
+//!
+//! validate input → read (one statement) → judge → conditional update + history insert →
+//! on a lost race, read afresh and judge again, within a bounded retry budget.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::machine::{StateMachine, validate};
+use crate::store::{
+    Apply, ErrorClass, Key, Observed, RawTransition, Store, db_error, is_unique_violation,
+};
+use crate::{Error, Result};
+
+/// Longest accepted `ref_id`, in characters.
+pub const MAX_REF_LEN: usize = 255;
+
+/// The result of a transition that did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Outcome<S> {
+    /// This call moved the entity.
+    Applied {
+        /// State before.
+        from: S,
+        /// State after.
+        to: S,
+        /// Version after (equals the history row's `seq`).
+        version: i64,
+    },
+    /// This exact request was applied before; nothing was written. The fields are what the
+    /// first application recorded, even if the entity has moved on since.
+    Replayed {
+        /// State before the first application.
+        from: S,
+        /// State after the first application.
+        to: S,
+        /// Version after the first application.
+        version: i64,
+    },
+}
+
+impl<S: Copy> Outcome<S> {
+    /// The state this request led to.
+    pub fn state(&self) -> S {
+        match self {
+            Outcome::Applied { to, .. } | Outcome::Replayed { to, .. } => *to,
+        }
+    }
+
+    /// The version this request produced.
+    pub fn version(&self) -> i64 {
+        match self {
+            Outcome::Applied { version, .. } | Outcome::Replayed { version, .. } => *version,
+        }
+    }
+
+    /// Whether this call wrote anything.
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Outcome::Applied { .. })
+    }
+}
+
+/// An entity's current state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Order<S> {
+    /// Its id.
+    pub id: i64,
+    /// Its state.
+    pub state: S,
+    /// Number of transitions applied to it.
+    pub version: i64,
+}
+
+/// One history row, parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record<M: StateMachine> {
+    /// Version after this transition.
+    pub seq: i64,
+    /// State before.
+    pub from: M::State,
+    /// State after.
+    pub to: M::State,
+    /// The event.
+    pub event: M::Event,
+    /// The caller's reference.
+    pub ref_id: String,
+    /// SHA-256 of the payload's JSON, hex, if a payload was given.
+    pub payload_hash: Option<String>,
+    /// The payload, if one was given.
+    pub payload: Option<serde_json::Value>,
+    /// When it was recorded (database clock).
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Retry policy for lost races and retryable database errors.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Attempts per request before [`Error::Contention`]. Default 10.
+    pub max_attempts: u32,
+    /// First backoff delay. Default 1 ms.
+    pub min_backoff: Duration,
+    /// Largest backoff delay. Default 100 ms.
+    pub max_backoff: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_attempts: 10,
+            min_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Drives a [`StateMachine`] over a [`Store`].
+pub struct Engine<M, S> {
+    store: S,
+    config: EngineConfig,
+    machine: PhantomData<fn() -> M>,
+}
+
+impl<M, S: Clone> Clone for Engine<M, S> {
+    fn clone(&self) -> Self {
+        Engine {
+            store: self.store.clone(),
+            config: self.config.clone(),
+            machine: PhantomData,
+        }
+    }
+}
+
+impl<M: StateMachine, S: Store> std::fmt::Debug for Engine<M, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("machine", &M::NAME)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Step<S> {
+    Done(Result<Outcome<S>>),
+    Retry,
+}
+
+enum Verdict<S> {
+    Done(Result<Outcome<S>>),
+    Apply { from: S, to: S, version: i64 },
+}
+
+/// A payload's fingerprint and JSON text.
+struct Payload {
+    hash: String,
+    json: String,
+}
+
+impl<M: StateMachine, S: Store> Engine<M, S> {
+    /// An engine with the default [`EngineConfig`]. Fails with [`Error::InvalidMachine`]
+    /// if the graph is unsound (only possible for hand-written machines; the macro checks
+    /// at compile time).
+    pub fn new(store: S) -> Result<Self> {
+        Self::with_config(store, EngineConfig::default())
+    }
+
+    /// An engine with an explicit retry policy.
+    pub fn with_config(store: S, config: EngineConfig) -> Result<Self> {
+        validate::<M>().map_err(Error::InvalidMachine)?;
+        if config.max_attempts == 0 {
+            return Err(Error::InvalidInput("max_attempts must be at least 1".into()));
+        }
+        Ok(Engine {
+            store,
+            config,
+            machine: PhantomData,
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Creates the entity at the initial state. Creating one that already exists at the
+    /// initial state is not an error; one that has moved on is [`Error::AlreadyExists`].
+    pub async fn create(&self, order_id: i64) -> Result<Order<M::State>> {
+        let mut conn = self.store.acquire().await.map_err(db_error::<S>)?;
+        self.create_in(&mut conn, order_id).await
+    }
+
+    /// [`create`](Self::create) inside the caller's transaction.
+    pub async fn create_in(&self, conn: &mut S::Conn, order_id: i64) -> Result<Order<M::State>> {
+        let (status, version) = self
+            .store
+            .create(conn, order_id, M::INITIAL.into())
+            .await
+            .map_err(db_error::<S>)?;
+        let state = parse_state::<M>(order_id, &status)?;
+        if state != M::INITIAL {
+            return Err(Error::AlreadyExists {
+                order_id,
+                state: status,
+            });
+        }
+        Ok(Order {
+            id: order_id,
+            state,
+            version,
+        })
+    }
+
+    /// The entity's current state.
+    pub async fn get(&self, order_id: i64) -> Result<Order<M::State>> {
+        let mut conn = self.store.acquire().await.map_err(db_error::<S>)?;
+        let row = self
+            .store
+            .get(&mut conn, order_id)
+            .await
+            .map_err(db_error::<S>)?;
+        let (status, version) = row.ok_or(Error::NotFound { order_id })?;
+        Ok(Order {
+            id: order_id,
+            state: parse_state::<M>(order_id, &status)?,
+            version,
+        })
+    }
+
+    /// The entity's history, oldest first.
+    pub async fn history(&self, order_id: i64) -> Result<Vec<Record<M>>> {
+        let mut conn = self.store.acquire().await.map_err(db_error::<S>)?;
+        let rows = self
+            .store
+            .history(&mut conn, order_id)
+            .await
+            .map_err(db_error::<S>)?;
+        rows.into_iter().map(|r| parse_record::<M>(order_id, r)).collect()
+    }
+
+    /// Moves the entity by `event`, exactly once per `(order_id, event, ref_id)`.
+    ///
+    /// See the outcome table in the crate docs: `Ok(Applied)` for the first application,
+    /// `Ok(Replayed)` for a repeat, and a typed [`Error`] otherwise.
+    pub async fn transition(
+        &self,
+        order_id: i64,
+        event: M::Event,
+        ref_id: &str,
+    ) -> Result<Outcome<M::State>> {
+        self.run_pooled(order_id, event, ref_id, None).await
+    }
+
+    /// Like [`transition`](Self::transition), with a payload recorded in the history.
+    /// Its SHA-256 fingerprint is part of the request's identity: repeating the reference
+    /// with a different payload is [`Error::PayloadMismatch`].
+    pub async fn transition_with_payload<P: Serialize + ?Sized>(
+        &self,
+        order_id: i64,
+        event: M::Event,
+        ref_id: &str,
+        payload: &P,
+    ) -> Result<Outcome<M::State>> {
+        let payload = fingerprint(payload)?;
+        self.run_pooled(order_id, event, ref_id, Some(payload))
+            .await
+    }
+
+    /// Like [`transition`](Self::transition), with the event given by name (as received
+    /// from a client or a queue). An unknown name is [`Error::InvalidInput`].
+    pub async fn transition_named(
+        &self,
+        order_id: i64,
+        event: &str,
+        ref_id: &str,
+    ) -> Result<Outcome<M::State>> {
+        self.transition(order_id, parse_event::<M>(event)?, ref_id)
+            .await
+    }
+
+    /// [`transition`](Self::transition) inside the caller's transaction, so the caller's
+    /// own writes and the state change commit or roll back together. The attempt runs in a
+    /// savepoint, so a lost race is undone without aborting the caller's transaction.
+    ///
+    /// On SQLite, begin the caller's transaction with `BEGIN IMMEDIATE`; on MySQL/MariaDB
+    /// the read takes row locks, since a plain read would see the transaction's snapshot.
+    pub async fn transition_in(
+        &self,
+        conn: &mut S::Conn,
+        order_id: i64,
+        event: M::Event,
+        ref_id: &str,
+    ) -> Result<Outcome<M::State>> {
+        self.run(conn, order_id, event, ref_id, None, true).await
+    }
+
+    /// [`transition_with_payload`](Self::transition_with_payload) inside the caller's
+    /// transaction.
+    pub async fn transition_with_payload_in<P: Serialize + ?Sized>(
+        &self,
+        conn: &mut S::Conn,
+        order_id: i64,
+        event: M::Event,
+        ref_id: &str,
+        payload: &P,
+    ) -> Result<Outcome<M::State>> {
+        let payload = fingerprint(payload)?;
+        self.run(conn, order_id, event, ref_id, Some(payload), true)
+            .await
+    }
+
+    async fn run_pooled(
+        &self,
+        order_id: i64,
+        event: M::Event,
+        ref_id: &str,
+        payload: Option<Payload>,
+    ) -> Result<Outcome<M::State>> {
+        validate_ref(ref_id)?;
+        let mut conn = self.store.acquire().await.map_err(db_error::<S>)?;
+        self.run(&mut conn, order_id, event, ref_id, payload, false)
+            .await
+    }
+
+    async fn run(
+        &self,
+        conn: &mut S::Conn,
+        order_id: i64,
+        event: M::Event,
+        ref_id: &str,
+        payload: Option<Payload>,
+        in_tx: bool,
+    ) -> Result<Outcome<M::State>> {
+        validate_ref(ref_id)?;
+        let key = Key {
+            order_id,
+            event: event.into(),
+            ref_id,
+        };
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(self.config.min_backoff)
+            .with_max_delay(self.config.max_backoff)
+            .with_jitter()
+            .without_max_times()
+            .build();
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self
+                .attempt(conn, key, event, payload.as_ref(), in_tx)
+                .await
+            {
+                Step::Done(result) => return result,
+                Step::Retry if attempts >= self.config.max_attempts => {
+                    return Err(Error::Contention { attempts });
+                }
+                Step::Retry => {
+                    let delay = delays.next().unwrap_or(self.config.max_backoff);
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// One read → judge → update. A lost race or a retryable error asks for another
+    /// attempt, which starts again from a fresh read.
+    async fn attempt(
+        &self,
+        conn: &mut S::Conn,
+        key: Key<'_>,
+        event: M::Event,
+        payload: Option<&Payload>,
+        in_tx: bool,
+    ) -> Step<M::State> {
+        let observed = match self.store.observe(conn, key, in_tx).await {
+            Ok(o) => o,
+            Err(e) => return retry_or_fail::<M, S>(e),
+        };
+        let hash = payload.map(|p| p.hash.as_str());
+        let (from, to, version) = match judge::<M>(&observed, key, event, hash) {
+            Verdict::Done(result) => return Step::Done(result),
+            Verdict::Apply { from, to, version } => (from, to, version),
+        };
+        let apply = Apply {
+            key,
+            from: from.into(),
+            to: to.into(),
+            version,
+            payload_hash: hash,
+            payload: payload.map(|p| p.json.as_str()),
+        };
+        match self.apply(conn, apply, in_tx).await {
+            Ok(true) => Step::Done(Ok(Outcome::Applied {
+                from,
+                to,
+                version: version + 1,
+            })),
+            // Someone else moved first: nothing was written; judge again from a fresh read.
+            Ok(false) => Step::Retry,
+            Err(e) => retry_or_fail::<M, S>(e),
+        }
+    }
+
+    /// The conditional update and the history row, atomically. `Ok(false)` when the race
+    /// was lost: the update matched no row, or a twin's history row holds the unique key.
+    async fn apply(
+        &self,
+        conn: &mut S::Conn,
+        apply: Apply<'_>,
+        in_tx: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let mut tx = self.store.begin(conn, in_tx).await?;
+        if self.store.update(&mut tx, apply).await? != 1 {
+            S::rollback(tx).await?;
+            return Ok(false);
+        }
+        match self.store.record(&mut tx, apply).await {
+            Ok(()) => S::commit(tx).await.map(|()| true),
+            Err(e) if is_unique_violation(&e) => S::rollback(tx).await.map(|()| false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn retry_or_fail<M: StateMachine, S: Store>(e: sqlx::Error) -> Step<M::State> {
+    match S::classify(&e) {
+        ErrorClass::Retryable => Step::Retry,
+        ErrorClass::Fatal => Step::Done(Err(db_error::<S>(e))),
+    }
+}
+
+/// The outcome table, as a pure function of what was read.
+fn judge<M: StateMachine>(
+    observed: &Observed,
+    key: Key<'_>,
+    event: M::Event,
+    payload_hash: Option<&str>,
+) -> Verdict<M::State> {
+    let done = Verdict::Done;
+    if let Some(prior) = &observed.prior {
+        if prior.payload_hash.as_deref() != payload_hash {
+            return done(Err(Error::PayloadMismatch {
+                event: event.into(),
+                ref_id: key.ref_id.to_string(),
+            }));
+        }
+        let parsed = parse_state::<M>(key.order_id, &prior.from)
+            .and_then(|from| Ok((from, parse_state::<M>(key.order_id, &prior.to)?)));
+        return done(parsed.map(|(from, to)| Outcome::Replayed {
+            from,
+            to,
+            version: prior.seq,
+        }));
+    }
+    let Some((status, version)) = &observed.current else {
+        return done(Err(Error::NotFound {
+            order_id: key.order_id,
+        }));
+    };
+    let state = match parse_state::<M>(key.order_id, status) {
+        Ok(s) => s,
+        Err(e) => return done(Err(e)),
+    };
+    match (M::next(state, event), &observed.event_ref) {
+        (Some(to), _) => Verdict::Apply {
+            from: state,
+            to,
+            version: *version,
+        },
+        (None, Some(existing_ref)) => done(Err(Error::RefConflict {
+            event: event.into(),
+            existing_ref: existing_ref.clone(),
+        })),
+        (None, None) => done(Err(Error::InvalidTransition {
+            state: state.into(),
+            event: event.into(),
+        })),
+    }
+}
+
+/// Parses an event name as received from a client or a queue.
+pub fn parse_event<M: StateMachine>(name: &str) -> Result<M::Event> {
+    name.parse().map_err(|_| {
+        Error::InvalidInput(format!(
+            "unknown event {name:?} for machine {}",
+            M::NAME
+        ))
+    })
+}
+
+fn parse_state<M: StateMachine>(order_id: i64, value: &str) -> Result<M::State> {
+    value.parse().map_err(|_| Error::CorruptState {
+        order_id,
+        value: value.to_string(),
+    })
+}
+
+fn parse_record<M: StateMachine>(order_id: i64, raw: RawTransition) -> Result<Record<M>> {
+    let corrupt = |value: &str| Error::CorruptState {
+        order_id,
+        value: value.to_string(),
+    };
+    let payload = match raw.payload.as_deref() {
+        Some(text) => Some(serde_json::from_str(text).map_err(|_| corrupt(text))?),
+        None => None,
+    };
+    Ok(Record {
+        seq: raw.seq,
+        from: parse_state::<M>(order_id, &raw.from)?,
+        to: parse_state::<M>(order_id, &raw.to)?,
+        event: raw.event.parse().map_err(|_| corrupt(&raw.event))?,
+        ref_id: raw.ref_id,
+        payload_hash: raw.payload_hash,
+        payload,
+        created_at: raw.created_at,
+    })
+}
+
+fn validate_ref(ref_id: &str) -> Result<()> {
+    if ref_id.trim().is_empty() {
+        return Err(Error::InvalidInput("ref_id must not be empty".into()));
+    }
+    let len = ref_id.chars().count();
+    if len > MAX_REF_LEN {
+        return Err(Error::InvalidInput(format!(
+            "ref_id is {len} characters long; the limit is {MAX_REF_LEN}"
+        )));
+    }
+    if ref_id.chars().any(char::is_control) {
+        return Err(Error::InvalidInput(
+            "ref_id must not contain control characters".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<Payload> {
+    let json = serde_json::to_string(payload)
+        .map_err(|e| Error::InvalidInput(format!("payload is not serializable as JSON: {e}")))?;
+    let hash = hex::encode(Sha256::digest(json.as_bytes()));
+    Ok(Payload { hash, json })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Prior;
+
+    crate::state_machine! {
+        Door {
+            states: DoorState { Closed, Open }
+            events: DoorEvent { Push, Pull }
+            initial: Closed;
+            terminal: [];
+            transitions: {
+                Closed + Push => Open,
+                Open + Pull => Closed,
+            }
+        }
+    }
+
+    fn key(ref_id: &str) -> Key<'_> {
+        Key {
+            order_id: 1,
+            event: "Push",
+            ref_id,
+        }
+    }
+
+    #[test]
+    fn judge_follows_the_outcome_table() {
+        let current = |s: &str, v| Some((s.to_string(), v));
+        let apply = judge::<Door>(
+            &Observed {
+                current: current("Closed", 0),
+                ..Default::default()
+            },
+            key("r"),
+            DoorEvent::Push,
+            None,
+        );
+        assert!(matches!(
+            apply,
+            Verdict::Apply {
+                from: DoorState::Closed,
+                to: DoorState::Open,
+                version: 0
+            }
+        ));
+
+        let prior = Prior {
+            seq: 1,
+            from: "Closed".into(),
+            to: "Open".into(),
+            payload_hash: None,
+        };
+        let replay = judge::<Door>(
+            &Observed {
+                current: current("Open", 1),
+                prior: Some(prior.clone()),
+                event_ref: Some("r".into()),
+            },
+            key("r"),
+            DoorEvent::Push,
+            None,
+        );
+        assert!(matches!(
+            replay,
+            Verdict::Done(Ok(Outcome::Replayed { version: 1, .. }))
+        ));
+
+        let mismatch = judge::<Door>(
+            &Observed {
+                current: current("Open", 1),
+                prior: Some(prior),
+                event_ref: None,
+            },
+            key("r"),
+            DoorEvent::Push,
+            Some("abc"),
+        );
+        assert!(matches!(
+            mismatch,
+            Verdict::Done(Err(Error::PayloadMismatch { .. }))
+        ));
+
+        let conflict = judge::<Door>(
+            &Observed {
+                current: current("Open", 1),
+                prior: None,
+                event_ref: Some("other".into()),
+            },
+            key("r"),
+            DoorEvent::Push,
+            None,
+        );
+        assert!(
+            matches!(conflict, Verdict::Done(Err(Error::RefConflict { ref existing_ref, .. })) if existing_ref == "other")
+        );
+
+        let corrupt = judge::<Door>(
+            &Observed {
+                current: current("Ajar", 1),
+                ..Default::default()
+            },
+            key("r"),
+            DoorEvent::Push,
+            None,
+        );
+        assert!(matches!(
+            corrupt,
+            Verdict::Done(Err(Error::CorruptState { .. }))
+        ));
+
+        let missing = judge::<Door>(&Observed::default(), key("r"), DoorEvent::Push, None);
+        assert!(matches!(
+            missing,
+            Verdict::Done(Err(Error::NotFound { order_id: 1 }))
+        ));
+    }
+
+    #[test]
+    fn refs_are_validated() {
+        assert!(validate_ref("p-1").is_ok());
+        assert!(validate_ref(&"x".repeat(255)).is_ok());
+        assert!(matches!(validate_ref(""), Err(Error::InvalidInput(_))));
+        assert!(matches!(validate_ref("  "), Err(Error::InvalidInput(_))));
+        assert!(matches!(
+            validate_ref(&"x".repeat(256)),
+            Err(Error::InvalidInput(_))
+        ));
+        assert!(matches!(validate_ref("a\0b"), Err(Error::InvalidInput(_))));
+    }
+}

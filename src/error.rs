@@ -1,0 +1,124 @@
+//! The crate-wide error type. Variants are named for what the caller does next.
+
+/// Everything that can go wrong, named for what the caller should do about it.
+///
+/// An outcome that is not a failure is not an error: a repeated request is
+/// [`Outcome::Replayed`](crate::Outcome::Replayed), returned as `Ok`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request was malformed (empty or over-long `ref_id`, unknown event name, bad
+    /// table name). Nothing was read or written. Fix the caller.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    /// No entity with this id. Create it first.
+    #[error("order {order_id} not found")]
+    NotFound {
+        /// The id that was asked for.
+        order_id: i64,
+    },
+
+    /// `create` found the entity already past its initial state.
+    #[error("order {order_id} already exists in state {state}")]
+    AlreadyExists {
+        /// The id that was asked for.
+        order_id: i64,
+        /// Its current state.
+        state: String,
+    },
+
+    /// The graph does not allow `event` from `state`. Tell the client; nothing was written.
+    #[error("event {event} is not allowed in state {state}")]
+    InvalidTransition {
+        /// The current state.
+        state: &'static str,
+        /// The refused event.
+        event: &'static str,
+    },
+
+    /// The same event already reached this entity under another reference: a second
+    /// payment for a paid order. Refund or reject the loser; `existing_ref` names the winner.
+    #[error("event {event} was already applied with reference {existing_ref}")]
+    RefConflict {
+        /// The event.
+        event: &'static str,
+        /// The reference under which it was applied.
+        existing_ref: String,
+    },
+
+    /// This `(order, event, ref)` was applied before with a different payload: a client
+    /// reusing a reference for a different request. Nothing was written.
+    #[error("reference {ref_id} was already used for {event} with a different payload")]
+    PayloadMismatch {
+        /// The event.
+        event: &'static str,
+        /// The reused reference.
+        ref_id: String,
+    },
+
+    /// The database holds a status or history value that is not part of the machine.
+    /// Someone wrote it outside orderly, or the graph lost a state; investigate.
+    #[error("order {order_id} holds a value unknown to the machine: {value:?}")]
+    CorruptState {
+        /// The entity whose row is corrupt.
+        order_id: i64,
+        /// The unparseable value.
+        value: String,
+    },
+
+    /// Lost the race too many times in a row, or the database kept reporting a
+    /// serialization failure, deadlock or busy lock. Retry later; nothing of this request
+    /// was applied.
+    #[error("gave up after {attempts} contended attempts")]
+    Contention {
+        /// How many attempts were made.
+        attempts: u32,
+    },
+
+    /// A database error. `retryable` is set for serialization failures, deadlocks, lock
+    /// timeouts, busy databases and pool timeouts, as classified by the store.
+    #[error("database error (retryable: {retryable}): {source}")]
+    Database {
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+        /// Whether retrying the same request later may succeed.
+        retryable: bool,
+    },
+
+    /// A hand-written machine's graph is unsound.
+    #[error("invalid state machine: {0}")]
+    InvalidMachine(#[from] crate::machine::GraphError),
+
+    /// Applying migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl Error {
+    /// Whether the same request may succeed if retried later (contention, serialization
+    /// failure, deadlock, busy, pool timeout).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Contention { .. }
+                | Error::Database {
+                    retryable: true,
+                    ..
+                }
+        )
+    }
+
+    /// Whether the request conflicts with what is already recorded (another reference
+    /// won, or the reference was reused with another payload).
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            Error::RefConflict { .. } | Error::PayloadMismatch { .. }
+        )
+    }
+}
+
+/// Result alias for orderly.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

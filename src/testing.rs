@@ -1,0 +1,256 @@
+//! A property-testing kit for your own graphs (cargo feature `testing`).
+//!
+//! - [`steps`]: a proptest strategy for random event sequences over a few entities,
+//!   with references drawn from a small pool so that duplicates are the rule.
+//! - [`Model`]: a pure reference model of the outcome table, with no database.
+//! - [`check_engine`]: runs a sequence through an [`Engine`] and the model side by side
+//!   and checks the invariants listed on it.
+//!
+//! ```no_run
+//! # orderly::state_machine! {
+//! #     OrderMachine {
+//! #         states: OrderState { Created, Paid }
+//! #         events: OrderEvent { Pay }
+//! #         initial: Created;
+//! #         terminal: [Paid];
+//! #         transitions: { Created + Pay => Paid }
+//! #     }
+//! # }
+//! use orderly::testing::{check_engine, steps};
+//! use proptest::prelude::*;
+//!
+//! # async fn engine() -> orderly::Engine<OrderMachine, orderly::SqliteStore> { unimplemented!() }
+//! proptest! {
+//!     #[test]
+//!     fn engine_agrees_with_model(seq in steps::<OrderMachine>(4, 3, 1..60)) {
+//!         let rt = tokio::runtime::Runtime::new().unwrap();
+//!         rt.block_on(async {
+//!             let engine = engine().await;
+//!             check_engine(&engine, 1, 4, &seq).await
+//!         }).map_err(TestCaseError::fail)?;
+//!     }
+//! }
+//! ```
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use proptest::prelude::*;
+use strum::IntoEnumIterator;
+
+use crate::store::Store;
+use crate::{Engine, Error, Outcome, StateMachine};
+
+/// One request of a generated sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step<E> {
+    /// Index of the entity, `0..orders`; the index `orders` names one never created.
+    pub order: i64,
+    /// The event.
+    pub event: E,
+    /// The reference, from a small pool (`r0`, `r1`, …).
+    pub ref_id: String,
+}
+
+/// Random sequences of `len` steps over `orders` entities (plus one that does not exist)
+/// with references drawn from `refs` values, so the same `(order, event, ref)` recurs.
+pub fn steps<M: StateMachine>(
+    orders: i64,
+    refs: usize,
+    len: Range<usize>,
+) -> impl Strategy<Value = Vec<Step<M::Event>>> {
+    let events: Vec<M::Event> = M::Event::iter().collect();
+    let step = (
+        // Mostly existing entities; now and then the missing one.
+        prop_oneof![9 => 0..orders.max(1), 1 => Just(orders)],
+        proptest::sample::select(events),
+        0..refs.max(1),
+    )
+        .prop_map(|(order, event, r)| Step {
+            order,
+            event,
+            ref_id: format!("r{r}"),
+        });
+    proptest::collection::vec(step, len)
+}
+
+/// What the outcome table says a request must produce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected<S> {
+    /// `Ok(Applied)`.
+    Applied {
+        /// State before.
+        from: S,
+        /// State after.
+        to: S,
+        /// Version after.
+        version: i64,
+    },
+    /// `Ok(Replayed)` with what the first application reported.
+    Replayed {
+        /// State before the first application.
+        from: S,
+        /// State after the first application.
+        to: S,
+        /// Version after the first application.
+        version: i64,
+    },
+    /// `Err(RefConflict)` naming this reference.
+    RefConflict {
+        /// The winning reference.
+        existing_ref: String,
+    },
+    /// `Err(InvalidTransition)`.
+    InvalidTransition,
+    /// `Err(NotFound)`.
+    NotFound,
+}
+
+impl<S: Copy + PartialEq> Expected<S> {
+    /// Whether the engine's answer is the one expected.
+    pub fn matches(&self, actual: &Result<Outcome<S>, Error>) -> bool {
+        match (self, actual) {
+            (Expected::Applied { from, to, version }, Ok(Outcome::Applied { from: f, to: t, version: v }))
+            | (Expected::Replayed { from, to, version }, Ok(Outcome::Replayed { from: f, to: t, version: v })) => {
+                from == f && to == t && version == v
+            }
+            (Expected::RefConflict { existing_ref }, Err(Error::RefConflict { existing_ref: r, .. })) => {
+                existing_ref == r
+            }
+            (Expected::InvalidTransition, Err(Error::InvalidTransition { .. }))
+            | (Expected::NotFound, Err(Error::NotFound { .. })) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The outcome table over in-memory maps: the reference the engine is checked against.
+#[derive(Debug, Clone)]
+pub struct Model<M: StateMachine> {
+    orders: HashMap<i64, (M::State, i64)>,
+    applied: HashMap<(i64, M::Event, String), (M::State, M::State, i64)>,
+    latest_ref: HashMap<(i64, M::Event), String>,
+}
+
+impl<M: StateMachine> Model<M> {
+    /// A model in which `ids` exist at the initial state.
+    pub fn new(ids: impl IntoIterator<Item = i64>) -> Self {
+        Model {
+            orders: ids.into_iter().map(|id| (id, (M::INITIAL, 0))).collect(),
+            applied: HashMap::new(),
+            latest_ref: HashMap::new(),
+        }
+    }
+
+    /// Applies one request and says what the engine must answer.
+    pub fn apply(&mut self, id: i64, event: M::Event, ref_id: &str) -> Expected<M::State> {
+        let key = (id, event, ref_id.to_string());
+        if let Some(&(from, to, version)) = self.applied.get(&key) {
+            return Expected::Replayed { from, to, version };
+        }
+        let Some((state, version)) = self.orders.get_mut(&id) else {
+            return Expected::NotFound;
+        };
+        match M::next(*state, event) {
+            Some(to) => {
+                let from = *state;
+                *state = to;
+                *version += 1;
+                let version = *version;
+                self.applied.insert(key, (from, to, version));
+                self.latest_ref.insert((id, event), ref_id.to_string());
+                Expected::Applied { from, to, version }
+            }
+            None => match self.latest_ref.get(&(id, event)) {
+                Some(existing_ref) => Expected::RefConflict {
+                    existing_ref: existing_ref.clone(),
+                },
+                None => Expected::InvalidTransition,
+            },
+        }
+    }
+
+    /// The model's state and version of `id`.
+    pub fn order(&self, id: i64) -> Option<(M::State, i64)> {
+        self.orders.get(&id).copied()
+    }
+
+    /// How many requests were applied to `id`.
+    pub fn applied_count(&self, id: i64) -> usize {
+        self.applied.keys().filter(|(o, _, _)| *o == id).count()
+    }
+}
+
+/// Runs `steps` through `engine` (entity index `i` is id `first_id + i`) and through a
+/// [`Model`], and checks, returning the first violation:
+/// - every answer is the one the model expects;
+/// - every `Replayed` reports what the first application of that request reported;
+/// - afterwards, for every entity: same final state as the model; version = number of
+///   `Applied`; history rows = number of `Applied`; no `(order, event, ref)` twice in the
+///   history.
+pub async fn check_engine<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    first_id: i64,
+    orders: i64,
+    steps: &[Step<M::Event>],
+) -> Result<(), String> {
+    let ids: Vec<i64> = (0..orders).map(|i| first_id + i).collect();
+    for &id in &ids {
+        engine.create(id).await.map_err(|e| format!("create {id}: {e}"))?;
+    }
+    let mut model = Model::<M>::new(ids.iter().copied());
+    let mut first_report: HashMap<(i64, M::Event, String), Outcome<M::State>> = HashMap::new();
+    let mut applied_by_order: HashMap<i64, i64> = HashMap::new();
+    for (n, step) in steps.iter().enumerate() {
+        let id = first_id + step.order;
+        let expected = model.apply(id, step.event, &step.ref_id);
+        let actual = engine.transition(id, step.event, &step.ref_id).await;
+        if !expected.matches(&actual) {
+            return Err(format!(
+                "step {n} ({id}, {}, {}): expected {expected:?}, got {actual:?}",
+                step.event, step.ref_id
+            ));
+        }
+        let key = (id, step.event, step.ref_id.clone());
+        match actual {
+            Ok(Outcome::Applied { from, to, version }) => {
+                *applied_by_order.entry(id).or_default() += 1;
+                first_report.insert(key, Outcome::Replayed { from, to, version });
+            }
+            Ok(replayed @ Outcome::Replayed { .. }) => {
+                if first_report.get(&key) != Some(&replayed) {
+                    return Err(format!(
+                        "step {n}: {replayed:?} differs from the first application {:?}",
+                        first_report.get(&key)
+                    ));
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    for &id in &ids {
+        let order = engine.get(id).await.map_err(|e| format!("get {id}: {e}"))?;
+        let applied = applied_by_order.get(&id).copied().unwrap_or(0);
+        let (state, version) = model.order(id).ok_or("model lost an order")?;
+        if order.state != state || order.version != version || order.version != applied {
+            return Err(format!(
+                "order {id}: engine {:?}/v{}, model {state:?}/v{version}, applied {applied}",
+                order.state, order.version
+            ));
+        }
+        let history = engine.history(id).await.map_err(|e| format!("history {id}: {e}"))?;
+        if history.len() as i64 != applied || history.len() != model.applied_count(id) {
+            return Err(format!(
+                "order {id}: {} history rows for {applied} applied",
+                history.len()
+            ));
+        }
+        let mut keys: Vec<_> = history.iter().map(|r| (r.event, r.ref_id.clone())).collect();
+        keys.sort_by(|a, b| (a.0.as_ref(), &a.1).cmp(&(b.0.as_ref(), &b.1)));
+        keys.dedup();
+        if keys.len() != history.len() {
+            return Err(format!("order {id}: a request was recorded twice"));
+        }
+    }
+    Ok(())
+}
