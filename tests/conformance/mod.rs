@@ -1,0 +1,476 @@
+//! One body per behaviour, run against every backend through the `conformance!` macro.
+//! Each test gets its own fresh database from its backend's `Backend::fresh`.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::ops::DerefMut;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly::store::Store;
+use orderly::testing::{check_engine, steps};
+use orderly::{Engine, EngineConfig, Error, Outcome, Tables};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+orderly::state_machine! {
+    /// The worked example of the core issue.
+    pub OrderMachine {
+        states: OrderState { Created, Paid, Shipped, Delivered, Cancelled, Refunded }
+        events: OrderEvent { Pay, Ship, Deliver, Cancel, Refund }
+        initial: Created;
+        terminal: [Delivered, Cancelled, Refunded];
+        transitions: {
+            Created + Pay     => Paid,
+            Created + Cancel  => Cancelled,
+            Paid    + Ship    => Shipped,
+            Paid    + Refund  => Refunded,
+            Shipped + Deliver => Delivered,
+        }
+    }
+}
+
+use OrderEvent::*;
+use OrderState::*;
+
+pub type Eng<B> = Engine<OrderMachine, <B as Backend>::S>;
+
+/// What a test needs from a backend: a fresh database and a few dialect-specific moves.
+#[allow(async_fn_in_trait)]
+pub trait Backend: Sized + Send + Sync + 'static {
+    type S: Store;
+    /// An open transaction on its own connection, held by the test.
+    type Tx: DerefMut<Target = <Self::S as Store>::Conn> + Send;
+
+    /// A new, empty, migrated database.
+    async fn fresh() -> Self;
+    /// A store on the default tables; `lock_timeout` bounds how long a statement waits
+    /// for a row lock before the database reports a retryable error.
+    async fn store(&self, lock_timeout: Duration) -> Self::S;
+    /// Creates `shop_orders` (with extra columns) and `shop_order_log`, and a store on them.
+    async fn custom_store(&self) -> Self::S;
+    /// Runs literal SQL.
+    async fn exec(&self, sql: &str);
+    /// Selects one integer.
+    async fn scalar(&self, sql: &str) -> i64;
+    /// Begins a transaction the way a caller would (write intent on SQLite).
+    async fn begin(&self) -> Self::Tx;
+    async fn exec_in(tx: &mut Self::Tx, sql: &str);
+    async fn commit(tx: Self::Tx);
+    async fn rollback(tx: Self::Tx);
+    /// Drops the database.
+    async fn cleanup(self);
+}
+
+/// Instantiates every behaviour for one backend.
+#[macro_export]
+macro_rules! conformance {
+    ($backend:ty) => {
+        $crate::conformance!(@tests $backend;
+            applied_moves_the_order_once,
+            duplicate_callback_is_replayed,
+            replay_after_the_order_moved_on,
+            payload_is_fingerprinted,
+            second_payment_is_a_ref_conflict,
+            disallowed_event_is_invalid_transition,
+            missing_order_is_not_found,
+            create_is_idempotent_at_initial_state,
+            corrupt_status_is_reported_not_panicked,
+            bad_input_is_rejected_before_any_query,
+            contention_after_the_retry_budget,
+            lost_race_is_rejudged_not_reapplied,
+            caller_transaction_commits_or_rolls_back_both,
+            custom_table_names_drive_an_existing_table,
+            identical_requests_storm_one_applied,
+            distinct_refs_storm_one_wins,
+            hot_rows_no_lost_update_no_double_apply,
+            engine_agrees_with_reference_model,
+        );
+    };
+    (@tests $backend:ty; $($name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let backend = <$backend as $crate::conformance::Backend>::fresh().await;
+                $crate::conformance::$name(&backend).await;
+                backend.cleanup().await;
+            }
+        )+
+    };
+}
+
+async fn engine<B: Backend>(b: &B) -> Eng<B> {
+    Engine::new(b.store(Duration::from_secs(10)).await).expect("valid machine")
+}
+
+fn applied(from: OrderState, to: OrderState, version: i64) -> Outcome<OrderState> {
+    Outcome::Applied { from, to, version }
+}
+
+fn replayed(from: OrderState, to: OrderState, version: i64) -> Outcome<OrderState> {
+    Outcome::Replayed { from, to, version }
+}
+
+async fn assert_order<S: Store>(e: &Engine<OrderMachine, S>, id: i64, state: OrderState, version: i64, rows: usize) {
+    let order = e.get(id).await.unwrap();
+    assert_eq!((order.state, order.version), (state, version), "order {id}");
+    assert_eq!(e.history(id).await.unwrap().len(), rows, "history of {id}");
+}
+
+pub async fn applied_moves_the_order_once<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    let out = e.transition(1, Pay, "p-1").await.unwrap();
+    assert_eq!(out, applied(Created, Paid, 1));
+    assert_order(&e, 1, Paid, 1, 1).await;
+    let h = e.history(1).await.unwrap();
+    assert_eq!((h[0].seq, h[0].from, h[0].to, h[0].event), (1, Created, Paid, Pay));
+    assert_eq!(h[0].ref_id, "p-1");
+    assert_eq!(h[0].payload, None);
+}
+
+pub async fn duplicate_callback_is_replayed<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    assert_eq!(e.transition(1, Pay, "p-1").await.unwrap(), applied(Created, Paid, 1));
+    for _ in 0..2 {
+        assert_eq!(e.transition(1, Pay, "p-1").await.unwrap(), replayed(Created, Paid, 1));
+    }
+    assert_order(&e, 1, Paid, 1, 1).await;
+}
+
+pub async fn replay_after_the_order_moved_on<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    e.transition(1, Pay, "p-1").await.unwrap();
+    e.transition(1, Ship, "s-1").await.unwrap();
+    e.transition(1, Deliver, "d-1").await.unwrap();
+    assert_eq!(e.transition(1, Pay, "p-1").await.unwrap(), replayed(Created, Paid, 1));
+    assert_eq!(e.transition(1, Ship, "s-1").await.unwrap(), replayed(Paid, Shipped, 2));
+    assert_order(&e, 1, Delivered, 3, 3).await;
+}
+
+pub async fn payload_is_fingerprinted<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    let body = serde_json::json!({"amount": 100, "currency": "EUR"});
+    let out = e.transition_with_payload(1, Pay, "p-1", &body).await.unwrap();
+    assert_eq!(out, applied(Created, Paid, 1));
+    let same = e.transition_with_payload(1, Pay, "p-1", &body).await.unwrap();
+    assert_eq!(same, replayed(Created, Paid, 1));
+    let other = serde_json::json!({"amount": 200, "currency": "EUR"});
+    let err = e.transition_with_payload(1, Pay, "p-1", &other).await.unwrap_err();
+    assert!(matches!(err, Error::PayloadMismatch { ref ref_id, .. } if ref_id == "p-1"), "{err:?}");
+    assert!(err.is_conflict());
+    // Without a payload it is a different request under the same reference, too.
+    let bare = e.transition(1, Pay, "p-1").await.unwrap_err();
+    assert!(matches!(bare, Error::PayloadMismatch { .. }), "{bare:?}");
+    let h = e.history(1).await.unwrap();
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].payload.as_ref(), Some(&body));
+    assert_eq!(h[0].payload_hash.as_ref().map(String::len), Some(64));
+    assert_order(&e, 1, Paid, 1, 1).await;
+}
+
+pub async fn second_payment_is_a_ref_conflict<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    e.transition(1, Pay, "p-1").await.unwrap();
+    let err = e.transition(1, Pay, "p-2").await.unwrap_err();
+    assert!(matches!(err, Error::RefConflict { ref existing_ref, .. } if existing_ref == "p-1"), "{err:?}");
+    assert!(err.is_conflict() && !err.is_retryable());
+    // Still named after the order moved on.
+    e.transition(1, Ship, "s-1").await.unwrap();
+    let err = e.transition(1, Pay, "p-3").await.unwrap_err();
+    assert!(matches!(err, Error::RefConflict { ref existing_ref, .. } if existing_ref == "p-1"), "{err:?}");
+    assert_order(&e, 1, Shipped, 2, 2).await;
+}
+
+pub async fn disallowed_event_is_invalid_transition<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    let err = e.transition(1, Ship, "s-1").await.unwrap_err();
+    assert!(matches!(err, Error::InvalidTransition { state: "Created", event: "Ship" }), "{err:?}");
+    assert_order(&e, 1, Created, 0, 0).await;
+    // A terminal state refuses everything, including an event never applied before.
+    e.transition(1, Cancel, "c-1").await.unwrap();
+    let err = e.transition(1, Refund, "r-1").await.unwrap_err();
+    assert!(matches!(err, Error::InvalidTransition { state: "Cancelled", event: "Refund" }), "{err:?}");
+    assert_order(&e, 1, Cancelled, 1, 1).await;
+}
+
+pub async fn missing_order_is_not_found<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    let err = e.transition(404, Pay, "p-1").await.unwrap_err();
+    assert!(matches!(err, Error::NotFound { order_id: 404 }), "{err:?}");
+    assert!(matches!(e.get(404).await, Err(Error::NotFound { order_id: 404 })));
+    assert!(e.history(404).await.unwrap().is_empty());
+}
+
+pub async fn create_is_idempotent_at_initial_state<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    let first = e.create(1).await.unwrap();
+    assert_eq!((first.state, first.version), (Created, 0));
+    let again = e.create(1).await.unwrap();
+    assert_eq!(again, first);
+    e.transition(1, Pay, "p-1").await.unwrap();
+    let err = e.create(1).await.unwrap_err();
+    assert!(matches!(err, Error::AlreadyExists { order_id: 1, ref state } if state == "Paid"), "{err:?}");
+    assert_order(&e, 1, Paid, 1, 1).await;
+}
+
+pub async fn corrupt_status_is_reported_not_panicked<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    b.exec("UPDATE orders SET status = 'Teleported' WHERE id = 1").await;
+    let err = e.transition(1, Pay, "p-1").await.unwrap_err();
+    assert!(matches!(err, Error::CorruptState { order_id: 1, ref value } if value == "Teleported"), "{err:?}");
+    assert!(matches!(e.get(1).await, Err(Error::CorruptState { .. })));
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM order_transitions").await, 0);
+    // A corrupt history row is reported the same way.
+    e.create(2).await.unwrap();
+    e.transition(2, Pay, "p-1").await.unwrap();
+    b.exec("UPDATE order_transitions SET from_status = 'Limbo' WHERE order_id = 2").await;
+    assert!(matches!(e.transition(2, Pay, "p-1").await, Err(Error::CorruptState { .. })));
+    assert!(matches!(e.history(2).await, Err(Error::CorruptState { .. })));
+}
+
+pub async fn bad_input_is_rejected_before_any_query<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    for bad in ["", "   ", &"x".repeat(256), "p\n1"] {
+        let err = e.transition(1, Pay, bad).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{bad:?}: {err:?}");
+    }
+    let err = e.transition_named(1, "Teleport", "t-1").await.unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
+    assert!(Tables::new("orders; DROP TABLE orders", "h").is_err());
+    assert!(Tables::new("orders", "a.b.c").is_err());
+    assert_order(&e, 1, Created, 0, 0).await;
+    // 255 characters (multi-byte ones too) is the limit, not an error.
+    let long = "é".repeat(255);
+    assert_eq!(e.transition(1, Pay, &long).await.unwrap(), applied(Created, Paid, 1));
+    assert_eq!(e.transition_named(1, "Ship", "s-1").await.unwrap(), applied(Paid, Shipped, 2));
+    assert_eq!(e.history(1).await.unwrap()[0].ref_id, long);
+}
+
+pub async fn contention_after_the_retry_budget<B: Backend>(b: &B) {
+    let config = EngineConfig {
+        max_attempts: 3,
+        ..EngineConfig::default()
+    };
+    let e: Eng<B> = Engine::with_config(b.store(Duration::from_millis(200)).await, config).unwrap();
+    e.create(1).await.unwrap();
+    // Another transaction holds the row (and on SQLite, the write lock) past every attempt.
+    let mut holder = b.begin().await;
+    B::exec_in(&mut holder, "UPDATE orders SET version = version WHERE id = 1").await;
+    let err = e.transition(1, Pay, "p-1").await.unwrap_err();
+    assert!(matches!(err, Error::Contention { attempts: 3 }), "{err:?}");
+    assert!(err.is_retryable());
+    B::rollback(holder).await;
+    assert_order(&e, 1, Created, 0, 0).await;
+    assert_eq!(e.transition(1, Pay, "p-1").await.unwrap(), applied(Created, Paid, 1));
+}
+
+pub async fn lost_race_is_rejudged_not_reapplied<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    for id in [1, 2] {
+        e.create(id).await.unwrap();
+    }
+    for (id, ours, expect_conflict) in [(1, "p-2", true), (2, "p-1", false)] {
+        // A rival applies Pay p-1 in its own transaction and commits a little later; our
+        // request reads the order as Created, waits on the row, loses the CAS, re-reads.
+        let mut rival = b.begin().await;
+        B::exec_in(&mut rival, &format!("UPDATE orders SET status = 'Paid', version = version + 1 WHERE id = {id}")).await;
+        B::exec_in(
+            &mut rival,
+            &format!("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ({id}, 1, 'Created', 'Paid', 'Pay', 'p-1')"),
+        )
+        .await;
+        let ours_task = {
+            let e = e.clone();
+            tokio::spawn(async move { e.transition(id, Pay, ours).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        B::commit(rival).await;
+        let result = ours_task.await.unwrap();
+        if expect_conflict {
+            assert!(matches!(result, Err(Error::RefConflict { ref existing_ref, .. }) if existing_ref == "p-1"), "{result:?}");
+        } else {
+            assert_eq!(result.unwrap(), replayed(Created, Paid, 1));
+        }
+        assert_order(&e, id, Paid, 1, 1).await;
+    }
+}
+
+pub async fn caller_transaction_commits_or_rolls_back_both<B: Backend>(b: &B) {
+    b.exec("CREATE TABLE reservations (order_id BIGINT NOT NULL, sku VARCHAR(32) NOT NULL)").await;
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+
+    let mut tx = b.begin().await;
+    B::exec_in(&mut tx, "INSERT INTO reservations (order_id, sku) VALUES (1, 'sku-1')").await;
+    let out = e.transition_in(&mut tx, 1, Pay, "p-1").await.unwrap();
+    assert_eq!(out, applied(Created, Paid, 1));
+    B::rollback(tx).await;
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM reservations").await, 0);
+    assert_order(&e, 1, Created, 0, 0).await;
+
+    let mut tx = b.begin().await;
+    B::exec_in(&mut tx, "INSERT INTO reservations (order_id, sku) VALUES (1, 'sku-1')").await;
+    e.transition_in(&mut tx, 1, Pay, "p-1").await.unwrap();
+    // Inside the same transaction a repeat is already a replay, and a rival a conflict.
+    assert_eq!(e.transition_in(&mut tx, 1, Pay, "p-1").await.unwrap(), replayed(Created, Paid, 1));
+    assert!(matches!(e.transition_in(&mut tx, 1, Pay, "p-2").await, Err(Error::RefConflict { .. })));
+    B::commit(tx).await;
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM reservations").await, 1);
+    assert_order(&e, 1, Paid, 1, 1).await;
+}
+
+pub async fn custom_table_names_drive_an_existing_table<B: Backend>(b: &B) {
+    let e: Eng<B> = Engine::new(b.custom_store().await).unwrap();
+    // The user's table has columns of its own; orderly reads and writes only id/status/version.
+    b.exec("INSERT INTO shop_orders (id, customer, status, version) VALUES (7, 'ada', 'Created', 0)").await;
+    assert_eq!(e.transition(7, Pay, "p-1").await.unwrap(), applied(Created, Paid, 1));
+    assert_eq!(e.transition(7, Pay, "p-1").await.unwrap(), replayed(Created, Paid, 1));
+    e.create(8).await.unwrap();
+    assert_order(&e, 7, Paid, 1, 1).await;
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM shop_order_log").await, 1);
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM shop_orders WHERE customer = 'ada'").await, 1);
+    // The default tables were not touched.
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM order_transitions").await, 0);
+}
+
+/// `n` concurrent tasks; task `i` sends `Pay` with `ref_of(i)`.
+async fn storm<S: Store>(e: &Engine<OrderMachine, S>, n: usize, ref_of: impl Fn(usize) -> String) -> Vec<Result<Outcome<OrderState>, Error>> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (e, barrier, r) = (e.clone(), barrier.clone(), ref_of(i));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                e.transition(1, Pay, &r).await
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+pub const STORM: usize = 64;
+
+pub async fn identical_requests_storm_one_applied<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    let results = storm(&e, STORM, |_| "p-1".to_string()).await;
+    let applied_n = results.iter().filter(|r| matches!(r, Ok(o) if o.is_applied())).count();
+    let replayed_n = results
+        .iter()
+        .filter(|r| matches!(r, Ok(o) if *o == replayed(Created, Paid, 1)))
+        .count();
+    assert_eq!((applied_n, replayed_n), (1, STORM - 1), "{results:?}");
+    assert_order(&e, 1, Paid, 1, 1).await;
+}
+
+pub async fn distinct_refs_storm_one_wins<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    let results = storm(&e, STORM, |i| format!("p-{i}")).await;
+    let winner = results
+        .iter()
+        .position(|r| matches!(r, Ok(o) if o.is_applied()))
+        .expect("one payment wins");
+    let winner_ref = format!("p-{winner}");
+    let conflicts = results
+        .iter()
+        .filter(|r| matches!(r, Err(Error::RefConflict { existing_ref, .. }) if *existing_ref == winner_ref))
+        .count();
+    assert_eq!(conflicts, STORM - 1, "{results:?}");
+    assert_order(&e, 1, Paid, 1, 1).await;
+    assert_eq!(e.history(1).await.unwrap()[0].ref_id, winner_ref);
+}
+
+pub async fn hot_rows_no_lost_update_no_double_apply<B: Backend>(b: &B) {
+    const ORDERS: i64 = 200;
+    const TASKS: usize = 32;
+    const PER_TASK: usize = 100;
+    let e = engine(b).await;
+    for id in 0..ORDERS {
+        e.create(id).await.unwrap();
+    }
+    let events = [Pay, Ship, Deliver, Cancel, Refund];
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let mut seed = [0u8; 32];
+                seed[0] = t as u8;
+                let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
+                let mut applied = Vec::new();
+                for _ in 0..PER_TASK {
+                    let id = (rng.next_u64() % ORDERS as u64) as i64;
+                    let event = events[(rng.next_u64() % 5) as usize];
+                    // Few references per (order, event): duplicates across tasks are common.
+                    let r = format!("r{}", rng.next_u64() % 3);
+                    match e.transition(id, event, &r).await {
+                        Ok(o) if o.is_applied() => applied.push((id, event, r)),
+                        Ok(_) | Err(Error::RefConflict { .. } | Error::InvalidTransition { .. }) => {}
+                        Err(other) => panic!("unexpected {other:?}"),
+                    }
+                }
+                applied
+            })
+        })
+        .collect();
+    let mut applied: HashMap<i64, Vec<(OrderEvent, String)>> = HashMap::new();
+    for t in tasks {
+        for (id, event, r) in t.await.unwrap() {
+            applied.entry(id).or_default().push((event, r));
+        }
+    }
+    let total: usize = applied.values().map(Vec::len).sum();
+    assert!(total > ORDERS as usize / 2, "the run applied too little to mean anything: {total}");
+    for id in 0..ORDERS {
+        let mine = applied.remove(&id).unwrap_or_default();
+        let order = e.get(id).await.unwrap();
+        let history = e.history(id).await.unwrap();
+        assert_eq!(order.version as usize, mine.len(), "order {id}: version vs Applied outcomes");
+        assert_eq!(history.len(), mine.len(), "order {id}: history rows vs Applied outcomes");
+        let mut recorded: Vec<_> = history.iter().map(|r| (r.event, r.ref_id.clone())).collect();
+        let mut reported = mine.clone();
+        recorded.sort();
+        reported.sort();
+        assert_eq!(recorded, reported, "order {id}");
+        // The history is a path through the graph ending at the current state.
+        let mut state = Created;
+        for (i, r) in history.iter().enumerate() {
+            assert_eq!((r.seq, r.from), (i as i64 + 1, state), "order {id}");
+            state = r.to;
+        }
+        assert_eq!(state, order.state, "order {id}");
+    }
+}
+
+pub async fn engine_agrees_with_reference_model<B: Backend>(b: &B) {
+    // Invariant: for any sequence full of duplicates, the engine answers as the model does.
+    let e = engine(b).await;
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicI64::new(0);
+    let handle = tokio::runtime::Handle::current();
+    let result = runner.run(&steps::<OrderMachine>(4, 3, 1..40), |seq| {
+        // Each case (and each shrink) uses ids of its own in the same database.
+        let first_id = 1000 * (1 + case.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        tokio::task::block_in_place(|| handle.block_on(check_engine(&e, first_id, 4, &seq)))
+            .map_err(TestCaseError::fail)
+    });
+    if let Err(err) = result {
+        panic!("{err}");
+    }
+}

@@ -1,0 +1,112 @@
+//! The conformance suite on SQLite: each test on its own database file.
+
+mod conformance;
+
+use std::time::Duration;
+
+use conformance::Backend;
+use orderly::store::sqlite::{connect_options, migrate};
+use orderly::{SqliteStore, Tables};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Sqlite, Transaction};
+
+struct Sqlite3 {
+    _dir: tempfile::TempDir,
+    url: String,
+    pool: SqlitePool,
+}
+
+impl Sqlite3 {
+    async fn pool(&self, busy: Duration) -> SqlitePool {
+        SqlitePoolOptions::new()
+            .max_connections(16)
+            .connect_with(connect_options(&self.url).unwrap().busy_timeout(busy))
+            .await
+            .unwrap()
+    }
+}
+
+impl Backend for Sqlite3 {
+    type S = SqliteStore;
+    type Tx = Transaction<'static, Sqlite>;
+
+    async fn fresh() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("orderly.db").display());
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(connect_options(&url).unwrap())
+            .await
+            .unwrap();
+        migrate(&pool).await.unwrap();
+        Sqlite3 { _dir: dir, url, pool }
+    }
+
+    async fn store(&self, lock_timeout: Duration) -> SqliteStore {
+        SqliteStore::new(self.pool(lock_timeout).await)
+    }
+
+    async fn custom_store(&self) -> SqliteStore {
+        self.exec(
+            "CREATE TABLE shop_orders (id INTEGER PRIMARY KEY, customer TEXT, status TEXT NOT NULL, version INTEGER NOT NULL)",
+        )
+        .await;
+        self.exec(
+            "CREATE TABLE shop_order_log (order_id INTEGER NOT NULL, seq INTEGER NOT NULL, from_status TEXT NOT NULL, \
+             to_status TEXT NOT NULL, event TEXT NOT NULL, ref_id TEXT NOT NULL, payload_hash TEXT, payload TEXT, \
+             created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')), \
+             PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))",
+        )
+        .await;
+        let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
+        SqliteStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
+    }
+
+    async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_string())).execute(&self.pool).await.unwrap();
+    }
+
+    async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql.to_string())).fetch_one(&self.pool).await.unwrap()
+    }
+
+    async fn begin(&self) -> Self::Tx {
+        self.pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
+    }
+
+    async fn exec_in(tx: &mut Self::Tx, sql: &str) {
+        let conn: &mut SqliteConnection = tx;
+        sqlx::raw_sql(AssertSqlSafe(sql.to_string())).execute(conn).await.unwrap();
+    }
+
+    async fn commit(tx: Self::Tx) {
+        tx.commit().await.unwrap();
+    }
+
+    async fn rollback(tx: Self::Tx) {
+        tx.rollback().await.unwrap();
+    }
+
+    async fn cleanup(self) {
+        self.pool.close().await;
+    }
+}
+
+conformance!(Sqlite3);
+
+/// Busy and locked codes, as SQLite reports them, are retryable; others are not.
+#[tokio::test]
+async fn sqlite_busy_codes_are_retryable() {
+    use orderly::store::{ErrorClass, Store};
+    let b = Sqlite3::fresh().await;
+    let mut holder = b.begin().await;
+    Sqlite3::exec_in(&mut holder, "UPDATE orders SET version = 0 WHERE id = 0").await;
+    let mut other = SqliteConnection::connect_with(&connect_options(&b.url).unwrap().busy_timeout(Duration::ZERO))
+        .await
+        .unwrap();
+    let busy = other.begin_with("BEGIN IMMEDIATE").await.map(|_| ()).unwrap_err();
+    assert_eq!(SqliteStore::classify(&busy), ErrorClass::Retryable, "{busy:?}");
+    let syntax = sqlx::raw_sql("SELEC 1").execute(&mut other).await.unwrap_err();
+    assert_eq!(SqliteStore::classify(&syntax), ErrorClass::Fatal);
+    Sqlite3::rollback(holder).await;
+}
