@@ -1,0 +1,154 @@
+//! The pure core: the macro beside a hand-written machine, diagrams, and compile-time
+//! rejection of unsound graphs.
+
+use orderly::machine::{GraphError, dot, mermaid, validate};
+use orderly::{StateMachine, Transition};
+use strum::IntoEnumIterator;
+
+orderly::state_machine! {
+    /// The order graph, by macro.
+    pub OrderMachine {
+        states: OrderState { Created, Paid, Shipped, Delivered, Cancelled, Refunded }
+        events: OrderEvent { Pay, Ship, Deliver, Cancel, Refund }
+        initial: Created;
+        terminal: [Delivered, Cancelled, Refunded];
+        transitions: {
+            Created + Pay     => Paid,
+            Created + Cancel  => Cancelled,
+            Paid    + Ship    => Shipped,
+            Paid    + Refund  => Refunded,
+            Shipped + Deliver => Delivered,
+        }
+    }
+}
+
+/// The same graph, by hand: what the macro is sugar for.
+mod by_hand {
+    use orderly::{StateMachine, Transition};
+    use serde::{Deserialize, Serialize};
+    use strum::{AsRefStr, Display, EnumIter, EnumString, IntoStaticStr};
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Display, EnumString, AsRefStr, IntoStaticStr, EnumIter, Serialize, Deserialize)]
+    pub enum State {
+        Created,
+        Paid,
+        Shipped,
+        Delivered,
+        Cancelled,
+        Refunded,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Display, EnumString, AsRefStr, IntoStaticStr, EnumIter, Serialize, Deserialize)]
+    pub enum Event {
+        Pay,
+        Ship,
+        Deliver,
+        Cancel,
+        Refund,
+    }
+
+    pub struct HandMachine;
+
+    impl StateMachine for HandMachine {
+        type State = State;
+        type Event = Event;
+        const NAME: &'static str = "HandMachine";
+        const INITIAL: State = State::Created;
+        const TERMINAL: &'static [State] = &[State::Delivered, State::Cancelled, State::Refunded];
+        const TRANSITIONS: &'static [Transition<State, Event>] = &[
+            Transition { from: State::Created, event: Event::Pay, to: State::Paid },
+            Transition { from: State::Created, event: Event::Cancel, to: State::Cancelled },
+            Transition { from: State::Paid, event: Event::Ship, to: State::Shipped },
+            Transition { from: State::Paid, event: Event::Refund, to: State::Refunded },
+            Transition { from: State::Shipped, event: Event::Deliver, to: State::Delivered },
+        ];
+    }
+
+    /// A hand-written graph with a defect the macro would have refused to compile.
+    pub struct Unsound;
+
+    impl StateMachine for Unsound {
+        type State = State;
+        type Event = Event;
+        const NAME: &'static str = "Unsound";
+        const INITIAL: State = State::Created;
+        const TERMINAL: &'static [State] = &[State::Paid];
+        const TRANSITIONS: &'static [Transition<State, Event>] = &[
+            Transition { from: State::Created, event: Event::Pay, to: State::Paid },
+            Transition { from: State::Paid, event: Event::Refund, to: State::Refunded },
+        ];
+    }
+}
+
+use by_hand::HandMachine;
+
+#[test]
+fn macro_and_hand_written_machines_agree() {
+    fn names<S: std::fmt::Display, E: std::fmt::Display>(t: &Transition<S, E>) -> (String, String, String) {
+        (t.from.to_string(), t.event.to_string(), t.to.to_string())
+    }
+    let by_macro: Vec<_> = OrderMachine::TRANSITIONS.iter().map(names).collect();
+    let by_hand: Vec<_> = HandMachine::TRANSITIONS.iter().map(names).collect();
+    assert_eq!(by_macro, by_hand);
+    assert_eq!(OrderMachine::INITIAL.as_ref(), HandMachine::INITIAL.as_ref());
+    for (s, hs) in OrderState::iter().zip(by_hand::State::iter()) {
+        assert_eq!(s.as_ref(), hs.as_ref());
+        assert_eq!(OrderMachine::is_terminal(s), HandMachine::is_terminal(hs));
+        for (e, he) in OrderEvent::iter().zip(by_hand::Event::iter()) {
+            let a = OrderMachine::next(s, e).map(|s| s.to_string());
+            let b = HandMachine::next(hs, he).map(|s| s.to_string());
+            assert_eq!(a, b, "{s} + {e}");
+        }
+    }
+    assert_eq!(validate::<OrderMachine>(), Ok(()));
+    assert_eq!(validate::<HandMachine>(), Ok(()));
+    assert_eq!(
+        mermaid::<OrderMachine>(),
+        mermaid::<HandMachine>(),
+        "same graph, same diagram"
+    );
+}
+
+#[test]
+fn generated_enums_round_trip_names_and_serde() {
+    assert_eq!("Paid".parse::<OrderState>().unwrap(), OrderState::Paid);
+    assert!("paid".parse::<OrderState>().is_err());
+    let name: &'static str = OrderEvent::Refund.into();
+    assert_eq!(name, "Refund");
+    assert_eq!(serde_json::to_string(&OrderState::Shipped).unwrap(), "\"Shipped\"");
+    assert_eq!(serde_json::from_str::<OrderEvent>("\"Ship\"").unwrap(), OrderEvent::Ship);
+    assert_eq!(OrderState::iter().count(), 6);
+    assert_eq!(OrderEvent::iter().count(), 5);
+}
+
+#[tokio::test]
+async fn unsound_hand_written_graph_is_refused() {
+    assert_eq!(
+        validate::<by_hand::Unsound>(),
+        Err(GraphError::EdgeOutOfTerminal { state: "Paid", event: "Refund" })
+    );
+    // A lazy pool never connects: the engine refuses the machine before any I/O.
+    let pool = sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap();
+    let err = orderly::Engine::<by_hand::Unsound, _>::new(orderly::SqliteStore::new(pool)).unwrap_err();
+    assert!(matches!(err, orderly::Error::InvalidMachine(_)), "{err:?}");
+}
+
+#[test]
+fn diagrams_render_every_edge() {
+    let m = mermaid::<OrderMachine>();
+    assert!(m.starts_with("stateDiagram-v2\n    [*] --> Created\n"), "{m}");
+    assert!(m.contains("    Created --> Paid : Pay\n"));
+    assert!(m.contains("    Shipped --> Delivered : Deliver\n"));
+    assert!(m.contains("    Refunded --> [*]\n"));
+    assert_eq!(m.lines().count(), 1 + 1 + 5 + 3);
+    let d = dot::<OrderMachine>();
+    assert!(d.starts_with("digraph OrderMachine {"));
+    assert!(d.contains("\"Paid\" -> \"Shipped\" [label=\"Ship\"];"));
+}
+
+#[test]
+fn macro_rejects_unsound_graphs_at_compile_time() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/ui/*.rs");
+}
+
