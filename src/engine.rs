@@ -376,7 +376,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     ) -> Step<M::State> {
         let observed = match self.store.observe(conn, key, in_tx).await {
             Ok(o) => o,
-            Err(e) => return retry_or_fail::<M, S>(e),
+            Err(e) => return retry_or_fail::<M, S>(e, in_tx),
         };
         let hash = payload.map(|p| p.hash.as_str());
         let (from, to, version) = match judge::<M>(&observed, key, event, hash) {
@@ -399,7 +399,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             })),
             // Someone else moved first: nothing was written; judge again from a fresh read.
             Ok(false) => Step::Retry,
-            Err(e) => retry_or_fail::<M, S>(e),
+            Err(e) => retry_or_fail::<M, S>(e, in_tx),
         }
     }
 
@@ -424,10 +424,14 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     }
 }
 
-fn retry_or_fail<M: StateMachine, S: Store>(e: sqlx::Error) -> Step<M::State> {
+/// A retryable error on our own connection is retried here. Inside the caller's
+/// transaction it is returned instead: a deadlock or serialization failure may have
+/// aborted the whole transaction (InnoDB rolls it all back), so only the caller can retry,
+/// from its own `BEGIN`. The error keeps `is_retryable()` to say so.
+fn retry_or_fail<M: StateMachine, S: Store>(e: sqlx::Error, in_tx: bool) -> Step<M::State> {
     match S::classify(&e) {
-        ErrorClass::Retryable => Step::Retry,
-        ErrorClass::Fatal => Step::Done(Err(db_error::<S>(e))),
+        ErrorClass::Retryable if !in_tx => Step::Retry,
+        _ => Step::Done(Err(db_error::<S>(e))),
     }
 }
 
@@ -521,6 +525,13 @@ fn parse_record<M: StateMachine>(order_id: i64, raw: RawTransition) -> Result<Re
 fn validate_ref(ref_id: &str) -> Result<()> {
     if ref_id.trim().is_empty() {
         return Err(Error::InvalidInput("ref_id must not be empty".into()));
+    }
+    // MySQL/MariaDB compare with PAD SPACE ("p-1" = "p-1 "); refusing edge whitespace
+    // keeps a reference's identity the same on every backend.
+    if ref_id.trim() != ref_id {
+        return Err(Error::InvalidInput(
+            "ref_id must not begin or end with whitespace".into(),
+        ));
     }
     let len = ref_id.chars().count();
     if len > MAX_REF_LEN {
@@ -672,5 +683,6 @@ mod tests {
             Err(Error::InvalidInput(_))
         ));
         assert!(matches!(validate_ref("a\0b"), Err(Error::InvalidInput(_))));
+        assert!(matches!(validate_ref("p-1 "), Err(Error::InvalidInput(_))));
     }
 }

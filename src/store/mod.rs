@@ -150,6 +150,33 @@ impl Observed {
     }
 }
 
+/// A history row in the column order every backend's `history` statement returns.
+pub type HistoryRow = (
+    i64,
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    chrono::DateTime<chrono::Utc>,
+);
+
+impl From<HistoryRow> for RawTransition {
+    fn from(r: HistoryRow) -> Self {
+        RawTransition {
+            seq: r.0,
+            from: r.1,
+            to: r.2,
+            event: r.3,
+            ref_id: r.4,
+            payload_hash: r.5,
+            payload: r.6,
+            created_at: r.7,
+        }
+    }
+}
+
 /// Everything the judge needs, read in one round trip.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {

@@ -11,7 +11,8 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, Sqlite, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    Apply, ErrorClass, Key, Observed, ObservedRow, RawTransition, Store, Tables, classify_common,
+    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Store, Tables,
+    classify_common,
 };
 use crate::Error;
 
@@ -228,7 +229,7 @@ impl Store for SqliteStore {
             .bind(order_id)
             .fetch_all(conn)
             .await?;
-        Ok(rows.into_iter().map(into_raw).collect())
+        Ok(rows.into_iter().map(RawTransition::from).collect())
     }
 
     /// SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes such as
@@ -248,26 +249,3 @@ impl Store for SqliteStore {
     }
 }
 
-type HistoryRow = (
-    i64,
-    String,
-    String,
-    String,
-    String,
-    Option<String>,
-    Option<String>,
-    chrono::DateTime<chrono::Utc>,
-);
-
-fn into_raw(r: HistoryRow) -> RawTransition {
-    RawTransition {
-        seq: r.0,
-        from: r.1,
-        to: r.2,
-        event: r.3,
-        ref_id: r.4,
-        payload_hash: r.5,
-        payload: r.6,
-        created_at: r.7,
-    }
-}

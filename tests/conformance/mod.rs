@@ -238,7 +238,7 @@ pub async fn corrupt_status_is_reported_not_panicked<B: Backend>(b: &B) {
 pub async fn bad_input_is_rejected_before_any_query<B: Backend>(b: &B) {
     let e = engine(b).await;
     e.create(1).await.unwrap();
-    for bad in ["", "   ", &"x".repeat(256), "p\n1"] {
+    for bad in ["", "   ", &"x".repeat(256), "p\n1", "p-1 ", " p-1"] {
         let err = e.transition(1, Pay, bad).await.unwrap_err();
         assert!(matches!(err, Error::InvalidInput(_)), "{bad:?}: {err:?}");
     }
