@@ -3,7 +3,9 @@
 //! validate input → read (one statement) → judge → conditional update + history insert →
 //! on a lost race, read afresh and judge again, within a bounded retry budget.
 
+use std::future::Future;
 use std::marker::PhantomData;
+use std::pin::Pin;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -405,29 +407,31 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
 
     /// The conditional update and the history row, atomically. `Ok(false)` when the race
     /// was lost: the update matched no row, or a twin's history row holds the unique key.
-    async fn apply(
-        &self,
-        conn: &mut S::Conn,
-        apply: Apply<'_>,
+    ///
+    /// Boxed so that the futures of the public methods do not hold the store's transaction
+    /// type: with a concrete store, rustc cannot yet prove such futures `Send`
+    /// (rust-lang/rust#100013), and callers need to spawn them.
+    fn apply<'a>(
+        &'a self,
+        conn: &'a mut S::Conn,
+        apply: Apply<'a>,
         in_tx: bool,
-    ) -> Result<bool, sqlx::Error> {
-        let mut tx = self.store.begin(conn, in_tx).await?;
-        if self.store.update(&mut tx, apply).await? != 1 {
-            S::rollback(tx).await?;
-            return Ok(false);
-        }
-        match self.store.record(&mut tx, apply).await {
-            Ok(()) => S::commit(tx).await.map(|()| true),
-            Err(e) if is_unique_violation(&e) => S::rollback(tx).await.map(|()| false),
-            Err(e) => Err(e),
-        }
+    ) -> Pin<Box<dyn Future<Output = Result<bool, sqlx::Error>> + Send + 'a>> {
+        Box::pin(async move {
+            let mut tx = S::begin(conn, in_tx).await?;
+            if self.store.update(&mut tx, apply).await? != 1 {
+                S::rollback(tx).await?;
+                return Ok(false);
+            }
+            match self.store.record(&mut tx, apply).await {
+                Ok(()) => S::commit(tx).await.map(|()| true),
+                Err(e) if is_unique_violation(&e) => S::rollback(tx).await.map(|()| false),
+                Err(e) => Err(e),
+            }
+        })
     }
 }
 
-/// A retryable error on our own connection is retried here. Inside the caller's
-/// transaction it is returned instead: a deadlock or serialization failure may have
-/// aborted the whole transaction (InnoDB rolls it all back), so only the caller can retry,
-/// from its own `BEGIN`. The error keeps `is_retryable()` to say so.
 fn retry_or_fail<M: StateMachine, S: Store>(e: sqlx::Error, in_tx: bool) -> Step<M::State> {
     match S::classify(&e) {
         ErrorClass::Retryable if !in_tx => Step::Retry,

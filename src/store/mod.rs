@@ -237,9 +237,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// A connection borrowed from the store's pool.
     type Pooled: DerefMut<Target = Self::Conn> + Send;
     /// An open transaction or savepoint on a connection.
-    type Tx<'c>: DerefMut<Target = Self::Conn> + Send
-    where
-        Self: 'c;
+    type Tx<'c>: DerefMut<Target = Self::Conn> + Send;
 
     /// Borrows a connection from the pool.
     fn acquire(&self) -> impl Future<Output = Result<Self::Pooled, sqlx::Error>> + Send;
@@ -263,11 +261,10 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Starts the atomic unit of an apply: `BEGIN` (or the backend's write-intent form)
     /// on a pooled connection, a savepoint inside the caller's transaction.
-    fn begin<'c>(
-        &'c self,
-        conn: &'c mut Self::Conn,
+    fn begin(
+        conn: &mut Self::Conn,
         in_tx: bool,
-    ) -> impl Future<Output = Result<Self::Tx<'c>, sqlx::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<Self::Tx<'_>, sqlx::Error>> + Send + '_;
 
     /// Commits what [`begin`](Self::begin) started.
     fn commit(tx: Self::Tx<'_>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;

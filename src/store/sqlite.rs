@@ -161,11 +161,7 @@ impl Store for SqliteStore {
         Ok(Observed::from_rows(rows))
     }
 
-    async fn begin<'c>(
-        &'c self,
-        conn: &'c mut SqliteConnection,
-        in_tx: bool,
-    ) -> Result<Self::Tx<'c>, sqlx::Error> {
+    async fn begin(conn: &mut SqliteConnection, in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
         if in_tx {
             conn.begin().await
         } else {

@@ -1,0 +1,230 @@
+//! PostgreSQL (and engines that speak its protocol: CockroachDB, YugabyteDB, Citus).
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Postgres, SqlSafeStr, SqlStr, Transaction};
+
+use super::{
+    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Store, Tables,
+    classify_common,
+};
+use crate::Error;
+
+/// Applies the embedded migrations in `migrations/postgres/` (idempotent).
+pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
+    sqlx::migrate!("migrations/postgres").run(pool).await?;
+    Ok(())
+}
+
+/// The PostgreSQL store.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    sql: Arc<Statements>,
+}
+
+#[derive(Debug)]
+struct Statements {
+    insert_order: SqlStr,
+    get: SqlStr,
+    observe: SqlStr,
+    update: SqlStr,
+    record: SqlStr,
+    history: SqlStr,
+}
+
+impl Statements {
+    fn new(tables: &Tables) -> Self {
+        let (o, h) = tables.quoted('"');
+        let sql = |s: String| AssertSqlSafe(s).into_sql_str();
+        // Casts keep the decoded types fixed when a user's table uses VARCHAR or INTEGER.
+        Statements {
+            insert_order: sql(format!(
+                "INSERT INTO {o} (id, status, version) VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING"
+            )),
+            get: sql(format!(
+                "SELECT status::text, version::bigint FROM {o} WHERE id = $1"
+            )),
+            observe: sql(format!(
+                "SELECT 'c'::text, status::text, NULL::text, NULL::text, version::bigint FROM {o} WHERE id = $1 \
+                 UNION ALL \
+                 SELECT 'p', from_status::text, to_status::text, payload_hash::text, seq::bigint FROM {h} \
+                   WHERE order_id = $1 AND event = $2 AND ref_id = $3 \
+                 UNION ALL \
+                 (SELECT 'e', ref_id::text, NULL, NULL, seq::bigint FROM {h} \
+                   WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1)"
+            )),
+            update: sql(format!(
+                "UPDATE {o} SET status = $1, version = version + 1 \
+                 WHERE id = $2 AND status = $3 AND version = $4"
+            )),
+            record: sql(format!(
+                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb)"
+            )),
+            history: sql(format!(
+                "SELECT seq::bigint, from_status::text, to_status::text, event::text, ref_id::text, \
+                 payload_hash::text, payload::text, created_at \
+                 FROM {h} WHERE order_id = $1 ORDER BY seq"
+            )),
+        }
+    }
+}
+
+impl PgStore {
+    /// Connects to `url` with a pool of 16 connections and applies the migrations.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let options = PgConnectOptions::from_str(url).map_err(super::db_error::<Self>)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .connect_with(options)
+            .await
+            .map_err(super::db_error::<Self>)?;
+        migrate(&pool).await?;
+        Ok(Self::new(pool))
+    }
+
+    /// A store over an existing pool and the default tables; run [`migrate`] first.
+    pub fn new(pool: PgPool) -> Self {
+        Self::with_tables(pool, Tables::default())
+    }
+
+    /// A store over an existing pool and custom tables.
+    pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
+        PgStore {
+            sql: Arc::new(Statements::new(&tables)),
+            pool,
+        }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+impl Store for PgStore {
+    type Conn = PgConnection;
+    type Pooled = sqlx::pool::PoolConnection<Postgres>;
+    type Tx<'c> = Transaction<'c, Postgres>;
+
+    async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
+        self.pool.acquire().await
+    }
+
+    async fn create(
+        &self,
+        conn: &mut PgConnection,
+        order_id: i64,
+        initial: &'static str,
+    ) -> Result<(String, i64), sqlx::Error> {
+        sqlx::query(self.sql.insert_order.clone())
+            .bind(order_id)
+            .bind(initial)
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query_as(self.sql.get.clone())
+            .bind(order_id)
+            .fetch_one(&mut *conn)
+            .await
+    }
+
+    async fn observe(
+        &self,
+        conn: &mut PgConnection,
+        key: Key<'_>,
+        _in_tx: bool,
+    ) -> Result<Observed, sqlx::Error> {
+        // READ COMMITTED: every statement sees what was committed before it began, also
+        // inside the caller's transaction.
+        let rows: Vec<ObservedRow> = sqlx::query_as(self.sql.observe.clone())
+            .bind(key.order_id)
+            .bind(key.event)
+            .bind(key.ref_id)
+            .fetch_all(conn)
+            .await?;
+        Ok(Observed::from_rows(rows))
+    }
+
+    async fn begin(conn: &mut PgConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
+        // BEGIN on a pooled connection, SAVEPOINT inside the caller's transaction.
+        conn.begin().await
+    }
+
+    async fn commit(tx: Self::Tx<'_>) -> Result<(), sqlx::Error> {
+        tx.commit().await
+    }
+
+    async fn rollback(tx: Self::Tx<'_>) -> Result<(), sqlx::Error> {
+        tx.rollback().await
+    }
+
+    async fn update(&self, conn: &mut PgConnection, a: Apply<'_>) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(self.sql.update.clone())
+            .bind(a.to)
+            .bind(a.key.order_id)
+            .bind(a.from)
+            .bind(a.version)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn record(&self, conn: &mut PgConnection, a: Apply<'_>) -> Result<(), sqlx::Error> {
+        sqlx::query(self.sql.record.clone())
+            .bind(a.key.order_id)
+            .bind(a.version + 1)
+            .bind(a.from)
+            .bind(a.to)
+            .bind(a.key.event)
+            .bind(a.key.ref_id)
+            .bind(a.payload_hash)
+            .bind(a.payload)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn get(
+        &self,
+        conn: &mut PgConnection,
+        order_id: i64,
+    ) -> Result<Option<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(self.sql.get.clone())
+            .bind(order_id)
+            .fetch_optional(conn)
+            .await
+    }
+
+    async fn history(
+        &self,
+        conn: &mut PgConnection,
+        order_id: i64,
+    ) -> Result<Vec<RawTransition>, sqlx::Error> {
+        let rows: Vec<HistoryRow> = sqlx::query_as(self.sql.history.clone())
+            .bind(order_id)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows.into_iter().map(RawTransition::from).collect())
+    }
+
+    /// Retryable: 40001 serialization failure, 40P01 deadlock, 55P03 lock timeout, and
+    /// 40003 statement completion unknown — safe to retry because every attempt starts
+    /// by re-reading the request's history row, so an attempt that did commit is found
+    /// and answered as `Replayed`, never applied again.
+    fn classify(err: &sqlx::Error) -> ErrorClass {
+        if let Some(class) = classify_common(err) {
+            return class;
+        }
+        let code = match err {
+            sqlx::Error::Database(db) => db.code(),
+            _ => None,
+        };
+        match code.as_deref() {
+            Some("40001" | "40P01" | "55P03" | "40003") => ErrorClass::Retryable,
+            _ => ErrorClass::Fatal,
+        }
+    }
+}
