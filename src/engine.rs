@@ -173,7 +173,9 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     pub fn with_config(store: S, config: EngineConfig) -> Result<Self> {
         validate::<M>().map_err(Error::InvalidMachine)?;
         if config.max_attempts == 0 {
-            return Err(Error::InvalidInput("max_attempts must be at least 1".into()));
+            return Err(Error::InvalidInput(
+                "max_attempts must be at least 1".into(),
+            ));
         }
         Ok(Engine {
             store,
@@ -239,7 +241,9 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             .history(&mut conn, order_id)
             .await
             .map_err(db_error::<S>)?;
-        rows.into_iter().map(|r| parse_record::<M>(order_id, r)).collect()
+        rows.into_iter()
+            .map(|r| parse_record::<M>(order_id, r))
+            .collect()
     }
 
     /// Moves the entity by `event`, exactly once per `(order_id, event, ref_id)`.
@@ -490,12 +494,8 @@ fn judge<M: StateMachine>(
 
 /// Parses an event name as received from a client or a queue.
 pub fn parse_event<M: StateMachine>(name: &str) -> Result<M::Event> {
-    name.parse().map_err(|_| {
-        Error::InvalidInput(format!(
-            "unknown event {name:?} for machine {}",
-            M::NAME
-        ))
-    })
+    name.parse()
+        .map_err(|_| Error::InvalidInput(format!("unknown event {name:?} for machine {}", M::NAME)))
 }
 
 fn parse_state<M: StateMachine>(order_id: i64, value: &str) -> Result<M::State> {

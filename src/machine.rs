@@ -178,7 +178,11 @@ pub fn dot<M: StateMachine>() -> String {
         let _ = writeln!(out, "    \"{s}\" [shape=doublecircle];");
     }
     for t in M::TRANSITIONS {
-        let _ = writeln!(out, "    \"{}\" -> \"{}\" [label=\"{}\"];", t.from, t.to, t.event);
+        let _ = writeln!(
+            out,
+            "    \"{}\" -> \"{}\" [label=\"{}\"];",
+            t.from, t.to, t.event
+        );
     }
     out.push_str("}\n");
     out
@@ -205,7 +209,12 @@ pub mod __check {
     }
 
     /// Panics with `msg` if `state` cannot be reached from `initial`.
-    pub const fn reachable(rows: &[(usize, usize, usize)], initial: usize, state: usize, msg: &str) {
+    pub const fn reachable(
+        rows: &[(usize, usize, usize)],
+        initial: usize,
+        state: usize,
+        msg: &str,
+    ) {
         assert!(state < 128, "state_machine!: at most 128 states");
         let mut seen: u128 = 1 << initial;
         // Fixed point: at most one pass per state.

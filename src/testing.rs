@@ -110,13 +110,28 @@ impl<S: Copy + PartialEq> Expected<S> {
     /// Whether the engine's answer is the one expected.
     pub fn matches(&self, actual: &Result<Outcome<S>, Error>) -> bool {
         match (self, actual) {
-            (Expected::Applied { from, to, version }, Ok(Outcome::Applied { from: f, to: t, version: v }))
-            | (Expected::Replayed { from, to, version }, Ok(Outcome::Replayed { from: f, to: t, version: v })) => {
-                from == f && to == t && version == v
-            }
-            (Expected::RefConflict { existing_ref }, Err(Error::RefConflict { existing_ref: r, .. })) => {
-                existing_ref == r
-            }
+            (
+                Expected::Applied { from, to, version },
+                Ok(Outcome::Applied {
+                    from: f,
+                    to: t,
+                    version: v,
+                }),
+            )
+            | (
+                Expected::Replayed { from, to, version },
+                Ok(Outcome::Replayed {
+                    from: f,
+                    to: t,
+                    version: v,
+                }),
+            ) => from == f && to == t && version == v,
+            (
+                Expected::RefConflict { existing_ref },
+                Err(Error::RefConflict {
+                    existing_ref: r, ..
+                }),
+            ) => existing_ref == r,
             (Expected::InvalidTransition, Err(Error::InvalidTransition { .. }))
             | (Expected::NotFound, Err(Error::NotFound { .. })) => true,
             _ => false,
@@ -124,11 +139,14 @@ impl<S: Copy + PartialEq> Expected<S> {
     }
 }
 
+/// `(order, event, ref)`: the identity of a request.
+type RequestKey<M> = (i64, <M as StateMachine>::Event, String);
+
 /// The outcome table over in-memory maps: the reference the engine is checked against.
 #[derive(Debug, Clone)]
 pub struct Model<M: StateMachine> {
     orders: HashMap<i64, (M::State, i64)>,
-    applied: HashMap<(i64, M::Event, String), (M::State, M::State, i64)>,
+    applied: HashMap<RequestKey<M>, (M::State, M::State, i64)>,
     latest_ref: HashMap<(i64, M::Event), String>,
 }
 
@@ -196,10 +214,13 @@ pub async fn check_engine<M: StateMachine, S: Store>(
 ) -> Result<(), String> {
     let ids: Vec<i64> = (0..orders).map(|i| first_id + i).collect();
     for &id in &ids {
-        engine.create(id).await.map_err(|e| format!("create {id}: {e}"))?;
+        engine
+            .create(id)
+            .await
+            .map_err(|e| format!("create {id}: {e}"))?;
     }
     let mut model = Model::<M>::new(ids.iter().copied());
-    let mut first_report: HashMap<(i64, M::Event, String), Outcome<M::State>> = HashMap::new();
+    let mut first_report: HashMap<RequestKey<M>, Outcome<M::State>> = HashMap::new();
     let mut applied_by_order: HashMap<i64, i64> = HashMap::new();
     for (n, step) in steps.iter().enumerate() {
         let id = first_id + step.order;
@@ -238,14 +259,20 @@ pub async fn check_engine<M: StateMachine, S: Store>(
                 order.state, order.version
             ));
         }
-        let history = engine.history(id).await.map_err(|e| format!("history {id}: {e}"))?;
+        let history = engine
+            .history(id)
+            .await
+            .map_err(|e| format!("history {id}: {e}"))?;
         if history.len() as i64 != applied || history.len() != model.applied_count(id) {
             return Err(format!(
                 "order {id}: {} history rows for {applied} applied",
                 history.len()
             ));
         }
-        let mut keys: Vec<_> = history.iter().map(|r| (r.event, r.ref_id.clone())).collect();
+        let mut keys: Vec<_> = history
+            .iter()
+            .map(|r| (r.event, r.ref_id.clone()))
+            .collect();
         keys.sort_by(|a, b| (a.0.as_ref(), &a.1).cmp(&(b.0.as_ref(), &b.1)));
         keys.dedup();
         if keys.len() != history.len() {

@@ -28,7 +28,21 @@ mod by_hand {
     use serde::{Deserialize, Serialize};
     use strum::{AsRefStr, Display, EnumIter, EnumString, IntoStaticStr};
 
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Display, EnumString, AsRefStr, IntoStaticStr, EnumIter, Serialize, Deserialize)]
+    #[derive(
+        Debug,
+        Clone,
+        Copy,
+        PartialEq,
+        Eq,
+        Hash,
+        Display,
+        EnumString,
+        AsRefStr,
+        IntoStaticStr,
+        EnumIter,
+        Serialize,
+        Deserialize,
+    )]
     pub enum State {
         Created,
         Paid,
@@ -38,7 +52,21 @@ mod by_hand {
         Refunded,
     }
 
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Display, EnumString, AsRefStr, IntoStaticStr, EnumIter, Serialize, Deserialize)]
+    #[derive(
+        Debug,
+        Clone,
+        Copy,
+        PartialEq,
+        Eq,
+        Hash,
+        Display,
+        EnumString,
+        AsRefStr,
+        IntoStaticStr,
+        EnumIter,
+        Serialize,
+        Deserialize,
+    )]
     pub enum Event {
         Pay,
         Ship,
@@ -56,11 +84,31 @@ mod by_hand {
         const INITIAL: State = State::Created;
         const TERMINAL: &'static [State] = &[State::Delivered, State::Cancelled, State::Refunded];
         const TRANSITIONS: &'static [Transition<State, Event>] = &[
-            Transition { from: State::Created, event: Event::Pay, to: State::Paid },
-            Transition { from: State::Created, event: Event::Cancel, to: State::Cancelled },
-            Transition { from: State::Paid, event: Event::Ship, to: State::Shipped },
-            Transition { from: State::Paid, event: Event::Refund, to: State::Refunded },
-            Transition { from: State::Shipped, event: Event::Deliver, to: State::Delivered },
+            Transition {
+                from: State::Created,
+                event: Event::Pay,
+                to: State::Paid,
+            },
+            Transition {
+                from: State::Created,
+                event: Event::Cancel,
+                to: State::Cancelled,
+            },
+            Transition {
+                from: State::Paid,
+                event: Event::Ship,
+                to: State::Shipped,
+            },
+            Transition {
+                from: State::Paid,
+                event: Event::Refund,
+                to: State::Refunded,
+            },
+            Transition {
+                from: State::Shipped,
+                event: Event::Deliver,
+                to: State::Delivered,
+            },
         ];
     }
 
@@ -74,8 +122,16 @@ mod by_hand {
         const INITIAL: State = State::Created;
         const TERMINAL: &'static [State] = &[State::Paid];
         const TRANSITIONS: &'static [Transition<State, Event>] = &[
-            Transition { from: State::Created, event: Event::Pay, to: State::Paid },
-            Transition { from: State::Paid, event: Event::Refund, to: State::Refunded },
+            Transition {
+                from: State::Created,
+                event: Event::Pay,
+                to: State::Paid,
+            },
+            Transition {
+                from: State::Paid,
+                event: Event::Refund,
+                to: State::Refunded,
+            },
         ];
     }
 }
@@ -84,13 +140,18 @@ use by_hand::HandMachine;
 
 #[test]
 fn macro_and_hand_written_machines_agree() {
-    fn names<S: std::fmt::Display, E: std::fmt::Display>(t: &Transition<S, E>) -> (String, String, String) {
+    fn names<S: std::fmt::Display, E: std::fmt::Display>(
+        t: &Transition<S, E>,
+    ) -> (String, String, String) {
         (t.from.to_string(), t.event.to_string(), t.to.to_string())
     }
     let by_macro: Vec<_> = OrderMachine::TRANSITIONS.iter().map(names).collect();
     let by_hand: Vec<_> = HandMachine::TRANSITIONS.iter().map(names).collect();
     assert_eq!(by_macro, by_hand);
-    assert_eq!(OrderMachine::INITIAL.as_ref(), HandMachine::INITIAL.as_ref());
+    assert_eq!(
+        OrderMachine::INITIAL.as_ref(),
+        HandMachine::INITIAL.as_ref()
+    );
     for (s, hs) in OrderState::iter().zip(by_hand::State::iter()) {
         assert_eq!(s.as_ref(), hs.as_ref());
         assert_eq!(OrderMachine::is_terminal(s), HandMachine::is_terminal(hs));
@@ -115,8 +176,14 @@ fn generated_enums_round_trip_names_and_serde() {
     assert!("paid".parse::<OrderState>().is_err());
     let name: &'static str = OrderEvent::Refund.into();
     assert_eq!(name, "Refund");
-    assert_eq!(serde_json::to_string(&OrderState::Shipped).unwrap(), "\"Shipped\"");
-    assert_eq!(serde_json::from_str::<OrderEvent>("\"Ship\"").unwrap(), OrderEvent::Ship);
+    assert_eq!(
+        serde_json::to_string(&OrderState::Shipped).unwrap(),
+        "\"Shipped\""
+    );
+    assert_eq!(
+        serde_json::from_str::<OrderEvent>("\"Ship\"").unwrap(),
+        OrderEvent::Ship
+    );
     assert_eq!(OrderState::iter().count(), 6);
     assert_eq!(OrderEvent::iter().count(), 5);
 }
@@ -125,18 +192,25 @@ fn generated_enums_round_trip_names_and_serde() {
 async fn unsound_hand_written_graph_is_refused() {
     assert_eq!(
         validate::<by_hand::Unsound>(),
-        Err(GraphError::EdgeOutOfTerminal { state: "Paid", event: "Refund" })
+        Err(GraphError::EdgeOutOfTerminal {
+            state: "Paid",
+            event: "Refund"
+        })
     );
     // A lazy pool never connects: the engine refuses the machine before any I/O.
     let pool = sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap();
-    let err = orderly::Engine::<by_hand::Unsound, _>::new(orderly::SqliteStore::new(pool)).unwrap_err();
+    let err =
+        orderly::Engine::<by_hand::Unsound, _>::new(orderly::SqliteStore::new(pool)).unwrap_err();
     assert!(matches!(err, orderly::Error::InvalidMachine(_)), "{err:?}");
 }
 
 #[test]
 fn diagrams_render_every_edge() {
     let m = mermaid::<OrderMachine>();
-    assert!(m.starts_with("stateDiagram-v2\n    [*] --> Created\n"), "{m}");
+    assert!(
+        m.starts_with("stateDiagram-v2\n    [*] --> Created\n"),
+        "{m}"
+    );
     assert!(m.contains("    Created --> Paid : Pay\n"));
     assert!(m.contains("    Shipped --> Delivered : Deliver\n"));
     assert!(m.contains("    Refunded --> [*]\n"));
@@ -151,4 +225,3 @@ fn macro_rejects_unsound_graphs_at_compile_time() {
     let t = trybuild::TestCases::new();
     t.compile_fail("tests/ui/*.rs");
 }
-

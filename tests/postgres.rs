@@ -28,7 +28,11 @@ impl Pg {
         let timeout = format!("{}ms", lock_timeout.as_millis());
         PgPoolOptions::new()
             .max_connections(20)
-            .connect_with(self.options.clone().options([("lock_timeout", timeout.as_str())]))
+            .connect_with(
+                self.options
+                    .clone()
+                    .options([("lock_timeout", timeout.as_str())]),
+            )
             .await
             .unwrap()
     }
@@ -39,17 +43,32 @@ impl Backend for Pg {
     type Tx = Transaction<'static, Postgres>;
 
     async fn fresh() -> Self {
-        let url = server::url("ORDERLY_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres");
+        let url = server::url(
+            "ORDERLY_PG_URL",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        );
         let admin = PgConnectOptions::from_str(&url).unwrap();
         let name = server::unique_db_name();
         let mut conn = PgConnection::connect_with(&admin)
             .await
             .unwrap_or_else(|e| panic!("PostgreSQL at {url} is required for this suite: {e}"));
-        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
         let options = admin.clone().database(&name);
-        let pool = PgPoolOptions::new().max_connections(4).connect_with(options.clone()).await.unwrap();
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.clone())
+            .await
+            .unwrap();
         migrate(&pool).await.unwrap();
-        Pg { admin, options, name, pool }
+        Pg {
+            admin,
+            options,
+            name,
+            pool,
+        }
     }
 
     async fn store(&self, lock_timeout: Duration) -> PgStore {
@@ -73,11 +92,17 @@ impl Backend for Pg {
     }
 
     async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_string())).execute(&self.pool).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
+            .execute(&self.pool)
+            .await
+            .unwrap();
     }
 
     async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(sql.to_string())).fetch_one(&self.pool).await.unwrap()
+        sqlx::query_scalar(AssertSqlSafe(sql.to_string()))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 
     async fn begin(&self) -> Self::Tx {
@@ -86,7 +111,10 @@ impl Backend for Pg {
 
     async fn exec_in(tx: &mut Self::Tx, sql: &str) {
         let conn: &mut PgConnection = tx;
-        sqlx::raw_sql(AssertSqlSafe(sql.to_string())).execute(conn).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
+            .execute(conn)
+            .await
+            .unwrap();
     }
 
     async fn commit(tx: Self::Tx) {
@@ -100,17 +128,21 @@ impl Backend for Pg {
     async fn cleanup(self) {
         self.pool.close().await;
         let mut conn = PgConnection::connect_with(&self.admin).await.unwrap();
-        sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)))
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
     }
 }
 
 conformance!(Pg);
 
 async fn deadlocks(b: &Pg) -> i64 {
-    b.scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").await
+    b.scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        .await
 }
 
 /// A genuine deadlock: the rival holds the history key and wants the order row; the engine
@@ -119,7 +151,8 @@ async fn deadlocks(b: &Pg) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deadlock_is_retried_and_rejudged() {
     let b = Pg::fresh().await;
-    let e: Engine<OrderMachine, PgStore> = Engine::new(b.store(Duration::from_secs(30)).await).unwrap();
+    let e: Engine<OrderMachine, PgStore> =
+        Engine::new(b.store(Duration::from_secs(30)).await).unwrap();
     e.create(1).await.unwrap();
     let before = deadlocks(&b).await;
 
@@ -135,17 +168,31 @@ async fn deadlock_is_retried_and_rejudged() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Blocks on the engine's row lock until the deadlock detector aborts the engine.
-    Pg::exec_in(&mut rival, "UPDATE orders SET status = 'Paid', version = version + 1 WHERE id = 1").await;
+    Pg::exec_in(
+        &mut rival,
+        "UPDATE orders SET status = 'Paid', version = version + 1 WHERE id = 1",
+    )
+    .await;
     Pg::commit(rival).await;
 
     let outcome = ours.await.unwrap().unwrap();
-    assert_eq!(outcome, Outcome::Replayed { from: OrderState::Created, to: OrderState::Paid, version: 1 });
+    assert_eq!(
+        outcome,
+        Outcome::Replayed {
+            from: OrderState::Created,
+            to: OrderState::Paid,
+            version: 1
+        }
+    );
     let order = e.get(1).await.unwrap();
     assert_eq!((order.state, order.version), (OrderState::Paid, 1));
     assert_eq!(e.history(1).await.unwrap().len(), 1);
     // The statistics collector reports the deadlock a moment later.
     assert!(
-        server::eventually(Duration::from_secs(10), || async { deadlocks(&b).await > before }).await,
+        server::eventually(Duration::from_secs(10), || async {
+            deadlocks(&b).await > before
+        })
+        .await,
         "no deadlock was recorded: the test did not provoke what it claims"
     );
     b.cleanup().await;
@@ -157,20 +204,45 @@ async fn deadlock_is_retried_and_rejudged() {
 async fn serialization_failures_are_retried() {
     let b = Pg::fresh().await;
     // First show that the server really reports 40001 here, and that it is retryable.
-    b.exec("INSERT INTO orders (id, status, version) VALUES (99, 'Created', 0)").await;
-    let mut t1 = b.pool.begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE").await.unwrap();
-    let mut t2 = b.pool.begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE").await.unwrap();
-    sqlx::query("SELECT version FROM orders WHERE id = 99").execute(&mut *t2).await.unwrap();
-    sqlx::query("UPDATE orders SET version = 1 WHERE id = 99").execute(&mut *t1).await.unwrap();
+    b.exec("INSERT INTO orders (id, status, version) VALUES (99, 'Created', 0)")
+        .await;
+    let mut t1 = b
+        .pool
+        .begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        .await
+        .unwrap();
+    let mut t2 = b
+        .pool
+        .begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        .await
+        .unwrap();
+    sqlx::query("SELECT version FROM orders WHERE id = 99")
+        .execute(&mut *t2)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE orders SET version = 1 WHERE id = 99")
+        .execute(&mut *t1)
+        .await
+        .unwrap();
     t1.commit().await.unwrap();
-    let err = sqlx::query("UPDATE orders SET version = 2 WHERE id = 99").execute(&mut *t2).await.unwrap_err();
-    assert_eq!(err.as_database_error().and_then(|d| d.code()).as_deref(), Some("40001"));
+    let err = sqlx::query("UPDATE orders SET version = 2 WHERE id = 99")
+        .execute(&mut *t2)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("40001")
+    );
     assert_eq!(PgStore::classify(&err), ErrorClass::Retryable);
     drop(t2);
 
     let pool = PgPoolOptions::new()
         .max_connections(20)
-        .connect_with(b.options.clone().options([("default_transaction_isolation", "serializable")]))
+        .connect_with(
+            b.options
+                .clone()
+                .options([("default_transaction_isolation", "serializable")]),
+        )
         .await
         .unwrap();
     let e: Engine<OrderMachine, PgStore> = Engine::new(PgStore::new(pool)).unwrap();

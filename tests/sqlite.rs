@@ -39,7 +39,11 @@ impl Backend for Sqlite3 {
             .await
             .unwrap();
         migrate(&pool).await.unwrap();
-        Sqlite3 { _dir: dir, url, pool }
+        Sqlite3 {
+            _dir: dir,
+            url,
+            pool,
+        }
     }
 
     async fn store(&self, lock_timeout: Duration) -> SqliteStore {
@@ -63,11 +67,17 @@ impl Backend for Sqlite3 {
     }
 
     async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_string())).execute(&self.pool).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
+            .execute(&self.pool)
+            .await
+            .unwrap();
     }
 
     async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(sql.to_string())).fetch_one(&self.pool).await.unwrap()
+        sqlx::query_scalar(AssertSqlSafe(sql.to_string()))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 
     async fn begin(&self) -> Self::Tx {
@@ -76,7 +86,10 @@ impl Backend for Sqlite3 {
 
     async fn exec_in(tx: &mut Self::Tx, sql: &str) {
         let conn: &mut SqliteConnection = tx;
-        sqlx::raw_sql(AssertSqlSafe(sql.to_string())).execute(conn).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
+            .execute(conn)
+            .await
+            .unwrap();
     }
 
     async fn commit(tx: Self::Tx) {
@@ -101,12 +114,72 @@ async fn sqlite_busy_codes_are_retryable() {
     let b = Sqlite3::fresh().await;
     let mut holder = b.begin().await;
     Sqlite3::exec_in(&mut holder, "UPDATE orders SET version = 0 WHERE id = 0").await;
-    let mut other = SqliteConnection::connect_with(&connect_options(&b.url).unwrap().busy_timeout(Duration::ZERO))
+    let mut other = SqliteConnection::connect_with(
+        &connect_options(&b.url)
+            .unwrap()
+            .busy_timeout(Duration::ZERO),
+    )
+    .await
+    .unwrap();
+    let busy = other
+        .begin_with("BEGIN IMMEDIATE")
         .await
-        .unwrap();
-    let busy = other.begin_with("BEGIN IMMEDIATE").await.map(|_| ()).unwrap_err();
-    assert_eq!(SqliteStore::classify(&busy), ErrorClass::Retryable, "{busy:?}");
-    let syntax = sqlx::raw_sql("SELEC 1").execute(&mut other).await.unwrap_err();
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        SqliteStore::classify(&busy),
+        ErrorClass::Retryable,
+        "{busy:?}"
+    );
+    let syntax = sqlx::raw_sql("SELEC 1")
+        .execute(&mut other)
+        .await
+        .unwrap_err();
     assert_eq!(SqliteStore::classify(&syntax), ErrorClass::Fatal);
     Sqlite3::rollback(holder).await;
+}
+
+/// A real SQLITE_BUSY: another connection holds the write lock longer than the engine's
+/// busy timeout; the engine backs off, retries, and applies once the lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn busy_database_is_retried_then_applied() {
+    use conformance::{OrderEvent, OrderMachine, OrderState};
+    use orderly::{Engine, EngineConfig, Outcome};
+    let b = Sqlite3::fresh().await;
+    let config = EngineConfig {
+        max_attempts: 50,
+        max_backoff: Duration::from_millis(20),
+        ..EngineConfig::default()
+    };
+    let e: Engine<OrderMachine, SqliteStore> =
+        Engine::with_config(b.store(Duration::from_millis(10)).await, config).unwrap();
+    e.create(1).await.unwrap();
+    let mut holder = b.begin().await;
+    Sqlite3::exec_in(
+        &mut holder,
+        "UPDATE orders SET version = version WHERE id = 1",
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let ours = {
+        let e = e.clone();
+        tokio::spawn(async move { e.transition(1, OrderEvent::Pay, "p-1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !ours.is_finished(),
+        "the engine must still be retrying while the lock is held"
+    );
+    Sqlite3::rollback(holder).await;
+    let outcome = ours.await.unwrap().unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(
+        outcome,
+        Outcome::Applied {
+            from: OrderState::Created,
+            to: OrderState::Paid,
+            version: 1
+        }
+    );
+    assert_eq!(e.history(1).await.unwrap().len(), 1);
 }

@@ -8,7 +8,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Connection, Sqlite, SqlSafeStr, SqlStr, Transaction};
+use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Sqlite, Transaction};
 
 use super::{
     Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Store, Tables,
@@ -244,4 +244,3 @@ impl Store for SqliteStore {
         }
     }
 }
-

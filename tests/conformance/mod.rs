@@ -111,7 +111,13 @@ fn replayed(from: OrderState, to: OrderState, version: i64) -> Outcome<OrderStat
     Outcome::Replayed { from, to, version }
 }
 
-async fn assert_order<S: Store>(e: &Engine<OrderMachine, S>, id: i64, state: OrderState, version: i64, rows: usize) {
+async fn assert_order<S: Store>(
+    e: &Engine<OrderMachine, S>,
+    id: i64,
+    state: OrderState,
+    version: i64,
+    rows: usize,
+) {
     let order = e.get(id).await.unwrap();
     assert_eq!((order.state, order.version), (state, version), "order {id}");
     assert_eq!(e.history(id).await.unwrap().len(), rows, "history of {id}");
@@ -124,7 +130,10 @@ pub async fn applied_moves_the_order_once<B: Backend>(b: &B) {
     assert_eq!(out, applied(Created, Paid, 1));
     assert_order(&e, 1, Paid, 1, 1).await;
     let h = e.history(1).await.unwrap();
-    assert_eq!((h[0].seq, h[0].from, h[0].to, h[0].event), (1, Created, Paid, Pay));
+    assert_eq!(
+        (h[0].seq, h[0].from, h[0].to, h[0].event),
+        (1, Created, Paid, Pay)
+    );
     assert_eq!(h[0].ref_id, "p-1");
     assert_eq!(h[0].payload, None);
 }
@@ -132,9 +141,15 @@ pub async fn applied_moves_the_order_once<B: Backend>(b: &B) {
 pub async fn duplicate_callback_is_replayed<B: Backend>(b: &B) {
     let e = engine(b).await;
     e.create(1).await.unwrap();
-    assert_eq!(e.transition(1, Pay, "p-1").await.unwrap(), applied(Created, Paid, 1));
+    assert_eq!(
+        e.transition(1, Pay, "p-1").await.unwrap(),
+        applied(Created, Paid, 1)
+    );
     for _ in 0..2 {
-        assert_eq!(e.transition(1, Pay, "p-1").await.unwrap(), replayed(Created, Paid, 1));
+        assert_eq!(
+            e.transition(1, Pay, "p-1").await.unwrap(),
+            replayed(Created, Paid, 1)
+        );
     }
     assert_order(&e, 1, Paid, 1, 1).await;
 }
@@ -145,8 +160,14 @@ pub async fn replay_after_the_order_moved_on<B: Backend>(b: &B) {
     e.transition(1, Pay, "p-1").await.unwrap();
     e.transition(1, Ship, "s-1").await.unwrap();
     e.transition(1, Deliver, "d-1").await.unwrap();
-    assert_eq!(e.transition(1, Pay, "p-1").await.unwrap(), replayed(Created, Paid, 1));
-    assert_eq!(e.transition(1, Ship, "s-1").await.unwrap(), replayed(Paid, Shipped, 2));
+    assert_eq!(
+        e.transition(1, Pay, "p-1").await.unwrap(),
+        replayed(Created, Paid, 1)
+    );
+    assert_eq!(
+        e.transition(1, Ship, "s-1").await.unwrap(),
+        replayed(Paid, Shipped, 2)
+    );
     assert_order(&e, 1, Delivered, 3, 3).await;
 }
 
@@ -154,13 +175,25 @@ pub async fn payload_is_fingerprinted<B: Backend>(b: &B) {
     let e = engine(b).await;
     e.create(1).await.unwrap();
     let body = serde_json::json!({"amount": 100, "currency": "EUR"});
-    let out = e.transition_with_payload(1, Pay, "p-1", &body).await.unwrap();
+    let out = e
+        .transition_with_payload(1, Pay, "p-1", &body)
+        .await
+        .unwrap();
     assert_eq!(out, applied(Created, Paid, 1));
-    let same = e.transition_with_payload(1, Pay, "p-1", &body).await.unwrap();
+    let same = e
+        .transition_with_payload(1, Pay, "p-1", &body)
+        .await
+        .unwrap();
     assert_eq!(same, replayed(Created, Paid, 1));
     let other = serde_json::json!({"amount": 200, "currency": "EUR"});
-    let err = e.transition_with_payload(1, Pay, "p-1", &other).await.unwrap_err();
-    assert!(matches!(err, Error::PayloadMismatch { ref ref_id, .. } if ref_id == "p-1"), "{err:?}");
+    let err = e
+        .transition_with_payload(1, Pay, "p-1", &other)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::PayloadMismatch { ref ref_id, .. } if ref_id == "p-1"),
+        "{err:?}"
+    );
     assert!(err.is_conflict());
     // Without a payload it is a different request under the same reference, too.
     let bare = e.transition(1, Pay, "p-1").await.unwrap_err();
@@ -177,12 +210,18 @@ pub async fn second_payment_is_a_ref_conflict<B: Backend>(b: &B) {
     e.create(1).await.unwrap();
     e.transition(1, Pay, "p-1").await.unwrap();
     let err = e.transition(1, Pay, "p-2").await.unwrap_err();
-    assert!(matches!(err, Error::RefConflict { ref existing_ref, .. } if existing_ref == "p-1"), "{err:?}");
+    assert!(
+        matches!(err, Error::RefConflict { ref existing_ref, .. } if existing_ref == "p-1"),
+        "{err:?}"
+    );
     assert!(err.is_conflict() && !err.is_retryable());
     // Still named after the order moved on.
     e.transition(1, Ship, "s-1").await.unwrap();
     let err = e.transition(1, Pay, "p-3").await.unwrap_err();
-    assert!(matches!(err, Error::RefConflict { ref existing_ref, .. } if existing_ref == "p-1"), "{err:?}");
+    assert!(
+        matches!(err, Error::RefConflict { ref existing_ref, .. } if existing_ref == "p-1"),
+        "{err:?}"
+    );
     assert_order(&e, 1, Shipped, 2, 2).await;
 }
 
@@ -190,12 +229,30 @@ pub async fn disallowed_event_is_invalid_transition<B: Backend>(b: &B) {
     let e = engine(b).await;
     e.create(1).await.unwrap();
     let err = e.transition(1, Ship, "s-1").await.unwrap_err();
-    assert!(matches!(err, Error::InvalidTransition { state: "Created", event: "Ship" }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidTransition {
+                state: "Created",
+                event: "Ship"
+            }
+        ),
+        "{err:?}"
+    );
     assert_order(&e, 1, Created, 0, 0).await;
     // A terminal state refuses everything, including an event never applied before.
     e.transition(1, Cancel, "c-1").await.unwrap();
     let err = e.transition(1, Refund, "r-1").await.unwrap_err();
-    assert!(matches!(err, Error::InvalidTransition { state: "Cancelled", event: "Refund" }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidTransition {
+                state: "Cancelled",
+                event: "Refund"
+            }
+        ),
+        "{err:?}"
+    );
     assert_order(&e, 1, Cancelled, 1, 1).await;
 }
 
@@ -203,7 +260,10 @@ pub async fn missing_order_is_not_found<B: Backend>(b: &B) {
     let e = engine(b).await;
     let err = e.transition(404, Pay, "p-1").await.unwrap_err();
     assert!(matches!(err, Error::NotFound { order_id: 404 }), "{err:?}");
-    assert!(matches!(e.get(404).await, Err(Error::NotFound { order_id: 404 })));
+    assert!(matches!(
+        e.get(404).await,
+        Err(Error::NotFound { order_id: 404 })
+    ));
     assert!(e.history(404).await.unwrap().is_empty());
 }
 
@@ -215,24 +275,38 @@ pub async fn create_is_idempotent_at_initial_state<B: Backend>(b: &B) {
     assert_eq!(again, first);
     e.transition(1, Pay, "p-1").await.unwrap();
     let err = e.create(1).await.unwrap_err();
-    assert!(matches!(err, Error::AlreadyExists { order_id: 1, ref state } if state == "Paid"), "{err:?}");
+    assert!(
+        matches!(err, Error::AlreadyExists { order_id: 1, ref state } if state == "Paid"),
+        "{err:?}"
+    );
     assert_order(&e, 1, Paid, 1, 1).await;
 }
 
 pub async fn corrupt_status_is_reported_not_panicked<B: Backend>(b: &B) {
     let e = engine(b).await;
     e.create(1).await.unwrap();
-    b.exec("UPDATE orders SET status = 'Teleported' WHERE id = 1").await;
+    b.exec("UPDATE orders SET status = 'Teleported' WHERE id = 1")
+        .await;
     let err = e.transition(1, Pay, "p-1").await.unwrap_err();
-    assert!(matches!(err, Error::CorruptState { order_id: 1, ref value } if value == "Teleported"), "{err:?}");
+    assert!(
+        matches!(err, Error::CorruptState { order_id: 1, ref value } if value == "Teleported"),
+        "{err:?}"
+    );
     assert!(matches!(e.get(1).await, Err(Error::CorruptState { .. })));
     assert_eq!(b.scalar("SELECT COUNT(*) FROM order_transitions").await, 0);
     // A corrupt history row is reported the same way.
     e.create(2).await.unwrap();
     e.transition(2, Pay, "p-1").await.unwrap();
-    b.exec("UPDATE order_transitions SET from_status = 'Limbo' WHERE order_id = 2").await;
-    assert!(matches!(e.transition(2, Pay, "p-1").await, Err(Error::CorruptState { .. })));
-    assert!(matches!(e.history(2).await, Err(Error::CorruptState { .. })));
+    b.exec("UPDATE order_transitions SET from_status = 'Limbo' WHERE order_id = 2")
+        .await;
+    assert!(matches!(
+        e.transition(2, Pay, "p-1").await,
+        Err(Error::CorruptState { .. })
+    ));
+    assert!(matches!(
+        e.history(2).await,
+        Err(Error::CorruptState { .. })
+    ));
 }
 
 pub async fn bad_input_is_rejected_before_any_query<B: Backend>(b: &B) {
@@ -249,8 +323,14 @@ pub async fn bad_input_is_rejected_before_any_query<B: Backend>(b: &B) {
     assert_order(&e, 1, Created, 0, 0).await;
     // 255 characters (multi-byte ones too) is the limit, not an error.
     let long = "é".repeat(255);
-    assert_eq!(e.transition(1, Pay, &long).await.unwrap(), applied(Created, Paid, 1));
-    assert_eq!(e.transition_named(1, "Ship", "s-1").await.unwrap(), applied(Paid, Shipped, 2));
+    assert_eq!(
+        e.transition(1, Pay, &long).await.unwrap(),
+        applied(Created, Paid, 1)
+    );
+    assert_eq!(
+        e.transition_named(1, "Ship", "s-1").await.unwrap(),
+        applied(Paid, Shipped, 2)
+    );
     assert_eq!(e.history(1).await.unwrap()[0].ref_id, long);
 }
 
@@ -263,13 +343,20 @@ pub async fn contention_after_the_retry_budget<B: Backend>(b: &B) {
     e.create(1).await.unwrap();
     // Another transaction holds the row (and on SQLite, the write lock) past every attempt.
     let mut holder = b.begin().await;
-    B::exec_in(&mut holder, "UPDATE orders SET version = version WHERE id = 1").await;
+    B::exec_in(
+        &mut holder,
+        "UPDATE orders SET version = version WHERE id = 1",
+    )
+    .await;
     let err = e.transition(1, Pay, "p-1").await.unwrap_err();
     assert!(matches!(err, Error::Contention { attempts: 3 }), "{err:?}");
     assert!(err.is_retryable());
     B::rollback(holder).await;
     assert_order(&e, 1, Created, 0, 0).await;
-    assert_eq!(e.transition(1, Pay, "p-1").await.unwrap(), applied(Created, Paid, 1));
+    assert_eq!(
+        e.transition(1, Pay, "p-1").await.unwrap(),
+        applied(Created, Paid, 1)
+    );
 }
 
 pub async fn lost_race_is_rejudged_not_reapplied<B: Backend>(b: &B) {
@@ -281,7 +368,11 @@ pub async fn lost_race_is_rejudged_not_reapplied<B: Backend>(b: &B) {
         // A rival applies Pay p-1 in its own transaction and commits a little later; our
         // request reads the order as Created, waits on the row, loses the CAS, re-reads.
         let mut rival = b.begin().await;
-        B::exec_in(&mut rival, &format!("UPDATE orders SET status = 'Paid', version = version + 1 WHERE id = {id}")).await;
+        B::exec_in(
+            &mut rival,
+            &format!("UPDATE orders SET status = 'Paid', version = version + 1 WHERE id = {id}"),
+        )
+        .await;
         B::exec_in(
             &mut rival,
             &format!("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ({id}, 1, 'Created', 'Paid', 'Pay', 'p-1')"),
@@ -295,7 +386,10 @@ pub async fn lost_race_is_rejudged_not_reapplied<B: Backend>(b: &B) {
         B::commit(rival).await;
         let result = ours_task.await.unwrap();
         if expect_conflict {
-            assert!(matches!(result, Err(Error::RefConflict { ref existing_ref, .. }) if existing_ref == "p-1"), "{result:?}");
+            assert!(
+                matches!(result, Err(Error::RefConflict { ref existing_ref, .. }) if existing_ref == "p-1"),
+                "{result:?}"
+            );
         } else {
             assert_eq!(result.unwrap(), replayed(Created, Paid, 1));
         }
@@ -304,12 +398,17 @@ pub async fn lost_race_is_rejudged_not_reapplied<B: Backend>(b: &B) {
 }
 
 pub async fn caller_transaction_commits_or_rolls_back_both<B: Backend>(b: &B) {
-    b.exec("CREATE TABLE reservations (order_id BIGINT NOT NULL, sku VARCHAR(32) NOT NULL)").await;
+    b.exec("CREATE TABLE reservations (order_id BIGINT NOT NULL, sku VARCHAR(32) NOT NULL)")
+        .await;
     let e = engine(b).await;
     e.create(1).await.unwrap();
 
     let mut tx = b.begin().await;
-    B::exec_in(&mut tx, "INSERT INTO reservations (order_id, sku) VALUES (1, 'sku-1')").await;
+    B::exec_in(
+        &mut tx,
+        "INSERT INTO reservations (order_id, sku) VALUES (1, 'sku-1')",
+    )
+    .await;
     let out = e.transition_in(&mut tx, 1, Pay, "p-1").await.unwrap();
     assert_eq!(out, applied(Created, Paid, 1));
     B::rollback(tx).await;
@@ -317,11 +416,21 @@ pub async fn caller_transaction_commits_or_rolls_back_both<B: Backend>(b: &B) {
     assert_order(&e, 1, Created, 0, 0).await;
 
     let mut tx = b.begin().await;
-    B::exec_in(&mut tx, "INSERT INTO reservations (order_id, sku) VALUES (1, 'sku-1')").await;
+    B::exec_in(
+        &mut tx,
+        "INSERT INTO reservations (order_id, sku) VALUES (1, 'sku-1')",
+    )
+    .await;
     e.transition_in(&mut tx, 1, Pay, "p-1").await.unwrap();
     // Inside the same transaction a repeat is already a replay, and a rival a conflict.
-    assert_eq!(e.transition_in(&mut tx, 1, Pay, "p-1").await.unwrap(), replayed(Created, Paid, 1));
-    assert!(matches!(e.transition_in(&mut tx, 1, Pay, "p-2").await, Err(Error::RefConflict { .. })));
+    assert_eq!(
+        e.transition_in(&mut tx, 1, Pay, "p-1").await.unwrap(),
+        replayed(Created, Paid, 1)
+    );
+    assert!(matches!(
+        e.transition_in(&mut tx, 1, Pay, "p-2").await,
+        Err(Error::RefConflict { .. })
+    ));
     B::commit(tx).await;
     assert_eq!(b.scalar("SELECT COUNT(*) FROM reservations").await, 1);
     assert_order(&e, 1, Paid, 1, 1).await;
@@ -330,19 +439,36 @@ pub async fn caller_transaction_commits_or_rolls_back_both<B: Backend>(b: &B) {
 pub async fn custom_table_names_drive_an_existing_table<B: Backend>(b: &B) {
     let e: Eng<B> = Engine::new(b.custom_store().await).unwrap();
     // The user's table has columns of its own; orderly reads and writes only id/status/version.
-    b.exec("INSERT INTO shop_orders (id, customer, status, version) VALUES (7, 'ada', 'Created', 0)").await;
-    assert_eq!(e.transition(7, Pay, "p-1").await.unwrap(), applied(Created, Paid, 1));
-    assert_eq!(e.transition(7, Pay, "p-1").await.unwrap(), replayed(Created, Paid, 1));
+    b.exec(
+        "INSERT INTO shop_orders (id, customer, status, version) VALUES (7, 'ada', 'Created', 0)",
+    )
+    .await;
+    assert_eq!(
+        e.transition(7, Pay, "p-1").await.unwrap(),
+        applied(Created, Paid, 1)
+    );
+    assert_eq!(
+        e.transition(7, Pay, "p-1").await.unwrap(),
+        replayed(Created, Paid, 1)
+    );
     e.create(8).await.unwrap();
     assert_order(&e, 7, Paid, 1, 1).await;
     assert_eq!(b.scalar("SELECT COUNT(*) FROM shop_order_log").await, 1);
-    assert_eq!(b.scalar("SELECT COUNT(*) FROM shop_orders WHERE customer = 'ada'").await, 1);
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM shop_orders WHERE customer = 'ada'")
+            .await,
+        1
+    );
     // The default tables were not touched.
     assert_eq!(b.scalar("SELECT COUNT(*) FROM order_transitions").await, 0);
 }
 
 /// `n` concurrent tasks; task `i` sends `Pay` with `ref_of(i)`.
-async fn storm<S: Store>(e: &Engine<OrderMachine, S>, n: usize, ref_of: impl Fn(usize) -> String) -> Vec<Result<Outcome<OrderState>, Error>> {
+async fn storm<S: Store>(
+    e: &Engine<OrderMachine, S>,
+    n: usize,
+    ref_of: impl Fn(usize) -> String,
+) -> Vec<Result<Outcome<OrderState>, Error>> {
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let tasks: Vec<_> = (0..n)
         .map(|i| {
@@ -366,7 +492,10 @@ pub async fn identical_requests_storm_one_applied<B: Backend>(b: &B) {
     let e = engine(b).await;
     e.create(1).await.unwrap();
     let results = storm(&e, STORM, |_| "p-1".to_string()).await;
-    let applied_n = results.iter().filter(|r| matches!(r, Ok(o) if o.is_applied())).count();
+    let applied_n = results
+        .iter()
+        .filter(|r| matches!(r, Ok(o) if o.is_applied()))
+        .count();
     let replayed_n = results
         .iter()
         .filter(|r| matches!(r, Ok(o) if *o == replayed(Created, Paid, 1)))
@@ -417,7 +546,8 @@ pub async fn hot_rows_no_lost_update_no_double_apply<B: Backend>(b: &B) {
                     let r = format!("r{}", rng.next_u64() % 3);
                     match e.transition(id, event, &r).await {
                         Ok(o) if o.is_applied() => applied.push((id, event, r)),
-                        Ok(_) | Err(Error::RefConflict { .. } | Error::InvalidTransition { .. }) => {}
+                        Ok(_)
+                        | Err(Error::RefConflict { .. } | Error::InvalidTransition { .. }) => {}
                         Err(other) => panic!("unexpected {other:?}"),
                     }
                 }
@@ -432,14 +562,28 @@ pub async fn hot_rows_no_lost_update_no_double_apply<B: Backend>(b: &B) {
         }
     }
     let total: usize = applied.values().map(Vec::len).sum();
-    assert!(total > ORDERS as usize / 2, "the run applied too little to mean anything: {total}");
+    assert!(
+        total > ORDERS as usize / 2,
+        "the run applied too little to mean anything: {total}"
+    );
     for id in 0..ORDERS {
         let mine = applied.remove(&id).unwrap_or_default();
         let order = e.get(id).await.unwrap();
         let history = e.history(id).await.unwrap();
-        assert_eq!(order.version as usize, mine.len(), "order {id}: version vs Applied outcomes");
-        assert_eq!(history.len(), mine.len(), "order {id}: history rows vs Applied outcomes");
-        let mut recorded: Vec<_> = history.iter().map(|r| (r.event, r.ref_id.clone())).collect();
+        assert_eq!(
+            order.version as usize,
+            mine.len(),
+            "order {id}: version vs Applied outcomes"
+        );
+        assert_eq!(
+            history.len(),
+            mine.len(),
+            "order {id}: history rows vs Applied outcomes"
+        );
+        let mut recorded: Vec<_> = history
+            .iter()
+            .map(|r| (r.event, r.ref_id.clone()))
+            .collect();
         let mut reported = mine.clone();
         recorded.sort();
         reported.sort();

@@ -8,8 +8,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// CI drops leftovers of crashed runs by the `orderly_t_` prefix.
 pub fn unique_db_name() -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("orderly_t_{}_{}_{nanos}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "orderly_t_{}_{}_{nanos}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// The server URL from `var`, or `default`. A server that cannot be reached fails the

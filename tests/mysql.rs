@@ -1,0 +1,222 @@
+//! The conformance suite on MySQL/MariaDB: each test on its own database.
+//!
+//! Server: `ORDERLY_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`), a user
+//! allowed to create databases.
+
+mod conformance;
+mod server;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use conformance::{Backend, OrderEvent, OrderMachine, OrderState};
+use orderly::store::mysql::migrate;
+use orderly::{Engine, MySqlStore, Outcome, Tables};
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Executor, Transaction};
+
+struct My {
+    admin: MySqlConnectOptions,
+    options: MySqlConnectOptions,
+    name: String,
+    pool: MySqlPool,
+}
+
+impl My {
+    /// `lock_timeout` rounds up to whole seconds: InnoDB's granularity.
+    async fn pool(&self, lock_timeout: Duration) -> MySqlPool {
+        let secs = lock_timeout.as_millis().div_ceil(1000).max(1);
+        MySqlPoolOptions::new()
+            .max_connections(20)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    conn.execute(AssertSqlSafe(format!(
+                        "SET SESSION innodb_lock_wait_timeout = {secs}"
+                    )))
+                    .await?;
+                    Ok(())
+                })
+            })
+            .connect_with(self.options.clone())
+            .await
+            .unwrap()
+    }
+}
+
+impl Backend for My {
+    type S = MySqlStore;
+    type Tx = Transaction<'static, MySql>;
+
+    async fn fresh() -> Self {
+        let url = server::url("ORDERLY_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let admin = MySqlConnectOptions::from_str(&url).unwrap();
+        let name = server::unique_db_name();
+        let mut conn = MySqlConnection::connect_with(&admin)
+            .await
+            .unwrap_or_else(|e| panic!("MySQL/MariaDB at {url} is required for this suite: {e}"));
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let options = admin.clone().database(&name);
+        let pool = MySqlPoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.clone())
+            .await
+            .unwrap();
+        migrate(&pool).await.unwrap();
+        My {
+            admin,
+            options,
+            name,
+            pool,
+        }
+    }
+
+    async fn store(&self, lock_timeout: Duration) -> MySqlStore {
+        MySqlStore::new(self.pool(lock_timeout).await)
+    }
+
+    async fn custom_store(&self) -> MySqlStore {
+        self.exec(
+            "CREATE TABLE shop_orders (id BIGINT PRIMARY KEY, customer VARCHAR(64), status VARCHAR(32) NOT NULL, version INT NOT NULL) \
+             COLLATE utf8mb4_bin",
+        )
+        .await;
+        self.exec(
+            "CREATE TABLE shop_order_log (order_id BIGINT NOT NULL, seq BIGINT NOT NULL, from_status VARCHAR(64) NOT NULL, \
+             to_status VARCHAR(64) NOT NULL, event VARCHAR(64) NOT NULL, ref_id VARCHAR(255) NOT NULL, payload_hash CHAR(64), \
+             payload JSON, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+             PRIMARY KEY (order_id, seq), UNIQUE KEY (order_id, event, ref_id)) COLLATE utf8mb4_bin",
+        )
+        .await;
+        let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
+        MySqlStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
+    }
+
+    async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql.to_string()))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn begin(&self) -> Self::Tx {
+        self.pool.begin().await.unwrap()
+    }
+
+    async fn exec_in(tx: &mut Self::Tx, sql: &str) {
+        let conn: &mut MySqlConnection = tx;
+        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
+            .execute(conn)
+            .await
+            .unwrap();
+    }
+
+    async fn commit(tx: Self::Tx) {
+        tx.commit().await.unwrap();
+    }
+
+    async fn rollback(tx: Self::Tx) {
+        tx.rollback().await.unwrap();
+    }
+
+    async fn cleanup(self) {
+        self.pool.close().await;
+        let mut conn = MySqlConnection::connect_with(&self.admin).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {}",
+            self.name
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+}
+
+conformance!(My);
+
+async fn deadlocks(b: &My) -> i64 {
+    let row: (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+        .fetch_one(&b.pool)
+        .await
+        .unwrap();
+    row.1.parse().unwrap()
+}
+
+/// A genuine deadlock: the rival holds the history key and wants the order row; the engine
+/// holds the order row and wants the history key. InnoDB rolls back the lighter
+/// transaction; the rival has written more rows, so that is the engine, which re-reads and
+/// answers `Replayed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deadlock_is_retried_and_rejudged() {
+    let b = My::fresh().await;
+    let e: Engine<OrderMachine, MySqlStore> =
+        Engine::new(b.store(Duration::from_secs(30)).await).unwrap();
+    e.create(1).await.unwrap();
+    b.exec("CREATE TABLE ballast (n INT)").await;
+    let before = deadlocks(&b).await;
+
+    let mut rival = b.begin().await;
+    My::exec_in(
+        &mut rival,
+        "INSERT INTO ballast VALUES (1),(2),(3),(4),(5),(6),(7),(8),(9),(10)",
+    )
+    .await;
+    My::exec_in(
+        &mut rival,
+        "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (1, 1, 'Created', 'Paid', 'Pay', 'p-1')",
+    )
+    .await;
+    let ours = {
+        let e = e.clone();
+        tokio::spawn(async move { e.transition(1, OrderEvent::Pay, "p-1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Closes the cycle; InnoDB detects it at once and rolls back the engine's attempt.
+    My::exec_in(
+        &mut rival,
+        "UPDATE orders SET status = 'Paid', version = version + 1 WHERE id = 1",
+    )
+    .await;
+    My::commit(rival).await;
+
+    let outcome = ours.await.unwrap().unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Replayed {
+            from: OrderState::Created,
+            to: OrderState::Paid,
+            version: 1
+        }
+    );
+    let order = e.get(1).await.unwrap();
+    assert_eq!((order.state, order.version), (OrderState::Paid, 1));
+    assert_eq!(e.history(1).await.unwrap().len(), 1);
+    assert!(
+        deadlocks(&b).await > before,
+        "no deadlock was recorded: the test did not provoke what it claims"
+    );
+    // The counter is server-wide; the latest deadlock report names this test's database.
+    let status: (String, String, String) = sqlx::query_as("SHOW ENGINE INNODB STATUS")
+        .fetch_one(&b.pool)
+        .await
+        .unwrap();
+    let latest = status
+        .2
+        .split("LATEST DETECTED DEADLOCK")
+        .nth(1)
+        .expect("a deadlock report");
+    assert!(
+        latest.contains(&b.name),
+        "the latest deadlock is not this test's: {latest}"
+    );
+    b.cleanup().await;
+}
