@@ -101,6 +101,36 @@ pub struct Key<'a> {
     pub ref_id: &'a str,
 }
 
+/// A transition request as a store sees it: the key, the edges its event may take, and
+/// the payload. Stores that can apply optimistically in the same statement as their read
+/// use the edges; the others read only.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The request's identity.
+    pub key: Key<'a>,
+    /// States the event leaves from, in the same order as `to_states`.
+    pub from_states: &'a [&'static str],
+    /// The state each of `from_states` leads to on this event.
+    pub to_states: &'a [&'static str],
+    /// Payload fingerprint.
+    pub payload_hash: Option<&'a str>,
+    /// Payload JSON text.
+    pub payload: Option<&'a str>,
+}
+
+/// Whether the read also attempted the update (see [`Store::observe`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Optimistic {
+    /// The store only read.
+    #[default]
+    NotTried,
+    /// The store tried the conditional update with the read and it did not apply: if the
+    /// judge would apply, the read is already stale, so the engine reads again.
+    NotApplied,
+    /// The store applied the transition in the same statement: `(from, to, version)`.
+    Applied(String, String, i64),
+}
+
 /// A history row as stored, before its names are parsed into the machine's types.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawTransition {
@@ -124,16 +154,26 @@ pub struct RawTransition {
 
 /// One row of the judge's read, in the column layout every backend's `observe` statement
 /// returns: `(kind, a, b, c, n)`, where kind `c` is the entity `(status, -, -, version)`,
-/// `p` the prior application `(from, to, payload_hash, seq)` and `e` the latest reference
-/// of the event `(ref_id, -, -, seq)`.
+/// `p` the prior application `(from, to, payload_hash, seq)`, `e` the latest reference
+/// of the event `(ref_id, -, -, seq)`, and `a`, from stores that apply optimistically,
+/// the transition just applied `(from, to, -, version)`.
 pub type ObservedRow = (String, String, Option<String>, Option<String>, i64);
 
 impl Observed {
-    /// Assembles the judge's view from the rows of an `observe` statement.
-    pub fn from_rows(rows: impl IntoIterator<Item = ObservedRow>) -> Self {
-        let mut observed = Observed::default();
+    /// Assembles the judge's view from the rows of an `observe` statement. `optimistic`
+    /// says whether the statement also tried the update; an `a` row says it applied.
+    pub fn from_rows(rows: impl IntoIterator<Item = ObservedRow>, optimistic: bool) -> Self {
+        let mut observed = Observed {
+            optimistic: if optimistic {
+                Optimistic::NotApplied
+            } else {
+                Optimistic::NotTried
+            },
+            ..Observed::default()
+        };
         for (kind, a, b, c, n) in rows {
             match kind.as_str() {
+                "a" => observed.optimistic = Optimistic::Applied(a, b.unwrap_or_default(), n),
                 "c" => observed.current = Some((a, n)),
                 "p" => {
                     observed.prior = Some(Prior {
@@ -186,6 +226,8 @@ pub struct Observed {
     pub prior: Option<Prior>,
     /// The reference of the latest application of this event to this entity, if any.
     pub event_ref: Option<String>,
+    /// Whether the same statement also applied the transition.
+    pub optimistic: Optimistic,
 }
 
 /// A recorded application of the request being judged.
@@ -251,11 +293,15 @@ pub trait Store: Clone + Send + Sync + 'static {
         initial: &'static str,
     ) -> impl Future<Output = Result<(String, i64), sqlx::Error>> + Send;
 
-    /// Reads what the judge needs, in one statement.
+    /// Reads what the judge needs, in one statement. A store may, in that same statement,
+    /// also attempt the conditional update and history insert for the edges of
+    /// `request` (an optimistic one-round-trip apply), reporting it in
+    /// [`Observed::optimistic`]; it must then keep the status and version predicates of
+    /// [`update`](Self::update) and skip the update when the request's history row exists.
     fn observe(
         &self,
         conn: &mut Self::Conn,
-        key: Key<'_>,
+        request: Request<'_>,
         in_tx: bool,
     ) -> impl Future<Output = Result<Observed, sqlx::Error>> + Send;
 

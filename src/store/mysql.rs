@@ -7,7 +7,7 @@ use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlP
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Store, Tables,
+    Apply, ErrorClass, HistoryRow, Observed, ObservedRow, RawTransition, Request, Store, Tables,
     classify_common,
 };
 use crate::Error;
@@ -140,7 +140,7 @@ impl Store for MySqlStore {
     async fn observe(
         &self,
         conn: &mut MySqlConnection,
-        key: Key<'_>,
+        request: Request<'_>,
         in_tx: bool,
     ) -> Result<Observed, sqlx::Error> {
         // Inside a REPEATABLE READ transaction a plain read returns the transaction's
@@ -150,6 +150,7 @@ impl Store for MySqlStore {
         } else {
             &self.sql.observe
         };
+        let key = request.key;
         let rows: Vec<ObservedRow> = sqlx::query_as(sql.clone())
             .bind(key.order_id)
             .bind(key.order_id)
@@ -159,7 +160,7 @@ impl Store for MySqlStore {
             .bind(key.event)
             .fetch_all(conn)
             .await?;
-        Ok(Observed::from_rows(rows))
+        Ok(Observed::from_rows(rows, false))
     }
 
     async fn begin(conn: &mut MySqlConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {

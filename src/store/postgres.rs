@@ -7,7 +7,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Store, Tables,
+    Apply, ErrorClass, HistoryRow, Observed, ObservedRow, RawTransition, Request, Store, Tables,
     classify_common,
 };
 use crate::Error;
@@ -30,6 +30,7 @@ struct Statements {
     insert_order: SqlStr,
     get: SqlStr,
     observe: SqlStr,
+    observe_apply: SqlStr,
     update: SqlStr,
     record: SqlStr,
     history: SqlStr,
@@ -52,6 +53,36 @@ impl Statements {
                  UNION ALL \
                  SELECT 'p', from_status::text, to_status::text, payload_hash::text, seq::bigint FROM {h} \
                    WHERE order_id = $1 AND event = $2 AND ref_id = $3 \
+                 UNION ALL \
+                 (SELECT 'e', ref_id::text, NULL, NULL, seq::bigint FROM {h} \
+                   WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1)"
+            )),
+            // The read and the optimistic apply in one statement, one round trip: all parts
+            // see one snapshot; `upd` keeps the status and version predicates, and under
+            // READ COMMITTED a row changed since the snapshot fails them on re-check, so a
+            // lost race updates nothing and the engine reads again. A twin's history row
+            // (unique violation) aborts the whole statement. $4/$5 are the event's edges.
+            observe_apply: sql(format!(
+                "WITH cur AS ( \
+                   SELECT status::text AS status, version::bigint AS version FROM {o} WHERE id = $1 \
+                 ), prior AS ( \
+                   SELECT from_status::text AS from_status, to_status::text AS to_status, \
+                          payload_hash::text AS payload_hash, seq::bigint AS seq \
+                   FROM {h} WHERE order_id = $1 AND event = $2 AND ref_id = $3 \
+                 ), upd AS ( \
+                   UPDATE {o} AS o \
+                   SET status = ($5::text[])[array_position($4::text[], cur.status)], version = o.version + 1 \
+                   FROM cur \
+                   WHERE o.id = $1 AND o.status = cur.status AND o.version = cur.version \
+                     AND cur.status = ANY($4::text[]) AND NOT EXISTS (SELECT 1 FROM prior) \
+                   RETURNING cur.status AS from_status, o.status::text AS to_status, o.version::bigint AS version \
+                 ), ins AS ( \
+                   INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
+                   SELECT $1, version, from_status, to_status, $2, $3, $6, $7::jsonb FROM upd \
+                 ) \
+                 SELECT 'a'::text, from_status, to_status, NULL::text, version FROM upd \
+                 UNION ALL SELECT 'c', status, NULL, NULL, version FROM cur \
+                 UNION ALL SELECT 'p', from_status, to_status, payload_hash, seq FROM prior \
                  UNION ALL \
                  (SELECT 'e', ref_id::text, NULL, NULL, seq::bigint FROM {h} \
                    WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1)"
@@ -134,18 +165,33 @@ impl Store for PgStore {
     async fn observe(
         &self,
         conn: &mut PgConnection,
-        key: Key<'_>,
-        _in_tx: bool,
+        request: Request<'_>,
+        in_tx: bool,
     ) -> Result<Observed, sqlx::Error> {
-        // READ COMMITTED: every statement sees what was committed before it began, also
-        // inside the caller's transaction.
-        let rows: Vec<ObservedRow> = sqlx::query_as(self.sql.observe.clone())
+        let key = request.key;
+        if in_tx {
+            // Inside the caller's transaction an error would abort it: read only, and let
+            // the engine apply within a savepoint. READ COMMITTED: the statement sees
+            // what was committed before it began.
+            let rows: Vec<ObservedRow> = sqlx::query_as(self.sql.observe.clone())
+                .bind(key.order_id)
+                .bind(key.event)
+                .bind(key.ref_id)
+                .fetch_all(conn)
+                .await?;
+            return Ok(Observed::from_rows(rows, false));
+        }
+        let rows: Vec<ObservedRow> = sqlx::query_as(self.sql.observe_apply.clone())
             .bind(key.order_id)
             .bind(key.event)
             .bind(key.ref_id)
+            .bind(request.from_states)
+            .bind(request.to_states)
+            .bind(request.payload_hash)
+            .bind(request.payload)
             .fetch_all(conn)
             .await?;
-        Ok(Observed::from_rows(rows))
+        Ok(Observed::from_rows(rows, true))
     }
 
     async fn begin(conn: &mut PgConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {

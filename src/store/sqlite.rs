@@ -11,7 +11,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Sqlite, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Store, Tables,
+    Apply, ErrorClass, HistoryRow, Observed, ObservedRow, RawTransition, Request, Store, Tables,
     classify_common,
 };
 use crate::Error;
@@ -149,16 +149,17 @@ impl Store for SqliteStore {
     async fn observe(
         &self,
         conn: &mut SqliteConnection,
-        key: Key<'_>,
+        request: Request<'_>,
         _in_tx: bool,
     ) -> Result<Observed, sqlx::Error> {
+        let key = request.key;
         let rows: Vec<ObservedRow> = sqlx::query_as(self.sql.observe.clone())
             .bind(key.order_id)
             .bind(key.event)
             .bind(key.ref_id)
             .fetch_all(conn)
             .await?;
-        Ok(Observed::from_rows(rows))
+        Ok(Observed::from_rows(rows, false))
     }
 
     async fn begin(conn: &mut SqliteConnection, in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
