@@ -162,7 +162,16 @@ enum Step<S> {
 
 enum Verdict<S> {
     Done(Result<Outcome<S>>),
-    Apply { from: S, to: S, version: i64 },
+    Apply {
+        from: S,
+        to: S,
+        version: i64,
+    },
+    /// The event is not allowed from `state`: a conflict if the event was applied under
+    /// another reference, an invalid transition otherwise.
+    Refused {
+        state: S,
+    },
 }
 
 /// A payload's fingerprint and JSON text.
@@ -424,6 +433,12 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         }
         let (from, to, version) = match judge::<M>(&observed, key, event, hash) {
             Verdict::Done(result) => return Step::Done(result),
+            Verdict::Refused { state } => {
+                return match self.store.latest_ref(conn, key, in_tx).await {
+                    Ok(existing) => Step::Done(Err(refusal::<M>(state, event, existing))),
+                    Err(e) => retry_or_fail::<M, S>(e, in_tx),
+                };
+            }
             // The store's optimistic update already found this snapshot stale.
             Verdict::Apply { .. } if observed.optimistic == Optimistic::NotApplied => {
                 return Step::Retry;
@@ -516,20 +531,32 @@ fn judge<M: StateMachine>(
         Ok(s) => s,
         Err(e) => return done(Err(e)),
     };
-    match (M::next(state, event), &observed.event_ref) {
-        (Some(to), _) => Verdict::Apply {
+    match M::next(state, event) {
+        Some(to) => Verdict::Apply {
             from: state,
             to,
             version: *version,
         },
-        (None, Some(existing_ref)) => done(Err(Error::RefConflict {
+        None => Verdict::Refused { state },
+    }
+}
+
+/// Rows 3 and 4 of the outcome table: the event is not allowed from `state`; it is a
+/// conflict if it was applied to this entity under another reference.
+fn refusal<M: StateMachine>(
+    state: M::State,
+    event: M::Event,
+    existing_ref: Option<String>,
+) -> Error {
+    match existing_ref {
+        Some(existing_ref) => Error::RefConflict {
             event: event.into(),
-            existing_ref: existing_ref.clone(),
-        })),
-        (None, None) => done(Err(Error::InvalidTransition {
+            existing_ref,
+        },
+        None => Error::InvalidTransition {
             state: state.into(),
             event: event.into(),
-        })),
+        },
     }
 }
 
@@ -656,7 +683,6 @@ mod tests {
             &Observed {
                 current: current("Open", 1),
                 prior: Some(prior.clone()),
-                event_ref: Some("r".into()),
                 ..Default::default()
             },
             key("r"),
@@ -672,7 +698,6 @@ mod tests {
             &Observed {
                 current: current("Open", 1),
                 prior: Some(prior),
-                event_ref: None,
                 ..Default::default()
             },
             key("r"),
@@ -684,20 +709,32 @@ mod tests {
             Verdict::Done(Err(Error::PayloadMismatch { .. }))
         ));
 
-        let conflict = judge::<Door>(
+        let refused = judge::<Door>(
             &Observed {
                 current: current("Open", 1),
-                prior: None,
-                event_ref: Some("other".into()),
                 ..Default::default()
             },
             key("r"),
             DoorEvent::Push,
             None,
         );
-        assert!(
-            matches!(conflict, Verdict::Done(Err(Error::RefConflict { ref existing_ref, .. })) if existing_ref == "other")
-        );
+        assert!(matches!(
+            refused,
+            Verdict::Refused {
+                state: DoorState::Open
+            }
+        ));
+        assert!(matches!(
+            refusal::<Door>(DoorState::Open, DoorEvent::Push, Some("other".into())),
+            Error::RefConflict { ref existing_ref, .. } if existing_ref == "other"
+        ));
+        assert!(matches!(
+            refusal::<Door>(DoorState::Open, DoorEvent::Push, None),
+            Error::InvalidTransition {
+                state: "Open",
+                event: "Push"
+            }
+        ));
 
         let corrupt = judge::<Door>(
             &Observed {

@@ -154,9 +154,8 @@ pub struct RawTransition {
 
 /// One row of the judge's read, in the column layout every backend's `observe` statement
 /// returns: `(kind, a, b, c, n)`, where kind `c` is the entity `(status, -, -, version)`,
-/// `p` the prior application `(from, to, payload_hash, seq)`, `e` the latest reference
-/// of the event `(ref_id, -, -, seq)`, and `a`, from stores that apply optimistically,
-/// the transition just applied `(from, to, -, version)`.
+/// `p` the prior application `(from, to, payload_hash, seq)`, and `a`, from stores that
+/// apply optimistically, the transition just applied `(from, to, -, version)`.
 pub type ObservedRow = (String, String, Option<String>, Option<String>, i64);
 
 impl Observed {
@@ -175,7 +174,7 @@ impl Observed {
             match kind.as_str() {
                 "a" => observed.optimistic = Optimistic::Applied(a, b.unwrap_or_default(), n),
                 "c" => observed.current = Some((a, n)),
-                "p" => {
+                _ => {
                     observed.prior = Some(Prior {
                         seq: n,
                         from: a,
@@ -183,7 +182,6 @@ impl Observed {
                         payload_hash: c,
                     })
                 }
-                _ => observed.event_ref = Some(a),
             }
         }
         observed
@@ -217,15 +215,13 @@ impl From<HistoryRow> for RawTransition {
     }
 }
 
-/// Everything the judge needs, read in one round trip.
+/// What the judge reads first, in one round trip: enough to answer a replay and to apply.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {
     /// The entity's `(status, version)`, or `None` if it does not exist.
     pub current: Option<(String, i64)>,
     /// The history row of this exact `(order, event, ref)`, if any.
     pub prior: Option<Prior>,
-    /// The reference of the latest application of this event to this entity, if any.
-    pub event_ref: Option<String>,
     /// Whether the same statement also applied the transition.
     pub optimistic: Optimistic,
 }
@@ -304,6 +300,16 @@ pub trait Store: Clone + Send + Sync + 'static {
         request: Request<'_>,
         in_tx: bool,
     ) -> impl Future<Output = Result<Observed, sqlx::Error>> + Send;
+
+    /// The reference under which `key.event` was last applied to `key.order_id`, if ever.
+    /// Read only when the event is not allowed from the current state, to tell a
+    /// conflicting reference (`RefConflict`) from an invalid event.
+    fn latest_ref(
+        &self,
+        conn: &mut Self::Conn,
+        key: Key<'_>,
+        in_tx: bool,
+    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send;
 
     /// Starts the atomic unit of an apply: `BEGIN` (or the backend's write-intent form)
     /// on a pooled connection, a savepoint inside the caller's transaction.

@@ -7,8 +7,8 @@ use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlP
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Observed, ObservedRow, RawTransition, Request, Store, Tables,
-    classify_common,
+    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Request, Store,
+    Tables, classify_common,
 };
 use crate::Error;
 
@@ -31,6 +31,8 @@ struct Statements {
     get: SqlStr,
     observe: SqlStr,
     observe_locking: SqlStr,
+    latest_ref: SqlStr,
+    latest_ref_locking: SqlStr,
     update: SqlStr,
     record: SqlStr,
     history: SqlStr,
@@ -47,10 +49,12 @@ impl Statements {
                 "(SELECT 'c', status, NULL, NULL, CAST(version AS SIGNED) FROM {o} WHERE id = ? {order_lock}) \
                  UNION ALL \
                  (SELECT 'p', from_status, to_status, payload_hash, seq FROM {h} \
-                   WHERE order_id = ? AND event = ? AND ref_id = ? {history_lock}) \
-                 UNION ALL \
-                 (SELECT 'e', ref_id, NULL, NULL, seq FROM {h} \
-                   WHERE order_id = ? AND event = ? ORDER BY seq DESC LIMIT 1 {history_lock})"
+                   WHERE order_id = ? AND event = ? AND ref_id = ? {history_lock})"
+            ))
+        };
+        let latest_ref = |lock: &str| {
+            sql(format!(
+                "SELECT ref_id FROM {h} WHERE order_id = ? AND event = ? ORDER BY seq DESC LIMIT 1 {lock}"
             ))
         };
         Statements {
@@ -62,6 +66,8 @@ impl Statements {
             )),
             observe: observe("", ""),
             observe_locking: observe("FOR UPDATE", "LOCK IN SHARE MODE"),
+            latest_ref: latest_ref(""),
+            latest_ref_locking: latest_ref("LOCK IN SHARE MODE"),
             update: sql(format!(
                 "UPDATE {o} SET status = ?, version = version + 1 \
                  WHERE id = ? AND status = ? AND version = ?"
@@ -156,11 +162,27 @@ impl Store for MySqlStore {
             .bind(key.order_id)
             .bind(key.event)
             .bind(key.ref_id)
-            .bind(key.order_id)
-            .bind(key.event)
             .fetch_all(conn)
             .await?;
         Ok(Observed::from_rows(rows, false))
+    }
+
+    async fn latest_ref(
+        &self,
+        conn: &mut MySqlConnection,
+        key: Key<'_>,
+        in_tx: bool,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let sql = if in_tx {
+            &self.sql.latest_ref_locking
+        } else {
+            &self.sql.latest_ref
+        };
+        sqlx::query_scalar(sql.clone())
+            .bind(key.order_id)
+            .bind(key.event)
+            .fetch_optional(conn)
+            .await
     }
 
     async fn begin(conn: &mut MySqlConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {

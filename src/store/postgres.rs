@@ -7,8 +7,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Observed, ObservedRow, RawTransition, Request, Store, Tables,
-    classify_common,
+    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Request, Store,
+    Tables, classify_common,
 };
 use crate::Error;
 
@@ -31,6 +31,7 @@ struct Statements {
     get: SqlStr,
     observe: SqlStr,
     observe_apply: SqlStr,
+    latest_ref: SqlStr,
     update: SqlStr,
     record: SqlStr,
     history: SqlStr,
@@ -52,10 +53,10 @@ impl Statements {
                 "SELECT 'c'::text, status::text, NULL::text, NULL::text, version::bigint FROM {o} WHERE id = $1 \
                  UNION ALL \
                  SELECT 'p', from_status::text, to_status::text, payload_hash::text, seq::bigint FROM {h} \
-                   WHERE order_id = $1 AND event = $2 AND ref_id = $3 \
-                 UNION ALL \
-                 (SELECT 'e', ref_id::text, NULL, NULL, seq::bigint FROM {h} \
-                   WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1)"
+                   WHERE order_id = $1 AND event = $2 AND ref_id = $3"
+            )),
+            latest_ref: sql(format!(
+                "SELECT ref_id::text FROM {h} WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1"
             )),
             // The read and the optimistic apply in one statement, one round trip: all parts
             // see one snapshot; `upd` keeps the status and version predicates, and under
@@ -82,10 +83,7 @@ impl Statements {
                  ) \
                  SELECT 'a'::text, from_status, to_status, NULL::text, version FROM upd \
                  UNION ALL SELECT 'c', status, NULL, NULL, version FROM cur \
-                 UNION ALL SELECT 'p', from_status, to_status, payload_hash, seq FROM prior \
-                 UNION ALL \
-                 (SELECT 'e', ref_id::text, NULL, NULL, seq::bigint FROM {h} \
-                   WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1)"
+                 UNION ALL SELECT 'p', from_status, to_status, payload_hash, seq FROM prior"
             )),
             update: sql(format!(
                 "UPDATE {o} SET status = $1, version = version + 1 \
@@ -133,6 +131,14 @@ impl PgStore {
     /// The pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The statement sent for each transition outside a caller's transaction: the read
+    /// and the optimistic apply in one. Parameters: `$1` order id, `$2` event, `$3` ref,
+    /// `$4`/`$5` the event's from/to states (`text[]`), `$6` payload hash, `$7` payload.
+    /// For `EXPLAIN` and for review.
+    pub fn transition_sql(&self) -> &str {
+        self.sql.observe_apply.as_str()
     }
 }
 
@@ -192,6 +198,19 @@ impl Store for PgStore {
             .fetch_all(conn)
             .await?;
         Ok(Observed::from_rows(rows, true))
+    }
+
+    async fn latest_ref(
+        &self,
+        conn: &mut PgConnection,
+        key: Key<'_>,
+        _in_tx: bool,
+    ) -> Result<Option<String>, sqlx::Error> {
+        sqlx::query_scalar(self.sql.latest_ref.clone())
+            .bind(key.order_id)
+            .bind(key.event)
+            .fetch_optional(conn)
+            .await
     }
 
     async fn begin(conn: &mut PgConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {

@@ -11,8 +11,8 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Sqlite, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Observed, ObservedRow, RawTransition, Request, Store, Tables,
-    classify_common,
+    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Request, Store,
+    Tables, classify_common,
 };
 use crate::Error;
 
@@ -48,6 +48,7 @@ struct Statements {
     insert_order: SqlStr,
     get: SqlStr,
     observe: SqlStr,
+    latest_ref: SqlStr,
     update: SqlStr,
     record: SqlStr,
     history: SqlStr,
@@ -66,10 +67,10 @@ impl Statements {
                 "SELECT 'c', status, NULL, NULL, version FROM {o} WHERE id = ?1 \
                  UNION ALL \
                  SELECT 'p', from_status, to_status, payload_hash, seq FROM {h} \
-                   WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3 \
-                 UNION ALL \
-                 SELECT * FROM (SELECT 'e', ref_id, NULL, NULL, seq FROM {h} \
-                   WHERE order_id = ?1 AND event = ?2 ORDER BY seq DESC LIMIT 1)"
+                   WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3"
+            )),
+            latest_ref: sql(format!(
+                "SELECT ref_id FROM {h} WHERE order_id = ?1 AND event = ?2 ORDER BY seq DESC LIMIT 1"
             )),
             update: sql(format!(
                 "UPDATE {o} SET status = ?1, version = version + 1 \
@@ -160,6 +161,19 @@ impl Store for SqliteStore {
             .fetch_all(conn)
             .await?;
         Ok(Observed::from_rows(rows, false))
+    }
+
+    async fn latest_ref(
+        &self,
+        conn: &mut SqliteConnection,
+        key: Key<'_>,
+        _in_tx: bool,
+    ) -> Result<Option<String>, sqlx::Error> {
+        sqlx::query_scalar(self.sql.latest_ref.clone())
+            .bind(key.order_id)
+            .bind(key.event)
+            .fetch_optional(conn)
+            .await
     }
 
     async fn begin(conn: &mut SqliteConnection, in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {

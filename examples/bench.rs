@@ -1,0 +1,758 @@
+//! Throughput and latency of `transition` against the raw SQL floor and the naive pattern.
+//!
+//! ```sh
+//! cargo run --release --all-features --example bench -- --backend postgres
+//! ```
+//!
+//! Options (defaults in brackets): `--backend sqlite|postgres|mysql` [sqlite],
+//! `--orders N` [100000], `--concurrency 1,8,32`, `--seconds S` per mode and
+//! concurrency [5], `--rounds R` slices each mode's time is cut into [5],
+//! `--history-rows N` history rows of other orders loaded first, so the history table
+//! and its statistics look like a live one [10000],
+//! `--explain` prints the plan of the judge's read (PostgreSQL).
+//! Servers: `ORDERLY_PG_URL`, `ORDERLY_MYSQL_URL` (as for the test suites); the bench
+//! creates and drops its own database `orderly_bench`.
+//!
+//! Every mode moves orders `Created → Paid` through the same pool:
+//! - floor: the cheapest correct write with no judging (PostgreSQL: one CTE statement
+//!   doing the CAS update and the history insert; elsewhere BEGIN, UPDATE, INSERT, COMMIT);
+//! - naive: BEGIN; SELECT … FOR UPDATE; UPDATE; INSERT; COMMIT (SQLite has no FOR UPDATE:
+//!   BEGIN IMMEDIATE takes the lock);
+//! - engine: `Engine::transition` on the Applied path;
+//! - replay: `Engine::transition` repeating requests the engine pass applied;
+//! - read: the cheapest conceivable replay, a bare `SELECT` of the history row by its
+//!   unique key, as a reference for what one read round trip costs here.
+//!
+//! The last lines are one `ratio backend=… c=… engine_vs_floor=… engine_vs_naive=…
+//! replay_vs_engine=…` per concurrency, for scripts.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use orderly::store::Store;
+use orderly::{Engine, Outcome};
+
+orderly::state_machine! {
+    /// The order graph.
+    pub OrderMachine {
+        states: OrderState { Created, Paid, Shipped, Delivered, Cancelled, Refunded }
+        events: OrderEvent { Pay, Ship, Deliver, Cancel, Refund }
+        initial: Created;
+        terminal: [Delivered, Cancelled, Refunded];
+        transitions: {
+            Created + Pay     => Paid,
+            Created + Cancel  => Cancelled,
+            Paid    + Ship    => Shipped,
+            Paid    + Refund  => Refunded,
+            Shipped + Deliver => Delivered,
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, Clone)]
+struct Args {
+    backend: String,
+    orders: i64,
+    concurrency: Vec<usize>,
+    seconds: f64,
+    history_rows: i64,
+    rounds: u32,
+    explain: bool,
+}
+
+fn parse_args() -> Result<Args, BoxError> {
+    let mut args = Args {
+        backend: "sqlite".into(),
+        orders: 100_000,
+        concurrency: vec![1, 8, 32],
+        seconds: 5.0,
+        history_rows: 10_000,
+        rounds: 5,
+        explain: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--backend" => args.backend = value()?,
+            "--orders" => args.orders = value()?.parse()?,
+            "--seconds" => args.seconds = value()?.parse()?,
+            "--history-rows" => args.history_rows = value()?.parse()?,
+            "--rounds" => args.rounds = value()?.parse()?,
+            "--concurrency" => {
+                args.concurrency = value()?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
+            }
+            "--explain" => args.explain = true,
+            other => return Err(format!("unknown option {other}").into()),
+        }
+    }
+    if args.orders < 3
+        || args.rounds == 0
+        || args.concurrency.iter().any(|&c| c == 0)
+        || args.seconds <= 0.0
+    {
+        return Err("--orders, --concurrency and --seconds must be positive".into());
+    }
+    Ok(args)
+}
+
+/// What a backend provides to the bench: the raw patterns, and a reset between passes.
+trait BenchDb: Send + Sync + 'static {
+    type S: Store;
+    fn engine(&self) -> Engine<OrderMachine, Self::S>;
+    fn floor(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
+    fn naive(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// Reads the history row of `(id, Pay, pay-id)`; it must exist.
+    fn read(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// Every bench order back to `Created`, version 0, and its history gone.
+    fn reset(&self) -> impl Future<Output = Result<(), BoxError>> + Send;
+    fn explain(&self) -> impl Future<Output = Result<String, BoxError>> + Send;
+    fn describe(&self) -> String;
+}
+
+const REF_PREFIX: &str = "pay-";
+
+fn bench_ref(id: i64) -> String {
+    format!("{REF_PREFIX}{id}")
+}
+
+fn ensure(cond: bool, what: &str, id: i64) -> Result<(), BoxError> {
+    if cond {
+        Ok(())
+    } else {
+        Err(format!("{what} did not apply to order {id}").into())
+    }
+}
+
+/// `INSERT … VALUES` statements creating orders `1..=orders` at Created, 1000 per statement.
+fn order_inserts(orders: i64) -> Vec<String> {
+    (1..=orders)
+        .collect::<Vec<_>>()
+        .chunks(1000)
+        .map(|chunk| {
+            let values: Vec<String> = chunk
+                .iter()
+                .map(|id| format!("({id}, 'Created', 0)"))
+                .collect();
+            format!(
+                "INSERT INTO orders (id, status, version) VALUES {}",
+                values.join(",")
+            )
+        })
+        .collect()
+}
+
+/// `INSERT … VALUES` statements creating `rows` history rows of other orders (negative
+/// ids, four transitions each), 1000 per statement.
+fn history_inserts(rows: i64) -> Vec<String> {
+    (0..rows)
+        .collect::<Vec<_>>()
+        .chunks(1000)
+        .map(|chunk| {
+            let values: Vec<String> = chunk
+                .iter()
+                .map(|g| format!("({}, {}, 'Created', 'Paid', 'Pay', 'pre-{g}')", -1 - g / 4, g % 4 + 1))
+                .collect();
+            format!(
+                "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES {}",
+                values.join(",")
+            )
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Default)]
+struct Stats {
+    ops: u64,
+    secs: f64,
+    micros: Vec<u32>,
+}
+
+impl Stats {
+    fn throughput(&self) -> f64 {
+        self.ops as f64 / self.secs
+    }
+
+    fn percentile(&self, p: f64) -> f64 {
+        if self.micros.is_empty() {
+            return 0.0;
+        }
+        let i = ((self.micros.len() as f64 - 1.0) * p).round() as usize;
+        self.micros[i] as f64 / 1000.0
+    }
+}
+
+impl Stats {
+    fn absorb(&mut self, slice: Stats) {
+        self.ops += slice.ops;
+        self.secs += slice.secs;
+        self.micros.extend(slice.micros);
+    }
+
+    fn finish(mut self) -> Self {
+        self.micros.sort_unstable();
+        self
+    }
+}
+
+/// One mode's ids: `first + n` for the n-th operation of the mode, across slices;
+/// `cycle` wraps around (replays) instead of stopping at `span`.
+struct Lane {
+    first: i64,
+    cursor: Arc<AtomicI64>,
+    stats: Stats,
+}
+
+impl Lane {
+    fn new(first: i64) -> Self {
+        Lane {
+            first,
+            cursor: Arc::new(AtomicI64::new(0)),
+            stats: Stats::default(),
+        }
+    }
+
+    /// How many ids this lane has used (all of them completed).
+    fn used(&self, span: i64) -> i64 {
+        self.cursor.load(Ordering::Relaxed).min(span)
+    }
+
+    /// `c` workers call `op(id)` for `seconds`, or until `span` ids are used (unless
+    /// `cycle`). A failed operation aborts the bench.
+    async fn slice<F, Fut>(
+        &mut self,
+        c: usize,
+        seconds: f64,
+        span: i64,
+        cycle: bool,
+        op: F,
+    ) -> Result<(), BoxError>
+    where
+        F: Fn(i64) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send,
+    {
+        if span < 1 {
+            return Ok(());
+        }
+        let deadline = Duration::from_secs_f64(seconds);
+        let start = Instant::now();
+        let first = self.first;
+        let workers: Vec<_> = (0..c)
+            .map(|_| {
+                let (next, op) = (self.cursor.clone(), op.clone());
+                tokio::spawn(async move {
+                    let mut micros = Vec::new();
+                    while start.elapsed() < deadline {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        if n >= span && !cycle {
+                            break;
+                        }
+                        let id = first + n % span;
+                        let t = Instant::now();
+                        op(id).await?;
+                        micros.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                    }
+                    Ok::<_, BoxError>(micros)
+                })
+            })
+            .collect();
+        let mut slice = Stats::default();
+        for w in workers {
+            slice.micros.extend(w.await??);
+        }
+        slice.secs = start.elapsed().as_secs_f64();
+        slice.ops = slice.micros.len() as u64;
+        self.stats.absorb(slice);
+        Ok(())
+    }
+}
+
+async fn run<B: BenchDb>(db: B, args: &Args) -> Result<(), BoxError> {
+    let db = Arc::new(db);
+    let engine = db.engine();
+    println!(
+        "# orderly bench: backend={} orders={} seconds={} rounds={} history_rows={}",
+        args.backend, args.orders, args.seconds, args.rounds, args.history_rows
+    );
+    println!("# {}", db.describe());
+    if args.explain {
+        println!(
+            "# plan of the engine's statement for a replayed request:\n{}",
+            db.explain().await?
+        );
+    }
+    println!(
+        "{:>3}  {:<7} {:>9} {:>10} {:>9} {:>9} {:>9}",
+        "c", "mode", "ops", "ops/s", "p50 ms", "p99 ms", "vs floor"
+    );
+    let mut ratios = Vec::new();
+    // Each write mode owns a third of the orders; the modes alternate in short slices,
+    // round after round, so that all of them see the same background load.
+    let third = args.orders / 3;
+    let slice = args.seconds / args.rounds as f64;
+    for &c in &args.concurrency {
+        db.reset().await?;
+        let (mut floor, mut naive, mut applied) =
+            (Lane::new(1), Lane::new(1 + third), Lane::new(1 + 2 * third));
+        let (mut replay, mut read) = (Lane::new(1 + 2 * third), Lane::new(1 + 2 * third));
+        for _ in 0..args.rounds {
+            let d = db.clone();
+            floor
+                .slice(c, slice, third, false, move |id| {
+                    let d = d.clone();
+                    async move { d.floor(id).await }
+                })
+                .await?;
+            let d = db.clone();
+            naive
+                .slice(c, slice, third, false, move |id| {
+                    let d = d.clone();
+                    async move { d.naive(id).await }
+                })
+                .await?;
+            let e = engine.clone();
+            applied
+                .slice(c, slice, third, false, move |id| {
+                    let e = e.clone();
+                    async move {
+                        let out = e.transition(id, OrderEvent::Pay, &bench_ref(id)).await?;
+                        ensure(matches!(out, Outcome::Applied { .. }), "engine", id)
+                    }
+                })
+                .await?;
+            // Replays of requests the engine lane applied, cycling over them.
+            let done = applied.used(third);
+            let e = engine.clone();
+            replay
+                .slice(c, slice, done, true, move |id| {
+                    let e = e.clone();
+                    async move {
+                        let out = e.transition(id, OrderEvent::Pay, &bench_ref(id)).await?;
+                        ensure(matches!(out, Outcome::Replayed { .. }), "replay", id)
+                    }
+                })
+                .await?;
+            let d = db.clone();
+            read.slice(c, slice, done, true, move |id| {
+                let d = d.clone();
+                async move { d.read(id).await }
+            })
+            .await?;
+        }
+        let [floor, naive, applied, replay, read] =
+            [floor, naive, applied, replay, read].map(|lane| lane.stats.finish());
+        let f = floor.throughput();
+        for (mode, s) in [
+            ("floor", &floor),
+            ("naive", &naive),
+            ("engine", &applied),
+            ("replay", &replay),
+            ("read", &read),
+        ] {
+            println!(
+                "{c:>3}  {mode:<7} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2}",
+                s.ops,
+                s.throughput(),
+                s.percentile(0.5),
+                s.percentile(0.99),
+                s.throughput() / f
+            );
+        }
+        ratios.push(format!(
+            "ratio backend={} c={c} engine_vs_floor={:.2} engine_vs_naive={:.2} replay_vs_engine={:.2}",
+            args.backend,
+            applied.throughput() / f,
+            applied.throughput() / naive.throughput(),
+            replay.throughput() / applied.throughput()
+        ));
+    }
+    for line in ratios {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = parse_args()?;
+    let pool_size = *args.concurrency.iter().max().unwrap_or(&1) as u32;
+    match args.backend.as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => run(sqlite::Db::setup(&args, pool_size).await?, &args).await,
+        #[cfg(feature = "postgres")]
+        "postgres" => run(postgres::Db::setup(&args, pool_size).await?, &args).await,
+        #[cfg(feature = "mysql")]
+        "mysql" => run(mysql::Db::setup(&args, pool_size).await?, &args).await,
+        other => Err(format!(
+            "backend {other:?} is unknown or its cargo feature is off (use --all-features)"
+        )
+        .into()),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    use orderly::SqliteStore;
+    use orderly::store::sqlite::{connect_options, migrate};
+    use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
+    use sqlx::{AssertSqlSafe, Row};
+
+    pub struct Db {
+        pool: SqlitePool,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Db {
+        pub async fn setup(args: &Args, pool_size: u32) -> Result<Self, BoxError> {
+            let dir = tempfile::tempdir()?;
+            let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+            let pool = SqlitePoolOptions::new()
+                .max_connections(pool_size)
+                .min_connections(pool_size)
+                // No ping round trip on every acquire, for every mode alike (see docs/benchmarks.md).
+                .test_before_acquire(false)
+                .connect_with(connect_options(&url)?)
+                .await?;
+            migrate(&pool).await?;
+            for sql in order_inserts(args.orders) {
+                sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
+            }
+            for sql in history_inserts(args.history_rows) {
+                sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
+            }
+            sqlx::raw_sql("ANALYZE").execute(&pool).await?;
+            Ok(Db { pool, _dir: dir })
+        }
+    }
+
+    impl BenchDb for Db {
+        type S = SqliteStore;
+
+        fn engine(&self) -> Engine<OrderMachine, SqliteStore> {
+            Engine::new(SqliteStore::new(self.pool.clone())).expect("valid machine")
+        }
+
+        async fn floor(&self, id: i64) -> Result<(), BoxError> {
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let n = sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
+                .bind("Paid").bind(id).bind("Created").bind(0_i64)
+                .execute(&mut *tx).await?.rows_affected();
+            ensure(n == 1, "floor", id)?;
+            sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+                .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
+                .execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
+        async fn naive(&self, id: i64) -> Result<(), BoxError> {
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let row = sqlx::query("SELECT status, version FROM orders WHERE id = ?1")
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await?;
+            let (status, version): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+            ensure(status == "Created", "naive", id)?;
+            sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
+                .bind("Paid").bind(id).bind(&status).bind(version)
+                .execute(&mut *tx).await?;
+            sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+                .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
+                .execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
+        async fn read(&self, id: i64) -> Result<(), BoxError> {
+            let seq: Option<i64> = sqlx::query_scalar("SELECT seq FROM order_transitions WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3")
+                .bind(id).bind("Pay").bind(bench_ref(id))
+                .fetch_optional(&self.pool).await?;
+            ensure(seq.is_some(), "read", id)
+        }
+
+        async fn reset(&self) -> Result<(), BoxError> {
+            sqlx::raw_sql(
+                "DELETE FROM order_transitions WHERE order_id > 0; \
+                 UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0; \
+                 PRAGMA wal_checkpoint(TRUNCATE);",
+            )
+            .execute(&self.pool)
+            .await?;
+            Ok(())
+        }
+
+        async fn explain(&self) -> Result<String, BoxError> {
+            Ok("(--explain is implemented for PostgreSQL)".into())
+        }
+
+        fn describe(&self) -> String {
+            "SQLite file in WAL mode, synchronous=NORMAL, one pool for every mode".into()
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use orderly::PgStore;
+    use orderly::store::postgres::migrate;
+    use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+    use sqlx::{AssertSqlSafe, Connection, Row};
+    use std::str::FromStr;
+
+    pub struct Db {
+        pool: PgPool,
+    }
+
+    impl Db {
+        pub async fn setup(args: &Args, pool_size: u32) -> Result<Self, BoxError> {
+            let url = std::env::var("ORDERLY_PG_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+            let admin = PgConnectOptions::from_str(&url)?;
+            let mut conn = PgConnection::connect_with(&admin).await?;
+            sqlx::raw_sql("DROP DATABASE IF EXISTS orderly_bench WITH (FORCE)")
+                .execute(&mut conn)
+                .await?;
+            sqlx::raw_sql("CREATE DATABASE orderly_bench")
+                .execute(&mut conn)
+                .await?;
+            let pool = PgPoolOptions::new()
+                .max_connections(pool_size)
+                .min_connections(pool_size)
+                // No ping round trip on every acquire, for every mode alike (see docs/benchmarks.md).
+                .test_before_acquire(false)
+                .connect_with(admin.database("orderly_bench"))
+                .await?;
+            migrate(&pool).await?;
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "INSERT INTO orders (id, status, version) SELECT g, 'Created', 0 FROM generate_series(1, {}) g",
+                args.orders
+            )))
+            .execute(&pool)
+            .await?;
+            if args.history_rows > 0 {
+                // Other orders' history (negative ids), four transitions per order.
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+                     SELECT -1 - g / 4, g % 4 + 1, 'Created', 'Paid', 'Pay', 'pre-' || g FROM generate_series(0, {} - 1) g",
+                    args.history_rows
+                )))
+                .execute(&pool)
+                .await?;
+            }
+            sqlx::raw_sql("VACUUM ANALYZE").execute(&pool).await?;
+            Ok(Db { pool })
+        }
+    }
+
+    impl BenchDb for Db {
+        type S = PgStore;
+
+        fn engine(&self) -> Engine<OrderMachine, PgStore> {
+            Engine::new(PgStore::new(self.pool.clone())).expect("valid machine")
+        }
+
+        async fn floor(&self, id: i64) -> Result<(), BoxError> {
+            let n = sqlx::query(
+                "WITH u AS (UPDATE orders SET status = $2, version = version + 1 \
+                   WHERE id = $1 AND status = $3 AND version = $4 RETURNING version) \
+                 INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+                 SELECT $1, version, $3, $2, $5, $6 FROM u",
+            )
+            .bind(id).bind("Paid").bind("Created").bind(0_i64).bind("Pay").bind(bench_ref(id))
+            .execute(&self.pool).await?.rows_affected();
+            ensure(n == 1, "floor", id)
+        }
+
+        async fn naive(&self, id: i64) -> Result<(), BoxError> {
+            let mut tx = self.pool.begin().await?;
+            let row = sqlx::query("SELECT status, version FROM orders WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await?;
+            let (status, version): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+            ensure(status == "Created", "naive", id)?;
+            sqlx::query("UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 AND version = $4")
+                .bind("Paid").bind(id).bind(&status).bind(version)
+                .execute(&mut *tx).await?;
+            sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)")
+                .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
+                .execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
+        async fn read(&self, id: i64) -> Result<(), BoxError> {
+            let seq: Option<i64> = sqlx::query_scalar("SELECT seq FROM order_transitions WHERE order_id = $1 AND event = $2 AND ref_id = $3")
+                .bind(id).bind("Pay").bind(bench_ref(id))
+                .fetch_optional(&self.pool).await?;
+            ensure(seq.is_some(), "read", id)
+        }
+
+        async fn reset(&self) -> Result<(), BoxError> {
+            sqlx::raw_sql(
+                "DELETE FROM order_transitions WHERE order_id > 0; \
+                 UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0;",
+            )
+            .execute(&self.pool)
+            .await?;
+            sqlx::raw_sql("VACUUM ANALYZE orders, order_transitions")
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        }
+
+        async fn explain(&self) -> Result<String, BoxError> {
+            // The engine's statement for a request already in the history (a replay:
+            // order 1 was applied by a floor-style write first).
+            self.reset().await?;
+            self.floor(1).await?;
+            let store = PgStore::new(self.pool.clone());
+            let explain = format!(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {}",
+                store.transition_sql()
+            );
+            let rows = sqlx::query(AssertSqlSafe(explain))
+                .bind(1_i64)
+                .bind("Pay")
+                .bind(bench_ref(1))
+                .bind(vec!["Created"])
+                .bind(vec!["Paid"])
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .fetch_all(&self.pool)
+                .await?;
+            let lines: Result<Vec<String>, _> =
+                rows.iter().map(|r| r.try_get::<String, _>(0)).collect();
+            Ok(lines?.join("\n"))
+        }
+
+        fn describe(&self) -> String {
+            "PostgreSQL, default settings (synchronous_commit=on), one pool for every mode".into()
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    use orderly::MySqlStore;
+    use orderly::store::mysql::migrate;
+    use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
+    use sqlx::{AssertSqlSafe, Connection, Row};
+    use std::str::FromStr;
+
+    pub struct Db {
+        pool: MySqlPool,
+    }
+
+    impl Db {
+        pub async fn setup(args: &Args, pool_size: u32) -> Result<Self, BoxError> {
+            let url = std::env::var("ORDERLY_MYSQL_URL")
+                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+            let admin = MySqlConnectOptions::from_str(&url)?;
+            let mut conn = MySqlConnection::connect_with(&admin).await?;
+            sqlx::raw_sql("DROP DATABASE IF EXISTS orderly_bench")
+                .execute(&mut conn)
+                .await?;
+            sqlx::raw_sql("CREATE DATABASE orderly_bench")
+                .execute(&mut conn)
+                .await?;
+            let pool = MySqlPoolOptions::new()
+                .max_connections(pool_size)
+                .min_connections(pool_size)
+                // No ping round trip on every acquire, for every mode alike (see docs/benchmarks.md).
+                .test_before_acquire(false)
+                .connect_with(admin.database("orderly_bench"))
+                .await?;
+            migrate(&pool).await?;
+            for sql in order_inserts(args.orders) {
+                sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
+            }
+            for sql in history_inserts(args.history_rows) {
+                sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
+            }
+            sqlx::raw_sql("ANALYZE TABLE orders, order_transitions")
+                .execute(&pool)
+                .await?;
+            Ok(Db { pool })
+        }
+    }
+
+    impl BenchDb for Db {
+        type S = MySqlStore;
+
+        fn engine(&self) -> Engine<OrderMachine, MySqlStore> {
+            Engine::new(MySqlStore::new(self.pool.clone())).expect("valid machine")
+        }
+
+        async fn floor(&self, id: i64) -> Result<(), BoxError> {
+            let mut tx = self.pool.begin().await?;
+            let n = sqlx::query("UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?")
+                .bind("Paid").bind(id).bind("Created").bind(0_i64)
+                .execute(&mut *tx).await?.rows_affected();
+            ensure(n == 1, "floor", id)?;
+            sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+                .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
+                .execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
+        async fn naive(&self, id: i64) -> Result<(), BoxError> {
+            let mut tx = self.pool.begin().await?;
+            let row = sqlx::query("SELECT status, version FROM orders WHERE id = ? FOR UPDATE")
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await?;
+            let (status, version): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+            ensure(status == "Created", "naive", id)?;
+            sqlx::query("UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?")
+                .bind("Paid").bind(id).bind(&status).bind(version)
+                .execute(&mut *tx).await?;
+            sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+                .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
+                .execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
+        async fn read(&self, id: i64) -> Result<(), BoxError> {
+            let seq: Option<i64> = sqlx::query_scalar(
+                "SELECT seq FROM order_transitions WHERE order_id = ? AND event = ? AND ref_id = ?",
+            )
+            .bind(id)
+            .bind("Pay")
+            .bind(bench_ref(id))
+            .fetch_optional(&self.pool)
+            .await?;
+            ensure(seq.is_some(), "read", id)
+        }
+
+        async fn reset(&self) -> Result<(), BoxError> {
+            sqlx::raw_sql("DELETE FROM order_transitions WHERE order_id > 0")
+                .execute(&self.pool)
+                .await?;
+            sqlx::raw_sql("UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0")
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        }
+
+        async fn explain(&self) -> Result<String, BoxError> {
+            Ok("(--explain is implemented for PostgreSQL)".into())
+        }
+
+        fn describe(&self) -> String {
+            "MariaDB/MySQL, default settings (innodb_flush_log_at_trx_commit=1), one pool for every mode".into()
+        }
+    }
+}
