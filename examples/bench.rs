@@ -95,7 +95,7 @@ fn parse_args() -> Result<Args, BoxError> {
     }
     if args.orders < 3
         || args.rounds == 0
-        || args.concurrency.iter().any(|&c| c == 0)
+        || args.concurrency.contains(&0)
         || args.seconds <= 0.0
     {
         return Err("--orders, --concurrency and --seconds must be positive".into());
