@@ -93,11 +93,7 @@ fn parse_args() -> Result<Args, BoxError> {
             other => return Err(format!("unknown option {other}").into()),
         }
     }
-    if args.orders < 3
-        || args.rounds == 0
-        || args.concurrency.contains(&0)
-        || args.seconds <= 0.0
-    {
+    if args.orders < 3 || args.rounds == 0 || args.concurrency.contains(&0) || args.seconds <= 0.0 {
         return Err("--orders, --concurrency and --seconds must be positive".into());
     }
     Ok(args)

@@ -152,39 +152,37 @@ pub struct RawTransition {
     pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
-/// One row of the judge's read, in the column layout every backend's `observe` statement
-/// returns: `(kind, a, b, c, n)`, where kind `c` is the entity `(status, -, -, version)`,
-/// `p` the prior application `(from, to, payload_hash, seq)`, and `a`, from stores that
-/// apply optimistically, the transition just applied `(from, to, -, version)`.
-pub type ObservedRow = (String, String, Option<String>, Option<String>, i64);
+/// The judge's read as one row, in the column order every backend's `observe` statement
+/// returns: the entity `(status, version)` and this request's history row
+/// `(from_status, to_status, payload_hash, seq)`, each all-NULL when absent. (The
+/// statements join both lookups to a one-row relation so that a row always comes back.)
+pub type ObservedRow = (
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+);
 
 impl Observed {
-    /// Assembles the judge's view from the rows of an `observe` statement. `optimistic`
-    /// says whether the statement also tried the update; an `a` row says it applied.
-    pub fn from_rows(rows: impl IntoIterator<Item = ObservedRow>, optimistic: bool) -> Self {
-        let mut observed = Observed {
-            optimistic: if optimistic {
-                Optimistic::NotApplied
-            } else {
-                Optimistic::NotTried
+    /// Assembles the judge's view from an `observe` row and what the statement did about
+    /// the update.
+    pub fn from_row(row: ObservedRow, optimistic: Optimistic) -> Self {
+        let (status, version, from, to, payload_hash, seq) = row;
+        Observed {
+            current: status.zip(version),
+            prior: match (from, to, seq) {
+                (Some(from), Some(to), Some(seq)) => Some(Prior {
+                    seq,
+                    from,
+                    to,
+                    payload_hash,
+                }),
+                _ => None,
             },
-            ..Observed::default()
-        };
-        for (kind, a, b, c, n) in rows {
-            match kind.as_str() {
-                "a" => observed.optimistic = Optimistic::Applied(a, b.unwrap_or_default(), n),
-                "c" => observed.current = Some((a, n)),
-                _ => {
-                    observed.prior = Some(Prior {
-                        seq: n,
-                        from: a,
-                        to: b.unwrap_or_default(),
-                        payload_hash: c,
-                    })
-                }
-            }
+            optimistic,
         }
-        observed
     }
 }
 

@@ -7,10 +7,24 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Request, Store,
-    Tables, classify_common,
+    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, Optimistic, RawTransition, Request,
+    Store, Tables, classify_common,
 };
 use crate::Error;
+
+/// The row of the fused statement: an [`ObservedRow`], then what was applied
+/// `(from, to, version)`, all NULL when nothing was.
+type FusedRow = (
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+);
 
 /// Applies the embedded migrations in `migrations/postgres/` (idempotent).
 pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
@@ -50,10 +64,11 @@ impl Statements {
                 "SELECT status::text, version::bigint FROM {o} WHERE id = $1"
             )),
             observe: sql(format!(
-                "SELECT 'c'::text, status::text, NULL::text, NULL::text, version::bigint FROM {o} WHERE id = $1 \
-                 UNION ALL \
-                 SELECT 'p', from_status::text, to_status::text, payload_hash::text, seq::bigint FROM {h} \
-                   WHERE order_id = $1 AND event = $2 AND ref_id = $3"
+                "SELECT o.status::text, o.version::bigint, h.from_status::text, h.to_status::text, \
+                        h.payload_hash::text, h.seq::bigint \
+                 FROM (SELECT 1) AS one \
+                 LEFT JOIN {o} AS o ON o.id = $1 \
+                 LEFT JOIN {h} AS h ON h.order_id = $1 AND h.event = $2 AND h.ref_id = $3"
             )),
             latest_ref: sql(format!(
                 "SELECT ref_id::text FROM {h} WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1"
@@ -63,6 +78,7 @@ impl Statements {
             // READ COMMITTED a row changed since the snapshot fails them on re-check, so a
             // lost race updates nothing and the engine reads again. A twin's history row
             // (unique violation) aborts the whole statement. $4/$5 are the event's edges.
+            // Returns the columns of `ObservedRow`, then what was applied.
             observe_apply: sql(format!(
                 "WITH cur AS ( \
                    SELECT status::text AS status, version::bigint AS version FROM {o} WHERE id = $1 \
@@ -81,9 +97,10 @@ impl Statements {
                    INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
                    SELECT $1, version, from_status, to_status, $2, $3, $6, $7::jsonb FROM upd \
                  ) \
-                 SELECT 'a'::text, from_status, to_status, NULL::text, version FROM upd \
-                 UNION ALL SELECT 'c', status, NULL, NULL, version FROM cur \
-                 UNION ALL SELECT 'p', from_status, to_status, payload_hash, seq FROM prior"
+                 SELECT cur.status, cur.version, prior.from_status, prior.to_status, prior.payload_hash, \
+                        prior.seq, upd.from_status, upd.to_status, upd.version \
+                 FROM (SELECT 1) AS one \
+                 LEFT JOIN cur ON true LEFT JOIN prior ON true LEFT JOIN upd ON true"
             )),
             update: sql(format!(
                 "UPDATE {o} SET status = $1, version = version + 1 \
@@ -179,25 +196,30 @@ impl Store for PgStore {
             // Inside the caller's transaction an error would abort it: read only, and let
             // the engine apply within a savepoint. READ COMMITTED: the statement sees
             // what was committed before it began.
-            let rows: Vec<ObservedRow> = sqlx::query_as(self.sql.observe.clone())
+            let row: ObservedRow = sqlx::query_as(self.sql.observe.clone())
                 .bind(key.order_id)
                 .bind(key.event)
                 .bind(key.ref_id)
-                .fetch_all(conn)
+                .fetch_one(conn)
                 .await?;
-            return Ok(Observed::from_rows(rows, false));
+            return Ok(Observed::from_row(row, Optimistic::NotTried));
         }
-        let rows: Vec<ObservedRow> = sqlx::query_as(self.sql.observe_apply.clone())
-            .bind(key.order_id)
-            .bind(key.event)
-            .bind(key.ref_id)
-            .bind(request.from_states)
-            .bind(request.to_states)
-            .bind(request.payload_hash)
-            .bind(request.payload)
-            .fetch_all(conn)
-            .await?;
-        Ok(Observed::from_rows(rows, true))
+        let (s, v, from, to, hash, seq, a_from, a_to, a_version): FusedRow =
+            sqlx::query_as(self.sql.observe_apply.clone())
+                .bind(key.order_id)
+                .bind(key.event)
+                .bind(key.ref_id)
+                .bind(request.from_states)
+                .bind(request.to_states)
+                .bind(request.payload_hash)
+                .bind(request.payload)
+                .fetch_one(conn)
+                .await?;
+        let optimistic = match (a_from, a_to, a_version) {
+            (Some(from), Some(to), Some(version)) => Optimistic::Applied(from, to, version),
+            _ => Optimistic::NotApplied,
+        };
+        Ok(Observed::from_row((s, v, from, to, hash, seq), optimistic))
     }
 
     async fn latest_ref(

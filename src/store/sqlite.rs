@@ -11,8 +11,8 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Sqlite, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, RawTransition, Request, Store,
-    Tables, classify_common,
+    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, Optimistic, RawTransition, Request,
+    Store, Tables, classify_common,
 };
 use crate::Error;
 
@@ -64,10 +64,10 @@ impl Statements {
             )),
             get: sql(format!("SELECT status, version FROM {o} WHERE id = ?1")),
             observe: sql(format!(
-                "SELECT 'c', status, NULL, NULL, version FROM {o} WHERE id = ?1 \
-                 UNION ALL \
-                 SELECT 'p', from_status, to_status, payload_hash, seq FROM {h} \
-                   WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3"
+                "SELECT o.status, o.version, h.from_status, h.to_status, h.payload_hash, h.seq \
+                 FROM (SELECT 1) AS one \
+                 LEFT JOIN {o} AS o ON o.id = ?1 \
+                 LEFT JOIN {h} AS h ON h.order_id = ?1 AND h.event = ?2 AND h.ref_id = ?3"
             )),
             latest_ref: sql(format!(
                 "SELECT ref_id FROM {h} WHERE order_id = ?1 AND event = ?2 ORDER BY seq DESC LIMIT 1"
@@ -154,13 +154,13 @@ impl Store for SqliteStore {
         _in_tx: bool,
     ) -> Result<Observed, sqlx::Error> {
         let key = request.key;
-        let rows: Vec<ObservedRow> = sqlx::query_as(self.sql.observe.clone())
+        let row: ObservedRow = sqlx::query_as(self.sql.observe.clone())
             .bind(key.order_id)
             .bind(key.event)
             .bind(key.ref_id)
-            .fetch_all(conn)
+            .fetch_one(conn)
             .await?;
-        Ok(Observed::from_rows(rows, false))
+        Ok(Observed::from_row(row, Optimistic::NotTried))
     }
 
     async fn latest_ref(
