@@ -414,12 +414,20 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             payload_hash: hash,
             payload: payload.map(|p| p.json.as_str()),
         };
-        let observed = match self.store.observe(conn, request, in_tx).await {
+        let mut observed = match self.store.observe(conn, request, in_tx).await {
             Ok(o) => o,
             // A twin's history row stopped an optimistic apply: judge again.
             Err(e) if is_unique_violation(&e) && !in_tx => return Step::Retry,
             Err(e) => return retry_or_fail::<M, S>(e, in_tx),
         };
+        if observed.current.is_none() && observed.prior.is_none() {
+            // No entity row, so the read had nothing to join the history row to: a
+            // request recorded for it is still a replay (row 1 before row 5).
+            observed.prior = match self.store.prior(conn, key, in_tx).await {
+                Ok(prior) => prior,
+                Err(e) => return retry_or_fail::<M, S>(e, in_tx),
+            };
+        }
         if let Optimistic::Applied(from, to, version) = &observed.optimistic {
             let applied = parse_state::<M>(key.order_id, from).and_then(|from| {
                 let to = parse_state::<M>(key.order_id, to)?;

@@ -154,8 +154,9 @@ pub struct RawTransition {
 
 /// The judge's read as one row, in the column order every backend's `observe` statement
 /// returns: the entity `(status, version)` and this request's history row
-/// `(from_status, to_status, payload_hash, seq)`, each all-NULL when absent. (The
-/// statements join both lookups to a one-row relation so that a row always comes back.)
+/// `(from_status, to_status, payload_hash, seq)`, the latter all-NULL when absent. The
+/// statements select the entity row and left-join the history row, so when the entity is
+/// missing no row comes back and [`Store::prior`] is asked instead.
 pub type ObservedRow = (
     Option<String>,
     Option<i64>,
@@ -237,6 +238,21 @@ pub struct Prior {
     pub payload_hash: Option<String>,
 }
 
+/// A history row as every backend's `prior` statement returns it:
+/// `(from_status, to_status, payload_hash, seq)`.
+pub type PriorRow = (String, String, Option<String>, i64);
+
+impl From<PriorRow> for Prior {
+    fn from((from, to, payload_hash, seq): PriorRow) -> Self {
+        Prior {
+            seq,
+            from,
+            to,
+            payload_hash,
+        }
+    }
+}
+
 /// A conditional update the engine has decided on.
 #[derive(Debug, Clone, Copy)]
 pub struct Apply<'a> {
@@ -287,7 +303,8 @@ pub trait Store: Clone + Send + Sync + 'static {
         initial: &'static str,
     ) -> impl Future<Output = Result<(String, i64), sqlx::Error>> + Send;
 
-    /// Reads what the judge needs, in one statement. A store may, in that same statement,
+    /// Reads what the judge needs, in one statement: the entity and, if the entity exists,
+    /// this request's history row (see [`ObservedRow`]). A store may, in that statement,
     /// also attempt the conditional update and history insert for the edges of
     /// `request` (an optimistic one-round-trip apply), reporting it in
     /// [`Observed::optimistic`]; it must then keep the status and version predicates of
@@ -298,6 +315,15 @@ pub trait Store: Clone + Send + Sync + 'static {
         request: Request<'_>,
         in_tx: bool,
     ) -> impl Future<Output = Result<Observed, sqlx::Error>> + Send;
+
+    /// This request's history row alone, for when the entity row is missing (a request
+    /// recorded for an entity that no longer exists is still a replay).
+    fn prior(
+        &self,
+        conn: &mut Self::Conn,
+        key: Key<'_>,
+        in_tx: bool,
+    ) -> impl Future<Output = Result<Option<Prior>, sqlx::Error>> + Send;
 
     /// The reference under which `key.event` was last applied to `key.order_id`, if ever.
     /// Read only when the event is not allowed from the current state, to tell a

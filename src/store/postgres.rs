@@ -7,8 +7,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, Optimistic, RawTransition, Request,
-    Store, Tables, classify_common,
+    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, Optimistic, Prior, PriorRow,
+    RawTransition, Request, Store, Tables, classify_common,
 };
 use crate::Error;
 
@@ -44,6 +44,7 @@ struct Statements {
     insert_order: SqlStr,
     get: SqlStr,
     observe: SqlStr,
+    prior: SqlStr,
     observe_apply: SqlStr,
     latest_ref: SqlStr,
     update: SqlStr,
@@ -66,9 +67,13 @@ impl Statements {
             observe: sql(format!(
                 "SELECT o.status::text, o.version::bigint, h.from_status::text, h.to_status::text, \
                         h.payload_hash::text, h.seq::bigint \
-                 FROM (SELECT 1) AS one \
-                 LEFT JOIN {o} AS o ON o.id = $1 \
-                 LEFT JOIN {h} AS h ON h.order_id = $1 AND h.event = $2 AND h.ref_id = $3"
+                 FROM {o} AS o \
+                 LEFT JOIN {h} AS h ON h.order_id = o.id AND h.event = $2 AND h.ref_id = $3 \
+                 WHERE o.id = $1"
+            )),
+            prior: sql(format!(
+                "SELECT from_status::text, to_status::text, payload_hash::text, seq::bigint FROM {h} \
+                 WHERE order_id = $1 AND event = $2 AND ref_id = $3"
             )),
             latest_ref: sql(format!(
                 "SELECT ref_id::text FROM {h} WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1"
@@ -196,13 +201,16 @@ impl Store for PgStore {
             // Inside the caller's transaction an error would abort it: read only, and let
             // the engine apply within a savepoint. READ COMMITTED: the statement sees
             // what was committed before it began.
-            let row: ObservedRow = sqlx::query_as(self.sql.observe.clone())
+            let row: Option<ObservedRow> = sqlx::query_as(self.sql.observe.clone())
                 .bind(key.order_id)
                 .bind(key.event)
                 .bind(key.ref_id)
-                .fetch_one(conn)
+                .fetch_optional(conn)
                 .await?;
-            return Ok(Observed::from_row(row, Optimistic::NotTried));
+            return Ok(Observed::from_row(
+                row.unwrap_or_default(),
+                Optimistic::NotTried,
+            ));
         }
         let (s, v, from, to, hash, seq, a_from, a_to, a_version): FusedRow =
             sqlx::query_as(self.sql.observe_apply.clone())
@@ -220,6 +228,21 @@ impl Store for PgStore {
             _ => Optimistic::NotApplied,
         };
         Ok(Observed::from_row((s, v, from, to, hash, seq), optimistic))
+    }
+
+    async fn prior(
+        &self,
+        conn: &mut PgConnection,
+        key: Key<'_>,
+        _in_tx: bool,
+    ) -> Result<Option<Prior>, sqlx::Error> {
+        let row: Option<PriorRow> = sqlx::query_as(self.sql.prior.clone())
+            .bind(key.order_id)
+            .bind(key.event)
+            .bind(key.ref_id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(Prior::from))
     }
 
     async fn latest_ref(

@@ -11,8 +11,8 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Sqlite, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, Optimistic, RawTransition, Request,
-    Store, Tables, classify_common,
+    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, Optimistic, Prior, PriorRow,
+    RawTransition, Request, Store, Tables, classify_common,
 };
 use crate::Error;
 
@@ -48,6 +48,7 @@ struct Statements {
     insert_order: SqlStr,
     get: SqlStr,
     observe: SqlStr,
+    prior: SqlStr,
     latest_ref: SqlStr,
     update: SqlStr,
     record: SqlStr,
@@ -65,9 +66,13 @@ impl Statements {
             get: sql(format!("SELECT status, version FROM {o} WHERE id = ?1")),
             observe: sql(format!(
                 "SELECT o.status, o.version, h.from_status, h.to_status, h.payload_hash, h.seq \
-                 FROM (SELECT 1) AS one \
-                 LEFT JOIN {o} AS o ON o.id = ?1 \
-                 LEFT JOIN {h} AS h ON h.order_id = ?1 AND h.event = ?2 AND h.ref_id = ?3"
+                 FROM {o} AS o \
+                 LEFT JOIN {h} AS h ON h.order_id = o.id AND h.event = ?2 AND h.ref_id = ?3 \
+                 WHERE o.id = ?1"
+            )),
+            prior: sql(format!(
+                "SELECT from_status, to_status, payload_hash, seq FROM {h} \
+                 WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3"
             )),
             latest_ref: sql(format!(
                 "SELECT ref_id FROM {h} WHERE order_id = ?1 AND event = ?2 ORDER BY seq DESC LIMIT 1"
@@ -154,13 +159,31 @@ impl Store for SqliteStore {
         _in_tx: bool,
     ) -> Result<Observed, sqlx::Error> {
         let key = request.key;
-        let row: ObservedRow = sqlx::query_as(self.sql.observe.clone())
+        let row: Option<ObservedRow> = sqlx::query_as(self.sql.observe.clone())
             .bind(key.order_id)
             .bind(key.event)
             .bind(key.ref_id)
-            .fetch_one(conn)
+            .fetch_optional(conn)
             .await?;
-        Ok(Observed::from_row(row, Optimistic::NotTried))
+        Ok(Observed::from_row(
+            row.unwrap_or_default(),
+            Optimistic::NotTried,
+        ))
+    }
+
+    async fn prior(
+        &self,
+        conn: &mut SqliteConnection,
+        key: Key<'_>,
+        _in_tx: bool,
+    ) -> Result<Option<Prior>, sqlx::Error> {
+        let row: Option<PriorRow> = sqlx::query_as(self.sql.prior.clone())
+            .bind(key.order_id)
+            .bind(key.event)
+            .bind(key.ref_id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(Prior::from))
     }
 
     async fn latest_ref(
