@@ -7,8 +7,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, Optimistic, Prior, PriorRow,
-    RawTransition, Request, Store, Tables, classify_common,
+    ErrorClass, Observed, Optimistic, Request, Statements, Store, Tables, classify_common,
 };
 use crate::Error;
 
@@ -37,91 +36,84 @@ pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
 pub struct PgStore {
     pool: PgPool,
     sql: Arc<Statements>,
+    fused: SqlStr,
 }
 
-#[derive(Debug)]
-struct Statements {
-    insert_order: SqlStr,
-    get: SqlStr,
-    observe: SqlStr,
-    prior: SqlStr,
-    observe_apply: SqlStr,
-    latest_ref: SqlStr,
-    update: SqlStr,
-    record: SqlStr,
-    history: SqlStr,
-}
-
-impl Statements {
-    fn new(tables: &Tables) -> Self {
-        let (o, h) = tables.quoted('"');
-        let sql = |s: String| AssertSqlSafe(s).into_sql_str();
-        // Casts keep the decoded types fixed when a user's table uses VARCHAR or INTEGER.
-        Statements {
-            insert_order: sql(format!(
-                "INSERT INTO {o} (id, status, version) VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING"
-            )),
-            get: sql(format!(
-                "SELECT status::text, version::bigint FROM {o} WHERE id = $1"
-            )),
-            observe: sql(format!(
-                "SELECT o.status::text, o.version::bigint, h.from_status::text, h.to_status::text, \
-                        h.payload_hash::text, h.seq::bigint \
-                 FROM {o} AS o \
-                 LEFT JOIN {h} AS h ON h.order_id = o.id AND h.event = $2 AND h.ref_id = $3 \
-                 WHERE o.id = $1"
-            )),
-            prior: sql(format!(
-                "SELECT from_status::text, to_status::text, payload_hash::text, seq::bigint FROM {h} \
-                 WHERE order_id = $1 AND event = $2 AND ref_id = $3"
-            )),
-            latest_ref: sql(format!(
-                "SELECT ref_id::text FROM {h} WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1"
-            )),
-            // The read and the optimistic apply in one statement, one round trip: all parts
-            // see one snapshot; `upd` keeps the status and version predicates, and under
-            // READ COMMITTED a row changed since the snapshot fails them on re-check, so a
-            // lost race updates nothing and the engine reads again. A twin's history row
-            // (unique violation) aborts the whole statement. $4/$5 are the event's edges.
-            // Returns the columns of `ObservedRow`, then what was applied.
-            observe_apply: sql(format!(
-                "WITH cur AS ( \
-                   SELECT status::text AS status, version::bigint AS version FROM {o} WHERE id = $1 \
-                 ), prior AS ( \
-                   SELECT from_status::text AS from_status, to_status::text AS to_status, \
-                          payload_hash::text AS payload_hash, seq::bigint AS seq \
-                   FROM {h} WHERE order_id = $1 AND event = $2 AND ref_id = $3 \
-                 ), upd AS ( \
-                   UPDATE {o} AS o \
-                   SET status = ($5::text[])[array_position($4::text[], cur.status)], version = o.version + 1 \
-                   FROM cur \
-                   WHERE o.id = $1 AND o.status = cur.status AND o.version = cur.version \
-                     AND cur.status = ANY($4::text[]) AND NOT EXISTS (SELECT 1 FROM prior) \
-                   RETURNING cur.status AS from_status, o.status::text AS to_status, o.version::bigint AS version \
-                 ), ins AS ( \
-                   INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
-                   SELECT $1, version, from_status, to_status, $2, $3, $6, $7::jsonb FROM upd \
-                 ) \
-                 SELECT cur.status, cur.version, prior.from_status, prior.to_status, prior.payload_hash, \
-                        prior.seq, upd.from_status, upd.to_status, upd.version \
-                 FROM (SELECT 1) AS one \
-                 LEFT JOIN cur ON true LEFT JOIN prior ON true LEFT JOIN upd ON true"
-            )),
-            update: sql(format!(
-                "UPDATE {o} SET status = $1, version = version + 1 \
-                 WHERE id = $2 AND status = $3 AND version = $4"
-            )),
-            record: sql(format!(
-                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb)"
-            )),
-            history: sql(format!(
-                "SELECT seq::bigint, from_status::text, to_status::text, event::text, ref_id::text, \
-                 payload_hash::text, payload::text, created_at \
-                 FROM {h} WHERE order_id = $1 ORDER BY seq"
-            )),
-        }
-    }
+fn statements(tables: &Tables) -> (Statements, SqlStr) {
+    let (o, h) = tables.quoted('"');
+    let sql = |s: String| AssertSqlSafe(s).into_sql_str();
+    // READ COMMITTED: every statement sees the latest commits, also inside a caller's
+    // transaction, so reads need no locking variant.
+    let twice = |s: String| {
+        let s = sql(s);
+        [s.clone(), s]
+    };
+    // Casts keep the decoded types fixed when a user's table uses VARCHAR or INTEGER.
+    let statements = Statements {
+        insert_order: sql(format!(
+            "INSERT INTO {o} (id, status, version) VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING"
+        )),
+        get: sql(format!(
+            "SELECT status::text, version::bigint FROM {o} WHERE id = $1"
+        )),
+        observe: twice(format!(
+            "SELECT o.status::text, o.version::bigint, h.from_status::text, h.to_status::text, \
+                    h.payload_hash::text, h.seq::bigint \
+             FROM {o} AS o \
+             LEFT JOIN {h} AS h ON h.order_id = o.id AND h.event = $2 AND h.ref_id = $3 \
+             WHERE o.id = $1"
+        )),
+        prior: twice(format!(
+            "SELECT from_status::text, to_status::text, payload_hash::text, seq::bigint FROM {h} \
+             WHERE order_id = $1 AND event = $2 AND ref_id = $3"
+        )),
+        latest_ref: twice(format!(
+            "SELECT ref_id::text FROM {h} WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1"
+        )),
+        update: sql(format!(
+            "UPDATE {o} SET status = $1, version = version + 1 \
+             WHERE id = $2 AND status = $3 AND version = $4"
+        )),
+        record: sql(format!(
+            "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb)"
+        )),
+        history: sql(format!(
+            "SELECT seq::bigint, from_status::text, to_status::text, event::text, ref_id::text, \
+             payload_hash::text, payload::text, created_at \
+             FROM {h} WHERE order_id = $1 ORDER BY seq"
+        )),
+    };
+    // The read and the optimistic apply in one statement, one round trip: all parts
+    // see one snapshot; `upd` keeps the status and version predicates, and under
+    // READ COMMITTED a row changed since the snapshot fails them on re-check, so a
+    // lost race updates nothing and the engine reads again. A twin's history row
+    // (unique violation) aborts the whole statement. $4/$5 are the event's edges.
+    // Returns the columns of `ObservedRow`, then what was applied.
+    let fused = sql(format!(
+        "WITH cur AS ( \
+               SELECT status::text AS status, version::bigint AS version FROM {o} WHERE id = $1 \
+             ), prior AS ( \
+               SELECT from_status::text AS from_status, to_status::text AS to_status, \
+                      payload_hash::text AS payload_hash, seq::bigint AS seq \
+               FROM {h} WHERE order_id = $1 AND event = $2 AND ref_id = $3 \
+             ), upd AS ( \
+               UPDATE {o} AS o \
+               SET status = ($5::text[])[array_position($4::text[], cur.status)], version = o.version + 1 \
+               FROM cur \
+               WHERE o.id = $1 AND o.status = cur.status AND o.version = cur.version \
+                 AND cur.status = ANY($4::text[]) AND NOT EXISTS (SELECT 1 FROM prior) \
+               RETURNING cur.status AS from_status, o.status::text AS to_status, o.version::bigint AS version \
+             ), ins AS ( \
+               INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
+               SELECT $1, version, from_status, to_status, $2, $3, $6, $7::jsonb FROM upd \
+             ) \
+             SELECT cur.status, cur.version, prior.from_status, prior.to_status, prior.payload_hash, \
+                    prior.seq, upd.from_status, upd.to_status, upd.version \
+             FROM (SELECT 1) AS one \
+             LEFT JOIN cur ON true LEFT JOIN prior ON true LEFT JOIN upd ON true"
+    ));
+    (statements, fused)
 }
 
 impl PgStore {
@@ -144,8 +136,10 @@ impl PgStore {
 
     /// A store over an existing pool and custom tables.
     pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
+        let (sql, fused) = statements(&tables);
         PgStore {
-            sql: Arc::new(Statements::new(&tables)),
+            sql: Arc::new(sql),
+            fused,
             pool,
         }
     }
@@ -160,7 +154,7 @@ impl PgStore {
     /// `$4`/`$5` the event's from/to states (`text[]`), `$6` payload hash, `$7` payload.
     /// For `EXPLAIN` and for review.
     pub fn transition_sql(&self) -> &str {
-        self.sql.observe_apply.as_str()
+        self.fused.as_str()
     }
 }
 
@@ -169,26 +163,7 @@ impl Store for PgStore {
     type Pooled = sqlx::pool::PoolConnection<Postgres>;
     type Tx<'c> = Transaction<'c, Postgres>;
 
-    async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
-        self.pool.acquire().await
-    }
-
-    async fn create(
-        &self,
-        conn: &mut PgConnection,
-        order_id: i64,
-        initial: &'static str,
-    ) -> Result<(String, i64), sqlx::Error> {
-        sqlx::query(self.sql.insert_order.clone())
-            .bind(order_id)
-            .bind(initial)
-            .execute(&mut *conn)
-            .await?;
-        sqlx::query_as(self.sql.get.clone())
-            .bind(order_id)
-            .fetch_one(&mut *conn)
-            .await
-    }
+    shared_store_methods!(PgConnection);
 
     async fn observe(
         &self,
@@ -201,7 +176,7 @@ impl Store for PgStore {
             // Inside the caller's transaction an error would abort it: read only, and let
             // the engine apply within a savepoint. READ COMMITTED: the statement sees
             // what was committed before it began.
-            let row: Option<ObservedRow> = sqlx::query_as(self.sql.observe.clone())
+            let row: Option<super::ObservedRow> = sqlx::query_as(self.sql.observe[1].clone())
                 .bind(key.order_id)
                 .bind(key.event)
                 .bind(key.ref_id)
@@ -213,7 +188,7 @@ impl Store for PgStore {
             ));
         }
         let (s, v, from, to, hash, seq, a_from, a_to, a_version): FusedRow =
-            sqlx::query_as(self.sql.observe_apply.clone())
+            sqlx::query_as(self.fused.clone())
                 .bind(key.order_id)
                 .bind(key.event)
                 .bind(key.ref_id)
@@ -230,94 +205,9 @@ impl Store for PgStore {
         Ok(Observed::from_row((s, v, from, to, hash, seq), optimistic))
     }
 
-    async fn prior(
-        &self,
-        conn: &mut PgConnection,
-        key: Key<'_>,
-        _in_tx: bool,
-    ) -> Result<Option<Prior>, sqlx::Error> {
-        let row: Option<PriorRow> = sqlx::query_as(self.sql.prior.clone())
-            .bind(key.order_id)
-            .bind(key.event)
-            .bind(key.ref_id)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(Prior::from))
-    }
-
-    async fn latest_ref(
-        &self,
-        conn: &mut PgConnection,
-        key: Key<'_>,
-        _in_tx: bool,
-    ) -> Result<Option<String>, sqlx::Error> {
-        sqlx::query_scalar(self.sql.latest_ref.clone())
-            .bind(key.order_id)
-            .bind(key.event)
-            .fetch_optional(conn)
-            .await
-    }
-
     async fn begin(conn: &mut PgConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
         // BEGIN on a pooled connection, SAVEPOINT inside the caller's transaction.
         conn.begin().await
-    }
-
-    async fn commit(tx: Self::Tx<'_>) -> Result<(), sqlx::Error> {
-        tx.commit().await
-    }
-
-    async fn rollback(tx: Self::Tx<'_>) -> Result<(), sqlx::Error> {
-        tx.rollback().await
-    }
-
-    async fn update(&self, conn: &mut PgConnection, a: Apply<'_>) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(self.sql.update.clone())
-            .bind(a.to)
-            .bind(a.key.order_id)
-            .bind(a.from)
-            .bind(a.version)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn record(&self, conn: &mut PgConnection, a: Apply<'_>) -> Result<(), sqlx::Error> {
-        sqlx::query(self.sql.record.clone())
-            .bind(a.key.order_id)
-            .bind(a.version + 1)
-            .bind(a.from)
-            .bind(a.to)
-            .bind(a.key.event)
-            .bind(a.key.ref_id)
-            .bind(a.payload_hash)
-            .bind(a.payload)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn get(
-        &self,
-        conn: &mut PgConnection,
-        order_id: i64,
-    ) -> Result<Option<(String, i64)>, sqlx::Error> {
-        sqlx::query_as(self.sql.get.clone())
-            .bind(order_id)
-            .fetch_optional(conn)
-            .await
-    }
-
-    async fn history(
-        &self,
-        conn: &mut PgConnection,
-        order_id: i64,
-    ) -> Result<Vec<RawTransition>, sqlx::Error> {
-        let rows: Vec<HistoryRow> = sqlx::query_as(self.sql.history.clone())
-            .bind(order_id)
-            .fetch_all(conn)
-            .await?;
-        Ok(rows.into_iter().map(RawTransition::from).collect())
     }
 
     /// Retryable: 40001 serialization failure, 40P01 deadlock, 55P03 lock timeout, and

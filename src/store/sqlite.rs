@@ -8,11 +8,11 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Sqlite, Transaction};
+use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, Sqlite, Transaction};
 
 use super::{
-    Apply, ErrorClass, HistoryRow, Key, Observed, ObservedRow, Optimistic, Prior, PriorRow,
-    RawTransition, Request, Store, Tables, classify_common,
+    ErrorClass, Observed, ObservedRow, Optimistic, Request, Statements, Store, Tables,
+    classify_common,
 };
 use crate::Error;
 
@@ -43,53 +43,44 @@ pub struct SqliteStore {
     sql: Arc<Statements>,
 }
 
-#[derive(Debug)]
-struct Statements {
-    insert_order: SqlStr,
-    get: SqlStr,
-    observe: SqlStr,
-    prior: SqlStr,
-    latest_ref: SqlStr,
-    update: SqlStr,
-    record: SqlStr,
-    history: SqlStr,
-}
-
-impl Statements {
-    fn new(tables: &Tables) -> Self {
-        let (o, h) = tables.quoted('"');
-        let sql = |s: String| AssertSqlSafe(s).into_sql_str();
-        Statements {
-            insert_order: sql(format!(
-                "INSERT INTO {o} (id, status, version) VALUES (?1, ?2, 0) ON CONFLICT (id) DO NOTHING"
-            )),
-            get: sql(format!("SELECT status, version FROM {o} WHERE id = ?1")),
-            observe: sql(format!(
-                "SELECT o.status, o.version, h.from_status, h.to_status, h.payload_hash, h.seq \
-                 FROM {o} AS o \
-                 LEFT JOIN {h} AS h ON h.order_id = o.id AND h.event = ?2 AND h.ref_id = ?3 \
-                 WHERE o.id = ?1"
-            )),
-            prior: sql(format!(
-                "SELECT from_status, to_status, payload_hash, seq FROM {h} \
-                 WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3"
-            )),
-            latest_ref: sql(format!(
-                "SELECT ref_id FROM {h} WHERE order_id = ?1 AND event = ?2 ORDER BY seq DESC LIMIT 1"
-            )),
-            update: sql(format!(
-                "UPDATE {o} SET status = ?1, version = version + 1 \
-                 WHERE id = ?2 AND status = ?3 AND version = ?4"
-            )),
-            record: sql(format!(
-                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
-            )),
-            history: sql(format!(
-                "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, created_at \
-                 FROM {h} WHERE order_id = ?1 ORDER BY seq"
-            )),
-        }
+fn statements(tables: &Tables) -> Statements {
+    let (o, h) = tables.quoted('"');
+    let sql = |s: String| AssertSqlSafe(s).into_sql_str();
+    // One writer at a time (`BEGIN IMMEDIATE`), so reads need no locking variant.
+    let twice = |s: String| {
+        let s = sql(s);
+        [s.clone(), s]
+    };
+    Statements {
+        insert_order: sql(format!(
+            "INSERT INTO {o} (id, status, version) VALUES (?1, ?2, 0) ON CONFLICT (id) DO NOTHING"
+        )),
+        get: sql(format!("SELECT status, version FROM {o} WHERE id = ?1")),
+        observe: twice(format!(
+            "SELECT o.status, o.version, h.from_status, h.to_status, h.payload_hash, h.seq \
+             FROM {o} AS o \
+             LEFT JOIN {h} AS h ON h.order_id = o.id AND h.event = ?2 AND h.ref_id = ?3 \
+             WHERE o.id = ?1"
+        )),
+        prior: twice(format!(
+            "SELECT from_status, to_status, payload_hash, seq FROM {h} \
+             WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3"
+        )),
+        latest_ref: twice(format!(
+            "SELECT ref_id FROM {h} WHERE order_id = ?1 AND event = ?2 ORDER BY seq DESC LIMIT 1"
+        )),
+        update: sql(format!(
+            "UPDATE {o} SET status = ?1, version = version + 1 \
+             WHERE id = ?2 AND status = ?3 AND version = ?4"
+        )),
+        record: sql(format!(
+            "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+        )),
+        history: sql(format!(
+            "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, created_at \
+             FROM {h} WHERE order_id = ?1 ORDER BY seq"
+        )),
     }
 }
 
@@ -115,7 +106,7 @@ impl SqliteStore {
     /// A store over an existing pool and custom tables.
     pub fn with_tables(pool: SqlitePool, tables: Tables) -> Self {
         SqliteStore {
-            sql: Arc::new(Statements::new(&tables)),
+            sql: Arc::new(statements(&tables)),
             pool,
         }
     }
@@ -131,35 +122,16 @@ impl Store for SqliteStore {
     type Pooled = sqlx::pool::PoolConnection<Sqlite>;
     type Tx<'c> = Transaction<'c, Sqlite>;
 
-    async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
-        self.pool.acquire().await
-    }
-
-    async fn create(
-        &self,
-        conn: &mut SqliteConnection,
-        order_id: i64,
-        initial: &'static str,
-    ) -> Result<(String, i64), sqlx::Error> {
-        sqlx::query(self.sql.insert_order.clone())
-            .bind(order_id)
-            .bind(initial)
-            .execute(&mut *conn)
-            .await?;
-        sqlx::query_as(self.sql.get.clone())
-            .bind(order_id)
-            .fetch_one(&mut *conn)
-            .await
-    }
+    shared_store_methods!(SqliteConnection);
 
     async fn observe(
         &self,
         conn: &mut SqliteConnection,
         request: Request<'_>,
-        _in_tx: bool,
+        in_tx: bool,
     ) -> Result<Observed, sqlx::Error> {
         let key = request.key;
-        let row: Option<ObservedRow> = sqlx::query_as(self.sql.observe.clone())
+        let row: Option<ObservedRow> = sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
             .bind(key.order_id)
             .bind(key.event)
             .bind(key.ref_id)
@@ -171,34 +143,6 @@ impl Store for SqliteStore {
         ))
     }
 
-    async fn prior(
-        &self,
-        conn: &mut SqliteConnection,
-        key: Key<'_>,
-        _in_tx: bool,
-    ) -> Result<Option<Prior>, sqlx::Error> {
-        let row: Option<PriorRow> = sqlx::query_as(self.sql.prior.clone())
-            .bind(key.order_id)
-            .bind(key.event)
-            .bind(key.ref_id)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(Prior::from))
-    }
-
-    async fn latest_ref(
-        &self,
-        conn: &mut SqliteConnection,
-        key: Key<'_>,
-        _in_tx: bool,
-    ) -> Result<Option<String>, sqlx::Error> {
-        sqlx::query_scalar(self.sql.latest_ref.clone())
-            .bind(key.order_id)
-            .bind(key.event)
-            .fetch_optional(conn)
-            .await
-    }
-
     async fn begin(conn: &mut SqliteConnection, in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
         if in_tx {
             conn.begin().await
@@ -207,63 +151,6 @@ impl Store for SqliteStore {
             // fail with SQLITE_BUSY_SNAPSHOT instead of waiting.
             conn.begin_with("BEGIN IMMEDIATE").await
         }
-    }
-
-    async fn commit(tx: Self::Tx<'_>) -> Result<(), sqlx::Error> {
-        tx.commit().await
-    }
-
-    async fn rollback(tx: Self::Tx<'_>) -> Result<(), sqlx::Error> {
-        tx.rollback().await
-    }
-
-    async fn update(&self, conn: &mut SqliteConnection, a: Apply<'_>) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(self.sql.update.clone())
-            .bind(a.to)
-            .bind(a.key.order_id)
-            .bind(a.from)
-            .bind(a.version)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn record(&self, conn: &mut SqliteConnection, a: Apply<'_>) -> Result<(), sqlx::Error> {
-        sqlx::query(self.sql.record.clone())
-            .bind(a.key.order_id)
-            .bind(a.version + 1)
-            .bind(a.from)
-            .bind(a.to)
-            .bind(a.key.event)
-            .bind(a.key.ref_id)
-            .bind(a.payload_hash)
-            .bind(a.payload)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn get(
-        &self,
-        conn: &mut SqliteConnection,
-        order_id: i64,
-    ) -> Result<Option<(String, i64)>, sqlx::Error> {
-        sqlx::query_as(self.sql.get.clone())
-            .bind(order_id)
-            .fetch_optional(conn)
-            .await
-    }
-
-    async fn history(
-        &self,
-        conn: &mut SqliteConnection,
-        order_id: i64,
-    ) -> Result<Vec<RawTransition>, sqlx::Error> {
-        let rows: Vec<HistoryRow> = sqlx::query_as(self.sql.history.clone())
-            .bind(order_id)
-            .fetch_all(conn)
-            .await?;
-        Ok(rows.into_iter().map(RawTransition::from).collect())
     }
 
     /// SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes such as
