@@ -324,6 +324,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         event: M::Event,
         ref_id: &str,
     ) -> Result<Outcome<M::State>> {
+        validate_ref(ref_id)?;
         self.run(conn, order_id, event, ref_id, None, true).await
     }
 
@@ -337,6 +338,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         ref_id: &str,
         payload: &P,
     ) -> Result<Outcome<M::State>> {
+        validate_ref(ref_id)?;
         let payload = fingerprint(payload)?;
         self.run(conn, order_id, event, ref_id, Some(payload), true)
             .await
@@ -355,6 +357,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             .await
     }
 
+    /// The retry loop; `ref_id` is already validated.
     async fn run(
         &self,
         conn: &mut S::Conn,
@@ -364,7 +367,6 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         payload: Option<Payload>,
         in_tx: bool,
     ) -> Result<Outcome<M::State>> {
-        validate_ref(ref_id)?;
         let key = Key {
             order_id,
             event: event.into(),
