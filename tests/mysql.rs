@@ -60,7 +60,7 @@ impl Backend for My {
             .unwrap();
         let options = admin.clone().database(&name);
         let pool = MySqlPoolOptions::new()
-            .max_connections(4)
+            .max_connections(16)
             .connect_with(options.clone())
             .await
             .unwrap();

@@ -58,7 +58,7 @@ impl Backend for Pg {
             .unwrap();
         let options = admin.clone().database(&name);
         let pool = PgPoolOptions::new()
-            .max_connections(4)
+            .max_connections(16)
             .connect_with(options.clone())
             .await
             .unwrap();

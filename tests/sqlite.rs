@@ -34,7 +34,7 @@ impl Backend for Sqlite3 {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("orderly.db").display());
         let pool = SqlitePoolOptions::new()
-            .max_connections(4)
+            .max_connections(16)
             .connect_with(connect_options(&url).unwrap())
             .await
             .unwrap();

@@ -80,6 +80,7 @@ macro_rules! conformance {
             contention_after_the_retry_budget,
             lost_race_is_rejudged_not_reapplied,
             caller_transaction_commits_or_rolls_back_both,
+            caller_transactions_race_one_applies,
             custom_table_names_drive_an_existing_table,
             identical_requests_storm_one_applied,
             distinct_refs_storm_one_wins,
@@ -433,6 +434,58 @@ pub async fn caller_transaction_commits_or_rolls_back_both<B: Backend>(b: &B) {
     ));
     B::commit(tx).await;
     assert_eq!(b.scalar("SELECT COUNT(*) FROM reservations").await, 1);
+    assert_order(&e, 1, Paid, 1, 1).await;
+}
+
+/// 16 callers, each in its own transaction: begin, `transition_in`, commit (or roll back
+/// on error). Half send the same reference, half their own: one application in all.
+pub async fn caller_transactions_race_one_applies<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    let caller = |r: String| {
+        let e = e.clone();
+        async move {
+            let mut tx = b.begin().await;
+            let out = e.transition_in(&mut tx, 1, Pay, &r).await;
+            match out {
+                Ok(_) => B::commit(tx).await,
+                Err(_) => B::rollback(tx).await,
+            }
+            (r, out)
+        }
+    };
+    let refs = (0..16).map(|i| {
+        if i % 2 == 0 {
+            "p-0".to_string()
+        } else {
+            format!("p-{i}")
+        }
+    });
+    let results = futures_util::future::join_all(refs.map(caller)).await;
+    let winner = results
+        .iter()
+        .find_map(|(r, out)| matches!(out, Ok(o) if o.is_applied()).then(|| r.clone()))
+        .expect("one caller applies");
+    for (r, out) in &results {
+        match out {
+            Ok(o) if o.is_applied() => assert_eq!(r, &winner),
+            Ok(o) => assert_eq!(
+                (r, *o),
+                (&winner, replayed(Created, Paid, 1)),
+                "{results:?}"
+            ),
+            Err(Error::RefConflict { existing_ref, .. }) => {
+                assert_ne!(r, &winner);
+                assert_eq!(existing_ref, &winner);
+            }
+            Err(other) => panic!("{r}: unexpected {other:?}"),
+        }
+    }
+    let applied = results
+        .iter()
+        .filter(|(_, o)| matches!(o, Ok(o) if o.is_applied()))
+        .count();
+    assert_eq!(applied, 1, "{results:?}");
     assert_order(&e, 1, Paid, 1, 1).await;
 }
 
