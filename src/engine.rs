@@ -157,7 +157,8 @@ impl<M: StateMachine, S: Store> std::fmt::Debug for Engine<M, S> {
 
 enum Step<S> {
     Done(Result<Outcome<S>>),
-    Retry,
+    /// Read again; the reason is for the trace.
+    Retry(&'static str),
 }
 
 enum Verdict<S> {
@@ -386,11 +387,26 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
                 .await
             {
                 Step::Done(result) => return result,
-                Step::Retry if attempts >= self.config.max_attempts => {
+                Step::Retry(reason) if attempts >= self.config.max_attempts => {
+                    tracing::warn!(
+                        order_id,
+                        event = key.event,
+                        attempts,
+                        reason,
+                        "giving up: contention"
+                    );
                     return Err(Error::Contention { attempts });
                 }
-                Step::Retry => {
+                Step::Retry(reason) => {
                     let delay = delays.next().unwrap_or(self.config.max_backoff);
+                    tracing::debug!(
+                        order_id,
+                        event = key.event,
+                        attempts,
+                        reason,
+                        ?delay,
+                        "reading again"
+                    );
                     tokio::time::sleep(delay).await;
                 }
             }
@@ -419,7 +435,9 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         let mut observed = match self.store.observe(conn, request, in_tx).await {
             Ok(o) => o,
             // A twin's history row stopped an optimistic apply: judge again.
-            Err(e) if is_unique_violation(&e) && !in_tx => return Step::Retry,
+            Err(e) if is_unique_violation(&e) && !in_tx => {
+                return Step::Retry("twin recorded first");
+            }
             Err(e) => return retry_or_fail::<M, S>(e, in_tx),
         };
         if observed.current.is_none() && observed.prior.is_none() {
@@ -451,7 +469,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             }
             // The store's optimistic update already found this snapshot stale.
             Verdict::Apply { .. } if observed.optimistic == Optimistic::NotApplied => {
-                return Step::Retry;
+                return Step::Retry("stale snapshot");
             }
             Verdict::Apply { from, to, version } => (from, to, version),
         };
@@ -470,7 +488,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
                 version: version + 1,
             })),
             // Someone else moved first: nothing was written; judge again from a fresh read.
-            Ok(false) => Step::Retry,
+            Ok(false) => Step::Retry("lost the conditional update"),
             Err(e) => retry_or_fail::<M, S>(e, in_tx),
         }
     }
@@ -504,7 +522,10 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
 
 fn retry_or_fail<M: StateMachine, S: Store>(e: sqlx::Error, in_tx: bool) -> Step<M::State> {
     match S::classify(&e) {
-        ErrorClass::Retryable if !in_tx => Step::Retry,
+        ErrorClass::Retryable if !in_tx => {
+            tracing::debug!(error = %e, "retryable database error");
+            Step::Retry("retryable database error")
+        }
         _ => Step::Done(Err(db_error::<S>(e))),
     }
 }
