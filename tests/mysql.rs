@@ -47,6 +47,8 @@ impl Backend for My {
     type S = MySqlStore;
     type Tx = Transaction<'static, MySql>;
 
+    harness_sql_methods!(MySqlConnection);
+
     async fn fresh() -> Self {
         let url = server::url("ORDERLY_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
         let admin = MySqlConnectOptions::from_str(&url).unwrap();
@@ -94,38 +96,8 @@ impl Backend for My {
         MySqlStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
     }
 
-    async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-
-    async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(sql.to_string()))
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-    }
-
     async fn begin(&self) -> Self::Tx {
         self.pool.begin().await.unwrap()
-    }
-
-    async fn exec_in(tx: &mut Self::Tx, sql: &str) {
-        let conn: &mut MySqlConnection = tx;
-        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
-            .execute(conn)
-            .await
-            .unwrap();
-    }
-
-    async fn commit(tx: Self::Tx) {
-        tx.commit().await.unwrap();
-    }
-
-    async fn rollback(tx: Self::Tx) {
-        tx.rollback().await.unwrap();
     }
 
     async fn cleanup(self) {

@@ -42,6 +42,8 @@ impl Backend for Pg {
     type S = PgStore;
     type Tx = Transaction<'static, Postgres>;
 
+    harness_sql_methods!(PgConnection);
+
     async fn fresh() -> Self {
         let url = server::url(
             "ORDERLY_PG_URL",
@@ -91,38 +93,8 @@ impl Backend for Pg {
         PgStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
     }
 
-    async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-
-    async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(sql.to_string()))
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-    }
-
     async fn begin(&self) -> Self::Tx {
         self.pool.begin().await.unwrap()
-    }
-
-    async fn exec_in(tx: &mut Self::Tx, sql: &str) {
-        let conn: &mut PgConnection = tx;
-        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
-            .execute(conn)
-            .await
-            .unwrap();
-    }
-
-    async fn commit(tx: Self::Tx) {
-        tx.commit().await.unwrap();
-    }
-
-    async fn rollback(tx: Self::Tx) {
-        tx.rollback().await.unwrap();
     }
 
     async fn cleanup(self) {

@@ -8,7 +8,7 @@ use conformance::Backend;
 use orderly::store::sqlite::{connect_options, migrate};
 use orderly::{SqliteStore, Tables};
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions};
-use sqlx::{AssertSqlSafe, Connection, Sqlite, Transaction};
+use sqlx::{Connection, Sqlite, Transaction};
 
 struct Sqlite3 {
     _dir: tempfile::TempDir,
@@ -29,6 +29,8 @@ impl Sqlite3 {
 impl Backend for Sqlite3 {
     type S = SqliteStore;
     type Tx = Transaction<'static, Sqlite>;
+
+    harness_sql_methods!(SqliteConnection);
 
     async fn fresh() -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -66,38 +68,8 @@ impl Backend for Sqlite3 {
         SqliteStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
     }
 
-    async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-
-    async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(sql.to_string()))
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-    }
-
     async fn begin(&self) -> Self::Tx {
         self.pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
-    }
-
-    async fn exec_in(tx: &mut Self::Tx, sql: &str) {
-        let conn: &mut SqliteConnection = tx;
-        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
-            .execute(conn)
-            .await
-            .unwrap();
-    }
-
-    async fn commit(tx: Self::Tx) {
-        tx.commit().await.unwrap();
-    }
-
-    async fn rollback(tx: Self::Tx) {
-        tx.rollback().await.unwrap();
     }
 
     async fn cleanup(self) {

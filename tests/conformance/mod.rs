@@ -62,6 +62,43 @@ pub trait Backend: Sized + Send + Sync + 'static {
     async fn cleanup(self);
 }
 
+/// The `Backend` methods that only run literal SQL, for a harness with a `pool` field;
+/// `$conn` is the backend's connection type.
+#[macro_export]
+macro_rules! harness_sql_methods {
+    ($conn:ty) => {
+        async fn exec(&self, sql: &str) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        }
+
+        async fn scalar(&self, sql: &str) -> i64 {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+                .fetch_one(&self.pool)
+                .await
+                .unwrap()
+        }
+
+        async fn exec_in(tx: &mut Self::Tx, sql: &str) {
+            let conn: &mut $conn = tx;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+                .execute(conn)
+                .await
+                .unwrap();
+        }
+
+        async fn commit(tx: Self::Tx) {
+            tx.commit().await.unwrap();
+        }
+
+        async fn rollback(tx: Self::Tx) {
+            tx.rollback().await.unwrap();
+        }
+    };
+}
+
 /// Instantiates every behaviour for one backend.
 #[macro_export]
 macro_rules! conformance {
