@@ -9,9 +9,9 @@ mod server;
 use std::str::FromStr;
 use std::time::Duration;
 
-use conformance::{Backend, OrderEvent, OrderMachine, OrderState};
+use conformance::Backend;
 use orderly::store::mysql::migrate;
-use orderly::{Engine, MySqlStore, Outcome, Tables};
+use orderly::{MySqlStore, Tables};
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, Transaction};
 
@@ -123,55 +123,18 @@ async fn deadlocks(b: &My) -> i64 {
     row.1.parse().unwrap()
 }
 
-/// A genuine deadlock: the rival holds the history key and wants the order row; the engine
-/// holds the order row and wants the history key. InnoDB rolls back the lighter
-/// transaction; the rival has written more rows, so that is the engine, which re-reads and
-/// answers `Replayed`.
+/// `conformance::deadlock_scenario`, with InnoDB's evidence. InnoDB rolls back the lighter
+/// transaction; the ballast makes the rival heavier, so the engine is the victim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deadlock_is_retried_and_rejudged() {
     let b = My::fresh().await;
-    let e: Engine<OrderMachine, MySqlStore> =
-        Engine::new(b.store(Duration::from_secs(30)).await).unwrap();
-    e.create(1).await.unwrap();
     b.exec("CREATE TABLE ballast (n INT)").await;
     let before = deadlocks(&b).await;
-
-    let mut rival = b.begin().await;
-    My::exec_in(
-        &mut rival,
-        "INSERT INTO ballast VALUES (1),(2),(3),(4),(5),(6),(7),(8),(9),(10)",
+    conformance::deadlock_scenario(
+        &b,
+        &["INSERT INTO ballast VALUES (1),(2),(3),(4),(5),(6),(7),(8),(9),(10)"],
     )
     .await;
-    My::exec_in(
-        &mut rival,
-        "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (1, 1, 'Created', 'Paid', 'Pay', 'p-1')",
-    )
-    .await;
-    let ours = {
-        let e = e.clone();
-        tokio::spawn(async move { e.transition(1, OrderEvent::Pay, "p-1").await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Closes the cycle; InnoDB detects it at once and rolls back the engine's attempt.
-    My::exec_in(
-        &mut rival,
-        "UPDATE orders SET status = 'Paid', version = version + 1 WHERE id = 1",
-    )
-    .await;
-    My::commit(rival).await;
-
-    let outcome = ours.await.unwrap().unwrap();
-    assert_eq!(
-        outcome,
-        Outcome::Replayed {
-            from: OrderState::Created,
-            to: OrderState::Paid,
-            version: 1
-        }
-    );
-    let order = e.get(1).await.unwrap();
-    assert_eq!((order.state, order.version), (OrderState::Paid, 1));
-    assert_eq!(e.history(1).await.unwrap().len(), 1);
     assert!(
         deadlocks(&b).await > before,
         "no deadlock was recorded: the test did not provoke what it claims"

@@ -9,10 +9,10 @@ mod server;
 use std::str::FromStr;
 use std::time::Duration;
 
-use conformance::{Backend, OrderEvent, OrderMachine, OrderState};
+use conformance::{Backend, OrderEvent, OrderMachine};
 use orderly::store::postgres::migrate;
 use orderly::store::{ErrorClass, Store};
-use orderly::{Engine, Outcome, PgStore, Tables};
+use orderly::{Engine, PgStore, Tables};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Transaction};
 
@@ -117,48 +117,13 @@ async fn deadlocks(b: &Pg) -> i64 {
         .await
 }
 
-/// A genuine deadlock: the rival holds the history key and wants the order row; the engine
-/// holds the order row and wants the history key. PostgreSQL aborts the engine (it waited
-/// first, so its deadlock check runs first); the engine re-reads and answers `Replayed`.
+/// `conformance::deadlock_scenario`, with PostgreSQL's evidence. PostgreSQL aborts the
+/// engine: it waited first, so its deadlock check runs first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deadlock_is_retried_and_rejudged() {
     let b = Pg::fresh().await;
-    let e: Engine<OrderMachine, PgStore> =
-        Engine::new(b.store(Duration::from_secs(30)).await).unwrap();
-    e.create(1).await.unwrap();
     let before = deadlocks(&b).await;
-
-    let mut rival = b.begin().await;
-    Pg::exec_in(
-        &mut rival,
-        "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (1, 1, 'Created', 'Paid', 'Pay', 'p-1')",
-    )
-    .await;
-    let ours = {
-        let e = e.clone();
-        tokio::spawn(async move { e.transition(1, OrderEvent::Pay, "p-1").await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Blocks on the engine's row lock until the deadlock detector aborts the engine.
-    Pg::exec_in(
-        &mut rival,
-        "UPDATE orders SET status = 'Paid', version = version + 1 WHERE id = 1",
-    )
-    .await;
-    Pg::commit(rival).await;
-
-    let outcome = ours.await.unwrap().unwrap();
-    assert_eq!(
-        outcome,
-        Outcome::Replayed {
-            from: OrderState::Created,
-            to: OrderState::Paid,
-            version: 1
-        }
-    );
-    let order = e.get(1).await.unwrap();
-    assert_eq!((order.state, order.version), (OrderState::Paid, 1));
-    assert_eq!(e.history(1).await.unwrap().len(), 1);
+    conformance::deadlock_scenario(&b, &[]).await;
     // The statistics collector reports the deadlock a moment later.
     assert!(
         server::eventually(Duration::from_secs(10), || async {

@@ -435,6 +435,40 @@ pub async fn lost_race_is_rejudged_not_reapplied<B: Backend>(b: &B) {
     }
 }
 
+/// A genuine deadlock, for the backends that detect them: the rival holds the history key
+/// of `(1, Pay, p-1)` and then wants the order row; the engine holds the order row and
+/// wants the history key. The database aborts the engine's attempt; the engine re-reads
+/// and answers `Replayed`, with one application in all. `ballast` runs in the rival's
+/// transaction first (InnoDB rolls back the lighter transaction). The caller checks the
+/// database's own evidence that a deadlock happened.
+pub async fn deadlock_scenario<B: Backend>(b: &B, ballast: &[&str]) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    let mut rival = b.begin().await;
+    for sql in ballast {
+        B::exec_in(&mut rival, sql).await;
+    }
+    B::exec_in(
+        &mut rival,
+        "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (1, 1, 'Created', 'Paid', 'Pay', 'p-1')",
+    )
+    .await;
+    let ours = {
+        let e = e.clone();
+        tokio::spawn(async move { e.transition(1, Pay, "p-1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Closes the cycle: blocks on the engine's row lock until the detector aborts the engine.
+    B::exec_in(
+        &mut rival,
+        "UPDATE orders SET status = 'Paid', version = version + 1 WHERE id = 1",
+    )
+    .await;
+    B::commit(rival).await;
+    assert_eq!(ours.await.unwrap().unwrap(), replayed(Created, Paid, 1));
+    assert_order(&e, 1, Paid, 1, 1).await;
+}
+
 pub async fn caller_transaction_commits_or_rolls_back_both<B: Backend>(b: &B) {
     b.exec("CREATE TABLE reservations (order_id BIGINT NOT NULL, sku VARCHAR(32) NOT NULL)")
         .await;
