@@ -440,14 +440,6 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             }
             Err(e) => return retry_or_fail::<M, S>(e, in_tx),
         };
-        if observed.current.is_none() && observed.prior.is_none() {
-            // No entity row, so the read had nothing to join the history row to: a
-            // request recorded for it is still a replay (row 1 before row 5).
-            observed.prior = match self.store.prior(conn, key, in_tx).await {
-                Ok(prior) => prior,
-                Err(e) => return retry_or_fail::<M, S>(e, in_tx),
-            };
-        }
         if let Optimistic::Applied(from, to, version) = &observed.optimistic {
             let applied = parse_state::<M>(key.order_id, from).and_then(|from| {
                 let to = parse_state::<M>(key.order_id, to)?;
@@ -458,6 +450,14 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
                 })
             });
             return Step::Done(applied);
+        }
+        if observed.current.is_none() && observed.prior.is_none() {
+            // No entity row, so the read had nothing to join the history row to: a
+            // request recorded for it is still a replay (row 1 before row 5).
+            observed.prior = match self.store.prior(conn, key, in_tx).await {
+                Ok(prior) => prior,
+                Err(e) => return retry_or_fail::<M, S>(e, in_tx),
+            };
         }
         let (from, to, version) = match judge::<M>(&observed, key, event, hash) {
             Verdict::Done(result) => return Step::Done(result),

@@ -11,19 +11,9 @@ use super::{
 };
 use crate::Error;
 
-/// The row of the fused statement: an [`ObservedRow`], then what was applied
-/// `(from, to, version)`, all NULL when nothing was.
-type FusedRow = (
-    Option<String>,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-);
+/// The row of the fused statement: `(applied, seq, from, to, payload_hash)`: the
+/// request's history row (`applied` false) or what the statement itself applied.
+type FusedRow = (bool, i64, String, String, Option<String>);
 
 /// Applies the embedded migrations in `migrations/postgres/` (idempotent).
 pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
@@ -36,10 +26,18 @@ pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
 pub struct PgStore {
     pool: PgPool,
     sql: Arc<Statements>,
-    fused: SqlStr,
+    fused: Fused,
 }
 
-fn statements(tables: &Tables) -> (Statements, SqlStr) {
+/// The one-round-trip statement in its two shapes: for an event with one source state
+/// (scalar parameters, the common case), and for any other number (arrays).
+#[derive(Debug, Clone)]
+struct Fused {
+    one_source: SqlStr,
+    many_sources: SqlStr,
+}
+
+fn statements(tables: &Tables) -> (Statements, Fused) {
     let (o, h) = tables.quoted('"');
     let sql = |s: String| AssertSqlSafe(s).into_sql_str();
     // READ COMMITTED: every statement sees the latest commits, also inside a caller's
@@ -84,35 +82,40 @@ fn statements(tables: &Tables) -> (Statements, SqlStr) {
              FROM {h} WHERE order_id = $1 ORDER BY seq"
         )),
     };
-    // The read and the optimistic apply in one statement, one round trip: all parts
-    // see one snapshot; `upd` keeps the status and version predicates, and under
-    // READ COMMITTED a row changed since the snapshot fails them on re-check, so a
-    // lost race updates nothing and the engine reads again. A twin's history row
-    // (unique violation) aborts the whole statement. $4/$5 are the event's edges.
-    // Returns the columns of `ObservedRow`, then what was applied.
-    let fused = sql(format!(
-        "WITH cur AS ( \
-               SELECT status::text AS status, version::bigint AS version FROM {o} WHERE id = $1 \
-             ), prior AS ( \
-               SELECT from_status::text AS from_status, to_status::text AS to_status, \
-                      payload_hash::text AS payload_hash, seq::bigint AS seq \
+    // The judge and the optimistic apply in one statement, one round trip. All parts see
+    // one snapshot. `prior` is the request's own history row: if there is one, nothing
+    // is written and the row is the answer (a replay). Otherwise `upd` moves the entity
+    // along the event's edge from its current state, checked on the latest committed row
+    // version, since under READ COMMITTED an UPDATE re-evaluates its predicate on a row
+    // changed since the snapshot: a concurrent move makes it update nothing. So no
+    // version predicate is needed here: the status is judged on the row it changes, and
+    // the version still counts every change. A twin that recorded the same request after
+    // the snapshot is stopped by the unique key of the history insert, which aborts the
+    // whole statement. No row back: not applied, not a replay; the store reads and the
+    // engine judges.
+    let fused = |edge: &str, edge_cond: &str| {
+        sql(format!(
+            "WITH prior AS ( \
+               SELECT seq::bigint AS seq, from_status::text AS f, to_status::text AS t, \
+                      payload_hash::text AS hash \
                FROM {h} WHERE order_id = $1 AND event = $2 AND ref_id = $3 \
              ), upd AS ( \
-               UPDATE {o} AS o \
-               SET status = ($5::text[])[array_position($4::text[], cur.status)], version = o.version + 1 \
-               FROM cur \
-               WHERE o.id = $1 AND o.status = cur.status AND o.version = cur.version \
-                 AND cur.status = ANY($4::text[]) AND NOT EXISTS (SELECT 1 FROM prior) \
-               RETURNING cur.status AS from_status, o.status::text AS to_status, o.version::bigint AS version \
+               UPDATE {o} AS o SET status = e.t, version = o.version + 1 \
+               FROM {edge} AS e(f, t) \
+               WHERE o.id = $1 AND {edge_cond} AND NOT EXISTS (SELECT 1 FROM prior) \
+               RETURNING o.version::bigint AS seq, e.f, e.t \
              ), ins AS ( \
                INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
-               SELECT $1, version, from_status, to_status, $2, $3, $6, $7::jsonb FROM upd \
+               SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb FROM upd \
              ) \
-             SELECT cur.status, cur.version, prior.from_status, prior.to_status, prior.payload_hash, \
-                    prior.seq, upd.from_status, upd.to_status, upd.version \
-             FROM (SELECT 1) AS one \
-             LEFT JOIN cur ON true LEFT JOIN prior ON true LEFT JOIN upd ON true"
-    ));
+             SELECT false, seq, f, t, hash FROM prior \
+             UNION ALL SELECT true, seq, f, t, NULL::text FROM upd"
+        ))
+    };
+    let fused = Fused {
+        one_source: fused("(SELECT $6::text, $7::text)", "o.status = $6"),
+        many_sources: fused("unnest($6::text[], $7::text[])", "o.status = e.f"),
+    };
     (statements, fused)
 }
 
@@ -149,12 +152,18 @@ impl PgStore {
         &self.pool
     }
 
-    /// The statement sent for each transition outside a caller's transaction: the read
-    /// and the optimistic apply in one. Parameters: `$1` order id, `$2` event, `$3` ref,
-    /// `$4`/`$5` the event's from/to states (`text[]`), `$6` payload hash, `$7` payload.
+    /// The statement sent for each transition outside a caller's transaction: the judge's
+    /// read and the optimistic apply in one. Parameters: `$1` order id, `$2` event, `$3`
+    /// ref, `$4` payload hash, `$5` payload, then the event's edge: for an event with
+    /// exactly one source state (`sources == 1`) `$6`/`$7` are its from and to states
+    /// (`text`); otherwise they are all of them, in matching order (`text[]`).
     /// For `EXPLAIN` and for review.
-    pub fn transition_sql(&self) -> &str {
-        self.fused.as_str()
+    pub fn transition_sql(&self, sources: usize) -> &str {
+        if sources == 1 {
+            self.fused.one_source.as_str()
+        } else {
+            self.fused.many_sources.as_str()
+        }
     }
 }
 
@@ -187,22 +196,53 @@ impl Store for PgStore {
                 Optimistic::NotTried,
             ));
         }
-        let (s, v, from, to, hash, seq, a_from, a_to, a_version): FusedRow =
-            sqlx::query_as(self.fused.clone())
+        let query = match (request.from_states, request.to_states) {
+            ([from], [to]) => sqlx::query_as(self.fused.one_source.clone())
                 .bind(key.order_id)
                 .bind(key.event)
                 .bind(key.ref_id)
-                .bind(request.from_states)
-                .bind(request.to_states)
                 .bind(request.payload_hash)
                 .bind(request.payload)
-                .fetch_one(conn)
-                .await?;
-        let optimistic = match (a_from, a_to, a_version) {
-            (Some(from), Some(to), Some(version)) => Optimistic::Applied(from, to, version),
-            _ => Optimistic::NotApplied,
+                .bind(*from)
+                .bind(*to),
+            (from, to) => sqlx::query_as(self.fused.many_sources.clone())
+                .bind(key.order_id)
+                .bind(key.event)
+                .bind(key.ref_id)
+                .bind(request.payload_hash)
+                .bind(request.payload)
+                .bind(from)
+                .bind(to),
         };
-        Ok(Observed::from_row((s, v, from, to, hash, seq), optimistic))
+        let row: Option<FusedRow> = query.fetch_optional(&mut *conn).await?;
+        Ok(match row {
+            Some((false, seq, from, to, payload_hash)) => Observed {
+                current: None,
+                prior: Some(super::Prior {
+                    seq,
+                    from,
+                    to,
+                    payload_hash,
+                }),
+                optimistic: Optimistic::NotApplied,
+            },
+            Some((true, version, from, to, _)) => Observed {
+                current: Some((to.clone(), version)),
+                prior: None,
+                optimistic: Optimistic::Applied(from, to, version),
+            },
+            // Neither applied nor a replay: read what the judge needs (refused, missing,
+            // or moved by a concurrent writer since the statement's snapshot).
+            None => {
+                let row: Option<super::ObservedRow> = sqlx::query_as(self.sql.observe[0].clone())
+                    .bind(key.order_id)
+                    .bind(key.event)
+                    .bind(key.ref_id)
+                    .fetch_optional(conn)
+                    .await?;
+                Observed::from_row(row.unwrap_or_default(), Optimistic::NotApplied)
+            }
+        })
     }
 
     async fn begin(conn: &mut PgConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
