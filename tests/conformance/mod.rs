@@ -123,6 +123,9 @@ macro_rules! conformance {
             distinct_refs_storm_one_wins,
             hot_rows_no_lost_update_no_double_apply,
             engine_agrees_with_reference_model,
+            many_source_event_records_its_source,
+            cycle_replays_by_ref_not_by_state,
+            cycle_storm_answers_match_the_history,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {
@@ -741,4 +744,190 @@ pub async fn engine_agrees_with_reference_model<B: Backend>(b: &B) {
     if let Err(err) = result {
         panic!("{err}");
     }
+}
+
+// A second graph, with what the order graph lacks: events leaving from several states
+// (`Close`) and a cycle (`Block`/`Unblock`), where the state alone cannot tell a replay
+// from a new request.
+orderly::state_machine! {
+    /// Tickets: a cycle and a many-source event.
+    pub TicketMachine {
+        states: TicketState { Open, Working, Blocked, Done, Closed }
+        events: TicketEvent { Start, Block, Unblock, Finish, Close }
+        initial: Open;
+        terminal: [Closed];
+        transitions: {
+            Open    + Start   => Working,
+            Working + Block   => Blocked,
+            Blocked + Unblock => Working,
+            Working + Finish  => Done,
+            Open    + Close   => Closed,
+            Working + Close   => Closed,
+            Blocked + Close   => Closed,
+            Done    + Close   => Closed,
+        }
+    }
+}
+
+async fn tickets<B: Backend>(b: &B) -> Engine<TicketMachine, B::S> {
+    Engine::new(b.store(Duration::from_secs(10)).await).expect("valid machine")
+}
+
+pub async fn many_source_event_records_its_source<B: Backend>(b: &B) {
+    use TicketEvent::*;
+    use TicketState::*;
+    let e = tickets(b).await;
+    let paths: [(i64, &[TicketEvent], TicketState); 4] = [
+        (1, &[], Open),
+        (2, &[Start], Working),
+        (3, &[Start, Block], Blocked),
+        (4, &[Start, Finish], Done),
+    ];
+    for (id, path, state) in paths {
+        e.create(id).await.unwrap();
+        for (i, &event) in path.iter().enumerate() {
+            e.transition(id, event, &format!("{i}")).await.unwrap();
+        }
+        let v = path.len() as i64 + 1;
+        let closed = Outcome::Applied {
+            from: state,
+            to: Closed,
+            version: v,
+        };
+        assert_eq!(e.transition(id, Close, "c").await.unwrap(), closed);
+        let replayed = Outcome::Replayed {
+            from: state,
+            to: Closed,
+            version: v,
+        };
+        assert_eq!(e.transition(id, Close, "c").await.unwrap(), replayed);
+        let last = e.history(id).await.unwrap().pop().unwrap();
+        assert_eq!(
+            (last.seq, last.from, last.to),
+            (v, state, Closed),
+            "ticket {id}"
+        );
+        let t = e.get(id).await.unwrap();
+        assert_eq!((t.state, t.version), (Closed, v), "ticket {id}");
+    }
+}
+
+pub async fn cycle_replays_by_ref_not_by_state<B: Backend>(b: &B) {
+    use TicketEvent::*;
+    use TicketState::*;
+    let e = tickets(b).await;
+    e.create(1).await.unwrap();
+    e.transition(1, Start, "s").await.unwrap();
+    let blocked = |version| Outcome::Applied {
+        from: Working,
+        to: Blocked,
+        version,
+    };
+    assert_eq!(e.transition(1, Block, "b-1").await.unwrap(), blocked(2));
+    assert_eq!(e.transition(1, Unblock, "u-1").await.unwrap().version(), 3);
+    // Working again: Block is allowed, but b-1 was applied already.
+    let replay = Outcome::Replayed {
+        from: Working,
+        to: Blocked,
+        version: 2,
+    };
+    assert_eq!(e.transition(1, Block, "b-1").await.unwrap(), replay);
+    assert_eq!(e.get(1).await.unwrap().version, 3);
+    assert_eq!(e.transition(1, Block, "b-2").await.unwrap(), blocked(4));
+    // Blocked again: Unblock is allowed, but u-1 was applied already.
+    let replay = Outcome::Replayed {
+        from: Blocked,
+        to: Working,
+        version: 3,
+    };
+    assert_eq!(e.transition(1, Unblock, "u-1").await.unwrap(), replay);
+    let t = e.get(1).await.unwrap();
+    assert_eq!((t.state, t.version), (Blocked, 4));
+    assert_eq!(e.history(1).await.unwrap().len(), 4);
+}
+
+/// Concurrent tasks drive tickets around the cycle and close them from any state, with
+/// duplicate references across tasks. Every answer must agree with the history row of
+/// its request: `Applied` and `Replayed` name exactly the recorded `from`, `to` and
+/// version, each request is recorded at most once, and the history is a path.
+pub async fn cycle_storm_answers_match_the_history<B: Backend>(b: &B) {
+    use TicketEvent::*;
+    use TicketState::*;
+    const TICKETS: i64 = 40;
+    const TASKS: usize = 24;
+    const PER_TASK: usize = 120;
+    let e = tickets(b).await;
+    for id in 0..TICKETS {
+        e.create(id).await.unwrap();
+        e.transition(id, Start, "s").await.unwrap();
+    }
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let mut seed = [0u8; 32];
+                seed[0] = t as u8;
+                seed[1] = 0xc7;
+                let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
+                let mut answers = Vec::new();
+                for _ in 0..PER_TASK {
+                    let id = (rng.next_u64() % TICKETS as u64) as i64;
+                    // Close is rare, so most tickets go round the cycle for a while.
+                    let event = match rng.next_u64() % 20 {
+                        0 => Close,
+                        1 => Finish,
+                        n if n % 2 == 0 => Block,
+                        _ => Unblock,
+                    };
+                    let r = format!("r{}", rng.next_u64() % 8);
+                    match e.transition(id, event, &r).await {
+                        Ok(o) => answers.push((id, event, r, o)),
+                        Err(Error::RefConflict { .. } | Error::InvalidTransition { .. }) => {}
+                        Err(other) => panic!("unexpected {other:?}"),
+                    }
+                }
+                answers
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.extend(t.await.unwrap());
+    }
+    let mut applied = 0;
+    let mut recorded = HashMap::new();
+    for id in 0..TICKETS {
+        let history = e.history(id).await.unwrap();
+        let ticket = e.get(id).await.unwrap();
+        assert_eq!(ticket.version as usize, history.len(), "ticket {id}");
+        let mut state = Open;
+        for (i, row) in history.iter().enumerate() {
+            assert_eq!((row.seq, row.from), (i as i64 + 1, state), "ticket {id}");
+            state = row.to;
+            let key = (id, row.event, row.ref_id.clone());
+            let twice = recorded.insert(key, (row.from, row.to, row.seq));
+            assert!(twice.is_none(), "ticket {id}: {row:?} recorded twice");
+        }
+        assert_eq!(state, ticket.state, "ticket {id}");
+    }
+    for (id, event, r, outcome) in answers {
+        let (from, to, version) = match outcome {
+            Outcome::Applied { from, to, version } => {
+                applied += 1;
+                (from, to, version)
+            }
+            Outcome::Replayed { from, to, version } => (from, to, version),
+        };
+        assert_eq!(
+            recorded.get(&(id, event, r.clone())),
+            Some(&(from, to, version)),
+            "ticket {id}: {event} {r} answered {outcome:?}"
+        );
+    }
+    // Every recorded request but the set-up `Start`s was answered `Applied` exactly once.
+    assert_eq!(applied, recorded.len() - TICKETS as usize);
+    assert!(
+        applied > TICKETS as usize,
+        "too little applied to mean anything: {applied}"
+    );
 }
