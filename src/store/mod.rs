@@ -277,8 +277,9 @@ pub enum Optimistic {
     /// The store only read.
     #[default]
     NotTried,
-    /// The store tried the conditional update with the read and it did not apply: if the
-    /// judge would apply, the read is already stale, so the engine reads again.
+    /// The store tried the conditional update and it did not apply: if the judge would
+    /// apply on what the store read, the entity moved in between, so the engine tries
+    /// again.
     NotApplied,
     /// The store applied the transition in the same statement: `(from, to, version)`.
     Applied(String, String, i64),
@@ -460,8 +461,12 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// this request's history row (see [`ObservedRow`]). A store may, in that statement,
     /// also attempt the conditional update and history insert for the edges of
     /// `request` (an optimistic one-round-trip apply), reporting it in
-    /// [`Observed::optimistic`]; it must then keep the status and version predicates of
-    /// [`update`](Self::update) and skip the update when the request's history row exists.
+    /// [`Observed::optimistic`]. It must then skip the update when the request's history
+    /// row exists, and judge the status on the row version it changes: with the version
+    /// predicate of [`update`](Self::update), or, as PostgreSQL does, with a status
+    /// predicate the database re-evaluates on the latest row version in the same
+    /// statement. When such a statement applied or found the history row, the entity
+    /// may be left unread (`current` is then what the statement knows).
     fn observe(
         &self,
         conn: &mut Self::Conn,
