@@ -9,7 +9,10 @@
 //! concurrency [5], `--rounds R` slices each mode's time is cut into [5],
 //! `--history-rows N` history rows of other orders loaded first, so the history table
 //! and its statistics look like a live one [10000],
-//! `--explain` prints the plan of the judge's read (PostgreSQL).
+//! `--explain` prints the plan of the engine's statement (PostgreSQL),
+//! `--compare-history N` also sets up `orderly_bench_b` with N history rows and runs the
+//! engine mode on it too (row `engine-b`, interleaved with the others; a `scale …` line
+//! compares the two p50s).
 //! Servers: `ORDERLY_PG_URL`, `ORDERLY_MYSQL_URL` (as for the test suites); the bench
 //! creates and drops its own database `orderly_bench`.
 //!
@@ -22,6 +25,11 @@
 //! - replay: `Engine::transition` repeating requests the engine pass applied;
 //! - read: the cheapest conceivable replay, a bare `SELECT` of the history row by its
 //!   unique key, as a reference for what one read round trip costs here.
+//!
+//! Columns: operations, throughput, p50/p99 latency, throughput against the floor, and
+//! CPU per operation: `client us` is this process (driver, pool, engine; with SQLite
+//! also the database itself), `other us` the rest of the machine's busy time (the
+//! database server, and any background load).
 //!
 //! The last lines are one `ratio backend=… c=… engine_vs_floor=… engine_vs_naive=…
 //! replay_vs_engine=…` per concurrency, for scripts.
@@ -62,6 +70,7 @@ struct Args {
     history_rows: i64,
     rounds: u32,
     explain: bool,
+    compare_history: Option<i64>,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
@@ -73,6 +82,7 @@ fn parse_args() -> Result<Args, BoxError> {
         history_rows: 10_000,
         rounds: 5,
         explain: false,
+        compare_history: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -90,6 +100,7 @@ fn parse_args() -> Result<Args, BoxError> {
                     .collect::<Result<_, _>>()?
             }
             "--explain" => args.explain = true,
+            "--compare-history" => args.compare_history = Some(value()?.parse()?),
             other => return Err(format!("unknown option {other}").into()),
         }
     }
@@ -327,9 +338,13 @@ impl Lane {
     }
 }
 
-async fn run<B: BenchDb>(db: B, args: &Args) -> Result<(), BoxError> {
+/// Runs every mode on `db`; with `big` (a second database whose history table holds
+/// `--compare-history` rows), also the engine mode on it, interleaved, so that both
+/// history sizes see the same background load.
+async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxError> {
     let db = Arc::new(db);
     let engine = db.engine();
+    let big_engine = big.as_ref().map(|b| b.engine());
     println!(
         "# orderly bench: backend={} orders={} seconds={} rounds={} history_rows={}",
         args.backend, args.orders, args.seconds, args.rounds, args.history_rows
@@ -342,16 +357,21 @@ async fn run<B: BenchDb>(db: B, args: &Args) -> Result<(), BoxError> {
         );
     }
     println!(
-        "{:>3}  {:<7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "{:>3}  {:<8} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10}",
         "c", "mode", "ops", "ops/s", "p50 ms", "p99 ms", "vs floor", "client us", "other us"
     );
     let mut ratios = Vec::new();
+    let mut scales = Vec::new();
     // Each write mode owns a third of the orders; the modes alternate in short slices,
     // round after round, so that all of them see the same background load.
     let third = args.orders / 3;
     let slice = args.seconds / args.rounds as f64;
     for &c in &args.concurrency {
         db.reset().await?;
+        if let Some(big) = &big {
+            big.reset().await?;
+        }
+        let mut big_lane = Lane::new(1 + 2 * third);
         let (mut floor, mut naive, mut applied) =
             (Lane::new(1), Lane::new(1 + third), Lane::new(1 + 2 * third));
         let (mut replay, mut read) = (Lane::new(1 + 2 * third), Lane::new(1 + 2 * third));
@@ -380,6 +400,17 @@ async fn run<B: BenchDb>(db: B, args: &Args) -> Result<(), BoxError> {
                     }
                 })
                 .await?;
+            if let Some(e) = big_engine.clone() {
+                big_lane
+                    .slice(c, slice, third, false, move |id| {
+                        let e = e.clone();
+                        async move {
+                            let out = e.transition(id, OrderEvent::Pay, &bench_ref(id)).await?;
+                            ensure(matches!(out, Outcome::Applied { .. }), "engine-big", id)
+                        }
+                    })
+                    .await?;
+            }
             // Replays of requests the engine lane applied, cycling over them.
             let done = applied.used(third);
             let e = engine.clone();
@@ -399,19 +430,31 @@ async fn run<B: BenchDb>(db: B, args: &Args) -> Result<(), BoxError> {
             })
             .await?;
         }
-        let [floor, naive, applied, replay, read] =
-            [floor, naive, applied, replay, read].map(|lane| lane.stats.finish());
+        let [floor, naive, applied, replay, read, big_applied] =
+            [floor, naive, applied, replay, read, big_lane].map(|lane| lane.stats.finish());
         let f = floor.throughput();
-        for (mode, s) in [
+        let mut rows = vec![
             ("floor", &floor),
             ("naive", &naive),
             ("engine", &applied),
             ("replay", &replay),
             ("read", &read),
-        ] {
+        ];
+        if let Some(rows_b) = args.compare_history {
+            rows.push(("engine-b", &big_applied));
+            scales.push(format!(
+                "scale backend={} c={c} history_a={} history_b={rows_b} engine_p50_a={:.3} engine_p50_b={:.3} b_vs_a={:.2}",
+                args.backend,
+                args.history_rows,
+                applied.percentile(0.5),
+                big_applied.percentile(0.5),
+                big_applied.percentile(0.5) / applied.percentile(0.5)
+            ));
+        }
+        for (mode, s) in rows {
             let (client, other) = s.cpu_per_op();
             println!(
-                "{c:>3}  {mode:<7} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
+                "{c:>3}  {mode:<8} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
                 s.ops,
                 s.throughput(),
                 s.percentile(0.5),
@@ -427,7 +470,7 @@ async fn run<B: BenchDb>(db: B, args: &Args) -> Result<(), BoxError> {
             replay.throughput() / applied.throughput()
         ));
     }
-    for line in ratios {
+    for line in scales.into_iter().chain(ratios) {
         println!("{line}");
     }
     Ok(())
@@ -437,13 +480,26 @@ async fn run<B: BenchDb>(db: B, args: &Args) -> Result<(), BoxError> {
 async fn main() -> Result<(), BoxError> {
     let args = parse_args()?;
     let pool_size = *args.concurrency.iter().max().unwrap_or(&1) as u32;
+    // The bench database, and the one with the larger history for `--compare-history`.
+    #[allow(unused_macros)]
+    macro_rules! start {
+        ($backend:ident) => {{
+            let db =
+                $backend::Db::setup(&args, pool_size, "orderly_bench", args.history_rows).await?;
+            let big = match args.compare_history {
+                Some(n) => Some($backend::Db::setup(&args, pool_size, "orderly_bench_b", n).await?),
+                None => None,
+            };
+            run(db, big, &args).await
+        }};
+    }
     match args.backend.as_str() {
         #[cfg(feature = "sqlite")]
-        "sqlite" => run(sqlite::Db::setup(&args, pool_size).await?, &args).await,
+        "sqlite" => start!(sqlite),
         #[cfg(feature = "postgres")]
-        "postgres" => run(postgres::Db::setup(&args, pool_size).await?, &args).await,
+        "postgres" => start!(postgres),
         #[cfg(feature = "mysql")]
-        "mysql" => run(mysql::Db::setup(&args, pool_size).await?, &args).await,
+        "mysql" => start!(mysql),
         other => Err(format!(
             "backend {other:?} is unknown or its cargo feature is off (use --all-features)"
         )
@@ -465,9 +521,17 @@ mod sqlite {
     }
 
     impl Db {
-        pub async fn setup(args: &Args, pool_size: u32) -> Result<Self, BoxError> {
+        pub async fn setup(
+            args: &Args,
+            pool_size: u32,
+            name: &str,
+            history_rows: i64,
+        ) -> Result<Self, BoxError> {
             let dir = tempfile::tempdir()?;
-            let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+            let url = format!(
+                "sqlite://{}",
+                dir.path().join(format!("{name}.db")).display()
+            );
             let pool = SqlitePoolOptions::new()
                 .max_connections(pool_size)
                 .min_connections(pool_size)
@@ -479,7 +543,7 @@ mod sqlite {
             for sql in order_inserts(args.orders) {
                 sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
             }
-            for sql in history_inserts(args.history_rows) {
+            for sql in history_inserts(history_rows) {
                 sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
             }
             sqlx::raw_sql("ANALYZE").execute(&pool).await?;
@@ -567,15 +631,22 @@ mod postgres {
     }
 
     impl Db {
-        pub async fn setup(args: &Args, pool_size: u32) -> Result<Self, BoxError> {
+        pub async fn setup(
+            args: &Args,
+            pool_size: u32,
+            name: &str,
+            history_rows: i64,
+        ) -> Result<Self, BoxError> {
             let url = std::env::var("ORDERLY_PG_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
             let admin = PgConnectOptions::from_str(&url)?;
             let mut conn = PgConnection::connect_with(&admin).await?;
-            sqlx::raw_sql("DROP DATABASE IF EXISTS orderly_bench WITH (FORCE)")
-                .execute(&mut conn)
-                .await?;
-            sqlx::raw_sql("CREATE DATABASE orderly_bench")
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )))
+            .execute(&mut conn)
+            .await?;
+            sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
                 .execute(&mut conn)
                 .await?;
             let pool = PgPoolOptions::new()
@@ -583,7 +654,7 @@ mod postgres {
                 .min_connections(pool_size)
                 // No ping round trip on every acquire, for every mode alike (see docs/benchmarks.md).
                 .test_before_acquire(false)
-                .connect_with(admin.database("orderly_bench"))
+                .connect_with(admin.database(name))
                 .await?;
             migrate(&pool).await?;
             sqlx::raw_sql(AssertSqlSafe(format!(
@@ -592,12 +663,12 @@ mod postgres {
             )))
             .execute(&pool)
             .await?;
-            if args.history_rows > 0 {
+            if history_rows > 0 {
                 // Other orders' history (negative ids), four transitions per order.
                 sqlx::raw_sql(AssertSqlSafe(format!(
                     "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
                      SELECT -1 - g / 4, g % 4 + 1, 'Created', 'Paid', 'Pay', 'pre-' || g FROM generate_series(0, {} - 1) g",
-                    args.history_rows
+                    history_rows
                 )))
                 .execute(&pool)
                 .await?;
@@ -709,15 +780,20 @@ mod mysql {
     }
 
     impl Db {
-        pub async fn setup(args: &Args, pool_size: u32) -> Result<Self, BoxError> {
+        pub async fn setup(
+            args: &Args,
+            pool_size: u32,
+            name: &str,
+            history_rows: i64,
+        ) -> Result<Self, BoxError> {
             let url = std::env::var("ORDERLY_MYSQL_URL")
                 .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
             let admin = MySqlConnectOptions::from_str(&url)?;
             let mut conn = MySqlConnection::connect_with(&admin).await?;
-            sqlx::raw_sql("DROP DATABASE IF EXISTS orderly_bench")
+            sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
                 .execute(&mut conn)
                 .await?;
-            sqlx::raw_sql("CREATE DATABASE orderly_bench")
+            sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
                 .execute(&mut conn)
                 .await?;
             let pool = MySqlPoolOptions::new()
@@ -725,13 +801,13 @@ mod mysql {
                 .min_connections(pool_size)
                 // No ping round trip on every acquire, for every mode alike (see docs/benchmarks.md).
                 .test_before_acquire(false)
-                .connect_with(admin.database("orderly_bench"))
+                .connect_with(admin.database(name))
                 .await?;
             migrate(&pool).await?;
             for sql in order_inserts(args.orders) {
                 sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
             }
-            for sql in history_inserts(args.history_rows) {
+            for sql in history_inserts(history_rows) {
                 sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
             }
             sqlx::raw_sql("ANALYZE TABLE orders, order_transitions")
