@@ -285,6 +285,25 @@ impl Lane {
         self.cursor.load(Ordering::Relaxed).min(span)
     }
 
+    /// A slice of `Engine::transition` calls, every one of which must apply.
+    async fn engine_slice<S: Store>(
+        &mut self,
+        engine: &Engine<OrderMachine, S>,
+        c: usize,
+        seconds: f64,
+        span: i64,
+    ) -> Result<(), BoxError> {
+        let e = engine.clone();
+        self.slice(c, seconds, span, false, move |id| {
+            let e = e.clone();
+            async move {
+                let out = e.transition(id, OrderEvent::Pay, &bench_ref(id)).await?;
+                ensure(matches!(out, Outcome::Applied { .. }), "engine", id)
+            }
+        })
+        .await
+    }
+
     /// `c` workers call `op(id)` for `seconds`, or until `span` ids are used (unless
     /// `cycle`). A failed operation aborts the bench.
     async fn slice<F, Fut>(
@@ -390,26 +409,9 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
                     async move { d.naive(id).await }
                 })
                 .await?;
-            let e = engine.clone();
-            applied
-                .slice(c, slice, third, false, move |id| {
-                    let e = e.clone();
-                    async move {
-                        let out = e.transition(id, OrderEvent::Pay, &bench_ref(id)).await?;
-                        ensure(matches!(out, Outcome::Applied { .. }), "engine", id)
-                    }
-                })
-                .await?;
-            if let Some(e) = big_engine.clone() {
-                big_lane
-                    .slice(c, slice, third, false, move |id| {
-                        let e = e.clone();
-                        async move {
-                            let out = e.transition(id, OrderEvent::Pay, &bench_ref(id)).await?;
-                            ensure(matches!(out, Outcome::Applied { .. }), "engine-big", id)
-                        }
-                    })
-                    .await?;
+            applied.engine_slice(&engine, c, slice, third).await?;
+            if let Some(e) = &big_engine {
+                big_lane.engine_slice(e, c, slice, third).await?;
             }
             // Replays of requests the engine lane applied, cycling over them.
             let done = applied.used(third);
