@@ -48,7 +48,7 @@ pub use machine::{StateMachine, Transition};
 #[cfg(feature = "mysql")]
 pub use store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
-pub use store::postgres::PgStore;
+pub use store::postgres::{PgStore, ReadFirst};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::SqliteStore;
 pub use store::{Store, Tables};

@@ -6,24 +6,43 @@
 mod conformance;
 mod server;
 
+use std::marker::PhantomData;
 use std::str::FromStr;
 use std::time::Duration;
 
 use conformance::{Backend, OrderEvent, OrderMachine};
 use orderly::store::postgres::migrate;
 use orderly::store::{ErrorClass, Store};
-use orderly::{Engine, PgStore, Tables};
+use orderly::{Engine, EngineConfig, Error, PgStore, ReadFirst, Tables};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Transaction};
 
-struct Pg {
+/// How the harness's stores start a transition (`PgStore::with_read_first`).
+trait Policy: Send + Sync + 'static {
+    const READ_FIRST: ReadFirst;
+}
+
+/// The default.
+struct Adaptive;
+impl Policy for Adaptive {
+    const READ_FIRST: ReadFirst = ReadFirst::Adaptive;
+}
+
+/// Every transition reads the request's history row first.
+struct Always;
+impl Policy for Always {
+    const READ_FIRST: ReadFirst = ReadFirst::Always;
+}
+
+struct Pg<P: Policy = Adaptive> {
     admin: PgConnectOptions,
     options: PgConnectOptions,
     name: String,
     pool: PgPool,
+    policy: PhantomData<P>,
 }
 
-impl Pg {
+impl<P: Policy> Pg<P> {
     async fn pool(&self, lock_timeout: Duration) -> PgPool {
         let timeout = format!("{}ms", lock_timeout.as_millis());
         PgPoolOptions::new()
@@ -38,7 +57,7 @@ impl Pg {
     }
 }
 
-impl Backend for Pg {
+impl<P: Policy> Backend for Pg<P> {
     type S = PgStore;
     type Tx = Transaction<'static, Postgres>;
 
@@ -70,11 +89,12 @@ impl Backend for Pg {
             options,
             name,
             pool,
+            policy: PhantomData,
         }
     }
 
     async fn store(&self, lock_timeout: Duration) -> PgStore {
-        PgStore::new(self.pool(lock_timeout).await)
+        PgStore::new(self.pool(lock_timeout).await).with_read_first(P::READ_FIRST)
     }
 
     async fn custom_store(&self) -> PgStore {
@@ -91,6 +111,7 @@ impl Backend for Pg {
         .await;
         let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
         PgStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
+            .with_read_first(P::READ_FIRST)
     }
 
     async fn begin(&self) -> Self::Tx {
@@ -112,6 +133,13 @@ impl Backend for Pg {
 
 conformance!(Pg);
 
+/// The whole suite again with every transition reading first, the path the adaptive
+/// policy takes during a storm of replays.
+mod read_first {
+    use super::conformance::Backend;
+    crate::conformance!(super::Pg<super::Always>);
+}
+
 async fn deadlocks(b: &Pg) -> i64 {
     b.scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
         .await
@@ -121,7 +149,7 @@ async fn deadlocks(b: &Pg) -> i64 {
 /// engine: it waited first, so its deadlock check runs first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deadlock_is_retried_and_rejudged() {
-    let b = Pg::fresh().await;
+    let b = <Pg>::fresh().await;
     let before = deadlocks(&b).await;
     conformance::deadlock_scenario(&b, &[]).await;
     // The statistics collector reports the deadlock a moment later.
@@ -139,7 +167,7 @@ async fn deadlock_is_retried_and_rejudged() {
 /// retryable and the storm still ends with one application.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn serialization_failures_are_retried() {
-    let b = Pg::fresh().await;
+    let b = <Pg>::fresh().await;
     // First show that the server really reports 40001 here, and that it is retryable.
     b.exec("INSERT INTO orders (id, status, version) VALUES (99, 'Created', 0)")
         .await;
@@ -198,5 +226,81 @@ async fn serialization_failures_are_retried() {
     }
     assert_eq!(applied, 1);
     assert_eq!(e.history(1).await.unwrap().len(), 1);
+    b.cleanup().await;
+}
+
+/// A storm of replays switches the adaptive policy to reading first, and new requests
+/// switch it back. Observable from outside: a replay answered by the plain read takes no
+/// lock that conflicts with `SHARE` on the history table (what a non-concurrent
+/// `CREATE INDEX` holds), while the one statement needs `ROW EXCLUSIVE` for its insert,
+/// even when it writes nothing, and waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adaptive_policy_reads_first_during_a_replay_storm() {
+    let b = <Pg>::fresh().await;
+    let config = EngineConfig {
+        max_attempts: 2,
+        ..EngineConfig::default()
+    };
+    let engine =
+        |store: PgStore| Engine::<OrderMachine, PgStore>::with_config(store, config.clone());
+    let adaptive = engine(b.store(Duration::from_millis(200)).await);
+    let never = engine(
+        b.store(Duration::from_millis(200))
+            .await
+            .with_read_first(ReadFirst::Never),
+    )
+    .unwrap();
+    let adaptive = adaptive.unwrap();
+    for id in 1..=10 {
+        adaptive.create(id).await.unwrap();
+    }
+    let first = adaptive
+        .transition(1, OrderEvent::Pay, "p-1")
+        .await
+        .unwrap();
+    assert!(first.is_applied());
+    assert!(adaptive.store().recent_replay_share() < 0.75);
+    for _ in 0..30 {
+        let again = adaptive
+            .transition(1, OrderEvent::Pay, "p-1")
+            .await
+            .unwrap();
+        assert!(!again.is_applied());
+        assert_eq!(
+            (again.state(), again.version()),
+            (first.state(), first.version())
+        );
+    }
+    assert!(adaptive.store().recent_replay_share() >= 0.75);
+
+    let mut blocker = b.begin().await;
+    <Pg as Backend>::exec_in(&mut blocker, "LOCK TABLE order_transitions IN SHARE MODE").await;
+    let read_first = adaptive
+        .transition(1, OrderEvent::Pay, "p-1")
+        .await
+        .unwrap();
+    assert_eq!(
+        (read_first.state(), read_first.version()),
+        (first.state(), first.version())
+    );
+    assert!(!read_first.is_applied());
+    let statement = never.transition(1, OrderEvent::Pay, "p-1").await;
+    assert!(
+        matches!(statement, Err(Error::Contention { .. })),
+        "the statement did not wait for the lock, so the test shows nothing: {statement:?}"
+    );
+    <Pg as Backend>::rollback(blocker).await;
+
+    // New requests: each is applied once, and the policy goes back to the statement.
+    for id in 2..=10 {
+        let outcome = adaptive
+            .transition(id, OrderEvent::Pay, &format!("p-{id}"))
+            .await
+            .unwrap();
+        assert!(outcome.is_applied());
+        assert_eq!(outcome.version(), 1);
+    }
+    assert!(adaptive.store().recent_replay_share() < 0.75);
+    assert_eq!(b.scalar("SELECT count(*) FROM order_transitions").await, 10);
     b.cleanup().await;
 }
