@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 DB=${DB:-orderly_bench}
+# The bench's connections are plaintext (orderly enables no TLS backend of sqlx); libpq
+# would otherwise negotiate TLS (sslmode=prefer). Compare like with like.
+export PGSSLMODE=${PGSSLMODE:-disable}
 PSQL=(psql -h 127.0.0.1 -U postgres -d "$DB" -qAt)
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 for c in 1 8 32; do

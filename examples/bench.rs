@@ -331,10 +331,13 @@ impl Lane {
                 tokio::spawn(async move {
                     let mut micros = Vec::new();
                     while start.elapsed() < deadline {
-                        let n = next.fetch_add(1, Ordering::Relaxed);
-                        if n >= span && !cycle {
+                        // Never past `span` (unless cycling): the next slice goes on from
+                        // where this one stopped, with no id skipped.
+                        let Ok(n) = next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                            (cycle || n < span).then_some(n + 1)
+                        }) else {
                             break;
-                        }
+                        };
                         let id = first + n % span;
                         let t = Instant::now();
                         op(id).await?;
@@ -394,27 +397,30 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         let (mut floor, mut naive, mut applied) =
             (Lane::new(1), Lane::new(1 + third), Lane::new(1 + 2 * third));
         let (mut replay, mut read) = (Lane::new(1 + 2 * third), Lane::new(1 + 2 * third));
-        for _ in 0..args.rounds {
+        for round in 1..=i64::from(args.rounds) {
+            // Each round may use its share of a write mode's orders, so that a fast mode
+            // does not run out early and miss the later rounds' background load.
+            let quota = third * round / i64::from(args.rounds);
             let d = db.clone();
             floor
-                .slice(c, slice, third, false, move |id| {
+                .slice(c, slice, quota, false, move |id| {
                     let d = d.clone();
                     async move { d.floor(id).await }
                 })
                 .await?;
             let d = db.clone();
             naive
-                .slice(c, slice, third, false, move |id| {
+                .slice(c, slice, quota, false, move |id| {
                     let d = d.clone();
                     async move { d.naive(id).await }
                 })
                 .await?;
-            applied.engine_slice(&engine, c, slice, third).await?;
+            applied.engine_slice(&engine, c, slice, quota).await?;
             if let Some(e) = &big_engine {
-                big_lane.engine_slice(e, c, slice, third).await?;
+                big_lane.engine_slice(e, c, slice, quota).await?;
             }
             // Replays of requests the engine lane applied, cycling over them.
-            let done = applied.used(third);
+            let done = applied.used(quota);
             let e = engine.clone();
             replay
                 .slice(c, slice, done, true, move |id| {
