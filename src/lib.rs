@@ -48,10 +48,10 @@ pub use machine::{StateMachine, Transition};
 #[cfg(feature = "mysql")]
 pub use store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
-pub use store::postgres::{PgStore, ReadFirst};
+pub use store::postgres::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::SqliteStore;
-pub use store::{Store, Tables};
+pub use store::{ReadFirst, Store, Tables};
 
 #[doc(hidden)]
 pub mod __private {

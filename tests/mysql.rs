@@ -6,23 +6,25 @@
 mod conformance;
 mod server;
 
+use std::marker::PhantomData;
 use std::str::FromStr;
 use std::time::Duration;
 
-use conformance::Backend;
+use conformance::{Adaptive, Always, Backend, Policy};
 use orderly::store::mysql::migrate;
 use orderly::{MySqlStore, Tables};
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, Transaction};
 
-struct My {
+struct My<P: Policy = Adaptive> {
     admin: MySqlConnectOptions,
     options: MySqlConnectOptions,
     name: String,
     pool: MySqlPool,
+    policy: PhantomData<P>,
 }
 
-impl My {
+impl<P: Policy> My<P> {
     /// `lock_timeout` rounds up to whole seconds: InnoDB's granularity.
     async fn pool(&self, lock_timeout: Duration) -> MySqlPool {
         let secs = lock_timeout.as_millis().div_ceil(1000).max(1);
@@ -43,7 +45,7 @@ impl My {
     }
 }
 
-impl Backend for My {
+impl<P: Policy> Backend for My<P> {
     type S = MySqlStore;
     type Tx = Transaction<'static, MySql>;
 
@@ -72,11 +74,12 @@ impl Backend for My {
             options,
             name,
             pool,
+            policy: PhantomData,
         }
     }
 
     async fn store(&self, lock_timeout: Duration) -> MySqlStore {
-        MySqlStore::new(self.pool(lock_timeout).await)
+        MySqlStore::new(self.pool(lock_timeout).await).with_read_first(P::READ_FIRST)
     }
 
     async fn custom_store(&self) -> MySqlStore {
@@ -94,6 +97,7 @@ impl Backend for My {
         .await;
         let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
         MySqlStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
+            .with_read_first(P::READ_FIRST)
     }
 
     async fn begin(&self) -> Self::Tx {
@@ -115,6 +119,13 @@ impl Backend for My {
 
 conformance!(My);
 
+/// The whole suite again with every transition reading first, the path the adaptive
+/// policy takes while replays are common.
+mod read_first {
+    use super::conformance::Backend;
+    crate::conformance!(super::My<super::Always>);
+}
+
 async fn deadlocks(b: &My) -> i64 {
     let row: (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
         .fetch_one(&b.pool)
@@ -127,7 +138,7 @@ async fn deadlocks(b: &My) -> i64 {
 /// transaction; the ballast makes the rival heavier, so the engine is the victim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deadlock_is_retried_and_rejudged() {
-    let b = My::fresh().await;
+    let b = <My>::fresh().await;
     b.exec("CREATE TABLE ballast (n INT)").await;
     let before = deadlocks(&b).await;
     conformance::deadlock_scenario(

@@ -10,29 +10,12 @@ use std::marker::PhantomData;
 use std::str::FromStr;
 use std::time::Duration;
 
-use conformance::{Backend, OrderEvent, OrderMachine};
+use conformance::{Adaptive, Always, Backend, OrderEvent, OrderMachine, Policy};
 use orderly::store::postgres::migrate;
 use orderly::store::{ErrorClass, Store};
 use orderly::{Engine, EngineConfig, Error, PgStore, ReadFirst, Tables};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Transaction};
-
-/// How the harness's stores start a transition (`PgStore::with_read_first`).
-trait Policy: Send + Sync + 'static {
-    const READ_FIRST: ReadFirst;
-}
-
-/// The default.
-struct Adaptive;
-impl Policy for Adaptive {
-    const READ_FIRST: ReadFirst = ReadFirst::Adaptive;
-}
-
-/// Every transition reads the request's history row first.
-struct Always;
-impl Policy for Always {
-    const READ_FIRST: ReadFirst = ReadFirst::Always;
-}
 
 struct Pg<P: Policy = Adaptive> {
     admin: PgConnectOptions,

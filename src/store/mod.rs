@@ -540,6 +540,100 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn classify(err: &sqlx::Error) -> ErrorClass;
 }
 
+/// Which round trip a transition starts with, outside a caller's transaction (where the
+/// engine always reads first). The outcome is the same either way; only the cost differs.
+///
+/// Starting by trying to apply answers a new request in the fewest round trips: on
+/// PostgreSQL one statement that judges and applies, on MySQL/MariaDB the floor's
+/// `BEGIN; UPDATE; INSERT; COMMIT` (for an event with one source state). But a replay then
+/// costs more than one plain read: on PostgreSQL the statement still sets up its writing
+/// parts (about 1.5 reads of server CPU), on MySQL/MariaDB the update finds nothing to
+/// change and the store reads after it (four round trips). Reading the request's history
+/// row first answers a replay with that one read, and costs a new request one round trip
+/// more. SQLite, in-process, always reads first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReadFirst {
+    /// Always try to apply first.
+    Never,
+    /// Always read first.
+    Always,
+    /// Try to apply first, but read first while replays make up enough of the recent
+    /// requests through this store (an exponentially weighted share, over roughly the
+    /// last 16) for reading first to be cheaper: a storm of redelivered callbacks.
+    /// PostgreSQL reads first from a share of 3/4, MySQL/MariaDB from 1/4.
+    #[default]
+    Adaptive,
+}
+
+/// A store's [`ReadFirst`] policy, with the recent share of replays that `Adaptive`
+/// goes by. Clones share the share, so every clone of an engine feeds the same one.
+#[derive(Debug, Clone)]
+#[allow(dead_code)] // SQLite has none
+pub(crate) struct FirstRound {
+    policy: ReadFirst,
+    /// In 1/1024ths, the share from which `Adaptive` reads first.
+    read_first_from: u32,
+    replays: std::sync::Arc<ReplayRate>,
+}
+
+#[allow(dead_code)] // SQLite has none
+impl FirstRound {
+    pub(crate) fn new(read_first_from: u32) -> Self {
+        FirstRound {
+            policy: ReadFirst::default(),
+            read_first_from,
+            replays: Default::default(),
+        }
+    }
+
+    pub(crate) fn with_policy(self, policy: ReadFirst) -> Self {
+        FirstRound { policy, ..self }
+    }
+
+    pub(crate) fn reads_first(&self) -> bool {
+        match self.policy {
+            ReadFirst::Never => false,
+            ReadFirst::Always => true,
+            ReadFirst::Adaptive => self.replays.get() >= self.read_first_from,
+        }
+    }
+
+    /// Whether a request turned out to be a replay: once per request, from its first
+    /// round of the store's work.
+    pub(crate) fn note(&self, replay: bool) {
+        if self.policy == ReadFirst::Adaptive {
+            self.replays.note(replay);
+        }
+    }
+
+    pub(crate) fn share(&self) -> f64 {
+        f64::from(self.replays.get()) / f64::from(ReplayRate::ONE)
+    }
+}
+
+/// The share of recent requests that were replays, exponentially weighted (each new
+/// request weighs 1/16), in 1/1024ths.
+#[derive(Debug, Default)]
+pub(crate) struct ReplayRate(std::sync::atomic::AtomicU32);
+
+impl ReplayRate {
+    const ONE: u32 = 1024;
+
+    /// Concurrent callers may overwrite each other's update: the share is a hint, and a
+    /// lost sample only delays it.
+    fn note(&self, replay: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let old = self.0.load(Relaxed);
+        let sample = if replay { Self::ONE } else { 0 };
+        self.0.store(old - old / 16 + sample / 16, Relaxed);
+    }
+
+    fn get(&self) -> u32 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// Wraps a driver error with the store's classification.
 pub(crate) fn db_error<S: Store>(source: sqlx::Error) -> Error {
     let retryable = S::classify(&source) == ErrorClass::Retryable;
@@ -559,4 +653,58 @@ pub(crate) fn classify_common(err: &sqlx::Error) -> Option<ErrorClass> {
 /// Whether `err` is a unique-key violation (a twin request's history row).
 pub fn is_unique_violation(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(e) if e.is_unique_violation())
+}
+
+#[cfg(test)]
+mod first_round_tests {
+    use super::{FirstRound, ReadFirst};
+
+    /// How many replays in a row switch an adaptive store to reading first, and how many
+    /// new requests after that switch it back.
+    fn switch_points(read_first_from: u32) -> (u32, u32) {
+        let first = FirstRound::new(read_first_from);
+        let mut replays = 0;
+        while !first.reads_first() {
+            first.note(true);
+            replays += 1;
+            assert!(replays < 200, "never reads first");
+        }
+        for _ in 0..100 {
+            first.note(true);
+        }
+        let mut fresh = 0;
+        while first.reads_first() {
+            first.note(false);
+            fresh += 1;
+        }
+        (replays, fresh)
+    }
+
+    #[test]
+    fn adaptive_reads_first_in_a_storm_and_stops_after_it() {
+        // 1 - (15/16)^n reaches 3/4 at n = 22 and 1/4 at n = 5; the share falls below 3/4
+        // after 5 new requests and below 1/4 after 22 (integer rounding may add one).
+        let (on, off) = switch_points(768);
+        assert!(
+            (22..=23).contains(&on) && (5..=6).contains(&off),
+            "{on} {off}"
+        );
+        let (on, off) = switch_points(256);
+        assert!(
+            (5..=6).contains(&on) && (21..=23).contains(&off),
+            "{on} {off}"
+        );
+    }
+
+    #[test]
+    fn fixed_policies_ignore_the_share() {
+        let never = FirstRound::new(0).with_policy(ReadFirst::Never);
+        let always = FirstRound::new(1024).with_policy(ReadFirst::Always);
+        for _ in 0..50 {
+            never.note(true);
+            always.note(false);
+        }
+        assert!(!never.reads_first() && always.reads_first());
+        assert_eq!((never.share(), always.share()), (0.0, 0.0));
+    }
 }

@@ -2,13 +2,13 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    ErrorClass, Observed, Optimistic, Request, Statements, Store, Tables, classify_common,
+    ErrorClass, FirstRound, Observed, Optimistic, ReadFirst, Request, Statements, Store, Tables,
+    classify_common,
 };
 use crate::Error;
 
@@ -28,60 +28,7 @@ pub struct PgStore {
     pool: PgPool,
     sql: Arc<Statements>,
     fused: Fused,
-    read_first: ReadFirst,
-    /// Shared by the store's clones, so by every clone of an engine.
-    replays: Arc<ReplayRate>,
-}
-
-/// Which round trip a transition starts with (outside a caller's transaction, which always
-/// reads first). Either way the outcome is the same; only the cost differs.
-///
-/// The one statement that judges and applies answers an applied request and a replay in
-/// one round trip each. A replay through it still costs the server the set-up of the
-/// statement's writing parts, about half again the CPU of a plain indexed read. Reading
-/// the request's history row first answers a replay with exactly that read, but costs a
-/// request not seen before a second round trip.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ReadFirst {
-    /// Always the one statement.
-    Never,
-    /// Always the read of the history row, then the statement if there is none.
-    Always,
-    /// The statement, but the read while at least 3 in 4 recent requests through this
-    /// store (an exponentially weighted average, over roughly the last 16) were replays:
-    /// a storm of redelivered callbacks. Reading first pays off once more than about
-    /// two in three requests are replays.
-    #[default]
-    Adaptive,
-}
-
-/// The share of recent requests that were replays, exponentially weighted (each new
-/// request weighs 1/16), in 1/1024ths.
-#[derive(Debug, Default)]
-struct ReplayRate(AtomicU32);
-
-impl ReplayRate {
-    const ONE: u32 = 1024;
-    /// 3/4.
-    const READ_FIRST_ABOVE: u32 = 768;
-
-    /// Records whether a request was a replay. Concurrent callers may overwrite each
-    /// other's update; the average is a hint, and a lost sample only delays it.
-    fn note(&self, replay: bool) {
-        let old = self.0.load(Ordering::Relaxed);
-        let sample = if replay { Self::ONE } else { 0 };
-        self.0
-            .store(old - old / 16 + sample / 16, Ordering::Relaxed);
-    }
-
-    fn mostly_replays(&self) -> bool {
-        self.0.load(Ordering::Relaxed) >= Self::READ_FIRST_ABOVE
-    }
-
-    fn share(&self) -> f64 {
-        f64::from(self.0.load(Ordering::Relaxed)) / f64::from(Self::ONE)
-    }
+    first_round: FirstRound,
 }
 
 /// The one-round-trip statement in its two shapes: for an event with one source state
@@ -199,38 +146,27 @@ impl PgStore {
             sql: Arc::new(sql),
             fused,
             pool,
-            read_first: ReadFirst::default(),
-            replays: Arc::default(),
+            first_round: FirstRound::new(Self::READ_FIRST_FROM),
         }
     }
 
+    /// The share of replays from which [`ReadFirst::Adaptive`] reads first, in 1/1024ths:
+    /// 3/4. A replay through the statement costs about 1.5 plain reads of server CPU, a
+    /// new request read first costs one read more, so reading first pays from about 2/3.
+    const READ_FIRST_FROM: u32 = 768;
+
     /// This store, starting each transition as `policy` says (default
-    /// [`ReadFirst::Adaptive`]).
+    /// [`ReadFirst::Adaptive`], reading first from a replay share of 3/4).
     pub fn with_read_first(mut self, policy: ReadFirst) -> Self {
-        self.read_first = policy;
+        self.first_round = self.first_round.with_policy(policy);
         self
     }
 
     /// The share of recent transitions through this store (and its clones) that were
-    /// replays, between 0 and 1: what [`ReadFirst::Adaptive`] goes by (it reads first at
-    /// 0.75 and above). Stays 0 under the other policies. A cheap gauge for metrics.
+    /// replays, between 0 and 1, as [`ReadFirst::Adaptive`] counts it; 0 under the other
+    /// policies. A cheap gauge for metrics.
     pub fn recent_replay_share(&self) -> f64 {
-        self.replays.share()
-    }
-
-    fn reads_first(&self) -> bool {
-        match self.read_first {
-            ReadFirst::Never => false,
-            ReadFirst::Always => true,
-            ReadFirst::Adaptive => self.replays.mostly_replays(),
-        }
-    }
-
-    /// Feeds the adaptive policy: whether a request's first round trip found it a replay.
-    fn note_first_round(&self, replay: bool) {
-        if self.read_first == ReadFirst::Adaptive {
-            self.replays.note(replay);
-        }
+        self.first_round.share()
     }
 
     /// The pool.
@@ -282,10 +218,10 @@ impl Store for PgStore {
                 Optimistic::NotTried,
             ));
         }
-        let reads_first = self.reads_first();
+        let reads_first = self.first_round.reads_first();
         if reads_first {
             let prior = self.prior(conn, key, false).await?;
-            self.note_first_round(prior.is_some());
+            self.first_round.note(prior.is_some());
             if prior.is_some() {
                 // Replays are final: the entity's row is not needed to answer one.
                 return Ok(Observed {
@@ -315,7 +251,7 @@ impl Store for PgStore {
         };
         let row: Option<FusedRow> = query.fetch_optional(&mut *conn).await?;
         if !reads_first {
-            self.note_first_round(matches!(row, Some((false, ..))));
+            self.first_round.note(matches!(row, Some((false, ..))));
         }
         Ok(match row {
             Some((false, seq, from, to, payload_hash)) => Observed {
@@ -368,33 +304,5 @@ impl Store for PgStore {
             Some("40001" | "40P01" | "55P03" | "40003") => ErrorClass::Retryable,
             _ => ErrorClass::Fatal,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ReplayRate;
-
-    #[test]
-    fn replay_rate_crosses_into_read_first_in_a_storm_and_back() {
-        let rate = ReplayRate::default();
-        let mut replays = 0;
-        while !rate.mostly_replays() {
-            rate.note(true);
-            replays += 1;
-            assert!(replays < 100, "never reads first");
-        }
-        // 1 - (15/16)^n ≥ 3/4 from n = 22 on; integer rounding may add one or two.
-        assert!((22..=24).contains(&replays), "{replays} replays to switch");
-        let mut fresh = 0;
-        while rate.mostly_replays() {
-            rate.note(false);
-            fresh += 1;
-        }
-        assert!(
-            (1..=5).contains(&fresh),
-            "{fresh} new requests to switch back"
-        );
-        assert!(rate.share() < 0.75);
     }
 }

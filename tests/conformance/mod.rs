@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use orderly::store::Store;
 use orderly::testing::{check_engine, steps};
-use orderly::{Engine, EngineConfig, Error, Outcome, Tables};
+use orderly::{Engine, EngineConfig, Error, Outcome, ReadFirst, Tables};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
@@ -60,6 +60,23 @@ pub trait Backend: Sized + Send + Sync + 'static {
     async fn rollback(tx: Self::Tx);
     /// Drops the database.
     async fn cleanup(self);
+}
+
+/// How the harness's stores start a transition (`PgStore::with_read_first`).
+pub trait Policy: Send + Sync + 'static {
+    const READ_FIRST: ReadFirst;
+}
+
+/// The default.
+pub struct Adaptive;
+impl Policy for Adaptive {
+    const READ_FIRST: ReadFirst = ReadFirst::Adaptive;
+}
+
+/// Every transition reads the request's history row first.
+pub struct Always;
+impl Policy for Always {
+    const READ_FIRST: ReadFirst = ReadFirst::Always;
 }
 
 /// The `Backend` methods that only run literal SQL, for a harness with a `pool` field;
