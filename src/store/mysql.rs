@@ -209,11 +209,25 @@ impl Store for MySqlStore {
         in_tx: bool,
     ) -> Result<Observed, sqlx::Error> {
         let key = request.key;
-        let reads_first = in_tx || self.first_round.reads_first();
+        let reads_first = !in_tx && self.first_round.reads_first();
+        if reads_first {
+            let prior = self.prior(conn, key, false).await?;
+            self.first_round.note(prior.is_some());
+            if prior.is_some() {
+                // Replays are final: the entity's row is not needed to answer one.
+                return Ok(Observed {
+                    current: None,
+                    prior,
+                    optimistic: Optimistic::NotTried,
+                });
+            }
+        }
         let mut optimistic = Optimistic::NotTried;
-        if let ([from], [to], false) = (request.from_states, request.to_states, reads_first) {
+        if let ([from], [to], false) = (request.from_states, request.to_states, in_tx) {
             if let Some(version) = self.try_apply(conn, &request, from, to).await? {
-                self.first_round.note(false);
+                if !reads_first {
+                    self.first_round.note(false);
+                }
                 return Ok(Observed {
                     current: Some(((*to).to_string(), version)),
                     prior: None,
@@ -234,7 +248,7 @@ impl Store for MySqlStore {
             .fetch_optional(conn)
             .await?;
         let observed = Observed::from_row(row.unwrap_or_default(), optimistic);
-        if !in_tx {
+        if !in_tx && !reads_first {
             self.first_round.note(observed.prior.is_some());
         }
         Ok(observed)
