@@ -160,6 +160,29 @@ macro_rules! shared_store_methods {
     };
 }
 
+/// `with_read_first` and `recent_replay_share`, for a store with a `first_round:
+/// FirstRound` field; `$from` is the share its `Adaptive` policy reads first from.
+#[allow(unused_macros)] // a build with no server backend has no use for it
+macro_rules! first_round_methods {
+    ($from:literal) => {
+        #[doc = concat!(
+                    "This store, starting each transition as `policy` says (default ",
+                    "[`ReadFirst::Adaptive`], reading first from a replay share of ", $from, ")."
+                )]
+        pub fn with_read_first(mut self, policy: ReadFirst) -> Self {
+            self.first_round = self.first_round.with_policy(policy);
+            self
+        }
+
+        /// The share of recent transitions through this store (and its clones) that were
+        /// replays, between 0 and 1, as [`ReadFirst::Adaptive`] counts it; 0 under the
+        /// other policies. A cheap gauge for metrics.
+        pub fn recent_replay_share(&self) -> f64 {
+            self.first_round.share()
+        }
+    };
+}
+
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]
@@ -605,6 +628,23 @@ impl FirstRound {
         if self.policy == ReadFirst::Adaptive {
             self.replays.note(replay);
         }
+    }
+
+    /// The read-first round: the request's history row alone. `Some` is the answer to a
+    /// replay (final, so the entity's row is not needed); `None`, a request to apply.
+    pub(crate) async fn read<S: Store>(
+        &self,
+        store: &S,
+        conn: &mut S::Conn,
+        key: Key<'_>,
+    ) -> Result<Option<Observed>, sqlx::Error> {
+        let prior = store.prior(conn, key, false).await?;
+        self.note(prior.is_some());
+        Ok(prior.map(|prior| Observed {
+            current: None,
+            prior: Some(prior),
+            optimistic: Optimistic::NotTried,
+        }))
     }
 
     pub(crate) fn share(&self) -> f64 {

@@ -128,19 +128,7 @@ impl MySqlStore {
     /// nothing, `ROLLBACK`, the read); read first, a new request costs one more.
     const READ_FIRST_FROM: u32 = 256;
 
-    /// This store, starting each transition as `policy` says (default
-    /// [`ReadFirst::Adaptive`], reading first from a replay share of 1/4).
-    pub fn with_read_first(mut self, policy: ReadFirst) -> Self {
-        self.first_round = self.first_round.with_policy(policy);
-        self
-    }
-
-    /// The share of recent transitions through this store (and its clones) that were
-    /// replays, between 0 and 1, as [`ReadFirst::Adaptive`] counts it; 0 under the other
-    /// policies. A cheap gauge for metrics.
-    pub fn recent_replay_share(&self) -> f64 {
-        self.first_round.share()
-    }
+    first_round_methods!("1/4");
 
     /// `BEGIN; UPDATE … WHERE id AND status = from; INSERT history; COMMIT`, the floor's
     /// round trips, with no read before. Safe without a version predicate: InnoDB's
@@ -210,17 +198,8 @@ impl Store for MySqlStore {
     ) -> Result<Observed, sqlx::Error> {
         let key = request.key;
         let reads_first = !in_tx && self.first_round.reads_first();
-        if reads_first {
-            let prior = self.prior(conn, key, false).await?;
-            self.first_round.note(prior.is_some());
-            if prior.is_some() {
-                // Replays are final: the entity's row is not needed to answer one.
-                return Ok(Observed {
-                    current: None,
-                    prior,
-                    optimistic: Optimistic::NotTried,
-                });
-            }
+        if reads_first && let Some(replay) = self.first_round.read(self, conn, key).await? {
+            return Ok(replay);
         }
         let mut optimistic = Optimistic::NotTried;
         if let ([from], [to], false) = (request.from_states, request.to_states, in_tx) {

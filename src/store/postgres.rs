@@ -155,19 +155,7 @@ impl PgStore {
     /// new request read first costs one read more, so reading first pays from about 2/3.
     const READ_FIRST_FROM: u32 = 768;
 
-    /// This store, starting each transition as `policy` says (default
-    /// [`ReadFirst::Adaptive`], reading first from a replay share of 3/4).
-    pub fn with_read_first(mut self, policy: ReadFirst) -> Self {
-        self.first_round = self.first_round.with_policy(policy);
-        self
-    }
-
-    /// The share of recent transitions through this store (and its clones) that were
-    /// replays, between 0 and 1, as [`ReadFirst::Adaptive`] counts it; 0 under the other
-    /// policies. A cheap gauge for metrics.
-    pub fn recent_replay_share(&self) -> f64 {
-        self.first_round.share()
-    }
+    first_round_methods!("3/4");
 
     /// The pool.
     pub fn pool(&self) -> &PgPool {
@@ -219,17 +207,8 @@ impl Store for PgStore {
             ));
         }
         let reads_first = self.first_round.reads_first();
-        if reads_first {
-            let prior = self.prior(conn, key, false).await?;
-            self.first_round.note(prior.is_some());
-            if prior.is_some() {
-                // Replays are final: the entity's row is not needed to answer one.
-                return Ok(Observed {
-                    current: None,
-                    prior,
-                    optimistic: Optimistic::NotTried,
-                });
-            }
+        if reads_first && let Some(replay) = self.first_round.read(self, conn, key).await? {
+            return Ok(replay);
         }
         let query = match (request.from_states, request.to_states) {
             ([from], [to]) => sqlx::query_as(self.fused.one_source.clone())
