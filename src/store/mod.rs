@@ -160,6 +160,83 @@ macro_rules! shared_store_methods {
     };
 }
 
+/// `Store::observe` for a store without data-modifying CTEs (MySQL/MariaDB, SQLite) that
+/// tries to apply first, in a short transaction with the floor's statements: `BEGIN`;
+/// the store's `bump` (`UPDATE … SET status = to, version = version + 1 WHERE id = ? AND
+/// status = from`, returning the new version); the history insert; `COMMIT`. No read
+/// before, and no version predicate: the update judges the status on the latest
+/// committed row, which it locks (InnoDB: a locking read; SQLite: `BEGIN IMMEDIATE`
+/// holds the only write lock), so a concurrent move makes it change nothing. A request
+/// recorded before (a replay at a state the entity came back to, or a twin that
+/// committed first) is stopped by the history's unique key and the transaction rolls
+/// back. If nothing was written, the store's `plain_read` gives the judge its facts.
+/// Events with several source states (whose recorded `from` would need the matched row)
+/// and calls inside a caller's transaction read first, as does [`ReadFirst`] when it
+/// says so. Needs `first_round: FirstRound` and the inherent `bump` and `plain_read`.
+#[allow(unused_macros)] // PostgreSQL has its own
+macro_rules! apply_first_observe {
+    () => {
+        async fn observe(
+            &self,
+            conn: &mut Self::Conn,
+            request: $crate::store::Request<'_>,
+            in_tx: bool,
+        ) -> Result<$crate::store::Observed, sqlx::Error> {
+            use $crate::store::{Apply, Observed, Optimistic};
+            let key = request.key;
+            let reads_first = !in_tx && self.first_round.reads_first();
+            if reads_first && let Some(replay) = self.first_round.read(self, conn, key).await? {
+                return Ok(replay);
+            }
+            let mut optimistic = Optimistic::NotTried;
+            if let ([from], [to], false) = (request.from_states, request.to_states, in_tx) {
+                let mut tx = Self::begin(conn, false).await?;
+                let written = match self.bump(&mut *tx, key.order_id, from, to).await? {
+                    None => None,
+                    Some(version) => {
+                        let apply = Apply {
+                            key,
+                            from,
+                            to,
+                            version: version - 1,
+                            payload_hash: request.payload_hash,
+                            payload: request.payload,
+                        };
+                        match self.record(&mut *tx, apply).await {
+                            Ok(()) => Some(version),
+                            Err(e) if $crate::store::is_unique_violation(&e) => None,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                };
+                if let Some(version) = written {
+                    Self::commit(tx).await?;
+                    if !reads_first {
+                        self.first_round.note(false);
+                    }
+                    return Ok(Observed {
+                        current: Some(((*to).to_string(), version)),
+                        prior: None,
+                        optimistic: Optimistic::Applied(
+                            (*from).to_string(),
+                            (*to).to_string(),
+                            version,
+                        ),
+                    });
+                }
+                Self::rollback(tx).await?;
+                optimistic = Optimistic::NotApplied;
+            }
+            let row = self.plain_read(conn, key, in_tx).await?;
+            let observed = Observed::from_row(row.unwrap_or_default(), optimistic);
+            if !in_tx && !reads_first {
+                self.first_round.note(observed.prior.is_some());
+            }
+            Ok(observed)
+        }
+    };
+}
+
 /// `with_read_first` and `recent_replay_share`, for a store with a `first_round:
 /// FirstRound` field; `$from` is the share its `Adaptive` policy reads first from.
 #[allow(unused_macros)] // a build with no server backend has no use for it

@@ -7,8 +7,7 @@ use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlP
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    ErrorClass, FirstRound, Observed, ObservedRow, Optimistic, ReadFirst, Request, Statements,
-    Store, Tables, classify_common, is_unique_violation,
+    ErrorClass, FirstRound, Key, ObservedRow, ReadFirst, Statements, Store, Tables, classify_common,
 };
 use crate::Error;
 
@@ -130,51 +129,45 @@ impl MySqlStore {
 
     first_round_methods!("1/4");
 
-    /// `BEGIN; UPDATE … WHERE id AND status = from; INSERT history; COMMIT`, the floor's
-    /// round trips, with no read before. Safe without a version predicate: InnoDB's
-    /// update judges the status on the latest committed row, which it locks (a locking
-    /// read, not the transaction's snapshot), so a concurrent move makes it change
-    /// nothing. A request recorded before (a replay at a state the entity came back to,
-    /// or a twin that committed first) is stopped by the history's unique key, and the
-    /// transaction rolls back. `None`: nothing was written, and the store reads for the
-    /// judge.
-    async fn try_apply(
+    /// The attempt's update (see [`apply_first_observe!`]): InnoDB's `UPDATE` is a
+    /// locking read of the latest committed row, not the transaction's snapshot.
+    /// `LAST_INSERT_ID(expr)` returns the new version in the reply, so nothing is read;
+    /// it also stays the connection's `LAST_INSERT_ID()` until the next insert with an
+    /// auto-increment key.
+    async fn bump(
         &self,
         conn: &mut MySqlConnection,
-        request: &Request<'_>,
+        order_id: i64,
         from: &str,
         to: &str,
     ) -> Result<Option<i64>, sqlx::Error> {
-        let key = request.key;
-        let mut tx = conn.begin().await?;
         let update = sqlx::query(self.optimistic_update.clone())
             .bind(to)
-            .bind(key.order_id)
+            .bind(order_id)
             .bind(from)
-            .execute(&mut *tx)
+            .execute(conn)
             .await?;
         if update.rows_affected() != 1 {
-            tx.rollback().await?;
             return Ok(None);
         }
-        let version =
-            i64::try_from(update.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-        let record = sqlx::query(self.sql.record.clone())
-            .bind(key.order_id)
-            .bind(version)
-            .bind(from)
-            .bind(to)
+        i64::try_from(update.last_insert_id())
+            .map(Some)
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))
+    }
+
+    /// The judge's read; its own binding order (see `statements`).
+    async fn plain_read(
+        &self,
+        conn: &mut MySqlConnection,
+        key: Key<'_>,
+        in_tx: bool,
+    ) -> Result<Option<ObservedRow>, sqlx::Error> {
+        sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
             .bind(key.event)
             .bind(key.ref_id)
-            .bind(request.payload_hash)
-            .bind(request.payload)
-            .execute(&mut *tx)
-            .await;
-        match record {
-            Ok(_) => tx.commit().await.map(|()| Some(version)),
-            Err(e) if is_unique_violation(&e) => tx.rollback().await.map(|()| None),
-            Err(e) => Err(e),
-        }
+            .bind(key.order_id)
+            .fetch_optional(conn)
+            .await
     }
 
     /// The pool.
@@ -190,48 +183,7 @@ impl Store for MySqlStore {
 
     shared_store_methods!(MySqlConnection);
 
-    async fn observe(
-        &self,
-        conn: &mut MySqlConnection,
-        request: Request<'_>,
-        in_tx: bool,
-    ) -> Result<Observed, sqlx::Error> {
-        let key = request.key;
-        let reads_first = !in_tx && self.first_round.reads_first();
-        if reads_first && let Some(replay) = self.first_round.read(self, conn, key).await? {
-            return Ok(replay);
-        }
-        let mut optimistic = Optimistic::NotTried;
-        if let ([from], [to], false) = (request.from_states, request.to_states, in_tx) {
-            if let Some(version) = self.try_apply(conn, &request, from, to).await? {
-                if !reads_first {
-                    self.first_round.note(false);
-                }
-                return Ok(Observed {
-                    current: Some(((*to).to_string(), version)),
-                    prior: None,
-                    optimistic: Optimistic::Applied(
-                        (*from).to_string(),
-                        (*to).to_string(),
-                        version,
-                    ),
-                });
-            }
-            optimistic = Optimistic::NotApplied;
-        }
-        // Its own binding order (see `statements`), hence not `plain_observe!`.
-        let row: Option<ObservedRow> = sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
-            .bind(key.event)
-            .bind(key.ref_id)
-            .bind(key.order_id)
-            .fetch_optional(conn)
-            .await?;
-        let observed = Observed::from_row(row.unwrap_or_default(), optimistic);
-        if !in_tx && !reads_first {
-            self.first_round.note(observed.prior.is_some());
-        }
-        Ok(observed)
-    }
+    apply_first_observe!();
 
     async fn begin(conn: &mut MySqlConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
         // BEGIN on a pooled connection, SAVEPOINT inside the caller's transaction.
