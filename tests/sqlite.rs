@@ -2,21 +2,23 @@
 
 mod conformance;
 
+use std::marker::PhantomData;
 use std::time::Duration;
 
-use conformance::Backend;
+use conformance::{Adaptive, Always, Backend, Policy};
 use orderly::store::sqlite::{connect_options, migrate};
 use orderly::{SqliteStore, Tables};
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, Sqlite, Transaction};
 
-struct Sqlite3 {
+struct Sqlite3<P: Policy = Adaptive> {
     _dir: tempfile::TempDir,
     url: String,
     pool: SqlitePool,
+    policy: PhantomData<P>,
 }
 
-impl Sqlite3 {
+impl<P: Policy> Sqlite3<P> {
     async fn pool(&self, busy: Duration) -> SqlitePool {
         SqlitePoolOptions::new()
             .max_connections(16)
@@ -26,7 +28,7 @@ impl Sqlite3 {
     }
 }
 
-impl Backend for Sqlite3 {
+impl<P: Policy> Backend for Sqlite3<P> {
     type S = SqliteStore;
     type Tx = Transaction<'static, Sqlite>;
 
@@ -45,11 +47,12 @@ impl Backend for Sqlite3 {
             _dir: dir,
             url,
             pool,
+            policy: PhantomData,
         }
     }
 
     async fn store(&self, lock_timeout: Duration) -> SqliteStore {
-        SqliteStore::new(self.pool(lock_timeout).await)
+        SqliteStore::new(self.pool(lock_timeout).await).with_read_first(P::READ_FIRST)
     }
 
     async fn custom_store(&self) -> SqliteStore {
@@ -66,6 +69,7 @@ impl Backend for Sqlite3 {
         .await;
         let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
         SqliteStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
+            .with_read_first(P::READ_FIRST)
     }
 
     async fn begin(&self) -> Self::Tx {
@@ -79,13 +83,20 @@ impl Backend for Sqlite3 {
 
 conformance!(Sqlite3);
 
+/// The whole suite again with every transition reading first, the path the adaptive
+/// policy takes while replays are common.
+mod read_first {
+    use super::conformance::Backend;
+    crate::conformance!(super::Sqlite3<super::Always>);
+}
+
 /// Busy and locked codes, as SQLite reports them, are retryable; others are not.
 #[tokio::test]
 async fn sqlite_busy_codes_are_retryable() {
     use orderly::store::{ErrorClass, Store};
-    let b = Sqlite3::fresh().await;
+    let b = <Sqlite3>::fresh().await;
     let mut holder = b.begin().await;
-    Sqlite3::exec_in(&mut holder, "UPDATE orders SET version = 0 WHERE id = 0").await;
+    <Sqlite3>::exec_in(&mut holder, "UPDATE orders SET version = 0 WHERE id = 0").await;
     let mut other = SqliteConnection::connect_with(
         &connect_options(&b.url)
             .unwrap()
@@ -108,7 +119,7 @@ async fn sqlite_busy_codes_are_retryable() {
         .await
         .unwrap_err();
     assert_eq!(SqliteStore::classify(&syntax), ErrorClass::Fatal);
-    Sqlite3::rollback(holder).await;
+    <Sqlite3>::rollback(holder).await;
 }
 
 /// A real SQLITE_BUSY: another connection holds the write lock longer than the engine's
@@ -117,7 +128,7 @@ async fn sqlite_busy_codes_are_retryable() {
 async fn busy_database_is_retried_then_applied() {
     use conformance::{OrderEvent, OrderMachine, OrderState};
     use orderly::{Engine, EngineConfig, Outcome};
-    let b = Sqlite3::fresh().await;
+    let b = <Sqlite3>::fresh().await;
     let config = EngineConfig {
         max_attempts: 50,
         max_backoff: Duration::from_millis(20),
@@ -127,7 +138,7 @@ async fn busy_database_is_retried_then_applied() {
         Engine::with_config(b.store(Duration::from_millis(10)).await, config).unwrap();
     e.create(1).await.unwrap();
     let mut holder = b.begin().await;
-    Sqlite3::exec_in(
+    <Sqlite3>::exec_in(
         &mut holder,
         "UPDATE orders SET version = version WHERE id = 1",
     )
@@ -142,7 +153,7 @@ async fn busy_database_is_retried_then_applied() {
         !ours.is_finished(),
         "the engine must still be retrying while the lock is held"
     );
-    Sqlite3::rollback(holder).await;
+    <Sqlite3>::rollback(holder).await;
     let outcome = ours.await.unwrap().unwrap();
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert_eq!(
