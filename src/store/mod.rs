@@ -173,7 +173,7 @@ macro_rules! shared_store_methods {
 /// Events with several source states (whose recorded `from` would need the matched row)
 /// and calls inside a caller's transaction read first, as does [`ReadFirst`] when it
 /// says so. Needs `first_round: FirstRound` and the inherent `bump` and `plain_read`.
-#[allow(unused_macros)] // PostgreSQL has its own
+#[allow(unused_macros)] // PostgreSQL has its own; a build may have neither of the others
 macro_rules! apply_first_observe {
     () => {
         async fn observe(
@@ -644,13 +644,13 @@ pub trait Store: Clone + Send + Sync + 'static {
 /// engine always reads first). The outcome is the same either way; only the cost differs.
 ///
 /// Starting by trying to apply answers a new request in the fewest round trips: on
-/// PostgreSQL one statement that judges and applies, on MySQL/MariaDB the floor's
-/// `BEGIN; UPDATE; INSERT; COMMIT` (for an event with one source state). But a replay then
-/// costs more than one plain read: on PostgreSQL the statement still sets up its writing
-/// parts (about 1.5 reads of server CPU), on MySQL/MariaDB the update finds nothing to
-/// change and the store reads after it (four round trips). Reading the request's history
-/// row first answers a replay with that one read, and costs a new request one round trip
-/// more. SQLite, in-process, always reads first.
+/// PostgreSQL one statement that judges and applies, on MySQL/MariaDB and SQLite the
+/// floor's `BEGIN; UPDATE; INSERT; COMMIT` (for an event with one source state). But a
+/// replay then costs more than one plain read: on PostgreSQL the statement still sets up
+/// its writing parts (about 1.5 reads of server CPU), on MySQL/MariaDB the update finds
+/// nothing to change and the store reads after it (four round trips), on SQLite the
+/// attempt takes the single write lock. Reading the request's history row first answers
+/// a replay with that one read, and costs a new request one round trip more.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReadFirst {
@@ -661,7 +661,7 @@ pub enum ReadFirst {
     /// Try to apply first, but read first while replays make up enough of the recent
     /// requests through this store (an exponentially weighted share, over roughly the
     /// last 16) for reading first to be cheaper: a storm of redelivered callbacks.
-    /// PostgreSQL reads first from a share of 3/4, MySQL/MariaDB from 1/4.
+    /// PostgreSQL reads first from a share of 3/4, MySQL/MariaDB and SQLite from 1/4.
     #[default]
     Adaptive,
 }
@@ -669,7 +669,7 @@ pub enum ReadFirst {
 /// A store's [`ReadFirst`] policy, with the recent share of replays that `Adaptive`
 /// goes by. Clones share the share, so every clone of an engine feeds the same one.
 #[derive(Debug, Clone)]
-#[allow(dead_code)] // SQLite has none
+#[allow(dead_code)] // a build with no backend has no store
 pub(crate) struct FirstRound {
     policy: ReadFirst,
     /// In 1/1024ths, the share from which `Adaptive` reads first.
@@ -677,7 +677,7 @@ pub(crate) struct FirstRound {
     replays: std::sync::Arc<ReplayRate>,
 }
 
-#[allow(dead_code)] // SQLite has none
+#[allow(dead_code)] // a build with no backend has no store
 impl FirstRound {
     pub(crate) fn new(read_first_from: u32) -> Self {
         FirstRound {
