@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use conformance::{Adaptive, Always, Backend, Policy};
 use orderly::store::mysql::migrate;
-use orderly::{MySqlStore, Tables};
+use orderly::{MySqlStore, ReadFirst, Tables};
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, Transaction};
 
@@ -79,7 +79,11 @@ impl<P: Policy> Backend for My<P> {
     }
 
     async fn store(&self, lock_timeout: Duration) -> MySqlStore {
-        MySqlStore::new(self.pool(lock_timeout).await).with_read_first(P::READ_FIRST)
+        self.store_with(lock_timeout, P::READ_FIRST).await
+    }
+
+    async fn store_with(&self, lock_timeout: Duration, policy: ReadFirst) -> MySqlStore {
+        MySqlStore::new(self.pool(lock_timeout).await).with_read_first(policy)
     }
 
     async fn custom_store(&self) -> MySqlStore {
@@ -164,5 +168,18 @@ async fn deadlock_is_retried_and_rejudged() {
         latest.contains(&b.name),
         "the latest deadlock is not this test's: {latest}"
     );
+    b.cleanup().await;
+}
+
+/// The attempt's `UPDATE` of the order's row waits for a row lock; the plain read is a
+/// consistent, non-locking read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adaptive_policy_reads_first_during_a_replay_storm() {
+    let b = <My>::fresh().await;
+    conformance::adaptive_reads_first_in_a_replay_storm(
+        &b,
+        "SELECT id FROM orders WHERE id = 1 FOR UPDATE",
+    )
+    .await;
     b.cleanup().await;
 }

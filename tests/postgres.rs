@@ -13,7 +13,7 @@ use std::time::Duration;
 use conformance::{Adaptive, Always, Backend, OrderEvent, OrderMachine, Policy};
 use orderly::store::postgres::migrate;
 use orderly::store::{ErrorClass, Store};
-use orderly::{Engine, EngineConfig, Error, PgStore, ReadFirst, Tables};
+use orderly::{Engine, PgStore, ReadFirst, Tables};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Transaction};
 
@@ -77,7 +77,11 @@ impl<P: Policy> Backend for Pg<P> {
     }
 
     async fn store(&self, lock_timeout: Duration) -> PgStore {
-        PgStore::new(self.pool(lock_timeout).await).with_read_first(P::READ_FIRST)
+        self.store_with(lock_timeout, P::READ_FIRST).await
+    }
+
+    async fn store_with(&self, lock_timeout: Duration, policy: ReadFirst) -> PgStore {
+        PgStore::new(self.pool(lock_timeout).await).with_read_first(policy)
     }
 
     async fn custom_store(&self) -> PgStore {
@@ -212,78 +216,16 @@ async fn serialization_failures_are_retried() {
     b.cleanup().await;
 }
 
-/// A storm of replays switches the adaptive policy to reading first, and new requests
-/// switch it back. Observable from outside: a replay answered by the plain read takes no
-/// lock that conflicts with `SHARE` on the history table (what a non-concurrent
-/// `CREATE INDEX` holds), while the one statement needs `ROW EXCLUSIVE` for its insert,
-/// even when it writes nothing, and waits.
+/// The statement needs `ROW EXCLUSIVE` on the history table for its insert even when it
+/// writes nothing, so it waits behind `SHARE` (what a non-concurrent `CREATE INDEX`
+/// holds); the plain read does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adaptive_policy_reads_first_during_a_replay_storm() {
     let b = <Pg>::fresh().await;
-    let config = EngineConfig {
-        max_attempts: 2,
-        ..EngineConfig::default()
-    };
-    let engine =
-        |store: PgStore| Engine::<OrderMachine, PgStore>::with_config(store, config.clone());
-    let adaptive = engine(b.store(Duration::from_millis(200)).await);
-    let never = engine(
-        b.store(Duration::from_millis(200))
-            .await
-            .with_read_first(ReadFirst::Never),
+    conformance::adaptive_reads_first_in_a_replay_storm(
+        &b,
+        "LOCK TABLE order_transitions IN SHARE MODE",
     )
-    .unwrap();
-    let adaptive = adaptive.unwrap();
-    for id in 1..=10 {
-        adaptive.create(id).await.unwrap();
-    }
-    let first = adaptive
-        .transition(1, OrderEvent::Pay, "p-1")
-        .await
-        .unwrap();
-    assert!(first.is_applied());
-    assert!(adaptive.store().recent_replay_share() < 0.75);
-    for _ in 0..30 {
-        let again = adaptive
-            .transition(1, OrderEvent::Pay, "p-1")
-            .await
-            .unwrap();
-        assert!(!again.is_applied());
-        assert_eq!(
-            (again.state(), again.version()),
-            (first.state(), first.version())
-        );
-    }
-    assert!(adaptive.store().recent_replay_share() >= 0.75);
-
-    let mut blocker = b.begin().await;
-    <Pg as Backend>::exec_in(&mut blocker, "LOCK TABLE order_transitions IN SHARE MODE").await;
-    let read_first = adaptive
-        .transition(1, OrderEvent::Pay, "p-1")
-        .await
-        .unwrap();
-    assert_eq!(
-        (read_first.state(), read_first.version()),
-        (first.state(), first.version())
-    );
-    assert!(!read_first.is_applied());
-    let statement = never.transition(1, OrderEvent::Pay, "p-1").await;
-    assert!(
-        matches!(statement, Err(Error::Contention { .. })),
-        "the statement did not wait for the lock, so the test shows nothing: {statement:?}"
-    );
-    <Pg as Backend>::rollback(blocker).await;
-
-    // New requests: each is applied once, and the policy goes back to the statement.
-    for id in 2..=10 {
-        let outcome = adaptive
-            .transition(id, OrderEvent::Pay, &format!("p-{id}"))
-            .await
-            .unwrap();
-        assert!(outcome.is_applied());
-        assert_eq!(outcome.version(), 1);
-    }
-    assert!(adaptive.store().recent_replay_share() < 0.75);
-    assert_eq!(b.scalar("SELECT count(*) FROM order_transitions").await, 10);
+    .await;
     b.cleanup().await;
 }

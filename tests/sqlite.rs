@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use conformance::{Adaptive, Always, Backend, Policy};
 use orderly::store::sqlite::{connect_options, migrate};
-use orderly::{SqliteStore, Tables};
+use orderly::{ReadFirst, SqliteStore, Tables};
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, Sqlite, Transaction};
 
@@ -52,7 +52,11 @@ impl<P: Policy> Backend for Sqlite3<P> {
     }
 
     async fn store(&self, lock_timeout: Duration) -> SqliteStore {
-        SqliteStore::new(self.pool(lock_timeout).await).with_read_first(P::READ_FIRST)
+        self.store_with(lock_timeout, P::READ_FIRST).await
+    }
+
+    async fn store_with(&self, lock_timeout: Duration, policy: ReadFirst) -> SqliteStore {
+        SqliteStore::new(self.pool(lock_timeout).await).with_read_first(policy)
     }
 
     async fn custom_store(&self) -> SqliteStore {
@@ -165,4 +169,13 @@ async fn busy_database_is_retried_then_applied() {
         }
     );
     assert_eq!(e.history(1).await.unwrap().len(), 1);
+}
+
+/// The harness's transaction holds the write lock (`BEGIN IMMEDIATE`), which the attempt's
+/// `BEGIN IMMEDIATE` waits for; a read in WAL mode does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adaptive_policy_reads_first_during_a_replay_storm() {
+    let b = <Sqlite3>::fresh().await;
+    conformance::adaptive_reads_first_in_a_replay_storm(&b, "SELECT 1").await;
+    b.cleanup().await;
 }

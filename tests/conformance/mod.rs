@@ -47,6 +47,8 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// A store on the default tables; `lock_timeout` bounds how long a statement waits
     /// for a row lock before the database reports a retryable error.
     async fn store(&self, lock_timeout: Duration) -> Self::S;
+    /// The same with a given [`ReadFirst`] policy instead of the harness's.
+    async fn store_with(&self, lock_timeout: Duration, policy: ReadFirst) -> Self::S;
     /// Creates `shop_orders` (with extra columns) and `shop_order_log`, and a store on them.
     async fn custom_store(&self) -> Self::S;
     /// Runs literal SQL.
@@ -947,4 +949,67 @@ pub async fn cycle_storm_answers_match_the_history<B: Backend>(b: &B) {
         applied > TICKETS as usize,
         "too little applied to mean anything: {applied}"
     );
+}
+
+/// A storm of replays switches `ReadFirst::Adaptive` to reading first, and new requests
+/// switch it back. Seen from outside through a lock that `blocker` takes in a held
+/// transaction: one that the store's apply-first attempt waits for and a plain read does
+/// not (the point of reading first in a storm: replays do not queue behind writers).
+pub async fn adaptive_reads_first_in_a_replay_storm<B: Backend>(b: &B, blocker: &str) {
+    let config = EngineConfig {
+        max_attempts: 2,
+        ..EngineConfig::default()
+    };
+    let wait = Duration::from_millis(200);
+    let adaptive: Eng<B> = Engine::with_config(
+        b.store_with(wait, ReadFirst::Adaptive).await,
+        config.clone(),
+    )
+    .unwrap();
+    let never: Eng<B> =
+        Engine::with_config(b.store_with(wait, ReadFirst::Never).await, config).unwrap();
+    for id in 1..=40 {
+        adaptive.create(id).await.unwrap();
+    }
+    let first = adaptive.transition(1, Pay, "p-1").await.unwrap();
+    assert!(first.is_applied());
+    let same =
+        |o: &Outcome<OrderState>| (o.state(), o.version()) == (first.state(), first.version());
+    for _ in 0..30 {
+        let again = adaptive.transition(1, Pay, "p-1").await.unwrap();
+        assert!(!again.is_applied() && same(&again));
+    }
+
+    let mut held = b.begin().await;
+    B::exec_in(&mut held, blocker).await;
+    let read = adaptive.transition(1, Pay, "p-1").await.unwrap();
+    assert!(!read.is_applied() && same(&read), "{read:?}");
+    let tried = never.transition(1, Pay, "p-1").await;
+    assert!(
+        matches!(tried, Err(Error::Contention { .. })),
+        "applying first did not wait for the lock, so the test shows nothing: {tried:?}"
+    );
+    B::rollback(held).await;
+
+    // New requests: each applied once; the share of replays falls, and the store tries to
+    // apply first again, so a replay waits for the lock once more.
+    for id in 2..=40 {
+        let outcome = adaptive
+            .transition(id, Pay, &format!("p-{id}"))
+            .await
+            .unwrap();
+        assert!(
+            outcome.is_applied() && outcome.version() == 1,
+            "{outcome:?}"
+        );
+    }
+    let mut held = b.begin().await;
+    B::exec_in(&mut held, blocker).await;
+    let tried = adaptive.transition(1, Pay, "p-1").await;
+    assert!(
+        matches!(tried, Err(Error::Contention { .. })),
+        "still reading first after 39 new requests: {tried:?}"
+    );
+    B::rollback(held).await;
+    assert_eq!(b.scalar("SELECT count(*) FROM order_transitions").await, 40);
 }
