@@ -8,13 +8,12 @@ use sqlx::{AssertSqlSafe, Connection, Postgres, SqlSafeStr, SqlStr, Transaction}
 
 use super::{
     ErrorClass, FirstRound, Observed, Optimistic, ReadFirst, Request, Statements, Store, Tables,
-    classify_common,
+    classify_common, is_unique_violation,
 };
 use crate::Error;
 
-/// The row of the fused statement: `(applied, seq, from, to, payload_hash)`: the
-/// request's history row (`applied` false) or what the statement itself applied.
-type FusedRow = (bool, i64, String, String, Option<String>);
+/// The row of the apply-first statement: `(version, from, to)` of what it applied.
+type AppliedRow = (i64, String, String);
 
 /// Applies the embedded migrations in `migrations/postgres/` (idempotent).
 pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
@@ -84,34 +83,28 @@ fn statements(tables: &Tables) -> (Statements, Fused) {
              FROM {h} WHERE order_id = $1 ORDER BY seq"
         )),
     };
-    // The judge and the optimistic apply in one statement, one round trip. All parts see
-    // one snapshot. `prior` is the request's own history row: if there is one, nothing
-    // is written and the row is the answer (a replay). Otherwise `upd` moves the entity
-    // along the event's edge from its current state, checked on the latest committed row
-    // version, since under READ COMMITTED an UPDATE re-evaluates its predicate on a row
-    // changed since the snapshot: a concurrent move makes it update nothing. So no
-    // version predicate is needed here: the status is judged on the row it changes, and
-    // the version still counts every change. A twin that recorded the same request after
-    // the snapshot is stopped by the unique key of the history insert, which aborts the
-    // whole statement. No row back: not applied, not a replay; the store reads and the
-    // engine judges.
+    // The apply-first attempt, one statement and one round trip: move the entity along
+    // the event's edge from its current state and record the history row. No read before
+    // and no version predicate: under READ COMMITTED an UPDATE evaluates its predicate on
+    // the latest committed version of the row it locks (re-checking it if a rival
+    // committed after the statement's snapshot), so the status is judged on the very row
+    // it changes, and a concurrent move makes it update nothing. A request recorded
+    // before (a replay, even at a state the entity came back to, or a twin that committed
+    // first) is stopped by the unique key of the history insert, which aborts the whole
+    // statement. A row back: applied. Nothing back, or the unique key: the store reads
+    // and the engine judges.
     let fused = |edge: &str, edge_cond: &str| {
         sql(format!(
-            "WITH prior AS ( \
-               SELECT seq::bigint AS seq, from_status::text AS f, to_status::text AS t, \
-                      payload_hash::text AS hash \
-               FROM {h} WHERE order_id = $1 AND event = $2 AND ref_id = $3 \
-             ), upd AS ( \
+            "WITH upd AS ( \
                UPDATE {o} AS o SET status = e.t, version = o.version + 1 \
                FROM {edge} AS e(f, t) \
-               WHERE o.id = $1 AND {edge_cond} AND NOT EXISTS (SELECT 1 FROM prior) \
+               WHERE o.id = $1 AND {edge_cond} \
                RETURNING o.version::bigint AS seq, e.f, e.t \
              ), ins AS ( \
                INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
                SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb FROM upd \
              ) \
-             SELECT false, seq, f, t, hash FROM prior \
-             UNION ALL SELECT true, seq, f, t, NULL::text FROM upd"
+             SELECT seq, f::text, t::text FROM upd"
         ))
     };
     let fused = Fused {
@@ -151,11 +144,12 @@ impl PgStore {
     }
 
     /// The share of replays from which [`ReadFirst::Adaptive`] reads first, in 1/1024ths:
-    /// 3/4. A replay through the statement costs about 1.5 plain reads of server CPU, a
-    /// new request read first costs one read more, so reading first pays from about 2/3.
-    const READ_FIRST_FROM: u32 = 768;
+    /// 3/8. Tried first, a replay costs the statement (which writes nothing, so commits
+    /// nothing) and then the read, about 2.5 reads of server CPU; read first, a new
+    /// request costs one read more. Reading first pays from about 2/5.
+    const READ_FIRST_FROM: u32 = 384;
 
-    first_round_methods!("3/4");
+    first_round_methods!("3/8");
 
     /// The pool.
     pub fn pool(&self) -> &PgPool {
@@ -228,38 +222,35 @@ impl Store for PgStore {
                 .bind(from)
                 .bind(to),
         };
-        let row: Option<FusedRow> = query.fetch_optional(&mut *conn).await?;
-        if !reads_first {
-            self.first_round.note(matches!(row, Some((false, ..))));
-        }
-        Ok(match row {
-            Some((false, seq, from, to, payload_hash)) => Observed {
-                current: None,
-                prior: Some(super::Prior {
-                    seq,
-                    from,
-                    to,
-                    payload_hash,
-                }),
-                optimistic: Optimistic::NotApplied,
-            },
-            Some((true, version, from, to, _)) => Observed {
+        let applied: Option<AppliedRow> = match query.fetch_optional(&mut *conn).await {
+            Ok(row) => row,
+            // Recorded before: the statement was undone; the read finds the history row.
+            Err(e) if is_unique_violation(&e) => None,
+            Err(e) => return Err(e),
+        };
+        if let Some((version, from, to)) = applied {
+            if !reads_first {
+                self.first_round.note(false);
+            }
+            return Ok(Observed {
                 current: Some((to.clone(), version)),
                 prior: None,
                 optimistic: Optimistic::Applied(from, to, version),
-            },
-            // Neither applied nor a replay: read what the judge needs (refused, missing,
-            // or moved by a concurrent writer since the statement's snapshot).
-            None => {
-                let row: Option<super::ObservedRow> = sqlx::query_as(self.sql.observe[0].clone())
-                    .bind(key.order_id)
-                    .bind(key.event)
-                    .bind(key.ref_id)
-                    .fetch_optional(conn)
-                    .await?;
-                Observed::from_row(row.unwrap_or_default(), Optimistic::NotApplied)
-            }
-        })
+            });
+        }
+        // Not applied: read what the judge needs (a replay, a refusal, a missing entity,
+        // or a move by a concurrent writer since the statement's snapshot).
+        let row: Option<super::ObservedRow> = sqlx::query_as(self.sql.observe[0].clone())
+            .bind(key.order_id)
+            .bind(key.event)
+            .bind(key.ref_id)
+            .fetch_optional(conn)
+            .await?;
+        let observed = Observed::from_row(row.unwrap_or_default(), Optimistic::NotApplied);
+        if !reads_first {
+            self.first_round.note(observed.prior.is_some());
+        }
+        Ok(observed)
     }
 
     async fn begin(conn: &mut PgConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
