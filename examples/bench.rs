@@ -9,7 +9,7 @@
 //! concurrency [5], `--rounds R` slices each mode's time is cut into [5],
 //! `--history-rows N` history rows of other orders loaded first, so the history table
 //! and its statistics look like a live one [10000],
-//! `--explain` prints the plan of the engine's statement (PostgreSQL),
+//! `--explain` prints the plans of the engine's statement and of its replay read (PostgreSQL),
 //! `--compare-history N` also sets up `orderly_bench_b` with N history rows and runs the
 //! engine mode on it too (row `engine-b`, interleaved with the others; a `scale …` line
 //! compares the two p50s).
@@ -374,7 +374,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     println!("# {}", db.describe());
     if args.explain {
         println!(
-            "# plan of the engine's statement for a replayed request:\n{}",
+            "# plans of the engine's statement and of its replay read:\n{}",
             db.explain().await?
         );
     }
@@ -744,28 +744,45 @@ mod postgres {
         }
 
         async fn explain(&self) -> Result<String, BoxError> {
-            // The engine's statement for a request already in the history (a replay:
-            // order 1 was applied by a floor-style write first).
+            // The engine's statement for a new request (executed by EXPLAIN ANALYZE, so in
+            // a transaction rolled back), and the read that answers a replay when the
+            // store reads first (order 1, applied by a floor-style write first).
             self.reset().await?;
             self.floor(1).await?;
             let store = PgStore::new(self.pool.clone());
-            let explain = format!(
-                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {}",
-                store.transition_sql(1)
-            );
-            let rows = sqlx::query(AssertSqlSafe(explain))
-                .bind(1_i64)
+            let explain = |sql: &str| {
+                AssertSqlSafe(format!(
+                    "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {sql}"
+                ))
+            };
+            let lines = |rows: Vec<sqlx::postgres::PgRow>| -> Result<String, sqlx::Error> {
+                let lines: Result<Vec<String>, _> = rows.iter().map(|r| r.try_get(0)).collect();
+                Ok(lines?.join("\n"))
+            };
+            let mut tx = self.pool.begin().await?;
+            let applied = sqlx::query(explain(store.transition_sql(1)))
+                .bind(2_i64)
                 .bind("Pay")
-                .bind(bench_ref(1))
+                .bind(bench_ref(2))
                 .bind(None::<String>)
                 .bind(None::<String>)
                 .bind("Created")
                 .bind("Paid")
+                .fetch_all(&mut *tx)
+                .await?;
+            tx.rollback().await?;
+            let replay = sqlx::query(explain(store.read_first_sql()))
+                .bind(1_i64)
+                .bind("Pay")
+                .bind(bench_ref(1))
                 .fetch_all(&self.pool)
                 .await?;
-            let lines: Result<Vec<String>, _> =
-                rows.iter().map(|r| r.try_get::<String, _>(0)).collect();
-            Ok(lines?.join("\n"))
+            Ok(format!(
+                "-- the statement, for a new request (applied, then rolled back):\n{}\n\
+                 -- the read that answers a replay when the store reads first:\n{}",
+                lines(applied)?,
+                lines(replay)?
+            ))
         }
 
         fn describe(&self) -> String {

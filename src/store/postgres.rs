@@ -26,19 +26,19 @@ pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
 pub struct PgStore {
     pool: PgPool,
     sql: Arc<Statements>,
-    fused: Fused,
+    apply_first: ApplyFirst,
     first_round: FirstRound,
 }
 
-/// The one-round-trip statement in its two shapes: for an event with one source state
+/// The apply-first statement in its two shapes: for an event with one source state
 /// (scalar parameters, the common case), and for any other number (arrays).
 #[derive(Debug, Clone)]
-struct Fused {
+struct ApplyFirst {
     one_source: SqlStr,
     many_sources: SqlStr,
 }
 
-fn statements(tables: &Tables) -> (Statements, Fused) {
+fn statements(tables: &Tables) -> (Statements, ApplyFirst) {
     let (o, h) = tables.quoted('"');
     let sql = |s: String| AssertSqlSafe(s).into_sql_str();
     // READ COMMITTED: every statement sees the latest commits, also inside a caller's
@@ -93,7 +93,7 @@ fn statements(tables: &Tables) -> (Statements, Fused) {
     // first) is stopped by the unique key of the history insert, which aborts the whole
     // statement. A row back: applied. Nothing back, or the unique key: the store reads
     // and the engine judges.
-    let fused = |edge: &str, edge_cond: &str| {
+    let apply_first = |edge: &str, edge_cond: &str| {
         sql(format!(
             "WITH upd AS ( \
                UPDATE {o} AS o SET status = e.t, version = o.version + 1 \
@@ -107,11 +107,11 @@ fn statements(tables: &Tables) -> (Statements, Fused) {
              SELECT seq, f::text, t::text FROM upd"
         ))
     };
-    let fused = Fused {
-        one_source: fused("(SELECT $6::text, $7::text)", "o.status = $6"),
-        many_sources: fused("unnest($6::text[], $7::text[])", "o.status = e.f"),
+    let apply_first = ApplyFirst {
+        one_source: apply_first("(SELECT $6::text, $7::text)", "o.status = $6"),
+        many_sources: apply_first("unnest($6::text[], $7::text[])", "o.status = e.f"),
     };
-    (statements, fused)
+    (statements, apply_first)
 }
 
 impl PgStore {
@@ -134,10 +134,10 @@ impl PgStore {
 
     /// A store over an existing pool and custom tables.
     pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
-        let (sql, fused) = statements(&tables);
+        let (sql, apply_first) = statements(&tables);
         PgStore {
             sql: Arc::new(sql),
-            fused,
+            apply_first,
             pool,
             first_round: FirstRound::new(Self::READ_FIRST_FROM),
         }
@@ -156,18 +156,25 @@ impl PgStore {
         &self.pool
     }
 
-    /// The statement sent for each transition outside a caller's transaction: the judge's
-    /// read and the optimistic apply in one. Parameters: `$1` order id, `$2` event, `$3`
-    /// ref, `$4` payload hash, `$5` payload, then the event's edge: for an event with
-    /// exactly one source state (`sources == 1`) `$6`/`$7` are its from and to states
-    /// (`text`); otherwise they are all of them, in matching order (`text[]`).
-    /// For `EXPLAIN` and for review.
+    /// The statement a transition outside a caller's transaction starts with, unless the
+    /// store reads first: the update along the event's edge and the history insert, one
+    /// round trip. Parameters: `$1` order id, `$2` event, `$3` ref, `$4` payload hash,
+    /// `$5` payload, then the event's edge: for an event with exactly one source state
+    /// (`sources == 1`) `$6`/`$7` are its from and to states (`text`); otherwise they are
+    /// all of them, in matching order (`text[]`). Returns `(version, from, to)` if it
+    /// applied. For `EXPLAIN` and for review.
     pub fn transition_sql(&self, sources: usize) -> &str {
         if sources == 1 {
-            self.fused.one_source.as_str()
+            self.apply_first.one_source.as_str()
         } else {
-            self.fused.many_sources.as_str()
+            self.apply_first.many_sources.as_str()
         }
+    }
+
+    /// The read a replay is answered by when the store reads first: the request's history
+    /// row by the unique key `(order_id, event, ref_id)` (`$1`, `$2`, `$3`). For `EXPLAIN`.
+    pub fn read_first_sql(&self) -> &str {
+        self.sql.prior[0].as_str()
     }
 }
 
@@ -205,7 +212,7 @@ impl Store for PgStore {
             return Ok(replay);
         }
         let query = match (request.from_states, request.to_states) {
-            ([from], [to]) => sqlx::query_as(self.fused.one_source.clone())
+            ([from], [to]) => sqlx::query_as(self.apply_first.one_source.clone())
                 .bind(key.order_id)
                 .bind(key.event)
                 .bind(key.ref_id)
@@ -213,7 +220,7 @@ impl Store for PgStore {
                 .bind(request.payload)
                 .bind(*from)
                 .bind(*to),
-            (from, to) => sqlx::query_as(self.fused.many_sources.clone())
+            (from, to) => sqlx::query_as(self.apply_first.many_sources.clone())
                 .bind(key.order_id)
                 .bind(key.event)
                 .bind(key.ref_id)
