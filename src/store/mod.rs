@@ -643,14 +643,13 @@ pub trait Store: Clone + Send + Sync + 'static {
 /// Which round trip a transition starts with, outside a caller's transaction (where the
 /// engine always reads first). The outcome is the same either way; only the cost differs.
 ///
-/// Starting by trying to apply answers a new request in the fewest round trips: on
-/// PostgreSQL one statement that judges and applies, on MySQL/MariaDB and SQLite the
-/// floor's `BEGIN; UPDATE; INSERT; COMMIT` (for an event with one source state). But a
-/// replay then costs more than one plain read: on PostgreSQL the statement still sets up
-/// its writing parts (about 1.5 reads of server CPU), on MySQL/MariaDB the update finds
-/// nothing to change and the store reads after it (four round trips), on SQLite the
-/// attempt takes the single write lock. Reading the request's history row first answers
-/// a replay with that one read, and costs a new request one round trip more.
+/// Trying to apply first answers a new request with the floor's statements (on PostgreSQL
+/// one statement; on MySQL/MariaDB and SQLite `BEGIN; UPDATE; INSERT; COMMIT`, for an
+/// event with one source state). But a replay then costs the attempt, which writes
+/// nothing, and the read after it: two round trips on PostgreSQL, four on MySQL/MariaDB,
+/// and on SQLite a wait for the single write lock. Reading the request's history row
+/// first answers a replay with that one read, and costs a new request one round trip
+/// more.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReadFirst {
@@ -661,7 +660,7 @@ pub enum ReadFirst {
     /// Try to apply first, but read first while replays make up enough of the recent
     /// requests through this store (an exponentially weighted share, over roughly the
     /// last 16) for reading first to be cheaper: a storm of redelivered callbacks.
-    /// PostgreSQL reads first from a share of 3/4, MySQL/MariaDB and SQLite from 1/4.
+    /// PostgreSQL reads first from a share of 3/8, MySQL/MariaDB and SQLite from 1/4.
     #[default]
     Adaptive,
 }
