@@ -18,6 +18,11 @@ pub async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
 }
 
 /// The MySQL/MariaDB store.
+///
+/// Its apply-first update returns the new version through `LAST_INSERT_ID(expr)`, so after
+/// a transition a pooled connection's `LAST_INSERT_ID()` holds that version until the next
+/// insert with an auto-increment key. Read `LAST_INSERT_ID()` only on the connection and
+/// right after the insert it is meant for, as MySQL advises anyway.
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
