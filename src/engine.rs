@@ -432,24 +432,54 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             payload_hash: hash,
             payload: payload.map(|p| p.json.as_str()),
         };
-        let mut observed = match self.store.observe(conn, request, in_tx).await {
-            Ok(o) => o,
-            // A twin's history row stopped an optimistic apply: judge again.
-            Err(e) if is_unique_violation(&e) && !in_tx => {
-                return Step::Retry("twin recorded first");
+        // Outside a caller's transaction, try to apply first (the floor's statements), or,
+        // while replays are common, read the request's history row first (`ReadFirst`).
+        let first = self.store.first_round();
+        let reads_first = !in_tx && first.reads_first();
+        if reads_first {
+            let prior = match self.store.prior(conn, key, false).await {
+                Ok(prior) => prior,
+                Err(e) => return retry_or_fail::<M, S>(e, in_tx),
+            };
+            first.note(prior.is_some());
+            if prior.is_some() {
+                // A replay is final: the entity's row is not needed to answer it.
+                let replay = Observed {
+                    current: None,
+                    prior,
+                    optimistic: Optimistic::NotTried,
+                };
+                if let Verdict::Done(result) = judge::<M>(&replay, key, event, hash) {
+                    return Step::Done(result);
+                }
             }
+        }
+        let mut optimistic = Optimistic::NotTried;
+        if !in_tx {
+            optimistic = match self.store.attempt(conn, request).await {
+                Ok(Optimistic::Applied(from, to, version)) => {
+                    if !reads_first {
+                        first.note(false);
+                    }
+                    let applied = parse_state::<M>(key.order_id, &from).and_then(|from| {
+                        let to = parse_state::<M>(key.order_id, &to)?;
+                        Ok(Outcome::Applied { from, to, version })
+                    });
+                    return Step::Done(applied);
+                }
+                Ok(tried) => tried,
+                // Recorded before (a replay, or a twin that committed first): the attempt
+                // was undone; the read finds the history row.
+                Err(e) if is_unique_violation(&e) => Optimistic::NotApplied,
+                Err(e) => return retry_or_fail::<M, S>(e, in_tx),
+            };
+        }
+        let mut observed = match self.store.observe(conn, request, in_tx).await {
+            Ok(o) => Observed { optimistic, ..o },
             Err(e) => return retry_or_fail::<M, S>(e, in_tx),
         };
-        if let Optimistic::Applied(from, to, version) = &observed.optimistic {
-            let applied = parse_state::<M>(key.order_id, from).and_then(|from| {
-                let to = parse_state::<M>(key.order_id, to)?;
-                Ok(Outcome::Applied {
-                    from,
-                    to,
-                    version: *version,
-                })
-            });
-            return Step::Done(applied);
+        if !in_tx && !reads_first {
+            first.note(observed.prior.is_some());
         }
         if observed.current.is_none() && observed.prior.is_none() {
             // No entity row, so the read had nothing to join the history row to: a

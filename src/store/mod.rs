@@ -160,79 +160,52 @@ macro_rules! shared_store_methods {
     };
 }
 
-/// `Store::observe` for a store without data-modifying CTEs (MySQL/MariaDB, SQLite) that
-/// tries to apply first, in a short transaction with the floor's statements: `BEGIN`;
-/// the store's `bump` (`UPDATE … SET status = to, version = version + 1 WHERE id = ? AND
-/// status = from`, returning the new version); the history insert; `COMMIT`. No read
-/// before, and no version predicate: the update judges the status on the latest
-/// committed row, which it locks (InnoDB: a locking read; SQLite: `BEGIN IMMEDIATE`
-/// holds the only write lock), so a concurrent move makes it change nothing. A request
-/// recorded before (a replay at a state the entity came back to, or a twin that
-/// committed first) is stopped by the history's unique key and the transaction rolls
-/// back. If nothing was written, the store's `plain_read` gives the judge its facts.
-/// Events with several source states (whose recorded `from` would need the matched row)
-/// and calls inside a caller's transaction read first, as does [`ReadFirst`] when it
-/// says so. Needs `first_round: FirstRound` and the inherent `bump` and `plain_read`.
+/// `Store::attempt` and `Store::first_round` for a store without data-modifying CTEs
+/// (MySQL/MariaDB, SQLite): the floor's statements in a short transaction, `BEGIN`; the
+/// store's `bump` (`UPDATE … SET status = to, version = version + 1 WHERE id = ? AND
+/// status = from`, returning the new version); the history insert; `COMMIT`. Events with
+/// several source states are not attempted: the recorded `from` would need the matched
+/// row. Needs `first_round: FirstRound` and the inherent `bump`.
 #[allow(unused_macros)] // PostgreSQL has its own; a build may have neither of the others
-macro_rules! apply_first_observe {
+macro_rules! transaction_attempt {
     () => {
-        async fn observe(
+        async fn attempt(
             &self,
             conn: &mut Self::Conn,
             request: $crate::store::Request<'_>,
-            in_tx: bool,
-        ) -> Result<$crate::store::Observed, sqlx::Error> {
-            use $crate::store::{Apply, Observed, Optimistic};
-            let key = request.key;
-            let reads_first = !in_tx && self.first_round.reads_first();
-            if reads_first && let Some(replay) = self.first_round.read(self, conn, key).await? {
-                return Ok(replay);
-            }
-            let mut optimistic = Optimistic::NotTried;
-            if let ([from], [to], false) = (request.from_states, request.to_states, in_tx) {
-                let mut tx = Self::begin(conn, false).await?;
-                let written = match self.bump(&mut *tx, key.order_id, from, to).await? {
-                    None => None,
-                    Some(version) => {
-                        let apply = Apply {
-                            key,
-                            from,
-                            to,
-                            version: version - 1,
-                            payload_hash: request.payload_hash,
-                            payload: request.payload,
-                        };
-                        match self.record(&mut *tx, apply).await {
-                            Ok(()) => Some(version),
-                            Err(e) if $crate::store::is_unique_violation(&e) => None,
-                            Err(e) => return Err(e),
-                        }
-                    }
-                };
-                if let Some(version) = written {
-                    Self::commit(tx).await?;
-                    if !reads_first {
-                        self.first_round.note(false);
-                    }
-                    return Ok(Observed {
-                        current: Some(((*to).to_string(), version)),
-                        prior: None,
-                        optimistic: Optimistic::Applied(
-                            (*from).to_string(),
-                            (*to).to_string(),
-                            version,
-                        ),
-                    });
-                }
+        ) -> Result<$crate::store::Optimistic, sqlx::Error> {
+            use $crate::store::{Apply, Optimistic};
+            let ([from], [to]) = (request.from_states, request.to_states) else {
+                return Ok(Optimistic::NotTried);
+            };
+            let mut tx = Self::begin(conn, false).await?;
+            let Some(version) = self.bump(&mut *tx, request.key.order_id, from, to).await? else {
                 Self::rollback(tx).await?;
-                optimistic = Optimistic::NotApplied;
+                return Ok(Optimistic::NotApplied);
+            };
+            let apply = Apply {
+                key: request.key,
+                from,
+                to,
+                version: version - 1,
+                payload_hash: request.payload_hash,
+                payload: request.payload,
+            };
+            if let Err(e) = self.record(&mut *tx, apply).await {
+                // Recorded before (a unique violation), or a failure: undo the update.
+                Self::rollback(tx).await?;
+                return Err(e);
             }
-            let row = self.plain_read(conn, key, in_tx).await?;
-            let observed = Observed::from_row(row.unwrap_or_default(), optimistic);
-            if !in_tx && !reads_first {
-                self.first_round.note(observed.prior.is_some());
-            }
-            Ok(observed)
+            Self::commit(tx).await?;
+            Ok(Optimistic::Applied(
+                (*from).to_string(),
+                (*to).to_string(),
+                version,
+            ))
+        }
+
+        fn first_round(&self) -> &$crate::store::FirstRound {
+            &self.first_round
         }
     };
 }
@@ -558,21 +531,31 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(String, i64), sqlx::Error>> + Send;
 
     /// Reads what the judge needs, in one statement: the entity and, if the entity exists,
-    /// this request's history row (see [`ObservedRow`]). A store may, in that statement,
-    /// also attempt the conditional update and history insert for the edges of
-    /// `request` (an optimistic one-round-trip apply), reporting it in
-    /// [`Observed::optimistic`]. It must then skip the update when the request's history
-    /// row exists, and judge the status on the row version it changes: with the version
-    /// predicate of [`update`](Self::update), or, as PostgreSQL does, with a status
-    /// predicate the database re-evaluates on the latest row version in the same
-    /// statement. When such a statement applied or found the history row, the entity
-    /// may be left unread (`current` is then what the statement knows).
+    /// this request's history row (see [`ObservedRow`]), with
+    /// [`Optimistic::NotTried`]. Inside a caller's transaction (`in_tx`), a read that sees
+    /// the latest commits.
     fn observe(
         &self,
         conn: &mut Self::Conn,
         request: Request<'_>,
         in_tx: bool,
     ) -> impl Future<Output = Result<Observed, sqlx::Error>> + Send;
+
+    /// The apply-first attempt, outside a caller's transaction: write the transition along
+    /// one of `request`'s edges if the entity is in its source state, with no read
+    /// before and no version predicate, judging the status on the latest committed row,
+    /// which the write locks. `Applied(from, to, version)` if it wrote; `NotApplied` if
+    /// nothing matched; `NotTried` if this store does not attempt such a request. A
+    /// request recorded before must be stopped by the history's unique key, undoing the
+    /// attempt, and reported as that unique violation.
+    fn attempt(
+        &self,
+        conn: &mut Self::Conn,
+        request: Request<'_>,
+    ) -> impl Future<Output = Result<Optimistic, sqlx::Error>> + Send;
+
+    /// The store's [`ReadFirst`] policy and the share of replays it counts.
+    fn first_round(&self) -> &FirstRound;
 
     /// This request's history row alone, for when the entity row is missing (a request
     /// recorded for an entity that no longer exists is still a replay).
@@ -669,7 +652,7 @@ pub enum ReadFirst {
 /// goes by. Clones share the share, so every clone of an engine feeds the same one.
 #[derive(Debug, Clone)]
 #[allow(dead_code)] // a build with no backend has no store
-pub(crate) struct FirstRound {
+pub struct FirstRound {
     policy: ReadFirst,
     /// In 1/1024ths, the share from which `Adaptive` reads first.
     read_first_from: u32,
@@ -678,7 +661,8 @@ pub(crate) struct FirstRound {
 
 #[allow(dead_code)] // a build with no backend has no store
 impl FirstRound {
-    pub(crate) fn new(read_first_from: u32) -> Self {
+    /// `Adaptive` by default, reading first from a share of `read_first_from`/1024.
+    pub fn new(read_first_from: u32) -> Self {
         FirstRound {
             policy: ReadFirst::default(),
             read_first_from,
@@ -686,11 +670,13 @@ impl FirstRound {
         }
     }
 
-    pub(crate) fn with_policy(self, policy: ReadFirst) -> Self {
+    /// The same with `policy`.
+    pub fn with_policy(self, policy: ReadFirst) -> Self {
         FirstRound { policy, ..self }
     }
 
-    pub(crate) fn reads_first(&self) -> bool {
+    /// Whether the next request should start with the read.
+    pub fn reads_first(&self) -> bool {
         match self.policy {
             ReadFirst::Never => false,
             ReadFirst::Always => true,
@@ -700,30 +686,14 @@ impl FirstRound {
 
     /// Whether a request turned out to be a replay: once per request, from its first
     /// round of the store's work.
-    pub(crate) fn note(&self, replay: bool) {
+    pub fn note(&self, replay: bool) {
         if self.policy == ReadFirst::Adaptive {
             self.replays.note(replay);
         }
     }
 
-    /// The read-first round: the request's history row alone. `Some` is the answer to a
-    /// replay (final, so the entity's row is not needed); `None`, a request to apply.
-    pub(crate) async fn read<S: Store>(
-        &self,
-        store: &S,
-        conn: &mut S::Conn,
-        key: Key<'_>,
-    ) -> Result<Option<Observed>, sqlx::Error> {
-        let prior = store.prior(conn, key, false).await?;
-        self.note(prior.is_some());
-        Ok(prior.map(|prior| Observed {
-            current: None,
-            prior: Some(prior),
-            optimistic: Optimistic::NotTried,
-        }))
-    }
-
-    pub(crate) fn share(&self) -> f64 {
+    /// The share, between 0 and 1.
+    pub fn share(&self) -> f64 {
         f64::from(self.replays.get()) / f64::from(ReplayRate::ONE)
     }
 }

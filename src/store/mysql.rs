@@ -7,7 +7,8 @@ use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlP
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    ErrorClass, FirstRound, Key, ObservedRow, ReadFirst, Statements, Store, Tables, classify_common,
+    ErrorClass, FirstRound, Observed, ObservedRow, Optimistic, ReadFirst, Request, Statements,
+    Store, Tables, classify_common,
 };
 use crate::Error;
 
@@ -134,7 +135,7 @@ impl MySqlStore {
 
     first_round_methods!("1/4");
 
-    /// The attempt's update (see [`apply_first_observe!`]): InnoDB's `UPDATE` is a
+    /// The attempt's update (see [`transaction_attempt!`]): InnoDB's `UPDATE` is a
     /// locking read of the latest committed row, not the transaction's snapshot.
     /// `LAST_INSERT_ID(expr)` returns the new version in the reply, so nothing is read;
     /// it also stays the connection's `LAST_INSERT_ID()` until the next insert with an
@@ -160,21 +161,6 @@ impl MySqlStore {
             .map_err(|e| sqlx::Error::Decode(Box::new(e)))
     }
 
-    /// The judge's read; its own binding order (see `statements`).
-    async fn plain_read(
-        &self,
-        conn: &mut MySqlConnection,
-        key: Key<'_>,
-        in_tx: bool,
-    ) -> Result<Option<ObservedRow>, sqlx::Error> {
-        sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
-            .bind(key.event)
-            .bind(key.ref_id)
-            .bind(key.order_id)
-            .fetch_optional(conn)
-            .await
-    }
-
     /// The pool.
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
@@ -188,7 +174,27 @@ impl Store for MySqlStore {
 
     shared_store_methods!(MySqlConnection);
 
-    apply_first_observe!();
+    transaction_attempt!();
+
+    async fn observe(
+        &self,
+        conn: &mut MySqlConnection,
+        request: Request<'_>,
+        in_tx: bool,
+    ) -> Result<Observed, sqlx::Error> {
+        // Its own binding order (see `statements`).
+        let key = request.key;
+        let row: Option<ObservedRow> = sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
+            .bind(key.event)
+            .bind(key.ref_id)
+            .bind(key.order_id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(Observed::from_row(
+            row.unwrap_or_default(),
+            Optimistic::NotTried,
+        ))
+    }
 
     async fn begin(conn: &mut MySqlConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
         // BEGIN on a pooled connection, SAVEPOINT inside the caller's transaction.

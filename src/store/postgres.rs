@@ -8,7 +8,7 @@ use sqlx::{AssertSqlSafe, Connection, Postgres, SqlSafeStr, SqlStr, Transaction}
 
 use super::{
     ErrorClass, FirstRound, Observed, Optimistic, ReadFirst, Request, Statements, Store, Tables,
-    classify_common, is_unique_violation,
+    classify_common,
 };
 use crate::Error;
 
@@ -191,26 +191,29 @@ impl Store for PgStore {
         request: Request<'_>,
         in_tx: bool,
     ) -> Result<Observed, sqlx::Error> {
+        // READ COMMITTED: the statement sees what was committed before it began, also
+        // inside a caller's transaction.
         let key = request.key;
-        if in_tx {
-            // Inside the caller's transaction an error would abort it: read only, and let
-            // the engine apply within a savepoint. READ COMMITTED: the statement sees
-            // what was committed before it began.
-            let row: Option<super::ObservedRow> = sqlx::query_as(self.sql.observe[1].clone())
+        let row: Option<super::ObservedRow> =
+            sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
                 .bind(key.order_id)
                 .bind(key.event)
                 .bind(key.ref_id)
                 .fetch_optional(conn)
                 .await?;
-            return Ok(Observed::from_row(
-                row.unwrap_or_default(),
-                Optimistic::NotTried,
-            ));
-        }
-        let reads_first = self.first_round.reads_first();
-        if reads_first && let Some(replay) = self.first_round.read(self, conn, key).await? {
-            return Ok(replay);
-        }
+        Ok(Observed::from_row(
+            row.unwrap_or_default(),
+            Optimistic::NotTried,
+        ))
+    }
+
+    /// One statement (see [`PgStore::transition_sql`]), any number of source states.
+    async fn attempt(
+        &self,
+        conn: &mut PgConnection,
+        request: Request<'_>,
+    ) -> Result<Optimistic, sqlx::Error> {
+        let key = request.key;
         let query = match (request.from_states, request.to_states) {
             ([from], [to]) => sqlx::query_as(self.apply_first.one_source.clone())
                 .bind(key.order_id)
@@ -229,35 +232,15 @@ impl Store for PgStore {
                 .bind(from)
                 .bind(to),
         };
-        let applied: Option<AppliedRow> = match query.fetch_optional(&mut *conn).await {
-            Ok(row) => row,
-            // Recorded before: the statement was undone; the read finds the history row.
-            Err(e) if is_unique_violation(&e) => None,
-            Err(e) => return Err(e),
-        };
-        if let Some((version, from, to)) = applied {
-            if !reads_first {
-                self.first_round.note(false);
-            }
-            return Ok(Observed {
-                current: Some((to.clone(), version)),
-                prior: None,
-                optimistic: Optimistic::Applied(from, to, version),
-            });
-        }
-        // Not applied: read what the judge needs (a replay, a refusal, a missing entity,
-        // or a move by a concurrent writer since the statement's snapshot).
-        let row: Option<super::ObservedRow> = sqlx::query_as(self.sql.observe[0].clone())
-            .bind(key.order_id)
-            .bind(key.event)
-            .bind(key.ref_id)
-            .fetch_optional(conn)
-            .await?;
-        let observed = Observed::from_row(row.unwrap_or_default(), Optimistic::NotApplied);
-        if !reads_first {
-            self.first_round.note(observed.prior.is_some());
-        }
-        Ok(observed)
+        let row: Option<AppliedRow> = query.fetch_optional(conn).await?;
+        Ok(match row {
+            Some((version, from, to)) => Optimistic::Applied(from, to, version),
+            None => Optimistic::NotApplied,
+        })
+    }
+
+    fn first_round(&self) -> &FirstRound {
+        &self.first_round
     }
 
     async fn begin(conn: &mut PgConnection, _in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {

@@ -11,7 +11,8 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Sqlite, Transaction};
 
 use super::{
-    ErrorClass, FirstRound, Key, ObservedRow, ReadFirst, Statements, Store, Tables, classify_common,
+    ErrorClass, FirstRound, Observed, ObservedRow, Optimistic, ReadFirst, Request, Statements,
+    Store, Tables, classify_common,
 };
 use crate::Error;
 
@@ -129,7 +130,7 @@ impl SqliteStore {
 
     first_round_methods!("1/4");
 
-    /// The attempt's update (see [`apply_first_observe!`]), under `BEGIN IMMEDIATE`: the
+    /// The attempt's update (see [`transaction_attempt!`]), under `BEGIN IMMEDIATE`: the
     /// only writer, on the latest data.
     async fn bump(
         &self,
@@ -142,21 +143,6 @@ impl SqliteStore {
             .bind(to)
             .bind(order_id)
             .bind(from)
-            .fetch_optional(conn)
-            .await
-    }
-
-    /// The judge's read.
-    async fn plain_read(
-        &self,
-        conn: &mut SqliteConnection,
-        key: Key<'_>,
-        in_tx: bool,
-    ) -> Result<Option<ObservedRow>, sqlx::Error> {
-        sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
-            .bind(key.order_id)
-            .bind(key.event)
-            .bind(key.ref_id)
             .fetch_optional(conn)
             .await
     }
@@ -174,7 +160,26 @@ impl Store for SqliteStore {
 
     shared_store_methods!(SqliteConnection);
 
-    apply_first_observe!();
+    transaction_attempt!();
+
+    async fn observe(
+        &self,
+        conn: &mut SqliteConnection,
+        request: Request<'_>,
+        in_tx: bool,
+    ) -> Result<Observed, sqlx::Error> {
+        let key = request.key;
+        let row: Option<ObservedRow> = sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
+            .bind(key.order_id)
+            .bind(key.event)
+            .bind(key.ref_id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(Observed::from_row(
+            row.unwrap_or_default(),
+            Optimistic::NotTried,
+        ))
+    }
 
     async fn begin(conn: &mut SqliteConnection, in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
         if in_tx {
