@@ -14,8 +14,10 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::machine::{StateMachine, validate};
+
+mod batch;
 use crate::store::{
-    Apply, ErrorClass, Key, Observed, Optimistic, RawTransition, Request, Store, db_error,
+    Apply, ErrorClass, Key, Observed, Optimistic, Prior, RawTransition, Request, Store, db_error,
     is_unique_violation,
 };
 use crate::{Error, Result};
@@ -127,6 +129,8 @@ pub struct Engine<M: StateMachine, S> {
     store: S,
     config: EngineConfig,
     edges: Arc<HashMap<M::Event, Edges>>,
+    /// Coalesces read-first reads, on a store that [batches reads](Store::BATCHES_READS).
+    reads: Option<Arc<batch::Reads<S>>>,
 }
 
 /// The rows of the transition table for one event, as names: `from[i]` leads to `to[i]`.
@@ -142,6 +146,7 @@ impl<M: StateMachine, S: Clone> Clone for Engine<M, S> {
             store: self.store.clone(),
             config: self.config.clone(),
             edges: self.edges.clone(),
+            reads: self.reads.clone(),
         }
     }
 }
@@ -204,6 +209,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             e.to.push(t.to.into());
         }
         Ok(Engine {
+            reads: S::BATCHES_READS.then(|| batch::Reads::new(store.clone())),
             store,
             config,
             edges: Arc::new(edges),
@@ -326,7 +332,8 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         ref_id: &str,
     ) -> Result<Outcome<M::State>> {
         validate_ref(ref_id)?;
-        self.run(conn, order_id, event, ref_id, None, true).await
+        self.run(conn, order_id, event, ref_id, None, true, false)
+            .await
     }
 
     /// [`transition_with_payload`](Self::transition_with_payload) inside the caller's
@@ -341,7 +348,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     ) -> Result<Outcome<M::State>> {
         validate_ref(ref_id)?;
         let payload = fingerprint(payload)?;
-        self.run(conn, order_id, event, ref_id, Some(payload), true)
+        self.run(conn, order_id, event, ref_id, Some(payload), true, false)
             .await
     }
 
@@ -353,12 +360,44 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         payload: Option<Payload>,
     ) -> Result<Outcome<M::State>> {
         validate_ref(ref_id)?;
+        let key = Key {
+            order_id,
+            event: event.into(),
+            ref_id,
+        };
+        // While the store reads first, read in a batch with concurrent callers before
+        // taking a connection: a replay is answered without one.
+        let mut read_first_done = false;
+        if let Some(reads) = &self.reads {
+            let first = self.store.first_round();
+            if first.reads_first()
+                && let Some(prior) = reads.prior(key).await
+            {
+                first.note(prior.is_some());
+                let hash = payload.as_ref().map(|p| p.hash.as_str());
+                if let Some(answer) = answer_from_history::<M>(prior, key, event, hash) {
+                    return answer;
+                }
+                read_first_done = true;
+            }
+        }
         let mut conn = self.store.acquire().await.map_err(db_error::<S>)?;
-        self.run(&mut conn, order_id, event, ref_id, payload, false)
-            .await
+        self.run(
+            &mut conn,
+            order_id,
+            event,
+            ref_id,
+            payload,
+            false,
+            read_first_done,
+        )
+        .await
     }
 
-    /// The retry loop; `ref_id` is already validated.
+    /// The retry loop; `ref_id` is already validated. `read_first_done`: the request's
+    /// history row was read first (and counted) and it has none, so the first attempt
+    /// goes straight to applying.
+    #[allow(clippy::too_many_arguments)] // private; each flag is named at its call sites
     async fn run(
         &self,
         conn: &mut S::Conn,
@@ -367,6 +406,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         ref_id: &str,
         payload: Option<Payload>,
         in_tx: bool,
+        read_first_done: bool,
     ) -> Result<Outcome<M::State>> {
         let key = Key {
             order_id,
@@ -382,8 +422,9 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         let mut attempts = 0;
         loop {
             attempts += 1;
+            let read_done = read_first_done && attempts == 1;
             match self
-                .attempt(conn, key, event, payload.as_ref(), in_tx)
+                .attempt(conn, key, event, payload.as_ref(), in_tx, read_done)
                 .await
             {
                 Step::Done(result) => return result,
@@ -414,7 +455,8 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     }
 
     /// One read → judge → update. A lost race or a retryable error asks for another
-    /// attempt, which starts again from a fresh read.
+    /// attempt, which starts again from a fresh read. `read_done`: this request was read
+    /// first already, found unrecorded and counted.
     async fn attempt(
         &self,
         conn: &mut S::Conn,
@@ -422,6 +464,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         event: M::Event,
         payload: Option<&Payload>,
         in_tx: bool,
+        read_done: bool,
     ) -> Step<M::State> {
         let hash = payload.map(|p| p.hash.as_str());
         let edges = self.edges.get(&event);
@@ -435,30 +478,24 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         // Outside a caller's transaction, try to apply first (the floor's statements), or,
         // while replays are common, read the request's history row first (`ReadFirst`).
         let first = self.store.first_round();
-        let reads_first = !in_tx && first.reads_first();
+        let reads_first = !in_tx && !read_done && first.reads_first();
+        // Whether this request has been counted for `ReadFirst::Adaptive` yet.
+        let noted = reads_first || read_done;
         if reads_first {
             let prior = match self.store.prior(conn, key, false).await {
                 Ok(prior) => prior,
                 Err(e) => return retry_or_fail::<M, S>(e, in_tx),
             };
             first.note(prior.is_some());
-            if prior.is_some() {
-                // A replay is final: the entity's row is not needed to answer it.
-                let replay = Observed {
-                    current: None,
-                    prior,
-                    optimistic: Optimistic::NotTried,
-                };
-                if let Verdict::Done(result) = judge::<M>(&replay, key, event, hash) {
-                    return Step::Done(result);
-                }
+            if let Some(answer) = answer_from_history::<M>(prior, key, event, hash) {
+                return Step::Done(answer);
             }
         }
         let mut optimistic = Optimistic::NotTried;
         if !in_tx {
             optimistic = match self.store.attempt(conn, request).await {
                 Ok(Optimistic::Applied(from, to, version)) => {
-                    if !reads_first {
+                    if !noted {
                         first.note(false);
                     }
                     let applied = parse_state::<M>(key.order_id, &from).and_then(|from| {
@@ -478,7 +515,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             Ok(o) => Observed { optimistic, ..o },
             Err(e) => return retry_or_fail::<M, S>(e, in_tx),
         };
-        if !in_tx && !reads_first {
+        if !in_tx && !noted {
             first.note(observed.prior.is_some());
         }
         if observed.current.is_none() && observed.prior.is_none() {
@@ -557,6 +594,26 @@ fn retry_or_fail<M: StateMachine, S: Store>(e: sqlx::Error, in_tx: bool) -> Step
             Step::Retry("retryable database error")
         }
         _ => Step::Done(Err(db_error::<S>(e))),
+    }
+}
+
+/// The answer to a request recorded before (`prior`), from its history row alone: a
+/// replay is final, so the entity's row is not needed. `None` if it was not recorded.
+fn answer_from_history<M: StateMachine>(
+    prior: Option<Prior>,
+    key: Key<'_>,
+    event: M::Event,
+    payload_hash: Option<&str>,
+) -> Option<Result<Outcome<M::State>>> {
+    let replay = Observed {
+        current: None,
+        prior: Some(prior?),
+        optimistic: Optimistic::NotTried,
+    };
+    match judge::<M>(&replay, key, event, payload_hash) {
+        Verdict::Done(result) => Some(result),
+        // Unreachable: with a history row the judge always answers.
+        Verdict::Apply { .. } | Verdict::Refused { .. } => None,
     }
 }
 
@@ -690,7 +747,6 @@ fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<Payload> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Prior;
 
     crate::state_machine! {
         Door {

@@ -327,6 +327,38 @@ pub struct Key<'a> {
     pub ref_id: &'a str,
 }
 
+/// A [`Key`] that owns its reference, for a request queued for a batched read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedKey {
+    /// The entity.
+    pub order_id: i64,
+    /// The event name.
+    pub event: &'static str,
+    /// The caller's reference.
+    pub ref_id: String,
+}
+
+impl OwnedKey {
+    /// Borrowed again.
+    pub fn as_key(&self) -> Key<'_> {
+        Key {
+            order_id: self.order_id,
+            event: self.event,
+            ref_id: &self.ref_id,
+        }
+    }
+}
+
+impl From<Key<'_>> for OwnedKey {
+    fn from(key: Key<'_>) -> Self {
+        OwnedKey {
+            order_id: key.order_id,
+            event: key.event,
+            ref_id: key.ref_id.to_string(),
+        }
+    }
+}
+
 /// A transition request as a store sees it: the key, the edges its event may take, and
 /// the payload. Stores that can apply optimistically in the same statement as their read
 /// use the edges; the others read only.
@@ -565,6 +597,29 @@ pub trait Store: Clone + Send + Sync + 'static {
         key: Key<'_>,
         in_tx: bool,
     ) -> impl Future<Output = Result<Option<Prior>, sqlx::Error>> + Send;
+
+    /// Whether [`priors`](Self::priors) reads many requests in one statement. If so, the
+    /// engine coalesces the read-first reads of concurrent callers (see [`ReadFirst`]);
+    /// if not, each reads its own row on its own connection.
+    const BATCHES_READS: bool = false;
+
+    /// The history rows of several requests, outside a caller's transaction: for each
+    /// key, in order, its row if it was recorded. One statement on a store that
+    /// [batches reads](Self::BATCHES_READS); by default, one [`prior`](Self::prior) read
+    /// after another.
+    fn priors(
+        &self,
+        conn: &mut Self::Conn,
+        keys: &[OwnedKey],
+    ) -> impl Future<Output = Result<Vec<Option<Prior>>, sqlx::Error>> + Send {
+        async move {
+            let mut priors = Vec::with_capacity(keys.len());
+            for key in keys {
+                priors.push(self.prior(conn, key.as_key(), false).await?);
+            }
+            Ok(priors)
+        }
+    }
 
     /// The reference under which `key.event` was last applied to `key.order_id`, if ever.
     /// Read only when the event is not allowed from the current state, to tell a

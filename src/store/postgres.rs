@@ -36,6 +36,9 @@ pub struct PgStore {
 struct ApplyFirst {
     one_source: SqlStr,
     many_sources: SqlStr,
+    /// The batched read-first read for 1, 2, 4, … [`PRIORS_MAX`] requests (see
+    /// [`PgStore::read_batch_sql`]).
+    priors: Vec<SqlStr>,
 }
 
 fn statements(tables: &Tables) -> (Statements, ApplyFirst) {
@@ -110,8 +113,40 @@ fn statements(tables: &Tables) -> (Statements, ApplyFirst) {
     let apply_first = ApplyFirst {
         one_source: apply_first("(SELECT $6::text, $7::text)", "o.status = $6"),
         many_sources: apply_first("unnest($6::text[], $7::text[])", "o.status = e.f"),
+        priors: std::iter::successors(Some(1), |n| (*n < PRIORS_MAX).then_some(n * 2))
+            .map(|n| sql(priors_sql(&h, n)))
+            .collect(),
     };
     (statements, apply_first)
+}
+
+/// The most requests one batched read reads; a larger batch is read in several.
+const PRIORS_MAX: usize = 64;
+
+/// The batched read for `n` requests: one probe of the unique index per request, each
+/// answer tagged with its request's position. Scalar parameters in a `VALUES` list, not
+/// arrays: the planner knows the row count of a `VALUES` list, so the generic plan costs
+/// what a custom one does and the prepared statement keeps it, where an `unnest` of array
+/// parameters would be planned again on every execution. Sizes are powers of two (unused
+/// places are NULL and match nothing), so a handful of statements serve every batch.
+fn priors_sql(h: &str, n: usize) -> String {
+    let rows: Vec<String> = (0..n)
+        .map(|i| {
+            let p = 3 * i;
+            format!(
+                "(${}::bigint, ${}::text, ${}::text, {i})",
+                p + 1,
+                p + 2,
+                p + 3
+            )
+        })
+        .collect();
+    format!(
+        "SELECT q.i, h.from_status::text, h.to_status::text, h.payload_hash::text, h.seq::bigint \
+         FROM (VALUES {}) AS q(order_id, event, ref_id, i) \
+         JOIN {h} AS h ON h.order_id = q.order_id AND h.event = q.event AND h.ref_id = q.ref_id",
+        rows.join(", ")
+    )
 }
 
 impl PgStore {
@@ -176,6 +211,16 @@ impl PgStore {
     pub fn read_first_sql(&self) -> &str {
         self.sql.prior[0].as_str()
     }
+
+    /// The same read for the requests of a batch (see [`ReadFirst`]), in the statement
+    /// for up to `n` of them (`n` is rounded up to a power of two, at most 64): order id,
+    /// event and reference of each request as `$1, $2, $3`, `$4, $5, $6`, …; returns
+    /// `(position, from, to, payload hash, seq)` for each request recorded, positions
+    /// counted from 0. For `EXPLAIN`.
+    pub fn read_batch_sql(&self, n: usize) -> &str {
+        let i = n.clamp(1, PRIORS_MAX).next_power_of_two().trailing_zeros() as usize;
+        self.apply_first.priors[i].as_str()
+    }
 }
 
 impl Store for PgStore {
@@ -184,6 +229,49 @@ impl Store for PgStore {
     type Tx<'c> = Transaction<'c, Postgres>;
 
     shared_store_methods!(PgConnection);
+
+    const BATCHES_READS: bool = true;
+
+    async fn priors(
+        &self,
+        conn: &mut PgConnection,
+        keys: &[super::OwnedKey],
+    ) -> Result<Vec<Option<super::Prior>>, sqlx::Error> {
+        if let [key] = keys {
+            // A lone request (no concurrent caller): the plain read is the cheaper plan.
+            return Ok(vec![self.prior(conn, key.as_key(), false).await?]);
+        }
+        let mut priors = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(PRIORS_MAX) {
+            let size = chunk.len().next_power_of_two();
+            let mut query =
+                sqlx::query_as(self.apply_first.priors[size.trailing_zeros() as usize].clone());
+            for key in chunk {
+                query = query.bind(key.order_id).bind(key.event).bind(&key.ref_id);
+            }
+            for _ in chunk.len()..size {
+                query = query
+                    .bind(None::<i64>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>);
+            }
+            let rows: Vec<(i32, String, String, Option<String>, i64)> =
+                query.fetch_all(&mut *conn).await?;
+            let mut answers = vec![None; chunk.len()];
+            for (position, from, to, payload_hash, seq) in rows {
+                // Positions are the ones sent, 0 to the chunk's length; one out of range
+                // would be a server fault, and is left unanswered rather than misplaced.
+                if let Some(answer) = usize::try_from(position)
+                    .ok()
+                    .and_then(|i| answers.get_mut(i))
+                {
+                    *answer = Some(super::Prior::from((from, to, payload_hash, seq)));
+                }
+            }
+            priors.extend(answers);
+        }
+        Ok(priors)
+    }
 
     async fn observe(
         &self,
