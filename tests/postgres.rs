@@ -229,3 +229,66 @@ async fn adaptive_policy_reads_first_during_a_replay_storm() {
     .await;
     b.cleanup().await;
 }
+
+/// While one caller's read is in flight, concurrent callers queue for the next batch. If
+/// the caller whose read is in flight gives up (a timeout drops its future), the ones
+/// queued behind it are not stranded: they go on by themselves and get their answers.
+/// The in-flight read is held up by a lock that even a plain read waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_caller_giving_up_mid_read_strands_no_one() {
+    let b = <Pg>::fresh().await;
+    let e: Engine<OrderMachine, PgStore> = Engine::new(
+        b.store_with(Duration::from_secs(20), ReadFirst::Always)
+            .await,
+    )
+    .unwrap();
+    e.create(1).await.unwrap();
+    let first = e.transition(1, OrderEvent::Pay, "p-1").await.unwrap();
+    assert!(first.is_applied());
+
+    let mut held = b.begin().await;
+    Pg::<Adaptive>::exec_in(
+        &mut held,
+        "LOCK TABLE order_transitions IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
+    let leader = tokio::spawn({
+        let e = e.clone();
+        async move {
+            tokio::time::timeout(
+                Duration::from_millis(600),
+                e.transition(1, OrderEvent::Pay, "p-1"),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let followers: Vec<_> = (0..8)
+        .map(|_| {
+            let e = e.clone();
+            tokio::spawn(async move { e.transition(1, OrderEvent::Pay, "p-1").await })
+        })
+        .collect();
+    let gave_up = leader.await.unwrap();
+    assert!(
+        gave_up.is_err(),
+        "the first read did not wait for the lock, so the test shows nothing: {gave_up:?}"
+    );
+    Pg::<Adaptive>::rollback(held).await;
+    for follower in followers {
+        let out = tokio::time::timeout(Duration::from_secs(15), follower)
+            .await
+            .expect("a caller queued behind the one that gave up was stranded")
+            .unwrap()
+            .unwrap();
+        assert!(
+            !out.is_applied() && (out.state(), out.version()) == (first.state(), 1),
+            "{out:?}"
+        );
+    }
+    // And the engine reads on as before.
+    let again = e.transition(1, OrderEvent::Pay, "p-1").await.unwrap();
+    assert!(!again.is_applied());
+    assert_eq!(b.scalar("SELECT count(*) FROM order_transitions").await, 1);
+    b.cleanup().await;
+}

@@ -7,7 +7,7 @@ use std::ops::DerefMut;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orderly::store::Store;
+use orderly::store::{OwnedKey, Store};
 use orderly::testing::{check_engine, steps};
 use orderly::{Engine, EngineConfig, Error, Outcome, ReadFirst, Tables};
 use proptest::prelude::*;
@@ -145,6 +145,8 @@ macro_rules! conformance {
             many_source_event_records_its_source,
             cycle_replays_by_ref_not_by_state,
             cycle_storm_answers_match_the_history,
+            batched_read_answers_each_request,
+            replay_storm_answers_each_caller,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {
@@ -1012,4 +1014,168 @@ pub async fn adaptive_reads_first_in_a_replay_storm<B: Backend>(b: &B, blocker: 
     );
     B::rollback(held).await;
     assert_eq!(b.scalar("SELECT count(*) FROM order_transitions").await, 40);
+}
+
+/// A batched read (`Store::priors`) answers each request with its own history row, in
+/// the order asked: recorded or not, with and without a payload, keys repeated, and more
+/// requests than one statement reads.
+pub async fn batched_read_answers_each_request<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    for id in 1..=100 {
+        e.create(id).await.unwrap();
+    }
+    for id in (2..=100).step_by(2) {
+        let r = format!("p-{id}");
+        let out = if id % 3 == 0 {
+            let body = serde_json::json!({ "order": id });
+            e.transition_with_payload(id, Pay, &r, &body).await
+        } else {
+            e.transition(id, Pay, &r).await
+        };
+        assert!(out.unwrap().is_applied());
+    }
+    e.transition(2, Ship, "s-2").await.unwrap();
+    let keys: Vec<OwnedKey> = (0..150i64)
+        .map(|i| {
+            let order_id = (i * 7) % 100 + 1;
+            let (event, ref_id) = match i % 10 {
+                0 => ("Ship", format!("s-{order_id}")),
+                1 => ("Pay", format!("other-{order_id}")),
+                _ => ("Pay", format!("p-{order_id}")),
+            };
+            OwnedKey {
+                order_id,
+                event,
+                ref_id,
+            }
+        })
+        .collect();
+    let mut keys = keys;
+    for (order_id, event, ref_id) in [(2, "Ship", "s-2"), (6, "Pay", "p-6"), (2, "Ship", "s-2")] {
+        keys.push(OwnedKey {
+            order_id,
+            event,
+            ref_id: ref_id.into(),
+        });
+    }
+    let store = e.store();
+    let mut conn = store.acquire().await.unwrap();
+    let batched = store.priors(&mut conn, &keys).await.unwrap();
+    assert_eq!(batched.len(), keys.len());
+    let mut found = 0;
+    for (key, got) in keys.iter().zip(&batched) {
+        let alone = store.prior(&mut conn, key.as_key(), false).await.unwrap();
+        assert_eq!(got, &alone, "{key:?}");
+        found += usize::from(got.is_some());
+    }
+    // The ones added last: order 2's Ship (twice) and order 6's Pay, with its payload.
+    let ship = keys
+        .iter()
+        .position(|k| k.order_id == 2 && k.event == "Ship");
+    let ship = batched[ship.expect("order 2's Ship is asked for")].as_ref();
+    assert_eq!(
+        ship.map(|p| (p.seq, p.from.as_str(), p.to.as_str())),
+        Some((2, "Paid", "Shipped"))
+    );
+    let with_payload = keys
+        .iter()
+        .position(|k| k.order_id == 6 && k.event == "Pay");
+    let with_payload = batched[with_payload.expect("order 6 is asked for")].as_ref();
+    assert!(with_payload.is_some_and(|p| p.payload_hash.as_ref().is_some_and(|h| h.len() == 64)));
+    assert!(
+        (30..120).contains(&found),
+        "a mix of recorded and unrecorded requests: {found} of 153 found"
+    );
+    // Nothing to read is nothing read.
+    assert!(store.priors(&mut conn, &[]).await.unwrap().is_empty());
+}
+
+/// Many callers at once, each with its own mix of replays, conflicts, mismatched payloads
+/// and new requests (twins among them): every caller gets the answer to its own request,
+/// as the history records it. Reading first (the `Always` suite, and `Adaptive` once the
+/// replays dominate), concurrent reads share statements where the store batches them.
+pub async fn replay_storm_answers_each_caller<B: Backend>(b: &B) {
+    const ORDERS: i64 = 60;
+    const TASKS: i64 = 32;
+    const ROUNDS: i64 = 25;
+    let e = engine(b).await;
+    for id in 1..=ORDERS {
+        e.create(id).await.unwrap();
+    }
+    // The lower half is paid before the storm; the upper half is paid during it.
+    for id in 1..=ORDERS / 2 {
+        e.transition(id, Pay, &format!("p-{id}")).await.unwrap();
+    }
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let mut applied = Vec::new();
+                for round in 0..ROUNDS {
+                    let id = (t * 7 + round * 13) % ORDERS + 1;
+                    let r = format!("p-{id}");
+                    match (t + round) % 8 {
+                        0 => {
+                            // Another payment for the order.
+                            let q = format!("q-{t}");
+                            let out = e.transition(id, Pay, &q).await;
+                            let recorded = e.history(id).await.unwrap();
+                            let winner = recorded.first().map(|r| r.ref_id.as_str());
+                            match out {
+                                Ok(o) if o.is_applied() => {
+                                    assert!(id > ORDERS / 2, "order {id} paid twice");
+                                    assert_eq!(winner, Some(q.as_str()), "order {id}");
+                                    applied.push((id, q));
+                                }
+                                Err(Error::RefConflict { existing_ref, .. }) => {
+                                    assert_eq!(Some(existing_ref.as_str()), winner, "order {id}")
+                                }
+                                other => panic!("order {id}: {other:?}"),
+                            }
+                        }
+                        1 if id <= ORDERS / 2 => {
+                            let out = e.transition_with_payload(id, Pay, &r, &1).await;
+                            assert!(
+                                matches!(out, Err(Error::PayloadMismatch { .. })),
+                                "order {id}: {out:?}"
+                            );
+                        }
+                        _ => {
+                            let out = e.transition(id, Pay, &r).await;
+                            match out {
+                                Ok(o) if o.is_applied() => {
+                                    assert!(id > ORDERS / 2, "order {id} paid twice");
+                                    applied.push((id, r));
+                                }
+                                Ok(o) => assert_eq!(o, replayed(Created, Paid, 1), "order {id}"),
+                                // Another caller's `q-` ref won this order first.
+                                Err(Error::RefConflict { .. }) if id > ORDERS / 2 => {}
+                                Err(err) => panic!("order {id}: {err:?}"),
+                            }
+                        }
+                    }
+                }
+                applied
+            })
+        })
+        .collect();
+    let mut applied = Vec::new();
+    for t in tasks {
+        applied.extend(t.await.unwrap());
+    }
+    // Each order of the upper half that was applied during the storm was applied once,
+    // under the reference its history records.
+    let mut ids: Vec<i64> = applied.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), before, "an order applied twice: {applied:?}");
+    assert!(before > 10, "too little applied to mean anything: {before}");
+    for (id, r) in &applied {
+        let h = e.history(*id).await.unwrap();
+        assert_eq!((h.len(), &h[0].ref_id), (1, r), "order {id}");
+    }
+    for id in 1..=ORDERS / 2 {
+        assert_order(&e, id, Paid, 1, 1).await;
+    }
 }
