@@ -777,11 +777,25 @@ mod postgres {
                 .bind(bench_ref(1))
                 .fetch_all(&self.pool)
                 .await?;
+            // The batched read, for 8 requests (order 1's recorded, the others not), in
+            // its generic plan: the one a prepared statement keeps.
+            let mut tx = self.pool.begin().await?;
+            sqlx::raw_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+                .execute(&mut *tx)
+                .await?;
+            let mut batch = sqlx::query(explain(store.read_batch_sql(8)));
+            for id in 1..=8_i64 {
+                batch = batch.bind(id).bind("Pay").bind(bench_ref(id));
+            }
+            let batch = batch.fetch_all(&mut *tx).await?;
+            tx.rollback().await?;
             Ok(format!(
                 "-- the statement, for a new request (applied, then rolled back):\n{}\n\
-                 -- the read that answers a replay when the store reads first:\n{}",
+                 -- the read that answers a replay when the store reads first:\n{}\n\
+                 -- the same read for a batch of 8 concurrent requests (generic plan):\n{}",
                 lines(applied)?,
-                lines(replay)?
+                lines(replay)?,
+                lines(batch)?
             ))
         }
 
