@@ -233,6 +233,96 @@ macro_rules! first_round_methods {
     };
 }
 
+/// `Store::BATCHES_READS` and `Store::priors` for a store that reads a batch in one
+/// statement, for a store type with a `batch_reads: BatchReads` field: its statement for
+/// the batch's size rounded up to a power of two, each request bound in order as (order
+/// id, event, reference), the unused places as NULLs, which match nothing; each row back
+/// is `(position from 0, from, to, payload hash, seq)`. A lone request is read with the
+/// store's plain `prior` statement.
+#[allow(unused_macros)] // SQLite reads one request per statement
+macro_rules! batched_priors {
+    () => {
+        const BATCHES_READS: bool = true;
+
+        async fn priors(
+            &self,
+            conn: &mut Self::Conn,
+            keys: &[$crate::store::OwnedKey],
+        ) -> Result<Vec<Option<$crate::store::Prior>>, sqlx::Error> {
+            if let [key] = keys {
+                return Ok(vec![self.prior(conn, key.as_key(), false).await?]);
+            }
+            let mut priors = Vec::with_capacity(keys.len());
+            for chunk in keys.chunks($crate::store::PRIORS_MAX) {
+                let size = chunk.len().next_power_of_two();
+                let mut query = sqlx::query_as(self.batch_reads.sql(size).clone());
+                for key in chunk {
+                    query = query.bind(key.order_id).bind(key.event).bind(&key.ref_id);
+                }
+                for _ in chunk.len()..size {
+                    query = query
+                        .bind(None::<i64>)
+                        .bind(None::<&str>)
+                        .bind(None::<&str>);
+                }
+                let rows: Vec<$crate::store::PositionedPrior> = query.fetch_all(&mut *conn).await?;
+                priors.extend($crate::store::in_place(chunk.len(), rows));
+            }
+            Ok(priors)
+        }
+    };
+}
+
+/// The most requests one batched read reads; a larger batch is read in several.
+#[allow(dead_code)] // SQLite reads one request per statement
+pub(crate) const PRIORS_MAX: usize = 64;
+
+/// A store's batched read in each size: 1, 2, 4, … [`PRIORS_MAX`] requests. Powers of two,
+/// so that a handful of prepared statements serve every batch.
+#[derive(Debug, Clone)]
+#[allow(dead_code)] // SQLite reads one request per statement
+pub(crate) struct BatchReads(std::sync::Arc<[sqlx::SqlStr]>);
+
+#[allow(dead_code)] // SQLite reads one request per statement
+impl BatchReads {
+    /// The statements, from the backend's SQL for `n` requests.
+    pub(crate) fn new(sql_for: impl Fn(usize) -> String) -> Self {
+        use sqlx::SqlSafeStr;
+        let sizes = std::iter::successors(Some(1), |n| (*n < PRIORS_MAX).then_some(n * 2));
+        BatchReads(
+            sizes
+                .map(|n| sqlx::AssertSqlSafe(sql_for(n)).into_sql_str())
+                .collect(),
+        )
+    }
+
+    /// The statement for up to `n` requests (`n` rounded up to a power of two, at most
+    /// [`PRIORS_MAX`]).
+    pub(crate) fn sql(&self, n: usize) -> &sqlx::SqlStr {
+        let i = n.clamp(1, PRIORS_MAX).next_power_of_two().trailing_zeros();
+        &self.0[i as usize]
+    }
+}
+
+/// A row of a batched read: the request's position, then a [`PriorRow`].
+pub type PositionedPrior = (i64, String, String, Option<String>, i64);
+
+/// The answers of a batched read of `n` requests, in the order asked. A position out of
+/// range would be a server fault; its row is left out rather than misplaced.
+#[allow(dead_code)] // SQLite reads one request per statement
+pub(crate) fn in_place(n: usize, rows: Vec<PositionedPrior>) -> Vec<Option<Prior>> {
+    let mut answers = vec![None; n];
+    for (position, from, to, payload_hash, seq) in rows {
+        if let Some(answer) = usize::try_from(position)
+            .ok()
+            .and_then(|i| answers.get_mut(i))
+        {
+            *answer = Some(Prior::from((from, to, payload_hash, seq)));
+        }
+    }
+    answers
+}
+
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]

@@ -7,8 +7,8 @@ use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlP
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    ErrorClass, FirstRound, Observed, ObservedRow, Optimistic, ReadFirst, Request, Statements,
-    Store, Tables, classify_common,
+    BatchReads, ErrorClass, FirstRound, Observed, ObservedRow, Optimistic, ReadFirst, Request,
+    Statements, Store, Tables, classify_common,
 };
 use crate::Error;
 
@@ -31,6 +31,7 @@ pub struct MySqlStore {
     /// The optimistic attempt's update, judged on the row it locks: `(to, id, from)`.
     /// `LAST_INSERT_ID(expr)` hands the new version back in the statement's reply.
     optimistic_update: SqlStr,
+    batch_reads: BatchReads,
     first_round: FirstRound,
 }
 
@@ -94,6 +95,23 @@ fn statements(tables: &Tables) -> Statements {
     }
 }
 
+/// The batched read for `n` requests: the requests as a derived table of `UNION ALL`ed
+/// rows (the form MySQL and MariaDB share), joined with the history on its unique key,
+/// each answer tagged with its request's position. The derived table is materialized on
+/// every call (a temporary table, about 40 µs here), which is why a lone request is read
+/// with the plain statement instead.
+fn priors_sql(h: &str, n: usize) -> String {
+    let rows: Vec<String> = (0..n)
+        .map(|i| format!("SELECT CAST(? AS SIGNED) AS order_id, ? AS event, ? AS ref_id, CAST({i} AS SIGNED) AS i"))
+        .collect();
+    format!(
+        "SELECT q.i, h.from_status, h.to_status, h.payload_hash, h.seq \
+         FROM ({}) AS q \
+         JOIN {h} AS h ON h.order_id = q.order_id AND h.event = q.event AND h.ref_id = q.ref_id",
+        rows.join(" UNION ALL ")
+    )
+}
+
 impl MySqlStore {
     /// Connects to `url` with a pool of 16 connections and applies the migrations.
     pub async fn connect(url: &str) -> Result<Self, Error> {
@@ -114,7 +132,7 @@ impl MySqlStore {
 
     /// A store over an existing pool and custom tables.
     pub fn with_tables(pool: MySqlPool, tables: Tables) -> Self {
-        let (o, _) = tables.quoted('`');
+        let (o, h) = tables.quoted('`');
         let optimistic_update = AssertSqlSafe(format!(
             "UPDATE {o} SET status = ?, version = LAST_INSERT_ID(version + 1) \
              WHERE id = ? AND status = ?"
@@ -124,6 +142,7 @@ impl MySqlStore {
             sql: Arc::new(statements(&tables)),
             pool,
             optimistic_update,
+            batch_reads: BatchReads::new(|n| priors_sql(&h, n)),
             first_round: FirstRound::new(Self::READ_FIRST_FROM),
         }
     }
@@ -173,6 +192,8 @@ impl Store for MySqlStore {
     type Tx<'c> = Transaction<'c, MySql>;
 
     shared_store_methods!(MySqlConnection);
+
+    batched_priors!();
 
     transaction_attempt!();
 

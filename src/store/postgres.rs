@@ -7,8 +7,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, SqlSafeStr, SqlStr, Transaction};
 
 use super::{
-    ErrorClass, FirstRound, Observed, Optimistic, ReadFirst, Request, Statements, Store, Tables,
-    classify_common,
+    BatchReads, ErrorClass, FirstRound, Observed, Optimistic, ReadFirst, Request, Statements,
+    Store, Tables, classify_common,
 };
 use crate::Error;
 
@@ -27,6 +27,7 @@ pub struct PgStore {
     pool: PgPool,
     sql: Arc<Statements>,
     apply_first: ApplyFirst,
+    batch_reads: BatchReads,
     first_round: FirstRound,
 }
 
@@ -36,9 +37,6 @@ pub struct PgStore {
 struct ApplyFirst {
     one_source: SqlStr,
     many_sources: SqlStr,
-    /// The batched read-first read for 1, 2, 4, … [`PRIORS_MAX`] requests (see
-    /// [`PgStore::read_batch_sql`]).
-    priors: Vec<SqlStr>,
 }
 
 fn statements(tables: &Tables) -> (Statements, ApplyFirst) {
@@ -113,28 +111,21 @@ fn statements(tables: &Tables) -> (Statements, ApplyFirst) {
     let apply_first = ApplyFirst {
         one_source: apply_first("(SELECT $6::text, $7::text)", "o.status = $6"),
         many_sources: apply_first("unnest($6::text[], $7::text[])", "o.status = e.f"),
-        priors: std::iter::successors(Some(1), |n| (*n < PRIORS_MAX).then_some(n * 2))
-            .map(|n| sql(priors_sql(&h, n)))
-            .collect(),
     };
     (statements, apply_first)
 }
-
-/// The most requests one batched read reads; a larger batch is read in several.
-const PRIORS_MAX: usize = 64;
 
 /// The batched read for `n` requests: one probe of the unique index per request, each
 /// answer tagged with its request's position. Scalar parameters in a `VALUES` list, not
 /// arrays: the planner knows the row count of a `VALUES` list, so the generic plan costs
 /// what a custom one does and the prepared statement keeps it, where an `unnest` of array
-/// parameters would be planned again on every execution. Sizes are powers of two (unused
-/// places are NULL and match nothing), so a handful of statements serve every batch.
+/// parameters would be planned again on every execution.
 fn priors_sql(h: &str, n: usize) -> String {
     let rows: Vec<String> = (0..n)
         .map(|i| {
             let p = 3 * i;
             format!(
-                "(${}::bigint, ${}::text, ${}::text, {i})",
+                "(${}::bigint, ${}::text, ${}::text, {i}::bigint)",
                 p + 1,
                 p + 2,
                 p + 3
@@ -170,7 +161,9 @@ impl PgStore {
     /// A store over an existing pool and custom tables.
     pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
         let (sql, apply_first) = statements(&tables);
+        let (_, h) = tables.quoted('"');
         PgStore {
+            batch_reads: BatchReads::new(|n| priors_sql(&h, n)),
             sql: Arc::new(sql),
             apply_first,
             pool,
@@ -218,8 +211,7 @@ impl PgStore {
     /// `(position, from, to, payload hash, seq)` for each request recorded, positions
     /// counted from 0. For `EXPLAIN`.
     pub fn read_batch_sql(&self, n: usize) -> &str {
-        let i = n.clamp(1, PRIORS_MAX).next_power_of_two().trailing_zeros() as usize;
-        self.apply_first.priors[i].as_str()
+        self.batch_reads.sql(n).as_str()
     }
 }
 
@@ -230,48 +222,7 @@ impl Store for PgStore {
 
     shared_store_methods!(PgConnection);
 
-    const BATCHES_READS: bool = true;
-
-    async fn priors(
-        &self,
-        conn: &mut PgConnection,
-        keys: &[super::OwnedKey],
-    ) -> Result<Vec<Option<super::Prior>>, sqlx::Error> {
-        if let [key] = keys {
-            // A lone request (no concurrent caller): the plain read is the cheaper plan.
-            return Ok(vec![self.prior(conn, key.as_key(), false).await?]);
-        }
-        let mut priors = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(PRIORS_MAX) {
-            let size = chunk.len().next_power_of_two();
-            let mut query =
-                sqlx::query_as(self.apply_first.priors[size.trailing_zeros() as usize].clone());
-            for key in chunk {
-                query = query.bind(key.order_id).bind(key.event).bind(&key.ref_id);
-            }
-            for _ in chunk.len()..size {
-                query = query
-                    .bind(None::<i64>)
-                    .bind(None::<&str>)
-                    .bind(None::<&str>);
-            }
-            let rows: Vec<(i32, String, String, Option<String>, i64)> =
-                query.fetch_all(&mut *conn).await?;
-            let mut answers = vec![None; chunk.len()];
-            for (position, from, to, payload_hash, seq) in rows {
-                // Positions are the ones sent, 0 to the chunk's length; one out of range
-                // would be a server fault, and is left unanswered rather than misplaced.
-                if let Some(answer) = usize::try_from(position)
-                    .ok()
-                    .and_then(|i| answers.get_mut(i))
-                {
-                    *answer = Some(super::Prior::from((from, to, payload_hash, seq)));
-                }
-            }
-            priors.extend(answers);
-        }
-        Ok(priors)
-    }
+    batched_priors!();
 
     async fn observe(
         &self,
