@@ -779,11 +779,11 @@ pub trait Store: Clone + Send + Sync + 'static {
 /// first answers a replay with that one read, and costs a new request one round trip
 /// more.
 ///
-/// On a store that [batches reads](Store::BATCHES_READS) (PostgreSQL), the engine reads
-/// first before taking a connection, and the reads of concurrent callers share
-/// statements: while one is in flight, those that arrive queue for the next, which reads
-/// them all. A lone caller's read goes at once; no answer changes (docs/design.md, "Why
-/// are the reads of a storm batched?").
+/// On a store that [batches reads](Store::BATCHES_READS) (PostgreSQL, MySQL/MariaDB), the
+/// engine reads first before taking a connection, and the reads of concurrent callers
+/// share statements: while one is in flight, those that arrive queue for the next, which
+/// reads them all. A lone caller's read goes at once; no answer changes (docs/design.md,
+/// "Why are the reads of a storm batched?").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReadFirst {
