@@ -20,7 +20,8 @@ use tokio::sync::oneshot;
 
 use crate::store::{Key, OwnedKey, Prior, Store};
 
-/// The most requests one statement reads.
+/// The most requests one batch takes from the queue; the store may read them in several
+/// statements (PostgreSQL and MySQL/MariaDB read at most 64 in one).
 const MAX_BATCH: usize = 128;
 
 /// The read-first reads of one engine and its clones.
