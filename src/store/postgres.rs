@@ -101,11 +101,10 @@ fn statements(tables: &Tables) -> (Statements, ApplyFirst) {
                FROM {edge} AS e(f, t) \
                WHERE o.id = $1 AND {edge_cond} \
                RETURNING o.version::bigint AS seq, e.f, e.t \
-             ), ins AS ( \
-               INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
-               SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb FROM upd \
              ) \
-             SELECT seq, f::text, t::text FROM upd"
+             INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
+             SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb FROM upd \
+             RETURNING seq::bigint, from_status::text, to_status::text"
         ))
     };
     let apply_first = ApplyFirst {
@@ -186,7 +185,8 @@ impl PgStore {
 
     /// The statement a transition outside a caller's transaction starts with, unless the
     /// store reads first: the update along the event's edge and the history insert, one
-    /// round trip. Parameters: `$1` order id, `$2` event, `$3` ref, `$4` payload hash,
+    /// round trip; the floor's statement (a data-modifying CTE feeding the insert),
+    /// returning the history row it inserted. Parameters: `$1` order id, `$2` event, `$3` ref, `$4` payload hash,
     /// `$5` payload, then the event's edge: for an event with exactly one source state
     /// (`sources == 1`) `$6`/`$7` are its from and to states (`text`); otherwise they are
     /// all of them, in matching order (`text[]`). Returns `(version, from, to)` if it
