@@ -186,11 +186,11 @@ impl PgStore {
     /// The statement a transition outside a caller's transaction starts with, unless the
     /// store reads first: the update along the event's edge and the history insert, one
     /// round trip; the floor's statement (a data-modifying CTE feeding the insert),
-    /// returning the history row it inserted. Parameters: `$1` order id, `$2` event, `$3` ref, `$4` payload hash,
-    /// `$5` payload, then the event's edge: for an event with exactly one source state
-    /// (`sources == 1`) `$6`/`$7` are its from and to states (`text`); otherwise they are
-    /// all of them, in matching order (`text[]`). Returns `(version, from, to)` if it
-    /// applied. For `EXPLAIN` and for review.
+    /// returning the history row it inserted. Parameters: `$1` order id, `$2` event, `$3`
+    /// ref, `$4` payload hash, `$5` payload, then the event's edge: for an event with
+    /// exactly one source state (`sources == 1`) `$6`/`$7` are its from and to states
+    /// (`text`); otherwise they are all of them, in matching order (`text[]`). Returns
+    /// `(version, from, to)` if it applied. For `EXPLAIN` and for review.
     pub fn transition_sql(&self, sources: usize) -> &str {
         if sources == 1 {
             self.apply_first.one_source.as_str()
