@@ -14,13 +14,13 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::machine::{StateMachine, validate};
-
-mod batch;
 use crate::store::{
     Apply, ErrorClass, Key, Observed, Optimistic, Prior, RawTransition, Request, Store, db_error,
     is_unique_violation,
 };
 use crate::{Error, Result};
+
+mod batch;
 
 /// Longest accepted `ref_id`, in characters.
 pub const MAX_REF_LEN: usize = 255;
