@@ -1,7 +1,18 @@
 //! The transition algorithm, written once for every backend.
 //!
-//! validate input → read (one statement) → judge → conditional update + history insert →
-//! on a lost race, read afresh and judge again, within a bounded retry budget.
+//! validate input → apply first (the floor's statements), or read the request's history
+//! row first during a storm of replays → if that did not settle it, read the entity and
+//! the request's history row (one statement) → judge → conditional update + history
+//! insert → on a lost race, read afresh and judge again, within a bounded retry budget.
+//!
+//! Two guarantees hold whatever the driver does:
+//! - **Cancellation**: a caller may drop any future at any await point; the pooled
+//!   connection is then closed, never returned to the pool mid-conversation (see
+//!   `lease`), and what committed stays committed.
+//! - **In-doubt commits**: when the connection fails at or after a write was sent, the
+//!   request is read back by its identity on a fresh connection and answered from the
+//!   history; if that read is impossible too, the answer is [`Error::InDoubt`], which is
+//!   safe to re-send.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -21,6 +32,9 @@ use crate::store::{
 use crate::{Error, Result};
 
 mod batch;
+mod lease;
+
+use lease::Lease;
 
 /// Longest accepted `ref_id`, in characters.
 pub const MAX_REF_LEN: usize = 255;
@@ -111,6 +125,9 @@ pub struct EngineConfig {
     pub min_backoff: Duration,
     /// Largest backoff delay. Default 100 ms.
     pub max_backoff: Duration,
+    /// How long to keep trying to read a request back after the connection failed at or
+    /// after its write was sent, before answering [`Error::InDoubt`]. Default 5 s.
+    pub in_doubt_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -119,6 +136,7 @@ impl Default for EngineConfig {
             max_attempts: 10,
             min_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(100),
+            in_doubt_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -164,6 +182,54 @@ enum Step<S> {
     Done(Result<Outcome<S>>),
     /// Read again; the reason is for the trace.
     Retry(&'static str),
+    /// The connection failed (and is discarded). `wrote`: at or after this attempt's
+    /// write was sent, so the write may have committed.
+    Lost {
+        error: sqlx::Error,
+        wrote: bool,
+    },
+}
+
+/// Where a request's connection comes from.
+enum Conn<'c, S: Store> {
+    /// The engine's own, from the pool, taken when first needed and replaced after a
+    /// failure that lost it. Dropped mid-request, it is closed (see [`Lease`]).
+    Pooled(Option<Lease<S>>),
+    /// The caller's transaction.
+    Caller(&'c mut S::Conn),
+}
+
+impl<S: Store> Conn<'_, S> {
+    fn in_tx(&self) -> bool {
+        matches!(self, Conn::Caller(_))
+    }
+
+    async fn get(&mut self, store: &S) -> Result<&mut S::Conn, sqlx::Error> {
+        match self {
+            Conn::Caller(conn) => Ok(conn),
+            Conn::Pooled(lease) => {
+                let held = match lease.take() {
+                    Some(held) => held,
+                    None => Lease::acquire(store).await?,
+                };
+                Ok(lease.insert(held).conn())
+            }
+        }
+    }
+
+    /// The connection failed: closed, and replaced when next needed.
+    fn lost(&mut self) {
+        if let Conn::Pooled(lease) = self {
+            *lease = None;
+        }
+    }
+
+    /// The request ran to its end: a pooled connection goes back to the pool.
+    fn finish(self) {
+        if let Conn::Pooled(Some(lease)) = self {
+            lease.release();
+        }
+    }
 }
 
 enum Verdict<S> {
@@ -224,18 +290,28 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     /// Creates the entity at the initial state. Creating one that already exists at the
     /// initial state is not an error; one that has moved on is [`Error::AlreadyExists`].
     pub async fn create(&self, order_id: i64) -> Result<Order<M::State>> {
-        let mut conn = self.store.acquire().await.map_err(db_error::<S>)?;
-        self.create_in(&mut conn, order_id).await
+        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+        let row = self
+            .store
+            .create(lease.conn(), order_id, M::INITIAL.into())
+            .await;
+        lease.release_after(&row);
+        self.created(order_id, row.map_err(db_error::<S>)?)
     }
 
     /// [`create`](Self::create) inside the caller's transaction.
     pub async fn create_in(&self, conn: &mut S::Conn, order_id: i64) -> Result<Order<M::State>> {
-        let (status, version) = self
+        let row = self
             .store
             .create(conn, order_id, M::INITIAL.into())
             .await
             .map_err(db_error::<S>)?;
+        self.created(order_id, row)
+    }
+
+    fn created(&self, order_id: i64, (status, version): (String, i64)) -> Result<Order<M::State>> {
         let state = parse_state::<M>(order_id, &status)?;
+        let version = parse_version(order_id, version)?;
         if state != M::INITIAL {
             return Err(Error::AlreadyExists {
                 order_id,
@@ -251,28 +327,25 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
 
     /// The entity's current state.
     pub async fn get(&self, order_id: i64) -> Result<Order<M::State>> {
-        let mut conn = self.store.acquire().await.map_err(db_error::<S>)?;
-        let row = self
-            .store
-            .get(&mut conn, order_id)
-            .await
-            .map_err(db_error::<S>)?;
-        let (status, version) = row.ok_or(Error::NotFound { order_id })?;
+        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+        let row = self.store.get(lease.conn(), order_id).await;
+        lease.release_after(&row);
+        let (status, version) = row
+            .map_err(db_error::<S>)?
+            .ok_or(Error::NotFound { order_id })?;
         Ok(Order {
             id: order_id,
             state: parse_state::<M>(order_id, &status)?,
-            version,
+            version: parse_version(order_id, version)?,
         })
     }
 
     /// The entity's history, oldest first.
     pub async fn history(&self, order_id: i64) -> Result<Vec<Record<M>>> {
-        let mut conn = self.store.acquire().await.map_err(db_error::<S>)?;
-        let rows = self
-            .store
-            .history(&mut conn, order_id)
-            .await
-            .map_err(db_error::<S>)?;
+        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+        let rows = self.store.history(lease.conn(), order_id).await;
+        lease.release_after(&rows);
+        let rows = rows.map_err(db_error::<S>)?;
         rows.into_iter()
             .map(|r| parse_record::<M>(order_id, r))
             .collect()
@@ -332,7 +405,12 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         ref_id: &str,
     ) -> Result<Outcome<M::State>> {
         validate_ref(ref_id)?;
-        self.run(conn, order_id, event, ref_id, None, true, false)
+        let key = Key {
+            order_id,
+            event: event.into(),
+            ref_id,
+        };
+        self.run(&mut Conn::Caller(conn), key, event, None, false)
             .await
     }
 
@@ -348,7 +426,12 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     ) -> Result<Outcome<M::State>> {
         validate_ref(ref_id)?;
         let payload = fingerprint(payload)?;
-        self.run(conn, order_id, event, ref_id, Some(payload), true, false)
+        let key = Key {
+            order_id,
+            event: event.into(),
+            ref_id,
+        };
+        self.run(&mut Conn::Caller(conn), key, event, Some(&payload), false)
             .await
     }
 
@@ -381,38 +464,26 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
                 read_first_done = true;
             }
         }
-        let mut conn = self.store.acquire().await.map_err(db_error::<S>)?;
-        self.run(
-            &mut conn,
-            order_id,
-            event,
-            ref_id,
-            payload,
-            false,
-            read_first_done,
-        )
-        .await
+        let mut conn = Conn::Pooled(None);
+        let outcome = self
+            .run(&mut conn, key, event, payload.as_ref(), read_first_done)
+            .await;
+        conn.finish();
+        outcome
     }
 
     /// The retry loop; `ref_id` is already validated. `read_first_done`: the request's
     /// history row was read first (and counted) and it has none, so the first attempt
     /// goes straight to applying.
-    #[allow(clippy::too_many_arguments)] // private; each flag is named at its call sites
     async fn run(
         &self,
-        conn: &mut S::Conn,
-        order_id: i64,
+        conn: &mut Conn<'_, S>,
+        key: Key<'_>,
         event: M::Event,
-        ref_id: &str,
-        payload: Option<Payload>,
-        in_tx: bool,
+        payload: Option<&Payload>,
         read_first_done: bool,
     ) -> Result<Outcome<M::State>> {
-        let key = Key {
-            order_id,
-            event: event.into(),
-            ref_id,
-        };
+        let in_tx = conn.in_tx();
         let mut delays = ExponentialBuilder::default()
             .with_min_delay(self.config.min_backoff)
             .with_max_delay(self.config.max_backoff)
@@ -423,35 +494,105 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         loop {
             attempts += 1;
             let read_done = read_first_done && attempts == 1;
-            match self
-                .attempt(conn, key, event, payload.as_ref(), in_tx, read_done)
-                .await
-            {
+            let step = match conn.get(&self.store).await {
+                Ok(c) => self.attempt(c, key, event, payload, in_tx, read_done).await,
+                Err(e) => retry_or_fail::<M, S>(e, in_tx, false),
+            };
+            let (reason, lost) = match step {
                 Step::Done(result) => return result,
-                Step::Retry(reason) if attempts >= self.config.max_attempts => {
-                    tracing::warn!(
-                        order_id,
-                        event = key.event,
-                        attempts,
-                        reason,
-                        "giving up: contention"
-                    );
-                    return Err(Error::Contention { attempts });
+                Step::Retry(reason) => (reason, None),
+                Step::Lost { error, wrote } => {
+                    conn.lost();
+                    if wrote {
+                        let hash = payload.map(|p| p.hash.as_str());
+                        if let Some(answer) = self.settle(key, event, hash, error).await {
+                            return answer;
+                        }
+                        ("the write did not land", None)
+                    } else {
+                        ("connection lost", Some(error))
+                    }
                 }
-                Step::Retry(reason) => {
-                    let delay = delays.next().unwrap_or(self.config.max_backoff);
-                    tracing::debug!(
-                        order_id,
-                        event = key.event,
-                        attempts,
-                        reason,
-                        ?delay,
-                        "reading again"
-                    );
-                    tokio::time::sleep(delay).await;
+            };
+            if attempts >= self.config.max_attempts {
+                tracing::warn!(
+                    order_id = key.order_id,
+                    event = key.event,
+                    attempts,
+                    reason,
+                    "giving up"
+                );
+                return Err(match lost {
+                    Some(error) => db_error::<S>(error),
+                    None => Error::Contention { attempts },
+                });
+            }
+            let delay = delays.next().unwrap_or(self.config.max_backoff);
+            tracing::debug!(
+                order_id = key.order_id,
+                event = key.event,
+                attempts,
+                reason,
+                ?delay,
+                "reading again"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Settles a request whose connection failed at or after its write was sent: reads
+    /// the request back by its identity on fresh connections, for at most
+    /// [`EngineConfig::in_doubt_timeout`]. Recorded: `Applied` as recorded (see
+    /// docs/design.md, "Why is an in-doubt write answered `Applied`?"), or
+    /// `PayloadMismatch` if the recorded payload is another. `None`: not recorded, so the
+    /// write did not land; judge afresh. Unreadable: [`Error::InDoubt`].
+    async fn settle(
+        &self,
+        key: Key<'_>,
+        event: M::Event,
+        payload_hash: Option<&str>,
+        error: sqlx::Error,
+    ) -> Option<Result<Outcome<M::State>>> {
+        tracing::debug!(order_id = key.order_id, event = key.event, %error, "write in doubt: reading it back");
+        let read_back = async {
+            let mut delays = ExponentialBuilder::default()
+                .with_min_delay(self.config.min_backoff)
+                .with_max_delay(self.config.max_backoff)
+                .without_max_times()
+                .build();
+            loop {
+                let read = async {
+                    let mut lease = Lease::acquire(&self.store).await?;
+                    let prior = self.store.prior(lease.conn(), key, false).await;
+                    lease.release_after(&prior);
+                    prior
+                };
+                match read.await {
+                    Ok(prior) => return prior,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "reading an in-doubt write back failed");
+                        tokio::time::sleep(delays.next().unwrap_or(self.config.max_backoff)).await;
+                    }
                 }
             }
-        }
+        };
+        let prior = match tokio::time::timeout(self.config.in_doubt_timeout, read_back).await {
+            Ok(prior) => prior?,
+            Err(_) => {
+                return Some(Err(Error::InDoubt {
+                    order_id: key.order_id,
+                    event: key.event,
+                    ref_id: key.ref_id.to_string(),
+                    source: error,
+                }));
+            }
+        };
+        answer_from_history::<M>(Some(prior), key, event, payload_hash).map(|answer| {
+            answer.map(|outcome| match outcome {
+                Outcome::Replayed { from, to, version }
+                | Outcome::Applied { from, to, version } => Outcome::Applied { from, to, version },
+            })
+        })
     }
 
     /// One read → judge → update. A lost race or a retryable error asks for another
@@ -484,7 +625,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         if reads_first {
             let prior = match self.store.prior(conn, key, false).await {
                 Ok(prior) => prior,
-                Err(e) => return retry_or_fail::<M, S>(e, in_tx),
+                Err(e) => return retry_or_fail::<M, S>(e, in_tx, false),
             };
             first.note(prior.is_some());
             if let Some(answer) = answer_from_history::<M>(prior, key, event, hash) {
@@ -508,12 +649,12 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
                 // Recorded before (a replay, or a twin that committed first): the attempt
                 // was undone; the read finds the history row.
                 Err(e) if is_unique_violation(&e) => Optimistic::NotApplied,
-                Err(e) => return retry_or_fail::<M, S>(e, in_tx),
+                Err(e) => return retry_or_fail::<M, S>(e, in_tx, true),
             };
         }
         let mut observed = match self.store.observe(conn, request, in_tx).await {
             Ok(o) => Observed { optimistic, ..o },
-            Err(e) => return retry_or_fail::<M, S>(e, in_tx),
+            Err(e) => return retry_or_fail::<M, S>(e, in_tx, false),
         };
         if !in_tx && !noted {
             first.note(observed.prior.is_some());
@@ -523,15 +664,22 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             // request recorded for it is still a replay (row 1 before row 5).
             observed.prior = match self.store.prior(conn, key, in_tx).await {
                 Ok(prior) => prior,
-                Err(e) => return retry_or_fail::<M, S>(e, in_tx),
+                Err(e) => return retry_or_fail::<M, S>(e, in_tx, false),
             };
         }
         let (from, to, version) = match judge::<M>(&observed, key, event, hash) {
             Verdict::Done(result) => return Step::Done(result),
             Verdict::Refused { state } => {
                 return match self.store.latest_ref(conn, key, in_tx).await {
+                    // A twin of this very request was applied after the judge's read (on
+                    // a graph with a cycle, the entity can come back to where the event
+                    // is refused): the request is recorded now, and the next read
+                    // answers it as a replay. Never a conflict with itself.
+                    Ok(Some(existing)) if existing == key.ref_id => {
+                        Step::Retry("own reference recorded meanwhile")
+                    }
                     Ok(existing) => Step::Done(Err(refusal::<M>(state, event, existing))),
-                    Err(e) => retry_or_fail::<M, S>(e, in_tx),
+                    Err(e) => retry_or_fail::<M, S>(e, in_tx, false),
                 };
             }
             // The store's optimistic update already found this snapshot stale.
@@ -556,7 +704,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             })),
             // Someone else moved first: nothing was written; judge again from a fresh read.
             Ok(false) => Step::Retry("lost the conditional update"),
-            Err(e) => retry_or_fail::<M, S>(e, in_tx),
+            Err(e) => retry_or_fail::<M, S>(e, in_tx, true),
         }
     }
 
@@ -587,13 +735,26 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     }
 }
 
-fn retry_or_fail<M: StateMachine, S: Store>(e: sqlx::Error, in_tx: bool) -> Step<M::State> {
+/// The next step after a database error. Inside a caller's transaction every error ends
+/// the request: a retryable one (a deadlock, a lost connection) took the caller's
+/// transaction with it, and the caller runs the whole transaction again. `wrote`: the
+/// error came at or after the attempt's write was sent.
+fn retry_or_fail<M: StateMachine, S: Store>(
+    e: sqlx::Error,
+    in_tx: bool,
+    wrote: bool,
+) -> Step<M::State> {
     match S::classify(&e) {
-        ErrorClass::Retryable if !in_tx => {
+        _ if in_tx => Step::Done(Err(db_error::<S>(e))),
+        ErrorClass::Retryable => {
             tracing::debug!(error = %e, "retryable database error");
             Step::Retry("retryable database error")
         }
-        _ => Step::Done(Err(db_error::<S>(e))),
+        ErrorClass::ConnectionLost => {
+            tracing::debug!(error = %e, wrote, "connection lost");
+            Step::Lost { error: e, wrote }
+        }
+        ErrorClass::Fatal => Step::Done(Err(db_error::<S>(e))),
     }
 }
 
@@ -645,15 +806,17 @@ fn judge<M: StateMachine>(
             order_id: key.order_id,
         }));
     };
-    let state = match parse_state::<M>(key.order_id, status) {
-        Ok(s) => s,
+    let (state, version) = match parse_state::<M>(key.order_id, status)
+        .and_then(|state| Ok((state, parse_version(key.order_id, *version)?)))
+    {
+        Ok(read) => read,
         Err(e) => return done(Err(e)),
     };
     match M::next(state, event) {
         Some(to) => Verdict::Apply {
             from: state,
             to,
-            version: *version,
+            version,
         },
         None => Verdict::Refused { state },
     }
@@ -689,6 +852,17 @@ fn parse_state<M: StateMachine>(order_id: i64, value: &str) -> Result<M::State> 
         order_id,
         value: value.to_string(),
     })
+}
+
+/// A version is a count of transitions: a negative one was written outside orderly.
+fn parse_version(order_id: i64, version: i64) -> Result<i64> {
+    if version < 0 {
+        return Err(Error::CorruptState {
+            order_id,
+            value: format!("version {version}"),
+        });
+    }
+    Ok(version)
 }
 
 fn parse_record<M: StateMachine>(order_id: i64, raw: RawTransition) -> Result<Record<M>> {
@@ -737,11 +911,38 @@ fn validate_ref(ref_id: &str) -> Result<()> {
     Ok(())
 }
 
+/// The payload's identity: two payloads are the same payload when they serialize to
+/// equal JSON values (`serde_json::Value` equality: the same members whatever their
+/// order, the same array elements in the same order, equal strings, and numbers equal as
+/// JSON numbers of the same kind, so `1` and `1.0` differ). The fingerprint is the SHA-256
+/// of the value's canonical JSON text (RFC 8785: members sorted, no whitespace), which is
+/// also the text stored. A payload that does not serialize to JSON, or that holds a NUL
+/// character (which PostgreSQL cannot store), is [`Error::InvalidInput`] on every backend.
 fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<Payload> {
-    let json = serde_json::to_string(payload)
-        .map_err(|e| Error::InvalidInput(format!("payload is not serializable as JSON: {e}")))?;
+    let not_json = |e: serde_json::Error| {
+        Error::InvalidInput(format!("payload is not serializable as JSON: {e}"))
+    };
+    let value = serde_json::to_value(payload).map_err(not_json)?;
+    if holds_nul(&value) {
+        return Err(Error::InvalidInput(
+            "payload must not contain a NUL character (U+0000)".into(),
+        ));
+    }
+    let json = serde_json_canonicalizer::to_string(&value).map_err(not_json)?;
     let hash = hex::encode(Sha256::digest(json.as_bytes()));
     Ok(Payload { hash, json })
+}
+
+fn holds_nul(value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(members) => members
+            .iter()
+            .any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
 }
 
 #[cfg(test)]

@@ -76,8 +76,31 @@ pub enum Error {
         attempts: u32,
     },
 
+    /// The connection failed after this request's write was sent, and the request could
+    /// not be read back on a fresh connection either: it may or may not have been
+    /// applied. **Re-send the same request; it is safe**: a request that was applied is
+    /// answered [`Outcome::Replayed`](crate::Outcome::Replayed), one that was not is
+    /// judged afresh, and it is never applied twice.
+    #[error(
+        "in doubt: the connection failed after the write of {event} {ref_id} on order {order_id} was sent; re-send the same request, it is safe: {source}"
+    )]
+    InDoubt {
+        /// The entity.
+        order_id: i64,
+        /// The event.
+        event: &'static str,
+        /// The caller's reference.
+        ref_id: String,
+        /// The error that made the write's fate unknown.
+        #[source]
+        source: sqlx::Error,
+    },
+
     /// A database error. `retryable` is set for serialization failures, deadlocks, lock
-    /// timeouts, busy databases and pool timeouts, as classified by the store.
+    /// timeouts, busy databases, pool timeouts and lost connections, as classified by the
+    /// store: re-sending the same request is safe then (a request whose write did land is
+    /// answered `Replayed`). Inside a caller's transaction, a lost connection took that
+    /// transaction with it: nothing of it committed; run the whole transaction again.
     #[error("database error (retryable: {retryable}): {source}")]
     Database {
         /// The driver's error.
@@ -97,12 +120,15 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether the same request may succeed if retried later (contention, serialization
-    /// failure, deadlock, busy, pool timeout).
+    /// Whether re-sending the same request is safe and may succeed: contention,
+    /// serialization failure, deadlock, busy, pool timeout, a lost connection, and
+    /// [`Error::InDoubt`]. A transition is never applied twice, so re-sending one that
+    /// did land is answered [`Outcome::Replayed`](crate::Outcome::Replayed).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
             Error::Contention { .. }
+                | Error::InDoubt { .. }
                 | Error::Database {
                     retryable: true,
                     ..

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
+use super::Lease;
 use crate::store::{Key, OwnedKey, Prior, Store};
 
 /// The most requests one batch takes from the queue; the store may read them in several
@@ -85,8 +86,10 @@ impl<S: Store> Reads<S> {
     /// One statement for `keys`; `None` if it failed or answered the wrong number.
     async fn read(&self, keys: &[OwnedKey]) -> Option<Vec<Option<Prior>>> {
         let read = async {
-            let mut conn = self.store.acquire().await?;
-            self.store.priors(&mut conn, keys).await
+            let mut lease = Lease::acquire(&self.store).await?;
+            let priors = self.store.priors(lease.conn(), keys).await;
+            lease.release_after(&priors);
+            priors
         };
         match read.await {
             Ok(priors) if priors.len() == keys.len() => Some(priors),

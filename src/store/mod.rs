@@ -34,14 +34,17 @@ pub(crate) struct Statements {
 }
 
 /// The [`Store`] methods every backend implements the same way (bind the same values to
-/// its own SQL), for a store type with `pool` and `sql: Arc<Statements>` fields and the
-/// backend's connection type `$conn`. Not generic code: each backend expands it for its
+/// its own SQL), for a store type with an inherent `fn sql(&self) -> &Statements` and
+/// the backend's connection type `$conn`. Not generic code: each backend expands it for its
 /// own concrete types.
 #[allow(unused_macros)] // a build with no backend feature has no store
 macro_rules! shared_store_methods {
     ($conn:ty) => {
-        async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
-            self.pool.acquire().await
+        fn discard(conn: Self::Pooled) {
+            // Detached, the connection no longer counts against the pool; dropped, its
+            // socket closes at once, without a goodbye that could wait on a stream left
+            // in the middle of a reply.
+            drop(conn.detach());
         }
 
         async fn create(
@@ -50,12 +53,12 @@ macro_rules! shared_store_methods {
             order_id: i64,
             initial: &'static str,
         ) -> Result<(String, i64), sqlx::Error> {
-            sqlx::query(self.sql.insert_order.clone())
+            sqlx::query(self.sql().insert_order.clone())
                 .bind(order_id)
                 .bind(initial)
                 .execute(&mut *conn)
                 .await?;
-            sqlx::query_as(self.sql.get.clone())
+            sqlx::query_as(self.sql().get.clone())
                 .bind(order_id)
                 .fetch_one(&mut *conn)
                 .await
@@ -68,7 +71,7 @@ macro_rules! shared_store_methods {
             in_tx: bool,
         ) -> Result<Option<$crate::store::Prior>, sqlx::Error> {
             let row: Option<$crate::store::PriorRow> =
-                sqlx::query_as(self.sql.prior[usize::from(in_tx)].clone())
+                sqlx::query_as(self.sql().prior[usize::from(in_tx)].clone())
                     .bind(key.order_id)
                     .bind(key.event)
                     .bind(key.ref_id)
@@ -83,7 +86,7 @@ macro_rules! shared_store_methods {
             key: $crate::store::Key<'_>,
             in_tx: bool,
         ) -> Result<Option<String>, sqlx::Error> {
-            sqlx::query_scalar(self.sql.latest_ref[usize::from(in_tx)].clone())
+            sqlx::query_scalar(self.sql().latest_ref[usize::from(in_tx)].clone())
                 .bind(key.order_id)
                 .bind(key.event)
                 .fetch_optional(conn)
@@ -103,7 +106,7 @@ macro_rules! shared_store_methods {
             conn: &mut $conn,
             a: $crate::store::Apply<'_>,
         ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query(self.sql.update.clone())
+            let done = sqlx::query(self.sql().update.clone())
                 .bind(a.to)
                 .bind(a.key.order_id)
                 .bind(a.from)
@@ -118,7 +121,7 @@ macro_rules! shared_store_methods {
             conn: &mut $conn,
             a: $crate::store::Apply<'_>,
         ) -> Result<(), sqlx::Error> {
-            sqlx::query(self.sql.record.clone())
+            sqlx::query(self.sql().record.clone())
                 .bind(a.key.order_id)
                 .bind(a.version + 1)
                 .bind(a.from)
@@ -137,7 +140,7 @@ macro_rules! shared_store_methods {
             conn: &mut $conn,
             order_id: i64,
         ) -> Result<Option<(String, i64)>, sqlx::Error> {
-            sqlx::query_as(self.sql.get.clone())
+            sqlx::query_as(self.sql().get.clone())
                 .bind(order_id)
                 .fetch_optional(conn)
                 .await
@@ -148,7 +151,7 @@ macro_rules! shared_store_methods {
             conn: &mut $conn,
             order_id: i64,
         ) -> Result<Vec<$crate::store::RawTransition>, sqlx::Error> {
-            let rows: Vec<$crate::store::HistoryRow> = sqlx::query_as(self.sql.history.clone())
+            let rows: Vec<$crate::store::HistoryRow> = sqlx::query_as(self.sql().history.clone())
                 .bind(order_id)
                 .fetch_all(conn)
                 .await?;
@@ -234,7 +237,7 @@ macro_rules! first_round_methods {
 }
 
 /// `Store::BATCHES_READS` and `Store::priors` for a store that reads a batch in one
-/// statement, for a store type with a `batch_reads: BatchReads` field: its statement for
+/// statement, for a store type with an inherent `fn batch_reads(&self) -> &BatchReads`: its statement for
 /// the batch's size rounded up to a power of two, each request bound in order as (order
 /// id, event, reference), the unused places as NULLs, which match nothing; each row back
 /// is `(position from 0, from, to, payload hash, seq)`. A lone request is read with the
@@ -255,7 +258,7 @@ macro_rules! batched_priors {
             let mut priors = Vec::with_capacity(keys.len());
             for chunk in keys.chunks($crate::store::PRIORS_MAX) {
                 let size = chunk.len().next_power_of_two();
-                let mut query = sqlx::query_as(self.batch_reads.sql(size).clone());
+                let mut query = sqlx::query_as(self.batch_reads().sql(size).clone());
                 for key in chunk {
                     query = query.bind(key.order_id).bind(key.event).bind(&key.ref_id);
                 }
@@ -624,6 +627,11 @@ pub struct Apply<'a> {
 pub enum ErrorClass {
     /// Serialization failure, deadlock, busy, lock or pool timeout: try again.
     Retryable,
+    /// The connection failed or was closed under the statement (an I/O error, a session
+    /// killed or terminated by an administrator, the server shutting down or crashing).
+    /// The connection is discarded. A write sent on it may or may not have committed:
+    /// the engine re-reads the request on a fresh connection before it answers.
+    ConnectionLost,
     /// Anything else.
     Fatal,
 }
@@ -642,6 +650,12 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Borrows a connection from the pool.
     fn acquire(&self) -> impl Future<Output = Result<Self::Pooled, sqlx::Error>> + Send;
+
+    /// Closes a pooled connection instead of returning it to the pool, for a connection
+    /// whose state is unknown: a conversation on it was interrupted (its caller dropped
+    /// the future) or it failed. Closing the socket makes the server roll back whatever
+    /// transaction was open on it; the pool opens a replacement when one is needed.
+    fn discard(conn: Self::Pooled);
 
     /// Inserts the entity at `initial` with version 0 unless it exists; returns its
     /// `(status, version)` afterwards.
@@ -873,15 +887,24 @@ impl ReplayRate {
 
 /// Wraps a driver error with the store's classification.
 pub(crate) fn db_error<S: Store>(source: sqlx::Error) -> Error {
-    let retryable = S::classify(&source) == ErrorClass::Retryable;
+    let retryable = S::classify(&source) != ErrorClass::Fatal;
     Error::Database { source, retryable }
 }
 
-/// Classification shared by all drivers: errors that are about the pool, not the query.
+/// Classification shared by all drivers: errors about the pool or the connection rather
+/// than the statement. `None` for a database error, which each backend classifies by its
+/// codes.
 #[allow(dead_code)] // used by every backend, and no backend is also a valid build
 pub(crate) fn classify_common(err: &sqlx::Error) -> Option<ErrorClass> {
     match err {
         sqlx::Error::PoolTimedOut => Some(ErrorClass::Retryable),
+        // The socket failed or closed (a killed session, a crashed server, a reset), the
+        // server's reply could not be read (a stream cut mid-message), or SQLite's worker
+        // thread is gone: the connection cannot be trusted again.
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => Some(ErrorClass::ConnectionLost),
         sqlx::Error::Database(_) => None,
         _ => Some(ErrorClass::Fatal),
     }

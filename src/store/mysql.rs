@@ -1,7 +1,7 @@
 //! MySQL and MariaDB (and engines that speak their protocol: TiDB, Galera).
 
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
@@ -24,31 +24,50 @@ pub async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
 /// a transition a pooled connection's `LAST_INSERT_ID()` holds that version until the next
 /// insert with an auto-increment key. Read `LAST_INSERT_ID()` only on the connection and
 /// right after the insert it is meant for, as MySQL advises anyway.
+///
+/// On MariaDB Galera (a server with `wsrep_on`), every read the engine judges by, and
+/// [`get`](crate::Engine::get) and [`history`](crate::Engine::history), is causal: it runs
+/// as `SET STATEMENT wsrep_sync_wait = 1 FOR SELECT …`, so it waits until the node has
+/// applied every write set the cluster certified before it, and a request acknowledged
+/// on one node is a replay on every other. The store finds out on the first connection
+/// it borrows from its pool ([`connect`](Self::connect) asks at once); a cross-node race
+/// that Galera's certification settles surfaces as error 1213 at `COMMIT`, which is
+/// retried and judged afresh.
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
-    sql: Arc<Statements>,
+    /// `[plain, causal]` statements and batched reads; see [`MySqlStore::causal_reads`].
+    sql: [Arc<Statements>; 2],
+    batch_reads: [BatchReads; 2],
+    /// Whether the server is a Galera node, once known.
+    galera: Arc<OnceLock<bool>>,
     /// The optimistic attempt's update, judged on the row it locks: `(to, id, from)`.
     /// `LAST_INSERT_ID(expr)` hands the new version back in the statement's reply.
     optimistic_update: SqlStr,
-    batch_reads: BatchReads,
     first_round: FirstRound,
 }
 
-fn statements(tables: &Tables) -> Statements {
+/// Makes a read wait, on a Galera node, for the write sets certified before it.
+const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
+
+fn statements(tables: &Tables, causal: bool) -> Statements {
     let (o, h) = tables.quoted('`');
     let sql = |s: String| AssertSqlSafe(s).into_sql_str();
+    let read = |s: String| {
+        let s = if causal { format!("{CAUSAL}{s}") } else { s };
+        AssertSqlSafe(s).into_sql_str()
+    };
     // `[plain, inside a caller's transaction]`: in REPEATABLE READ a plain read returns the
     // caller's snapshot, which may predate a rival's commit; locking reads see the latest
     // rows. The judge's read is driven by the entity row rather than a one-row derived
     // table, which MariaDB materializes as a temporary table on every call (about 40 µs
     // here); its parameters are therefore (event, ref_id, order_id).
-    let locking = |f: &dyn Fn(&str) -> String, lock: &str| [sql(f("")), sql(f(lock))];
+    let locking = |f: &dyn Fn(&str) -> String, lock: &str| [read(f("")), read(f(lock))];
     Statements {
         insert_order: sql(format!(
             "INSERT INTO {o} (id, status, version) VALUES (?, ?, 0) ON DUPLICATE KEY UPDATE id = id"
         )),
-        get: sql(format!(
+        get: read(format!(
             "SELECT status, CAST(version AS SIGNED) FROM {o} WHERE id = ?"
         )),
         observe: locking(
@@ -87,7 +106,7 @@ fn statements(tables: &Tables) -> Statements {
             "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )),
-        history: sql(format!(
+        history: read(format!(
             "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \
              CAST(payload AS CHAR), created_at \
              FROM {h} WHERE order_id = ? ORDER BY seq"
@@ -100,14 +119,15 @@ fn statements(tables: &Tables) -> Statements {
 /// each answer tagged with its request's position. The derived table is materialized on
 /// every call (a temporary table, about 40 µs here), which is why a lone request is read
 /// with the plain statement instead.
-fn priors_sql(h: &str, n: usize) -> String {
+fn priors_sql(h: &str, n: usize, causal: bool) -> String {
     let rows: Vec<String> = (0..n)
         .map(|i| format!("SELECT CAST(? AS SIGNED) AS order_id, ? AS event, ? AS ref_id, CAST({i} AS SIGNED) AS i"))
         .collect();
     format!(
-        "SELECT q.i, h.from_status, h.to_status, h.payload_hash, h.seq \
+        "{}SELECT q.i, h.from_status, h.to_status, h.payload_hash, h.seq \
          FROM ({}) AS q \
          JOIN {h} AS h ON h.order_id = q.order_id AND h.event = q.event AND h.ref_id = q.ref_id",
+        if causal { CAUSAL } else { "" },
         rows.join(" UNION ALL ")
     )
 }
@@ -122,7 +142,9 @@ impl MySqlStore {
             .await
             .map_err(super::db_error::<Self>)?;
         migrate(&pool).await?;
-        Ok(Self::new(pool))
+        let store = Self::new(pool);
+        store.acquire().await.map_err(super::db_error::<Self>)?;
+        Ok(store)
     }
 
     /// A store over an existing pool and the default tables; run [`migrate`] first.
@@ -135,16 +157,31 @@ impl MySqlStore {
         let (o, h) = tables.quoted('`');
         let optimistic_update = AssertSqlSafe(format!(
             "UPDATE {o} SET status = ?, version = LAST_INSERT_ID(version + 1) \
-             WHERE id = ? AND status = ?"
+             WHERE id = ? AND status = ? AND version >= 0"
         ))
         .into_sql_str();
         MySqlStore {
-            sql: Arc::new(statements(&tables)),
+            sql: [false, true].map(|causal| Arc::new(statements(&tables, causal))),
+            batch_reads: [false, true].map(|causal| BatchReads::new(|n| priors_sql(&h, n, causal))),
+            galera: Arc::default(),
             pool,
             optimistic_update,
-            batch_reads: BatchReads::new(|n| priors_sql(&h, n)),
             first_round: FirstRound::new(Self::READ_FIRST_FROM),
         }
+    }
+
+    /// Whether this store's reads are causal: `Some(true)` on a Galera node, `None` until
+    /// the store has borrowed its first connection.
+    pub fn causal_reads(&self) -> Option<bool> {
+        self.galera.get().copied()
+    }
+
+    fn sql(&self) -> &Statements {
+        &self.sql[usize::from(self.causal_reads() == Some(true))]
+    }
+
+    fn batch_reads(&self) -> &BatchReads {
+        &self.batch_reads[usize::from(self.causal_reads() == Some(true))]
     }
 
     /// The share of replays from which [`ReadFirst::Adaptive`] reads first, in 1/1024ths:
@@ -191,6 +228,20 @@ impl Store for MySqlStore {
     type Pooled = sqlx::pool::PoolConnection<MySql>;
     type Tx<'c> = Transaction<'c, MySql>;
 
+    async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        if self.galera.get().is_none() {
+            // `wsrep_on` exists on MariaDB only; MySQL answers no row.
+            let wsrep: Option<(String, String)> = sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
+                .fetch_optional(&mut *conn)
+                .await?;
+            let on = wsrep.is_some_and(|(_, value)| value.eq_ignore_ascii_case("ON"));
+            // Concurrent first borrowers find the same answer; the first one sets it.
+            let _ = self.galera.set(on);
+        }
+        Ok(conn)
+    }
+
     shared_store_methods!(MySqlConnection);
 
     batched_priors!();
@@ -205,12 +256,13 @@ impl Store for MySqlStore {
     ) -> Result<Observed, sqlx::Error> {
         // Its own binding order (see `statements`).
         let key = request.key;
-        let row: Option<ObservedRow> = sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
-            .bind(key.event)
-            .bind(key.ref_id)
-            .bind(key.order_id)
-            .fetch_optional(conn)
-            .await?;
+        let row: Option<ObservedRow> =
+            sqlx::query_as(self.sql().observe[usize::from(in_tx)].clone())
+                .bind(key.event)
+                .bind(key.ref_id)
+                .bind(key.order_id)
+                .fetch_optional(conn)
+                .await?;
         Ok(Observed::from_row(
             row.unwrap_or_default(),
             Optimistic::NotTried,
@@ -222,8 +274,13 @@ impl Store for MySqlStore {
         conn.begin().await
     }
 
-    /// Retryable: 1213 deadlock (also Galera's certification failure) and 1205 lock wait
-    /// timeout.
+    /// Retryable: 1213 deadlock (also Galera's certification failure), 1205 lock wait
+    /// timeout, 1047 (a Galera node not in the primary component). Connection lost (the
+    /// write may have committed, so the engine re-reads the request before answering):
+    /// 1927 connection killed, 1053 server shutdown, 1152 aborted connection, 1158–1161
+    /// network read/write errors, 2006 server gone away, 2013 connection lost during a
+    /// query; besides the I/O errors every backend shares (sqlx reports a socket that a
+    /// `KILL` closed as an I/O error).
     fn classify(err: &sqlx::Error) -> ErrorClass {
         if let Some(class) = classify_common(err) {
             return class;
@@ -235,7 +292,8 @@ impl Store for MySqlStore {
             _ => None,
         };
         match code {
-            Some(1213 | 1205) => ErrorClass::Retryable,
+            Some(1213 | 1205 | 1047) => ErrorClass::Retryable,
+            Some(1927 | 1053 | 1152 | 1158..=1161 | 2006 | 2013) => ErrorClass::ConnectionLost,
             _ => ErrorClass::Fatal,
         }
     }

@@ -99,7 +99,7 @@ fn statements(tables: &Tables) -> (Statements, ApplyFirst) {
             "WITH upd AS ( \
                UPDATE {o} AS o SET status = e.t, version = o.version + 1 \
                FROM {edge} AS e(f, t) \
-               WHERE o.id = $1 AND {edge_cond} \
+               WHERE o.id = $1 AND {edge_cond} AND o.version >= 0 \
                RETURNING o.version::bigint AS seq, e.f, e.t \
              ) \
              INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
@@ -183,6 +183,14 @@ impl PgStore {
         &self.pool
     }
 
+    fn sql(&self) -> &Statements {
+        &self.sql
+    }
+
+    fn batch_reads(&self) -> &BatchReads {
+        &self.batch_reads
+    }
+
     /// The statement a transition outside a caller's transaction starts with, unless the
     /// store reads first: the update along the event's edge and the history insert, one
     /// round trip; the floor's statement (a data-modifying CTE feeding the insert),
@@ -202,7 +210,7 @@ impl PgStore {
     /// The read a replay is answered by when the store reads first: the request's history
     /// row by the unique key `(order_id, event, ref_id)` (`$1`, `$2`, `$3`). For `EXPLAIN`.
     pub fn read_first_sql(&self) -> &str {
-        self.sql.prior[0].as_str()
+        self.sql().prior[0].as_str()
     }
 
     /// The same read for the requests of a batch (see [`ReadFirst`]), in the statement
@@ -220,6 +228,10 @@ impl Store for PgStore {
     type Pooled = sqlx::pool::PoolConnection<Postgres>;
     type Tx<'c> = Transaction<'c, Postgres>;
 
+    async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
+        self.pool.acquire().await
+    }
+
     shared_store_methods!(PgConnection);
 
     batched_priors!();
@@ -234,7 +246,7 @@ impl Store for PgStore {
         // inside a caller's transaction.
         let key = request.key;
         let row: Option<super::ObservedRow> =
-            sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
+            sqlx::query_as(self.sql().observe[usize::from(in_tx)].clone())
                 .bind(key.order_id)
                 .bind(key.event)
                 .bind(key.ref_id)
@@ -287,10 +299,12 @@ impl Store for PgStore {
         conn.begin().await
     }
 
-    /// Retryable: 40001 serialization failure, 40P01 deadlock, 55P03 lock timeout, and
-    /// 40003 statement completion unknown — safe to retry because every attempt starts
-    /// by re-reading the request's history row, so an attempt that did commit is found
-    /// and answered as `Replayed`, never applied again.
+    /// Retryable: 40001 serialization failure, 40P01 deadlock, 55P03 lock timeout.
+    /// Connection lost (the write may have committed, so the engine re-reads the request
+    /// before answering): class 08 (connection exception), 57P01 `admin_shutdown` (a
+    /// session ended by `pg_terminate_backend` or a fast shutdown), 57P02
+    /// `crash_shutdown`, 57P03 `cannot_connect_now`, and 40003 statement completion
+    /// unknown; besides the I/O errors every backend shares.
     fn classify(err: &sqlx::Error) -> ErrorClass {
         if let Some(class) = classify_common(err) {
             return class;
@@ -300,7 +314,9 @@ impl Store for PgStore {
             _ => None,
         };
         match code.as_deref() {
-            Some("40001" | "40P01" | "55P03" | "40003") => ErrorClass::Retryable,
+            Some("40001" | "40P01" | "55P03") => ErrorClass::Retryable,
+            Some("57P01" | "57P02" | "57P03" | "40003") => ErrorClass::ConnectionLost,
+            Some(c) if c.starts_with("08") => ErrorClass::ConnectionLost,
             _ => ErrorClass::Fatal,
         }
     }

@@ -111,7 +111,7 @@ impl SqliteStore {
         let (o, _) = tables.quoted('"');
         let optimistic_update = AssertSqlSafe(format!(
             "UPDATE {o} SET status = ?1, version = version + 1 \
-             WHERE id = ?2 AND status = ?3 RETURNING version"
+             WHERE id = ?2 AND status = ?3 AND version >= 0 RETURNING version"
         ))
         .into_sql_str();
         SqliteStore {
@@ -151,12 +151,20 @@ impl SqliteStore {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
+
+    fn sql(&self) -> &Statements {
+        &self.sql
+    }
 }
 
 impl Store for SqliteStore {
     type Conn = SqliteConnection;
     type Pooled = sqlx::pool::PoolConnection<Sqlite>;
     type Tx<'c> = Transaction<'c, Sqlite>;
+
+    async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
+        self.pool.acquire().await
+    }
 
     shared_store_methods!(SqliteConnection);
 
@@ -169,12 +177,13 @@ impl Store for SqliteStore {
         in_tx: bool,
     ) -> Result<Observed, sqlx::Error> {
         let key = request.key;
-        let row: Option<ObservedRow> = sqlx::query_as(self.sql.observe[usize::from(in_tx)].clone())
-            .bind(key.order_id)
-            .bind(key.event)
-            .bind(key.ref_id)
-            .fetch_optional(conn)
-            .await?;
+        let row: Option<ObservedRow> =
+            sqlx::query_as(self.sql().observe[usize::from(in_tx)].clone())
+                .bind(key.order_id)
+                .bind(key.event)
+                .bind(key.ref_id)
+                .fetch_optional(conn)
+                .await?;
         Ok(Observed::from_row(
             row.unwrap_or_default(),
             Optimistic::NotTried,

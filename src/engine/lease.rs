@@ -1,0 +1,61 @@
+//! Pooled connections that go back to the pool only when the conversation on them ended.
+//!
+//! Any future orderly returns may be dropped at any await point: a timeout, a `select!`,
+//! an HTTP handler whose client went away. A connection abandoned mid-conversation is in
+//! a state nobody knows: a `BEGIN` sent but not yet counted by the driver (sqlx 0.9.0's
+//! `begin()` on PostgreSQL), a reply half read, a transaction open. Returned to the pool,
+//! it would hand the next caller a transaction that caller never began (whose writes are
+//! then never committed), or hang the pool's check on a stream out of step.
+//!
+//! So the engine never relies on the driver's guards: a [`Lease`] closes its connection
+//! when it is dropped, and only [`Lease::release`], called once the engine's work on the
+//! connection has run to its end, returns it to the pool. Closing the socket makes the
+//! server roll back whatever was open. The price of a cancelled call is one reconnect;
+//! a call that completes pays nothing.
+
+use crate::store::{ErrorClass, Store};
+
+/// A connection borrowed from a store's pool: closed on drop unless released.
+pub(crate) struct Lease<S: Store> {
+    conn: Option<S::Pooled>,
+}
+
+impl<S: Store> Lease<S> {
+    /// Borrows a connection.
+    pub(crate) async fn acquire(store: &S) -> Result<Self, sqlx::Error> {
+        Ok(Lease {
+            conn: Some(store.acquire().await?),
+        })
+    }
+
+    /// The connection.
+    pub(crate) fn conn(&mut self) -> &mut S::Conn {
+        // Only `release` and `drop` take the connection, and both consume the lease.
+        self.conn
+            .as_deref_mut()
+            .expect("a lease holds its connection until it is released or dropped")
+    }
+
+    /// Returns the connection to the pool: the work on it ran to its end, and no
+    /// transaction of orderly's is open on it.
+    pub(crate) fn release(mut self) {
+        drop(self.conn.take());
+    }
+
+    /// Releases the connection after work that ended with `result`, unless that work
+    /// lost the connection, which is then closed.
+    pub(crate) fn release_after<T>(self, result: &Result<T, sqlx::Error>) {
+        match result {
+            Err(e) if S::classify(e) == ErrorClass::ConnectionLost => drop(self),
+            _ => self.release(),
+        }
+    }
+}
+
+impl<S: Store> Drop for Lease<S> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            S::discard(conn);
+        }
+    }
+}
