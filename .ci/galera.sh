@@ -118,24 +118,30 @@ wait_gone() { # wait_gone PID SECONDS
   return 1
 }
 
+# mariadbd leads its own process group (setsid), which holds only what it spawned: the
+# SST script and its socat/mariabackup. Killing the group keeps an orphaned socat from
+# squatting on the SST port when the node comes back.
+kill_group() { kill -KILL -- "-$1" 2>/dev/null || true; }
+
 # A clean shutdown (SIGTERM) leaves grastate.dat with a real seqno, so a later restart
-# of this node can use IST; SIGKILL is the fallback only.
+# of this node can use IST. A joiner still waiting for its SST may ignore SIGTERM, hence
+# the SIGKILL fallback.
 stop_node() {
   local n=$1 pid
   pid=$(node_pid "$n") || return 0
   log "node $n: stopping pid $pid"
   kill -TERM "$pid"
-  if ! wait_gone "$pid" 60; then
-    log "node $n: did not stop in 60s, sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    wait_gone "$pid" 10 || die "node $n: pid $pid survived SIGKILL"
-  fi
+  wait_gone "$pid" 30 || log "node $n: did not stop in 30s, sending SIGKILL"
+  kill_group "$pid"
+  wait_gone "$pid" 10 || die "node $n: pid $pid survived SIGKILL"
 }
 
+# Returns as soon as the process is gone, not when the survivors have noticed: they keep
+# the dead node in their view until evs.suspect_timeout (5 s), which tests may want to see.
 kill_node() {
   local n=$1 pid
   pid=$(node_pid "$n") || die "node $n is not running (no live recorded pid)"
-  kill -KILL "$pid"
+  kill_group "$pid"
   wait_gone "$pid" 10 || die "node $n: pid $pid survived SIGKILL"
   log "node $n: killed pid $pid"
 }
@@ -176,12 +182,22 @@ fail_node() {
 # Waits until node N is Synced in a Primary component of SIZE nodes; fails fast, with
 # the node's log, if the process dies instead (a failed SST usually ends that way).
 wait_synced() { # wait_synced N SIZE
-  local n=$1 deadline=$((SECONDS + TIMEOUT))
+  local n=$1 deadline=$((SECONDS + TIMEOUT)) last
   while ! node_healthy "$n" "$2"; do
     node_alive "$n" || fail_node "$n" "mariadbd exited before reaching Synced"
-    ((SECONDS < deadline)) || fail_node "$n" "not Synced in a cluster of $2 after ${TIMEOUT}s"
+    if ((SECONDS >= deadline)); then
+      last=$(wsrep_state "$n" | tr '\t' ' ') || last="not answering"
+      fail_node "$n" "not Synced in a cluster of $2 after ${TIMEOUT}s (now: ${last:-?})"
+    fi
     sleep 0.5
   done
+}
+
+# Joiners first: they are the ones that stall (SST), so a timeout names the right node
+# and shows its log rather than the bootstrap node's.
+wait_all_synced() {
+  local n
+  for n in "$@"; do wait_synced "$n" 3; done
 }
 
 cluster_healthy() {
@@ -204,7 +220,7 @@ write_config() {
   # wsrep_sync_wait is deliberately left at Galera's default (0): the library under test
   # has to ask for causal reads itself, and the suite must notice if it doesn't.
   cat >"$dir/my.cnf" <<EOF
-# Written by .ci/galera.sh on every start; edits are lost.
+# Written by .ci/galera.sh on every start and restart; edits are lost.
 [mysqld]
 user = root
 basedir = /usr
@@ -276,8 +292,8 @@ check_ports_free() {
 
 # --- commands ------------------------------------------------------------------------
 
-# Galera's mariabackup SST runs as the OS user of the donor; the SST user must exist
-# before any joiner asks for a state transfer.
+# The SST user must exist before any joiner asks for a state transfer: the donor's
+# mariabackup logs in with wsrep_sst_auth, and a failed login kills the joiner.
 bootstrap_node1() {
   launch_node 1 --wsrep-new-cluster
   wait_synced 1 1
@@ -297,7 +313,7 @@ fresh_start() {
   # retries, which still overlaps their start-up with the first transfer.
   launch_node 2
   launch_node 3
-  for n in "${NODES[@]}"; do wait_synced "$n" 3; done
+  wait_all_synced 2 3 1
 }
 
 any_node_primary() {
@@ -319,7 +335,7 @@ cmd_start() {
     # Part of the cluster still runs (a test killed a node): rejoin the missing ones
     # rather than throw away the state the running nodes hold.
     for n in "${NODES[@]}"; do node_alive "$n" || rejoin_node "$n"; done
-    for n in "${NODES[@]}"; do wait_synced "$n" 3; done
+    wait_all_synced 3 2 1
   else
     # Nothing usable is running: stop leftovers of ours and start from empty datadirs.
     for n in "${NODES[@]}"; do stop_node "$n"; done
@@ -358,17 +374,18 @@ rejoin_node() {
 }
 
 cmd_restart() {
-  local n=$1 i
+  local n=$1
   any_node_primary || die "no running node is in a Primary component to rejoin; use '$0 start'"
   stop_node "$n"
   rejoin_node "$n"
-  for i in "${NODES[@]}"; do wait_synced "$i" 3; done
+  wait_all_synced "$n" "${NODES[@]}"
   log "node $n rejoined: 3 nodes Synced"
 }
 
 cmd_stop() {
   local n
-  # Last one down holds the newest state; order only matters for a human reading logs.
+  # Node 1 last: a clean shutdown marks the last node down safe_to_bootstrap, so anyone
+  # reviving the kept data by hand finds the flag on the node that bootstrapped it.
   for n in 3 2 1; do stop_node "$n"; done
   log "stopped (data kept in $BASE)"
 }

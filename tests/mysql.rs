@@ -104,6 +104,29 @@ impl<P: Policy> Backend for My<P> {
             .with_read_first(P::READ_FIRST)
     }
 
+    async fn small_store(&self, max: u32, policy: ReadFirst) -> MySqlStore {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(max)
+            .connect_with(self.options.clone())
+            .await
+            .unwrap();
+        MySqlStore::new(pool).with_read_first(policy)
+    }
+
+    fn pool_counts(store: &MySqlStore) -> (u32, usize) {
+        (store.pool().size(), store.pool().num_idle())
+    }
+
+    /// Sessions of this database that sleep while holding an InnoDB transaction.
+    async fn open_transactions(&self) -> i64 {
+        self.scalar(
+            "SELECT COUNT(*) FROM information_schema.innodb_trx t \
+             JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+             WHERE p.db = DATABASE() AND p.command = 'Sleep'",
+        )
+        .await
+    }
+
     async fn begin(&self) -> Self::Tx {
         self.pool.begin().await.unwrap()
     }
@@ -122,6 +145,52 @@ impl<P: Policy> Backend for My<P> {
 }
 
 conformance!(My);
+conformance!(@networked My);
+
+impl<P: Policy> conformance::Networked for My<P> {
+    const CUT: server::Cut = server::Cut::ReplyTo(b"COMMIT");
+
+    fn server(&self) -> std::net::SocketAddr {
+        let host = match self.options.get_host() {
+            "localhost" => "127.0.0.1",
+            host => host,
+        };
+        format!("{host}:{}", self.options.get_port())
+            .parse()
+            .unwrap()
+    }
+
+    async fn store_at(&self, port: u16, max: u32, policy: ReadFirst) -> MySqlStore {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(max)
+            .connect_with(self.options.clone().host("127.0.0.1").port(port))
+            .await
+            .unwrap();
+        MySqlStore::new(pool).with_read_first(policy)
+    }
+
+    async fn kill_sessions(&self) -> usize {
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT CAST(id AS SIGNED) FROM information_schema.processlist \
+             WHERE db = DATABASE() AND id <> CONNECTION_ID() AND command <> 'Killed'",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap();
+        let mut killed = 0;
+        for id in ids {
+            // A session may end by itself meanwhile (1094: unknown thread).
+            if sqlx::raw_sql(AssertSqlSafe(format!("KILL {id}")))
+                .execute(&self.pool)
+                .await
+                .is_ok()
+            {
+                killed += 1;
+            }
+        }
+        killed
+    }
+}
 
 /// The whole suite again with every transition reading first, the path the adaptive
 /// policy takes while replays are common.

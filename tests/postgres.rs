@@ -101,6 +101,27 @@ impl<P: Policy> Backend for Pg<P> {
             .with_read_first(P::READ_FIRST)
     }
 
+    async fn small_store(&self, max: u32, policy: ReadFirst) -> PgStore {
+        let pool = PgPoolOptions::new()
+            .max_connections(max)
+            .connect_with(self.options.clone())
+            .await
+            .unwrap();
+        PgStore::new(pool).with_read_first(policy)
+    }
+
+    fn pool_counts(store: &PgStore) -> (u32, usize) {
+        (store.pool().size(), store.pool().num_idle())
+    }
+
+    async fn open_transactions(&self) -> i64 {
+        self.scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+        )
+        .await
+    }
+
     async fn begin(&self) -> Self::Tx {
         self.pool.begin().await.unwrap()
     }
@@ -119,6 +140,41 @@ impl<P: Policy> Backend for Pg<P> {
 }
 
 conformance!(Pg);
+conformance!(@networked Pg);
+
+impl<P: Policy> conformance::Networked for Pg<P> {
+    const CUT: server::Cut = server::Cut::Reply(b"INSERT 0 1\0");
+
+    fn server(&self) -> std::net::SocketAddr {
+        let host = match self.options.get_host() {
+            "localhost" => "127.0.0.1",
+            host => host,
+        };
+        format!("{host}:{}", self.options.get_port())
+            .parse()
+            .unwrap()
+    }
+
+    async fn store_at(&self, port: u16, max: u32, policy: ReadFirst) -> PgStore {
+        let pool = PgPoolOptions::new()
+            .max_connections(max)
+            .connect_with(self.options.clone().host("127.0.0.1").port(port))
+            .await
+            .unwrap();
+        PgStore::new(pool).with_read_first(policy)
+    }
+
+    async fn kill_sessions(&self) -> usize {
+        let killed = self
+            .scalar(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                 AND backend_type = 'client backend') AS k",
+            )
+            .await;
+        killed as usize
+    }
+}
 
 /// The whole suite again with every transition reading first, the path the adaptive
 /// policy takes during a storm of replays.

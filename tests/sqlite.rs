@@ -1,6 +1,7 @@
 //! The conformance suite on SQLite: each test on its own database file.
 
 mod conformance;
+mod server;
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -74,6 +75,37 @@ impl<P: Policy> Backend for Sqlite3<P> {
         let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
         SqliteStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
             .with_read_first(P::READ_FIRST)
+    }
+
+    async fn small_store(&self, max: u32, policy: ReadFirst) -> SqliteStore {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max)
+            .connect_with(connect_options(&self.url).unwrap())
+            .await
+            .unwrap();
+        SqliteStore::new(pool).with_read_first(policy)
+    }
+
+    fn pool_counts(store: &SqliteStore) -> (u32, usize) {
+        (store.pool().size(), store.pool().num_idle())
+    }
+
+    /// A transaction left open on a connection holds SQLite's write lock (orderly's
+    /// writes begin `IMMEDIATE`): another connection cannot begin one.
+    async fn open_transactions(&self) -> i64 {
+        let options = connect_options(&self.url)
+            .unwrap()
+            .busy_timeout(Duration::from_millis(0));
+        let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
+        let held = match sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut conn).await {
+            Ok(_) => {
+                sqlx::raw_sql("ROLLBACK").execute(&mut conn).await.unwrap();
+                0
+            }
+            Err(_) => 1,
+        };
+        conn.close().await.unwrap();
+        held
     }
 
     async fn begin(&self) -> Self::Tx {

@@ -2,6 +2,9 @@
 //! Each test gets its own fresh database from its backend's `Backend::fresh`.
 #![allow(dead_code)]
 
+pub mod faults;
+pub use faults::*;
+
 use std::collections::HashMap;
 use std::ops::DerefMut;
 use std::sync::Arc;
@@ -60,8 +63,17 @@ pub trait Backend: Sized + Send + Sync + 'static {
     async fn exec_in(tx: &mut Self::Tx, sql: &str);
     async fn commit(tx: Self::Tx);
     async fn rollback(tx: Self::Tx);
+    /// Commits; whether it succeeded.
+    async fn try_commit(tx: Self::Tx) -> bool;
     /// Drops the database.
     async fn cleanup(self);
+    /// A store with `policy` on a pool of at most `max` connections.
+    async fn small_store(&self, max: u32, policy: ReadFirst) -> Self::S;
+    /// The store's pool: `(connections open, connections idle)`.
+    fn pool_counts(store: &Self::S) -> (u32, usize);
+    /// How many sessions on this database hold a transaction open while idle (on SQLite:
+    /// whether another connection holds the write lock).
+    async fn open_transactions(&self) -> i64;
 }
 
 /// How the harness's stores start a transition (`PgStore::with_read_first`).
@@ -115,6 +127,10 @@ macro_rules! harness_sql_methods {
         async fn rollback(tx: Self::Tx) {
             tx.rollback().await.unwrap();
         }
+
+        async fn try_commit(tx: Self::Tx) -> bool {
+            tx.commit().await.is_ok()
+        }
     };
 }
 
@@ -147,6 +163,18 @@ macro_rules! conformance {
             cycle_storm_answers_match_the_history,
             batched_read_answers_each_request,
             replay_storm_answers_each_caller,
+            cancelled_calls_leave_the_pool_clean,
+            twin_on_a_cycle_is_replayed_not_a_conflict,
+            racing_engines_never_conflict_with_themselves,
+            same_payload_in_any_member_order_is_replayed,
+            corrupt_rows_are_reported_not_written_over,
+        );
+    };
+    // The network faults, for a backend that implements `Networked`.
+    (@networked $backend:ty) => {
+        $crate::conformance!(@tests $backend;
+            in_doubt_commit_is_read_back,
+            killed_connections_are_retryable,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {
@@ -161,19 +189,19 @@ macro_rules! conformance {
     };
 }
 
-async fn engine<B: Backend>(b: &B) -> Eng<B> {
+pub(crate) async fn engine<B: Backend>(b: &B) -> Eng<B> {
     Engine::new(b.store(Duration::from_secs(10)).await).expect("valid machine")
 }
 
-fn applied(from: OrderState, to: OrderState, version: i64) -> Outcome<OrderState> {
+pub(crate) fn applied(from: OrderState, to: OrderState, version: i64) -> Outcome<OrderState> {
     Outcome::Applied { from, to, version }
 }
 
-fn replayed(from: OrderState, to: OrderState, version: i64) -> Outcome<OrderState> {
+pub(crate) fn replayed(from: OrderState, to: OrderState, version: i64) -> Outcome<OrderState> {
     Outcome::Replayed { from, to, version }
 }
 
-async fn assert_order<S: Store>(
+pub(crate) async fn assert_order<S: Store>(
     e: &Engine<OrderMachine, S>,
     id: i64,
     state: OrderState,

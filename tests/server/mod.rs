@@ -40,3 +40,138 @@ where
     }
     false
 }
+
+/// Where [`Proxy`] cuts a connection, once.
+#[derive(Debug, Clone, Copy)]
+pub enum Cut {
+    /// Forward the request holding these bytes (e.g. `COMMIT`), then drop the server's
+    /// reply to it and close both sides: the server did the work, the client never hears.
+    ReplyTo(&'static [u8]),
+    /// Drop the first server reply holding these bytes (e.g. PostgreSQL's `INSERT 0 1`
+    /// command tag, sent with the implicit commit's `ReadyForQuery`) and close both sides.
+    Reply(&'static [u8]),
+}
+
+/// A TCP proxy on loopback in front of a real server that cuts one connection at a
+/// chosen point of the conversation, so a test knows the server committed a write whose
+/// reply the client never got.
+pub struct Proxy {
+    pub port: u16,
+    shared: std::sync::Arc<ProxyShared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ProxyShared {
+    cuts: AtomicU32,
+    /// Once cut, refuse every new connection (the client cannot read anything back).
+    refuse_after_cut: std::sync::atomic::AtomicBool,
+}
+
+impl Proxy {
+    pub async fn start(server: std::net::SocketAddr, cut: Cut) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let shared = std::sync::Arc::new(ProxyShared::default());
+        let task = tokio::spawn({
+            let shared = shared.clone();
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    if shared.refuse_after_cut.load(Ordering::SeqCst)
+                        && shared.cuts.load(Ordering::SeqCst) > 0
+                    {
+                        continue; // dropped: the client's connect fails
+                    }
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        if let Ok(upstream) = tokio::net::TcpStream::connect(server).await {
+                            relay(client, upstream, cut, &shared).await;
+                        }
+                    });
+                }
+            }
+        });
+        Proxy { port, shared, task }
+    }
+
+    /// After the cut, refuse new connections too.
+    pub fn refuse_after_cut(&self) {
+        self.shared.refuse_after_cut.store(true, Ordering::SeqCst);
+    }
+
+    /// How many connections were cut (at most one).
+    pub fn cuts(&self) -> u32 {
+        self.shared.cuts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn holds(chunk: &[u8], pattern: &[u8]) -> bool {
+    chunk.windows(pattern.len()).any(|w| w == pattern)
+}
+
+/// Forwards both ways until either side closes or the cut; dropping both streams closes
+/// both sockets.
+async fn relay(
+    client: tokio::net::TcpStream,
+    upstream: tokio::net::TcpStream,
+    cut: Cut,
+    shared: &ProxyShared,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = upstream.into_split();
+    let armed = std::sync::atomic::AtomicBool::new(false);
+    let fire = || {
+        shared
+            .cuts
+            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    };
+    let requests = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match client_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if let Cut::ReplyTo(pattern) = cut
+                && holds(&buf[..n], pattern)
+                && shared.cuts.load(Ordering::SeqCst) == 0
+            {
+                armed.store(true, Ordering::SeqCst);
+            }
+            if server_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let replies = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match server_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let cut_here = match cut {
+                Cut::ReplyTo(_) => armed.load(Ordering::SeqCst),
+                Cut::Reply(pattern) => holds(&buf[..n], pattern),
+            };
+            if cut_here && fire() {
+                return;
+            }
+            if client_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = requests => {}
+        () = replies => {}
+    }
+}

@@ -1,0 +1,713 @@
+//! Right answers under faults: cancelled calls, lost connections, in-doubt commits,
+//! twins on a cycle, canonical payloads, corrupt rows. One body per behaviour, run on
+//! every backend (the network faults on the server backends).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use orderly::store::{
+    ErrorClass, FirstRound, Key, Observed, Optimistic, OwnedKey, Prior, RawTransition, Request,
+    Store,
+};
+use orderly::{Engine, EngineConfig, Error, Outcome, ReadFirst};
+use proptest::prelude::Rng;
+use proptest::test_runner::{RngAlgorithm, TestRng};
+
+use super::{
+    Backend, Eng, OrderEvent::*, OrderState::*, TicketEvent, TicketMachine, TicketState, applied,
+    assert_order, engine, replayed,
+};
+use crate::server::{Cut, eventually};
+
+/// A server backend reached over TCP, so that its connections can be cut and killed.
+#[allow(async_fn_in_trait)]
+pub trait Networked: Backend {
+    /// Where the server listens.
+    fn server(&self) -> std::net::SocketAddr;
+    /// Where a proxy cuts the connection right after the server committed a transition:
+    /// the reply to the apply-first write.
+    const CUT: Cut;
+    /// A store whose pool of `max` connections reaches this database through `port` on
+    /// loopback.
+    async fn store_at(&self, port: u16, max: u32, policy: ReadFirst) -> Self::S;
+    /// Kills (from another connection) every other session on this database; returns how
+    /// many.
+    async fn kill_sessions(&self) -> usize;
+}
+
+/// Polls `fut` until it is ready or has been pending `k` times, then drops it: the drop
+/// lands on the `k`-th await point that was not ready at once. `None` if dropped.
+async fn poll_at_most<F: Future>(fut: F, k: usize) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    let mut pending = 0;
+    std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+        Poll::Ready(out) => Poll::Ready(Some(out)),
+        Poll::Pending if pending >= k => Poll::Ready(None),
+        Poll::Pending => {
+            pending += 1;
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Every kind of call dropped at every await point it reaches (k = 0, 1, 2, … polls,
+/// until it completes), on a pool of one connection so that a connection handed back
+/// dirty is certainly the next caller's. After each drop, an order is created through
+/// the same engine and must be visible to another connection; afterwards the pool is
+/// full and idle, no session on the server sits in a transaction, and every request
+/// re-sent is answered as its history says.
+pub async fn cancelled_calls_leave_the_pool_clean<B: Backend>(b: &B) {
+    for policy in [ReadFirst::Never, ReadFirst::Always] {
+        let store = b.small_store(1, policy).await;
+        let e: Eng<B> = Engine::new(store.clone()).unwrap();
+        let base = if policy == ReadFirst::Never {
+            0
+        } else {
+            100_000
+        };
+        let next_id = AtomicUsize::new(base);
+        let fresh = || next_id.fetch_add(1, Ordering::Relaxed) as i64;
+        let mut dropped = HashMap::new();
+        let mut touched = Vec::new();
+        // (kind, the call): each returns its result, or None when dropped.
+        for kind in [
+            "new", "replay", "conflict", "create", "get", "history", "in_tx",
+        ] {
+            let (mut k, mut restarts) = (0, 0);
+            while k < 200 {
+                let id = fresh();
+                e.create(id).await.unwrap();
+                if kind != "new" && kind != "create" && kind != "in_tx" {
+                    e.transition(id, Pay, "p-1").await.unwrap();
+                }
+                let done = match kind {
+                    "new" => poll_at_most(e.transition(id, Pay, "p-1"), k)
+                        .await
+                        .map(|r| {
+                            assert_eq!(r.unwrap(), applied(Created, Paid, 1));
+                        }),
+                    "replay" => poll_at_most(e.transition(id, Pay, "p-1"), k)
+                        .await
+                        .map(|r| {
+                            assert_eq!(r.unwrap(), replayed(Created, Paid, 1));
+                        }),
+                    "conflict" => poll_at_most(e.transition(id, Pay, "p-2"), k)
+                        .await
+                        .map(|r| {
+                            assert!(matches!(r, Err(Error::RefConflict { .. })), "{r:?}");
+                        }),
+                    "create" => poll_at_most(e.create(id + 50_000), k)
+                        .await
+                        .map(|r| assert_eq!(r.unwrap().version, 0)),
+                    "get" => poll_at_most(e.get(id), k).await.map(|r| {
+                        r.unwrap();
+                    }),
+                    "history" => poll_at_most(e.history(id), k).await.map(|r| {
+                        r.unwrap();
+                    }),
+                    _ => {
+                        // The caller's transaction on a connection of its own. After a
+                        // dropped call that connection is in whatever state the driver
+                        // left it (sqlx's MySQL driver can hang on it, holding its locks),
+                        // so the caller closes it, as `transition_in`'s docs say; only a
+                        // completed call is committed.
+                        let mut conn = store.acquire().await.unwrap();
+                        let mut tx = <B::S as Store>::begin(&mut conn, false).await.unwrap();
+                        let done = poll_at_most(e.transition_in(&mut tx, id, Pay, "p-1"), k)
+                            .await
+                            .map(|r| assert_eq!(r.unwrap(), applied(Created, Paid, 1)));
+                        if done.is_some() {
+                            <B::S as Store>::commit(tx).await.unwrap();
+                        } else {
+                            drop(tx);
+                            <B::S as Store>::discard(conn);
+                        }
+                        done
+                    }
+                };
+                touched.push(id);
+                // Whatever was dropped, the engine's next write is committed and visible.
+                let probe = fresh();
+                e.create(probe).await.unwrap();
+                assert_eq!(
+                    b.scalar(&format!("SELECT COUNT(*) FROM orders WHERE id = {probe}"))
+                        .await,
+                    1,
+                    "{kind} dropped after {k} polls: a create through the same pool was acknowledged but not committed"
+                );
+                if done.is_some() {
+                    // Loopback can answer a whole call within one poll now and then; sweep
+                    // again until this kind was dropped at least once.
+                    if !dropped.contains_key(kind) && restarts < 50 {
+                        (k, restarts) = (0, restarts + 1);
+                        continue;
+                    }
+                    break;
+                }
+                *dropped.entry(kind).or_insert(0) += 1;
+                k += 1;
+            }
+        }
+        assert_eq!(
+            dropped.len(),
+            7,
+            "some kind of call was never dropped, so the test shows nothing for it: {dropped:?}"
+        );
+        // The pool got every connection back (or replaced it), and they are idle.
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                let (size, idle) = B::pool_counts(&store);
+                size as usize == idle
+            })
+            .await,
+            "connections never came back to the pool: {:?}",
+            B::pool_counts(&store)
+        );
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                b.open_transactions().await == 0
+            })
+            .await,
+            "a session is left idle in a transaction"
+        );
+        // Every request re-sent is answered as the history says; nothing is half-done.
+        for id in touched {
+            let history = e.history(id).await.unwrap();
+            let order = e.get(id).await.unwrap();
+            assert_eq!(order.version as usize, history.len(), "order {id}");
+            assert!(history.len() <= 1, "order {id}: {history:?}");
+            let again = e.transition(id, Pay, "p-1").await.unwrap();
+            match history.first() {
+                Some(row) if row.ref_id == "p-1" => {
+                    assert_eq!(again, replayed(Created, Paid, 1), "order {id}")
+                }
+                _ => assert_eq!(again, applied(Created, Paid, 1), "order {id}"),
+            }
+        }
+    }
+}
+
+/// A connection cut right after the server committed a transition (the proxy drops the
+/// reply): the caller is answered `Applied`, read back by the request's identity, and a
+/// re-send is `Replayed`. When nothing can be read back either (the proxy refuses new
+/// connections), the answer is `InDoubt`, retryable, and the re-send is `Replayed`.
+pub async fn in_doubt_commit_is_read_back<B: Networked>(b: &B) {
+    let direct = engine(b).await;
+    for (n, policy) in [ReadFirst::Never, ReadFirst::Always]
+        .into_iter()
+        .enumerate()
+    {
+        let id = 10 * n as i64;
+        direct.create(id).await.unwrap();
+        let proxy = crate::server::Proxy::start(b.server(), B::CUT).await;
+        let e: Eng<B> = Engine::new(b.store_at(proxy.port, 4, policy).await).unwrap();
+        let answer = e.transition(id, Pay, "p-1").await;
+        assert_eq!(
+            proxy.cuts(),
+            1,
+            "the proxy never cut: the test shows nothing"
+        );
+        assert_eq!(answer.unwrap(), applied(Created, Paid, 1), "{policy:?}");
+        assert_eq!(
+            e.transition(id, Pay, "p-1").await.unwrap(),
+            replayed(Created, Paid, 1)
+        );
+        assert_order(&direct, id, Paid, 1, 1).await;
+
+        // Nothing can be read back: in doubt, safe to re-send.
+        let id = id + 1;
+        direct.create(id).await.unwrap();
+        let proxy = crate::server::Proxy::start(b.server(), B::CUT).await;
+        proxy.refuse_after_cut();
+        let config = EngineConfig {
+            in_doubt_timeout: Duration::from_millis(500),
+            ..EngineConfig::default()
+        };
+        // One connection, so none opened before the cut is left to read with.
+        let store = b.store_at(proxy.port, 1, policy).await;
+        let e: Eng<B> = Engine::with_config(store, config).unwrap();
+        let answer = e.transition(id, Pay, "p-1").await;
+        assert_eq!(
+            proxy.cuts(),
+            1,
+            "the proxy never cut: the test shows nothing"
+        );
+        let err = answer.unwrap_err();
+        assert!(
+            matches!(err, Error::InDoubt { order_id, ref ref_id, .. } if order_id == id && ref_id == "p-1"),
+            "{err:?}"
+        );
+        assert!(err.is_retryable());
+        assert_eq!(
+            direct.transition(id, Pay, "p-1").await.unwrap(),
+            replayed(Created, Paid, 1)
+        );
+        assert_order(&direct, id, Paid, 1, 1).await;
+    }
+}
+
+/// Transitions under load while another connection kills the engine's sessions. The
+/// engine gets one attempt per request, so a killed connection reaches the caller: every
+/// such error is retryable, and re-sending every request afterwards is answered as its
+/// history says (`Replayed` where a killed call had in fact committed).
+pub async fn killed_connections_are_retryable<B: Networked>(b: &B) {
+    const ORDERS: i64 = 400;
+    const TASKS: usize = 8;
+    let direct = engine(b).await;
+    for id in 0..ORDERS {
+        direct.create(id).await.unwrap();
+    }
+    let config = EngineConfig {
+        max_attempts: 1,
+        ..EngineConfig::default()
+    };
+    let store = b.store_at(b.server().port(), 8, ReadFirst::Adaptive).await;
+    let e: Eng<B> = Engine::with_config(store, config).unwrap();
+    let next = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (e, next) = (e.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= 3 * ORDERS as usize {
+                        return answers;
+                    }
+                    // Each order: Pay p-1, then Pay p-1 again, then Ship s-1.
+                    let id = (i % ORDERS as usize) as i64;
+                    let (event, r) = match i / ORDERS as usize {
+                        2 => (Ship, "s-1"),
+                        _ => (Pay, "p-1"),
+                    };
+                    answers.push((id, event, r, e.transition(id, event, r).await));
+                }
+            })
+        })
+        .collect();
+    let mut kills = 0;
+    let killing = async {
+        while !tasks.iter().all(|t| t.is_finished()) {
+            kills += b.kill_sessions().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    killing.await;
+    let mut errors = 0;
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.extend(t.await.unwrap());
+    }
+    for (id, event, r, answer) in &answers {
+        match answer {
+            Ok(_) | Err(Error::InvalidTransition { .. }) => {}
+            Err(err) => {
+                errors += 1;
+                assert!(
+                    err.is_retryable(),
+                    "order {id} {event:?} {r}: a killed connection answered do-not-retry: {err:?}"
+                );
+            }
+        }
+    }
+    assert!(kills > 0, "no session was killed");
+    assert!(
+        errors > 0,
+        "{kills} kills never reached a caller: the test shows nothing"
+    );
+    // Re-send everything in order: the history decides every answer.
+    for id in 0..ORDERS {
+        let pay = direct.transition(id, Pay, "p-1").await.unwrap();
+        assert_eq!(pay.version(), 1, "order {id}");
+        direct.transition(id, Ship, "s-1").await.unwrap();
+        assert_order(&direct, id, Shipped, 2, 2).await;
+    }
+    // Every `Applied` the load was told is one recorded row.
+    for (id, event, _, answer) in answers {
+        if let Ok(Outcome::Applied { version, .. }) = answer {
+            let h = direct.history(id).await.unwrap();
+            assert_eq!(h[version as usize - 1].event, event, "order {id}");
+        }
+    }
+}
+
+/// A store that runs a hook (once) just before the refusal's latest-reference read:
+/// the window in which a twin on another engine can apply this very request.
+#[derive(Clone)]
+pub struct Hooked<S> {
+    inner: S,
+    #[allow(clippy::type_complexity)]
+    hook: Arc<Mutex<Option<Pin<Box<dyn Future<Output = ()> + Send>>>>>,
+}
+
+impl<S: Store> Store for Hooked<S> {
+    type Conn = S::Conn;
+    type Pooled = S::Pooled;
+    type Tx<'c> = S::Tx<'c>;
+    const BATCHES_READS: bool = S::BATCHES_READS;
+
+    async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
+        self.inner.acquire().await
+    }
+    fn discard(conn: Self::Pooled) {
+        S::discard(conn)
+    }
+    async fn create(
+        &self,
+        conn: &mut Self::Conn,
+        order_id: i64,
+        initial: &'static str,
+    ) -> Result<(String, i64), sqlx::Error> {
+        self.inner.create(conn, order_id, initial).await
+    }
+    async fn observe(
+        &self,
+        conn: &mut Self::Conn,
+        request: Request<'_>,
+        in_tx: bool,
+    ) -> Result<Observed, sqlx::Error> {
+        self.inner.observe(conn, request, in_tx).await
+    }
+    async fn attempt(
+        &self,
+        conn: &mut Self::Conn,
+        request: Request<'_>,
+    ) -> Result<Optimistic, sqlx::Error> {
+        self.inner.attempt(conn, request).await
+    }
+    fn first_round(&self) -> &FirstRound {
+        self.inner.first_round()
+    }
+    async fn prior(
+        &self,
+        conn: &mut Self::Conn,
+        key: Key<'_>,
+        in_tx: bool,
+    ) -> Result<Option<Prior>, sqlx::Error> {
+        self.inner.prior(conn, key, in_tx).await
+    }
+    async fn priors(
+        &self,
+        conn: &mut Self::Conn,
+        keys: &[OwnedKey],
+    ) -> Result<Vec<Option<Prior>>, sqlx::Error> {
+        self.inner.priors(conn, keys).await
+    }
+    async fn latest_ref(
+        &self,
+        conn: &mut Self::Conn,
+        key: Key<'_>,
+        in_tx: bool,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let hook = self.hook.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook.await;
+        }
+        self.inner.latest_ref(conn, key, in_tx).await
+    }
+    async fn begin(conn: &mut Self::Conn, in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
+        S::begin(conn, in_tx).await
+    }
+    async fn commit(tx: Self::Tx<'_>) -> Result<(), sqlx::Error> {
+        S::commit(tx).await
+    }
+    async fn rollback(tx: Self::Tx<'_>) -> Result<(), sqlx::Error> {
+        S::rollback(tx).await
+    }
+    async fn update(
+        &self,
+        conn: &mut Self::Conn,
+        apply: orderly::store::Apply<'_>,
+    ) -> Result<u64, sqlx::Error> {
+        self.inner.update(conn, apply).await
+    }
+    async fn record(
+        &self,
+        conn: &mut Self::Conn,
+        apply: orderly::store::Apply<'_>,
+    ) -> Result<(), sqlx::Error> {
+        self.inner.record(conn, apply).await
+    }
+    async fn get(
+        &self,
+        conn: &mut Self::Conn,
+        order_id: i64,
+    ) -> Result<Option<(String, i64)>, sqlx::Error> {
+        self.inner.get(conn, order_id).await
+    }
+    async fn history(
+        &self,
+        conn: &mut Self::Conn,
+        order_id: i64,
+    ) -> Result<Vec<RawTransition>, sqlx::Error> {
+        self.inner.history(conn, order_id).await
+    }
+    fn classify(err: &sqlx::Error) -> ErrorClass {
+        S::classify(err)
+    }
+}
+
+/// On a cycle, a twin of this request (on another engine) is applied between this
+/// engine's judging read (which found the event refused) and its read of the event's
+/// latest reference, which is now this request's own: the answer is `Replayed`, never
+/// `RefConflict` naming itself.
+pub async fn twin_on_a_cycle_is_replayed_not_a_conflict<B: Backend>(b: &B) {
+    use TicketEvent::*;
+    use TicketState::*;
+    for (n, policy) in [ReadFirst::Never, ReadFirst::Always]
+        .into_iter()
+        .enumerate()
+    {
+        let id = n as i64;
+        let rival: Engine<TicketMachine, B::S> =
+            Engine::new(b.store_with(Duration::from_secs(10), policy).await).unwrap();
+        rival.create(id).await.unwrap();
+        rival.transition(id, Start, "s").await.unwrap();
+        // Working: Unblock is refused here. The twin blocks and unblocks with u-2.
+        let hook: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin({
+            let rival = rival.clone();
+            async move {
+                rival.transition(id, Block, "b-2").await.unwrap();
+                let twin = rival.transition(id, Unblock, "u-2").await.unwrap();
+                assert!(twin.is_applied());
+            }
+        });
+        let hooked = Hooked {
+            inner: b.store_with(Duration::from_secs(10), policy).await,
+            hook: Arc::new(Mutex::new(Some(hook))),
+        };
+        let e: Engine<TicketMachine, Hooked<B::S>> = Engine::new(hooked.clone()).unwrap();
+        let answer = e.transition(id, Unblock, "u-2").await;
+        assert!(
+            hooked.hook.lock().unwrap().is_none(),
+            "the twin never stepped in: the test shows nothing"
+        );
+        assert_eq!(
+            answer.unwrap(),
+            Outcome::Replayed {
+                from: Blocked,
+                to: Working,
+                version: 3
+            },
+            "{policy:?}"
+        );
+        let t = rival.get(id).await.unwrap();
+        assert_eq!((t.state, t.version), (Working, 3));
+    }
+}
+
+/// Two engines (two pools, as on two servers) race around a cycle with shared references.
+/// Invariant: no answer names the request's own reference as a conflict, and every
+/// `RefConflict` names a reference recorded for that event on that ticket.
+pub async fn racing_engines_never_conflict_with_themselves<B: Backend>(b: &B) {
+    use TicketEvent::*;
+    const TICKETS: i64 = 6;
+    const TASKS: usize = 16;
+    const PER_TASK: usize = 150;
+    let engines: Vec<Engine<TicketMachine, B::S>> = vec![
+        Engine::new(b.store(Duration::from_secs(10)).await).unwrap(),
+        Engine::new(b.store(Duration::from_secs(10)).await).unwrap(),
+    ];
+    for id in 0..TICKETS {
+        engines[0].create(id).await.unwrap();
+        engines[0].transition(id, Start, "s").await.unwrap();
+    }
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let e = engines[t % 2].clone();
+            tokio::spawn(async move {
+                let mut seed = [0u8; 32];
+                seed[0] = t as u8;
+                seed[1] = 0x3e;
+                let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
+                let mut conflicts = Vec::new();
+                for _ in 0..PER_TASK {
+                    let id = (rng.next_u64() % TICKETS as u64) as i64;
+                    let event = if rng.next_u64() % 2 == 0 {
+                        Block
+                    } else {
+                        Unblock
+                    };
+                    // Few references, so twins of one request meet often.
+                    let r = format!("r{}", rng.next_u64() % 4);
+                    match e.transition(id, event, &r).await {
+                        Ok(_) | Err(Error::InvalidTransition { .. }) => {}
+                        Err(Error::RefConflict { existing_ref, .. }) => {
+                            conflicts.push((id, event, r, existing_ref))
+                        }
+                        Err(other) => panic!("unexpected {other:?}"),
+                    }
+                }
+                conflicts
+            })
+        })
+        .collect();
+    let mut conflicts = Vec::new();
+    for t in tasks {
+        conflicts.extend(t.await.unwrap());
+    }
+    assert!(
+        conflicts.len() > 10,
+        "too few conflicts: {}",
+        conflicts.len()
+    );
+    let mut recorded = HashMap::new();
+    for id in 0..TICKETS {
+        for row in engines[1].history(id).await.unwrap() {
+            recorded
+                .entry((id, row.event))
+                .or_insert_with(Vec::new)
+                .push(row.ref_id);
+        }
+    }
+    for (id, event, r, existing) in conflicts {
+        assert_ne!(
+            r, existing,
+            "ticket {id}: {event:?} {r} conflicted with itself"
+        );
+        assert!(
+            recorded[&(id, event)].contains(&existing),
+            "ticket {id}: {event:?} {r} named {existing}, never recorded for {event:?}"
+        );
+    }
+}
+
+#[derive(serde::Serialize)]
+struct PaymentAb {
+    amount: u32,
+    currency: &'static str,
+    card: &'static str,
+}
+
+#[derive(serde::Serialize)]
+struct PaymentBa {
+    currency: &'static str,
+    card: &'static str,
+    amount: u32,
+}
+
+/// Payloads equal as JSON values are one payload whatever their member order: a struct
+/// with its fields declared in another order, a `HashMap` built anew (its iteration order
+/// differs between instances). A NUL character is `InvalidInput` on every backend, and
+/// nothing is written.
+pub async fn same_payload_in_any_member_order_is_replayed<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    let ab = PaymentAb {
+        amount: 100,
+        currency: "EUR",
+        card: "4242",
+    };
+    let ba = PaymentBa {
+        currency: "EUR",
+        card: "4242",
+        amount: 100,
+    };
+    assert_ne!(
+        serde_json::to_string(&ab).unwrap(),
+        serde_json::to_string(&ba).unwrap()
+    );
+    let first = e.transition_with_payload(1, Pay, "p-1", &ab).await.unwrap();
+    assert_eq!(first, applied(Created, Paid, 1));
+    let again = e.transition_with_payload(1, Pay, "p-1", &ba).await.unwrap();
+    assert_eq!(again, replayed(Created, Paid, 1));
+    let json = serde_json::json!({"card": "4242", "amount": 100, "currency": "EUR"});
+    let again = e
+        .transition_with_payload(1, Pay, "p-1", &json)
+        .await
+        .unwrap();
+    assert_eq!(again, replayed(Created, Paid, 1));
+    // A value that differs is still another payload.
+    let other = serde_json::json!({"card": "4242", "amount": 101, "currency": "EUR"});
+    assert!(matches!(
+        e.transition_with_payload(1, Pay, "p-1", &other).await,
+        Err(Error::PayloadMismatch { .. })
+    ));
+
+    // HashMaps: build until two instances iterate in different orders.
+    let map = || -> HashMap<String, u32> { (0..24).map(|i| (format!("k{i}"), i)).collect() };
+    let one = map();
+    let two = (0..100)
+        .map(|_| map())
+        .find(|m| serde_json::to_string(m).unwrap() != serde_json::to_string(&one).unwrap())
+        .expect("two HashMaps that iterate in different orders");
+    e.create(2).await.unwrap();
+    assert!(
+        e.transition_with_payload(2, Pay, "p-1", &one)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    assert_eq!(
+        e.transition_with_payload(2, Pay, "p-1", &two)
+            .await
+            .unwrap(),
+        replayed(Created, Paid, 1)
+    );
+    let stored = &e.history(2).await.unwrap()[0];
+    assert_eq!(stored.payload, Some(serde_json::to_value(&one).unwrap()));
+
+    // NUL: one answer on every backend, before any write.
+    e.create(3).await.unwrap();
+    for bad in [
+        serde_json::json!({"note": "a\u{0}b"}),
+        serde_json::json!({"a\u{0}": 1}),
+        serde_json::json!([["\u{0}"]]),
+    ] {
+        let err = e
+            .transition_with_payload(3, Pay, "p-1", &bad)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
+    }
+    assert_order(&e, 3, Created, 0, 0).await;
+}
+
+/// Row 8 of the outcome table: a negative version, or a status with trailing spaces, is
+/// `CorruptState` and nothing is written, on every backend. References, events and states
+/// compare exactly: `x` and `x ` are two references everywhere.
+pub async fn corrupt_rows_are_reported_not_written_over<B: Backend>(b: &B) {
+    for policy in [ReadFirst::Never, ReadFirst::Always] {
+        let e: Eng<B> = Engine::new(b.store_with(Duration::from_secs(10), policy).await).unwrap();
+        b.exec("DELETE FROM orders").await;
+        e.create(1).await.unwrap();
+        b.exec("UPDATE orders SET version = -4 WHERE id = 1").await;
+        let err = e.transition(1, Pay, "p-1").await.unwrap_err();
+        assert!(
+            matches!(err, Error::CorruptState { order_id: 1, .. }),
+            "{policy:?}: {err:?}"
+        );
+        assert!(matches!(e.get(1).await, Err(Error::CorruptState { .. })));
+        assert_eq!(
+            b.scalar("SELECT version FROM orders WHERE id = 1").await,
+            -4
+        );
+
+        e.create(2).await.unwrap();
+        b.exec("UPDATE orders SET status = 'Created  ' WHERE id = 2")
+            .await;
+        let err = e.transition(2, Pay, "p-1").await.unwrap_err();
+        assert!(
+            matches!(err, Error::CorruptState { order_id: 2, ref value } if value == "Created  "),
+            "{policy:?}: {err:?}"
+        );
+        assert_eq!(b.scalar("SELECT version FROM orders WHERE id = 2").await, 0);
+        assert_eq!(b.scalar("SELECT COUNT(*) FROM order_transitions").await, 0);
+    }
+    b.exec(
+        "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+         VALUES (9, 1, 'Created', 'Paid', 'Pay', 'x'), (9, 2, 'Created', 'Paid', 'Pay', 'x ')",
+    )
+    .await;
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM order_transitions WHERE order_id = 9 AND ref_id = 'x'")
+            .await,
+        1
+    );
+}
