@@ -397,6 +397,11 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     ///
     /// On SQLite, begin the caller's transaction with `BEGIN IMMEDIATE`; on MySQL/MariaDB
     /// the read takes row locks, since a plain read would see the transaction's snapshot.
+    ///
+    /// If you drop this future before it completes (a timeout, `select!`), your
+    /// connection may be in the middle of a statement: do not commit; roll back by closing
+    /// the connection (`PoolConnection::detach`, then drop it). A retryable error here
+    /// means your whole transaction is gone: run it again from its `BEGIN`.
     pub async fn transition_in(
         &self,
         conn: &mut S::Conn,

@@ -529,7 +529,7 @@ pub async fn racing_engines_never_conflict_with_themselves<B: Backend>(b: &B) {
                 let mut conflicts = Vec::new();
                 for _ in 0..PER_TASK {
                     let id = (rng.next_u64() % TICKETS as u64) as i64;
-                    let event = if rng.next_u64() % 2 == 0 {
+                    let event = if rng.next_u64().is_multiple_of(2) {
                         Block
                     } else {
                         Unblock

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod faults;
+#[allow(unused_imports)] // used through `conformance!`; a binary without it has no use
 pub use faults::*;
 
 use std::collections::HashMap;

@@ -1,0 +1,114 @@
+//! A fresh database on the Galera cluster of `.ci/galera.sh`, with a store per node.
+#![allow(dead_code)]
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use orderly::{Engine, MySqlStore};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Connection};
+
+use crate::server;
+
+/// The cluster's client URLs: `ORDERLY_GALERA_URLS` (comma-separated), by default the
+/// script's ports 4306, 4307, 4308.
+pub fn node_urls() -> Vec<String> {
+    let urls = server::url(
+        "ORDERLY_GALERA_URLS",
+        "mysql://root@127.0.0.1:4306/test,mysql://root@127.0.0.1:4307/test,mysql://root@127.0.0.1:4308/test",
+    );
+    urls.split(',').map(str::to_string).collect()
+}
+
+/// A fresh database, created on node 1 (Galera replicates it), and a store per node.
+pub struct Cluster {
+    pub name: String,
+    pub stores: Vec<MySqlStore>,
+}
+
+impl Cluster {
+    pub async fn fresh() -> Cluster {
+        let urls = node_urls();
+        let name = server::unique_db_name();
+        let admin = MySqlConnectOptions::from_str(&urls[0]).unwrap();
+        let mut conn = MySqlConnection::connect_with(&admin)
+            .await
+            .unwrap_or_else(|e| panic!("the Galera cluster at {} is required: {e}", urls[0]));
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let mut stores = Vec::new();
+        for url in &urls {
+            let options = MySqlConnectOptions::from_str(url).unwrap().database(&name);
+            let pool = MySqlPoolOptions::new()
+                .max_connections(8)
+                .acquire_timeout(Duration::from_secs(60))
+                .connect_with(options)
+                .await
+                .unwrap();
+            if stores.is_empty() {
+                orderly::store::mysql::migrate(&pool).await.unwrap();
+            }
+            let store = MySqlStore::new(pool);
+            // Borrowing a connection tells the store it is on Galera.
+            drop(orderly::Store::acquire(&store).await.unwrap());
+            assert_eq!(
+                store.causal_reads(),
+                Some(true),
+                "{url} is not a Galera node"
+            );
+            stores.push(store);
+        }
+        Cluster { name, stores }
+    }
+
+    pub fn engines<M: orderly::StateMachine>(&self) -> Vec<Engine<M, MySqlStore>> {
+        self.stores
+            .iter()
+            .map(|s| Engine::new(s.clone()).unwrap())
+            .collect()
+    }
+
+    /// Each node's checksum of the orders and the history, in key order.
+    pub async fn node_digests(&self) -> Vec<(i64, String)> {
+        let mut digests = Vec::new();
+        for store in &self.stores {
+            let pool = store.pool();
+            let orders: (i64, Option<String>) = sqlx::query_as(
+                "SELECT COUNT(*), SHA2(GROUP_CONCAT(CONCAT_WS(':', id, status, version) ORDER BY id SEPARATOR ','), 256) \
+                 FROM (SELECT * FROM orders ORDER BY id) o",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            let history: (i64, Option<String>) = sqlx::query_as(
+                "SELECT COUNT(*), SHA2(GROUP_CONCAT(CONCAT_WS(':', order_id, seq, from_status, to_status, event, ref_id) \
+                 ORDER BY order_id, seq SEPARATOR ','), 256) FROM order_transitions",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            digests.push((
+                orders.0 + history.0,
+                format!("{:?}/{:?}", orders.1, history.1),
+            ));
+        }
+        digests
+    }
+
+    pub async fn cleanup(self) {
+        for store in &self.stores {
+            store.pool().close().await;
+        }
+        let admin = MySqlConnectOptions::from_str(&node_urls()[0]).unwrap();
+        let mut conn = MySqlConnection::connect_with(&admin).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {}",
+            self.name
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+}

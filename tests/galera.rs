@@ -1,0 +1,209 @@
+//! Engines on the three nodes of a MariaDB Galera cluster (`.ci/galera.sh start`), as on
+//! three servers: causal reads across nodes, storms spread over the nodes, hot rows on a
+//! cycle. Each test on its own database. The cluster's client URLs: `ORDERLY_GALERA_URLS`
+//! (comma-separated; default the script's ports 4306, 4307, 4308).
+
+mod cluster;
+mod conformance;
+mod server;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cluster::Cluster;
+
+use conformance::{OrderEvent, OrderMachine, OrderState, TicketEvent, TicketMachine};
+use orderly::{Engine, Error, MySqlStore, Outcome};
+use proptest::prelude::Rng;
+use proptest::test_runner::{RngAlgorithm, TestRng};
+
+/// A request acknowledged on one node, re-sent at once on the others, is a replay there:
+/// the judging reads wait for the write sets certified before them. On a cycle, the
+/// refusal names the latest reference, never an older one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_on_one_node_is_a_replay_on_every_other() {
+    use TicketEvent::*;
+    use conformance::TicketState::{Blocked, Working};
+    // Concurrent tasks, each on tickets of its own, keep every node's appliers busy, so
+    // a node that answered reads before applying what it certified would be caught.
+    const TASKS: i64 = 16;
+    const PER_TASK: i64 = 12;
+    let c = Cluster::fresh().await;
+    let e: Vec<Engine<TicketMachine, MySqlStore>> = c.engines();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                for n in 0..PER_TASK {
+                    let id = t * 1000 + n;
+                    let first = (id % 3) as usize;
+                    e[first].create(id).await.unwrap();
+                    e[first].transition(id, Start, "s").await.unwrap();
+                    for round in 0..3 {
+                        let on = (first + round) % 3;
+                        let (block, unblock) = (format!("b{round}"), format!("u{round}"));
+                        let applied = e[on].transition(id, Block, &block).await.unwrap();
+                        assert!(applied.is_applied());
+                        let replay = Outcome::Replayed {
+                            from: Working,
+                            to: Blocked,
+                            version: applied.version(),
+                        };
+                        for other in 1..3 {
+                            let node = (on + other) % 3;
+                            let again = e[node].transition(id, Block, &block).await;
+                            assert_eq!(again.unwrap(), replay, "ticket {id}: node {node} after node {on}");
+                            // Blocked now: another Block is refused naming the latest
+                            // reference, never an older one.
+                            let err = e[node].transition(id, Block, "b-x").await.unwrap_err();
+                            assert!(
+                                matches!(err, Error::RefConflict { ref existing_ref, .. } if *existing_ref == block),
+                                "ticket {id}: node {node} after node {on}: {err:?}"
+                            );
+                        }
+                        let unblocked = e[(on + 1) % 3].transition(id, Unblock, &unblock).await;
+                        assert!(unblocked.unwrap().is_applied(), "ticket {id}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    c.cleanup().await;
+}
+
+/// 48 identical requests over engines on three nodes: one `Applied`, the rest `Replayed`;
+/// 48 distinct payments: one wins, every other is refused naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storms_across_nodes_one_applied() {
+    use OrderEvent::*;
+    let c = Cluster::fresh().await;
+    let e: Vec<Engine<OrderMachine, MySqlStore>> = c.engines();
+    for (id, distinct) in [(1, false), (2, true)] {
+        e[0].create(id).await.unwrap();
+        let barrier = Arc::new(tokio::sync::Barrier::new(48));
+        let tasks: Vec<_> = (0..48)
+            .map(|i| {
+                let (e, barrier) = (e[i % 3].clone(), barrier.clone());
+                let r = if distinct {
+                    format!("p-{i}")
+                } else {
+                    "p".into()
+                };
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    (r.clone(), e.transition(id, Pay, &r).await)
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        let winners: Vec<_> = answers
+            .iter()
+            .filter(|(_, a)| matches!(a, Ok(o) if o.is_applied()))
+            .map(|(r, _)| r.clone())
+            .collect();
+        assert_eq!(winners.len(), 1, "{answers:?}");
+        for (r, answer) in &answers {
+            match answer {
+                Ok(o) => assert_eq!((o.state(), o.version()), (OrderState::Paid, 1)),
+                Err(Error::RefConflict { existing_ref, .. }) => {
+                    assert!(distinct && *existing_ref == winners[0] && *r != winners[0])
+                }
+                Err(other) => panic!("{r}: {other:?}"),
+            }
+        }
+        for engine in &e {
+            let h = engine.history(id).await.unwrap();
+            assert_eq!(h.len(), 1);
+            assert_eq!(h[0].ref_id, winners[0]);
+        }
+    }
+    c.cleanup().await;
+}
+
+/// Tasks on three nodes drive few tickets round the cycle with shared references. Every
+/// answer agrees with the history, no request is recorded twice, no answer conflicts with
+/// itself, and every node holds the same rows afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hot_rows_on_a_cycle_across_nodes() {
+    use TicketEvent::*;
+    const TICKETS: i64 = 8;
+    const TASKS: usize = 12;
+    const PER_TASK: usize = 80;
+    let c = Cluster::fresh().await;
+    let e: Vec<Engine<TicketMachine, MySqlStore>> = c.engines();
+    for id in 0..TICKETS {
+        e[0].create(id).await.unwrap();
+        e[0].transition(id, Start, "s").await.unwrap();
+    }
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let e = e[t % 3].clone();
+            tokio::spawn(async move {
+                let mut seed = [0u8; 32];
+                seed[0] = t as u8;
+                seed[1] = 0x9a;
+                let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
+                let mut answers = Vec::new();
+                for _ in 0..PER_TASK {
+                    let id = (rng.next_u64() % TICKETS as u64) as i64;
+                    let event = if rng.next_u64().is_multiple_of(2) {
+                        Block
+                    } else {
+                        Unblock
+                    };
+                    let r = format!("r{}", rng.next_u64() % 6);
+                    let answer = e.transition(id, event, &r).await;
+                    answers.push((id, event, r, answer));
+                }
+                answers
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.extend(t.await.unwrap());
+    }
+    let mut recorded = HashMap::new();
+    let mut refs: HashMap<(i64, TicketEvent), Vec<String>> = HashMap::new();
+    for id in 0..TICKETS {
+        let history = e[1].history(id).await.unwrap();
+        assert_eq!(e[2].get(id).await.unwrap().version as usize, history.len());
+        for row in history {
+            let key = (id, row.event, row.ref_id.clone());
+            assert!(recorded.insert(key, (row.from, row.to, row.seq)).is_none());
+            refs.entry((id, row.event)).or_default().push(row.ref_id);
+        }
+    }
+    let mut applied = 0;
+    for (id, event, r, answer) in answers {
+        match answer {
+            Ok(Outcome::Applied { from, to, version }) => {
+                applied += 1;
+                assert_eq!(recorded.get(&(id, event, r)), Some(&(from, to, version)));
+            }
+            Ok(Outcome::Replayed { from, to, version }) => {
+                assert_eq!(recorded.get(&(id, event, r)), Some(&(from, to, version)));
+            }
+            Err(Error::RefConflict { existing_ref, .. }) => {
+                assert_ne!(existing_ref, r, "ticket {id}: conflicted with itself");
+                assert!(refs[&(id, event)].contains(&existing_ref));
+            }
+            Err(Error::InvalidTransition { .. }) => {}
+            Err(other) => panic!("ticket {id}: {other:?}"),
+        }
+    }
+    assert_eq!(applied, recorded.len() - TICKETS as usize);
+    assert!(
+        applied > 2 * TICKETS as usize,
+        "too little applied: {applied}"
+    );
+    let digests = c.node_digests().await;
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
+    c.cleanup().await;
+}
