@@ -151,13 +151,7 @@ impl<P: Policy> conformance::Networked for My<P> {
     const CUT: server::Cut = server::Cut::ReplyTo(b"COMMIT");
 
     fn server(&self) -> std::net::SocketAddr {
-        let host = match self.options.get_host() {
-            "localhost" => "127.0.0.1",
-            host => host,
-        };
-        format!("{host}:{}", self.options.get_port())
-            .parse()
-            .unwrap()
+        server::socket_addr(self.options.get_host(), self.options.get_port())
     }
 
     async fn store_at(&self, port: u16, max: u32, policy: ReadFirst) -> MySqlStore {

@@ -25,6 +25,16 @@ pub fn url(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_string())
 }
 
+/// The address of a server given by host and port (`localhost` as loopback).
+pub fn socket_addr(host: &str, port: u16) -> std::net::SocketAddr {
+    let host = if host == "localhost" {
+        "127.0.0.1"
+    } else {
+        host
+    };
+    format!("{host}:{port}").parse().unwrap()
+}
+
 /// Polls `probe` until it returns true, for at most `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, mut probe: F) -> bool
 where
