@@ -8,7 +8,9 @@ mod conformance;
 mod server;
 
 use std::collections::HashMap;
+use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use cluster::Cluster;
 
@@ -16,6 +18,8 @@ use conformance::{OrderEvent, OrderMachine, OrderState, TicketEvent, TicketMachi
 use orderly::{Engine, Error, MySqlStore, Outcome};
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
+use sqlx::Connection;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 
 /// A request acknowledged on one node, re-sent at once on the others, is a replay there:
 /// the judging reads wait for the write sets certified before them. On a cycle, the
@@ -71,6 +75,96 @@ async fn acknowledged_on_one_node_is_a_replay_on_every_other() {
     for t in tasks {
         t.await.unwrap();
     }
+    c.cleanup().await;
+}
+
+orderly::state_machine! {
+    /// A cycle through an event with two source states. The MySQL store does not try such
+    /// an event before reading, so a request refused on what it read is judged without
+    /// any write of its own.
+    pub Relay {
+        states: RelayState { Idle, Up, Down }
+        events: RelayEvent { Raise, Lower }
+        initial: Idle;
+        terminal: [];
+        transitions: {
+            Idle + Raise => Up,
+            Down + Raise => Up,
+            Up + Lower => Down,
+        }
+    }
+}
+
+/// A node that lags behind the cluster still answers from the history. `FLUSH TABLES WITH
+/// READ LOCK` desyncs a node and pauses its appliers, so it holds what was certified
+/// elsewhere without applying it (a plain read there is shown to be stale). A request
+/// acknowledged on another node, re-sent to the lagging one, must wait for what came
+/// before it and answer `Replayed`; a read that did not wait would find the relay still
+/// up from the first `Raise` and answer `RefConflict` naming that older reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lagging_node_waits_for_what_was_acknowledged_elsewhere() {
+    use RelayEvent::*;
+    use RelayState::*;
+    let c = Cluster::fresh().await;
+    let e: Vec<Engine<Relay, MySqlStore>> = c.engines();
+    let (first, lagging) = (&e[0], &e[1]);
+    first.create(1).await.unwrap();
+    first.transition(1, Raise, "r0").await.unwrap();
+    // Causal: node 2 has applied everything above before the lock is taken.
+    assert_eq!(lagging.get(1).await.unwrap().version, 1);
+
+    let options = MySqlConnectOptions::from_str(&cluster::node_urls()[1])
+        .unwrap()
+        .database(&c.name);
+    let mut lock = MySqlConnection::connect_with(&options).await.unwrap();
+    sqlx::raw_sql("FLUSH TABLES WITH READ LOCK")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    first.transition(1, Lower, "l0").await.unwrap();
+    let acknowledged = first.transition(1, Raise, "r1").await.unwrap();
+    assert_eq!(acknowledged.version(), 3);
+    let mut plain = MySqlConnection::connect_with(&options).await.unwrap();
+    let stale: i64 = sqlx::query_scalar(
+        "SET STATEMENT wsrep_sync_wait = 0 FOR SELECT version FROM orders WHERE id = 1",
+    )
+    .fetch_one(&mut plain)
+    .await
+    .unwrap();
+    assert_eq!(
+        stale, 1,
+        "node 2 applied while paused: the race did not happen"
+    );
+
+    let resent = tokio::spawn({
+        let lagging = lagging.clone();
+        async move { lagging.transition(1, Raise, "r1").await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answered_while_paused = resent.is_finished();
+    sqlx::raw_sql("UNLOCK TABLES")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    let answer = resent.await.unwrap();
+    assert_eq!(
+        answer.unwrap(),
+        Outcome::Replayed {
+            from: Down,
+            to: Up,
+            version: 3
+        }
+    );
+    assert!(
+        !answered_while_paused,
+        "answered before node 2 applied what it certified"
+    );
+    let err = lagging.transition(1, Raise, "r-x").await.unwrap_err();
+    assert!(
+        matches!(err, Error::RefConflict { ref existing_ref, .. } if existing_ref == "r1"),
+        "{err:?}"
+    );
+    drop((lock, plain));
     c.cleanup().await;
 }
 

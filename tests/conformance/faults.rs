@@ -338,12 +338,30 @@ pub async fn killed_connections_are_retryable<B: Networked>(b: &B) {
 }
 
 /// A store that runs a hook (once) just before the refusal's latest-reference read:
-/// the window in which a twin on another engine can apply this very request.
+/// the window in which a twin on another engine can apply this very request. With
+/// `widen`, every such read also waits a varying 0–2 ms first, widening that window for
+/// racing engines; `own_refs` counts the reads that found the request's own reference
+/// (the race happened).
 #[derive(Clone)]
 pub struct Hooked<S> {
     inner: S,
     #[allow(clippy::type_complexity)]
     hook: Arc<Mutex<Option<Pin<Box<dyn Future<Output = ()> + Send>>>>>,
+    widen: bool,
+    reads: Arc<AtomicUsize>,
+    own_refs: Arc<AtomicUsize>,
+}
+
+impl<S> Hooked<S> {
+    fn new(inner: S, hook: Option<Pin<Box<dyn Future<Output = ()> + Send>>>, widen: bool) -> Self {
+        Hooked {
+            inner,
+            hook: Arc::new(Mutex::new(hook)),
+            widen,
+            reads: Arc::default(),
+            own_refs: Arc::default(),
+        }
+    }
 }
 
 impl<S: Store> Store for Hooked<S> {
@@ -409,7 +427,17 @@ impl<S: Store> Store for Hooked<S> {
         if let Some(hook) = hook {
             hook.await;
         }
-        self.inner.latest_ref(conn, key, in_tx).await
+        let n = self.reads.fetch_add(1, Ordering::Relaxed) as u64;
+        if self.widen {
+            // A varying wait (a multiplicative hash of the count), not a random one.
+            let micros = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 53;
+            tokio::time::sleep(Duration::from_micros(micros)).await;
+        }
+        let latest = self.inner.latest_ref(conn, key, in_tx).await;
+        if matches!(&latest, Ok(Some(r)) if r == key.ref_id) {
+            self.own_refs.fetch_add(1, Ordering::Relaxed);
+        }
+        latest
     }
     async fn begin(conn: &mut Self::Conn, in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
         S::begin(conn, in_tx).await
@@ -478,10 +506,11 @@ pub async fn twin_on_a_cycle_is_replayed_not_a_conflict<B: Backend>(b: &B) {
                 assert!(twin.is_applied());
             }
         });
-        let hooked = Hooked {
-            inner: b.store_with(Duration::from_secs(10), policy).await,
-            hook: Arc::new(Mutex::new(Some(hook))),
-        };
+        let hooked = Hooked::new(
+            b.store_with(Duration::from_secs(10), policy).await,
+            Some(hook),
+            false,
+        );
         let e: Engine<TicketMachine, Hooked<B::S>> = Engine::new(hooked.clone()).unwrap();
         let answer = e.transition(id, Unblock, "u-2").await;
         assert!(
@@ -502,63 +531,96 @@ pub async fn twin_on_a_cycle_is_replayed_not_a_conflict<B: Backend>(b: &B) {
     }
 }
 
-/// Two engines (two pools, as on two servers) race around a cycle with shared references.
-/// Invariant: no answer names the request's own reference as a conflict, and every
-/// `RefConflict` names a reference recorded for that event on that ticket.
+/// Two engines (two pools, as on two servers) race around a cycle with shared references,
+/// the window between the judging read and the latest-reference read widened by a short
+/// wait. Invariant: no answer names the request's own reference as a conflict, and every
+/// `RefConflict` names a reference recorded for that event on that ticket. The race is
+/// shown to have happened: some latest-reference reads found the request's own reference.
 pub async fn racing_engines_never_conflict_with_themselves<B: Backend>(b: &B) {
     use TicketEvent::*;
     const TICKETS: i64 = 6;
     const TASKS: usize = 16;
     const PER_TASK: usize = 150;
-    let engines: Vec<Engine<TicketMachine, B::S>> = vec![
-        Engine::new(b.store(Duration::from_secs(10)).await).unwrap(),
-        Engine::new(b.store(Duration::from_secs(10)).await).unwrap(),
-    ];
-    for id in 0..TICKETS {
-        engines[0].create(id).await.unwrap();
-        engines[0].transition(id, Start, "s").await.unwrap();
+    // Rounds on fresh tickets until the window was hit a few times (bounded).
+    const ROUNDS: i64 = 10;
+    const HITS: usize = 3;
+    let mut stores = Vec::new();
+    for _ in 0..2 {
+        stores.push(Hooked::new(
+            b.store(Duration::from_secs(10)).await,
+            None,
+            true,
+        ));
     }
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|t| {
-            let e = engines[t % 2].clone();
-            tokio::spawn(async move {
-                let mut seed = [0u8; 32];
-                seed[0] = t as u8;
-                seed[1] = 0x3e;
-                let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
-                let mut conflicts = Vec::new();
-                for _ in 0..PER_TASK {
-                    let id = (rng.next_u64() % TICKETS as u64) as i64;
-                    let event = if rng.next_u64().is_multiple_of(2) {
-                        Block
-                    } else {
-                        Unblock
-                    };
-                    // Few references, so twins of one request meet often.
-                    let r = format!("r{}", rng.next_u64() % 4);
-                    match e.transition(id, event, &r).await {
-                        Ok(_) | Err(Error::InvalidTransition { .. }) => {}
-                        Err(Error::RefConflict { existing_ref, .. }) => {
-                            conflicts.push((id, event, r, existing_ref))
-                        }
-                        Err(other) => panic!("unexpected {other:?}"),
-                    }
-                }
-                conflicts
-            })
-        })
+    let engines: Vec<Engine<TicketMachine, Hooked<B::S>>> = stores
+        .iter()
+        .map(|s| Engine::new(s.clone()).unwrap())
         .collect();
+    let own_refs = || -> usize {
+        stores
+            .iter()
+            .map(|s| s.own_refs.load(Ordering::Relaxed))
+            .sum()
+    };
     let mut conflicts = Vec::new();
-    for t in tasks {
-        conflicts.extend(t.await.unwrap());
+    let mut tickets = 0..0;
+    for round in 0..ROUNDS {
+        if own_refs() >= HITS {
+            break;
+        }
+        let first = round * TICKETS;
+        tickets = 0..first + TICKETS;
+        for id in first..first + TICKETS {
+            engines[0].create(id).await.unwrap();
+            engines[0].transition(id, Start, "s").await.unwrap();
+        }
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let e = engines[t % 2].clone();
+                tokio::spawn(async move {
+                    // Tasks 2k and 2k + 1, on the two engines, send the same requests:
+                    // every request has a twin racing it.
+                    let mut seed = [0u8; 32];
+                    seed[0] = (t / 2) as u8;
+                    seed[1] = 0x3e;
+                    seed[2] = round as u8;
+                    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
+                    let mut conflicts = Vec::new();
+                    for _ in 0..PER_TASK {
+                        let id = first + (rng.next_u64() % TICKETS as u64) as i64;
+                        let event = if rng.next_u64().is_multiple_of(2) {
+                            Block
+                        } else {
+                            Unblock
+                        };
+                        let r = format!("r{}", rng.next_u64() % 64);
+                        match e.transition(id, event, &r).await {
+                            Ok(_) | Err(Error::InvalidTransition { .. }) => {}
+                            Err(Error::RefConflict { existing_ref, .. }) => {
+                                conflicts.push((id, event, r, existing_ref))
+                            }
+                            Err(other) => panic!("unexpected {other:?}"),
+                        }
+                    }
+                    conflicts
+                })
+            })
+            .collect();
+        for t in tasks {
+            conflicts.extend(t.await.unwrap());
+        }
     }
     assert!(
         conflicts.len() > 10,
         "too few conflicts: {}",
         conflicts.len()
     );
+    assert!(
+        own_refs() > 0,
+        "no twin ever stepped into the window: the test shows nothing"
+    );
     let mut recorded = HashMap::new();
-    for id in 0..TICKETS {
+    for id in tickets {
         for row in engines[1].history(id).await.unwrap() {
             recorded
                 .entry((id, row.event))
