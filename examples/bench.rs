@@ -628,8 +628,9 @@ mod sqlite {
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
-    use orderly::PgStore;
+    use orderly::store::OwnedKey;
     use orderly::store::postgres::migrate;
+    use orderly::{EngineConfig, PgStore, ReadFirst};
     use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
     use sqlx::{AssertSqlSafe, Connection, Row};
     use std::str::FromStr;
@@ -744,58 +745,89 @@ mod postgres {
         }
 
         async fn explain(&self) -> Result<String, BoxError> {
-            // The engine's statement for a new request (executed by EXPLAIN ANALYZE, so in
-            // a transaction rolled back), and the read that answers a replay when the
-            // store reads first (order 1, applied by a floor-style write first).
+            // The plans of the statements the engine itself prepared, found by their text in
+            // `pg_prepared_statements` on a pool of one connection: the statement for a new
+            // request (executed by EXPLAIN ANALYZE, so in a transaction rolled back), the
+            // read that answers a replay when the engine reads first, and the batched read
+            // for 8 requests in its generic plan (the one a prepared statement keeps).
             self.reset().await?;
-            self.floor(1).await?;
-            let store = PgStore::new(self.pool.clone());
-            let explain = |sql: &str| {
-                AssertSqlSafe(format!(
-                    "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {sql}"
-                ))
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(self.pool.connect_options().as_ref().clone())
+                .await?;
+            let store = PgStore::new(pool.clone());
+            let config = |read_first| EngineConfig {
+                read_first,
+                ..EngineConfig::default()
             };
-            let lines = |rows: Vec<sqlx::postgres::PgRow>| -> Result<String, sqlx::Error> {
+            let writer =
+                Engine::<OrderMachine, _>::with_config(store.clone(), config(ReadFirst::Never))?;
+            let reader =
+                Engine::<OrderMachine, _>::with_config(store.clone(), config(ReadFirst::Always))?;
+            writer.transition(1, OrderEvent::Pay, &bench_ref(1)).await?;
+            reader.transition(1, OrderEvent::Pay, &bench_ref(1)).await?;
+            let mut conn = pool.acquire().await?;
+            let keys: Vec<OwnedKey> = (1..=8)
+                .map(|id| OwnedKey {
+                    order_id: id,
+                    event: "Pay",
+                    ref_id: bench_ref(id),
+                })
+                .collect();
+            store.priors(&mut conn, &keys).await?;
+            let prepared: Vec<(String, String)> =
+                sqlx::query_as("SELECT name, statement FROM pg_prepared_statements")
+                    .fetch_all(&mut *conn)
+                    .await?;
+            let named = |what: &str, test: &dyn Fn(&str) -> bool| {
+                prepared
+                    .iter()
+                    .find(|(_, sql)| test(sql))
+                    .map(|(name, _)| name.clone())
+                    .ok_or_else(|| format!("the engine prepared no {what}"))
+            };
+            let write = named("apply-first statement", &|sql| {
+                sql.starts_with("WITH upd") && sql.contains("$6::text, $7::text")
+            })?;
+            let read = named("read", &|sql| sql.starts_with("SELECT from_status"))?;
+            let batch = named("batched read", &|sql| sql.contains("(VALUES"))?;
+            async fn explain(conn: &mut PgConnection, sql: String) -> Result<String, BoxError> {
+                let rows = sqlx::raw_sql(AssertSqlSafe(format!(
+                    "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {sql}"
+                )))
+                .fetch_all(conn)
+                .await?;
                 let lines: Result<Vec<String>, _> = rows.iter().map(|r| r.try_get(0)).collect();
                 Ok(lines?.join("\n"))
-            };
-            let mut tx = self.pool.begin().await?;
-            let applied = sqlx::query(explain(store.transition_sql(1)))
-                .bind(2_i64)
-                .bind("Pay")
-                .bind(bench_ref(2))
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind("Created")
-                .bind("Paid")
-                .fetch_all(&mut *tx)
-                .await?;
-            tx.rollback().await?;
-            let replay = sqlx::query(explain(store.read_first_sql()))
-                .bind(1_i64)
-                .bind("Pay")
-                .bind(bench_ref(1))
-                .fetch_all(&self.pool)
-                .await?;
-            // The batched read, for 8 requests (order 1's recorded, the others not), in
-            // its generic plan: the one a prepared statement keeps.
-            let mut tx = self.pool.begin().await?;
-            sqlx::raw_sql("SET LOCAL plan_cache_mode = force_generic_plan")
-                .execute(&mut *tx)
-                .await?;
-            let mut batch = sqlx::query(explain(store.read_batch_sql(8)));
-            for id in 1..=8_i64 {
-                batch = batch.bind(id).bind("Pay").bind(bench_ref(id));
             }
-            let batch = batch.fetch_all(&mut *tx).await?;
-            tx.rollback().await?;
+            let ref2 = bench_ref(2);
+            sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
+            let applied = explain(
+                &mut conn,
+                format!("EXECUTE {write}(2, 'Pay', '{ref2}', NULL, NULL, 'Created', 'Paid')"),
+            )
+            .await;
+            sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await?;
+            let replay = explain(
+                &mut conn,
+                format!("EXECUTE {read}(1, 'Pay', '{}')", bench_ref(1)),
+            )
+            .await?;
+            sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+                .execute(&mut *conn)
+                .await?;
+            let args: Vec<String> = (1..=8)
+                .map(|id| format!("{id}, 'Pay', '{}'", bench_ref(id)))
+                .collect();
+            let batched =
+                explain(&mut conn, format!("EXECUTE {batch}({})", args.join(", "))).await?;
+            drop(conn);
+            pool.close().await;
             Ok(format!(
                 "-- the statement, for a new request (applied, then rolled back):\n{}\n\
-                 -- the read that answers a replay when the store reads first:\n{}\n\
-                 -- the same read for a batch of 8 concurrent requests (generic plan):\n{}",
-                lines(applied)?,
-                lines(replay)?,
-                lines(batch)?
+                 -- the read that answers a replay when the engine reads first:\n{replay}\n\
+                 -- the same read for a batch of 8 concurrent requests (generic plan):\n{batched}",
+                applied?
             ))
         }
 

@@ -42,7 +42,7 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use engine::{Engine, EngineConfig, Order, Outcome, Record};
+pub use engine::{Engine, EngineConfig, Order, Outcome, ReadFirst, Record, TransitionRequest};
 pub use error::{Error, Result};
 pub use machine::{StateMachine, Transition};
 #[cfg(feature = "mysql")]
@@ -51,7 +51,7 @@ pub use store::mysql::MySqlStore;
 pub use store::postgres::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::SqliteStore;
-pub use store::{ReadFirst, Store, Tables};
+pub use store::{Store, Tables};
 
 #[doc(hidden)]
 pub mod __private {

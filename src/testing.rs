@@ -1,7 +1,8 @@
 //! A property-testing kit for your own graphs (cargo feature `testing`).
 //!
 //! - [`steps`]: a proptest strategy for random event sequences over a few entities,
-//!   with references drawn from a small pool so that duplicates are the rule.
+//!   with references and payloads drawn from small pools so that duplicates, and
+//!   duplicates with another payload, are the rule.
 //! - [`Model`]: a pure reference model of the outcome table, with no database.
 //! - [`check_engine`]: runs a sequence through an [`Engine`] and the model side by side
 //!   and checks the invariants listed on it.
@@ -50,10 +51,13 @@ pub struct Step<E> {
     pub event: E,
     /// The reference, from a small pool (`r0`, `r1`, …).
     pub ref_id: String,
+    /// The payload, if any: one of two strings (`"a"`, `"b"`), sent as a JSON string.
+    pub payload: Option<String>,
 }
 
 /// Random sequences of `len` steps over `orders` entities (plus one that does not exist)
-/// with references drawn from `refs` values, so the same `(order, event, ref)` recurs.
+/// with references drawn from `refs` values, so the same `(order, event, ref)` recurs,
+/// mostly without a payload and now and then with one of two.
 pub fn steps<M: StateMachine>(
     orders: i64,
     refs: usize,
@@ -65,11 +69,13 @@ pub fn steps<M: StateMachine>(
         prop_oneof![9 => 0..orders.max(1), 1 => Just(orders)],
         proptest::sample::select(events),
         0..refs.max(1),
+        prop_oneof![6 => Just(None), 1 => Just(Some("a")), 1 => Just(Some("b"))],
     )
-        .prop_map(|(order, event, r)| Step {
+        .prop_map(|(order, event, r, payload)| Step {
             order,
             event,
             ref_id: format!("r{r}"),
+            payload: payload.map(str::to_string),
         });
     proptest::collection::vec(step, len)
 }
@@ -100,6 +106,8 @@ pub enum Expected<S> {
         /// The winning reference.
         existing_ref: String,
     },
+    /// `Err(PayloadMismatch)`: the reference was recorded with another payload.
+    PayloadMismatch,
     /// `Err(InvalidTransition)`.
     InvalidTransition,
     /// `Err(NotFound)`.
@@ -132,7 +140,8 @@ impl<S: Copy + PartialEq> Expected<S> {
                     existing_ref: r, ..
                 }),
             ) => existing_ref == r,
-            (Expected::InvalidTransition, Err(Error::InvalidTransition { .. }))
+            (Expected::PayloadMismatch, Err(Error::PayloadMismatch { .. }))
+            | (Expected::InvalidTransition, Err(Error::InvalidTransition { .. }))
             | (Expected::NotFound, Err(Error::NotFound { .. })) => true,
             _ => false,
         }
@@ -142,11 +151,14 @@ impl<S: Copy + PartialEq> Expected<S> {
 /// `(order, event, ref)`: the identity of a request.
 type RequestKey<M> = (i64, <M as StateMachine>::Event, String);
 
+/// What a request recorded: from, to, version after, and its payload.
+type Applied<S> = (S, S, i64, Option<String>);
+
 /// The outcome table over in-memory maps: the reference the engine is checked against.
 #[derive(Debug, Clone)]
 pub struct Model<M: StateMachine> {
     orders: HashMap<i64, (M::State, i64)>,
-    applied: HashMap<RequestKey<M>, (M::State, M::State, i64)>,
+    applied: HashMap<RequestKey<M>, Applied<M::State>>,
     latest_ref: HashMap<(i64, M::Event), String>,
 }
 
@@ -160,11 +172,30 @@ impl<M: StateMachine> Model<M> {
         }
     }
 
-    /// Applies one request and says what the engine must answer.
+    /// Applies one request without a payload and says what the engine must answer.
     pub fn apply(&mut self, id: i64, event: M::Event, ref_id: &str) -> Expected<M::State> {
+        self.apply_with_payload(id, event, ref_id, None)
+    }
+
+    /// Applies one request with `payload` (any text that stands for the payload's
+    /// identity) and says what the engine must answer.
+    pub fn apply_with_payload(
+        &mut self,
+        id: i64,
+        event: M::Event,
+        ref_id: &str,
+        payload: Option<&str>,
+    ) -> Expected<M::State> {
         let key = (id, event, ref_id.to_string());
-        if let Some(&(from, to, version)) = self.applied.get(&key) {
-            return Expected::Replayed { from, to, version };
+        if let Some((from, to, version, recorded)) = self.applied.get(&key) {
+            if recorded.as_deref() != payload {
+                return Expected::PayloadMismatch;
+            }
+            return Expected::Replayed {
+                from: *from,
+                to: *to,
+                version: *version,
+            };
         }
         let Some((state, version)) = self.orders.get_mut(&id) else {
             return Expected::NotFound;
@@ -175,7 +206,8 @@ impl<M: StateMachine> Model<M> {
                 *state = to;
                 *version += 1;
                 let version = *version;
-                self.applied.insert(key, (from, to, version));
+                self.applied
+                    .insert(key, (from, to, version, payload.map(str::to_string)));
                 self.latest_ref.insert((id, event), ref_id.to_string());
                 Expected::Applied { from, to, version }
             }
@@ -201,7 +233,7 @@ impl<M: StateMachine> Model<M> {
 
 /// Runs `steps` through `engine` (entity index `i` is id `first_id + i`) and through a
 /// [`Model`], and checks, returning the first violation:
-/// - every answer is the one the model expects;
+/// - every answer is the one the model expects, `PayloadMismatch` included;
 /// - every `Replayed` reports what the first application of that request reported;
 /// - afterwards, for every entity: same final state as the model; version = number of
 ///   `Applied`; history rows = number of `Applied`; no `(order, event, ref)` twice in the
@@ -224,8 +256,13 @@ pub async fn check_engine<M: StateMachine, S: Store>(
     let mut applied_by_order: HashMap<i64, i64> = HashMap::new();
     for (n, step) in steps.iter().enumerate() {
         let id = first_id + step.order;
-        let expected = model.apply(id, step.event, &step.ref_id);
-        let actual = engine.transition(id, step.event, &step.ref_id).await;
+        let expected =
+            model.apply_with_payload(id, step.event, &step.ref_id, step.payload.as_deref());
+        let request = engine.transition(id, step.event, &step.ref_id);
+        let actual = match &step.payload {
+            Some(payload) => request.payload(payload).await,
+            None => request.await,
+        };
         if !expected.matches(&actual) {
             return Err(format!(
                 "step {n} ({id}, {}, {}): expected {expected:?}, got {actual:?}",

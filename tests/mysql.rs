@@ -48,6 +48,7 @@ impl<P: Policy> My<P> {
 impl<P: Policy> Backend for My<P> {
     type S = MySqlStore;
     type Tx = Transaction<'static, MySql>;
+    type TxOn<'c> = Transaction<'c, MySql>;
 
     harness_sql_methods!(MySqlConnection);
 
@@ -78,12 +79,10 @@ impl<P: Policy> Backend for My<P> {
         }
     }
 
-    async fn store(&self, lock_timeout: Duration) -> MySqlStore {
-        self.store_with(lock_timeout, P::READ_FIRST).await
-    }
+    const POLICY: ReadFirst = P::READ_FIRST;
 
-    async fn store_with(&self, lock_timeout: Duration, policy: ReadFirst) -> MySqlStore {
-        MySqlStore::new(self.pool(lock_timeout).await).with_read_first(policy)
+    async fn store(&self, lock_timeout: Duration) -> MySqlStore {
+        MySqlStore::new(self.pool(lock_timeout).await)
     }
 
     async fn custom_store(&self) -> MySqlStore {
@@ -101,16 +100,15 @@ impl<P: Policy> Backend for My<P> {
         .await;
         let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
         MySqlStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
-            .with_read_first(P::READ_FIRST)
     }
 
-    async fn small_store(&self, max: u32, policy: ReadFirst) -> MySqlStore {
+    async fn small_store(&self, max: u32) -> MySqlStore {
         let pool = MySqlPoolOptions::new()
             .max_connections(max)
             .connect_with(self.options.clone())
             .await
             .unwrap();
-        MySqlStore::new(pool).with_read_first(policy)
+        MySqlStore::new(pool)
     }
 
     fn pool_counts(store: &MySqlStore) -> (u32, usize) {
@@ -129,6 +127,14 @@ impl<P: Policy> Backend for My<P> {
 
     async fn begin(&self) -> Self::Tx {
         self.pool.begin().await.unwrap()
+    }
+
+    async fn begin_on(conn: &mut MySqlConnection) -> Self::TxOn<'_> {
+        conn.begin().await.unwrap()
+    }
+
+    async fn commit_on(tx: Self::TxOn<'_>) {
+        tx.commit().await.unwrap();
     }
 
     async fn cleanup(self) {
@@ -154,13 +160,13 @@ impl<P: Policy> conformance::Networked for My<P> {
         server::socket_addr(self.options.get_host(), self.options.get_port())
     }
 
-    async fn store_at(&self, port: u16, max: u32, policy: ReadFirst) -> MySqlStore {
+    async fn store_at(&self, port: u16, max: u32) -> MySqlStore {
         let pool = MySqlPoolOptions::new()
             .max_connections(max)
             .connect_with(self.options.clone().host("127.0.0.1").port(port))
             .await
             .unwrap();
-        MySqlStore::new(pool).with_read_first(policy)
+        MySqlStore::new(pool)
     }
 
     async fn kill_sessions(&self) -> usize {

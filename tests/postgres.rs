@@ -13,7 +13,7 @@ use std::time::Duration;
 use conformance::{Adaptive, Always, Backend, OrderEvent, OrderMachine, Policy};
 use orderly::store::postgres::migrate;
 use orderly::store::{ErrorClass, Store};
-use orderly::{Engine, PgStore, ReadFirst, Tables};
+use orderly::{Engine, EngineConfig, PgStore, ReadFirst, Tables};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Transaction};
 
@@ -43,6 +43,7 @@ impl<P: Policy> Pg<P> {
 impl<P: Policy> Backend for Pg<P> {
     type S = PgStore;
     type Tx = Transaction<'static, Postgres>;
+    type TxOn<'c> = Transaction<'c, Postgres>;
 
     harness_sql_methods!(PgConnection);
 
@@ -76,12 +77,10 @@ impl<P: Policy> Backend for Pg<P> {
         }
     }
 
-    async fn store(&self, lock_timeout: Duration) -> PgStore {
-        self.store_with(lock_timeout, P::READ_FIRST).await
-    }
+    const POLICY: ReadFirst = P::READ_FIRST;
 
-    async fn store_with(&self, lock_timeout: Duration, policy: ReadFirst) -> PgStore {
-        PgStore::new(self.pool(lock_timeout).await).with_read_first(policy)
+    async fn store(&self, lock_timeout: Duration) -> PgStore {
+        PgStore::new(self.pool(lock_timeout).await)
     }
 
     async fn custom_store(&self) -> PgStore {
@@ -98,16 +97,15 @@ impl<P: Policy> Backend for Pg<P> {
         .await;
         let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
         PgStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
-            .with_read_first(P::READ_FIRST)
     }
 
-    async fn small_store(&self, max: u32, policy: ReadFirst) -> PgStore {
+    async fn small_store(&self, max: u32) -> PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(max)
             .connect_with(self.options.clone())
             .await
             .unwrap();
-        PgStore::new(pool).with_read_first(policy)
+        PgStore::new(pool)
     }
 
     fn pool_counts(store: &PgStore) -> (u32, usize) {
@@ -124,6 +122,14 @@ impl<P: Policy> Backend for Pg<P> {
 
     async fn begin(&self) -> Self::Tx {
         self.pool.begin().await.unwrap()
+    }
+
+    async fn begin_on(conn: &mut PgConnection) -> Self::TxOn<'_> {
+        conn.begin().await.unwrap()
+    }
+
+    async fn commit_on(tx: Self::TxOn<'_>) {
+        tx.commit().await.unwrap();
     }
 
     async fn cleanup(self) {
@@ -149,13 +155,13 @@ impl<P: Policy> conformance::Networked for Pg<P> {
         server::socket_addr(self.options.get_host(), self.options.get_port())
     }
 
-    async fn store_at(&self, port: u16, max: u32, policy: ReadFirst) -> PgStore {
+    async fn store_at(&self, port: u16, max: u32) -> PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(max)
             .connect_with(self.options.clone().host("127.0.0.1").port(port))
             .await
             .unwrap();
-        PgStore::new(pool).with_read_first(policy)
+        PgStore::new(pool)
     }
 
     async fn kill_sessions(&self) -> usize {
@@ -287,9 +293,12 @@ async fn adaptive_policy_reads_first_during_a_replay_storm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_caller_giving_up_mid_read_strands_no_one() {
     let b = <Pg>::fresh().await;
-    let e: Engine<OrderMachine, PgStore> = Engine::new(
-        b.store_with(Duration::from_secs(20), ReadFirst::Always)
-            .await,
+    let e: Engine<OrderMachine, PgStore> = Engine::with_config(
+        b.store(Duration::from_secs(20)).await,
+        EngineConfig {
+            read_first: ReadFirst::Always,
+            ..EngineConfig::default()
+        },
     )
     .unwrap();
     e.create(1).await.unwrap();

@@ -32,6 +32,7 @@ impl<P: Policy> Sqlite3<P> {
 impl<P: Policy> Backend for Sqlite3<P> {
     type S = SqliteStore;
     type Tx = Transaction<'static, Sqlite>;
+    type TxOn<'c> = Transaction<'c, Sqlite>;
 
     harness_sql_methods!(SqliteConnection);
 
@@ -52,12 +53,10 @@ impl<P: Policy> Backend for Sqlite3<P> {
         }
     }
 
-    async fn store(&self, lock_timeout: Duration) -> SqliteStore {
-        self.store_with(lock_timeout, P::READ_FIRST).await
-    }
+    const POLICY: ReadFirst = P::READ_FIRST;
 
-    async fn store_with(&self, lock_timeout: Duration, policy: ReadFirst) -> SqliteStore {
-        SqliteStore::new(self.pool(lock_timeout).await).with_read_first(policy)
+    async fn store(&self, lock_timeout: Duration) -> SqliteStore {
+        SqliteStore::new(self.pool(lock_timeout).await)
     }
 
     async fn custom_store(&self) -> SqliteStore {
@@ -74,16 +73,15 @@ impl<P: Policy> Backend for Sqlite3<P> {
         .await;
         let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
         SqliteStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
-            .with_read_first(P::READ_FIRST)
     }
 
-    async fn small_store(&self, max: u32, policy: ReadFirst) -> SqliteStore {
+    async fn small_store(&self, max: u32) -> SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(max)
             .connect_with(connect_options(&self.url).unwrap())
             .await
             .unwrap();
-        SqliteStore::new(pool).with_read_first(policy)
+        SqliteStore::new(pool)
     }
 
     fn pool_counts(store: &SqliteStore) -> (u32, usize) {
@@ -110,6 +108,14 @@ impl<P: Policy> Backend for Sqlite3<P> {
 
     async fn begin(&self) -> Self::Tx {
         self.pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
+    }
+
+    async fn begin_on(conn: &mut SqliteConnection) -> Self::TxOn<'_> {
+        conn.begin_with("BEGIN IMMEDIATE").await.unwrap()
+    }
+
+    async fn commit_on(tx: Self::TxOn<'_>) {
+        tx.commit().await.unwrap();
     }
 
     async fn cleanup(self) {

@@ -19,10 +19,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use super::Lease;
-use crate::store::{Key, OwnedKey, Prior, Store};
+use crate::store::{Key, OwnedKey, Prior, Scope, Store};
 
 /// The most requests one batch takes from the queue; the store may read them in several
-/// statements (PostgreSQL and MySQL/MariaDB read at most 64 in one).
+/// statements (at most `Store::BATCH_READ_MAX` in one).
 const MAX_BATCH: usize = 128;
 
 /// The read-first reads of one engine and its clones.
@@ -87,7 +87,7 @@ impl<S: Store> Reads<S> {
     async fn read(&self, keys: &[OwnedKey]) -> Option<Vec<Option<Prior>>> {
         let read = async {
             let mut lease = Lease::acquire(&self.store).await?;
-            let priors = self.store.priors(lease.conn(), keys).await;
+            let priors = self.read_on(lease.conn(), keys).await;
             lease.release_after(&priors);
             priors
         };
@@ -106,6 +106,23 @@ impl<S: Store> Reads<S> {
                 None
             }
         }
+    }
+
+    /// `keys` in statements of at most `S::BATCH_READ_MAX`; a lone request with the plain
+    /// read, which the stores serve cheaper.
+    async fn read_on(
+        &self,
+        conn: &mut S::Conn,
+        keys: &[OwnedKey],
+    ) -> Result<Vec<Option<Prior>>, sqlx::Error> {
+        let mut priors = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(S::BATCH_READ_MAX) {
+            match chunk {
+                [key] => priors.push(self.store.prior(conn, key.as_key(), Scope::Own).await?),
+                _ => priors.extend(self.store.priors(conn, chunk).await?),
+            }
+        }
+        Ok(priors)
     }
 
     /// Reads the queue in batches until it is empty, then frees the slot.

@@ -11,8 +11,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use orderly::store::{
-    ErrorClass, FirstRound, Key, Observed, Optimistic, OwnedKey, Prior, RawTransition, Request,
-    Store,
+    Apply, Entity, ErrorClass, FirstWrite, Key, Observed, OwnedKey, Prior, RawTransition, Request,
+    Scope, Store, Written,
 };
 use orderly::{Engine, EngineConfig, Error, Outcome, ReadFirst};
 use proptest::prelude::Rng;
@@ -20,7 +20,7 @@ use proptest::test_runner::{RngAlgorithm, TestRng};
 
 use super::{
     Backend, Eng, OrderEvent::*, OrderState::*, TicketEvent, TicketMachine, TicketState, applied,
-    assert_order, engine, replayed,
+    assert_order, config, engine, replayed, with_policy,
 };
 use crate::server::{Cut, eventually};
 
@@ -34,7 +34,7 @@ pub trait Networked: Backend {
     const CUT: Cut;
     /// A store whose pool of `max` connections reaches this database through `port` on
     /// loopback.
-    async fn store_at(&self, port: u16, max: u32, policy: ReadFirst) -> Self::S;
+    async fn store_at(&self, port: u16, max: u32) -> Self::S;
     /// Kills (from another connection) every other session on this database; returns how
     /// many.
     async fn kill_sessions(&self) -> usize;
@@ -64,8 +64,8 @@ async fn poll_at_most<F: Future>(fut: F, k: usize) -> Option<F::Output> {
 /// re-sent is answered as its history says.
 pub async fn cancelled_calls_leave_the_pool_clean<B: Backend>(b: &B) {
     for policy in [ReadFirst::Never, ReadFirst::Always] {
-        let store = b.small_store(1, policy).await;
-        let e: Eng<B> = Engine::new(store.clone()).unwrap();
+        let store = b.small_store(1).await;
+        let e: Eng<B> = with_policy(store.clone(), policy);
         let base = if policy == ReadFirst::Never {
             0
         } else {
@@ -87,17 +87,17 @@ pub async fn cancelled_calls_leave_the_pool_clean<B: Backend>(b: &B) {
                     e.transition(id, Pay, "p-1").await.unwrap();
                 }
                 let done = match kind {
-                    "new" => poll_at_most(e.transition(id, Pay, "p-1"), k)
+                    "new" => poll_at_most(e.transition(id, Pay, "p-1").into_future(), k)
                         .await
                         .map(|r| {
                             assert_eq!(r.unwrap(), applied(Created, Paid, 1));
                         }),
-                    "replay" => poll_at_most(e.transition(id, Pay, "p-1"), k)
+                    "replay" => poll_at_most(e.transition(id, Pay, "p-1").into_future(), k)
                         .await
                         .map(|r| {
                             assert_eq!(r.unwrap(), replayed(Created, Paid, 1));
                         }),
-                    "conflict" => poll_at_most(e.transition(id, Pay, "p-2"), k)
+                    "conflict" => poll_at_most(e.transition(id, Pay, "p-2").into_future(), k)
                         .await
                         .map(|r| {
                             assert!(matches!(r, Err(Error::RefConflict { .. })), "{r:?}");
@@ -118,12 +118,13 @@ pub async fn cancelled_calls_leave_the_pool_clean<B: Backend>(b: &B) {
                         // so the caller closes it, as `transition_in`'s docs say; only a
                         // completed call is committed.
                         let mut conn = store.acquire().await.unwrap();
-                        let mut tx = <B::S as Store>::begin(&mut conn, false).await.unwrap();
-                        let done = poll_at_most(e.transition_in(&mut tx, id, Pay, "p-1"), k)
+                        let mut tx = B::begin_on(&mut conn).await;
+                        let request = e.transition(id, Pay, "p-1").within(&mut tx);
+                        let done = poll_at_most(request.into_future(), k)
                             .await
                             .map(|r| assert_eq!(r.unwrap(), applied(Created, Paid, 1)));
                         if done.is_some() {
-                            <B::S as Store>::commit(tx).await.unwrap();
+                            B::commit_on(tx).await;
                         } else {
                             drop(tx);
                             <B::S as Store>::discard(conn);
@@ -206,7 +207,7 @@ pub async fn in_doubt_commit_is_read_back<B: Networked>(b: &B) {
         let id = 10 * n as i64;
         direct.create(id).await.unwrap();
         let proxy = crate::server::Proxy::start(b.server(), B::CUT).await;
-        let e: Eng<B> = Engine::new(b.store_at(proxy.port, 4, policy).await).unwrap();
+        let e: Eng<B> = with_policy(b.store_at(proxy.port, 4).await, policy);
         let answer = e.transition(id, Pay, "p-1").await;
         assert_eq!(
             proxy.cuts(),
@@ -227,10 +228,10 @@ pub async fn in_doubt_commit_is_read_back<B: Networked>(b: &B) {
         proxy.refuse_after_cut();
         let config = EngineConfig {
             in_doubt_timeout: Duration::from_millis(500),
-            ..EngineConfig::default()
+            ..config(policy)
         };
         // One connection, so none opened before the cut is left to read with.
-        let store = b.store_at(proxy.port, 1, policy).await;
+        let store = b.store_at(proxy.port, 1).await;
         let e: Eng<B> = Engine::with_config(store, config).unwrap();
         let answer = e.transition(id, Pay, "p-1").await;
         assert_eq!(
@@ -265,9 +266,9 @@ pub async fn killed_connections_are_retryable<B: Networked>(b: &B) {
     }
     let config = EngineConfig {
         max_attempts: 1,
-        ..EngineConfig::default()
+        ..config(ReadFirst::Adaptive)
     };
-    let store = b.store_at(b.server().port(), 8, ReadFirst::Adaptive).await;
+    let store = b.store_at(b.server().port(), 8).await;
     let e: Eng<B> = Engine::with_config(store, config).unwrap();
     let next = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..TASKS)
@@ -367,8 +368,8 @@ impl<S> Hooked<S> {
 impl<S: Store> Store for Hooked<S> {
     type Conn = S::Conn;
     type Pooled = S::Pooled;
-    type Tx<'c> = S::Tx<'c>;
-    const BATCHES_READS: bool = S::BATCHES_READS;
+    const READ_FIRST_FROM: u32 = S::READ_FIRST_FROM;
+    const BATCH_READ_MAX: usize = S::BATCH_READ_MAX;
 
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
         self.inner.acquire().await
@@ -376,52 +377,37 @@ impl<S: Store> Store for Hooked<S> {
     fn discard(conn: Self::Pooled) {
         S::discard(conn)
     }
-    async fn create(
+    fn classify(err: &sqlx::Error) -> ErrorClass {
+        S::classify(err)
+    }
+    async fn apply_first(
         &self,
         conn: &mut Self::Conn,
-        order_id: i64,
-        initial: &'static str,
-    ) -> Result<(String, i64), sqlx::Error> {
-        self.inner.create(conn, order_id, initial).await
+        request: &Request<'_>,
+    ) -> Result<FirstWrite, sqlx::Error> {
+        self.inner.apply_first(conn, request).await
     }
     async fn observe(
         &self,
         conn: &mut Self::Conn,
-        request: Request<'_>,
-        in_tx: bool,
-    ) -> Result<Observed, sqlx::Error> {
-        self.inner.observe(conn, request, in_tx).await
-    }
-    async fn attempt(
-        &self,
-        conn: &mut Self::Conn,
-        request: Request<'_>,
-    ) -> Result<Optimistic, sqlx::Error> {
-        self.inner.attempt(conn, request).await
-    }
-    fn first_round(&self) -> &FirstRound {
-        self.inner.first_round()
-    }
-    async fn prior(
-        &self,
-        conn: &mut Self::Conn,
         key: Key<'_>,
-        in_tx: bool,
-    ) -> Result<Option<Prior>, sqlx::Error> {
-        self.inner.prior(conn, key, in_tx).await
+        scope: Scope,
+    ) -> Result<Option<Observed>, sqlx::Error> {
+        self.inner.observe(conn, key, scope).await
     }
-    async fn priors(
+    async fn apply(
         &self,
         conn: &mut Self::Conn,
-        keys: &[OwnedKey],
-    ) -> Result<Vec<Option<Prior>>, sqlx::Error> {
-        self.inner.priors(conn, keys).await
+        apply: &Apply<'_>,
+        scope: Scope,
+    ) -> Result<Written, sqlx::Error> {
+        self.inner.apply(conn, apply, scope).await
     }
     async fn latest_ref(
         &self,
         conn: &mut Self::Conn,
         key: Key<'_>,
-        in_tx: bool,
+        scope: Scope,
     ) -> Result<Option<String>, sqlx::Error> {
         let hook = self.hook.lock().unwrap().take();
         if let Some(hook) = hook {
@@ -433,40 +419,40 @@ impl<S: Store> Store for Hooked<S> {
             let micros = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 53;
             tokio::time::sleep(Duration::from_micros(micros)).await;
         }
-        let latest = self.inner.latest_ref(conn, key, in_tx).await;
+        let latest = self.inner.latest_ref(conn, key, scope).await;
         if matches!(&latest, Ok(Some(r)) if r == key.ref_id) {
             self.own_refs.fetch_add(1, Ordering::Relaxed);
         }
         latest
     }
-    async fn begin(conn: &mut Self::Conn, in_tx: bool) -> Result<Self::Tx<'_>, sqlx::Error> {
-        S::begin(conn, in_tx).await
-    }
-    async fn commit(tx: Self::Tx<'_>) -> Result<(), sqlx::Error> {
-        S::commit(tx).await
-    }
-    async fn rollback(tx: Self::Tx<'_>) -> Result<(), sqlx::Error> {
-        S::rollback(tx).await
-    }
-    async fn update(
+    async fn prior(
         &self,
         conn: &mut Self::Conn,
-        apply: orderly::store::Apply<'_>,
-    ) -> Result<u64, sqlx::Error> {
-        self.inner.update(conn, apply).await
+        key: Key<'_>,
+        scope: Scope,
+    ) -> Result<Option<Prior>, sqlx::Error> {
+        self.inner.prior(conn, key, scope).await
     }
-    async fn record(
+    async fn priors(
         &self,
         conn: &mut Self::Conn,
-        apply: orderly::store::Apply<'_>,
-    ) -> Result<(), sqlx::Error> {
-        self.inner.record(conn, apply).await
+        keys: &[OwnedKey],
+    ) -> Result<Vec<Option<Prior>>, sqlx::Error> {
+        self.inner.priors(conn, keys).await
+    }
+    async fn create(
+        &self,
+        conn: &mut Self::Conn,
+        order_id: i64,
+        initial: &'static str,
+    ) -> Result<Entity, sqlx::Error> {
+        self.inner.create(conn, order_id, initial).await
     }
     async fn get(
         &self,
         conn: &mut Self::Conn,
         order_id: i64,
-    ) -> Result<Option<(String, i64)>, sqlx::Error> {
+    ) -> Result<Option<Entity>, sqlx::Error> {
         self.inner.get(conn, order_id).await
     }
     async fn history(
@@ -475,9 +461,6 @@ impl<S: Store> Store for Hooked<S> {
         order_id: i64,
     ) -> Result<Vec<RawTransition>, sqlx::Error> {
         self.inner.history(conn, order_id).await
-    }
-    fn classify(err: &sqlx::Error) -> ErrorClass {
-        S::classify(err)
     }
 }
 
@@ -494,7 +477,7 @@ pub async fn twin_on_a_cycle_is_replayed_not_a_conflict<B: Backend>(b: &B) {
     {
         let id = n as i64;
         let rival: Engine<TicketMachine, B::S> =
-            Engine::new(b.store_with(Duration::from_secs(10), policy).await).unwrap();
+            with_policy(b.store(Duration::from_secs(10)).await, policy);
         rival.create(id).await.unwrap();
         rival.transition(id, Start, "s").await.unwrap();
         // Working: Unblock is refused here. The twin blocks and unblocks with u-2.
@@ -506,12 +489,8 @@ pub async fn twin_on_a_cycle_is_replayed_not_a_conflict<B: Backend>(b: &B) {
                 assert!(twin.is_applied());
             }
         });
-        let hooked = Hooked::new(
-            b.store_with(Duration::from_secs(10), policy).await,
-            Some(hook),
-            false,
-        );
-        let e: Engine<TicketMachine, Hooked<B::S>> = Engine::new(hooked.clone()).unwrap();
+        let hooked = Hooked::new(b.store(Duration::from_secs(10)).await, Some(hook), false);
+        let e: Engine<TicketMachine, Hooked<B::S>> = with_policy(hooked.clone(), policy);
         let answer = e.transition(id, Unblock, "u-2").await;
         assert!(
             hooked.hook.lock().unwrap().is_none(),
@@ -554,7 +533,7 @@ pub async fn racing_engines_never_conflict_with_themselves<B: Backend>(b: &B) {
     }
     let engines: Vec<Engine<TicketMachine, Hooked<B::S>>> = stores
         .iter()
-        .map(|s| Engine::new(s.clone()).unwrap())
+        .map(|s| with_policy(s.clone(), B::POLICY))
         .collect();
     let own_refs = || -> usize {
         stores
@@ -675,20 +654,17 @@ pub async fn same_payload_in_any_member_order_is_replayed<B: Backend>(b: &B) {
         serde_json::to_string(&ab).unwrap(),
         serde_json::to_string(&ba).unwrap()
     );
-    let first = e.transition_with_payload(1, Pay, "p-1", &ab).await.unwrap();
+    let first = e.transition(1, Pay, "p-1").payload(&ab).await.unwrap();
     assert_eq!(first, applied(Created, Paid, 1));
-    let again = e.transition_with_payload(1, Pay, "p-1", &ba).await.unwrap();
+    let again = e.transition(1, Pay, "p-1").payload(&ba).await.unwrap();
     assert_eq!(again, replayed(Created, Paid, 1));
     let json = serde_json::json!({"card": "4242", "amount": 100, "currency": "EUR"});
-    let again = e
-        .transition_with_payload(1, Pay, "p-1", &json)
-        .await
-        .unwrap();
+    let again = e.transition(1, Pay, "p-1").payload(&json).await.unwrap();
     assert_eq!(again, replayed(Created, Paid, 1));
     // A value that differs is still another payload.
     let other = serde_json::json!({"card": "4242", "amount": 101, "currency": "EUR"});
     assert!(matches!(
-        e.transition_with_payload(1, Pay, "p-1", &other).await,
+        e.transition(1, Pay, "p-1").payload(&other).await,
         Err(Error::PayloadMismatch { .. })
     ));
 
@@ -701,15 +677,14 @@ pub async fn same_payload_in_any_member_order_is_replayed<B: Backend>(b: &B) {
         .expect("two HashMaps that iterate in different orders");
     e.create(2).await.unwrap();
     assert!(
-        e.transition_with_payload(2, Pay, "p-1", &one)
+        e.transition(2, Pay, "p-1")
+            .payload(&one)
             .await
             .unwrap()
             .is_applied()
     );
     assert_eq!(
-        e.transition_with_payload(2, Pay, "p-1", &two)
-            .await
-            .unwrap(),
+        e.transition(2, Pay, "p-1").payload(&two).await.unwrap(),
         replayed(Created, Paid, 1)
     );
     let stored = &e.history(2).await.unwrap()[0];
@@ -722,10 +697,7 @@ pub async fn same_payload_in_any_member_order_is_replayed<B: Backend>(b: &B) {
         serde_json::json!({"a\u{0}": 1}),
         serde_json::json!([["\u{0}"]]),
     ] {
-        let err = e
-            .transition_with_payload(3, Pay, "p-1", &bad)
-            .await
-            .unwrap_err();
+        let err = e.transition(3, Pay, "p-1").payload(&bad).await.unwrap_err();
         assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
     }
     assert_order(&e, 3, Created, 0, 0).await;
@@ -736,7 +708,7 @@ pub async fn same_payload_in_any_member_order_is_replayed<B: Backend>(b: &B) {
 /// compare exactly: `x` and `x ` are two references everywhere.
 pub async fn corrupt_rows_are_reported_not_written_over<B: Backend>(b: &B) {
     for policy in [ReadFirst::Never, ReadFirst::Always] {
-        let e: Eng<B> = Engine::new(b.store_with(Duration::from_secs(10), policy).await).unwrap();
+        let e: Eng<B> = with_policy(b.store(Duration::from_secs(10)).await, policy);
         b.exec("DELETE FROM orders").await;
         e.create(1).await.unwrap();
         b.exec("UPDATE orders SET version = -4 WHERE id = 1").await;

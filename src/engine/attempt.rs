@@ -1,0 +1,357 @@
+//! A request's way through the engine: the read-first step, the retry loop, one attempt
+//! (write or read → judge → write), and the read-back of a write left in doubt.
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+use super::input::{Payload, parse_state};
+use super::judge::{self, Refusal, Verdict};
+use super::lease::Lease;
+use super::{Engine, Outcome};
+use crate::machine::StateMachine;
+use crate::store::{Apply, ErrorClass, FirstWrite, Key, Request, Scope, Store, Written, db_error};
+use crate::{Error, Result};
+
+/// A validated request.
+pub(super) struct Req<'r, M: StateMachine> {
+    pub(super) key: Key<'r>,
+    pub(super) event: M::Event,
+    pub(super) payload: Option<&'r Payload>,
+}
+
+impl<M: StateMachine> Req<'_, M> {
+    fn hash(&self) -> Option<&str> {
+        self.payload.map(|p| p.hash.as_str())
+    }
+}
+
+/// Where a request's connection comes from.
+pub(super) enum Conn<'c, S: Store> {
+    /// The engine's own, from the pool, taken when first needed and replaced after a
+    /// failure that lost it. Dropped mid-request, it is closed (see [`Lease`]).
+    Pooled(Option<Lease<S>>),
+    /// The caller's transaction.
+    Caller(&'c mut S::Conn),
+}
+
+impl<S: Store> Conn<'_, S> {
+    fn scope(&self) -> Scope {
+        match self {
+            Conn::Pooled(_) => Scope::Own,
+            Conn::Caller(_) => Scope::Caller,
+        }
+    }
+
+    async fn get(&mut self, store: &S) -> Result<&mut S::Conn, sqlx::Error> {
+        match self {
+            Conn::Caller(conn) => Ok(conn),
+            Conn::Pooled(lease) => {
+                let held = match lease.take() {
+                    Some(held) => held,
+                    None => Lease::acquire(store).await?,
+                };
+                Ok(lease.insert(held).conn())
+            }
+        }
+    }
+
+    /// The connection failed: closed, and replaced when next needed.
+    fn lost(&mut self) {
+        if let Conn::Pooled(lease) = self {
+            *lease = None;
+        }
+    }
+
+    /// The request ran to its end: a pooled connection goes back to the pool.
+    fn finish(self) {
+        if let Conn::Pooled(Some(lease)) = self {
+            lease.release();
+        }
+    }
+}
+
+/// A request on the engine's own connections: read first if the policy says so, then
+/// the retry loop; counted once for [`ReadFirst::Adaptive`](super::ReadFirst::Adaptive).
+pub(super) async fn pooled<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    req: &Req<'_, M>,
+) -> Result<Outcome<M::State>> {
+    let mut conn = Conn::Pooled(None);
+    let answer = match read_first(engine, &mut conn, req).await {
+        Some(answer) => answer,
+        None => run(engine, &mut conn, req).await,
+    };
+    conn.finish();
+    engine.first.note(matches!(
+        answer,
+        Ok(Outcome::Replayed { .. }) | Err(Error::PayloadMismatch { .. })
+    ));
+    answer
+}
+
+/// The read-first step: the request's history row, batched with concurrent callers'
+/// reads before a connection is taken on a store that batches reads. The answer if the
+/// request was recorded; `None` if it was not, or could not be read (the attempt loop
+/// then reads for itself and reports its own error).
+async fn read_first<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    conn: &mut Conn<'_, S>,
+    req: &Req<'_, M>,
+) -> Option<Result<Outcome<M::State>>> {
+    if !engine.first.reads_first() {
+        return None;
+    }
+    let prior = match &engine.reads {
+        Some(reads) => reads.prior(req.key).await?,
+        None => {
+            let read = match conn.get(&engine.store).await {
+                Ok(c) => engine.store.prior(c, req.key, Scope::Own).await,
+                Err(e) => Err(e),
+            };
+            match read {
+                Ok(prior) => prior,
+                Err(e) => {
+                    if S::classify(&e) == ErrorClass::ConnectionLost {
+                        conn.lost();
+                    }
+                    return None;
+                }
+            }
+        }
+    };
+    Some(judge::replay::<M>(&prior?, req.key, req.event, req.hash()))
+}
+
+/// What the loop does after one attempt.
+enum Step<S> {
+    Done(Result<Outcome<S>>),
+    /// Read again; the reason is for the trace.
+    Retry(&'static str),
+    /// The connection failed (and is discarded). `wrote`: at or after this attempt's
+    /// write was sent, so the write may have committed.
+    Lost {
+        error: sqlx::Error,
+        wrote: bool,
+    },
+}
+
+/// The retry loop: attempts until one answers, within [`EngineConfig::max_attempts`]
+/// (`super::EngineConfig`), with jittered exponential backoff between them.
+pub(super) async fn run<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    conn: &mut Conn<'_, S>,
+    req: &Req<'_, M>,
+) -> Result<Outcome<M::State>> {
+    let config = &engine.config;
+    let scope = conn.scope();
+    let mut delays = ExponentialBuilder::default()
+        .with_min_delay(config.min_backoff)
+        .with_max_delay(config.max_backoff)
+        .with_jitter()
+        .without_max_times()
+        .build();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let step = match conn.get(&engine.store).await {
+            Ok(c) => attempt(engine, c, scope, req).await,
+            Err(e) => retry_or_fail::<M, S>(e, scope, false),
+        };
+        let (reason, lost) = match step {
+            Step::Done(result) => return result,
+            Step::Retry(reason) => (reason, None),
+            Step::Lost { error, wrote } => {
+                conn.lost();
+                if wrote {
+                    if let Some(answer) = settle(engine, req, error).await {
+                        return answer;
+                    }
+                    ("the write did not land", None)
+                } else {
+                    ("connection lost", Some(error))
+                }
+            }
+        };
+        let key = req.key;
+        if attempts >= config.max_attempts {
+            tracing::warn!(
+                order_id = key.order_id,
+                event = key.event,
+                attempts,
+                reason,
+                "giving up"
+            );
+            return Err(match lost {
+                Some(error) => db_error::<S>(error),
+                None => Error::Contention { attempts },
+            });
+        }
+        let delay = delays.next().unwrap_or(config.max_backoff);
+        tracing::debug!(
+            order_id = key.order_id,
+            event = key.event,
+            attempts,
+            reason,
+            ?delay,
+            "reading again"
+        );
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// One attempt: outside a caller's transaction the apply-first write; if that did not
+/// settle it, the judge's read, the verdict, and the write it calls for.
+async fn attempt<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    conn: &mut S::Conn,
+    scope: Scope,
+    req: &Req<'_, M>,
+) -> Step<M::State> {
+    let store = &engine.store;
+    let key = req.key;
+    let mut first = FirstWrite::NotTried;
+    if scope == Scope::Own {
+        let edges = engine.edges.get(&req.event);
+        let request = Request {
+            key,
+            from_states: edges.map_or(&[], |e| &e.from),
+            to_states: edges.map_or(&[], |e| &e.to),
+            payload_hash: req.hash(),
+            payload: req.payload.map(|p| p.json.as_str()),
+        };
+        first = match store.apply_first(conn, &request).await {
+            Ok(FirstWrite::Applied { from, to, version }) => {
+                let applied = parse_state::<M>(key.order_id, &from).and_then(|from| {
+                    let to = parse_state::<M>(key.order_id, &to)?;
+                    Ok(Outcome::Applied { from, to, version })
+                });
+                return Step::Done(applied);
+            }
+            Ok(not) => not,
+            Err(e) => return retry_or_fail::<M, S>(e, scope, true),
+        };
+    }
+    let (entity, prior) = match store.observe(conn, key, scope).await {
+        Ok(Some(observed)) => (Some(observed.entity), observed.prior),
+        // No entity row, so the read had nothing to join the history row to: a request
+        // recorded for it is still a replay (row 1 before row 5).
+        Ok(None) => match store.prior(conn, key, scope).await {
+            Ok(prior) => (None, prior),
+            Err(e) => return retry_or_fail::<M, S>(e, scope, false),
+        },
+        Err(e) => return retry_or_fail::<M, S>(e, scope, false),
+    };
+    let verdict = judge::judge::<M>(entity.as_ref(), prior.as_ref(), key, req.event, req.hash());
+    let (from, to, version) = match verdict {
+        Verdict::Done(answer) => return Step::Done(answer),
+        Verdict::Refused { state } => {
+            return match store.latest_ref(conn, key, scope).await {
+                Ok(latest) => match judge::refuse::<M>(state, key, req.event, latest) {
+                    Refusal::Answer(e) => Step::Done(Err(e)),
+                    Refusal::Rejudge => Step::Retry("own reference recorded meanwhile"),
+                },
+                Err(e) => retry_or_fail::<M, S>(e, scope, false),
+            };
+        }
+        // The apply-first write already found the entity elsewhere: it moved in between.
+        Verdict::Apply { .. } if first == FirstWrite::NotApplied => {
+            return Step::Retry("stale snapshot");
+        }
+        Verdict::Apply { from, to, version } => (from, to, version),
+    };
+    let apply = Apply {
+        key,
+        from: from.into(),
+        to: to.into(),
+        version,
+        payload_hash: req.hash(),
+        payload: req.payload.map(|p| p.json.as_str()),
+    };
+    match store.apply(conn, &apply, scope).await {
+        Ok(Written::Applied) => Step::Done(Ok(Outcome::Applied {
+            from,
+            to,
+            version: version + 1,
+        })),
+        // Someone else moved first: nothing was written; judge again from a fresh read.
+        Ok(Written::Lost) => Step::Retry("lost the conditional update"),
+        Err(e) => retry_or_fail::<M, S>(e, scope, true),
+    }
+}
+
+/// The next step after a database error. Inside a caller's transaction every error ends
+/// the request: a retryable one (a deadlock, a lost connection) took the caller's
+/// transaction with it, and the caller runs the whole transaction again. `wrote`: the
+/// error came at or after the attempt's write was sent.
+fn retry_or_fail<M: StateMachine, S: Store>(
+    e: sqlx::Error,
+    scope: Scope,
+    wrote: bool,
+) -> Step<M::State> {
+    match S::classify(&e) {
+        _ if scope == Scope::Caller => Step::Done(Err(db_error::<S>(e))),
+        ErrorClass::Retryable => {
+            tracing::debug!(error = %e, "retryable database error");
+            Step::Retry("retryable database error")
+        }
+        ErrorClass::ConnectionLost => {
+            tracing::debug!(error = %e, wrote, "connection lost");
+            Step::Lost { error: e, wrote }
+        }
+        ErrorClass::Fatal => Step::Done(Err(db_error::<S>(e))),
+    }
+}
+
+/// Settles a request whose connection failed at or after its write was sent: reads the
+/// request back by its identity on fresh connections, for at most
+/// `EngineConfig::in_doubt_timeout`. Recorded: `Applied` as recorded (see
+/// docs/design.md, "Why is an in-doubt write answered `Applied`?"), or `PayloadMismatch`
+/// if the recorded payload is another. `None`: not recorded, so the write did not land;
+/// judge afresh. Unreadable: [`Error::InDoubt`].
+async fn settle<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    req: &Req<'_, M>,
+    error: sqlx::Error,
+) -> Option<Result<Outcome<M::State>>> {
+    let (key, config) = (req.key, &engine.config);
+    tracing::debug!(order_id = key.order_id, event = key.event, %error, "write in doubt: reading it back");
+    let read_back = async {
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(config.min_backoff)
+            .with_max_delay(config.max_backoff)
+            .without_max_times()
+            .build();
+        loop {
+            let read = async {
+                let mut lease = Lease::acquire(&engine.store).await?;
+                let prior = engine.store.prior(lease.conn(), key, Scope::Own).await;
+                lease.release_after(&prior);
+                prior
+            };
+            match read.await {
+                Ok(prior) => return prior,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading an in-doubt write back failed");
+                    tokio::time::sleep(delays.next().unwrap_or(config.max_backoff)).await;
+                }
+            }
+        }
+    };
+    let prior = match tokio::time::timeout(config.in_doubt_timeout, read_back).await {
+        Ok(prior) => prior?,
+        Err(_) => {
+            return Some(Err(Error::InDoubt {
+                order_id: key.order_id,
+                event: key.event,
+                ref_id: key.ref_id.to_string(),
+                source: error,
+            }));
+        }
+    };
+    Some(
+        judge::replay::<M>(&prior, key, req.event, req.hash()).map(|outcome| match outcome {
+            Outcome::Replayed { from, to, version } | Outcome::Applied { from, to, version } => {
+                Outcome::Applied { from, to, version }
+            }
+        }),
+    )
+}

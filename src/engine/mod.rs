@@ -1,0 +1,331 @@
+//! The transition algorithm, written once for every backend.
+//!
+//! validate input → apply first (the floor's statements), or read the request's history
+//! row first during a storm of replays → if that did not settle it, read the entity and
+//! the request's history row (one statement) → judge → conditional update + history
+//! insert → on a lost race, read afresh and judge again, within a bounded retry budget.
+//!
+//! | file | concern |
+//! |---|---|
+//! | `mod.rs` | [`Engine`], [`EngineConfig`], the outcome types, create/get/history |
+//! | `request.rs` | [`TransitionRequest`]: one request, its options, and its way through the engine |
+//! | `judge.rs` | the outcome table as a pure function of what was read (no I/O) |
+//! | `attempt.rs` | the retry loop, one attempt, and the read-back of an in-doubt write |
+//! | `read_first.rs` | [`ReadFirst`]: when a request starts with a read |
+//! | `batch.rs` | read-first reads of concurrent callers coalesced into one statement |
+//! | `lease.rs` | pooled connections closed unless their conversation ran to its end |
+//! | `input.rs` | references, payload fingerprints, names read from the database |
+//!
+//! Two guarantees hold whatever the driver does:
+//! - **Cancellation**: a caller may drop any future at any await point; the pooled
+//!   connection is then closed, never returned to the pool mid-conversation (see
+//!   `lease`), and what committed stays committed.
+//! - **In-doubt commits**: when the connection fails at or after a write was sent, the
+//!   request is read back by its identity on a fresh connection and answered from the
+//!   history; if that read is impossible too, the answer is [`Error::InDoubt`], which is
+//!   safe to re-send.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::machine::{StateMachine, validate};
+use crate::store::{Entity, Store, db_error};
+use crate::{Error, Result};
+
+mod attempt;
+mod batch;
+mod input;
+mod judge;
+mod lease;
+mod read_first;
+mod request;
+
+pub use input::{MAX_REF_LEN, parse_event};
+pub use read_first::ReadFirst;
+pub use request::TransitionRequest;
+
+use input::{parse_record, parse_state, parse_version};
+use lease::Lease;
+use read_first::FirstRound;
+
+/// The result of a transition that did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Outcome<S> {
+    /// This call moved the entity.
+    Applied {
+        /// State before.
+        from: S,
+        /// State after.
+        to: S,
+        /// Version after (equals the history row's `seq`).
+        version: i64,
+    },
+    /// This exact request was applied before; nothing was written. The fields are what the
+    /// first application recorded, even if the entity has moved on since.
+    Replayed {
+        /// State before the first application.
+        from: S,
+        /// State after the first application.
+        to: S,
+        /// Version after the first application.
+        version: i64,
+    },
+}
+
+impl<S: Copy> Outcome<S> {
+    /// The state this request led to.
+    pub fn state(&self) -> S {
+        match self {
+            Outcome::Applied { to, .. } | Outcome::Replayed { to, .. } => *to,
+        }
+    }
+
+    /// The version this request produced.
+    pub fn version(&self) -> i64 {
+        match self {
+            Outcome::Applied { version, .. } | Outcome::Replayed { version, .. } => *version,
+        }
+    }
+
+    /// Whether this call wrote anything.
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Outcome::Applied { .. })
+    }
+}
+
+/// An entity's current state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Order<S> {
+    /// Its id.
+    pub id: i64,
+    /// Its state.
+    pub state: S,
+    /// Number of transitions applied to it.
+    pub version: i64,
+}
+
+/// One history row, parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record<M: StateMachine> {
+    /// Version after this transition.
+    pub seq: i64,
+    /// State before.
+    pub from: M::State,
+    /// State after.
+    pub to: M::State,
+    /// The event.
+    pub event: M::Event,
+    /// The caller's reference.
+    pub ref_id: String,
+    /// SHA-256 of the payload's canonical JSON, hex, if a payload was given.
+    pub payload_hash: Option<String>,
+    /// The payload, if one was given.
+    pub payload: Option<serde_json::Value>,
+    /// When it was recorded (database clock).
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// How an engine retries and when it reads first.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Attempts per request before [`Error::Contention`]. Default 10.
+    pub max_attempts: u32,
+    /// First backoff delay. Default 1 ms.
+    pub min_backoff: Duration,
+    /// Largest backoff delay. Default 100 ms.
+    pub max_backoff: Duration,
+    /// How long to keep trying to read a request back after the connection failed at or
+    /// after its write was sent, before answering [`Error::InDoubt`]. Default 5 s.
+    pub in_doubt_timeout: Duration,
+    /// Which round trip a transition outside a caller's transaction starts with. Default
+    /// [`ReadFirst::Adaptive`].
+    pub read_first: ReadFirst,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_attempts: 10,
+            min_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(100),
+            in_doubt_timeout: Duration::from_secs(5),
+            read_first: ReadFirst::default(),
+        }
+    }
+}
+
+/// Drives a [`StateMachine`] over a [`Store`]. Cheap to clone: clones share the store's
+/// pool and the share of replays that [`ReadFirst::Adaptive`] goes by.
+pub struct Engine<M: StateMachine, S> {
+    store: S,
+    config: EngineConfig,
+    edges: Arc<HashMap<M::Event, Edges>>,
+    first: FirstRound,
+    /// Coalesces read-first reads, on a store that batches reads.
+    reads: Option<Arc<batch::Reads<S>>>,
+}
+
+/// The rows of the transition table for one event, as names: `from[i]` leads to `to[i]`.
+#[derive(Debug, Default)]
+struct Edges {
+    from: Vec<&'static str>,
+    to: Vec<&'static str>,
+}
+
+impl<M: StateMachine, S: Clone> Clone for Engine<M, S> {
+    fn clone(&self) -> Self {
+        Engine {
+            store: self.store.clone(),
+            config: self.config.clone(),
+            edges: self.edges.clone(),
+            first: self.first.clone(),
+            reads: self.reads.clone(),
+        }
+    }
+}
+
+impl<M: StateMachine, S: Store> std::fmt::Debug for Engine<M, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("machine", &M::NAME)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: StateMachine, S: Store> Engine<M, S> {
+    /// An engine with the default [`EngineConfig`]. Fails with [`Error::InvalidMachine`]
+    /// if the graph is unsound (only possible for hand-written machines; the macro checks
+    /// at compile time).
+    pub fn new(store: S) -> Result<Self> {
+        Self::with_config(store, EngineConfig::default())
+    }
+
+    /// An engine with an explicit configuration.
+    pub fn with_config(store: S, config: EngineConfig) -> Result<Self> {
+        validate::<M>().map_err(Error::InvalidMachine)?;
+        if config.max_attempts == 0 {
+            return Err(Error::InvalidInput(
+                "max_attempts must be at least 1".into(),
+            ));
+        }
+        let mut edges: HashMap<M::Event, Edges> = HashMap::new();
+        for t in M::TRANSITIONS {
+            let e = edges.entry(t.event).or_default();
+            e.from.push(t.from.into());
+            e.to.push(t.to.into());
+        }
+        Ok(Engine {
+            reads: (S::BATCH_READ_MAX > 1).then(|| batch::Reads::new(store.clone())),
+            first: FirstRound::new(config.read_first, S::READ_FIRST_FROM),
+            store,
+            config,
+            edges: Arc::new(edges),
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The share of recent transitions through this engine (and its clones) that were
+    /// replays, between 0 and 1, as [`ReadFirst::Adaptive`] counts it; 0 under the other
+    /// policies. A cheap gauge for metrics.
+    pub fn recent_replay_share(&self) -> f64 {
+        self.first.share()
+    }
+
+    /// Moves the entity by `event`, exactly once per `(order_id, event, ref_id)`: await
+    /// the returned request, after setting any options on it (a payload, the caller's
+    /// transaction).
+    ///
+    /// See the outcome table in the crate docs: `Ok(Applied)` for the first application,
+    /// `Ok(Replayed)` for a repeat, and a typed [`Error`] otherwise.
+    pub fn transition<'a>(
+        &'a self,
+        order_id: i64,
+        event: M::Event,
+        ref_id: &'a str,
+    ) -> TransitionRequest<'a, M, S> {
+        TransitionRequest::new(self, order_id, Ok(event), ref_id)
+    }
+
+    /// [`transition`](Self::transition) with the event given by name, as received from a
+    /// client or a queue. An unknown name is [`Error::InvalidInput`] when awaited.
+    pub fn transition_named<'a>(
+        &'a self,
+        order_id: i64,
+        event: &str,
+        ref_id: &'a str,
+    ) -> TransitionRequest<'a, M, S> {
+        TransitionRequest::new(self, order_id, parse_event::<M>(event), ref_id)
+    }
+
+    /// Creates the entity at the initial state. Creating one that already exists at the
+    /// initial state is not an error; one that has moved on is [`Error::AlreadyExists`].
+    pub async fn create(&self, order_id: i64) -> Result<Order<M::State>> {
+        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+        let row = self
+            .store
+            .create(lease.conn(), order_id, M::INITIAL.into())
+            .await;
+        lease.release_after(&row);
+        created::<M>(order_id, row.map_err(db_error::<S>)?)
+    }
+
+    /// [`create`](Self::create) inside the caller's transaction.
+    pub async fn create_in(&self, conn: &mut S::Conn, order_id: i64) -> Result<Order<M::State>> {
+        let row = self
+            .store
+            .create(conn, order_id, M::INITIAL.into())
+            .await
+            .map_err(db_error::<S>)?;
+        created::<M>(order_id, row)
+    }
+
+    /// The entity's current state.
+    pub async fn get(&self, order_id: i64) -> Result<Order<M::State>> {
+        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+        let row = self.store.get(lease.conn(), order_id).await;
+        lease.release_after(&row);
+        let entity = row
+            .map_err(db_error::<S>)?
+            .ok_or(Error::NotFound { order_id })?;
+        Ok(Order {
+            id: order_id,
+            state: parse_state::<M>(order_id, &entity.status)?,
+            version: parse_version(order_id, entity.version)?,
+        })
+    }
+
+    /// The entity's history, oldest first.
+    pub async fn history(&self, order_id: i64) -> Result<Vec<Record<M>>> {
+        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+        let rows = self.store.history(lease.conn(), order_id).await;
+        lease.release_after(&rows);
+        let rows = rows.map_err(db_error::<S>)?;
+        rows.into_iter()
+            .map(|r| parse_record::<M>(order_id, r))
+            .collect()
+    }
+}
+
+fn created<M: StateMachine>(order_id: i64, entity: Entity) -> Result<Order<M::State>> {
+    let state = parse_state::<M>(order_id, &entity.status)?;
+    let version = parse_version(order_id, entity.version)?;
+    if state != M::INITIAL {
+        return Err(Error::AlreadyExists {
+            order_id,
+            state: entity.status,
+        });
+    }
+    Ok(Order {
+        id: order_id,
+        state,
+        version,
+    })
+}

@@ -1,0 +1,125 @@
+//! One transition request: built by [`Engine::transition`], given its options, awaited.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+
+use serde::Serialize;
+
+use super::attempt::{self, Conn, Req};
+use super::input::{Payload, fingerprint, validate_ref};
+use super::{Engine, Outcome};
+use crate::Result;
+use crate::machine::StateMachine;
+use crate::store::{Key, Store};
+
+/// A transition request, from [`Engine::transition`] or [`Engine::transition_named`].
+/// Nothing happens until it is awaited; the options below may be set first.
+///
+/// ```no_run
+/// # orderly::state_machine! {
+/// #     OrderMachine {
+/// #         states: OrderState { Created, Paid }
+/// #         events: OrderEvent { Pay }
+/// #         initial: Created;
+/// #         terminal: [Paid];
+/// #         transitions: { Created + Pay => Paid }
+/// #     }
+/// # }
+/// # async fn demo(engine: orderly::Engine<OrderMachine, orderly::SqliteStore>) -> Result<(), Box<dyn std::error::Error>> {
+/// #[derive(serde::Serialize)]
+/// struct Callback { amount: u64, currency: &'static str }
+///
+/// let callback = Callback { amount: 4200, currency: "EUR" };
+/// let outcome = engine
+///     .transition(42, OrderEvent::Pay, "pay-7781")
+///     .payload(&callback)
+///     .await?;
+///
+/// // Inside your own transaction, with your own writes:
+/// let mut tx = engine.store().pool().begin_with("BEGIN IMMEDIATE").await?;
+/// engine.transition(43, OrderEvent::Pay, "pay-7782").within(&mut tx).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a transition does nothing until it is awaited"]
+pub struct TransitionRequest<'a, M: StateMachine, S: Store> {
+    engine: &'a Engine<M, S>,
+    order_id: i64,
+    event: Result<M::Event>,
+    ref_id: &'a str,
+    payload: Option<Result<Payload>>,
+    conn: Option<&'a mut S::Conn>,
+}
+
+impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
+    pub(super) fn new(
+        engine: &'a Engine<M, S>,
+        order_id: i64,
+        event: Result<M::Event>,
+        ref_id: &'a str,
+    ) -> Self {
+        TransitionRequest {
+            engine,
+            order_id,
+            event,
+            ref_id,
+            payload: None,
+            conn: None,
+        }
+    }
+
+    /// Records `payload` with the transition. Its fingerprint (the SHA-256 of its
+    /// canonical JSON) is part of the request's identity: repeating the reference with a
+    /// different payload is [`Error::PayloadMismatch`](crate::Error::PayloadMismatch). Two
+    /// payloads are the same when they serialize to equal JSON values, whatever the
+    /// order of their members. A payload that does not serialize, or that holds a NUL
+    /// character, is [`Error::InvalidInput`](crate::Error::InvalidInput) when awaited.
+    pub fn payload<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {
+        self.payload = Some(fingerprint(payload));
+        self
+    }
+
+    /// Runs the transition inside the caller's transaction, so the caller's own writes
+    /// and the state change commit or roll back together. The write runs in a savepoint,
+    /// so a lost race is undone without aborting the caller's transaction.
+    ///
+    /// On SQLite, begin the transaction with `BEGIN IMMEDIATE`; on MySQL/MariaDB the
+    /// reads take row locks, since a plain read would see the transaction's snapshot.
+    ///
+    /// If you drop this future before it completes (a timeout, `select!`), your
+    /// connection may be in the middle of a statement: do not commit; roll back by closing
+    /// the connection (`PoolConnection::detach`, then drop it). A retryable error here
+    /// means your whole transaction is gone: run it again from its `BEGIN`.
+    pub fn within(mut self, conn: &'a mut S::Conn) -> Self {
+        self.conn = Some(conn);
+        self
+    }
+
+    async fn run(self) -> Result<Outcome<M::State>> {
+        let event = self.event?;
+        validate_ref(self.ref_id)?;
+        let payload = self.payload.transpose()?;
+        let req = Req {
+            key: Key {
+                order_id: self.order_id,
+                event: event.into(),
+                ref_id: self.ref_id,
+            },
+            event,
+            payload: payload.as_ref(),
+        };
+        match self.conn {
+            Some(conn) => attempt::run(self.engine, &mut Conn::Caller(conn), &req).await,
+            None => attempt::pooled(self.engine, &req).await,
+        }
+    }
+}
+
+impl<'a, M: StateMachine, S: Store> IntoFuture for TransitionRequest<'a, M, S> {
+    type Output = Result<Outcome<M::State>>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}

@@ -1,0 +1,122 @@
+//! MySQL and MariaDB (and engines that speak their protocol: TiDB, Galera).
+
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
+
+use super::{ErrorClass, Store, Tables, classify_common, db_error};
+use crate::Error;
+
+mod transitions;
+
+/// Applies the embedded migrations in `migrations/mysql/` (idempotent).
+pub async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
+    sqlx::migrate!("migrations/mysql").run(pool).await?;
+    Ok(())
+}
+
+/// The MySQL/MariaDB store.
+///
+/// Its apply-first update returns the new version through `LAST_INSERT_ID(expr)`, so after
+/// a transition a pooled connection's `LAST_INSERT_ID()` holds that version until the next
+/// insert with an auto-increment key. Read `LAST_INSERT_ID()` only on the connection and
+/// right after the insert it is meant for, as MySQL advises anyway.
+///
+/// On MariaDB Galera (a server with `wsrep_on`), every read the engine judges by, and
+/// [`get`](crate::Engine::get) and [`history`](crate::Engine::history), is causal: it runs
+/// as `SET STATEMENT wsrep_sync_wait = 1 FOR SELECT …`, so it waits until the node has
+/// applied every write set the cluster certified before it, and a request acknowledged
+/// on one node is a replay on every other. The store finds out on the first connection
+/// it borrows from its pool ([`connect`](Self::connect) asks at once); a cross-node race
+/// that Galera's certification settles surfaces as error 1213 at `COMMIT`, which is
+/// retried and judged afresh.
+#[derive(Debug, Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    /// The transition layer's SQL, `[plain, causal]`; see [`MySqlStore::causal_reads`].
+    transitions: Arc<[transitions::Sql; 2]>,
+    /// Whether the server is a Galera node, once known.
+    galera: Arc<OnceLock<bool>>,
+}
+
+impl MySqlStore {
+    /// Connects to `url` with a pool of 16 connections and applies the migrations.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let options = MySqlConnectOptions::from_str(url).map_err(db_error::<Self>)?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(16)
+            .connect_with(options)
+            .await
+            .map_err(db_error::<Self>)?;
+        migrate(&pool).await?;
+        let store = Self::new(pool);
+        store.acquire().await.map_err(db_error::<Self>)?;
+        Ok(store)
+    }
+
+    /// A store over an existing pool and the default tables; run [`migrate`] first.
+    pub fn new(pool: MySqlPool) -> Self {
+        Self::with_tables(pool, Tables::default())
+    }
+
+    /// A store over an existing pool and custom tables.
+    pub fn with_tables(pool: MySqlPool, tables: Tables) -> Self {
+        MySqlStore {
+            pool,
+            transitions: Arc::new(
+                [false, true].map(|causal| transitions::Sql::new(&tables, causal)),
+            ),
+            galera: Arc::default(),
+        }
+    }
+
+    /// Whether this store's reads are causal: `Some(true)` on a Galera node, `None` until
+    /// the store has borrowed its first connection.
+    pub fn causal_reads(&self) -> Option<bool> {
+        self.galera.get().copied()
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// Finds out, once, whether the server is a Galera node.
+    async fn detect_galera(&self, conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+        if self.galera.get().is_none() {
+            // `wsrep_on` exists on MariaDB only; MySQL answers no row.
+            let wsrep: Option<(String, String)> = sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
+                .fetch_optional(conn)
+                .await?;
+            let on = wsrep.is_some_and(|(_, value)| value.eq_ignore_ascii_case("ON"));
+            // Concurrent first borrowers find the same answer; the first one sets it.
+            let _ = self.galera.set(on);
+        }
+        Ok(())
+    }
+}
+
+/// Retryable: 1213 deadlock (also Galera's certification failure), 1205 lock wait
+/// timeout, 1047 (a Galera node not in the primary component). Connection lost (the
+/// write may have committed, so the engine re-reads the request before answering): 1927
+/// connection killed, 1053 server shutdown, 1152 aborted connection, 1158–1161 network
+/// read/write errors, 2006 server gone away, 2013 connection lost during a query;
+/// besides the I/O errors every backend shares (sqlx reports a socket that a `KILL`
+/// closed as an I/O error).
+fn classify(err: &sqlx::Error) -> ErrorClass {
+    if let Some(class) = classify_common(err) {
+        return class;
+    }
+    let code = match err {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|e| e.number()),
+        _ => None,
+    };
+    match code {
+        Some(1213 | 1205 | 1047) => ErrorClass::Retryable,
+        Some(1927 | 1053 | 1152 | 1158..=1161 | 2006 | 2013) => ErrorClass::ConnectionLost,
+        _ => ErrorClass::Fatal,
+    }
+}

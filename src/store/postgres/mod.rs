@@ -1,0 +1,78 @@
+//! PostgreSQL (and engines that speak its protocol: CockroachDB, YugabyteDB, Citus).
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use super::{ErrorClass, Tables, classify_common, db_error};
+use crate::Error;
+
+mod transitions;
+
+/// Applies the embedded migrations in `migrations/postgres/` (idempotent).
+pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
+    sqlx::migrate!("migrations/postgres").run(pool).await?;
+    Ok(())
+}
+
+/// The PostgreSQL store.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    transitions: Arc<transitions::Sql>,
+}
+
+impl PgStore {
+    /// Connects to `url` with a pool of 16 connections and applies the migrations.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let options = PgConnectOptions::from_str(url).map_err(db_error::<Self>)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .connect_with(options)
+            .await
+            .map_err(db_error::<Self>)?;
+        migrate(&pool).await?;
+        Ok(Self::new(pool))
+    }
+
+    /// A store over an existing pool and the default tables; run [`migrate`] first.
+    pub fn new(pool: PgPool) -> Self {
+        Self::with_tables(pool, Tables::default())
+    }
+
+    /// A store over an existing pool and custom tables.
+    pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
+        PgStore {
+            pool,
+            transitions: Arc::new(transitions::Sql::new(&tables)),
+        }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+/// Retryable: 40001 serialization failure, 40P01 deadlock, 55P03 lock timeout.
+/// Connection lost (the write may have committed, so the engine re-reads the request
+/// before answering): class 08 (connection exception), 57P01 `admin_shutdown` (a session
+/// ended by `pg_terminate_backend` or a fast shutdown), 57P02 `crash_shutdown`, 57P03
+/// `cannot_connect_now`, and 40003 `statement_completion_unknown` (the server lost track
+/// of whether the statement finished); besides the I/O errors every backend shares.
+fn classify(err: &sqlx::Error) -> ErrorClass {
+    if let Some(class) = classify_common(err) {
+        return class;
+    }
+    let code = match err {
+        sqlx::Error::Database(db) => db.code(),
+        _ => None,
+    };
+    match code.as_deref() {
+        Some("40001" | "40P01" | "55P03") => ErrorClass::Retryable,
+        Some("57P01" | "57P02" | "57P03" | "40003") => ErrorClass::ConnectionLost,
+        Some(c) if c.starts_with("08") => ErrorClass::ConnectionLost,
+        _ => ErrorClass::Fatal,
+    }
+}

@@ -1,0 +1,95 @@
+//! The rows the stores read, as named structs decoded by column name: every backend's
+//! SQL names its columns (`AS status`, `AS seq`, …) to match.
+
+/// An entity row: its status and version.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Entity {
+    /// The stored status.
+    pub status: String,
+    /// The stored version.
+    pub version: i64,
+}
+
+/// A recorded application of the request being judged.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Prior {
+    /// Version after it.
+    pub seq: i64,
+    /// State before it.
+    #[sqlx(rename = "from_status")]
+    pub from: String,
+    /// State after it.
+    #[sqlx(rename = "to_status")]
+    pub to: String,
+    /// Payload fingerprint recorded with it.
+    pub payload_hash: Option<String>,
+}
+
+/// A row of a batched read: the position of the request it answers, counted from 0, and
+/// that request's history row.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct PositionedPrior {
+    /// The request's position in the batch.
+    pub i: i64,
+    /// Its history row.
+    #[sqlx(flatten)]
+    pub prior: Prior,
+}
+
+/// The judge's read as one row: the entity, left-joined to this request's history row,
+/// whose columns are all NULL when it is absent.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ObservedRow {
+    status: String,
+    version: i64,
+    from_status: Option<String>,
+    to_status: Option<String>,
+    payload_hash: Option<String>,
+    seq: Option<i64>,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+impl From<ObservedRow> for super::Observed {
+    fn from(row: ObservedRow) -> Self {
+        let prior = match (row.from_status, row.to_status, row.seq) {
+            (Some(from), Some(to), Some(seq)) => Some(Prior {
+                seq,
+                from,
+                to,
+                payload_hash: row.payload_hash,
+            }),
+            _ => None,
+        };
+        super::Observed {
+            entity: Entity {
+                status: row.status,
+                version: row.version,
+            },
+            prior,
+        }
+    }
+}
+
+/// A history row as stored, before its names are parsed into the machine's types.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct RawTransition {
+    /// Version of the entity after this transition.
+    pub seq: i64,
+    /// State before.
+    #[sqlx(rename = "from_status")]
+    pub from: String,
+    /// State after.
+    #[sqlx(rename = "to_status")]
+    pub to: String,
+    /// Event name.
+    pub event: String,
+    /// Caller's reference.
+    pub ref_id: String,
+    /// SHA-256 of the payload, hex, if one was given.
+    pub payload_hash: Option<String>,
+    /// The payload as JSON text, if one was given.
+    pub payload: Option<String>,
+    /// When it was recorded.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}

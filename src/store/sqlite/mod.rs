@@ -1,0 +1,90 @@
+//! SQLite, the embedded default: WAL, `BEGIN IMMEDIATE` for writes, a busy timeout.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use super::{ErrorClass, Tables, classify_common, db_error};
+use crate::Error;
+
+mod transitions;
+
+/// Applies the embedded migrations in `migrations/sqlite/` (idempotent).
+pub async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
+    sqlx::migrate!("migrations/sqlite").run(pool).await?;
+    Ok(())
+}
+
+/// Connection options orderly expects: create the file if missing, WAL journal,
+/// `synchronous = NORMAL` (durable at checkpoints in WAL mode), a 5 s busy timeout.
+pub fn connect_options(url: &str) -> Result<SqliteConnectOptions, Error> {
+    let options = SqliteConnectOptions::from_str(url).map_err(|e| Error::Database {
+        source: e,
+        retryable: false,
+    })?;
+    Ok(options
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(5)))
+}
+
+/// The SQLite store.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    transitions: Arc<transitions::Sql>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `url` with [`connect_options`], a pool
+    /// of 8 connections, and applies the migrations.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(connect_options(url)?)
+            .await
+            .map_err(db_error::<Self>)?;
+        migrate(&pool).await?;
+        Ok(Self::new(pool))
+    }
+
+    /// A store over an existing pool and the default tables. Build the pool with
+    /// [`connect_options`] and run [`migrate`] first.
+    pub fn new(pool: SqlitePool) -> Self {
+        Self::with_tables(pool, Tables::default())
+    }
+
+    /// A store over an existing pool and custom tables.
+    pub fn with_tables(pool: SqlitePool, tables: Tables) -> Self {
+        SqliteStore {
+            pool,
+            transitions: Arc::new(transitions::Sql::new(&tables)),
+        }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}
+
+/// SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes such as
+/// SQLITE_BUSY_SNAPSHOT (517), are retryable.
+fn classify(err: &sqlx::Error) -> ErrorClass {
+    if let Some(class) = classify_common(err) {
+        return class;
+    }
+    let code = match err {
+        sqlx::Error::Database(db) => db.code().and_then(|c| c.parse::<i32>().ok()),
+        _ => None,
+    };
+    match code.map(|c| c & 0xff) {
+        Some(5 | 6) => ErrorClass::Retryable,
+        _ => ErrorClass::Fatal,
+    }
+}
