@@ -1,26 +1,62 @@
 #![doc = include_str!("../README.md")]
 //!
-//! # Concepts
+//! # The modules
 //!
-//! - **Machine** ([`machine`]): a pure graph. [`StateMachine`] names the state and event
-//!   types, the initial and terminal states and a `const` table of [`Transition`]s;
-//!   [`state_machine!`] writes all of it and checks the graph at compile time. No I/O.
-//! - **Engine** ([`engine`]): the algorithm, once for every backend. Validate input →
-//!   read the entity, the request's history row and the event's latest reference in one
-//!   statement → judge by the outcome table → conditional update + history insert in one
-//!   local transaction → on a lost race, read afresh and judge again, at most
-//!   [`EngineConfig::max_attempts`] times.
-//! - **Store** ([`store`]): one module per backend behind a cargo feature, supplying SQL
-//!   and error classification through the [`Store`] trait, with its own migrations
-//!   (`migrations/<backend>/`, embedded with `sqlx::migrate!`).
-//! - **Testing** (`testing`, cargo feature `testing`): proptest strategies, a reference
-//!   model and a checker for your own graphs.
+//! Each layer is a module; arrows point down only (a layer uses the ones below it).
+//!
+//! ## [`machine`]: the graph
+//!
+//! Pure, no I/O. [`StateMachine`] names the state and event types, the initial and
+//! terminal states and a `const` table of [`Transition`]s; [`state_machine!`] writes all
+//! of it and checks the graph at compile time (duplicate rows, unreachable states, edges
+//! out of a terminal state). `machine::mermaid` and `machine::dot` render it.
+//!
+//! ## [`engine`]: the algorithm
+//!
+//! Written once for every backend. [`Engine::transition`] returns a
+//! [`TransitionRequest`]; options (a payload, the caller's transaction) go on it, and
+//! awaiting it runs: validate the input → apply first with the floor's statements (or,
+//! while replays are common, read the request's history row first: [`ReadFirst`]) → if
+//! that did not settle it, read the entity and the request's history row in one
+//! statement → judge by the outcome table (a pure function, property-tested against the
+//! reference model) → the conditional write → on a lost race, read afresh and judge
+//! again, at most [`EngineConfig::max_attempts`] times. A call dropped at any await
+//! point leaves no connection in the pool mid-conversation; a write whose connection
+//! failed is read back before it is answered.
+//!
+//! ## [`store`]: the seam and the backends
+//!
+//! The [`Store`] trait is a handful of coarse operations, each one round trip or one
+//! atomic unit the store owns: the apply-first write, the judge's read, the write after
+//! a read, the refusal's read, the batched read of many requests, create/get/history, and
+//! error classification. One folder per backend behind a cargo feature (`sqlite`,
+//! `postgres`, `mysql`) holds that backend's SQL, one file per layer it serves, with its
+//! migrations in `migrations/<backend>/` (embedded with `sqlx::migrate!`). The two write
+//! units are where anything that must commit with a transition joins it.
+//!
+//! ## `testing`: your own graph, property-tested
+//!
+//! Cargo feature `testing`: proptest strategies for random request sequences full of
+//! duplicates, a reference model of the outcome table, and a checker that runs a
+//! sequence through an engine and the model side by side.
+//!
+//! ## What comes next, and where
+//!
+//! Request-level idempotency records (claim → act → complete, recovery, retention,
+//! tokens) will be `idempotency/`; multi-step flows with compensation `flow/`; events
+//! written with a transition and relayed to brokers `outbox/`; a tower layer `http/`;
+//! metrics `observe`. Each is a folder holding its algorithm above a seam trait of its
+//! own, which every backend implements in a file of its folder next to
+//! `transitions.rs` (for example `store/postgres/idempotency.rs`), with a migration per
+//! backend. What must commit with a transition (an idempotency record's completion,
+//! outbox rows) joins the store's write units.
 //!
 //! # Errors
 //!
 //! One [`Error`] enum, named for what the caller does next. A repeat is not an error:
 //! it is `Ok(`[`Outcome::Replayed`]`)`. [`Error::is_retryable`] covers contention,
-//! serialization failures, deadlocks, lock timeouts and busy databases;
+//! serialization failures, deadlocks, lock timeouts, busy databases, lost connections
+//! and in-doubt writes ([`Error::InDoubt`]): re-sending the same request is safe.
 //! [`Error::is_conflict`] covers [`Error::RefConflict`] and [`Error::PayloadMismatch`].
 //!
 //! # Tables

@@ -253,14 +253,25 @@ async fn serialization_failures_are_retried() {
         )
         .await
         .unwrap();
-    let e: Engine<OrderMachine, PgStore> = Engine::new(PgStore::new(pool)).unwrap();
+    let store = conformance::Hooked::new(PgStore::new(pool), None, false);
+    let e: Engine<OrderMachine, _> = Engine::new(store.clone()).unwrap();
     e.create(1).await.unwrap();
+    // A rival changes the row and commits while the storm waits on its lock, so every
+    // waiter's snapshot is stale when the lock is released: 40001 for each of them.
+    let mut rival = b.begin().await;
+    Pg::<Adaptive>::exec_in(
+        &mut rival,
+        "UPDATE orders SET version = version WHERE id = 1",
+    )
+    .await;
     let tasks: Vec<_> = (0..32)
         .map(|_| {
             let e = e.clone();
             tokio::spawn(async move { e.transition(1, OrderEvent::Pay, "p-1").await })
         })
         .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Pg::<Adaptive>::commit(rival).await;
     let mut applied = 0;
     for t in tasks {
         if t.await.unwrap().unwrap().is_applied() {
@@ -269,6 +280,11 @@ async fn serialization_failures_are_retried() {
     }
     assert_eq!(applied, 1);
     assert_eq!(e.history(1).await.unwrap().len(), 1);
+    // The storm really met serialization failures, and every one was retried.
+    assert!(
+        store.retryable_errors() > 0,
+        "no 40001 in the storm: the test shows nothing"
+    );
     b.cleanup().await;
 }
 

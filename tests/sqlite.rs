@@ -217,3 +217,37 @@ async fn adaptive_policy_reads_first_during_a_replay_storm() {
     conformance::adaptive_reads_first_in_a_replay_storm(&b, "SELECT 1").await;
     b.cleanup().await;
 }
+
+/// A transition's future is `Send` whatever the payload's type: the payload is
+/// fingerprinted when it is given, and the future holds only its text. A payload in a
+/// `Cell` (`&Cell` is not `Send`) is awaited on a spawned task, as an HTTP handler would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transition_futures_are_send_for_any_payload() {
+    use conformance::{OrderEvent, OrderMachine, OrderState};
+    use orderly::{Engine, Outcome};
+    let b = <Sqlite3>::fresh().await;
+    let e: Engine<OrderMachine, SqliteStore> =
+        Engine::new(b.store(Duration::from_secs(5)).await).unwrap();
+    e.create(1).await.unwrap();
+    let task = tokio::spawn({
+        let e = e.clone();
+        async move {
+            let amount = std::cell::Cell::new(4200_u32);
+            e.transition(1, OrderEvent::Pay, "p-1")
+                .payload(&amount)
+                .await
+        }
+    });
+    assert_eq!(
+        task.await.unwrap().unwrap(),
+        Outcome::Applied {
+            from: OrderState::Created,
+            to: OrderState::Paid,
+            version: 1
+        }
+    );
+    assert_eq!(
+        e.history(1).await.unwrap()[0].payload,
+        Some(serde_json::json!(4200))
+    );
+}

@@ -338,11 +338,12 @@ pub async fn killed_connections_are_retryable<B: Networked>(b: &B) {
     }
 }
 
-/// A store that runs a hook (once) just before the refusal's latest-reference read:
-/// the window in which a twin on another engine can apply this very request. With
-/// `widen`, every such read also waits a varying 0–2 ms first, widening that window for
-/// racing engines; `own_refs` counts the reads that found the request's own reference
-/// (the race happened).
+/// A store that watches another. It runs a hook (once) just before the refusal's
+/// latest-reference read: the window in which a twin on another engine can apply this
+/// very request. With `widen`, every such read also waits a varying 0–2 ms first,
+/// widening that window for racing engines; `own_refs` counts the reads that found the
+/// request's own reference (the race happened). It counts the retryable errors the
+/// database returned to any operation (a premise check for tests of retries).
 #[derive(Clone)]
 pub struct Hooked<S> {
     inner: S,
@@ -351,17 +352,37 @@ pub struct Hooked<S> {
     widen: bool,
     reads: Arc<AtomicUsize>,
     own_refs: Arc<AtomicUsize>,
+    retryable: Arc<AtomicUsize>,
 }
 
-impl<S> Hooked<S> {
-    fn new(inner: S, hook: Option<Pin<Box<dyn Future<Output = ()> + Send>>>, widen: bool) -> Self {
+impl<S: Store> Hooked<S> {
+    pub fn new(
+        inner: S,
+        hook: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+        widen: bool,
+    ) -> Self {
         Hooked {
             inner,
             hook: Arc::new(Mutex::new(hook)),
             widen,
             reads: Arc::default(),
             own_refs: Arc::default(),
+            retryable: Arc::default(),
         }
+    }
+
+    /// How many retryable errors the database returned so far.
+    pub fn retryable_errors(&self) -> usize {
+        self.retryable.load(Ordering::Relaxed)
+    }
+
+    fn seen<T>(&self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        if let Err(e) = &result
+            && S::classify(e) == ErrorClass::Retryable
+        {
+            self.retryable.fetch_add(1, Ordering::Relaxed);
+        }
+        result
     }
 }
 
@@ -385,7 +406,7 @@ impl<S: Store> Store for Hooked<S> {
         conn: &mut Self::Conn,
         request: &Request<'_>,
     ) -> Result<FirstWrite, sqlx::Error> {
-        self.inner.apply_first(conn, request).await
+        self.seen(self.inner.apply_first(conn, request).await)
     }
     async fn observe(
         &self,
@@ -393,7 +414,7 @@ impl<S: Store> Store for Hooked<S> {
         key: Key<'_>,
         scope: Scope,
     ) -> Result<Option<Observed>, sqlx::Error> {
-        self.inner.observe(conn, key, scope).await
+        self.seen(self.inner.observe(conn, key, scope).await)
     }
     async fn apply(
         &self,
@@ -401,7 +422,7 @@ impl<S: Store> Store for Hooked<S> {
         apply: &Apply<'_>,
         scope: Scope,
     ) -> Result<Written, sqlx::Error> {
-        self.inner.apply(conn, apply, scope).await
+        self.seen(self.inner.apply(conn, apply, scope).await)
     }
     async fn latest_ref(
         &self,
@@ -419,7 +440,7 @@ impl<S: Store> Store for Hooked<S> {
             let micros = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 53;
             tokio::time::sleep(Duration::from_micros(micros)).await;
         }
-        let latest = self.inner.latest_ref(conn, key, scope).await;
+        let latest = self.seen(self.inner.latest_ref(conn, key, scope).await);
         if matches!(&latest, Ok(Some(r)) if r == key.ref_id) {
             self.own_refs.fetch_add(1, Ordering::Relaxed);
         }
@@ -431,14 +452,14 @@ impl<S: Store> Store for Hooked<S> {
         key: Key<'_>,
         scope: Scope,
     ) -> Result<Option<Prior>, sqlx::Error> {
-        self.inner.prior(conn, key, scope).await
+        self.seen(self.inner.prior(conn, key, scope).await)
     }
     async fn priors(
         &self,
         conn: &mut Self::Conn,
         keys: &[OwnedKey],
     ) -> Result<Vec<Option<Prior>>, sqlx::Error> {
-        self.inner.priors(conn, keys).await
+        self.seen(self.inner.priors(conn, keys).await)
     }
     async fn create(
         &self,
@@ -446,21 +467,21 @@ impl<S: Store> Store for Hooked<S> {
         order_id: i64,
         initial: &'static str,
     ) -> Result<Entity, sqlx::Error> {
-        self.inner.create(conn, order_id, initial).await
+        self.seen(self.inner.create(conn, order_id, initial).await)
     }
     async fn get(
         &self,
         conn: &mut Self::Conn,
         order_id: i64,
     ) -> Result<Option<Entity>, sqlx::Error> {
-        self.inner.get(conn, order_id).await
+        self.seen(self.inner.get(conn, order_id).await)
     }
     async fn history(
         &self,
         conn: &mut Self::Conn,
         order_id: i64,
     ) -> Result<Vec<RawTransition>, sqlx::Error> {
-        self.inner.history(conn, order_id).await
+        self.seen(self.inner.history(conn, order_id).await)
     }
 }
 

@@ -492,6 +492,11 @@ pub async fn lost_race_is_rejudged_not_reapplied<B: Backend>(b: &B) {
             tokio::spawn(async move { e.transition(id, Pay, ours).await })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;
+        // The race happened: our request was still waiting behind the rival's write.
+        assert!(
+            !ours_task.is_finished(),
+            "answered before the rival committed: the test shows nothing"
+        );
         B::commit(rival).await;
         let result = ours_task.await.unwrap();
         if expect_conflict {

@@ -1,0 +1,105 @@
+//! The conformance suite cannot skip a body silently: every behaviour written in
+//! `tests/conformance/` runs on every backend it applies to. A body that is neither in
+//! the `conformance!` lists nor called by each backend's file fails this test.
+
+const BODIES: [&str; 2] = [
+    include_str!("conformance/mod.rs"),
+    include_str!("conformance/faults.rs"),
+];
+const BACKENDS: [(&str, &str, bool); 3] = [
+    ("sqlite", include_str!("sqlite.rs"), false),
+    ("postgres", include_str!("postgres.rs"), true),
+    ("mysql", include_str!("mysql.rs"), true),
+];
+
+/// Bodies that apply to some backends only, and why.
+const NOT_ON: [(&str, &str, &str); 1] = [(
+    "deadlock_scenario",
+    "sqlite",
+    "one writer at a time: SQLite has no deadlocks",
+)];
+
+/// `(name, bound)` of every `pub async fn name<B: Bound>` in the suite.
+fn bodies() -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for source in BODIES {
+        for line in source.lines() {
+            let Some(rest) = line.strip_prefix("pub async fn ") else {
+                continue;
+            };
+            let Some((name, generics)) = rest.split_once("<B: ") else {
+                continue;
+            };
+            let bound: String = generics
+                .chars()
+                .take_while(|c| c.is_alphanumeric())
+                .collect();
+            found.push((name.to_string(), bound));
+        }
+    }
+    found
+}
+
+/// The names in one arm of the `conformance!` macro: the arm that starts with `arm`.
+fn listed(arm: &str) -> Vec<String> {
+    let macro_text = BODIES[0]
+        .split_once("macro_rules! conformance")
+        .expect("the conformance! macro")
+        .1;
+    let arm = macro_text.split_once(arm).expect("the macro arm").1;
+    let list = arm.split_once(";\n").expect("the arm's list").1;
+    let list = list.split_once(");").expect("the end of the list").0;
+    list.split(',')
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+#[test]
+fn every_conformance_body_runs_on_every_backend() {
+    let bodies = bodies();
+    assert!(bodies.len() > 20, "found only {} bodies", bodies.len());
+    let everywhere = listed("($backend:ty) => {");
+    let networked = listed("(@networked $backend:ty) => {");
+    for (name, bound) in &bodies {
+        for (backend, source, is_server) in BACKENDS {
+            let exempt = NOT_ON.iter().any(|(n, b, _)| n == name && *b == backend);
+            let runs = match bound.as_str() {
+                "Backend" => {
+                    everywhere.contains(name) || source.contains(&format!("conformance::{name}("))
+                }
+                "Networked" => !is_server || networked.contains(name),
+                other => panic!("{name}: unknown bound {other}"),
+            };
+            assert!(
+                runs || exempt,
+                "{name} never runs on {backend}: list it in conformance! or call it from tests/{backend}.rs"
+            );
+        }
+    }
+    for name in everywhere.iter().chain(&networked) {
+        assert!(
+            bodies.iter().any(|(n, _)| n == name),
+            "conformance! lists {name}, which is not a body"
+        );
+    }
+    // Every backend instantiates the lists, under both read-first policies.
+    for (backend, source, is_server) in BACKENDS {
+        let instantiations = source.matches("conformance!(").count();
+        let expected = if is_server { 3 } else { 2 };
+        assert_eq!(
+            instantiations, expected,
+            "tests/{backend}.rs instantiates conformance! {instantiations} times"
+        );
+        assert!(
+            source.contains("<super::Always>);"),
+            "{backend}: no read-first run"
+        );
+        if is_server {
+            assert!(
+                source.contains("conformance!(@networked "),
+                "{backend}: no network faults"
+            );
+        }
+    }
+}
