@@ -9,12 +9,14 @@
 //! concurrency [5], `--rounds R` slices each mode's time is cut into [5],
 //! `--history-rows N` history rows of other orders loaded first, so the history table
 //! and its statistics look like a live one [10000],
-//! `--explain` prints the plans of the engine's statement and of its replay read (PostgreSQL),
+//! `--explain` prints the plans of the statements the engine prepared: the apply-first
+//! statement, the replay read and the batched read for 8 requests (PostgreSQL),
 //! `--compare-history N` also sets up `orderly_bench_b` with N history rows and runs the
 //! engine mode on it too (row `engine-b`, interleaved with the others; a `scale …` line
 //! compares the two p50s).
 //! Servers: `ORDERLY_PG_URL`, `ORDERLY_MYSQL_URL` (as for the test suites); the bench
-//! creates and drops its own database `orderly_bench`.
+//! drops and recreates its own database `orderly_bench` at the start and leaves it for
+//! inspection (`bench/pgbench-floor.sh` runs on it).
 //!
 //! Every mode moves orders `Created → Paid` through the same pool:
 //! - floor: the cheapest correct write with no judging (PostgreSQL: one CTE statement
@@ -374,7 +376,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     println!("# {}", db.describe());
     if args.explain {
         println!(
-            "# plans of the engine's statement and of its replay read:\n{}",
+            "# plans of the statements the engine prepared:\n{}",
             db.explain().await?
         );
     }
