@@ -78,7 +78,9 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use engine::{Engine, EngineConfig, Order, Outcome, ReadFirst, Record, TransitionRequest};
+pub use engine::{
+    CreateRequest, Engine, EngineConfig, Order, Outcome, ReadFirst, Record, TransitionRequest,
+};
 pub use error::{Error, Result};
 pub use machine::{StateMachine, Transition};
 #[cfg(feature = "mysql")]

@@ -8,7 +8,7 @@
 //! | file | concern |
 //! |---|---|
 //! | `mod.rs` | [`Engine`], [`EngineConfig`], the outcome types, create/get/history |
-//! | `request.rs` | [`TransitionRequest`]: one request, its options, and its way through the engine |
+//! | `request.rs` | [`TransitionRequest`] and [`CreateRequest`]: a request, its options, and its way in |
 //! | `judge.rs` | the outcome table as a pure function of what was read (no I/O) |
 //! | `attempt.rs` | the retry loop, one attempt, and the read-back of an in-doubt write |
 //! | `read_first.rs` | [`ReadFirst`]: when a request starts with a read |
@@ -45,7 +45,7 @@ mod request;
 
 pub use input::{MAX_REF_LEN, parse_event};
 pub use read_first::ReadFirst;
-pub use request::TransitionRequest;
+pub use request::{CreateRequest, TransitionRequest};
 
 use input::{parse_record, parse_state, parse_version};
 use lease::Lease;
@@ -265,26 +265,12 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         TransitionRequest::new(self, order_id, parse_event::<M>(event), ref_id)
     }
 
-    /// Creates the entity at the initial state. Creating one that already exists at the
-    /// initial state is not an error; one that has moved on is [`Error::AlreadyExists`].
-    pub async fn create(&self, order_id: i64) -> Result<Order<M::State>> {
-        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
-        let row = self
-            .store
-            .create(lease.conn(), order_id, M::INITIAL.into())
-            .await;
-        lease.release_after(&row);
-        created::<M>(order_id, row.map_err(db_error::<S>)?)
-    }
-
-    /// [`create`](Self::create) inside the caller's transaction.
-    pub async fn create_in(&self, conn: &mut S::Conn, order_id: i64) -> Result<Order<M::State>> {
-        let row = self
-            .store
-            .create(conn, order_id, M::INITIAL.into())
-            .await
-            .map_err(db_error::<S>)?;
-        created::<M>(order_id, row)
+    /// Creates the entity at the initial state: await the returned request, or run it
+    /// inside your transaction with [`within`](CreateRequest::within). Creating one that
+    /// already exists at the initial state is not an error; one that has moved on is
+    /// [`Error::AlreadyExists`].
+    pub fn create(&self, order_id: i64) -> CreateRequest<'_, M, S> {
+        CreateRequest::new(self, order_id)
     }
 
     /// The entity's current state.
@@ -314,7 +300,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     }
 }
 
-fn created<M: StateMachine>(order_id: i64, entity: Entity) -> Result<Order<M::State>> {
+pub(super) fn created<M: StateMachine>(order_id: i64, entity: Entity) -> Result<Order<M::State>> {
     let state = parse_state::<M>(order_id, &entity.status)?;
     let version = parse_version(order_id, entity.version)?;
     if state != M::INITIAL {

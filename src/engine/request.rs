@@ -1,4 +1,5 @@
-//! One transition request: built by [`Engine::transition`], given its options, awaited.
+//! The requests an engine takes: built by [`Engine::transition`] (or
+//! [`Engine::create`]), given their options, awaited.
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -7,10 +8,11 @@ use serde::Serialize;
 
 use super::attempt::{self, Conn, Req};
 use super::input::{Payload, fingerprint, validate_ref};
-use super::{Engine, Outcome};
+use super::lease::Lease;
+use super::{Engine, Order, Outcome, created};
 use crate::Result;
 use crate::machine::StateMachine;
-use crate::store::{Key, Store};
+use crate::store::{Key, Store, db_error};
 
 /// A transition request, from [`Engine::transition`] or [`Engine::transition_named`].
 /// Nothing happens until it is awaited; the options below may be set first.
@@ -117,6 +119,56 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
 
 impl<'a, M: StateMachine, S: Store> IntoFuture for TransitionRequest<'a, M, S> {
     type Output = Result<Outcome<M::State>>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}
+
+/// A create request, from [`Engine::create`]. Nothing happens until it is awaited.
+#[must_use = "a create does nothing until it is awaited"]
+pub struct CreateRequest<'a, M: StateMachine, S: Store> {
+    engine: &'a Engine<M, S>,
+    order_id: i64,
+    conn: Option<&'a mut S::Conn>,
+}
+
+impl<'a, M: StateMachine, S: Store> CreateRequest<'a, M, S> {
+    pub(super) fn new(engine: &'a Engine<M, S>, order_id: i64) -> Self {
+        CreateRequest {
+            engine,
+            order_id,
+            conn: None,
+        }
+    }
+
+    /// Creates the entity inside the caller's transaction, so that it commits or rolls
+    /// back with the caller's own writes.
+    pub fn within(mut self, conn: &'a mut S::Conn) -> Self {
+        self.conn = Some(conn);
+        self
+    }
+
+    async fn run(self) -> Result<Order<M::State>> {
+        let (store, order_id) = (&self.engine.store, self.order_id);
+        let row = match self.conn {
+            Some(conn) => store.create(conn, order_id, M::INITIAL.into()).await,
+            None => {
+                let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
+                let row = store
+                    .create(lease.conn(), order_id, M::INITIAL.into())
+                    .await;
+                lease.release_after(&row);
+                row
+            }
+        };
+        created::<M>(order_id, row.map_err(db_error::<S>)?)
+    }
+}
+
+impl<'a, M: StateMachine, S: Store> IntoFuture for CreateRequest<'a, M, S> {
+    type Output = Result<Order<M::State>>;
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'a>>;
 
     fn into_future(self) -> Self::IntoFuture {

@@ -102,7 +102,7 @@ pub async fn cancelled_calls_leave_the_pool_clean<B: Backend>(b: &B) {
                         .map(|r| {
                             assert!(matches!(r, Err(Error::RefConflict { .. })), "{r:?}");
                         }),
-                    "create" => poll_at_most(e.create(id + 50_000), k)
+                    "create" => poll_at_most(e.create(id + 50_000).into_future(), k)
                         .await
                         .map(|r| assert_eq!(r.unwrap().version, 0)),
                     "get" => poll_at_most(e.get(id), k).await.map(|r| {
@@ -115,7 +115,7 @@ pub async fn cancelled_calls_leave_the_pool_clean<B: Backend>(b: &B) {
                         // The caller's transaction on a connection of its own. After a
                         // dropped call that connection is in whatever state the driver
                         // left it (sqlx's MySQL driver can hang on it, holding its locks),
-                        // so the caller closes it, as `transition_in`'s docs say; only a
+                        // so the caller closes it, as `TransitionRequest::within`'s docs say; only a
                         // completed call is committed.
                         let mut conn = store.acquire().await.unwrap();
                         let mut tx = B::begin_on(&mut conn).await;

@@ -582,9 +582,28 @@ pub async fn caller_transaction_commits_or_rolls_back_both<B: Backend>(b: &B) {
     B::commit(tx).await;
     assert_eq!(b.scalar("SELECT COUNT(*) FROM reservations").await, 1);
     assert_order(&e, 1, Paid, 1, 1).await;
+
+    // An order created and moved inside a transaction that rolls back never existed;
+    // committed, it did.
+    for commit in [false, true] {
+        let mut tx = b.begin().await;
+        let created = e.create(2).within(&mut tx).await.unwrap();
+        assert_eq!((created.state, created.version), (Created, 0));
+        e.transition(2, Pay, "p-9").within(&mut tx).await.unwrap();
+        if commit {
+            B::commit(tx).await;
+            assert_order(&e, 2, Paid, 1, 1).await;
+        } else {
+            B::rollback(tx).await;
+            assert!(matches!(
+                e.get(2).await,
+                Err(Error::NotFound { order_id: 2 })
+            ));
+        }
+    }
 }
 
-/// 16 callers, each in its own transaction: begin, `transition_in`, commit (or roll back
+/// 16 callers, each in its own transaction: begin, a transition `within` it, commit (or roll back
 /// on error). Half send the same reference, half their own: one application in all.
 pub async fn caller_transactions_race_one_applies<B: Backend>(b: &B) {
     let e = engine(b).await;

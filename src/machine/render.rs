@@ -1,0 +1,36 @@
+//! The graph rendered for people: Mermaid and Graphviz DOT.
+
+use std::fmt::Write as _;
+
+use super::StateMachine;
+
+/// Renders the graph as a Mermaid `stateDiagram-v2`.
+pub fn mermaid<M: StateMachine>() -> String {
+    let mut out = String::from("stateDiagram-v2\n");
+    let _ = writeln!(out, "    [*] --> {}", M::INITIAL);
+    for t in M::TRANSITIONS {
+        let _ = writeln!(out, "    {} --> {} : {}", t.from, t.to, t.event);
+    }
+    for s in M::TERMINAL {
+        let _ = writeln!(out, "    {s} --> [*]");
+    }
+    out
+}
+
+/// Renders the graph in Graphviz DOT.
+pub fn dot<M: StateMachine>() -> String {
+    let mut out = format!("digraph {} {{\n    __start [shape=point];\n", M::NAME);
+    let _ = writeln!(out, "    __start -> \"{}\";", M::INITIAL);
+    for s in M::TERMINAL {
+        let _ = writeln!(out, "    \"{s}\" [shape=doublecircle];");
+    }
+    for t in M::TRANSITIONS {
+        let _ = writeln!(
+            out,
+            "    \"{}\" -> \"{}\" [label=\"{}\"];",
+            t.from, t.to, t.event
+        );
+    }
+    out.push_str("}\n");
+    out
+}
