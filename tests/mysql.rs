@@ -252,3 +252,34 @@ async fn adaptive_policy_reads_first_during_a_replay_storm() {
     .await;
     b.cleanup().await;
 }
+
+/// Inside a caller's transaction, whose REPEATABLE READ snapshot predates another
+/// session's create-and-pay of the same order, `create` answers from the committed row
+/// (`AlreadyExists` at `Paid`), not from the snapshot, where the order does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn create_within_an_old_snapshot_sees_the_committed_row() {
+    use conformance::OrderEvent::Pay;
+    use orderly::Error;
+    let b = <My>::fresh().await;
+    let e = conformance::engine(&b).await;
+    let mut tx = b.begin().await;
+    // The snapshot is taken at the transaction's first read.
+    <My>::exec_in(&mut tx, "SELECT COUNT(*) FROM orders").await;
+    e.create(3).await.unwrap();
+    e.transition(3, Pay, "p-3").await.unwrap();
+    let in_snapshot: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE id = 3")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        in_snapshot, 0,
+        "the snapshot must predate the create: the test shows nothing"
+    );
+    let err = e.create(3).within(&mut tx).await.unwrap_err();
+    assert!(
+        matches!(err, Error::AlreadyExists { order_id: 3, ref state } if state == "Paid"),
+        "{err:?}"
+    );
+    <My>::rollback(tx).await;
+    b.cleanup().await;
+}

@@ -5,10 +5,11 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 
 use super::input::{Payload, parse_state};
 use super::judge::{self, Refusal, Verdict};
-use super::lease::Lease;
 use super::{Engine, Outcome};
 use crate::machine::StateMachine;
-use crate::store::{Apply, ErrorClass, FirstWrite, Key, Request, Scope, Store, Written, db_error};
+use crate::store::{
+    Apply, ErrorClass, FirstWrite, Key, Lease, Request, Scope, Store, Written, db_error,
+};
 use crate::{Error, Result};
 
 /// A validated request.
@@ -91,7 +92,7 @@ pub(super) async fn pooled<M: StateMachine, S: Store>(
 /// The read-first step: the request's history row, batched with concurrent callers'
 /// reads before a connection is taken on a store that batches reads. The answer if the
 /// request was recorded; `None` if it was not, or could not be read (the attempt loop
-/// then reads for itself and reports its own error).
+/// then goes on as if it had not read first, and reports its own errors).
 async fn read_first<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
     conn: &mut Conn<'_, S>,
@@ -304,7 +305,7 @@ fn retry_or_fail<M: StateMachine, S: Store>(
 /// Settles a request whose connection failed at or after its write was sent: reads the
 /// request back by its identity on fresh connections, for at most
 /// `EngineConfig::in_doubt_timeout`. Recorded: `Applied` as recorded (see
-/// docs/design.md, "Why is an in-doubt write answered `Applied`?"), or `PayloadMismatch`
+/// docs/design.md, "What happens when the connection fails at or after a write?"), or `PayloadMismatch`
 /// if the recorded payload is another. `None`: not recorded, so the write did not land;
 /// judge afresh. Unreadable: [`Error::InDoubt`].
 async fn settle<M: StateMachine, S: Store>(

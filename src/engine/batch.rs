@@ -11,15 +11,14 @@
 //! connections.
 //!
 //! A batch that fails (a dropped connection, a pool timeout) answers every request in
-//! it with "not read", and each goes on along the ordinary path, which reads for itself
-//! and reports its own error.
+//! it with "not read", and each goes on along the ordinary path (the apply-first write,
+//! then a read if that settled nothing), which reports its own errors.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
-use super::Lease;
-use crate::store::{Key, OwnedKey, Prior, Scope, Store};
+use crate::store::{Key, Lease, OwnedKey, Prior, Scope, Store};
 
 /// The most requests one batch takes from the queue; the store may read them in several
 /// statements (at most `Store::BATCH_READ_MAX` in one).

@@ -103,6 +103,8 @@ fn write_canonical(value: &serde_json::Value, out: &mut String) {
             }
             out.push(']');
         }
+        // `-0.0` equals `0.0` as a value, so it is written as `0.0`.
+        Value::Number(n) if n.as_f64() == Some(0.0) && n.is_f64() => out.push_str("0.0"),
         // Compact and exact: strings escaped, integers in full, floats in their shortest
         // form that reads back the same.
         Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
@@ -196,6 +198,11 @@ mod tests {
         let near = fingerprint(&serde_json::json!([9_007_199_254_740_992_u64])).unwrap();
         assert_ne!(big.hash, near.hash);
         assert_eq!(big.json, "[9007199254740993]");
+        let zero = fingerprint(&serde_json::json!([0.0])).unwrap();
+        assert_eq!(
+            fingerprint(&serde_json::json!([-0.0])).unwrap().hash,
+            zero.hash
+        );
         let nested =
             fingerprint(&serde_json::json!({"z": {"b": "\"", "a": null}, "y": true})).unwrap();
         assert_eq!(nested.json, r#"{"y":true,"z":{"a":null,"b":"\""}}"#);

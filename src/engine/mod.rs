@@ -13,13 +13,12 @@
 //! | `attempt.rs` | the retry loop, one attempt, and the read-back of an in-doubt write |
 //! | `read_first.rs` | [`ReadFirst`]: when a request starts with a read |
 //! | `batch.rs` | read-first reads of concurrent callers coalesced into one statement |
-//! | `lease.rs` | pooled connections closed unless their conversation ran to its end |
 //! | `input.rs` | references, payload fingerprints, names read from the database |
 //!
 //! Two guarantees hold whatever the driver does:
 //! - **Cancellation**: a caller may drop any future at any await point; the pooled
 //!   connection is then closed, never returned to the pool mid-conversation (see
-//!   `lease`), and what committed stays committed.
+//!   `store/lease.rs`), and what committed stays committed.
 //! - **In-doubt commits**: when the connection fails at or after a write was sent, the
 //!   request is read back by its identity on a fresh connection and answered from the
 //!   history; if that read is impossible too, the answer is [`Error::InDoubt`], which is
@@ -32,14 +31,13 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::machine::{StateMachine, validate};
-use crate::store::{Entity, Store, db_error};
+use crate::store::{Entity, Lease, Store, db_error};
 use crate::{Error, Result};
 
 mod attempt;
 mod batch;
 mod input;
 mod judge;
-mod lease;
 mod read_first;
 mod request;
 
@@ -48,7 +46,6 @@ pub use read_first::ReadFirst;
 pub use request::{CreateRequest, TransitionRequest};
 
 use input::{parse_record, parse_state, parse_version};
-use lease::Lease;
 use read_first::FirstRound;
 
 /// The result of a transition that did not fail.

@@ -8,11 +8,10 @@ use serde::Serialize;
 
 use super::attempt::{self, Conn, Req};
 use super::input::{Payload, fingerprint, validate_ref};
-use super::lease::Lease;
 use super::{Engine, Order, Outcome, created};
 use crate::Result;
 use crate::machine::StateMachine;
-use crate::store::{Key, Store, db_error};
+use crate::store::{Key, Lease, Scope, Store, db_error};
 
 /// A transition request, from [`Engine::transition`] or [`Engine::transition_named`].
 /// Nothing happens until it is awaited; the options below may be set first.
@@ -153,11 +152,14 @@ impl<'a, M: StateMachine, S: Store> CreateRequest<'a, M, S> {
     async fn run(self) -> Result<Order<M::State>> {
         let (store, order_id) = (&self.engine.store, self.order_id);
         let row = match self.conn {
-            Some(conn) => store.create(conn, order_id, M::INITIAL.into()).await,
+            Some(conn) => {
+                let initial = M::INITIAL.into();
+                store.create(conn, order_id, initial, Scope::Caller).await
+            }
             None => {
                 let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
                 let row = store
-                    .create(lease.conn(), order_id, M::INITIAL.into())
+                    .create(lease.conn(), order_id, M::INITIAL.into(), Scope::Own)
                     .await;
                 lease.release_after(&row);
                 row

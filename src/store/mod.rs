@@ -30,6 +30,7 @@ use std::ops::DerefMut;
 use crate::Error;
 
 mod batched;
+mod lease;
 mod rows;
 mod tables;
 
@@ -42,6 +43,7 @@ pub mod sqlite;
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use batched::{BATCH_READ_MAX, BatchReads, in_place};
+pub(crate) use lease::Lease;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) use rows::ObservedRow;
 pub use rows::{Entity, PositionedPrior, Prior, RawTransition};
@@ -153,12 +155,14 @@ pub trait Store: Clone + Send + Sync + 'static {
     }
 
     /// Inserts the entity at `initial` with version 0 unless it exists; returns it as it
-    /// is afterwards.
+    /// is afterwards (inside a caller's transaction, as committed, not as the
+    /// transaction's snapshot).
     fn create(
         &self,
         conn: &mut Self::Conn,
         order_id: i64,
         initial: &'static str,
+        scope: Scope,
     ) -> impl Future<Output = Result<Entity, sqlx::Error>> + Send;
 
     /// The entity, if it exists.

@@ -466,8 +466,9 @@ impl<S: Store> Store for Hooked<S> {
         conn: &mut Self::Conn,
         order_id: i64,
         initial: &'static str,
+        scope: Scope,
     ) -> Result<Entity, sqlx::Error> {
-        self.seen(self.inner.create(conn, order_id, initial).await)
+        self.seen(self.inner.create(conn, order_id, initial, scope).await)
     }
     async fn get(
         &self,

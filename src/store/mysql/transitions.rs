@@ -9,9 +9,9 @@ use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::MySqlStore;
 use crate::store::{
-    Apply, BATCH_READ_MAX, BatchReads, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow,
-    OwnedKey, PositionedPrior, Prior, RawTransition, Request, Scope, Store, Tables, Written,
-    in_place, is_unique_violation,
+    Apply, BATCH_READ_MAX, BatchReads, Entity, ErrorClass, FirstWrite, Key, Lease, Observed,
+    ObservedRow, OwnedKey, PositionedPrior, Prior, RawTransition, Request, Scope, Store, Tables,
+    Written, in_place, is_unique_violation,
 };
 
 /// Makes a read wait, on a Galera node, for the write sets certified before it.
@@ -23,6 +23,9 @@ const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
 pub(super) struct Sql {
     insert_order: SqlStr,
     get: SqlStr,
+    /// The entity after `insert_order`, `[Scope::Own, Scope::Caller]`: inside a caller's
+    /// transaction a locking read, which sees the committed row.
+    created: [SqlStr; 2],
     observe: [SqlStr; 2],
     prior: [SqlStr; 2],
     latest_ref: [SqlStr; 2],
@@ -62,6 +65,14 @@ impl Sql {
             get: read(format!(
                 "SELECT status, CAST(version AS SIGNED) AS version FROM {o} WHERE id = ?"
             )),
+            created: locking(
+                &|lock| {
+                    format!(
+                        "SELECT status, CAST(version AS SIGNED) AS version FROM {o} WHERE id = ? {lock}"
+                    )
+                },
+                "LOCK IN SHARE MODE",
+            ),
             // Driven by the entity row rather than a one-row derived table, which MariaDB
             // materializes as a temporary table on every call (about 40 µs here); its
             // parameters are therefore (event, ref_id, order_id).
@@ -161,10 +172,7 @@ impl MySqlStore {
         match recorded {
             Ok(_) => tx.commit().await.map(|()| true),
             Err(e) if is_unique_violation(&e) => tx.rollback().await.map(|()| false),
-            Err(e) => {
-                tx.rollback().await?;
-                Err(e)
-            }
+            Err(e) => undo(tx, e).await,
         }
     }
 }
@@ -179,9 +187,15 @@ impl Store for MySqlStore {
     const BATCH_READ_MAX: usize = BATCH_READ_MAX;
 
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
-        self.detect_galera(&mut conn).await?;
-        Ok(conn)
+        let conn = self.pool.acquire().await?;
+        if self.causal_reads().is_some() {
+            return Ok(conn);
+        }
+        // Until the server has answered, the connection is mid-conversation: a lease
+        // closes it if this future is dropped or the question fails.
+        let mut lease = Lease::<Self>::held(conn);
+        self.detect_galera(lease.conn()).await?;
+        lease.into_inner().ok_or(sqlx::Error::PoolClosed)
     }
 
     fn discard(conn: Self::Pooled) {
@@ -213,13 +227,19 @@ impl Store for MySqlStore {
             .bind(request.key.order_id)
             .bind(*from)
             .execute(&mut *tx)
-            .await?;
+            .await;
+        let bumped = match bumped {
+            Ok(bumped) => bumped,
+            Err(e) => return undo(tx, e).await,
+        };
         if bumped.rows_affected() != 1 {
             tx.rollback().await?;
             return Ok(FirstWrite::NotApplied);
         }
-        let version =
-            i64::try_from(bumped.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        let version = match i64::try_from(bumped.last_insert_id()) {
+            Ok(version) => version,
+            Err(e) => return undo(tx, sqlx::Error::Decode(Box::new(e))).await,
+        };
         let apply = Apply {
             key: request.key,
             from,
@@ -269,7 +289,11 @@ impl Store for MySqlStore {
             .bind(a.from)
             .bind(a.version)
             .execute(&mut *tx)
-            .await?;
+            .await;
+        let updated = match updated {
+            Ok(updated) => updated,
+            Err(e) => return undo(tx, e).await,
+        };
         if updated.rows_affected() != 1 {
             tx.rollback().await?;
             return Ok(Written::Lost);
@@ -333,13 +357,14 @@ impl Store for MySqlStore {
         conn: &mut MySqlConnection,
         order_id: i64,
         initial: &'static str,
+        scope: Scope,
     ) -> Result<Entity, sqlx::Error> {
         sqlx::query(self.sql().insert_order.clone())
             .bind(order_id)
             .bind(initial)
             .execute(&mut *conn)
             .await?;
-        sqlx::query_as(self.sql().get.clone())
+        sqlx::query_as(self.sql().created[at(scope)].clone())
             .bind(order_id)
             .fetch_one(conn)
             .await
@@ -366,4 +391,11 @@ impl Store for MySqlStore {
             .fetch_all(conn)
             .await
     }
+}
+
+/// Rolls a write unit back after `error`, and returns the error. A rollback that fails
+/// too (on a connection already lost) adds nothing to what `error` says.
+async fn undo<T>(tx: Transaction<'_, MySql>, error: sqlx::Error) -> Result<T, sqlx::Error> {
+    let _ = tx.rollback().await;
+    Err(error)
 }

@@ -301,6 +301,7 @@ impl Store for PgStore {
         conn: &mut PgConnection,
         order_id: i64,
         initial: &'static str,
+        _scope: Scope,
     ) -> Result<Entity, sqlx::Error> {
         sqlx::query(self.transitions.insert_order.clone())
             .bind(order_id)

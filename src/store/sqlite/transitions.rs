@@ -108,10 +108,7 @@ impl SqliteStore {
         match recorded {
             Ok(_) => tx.commit().await.map(|()| true),
             Err(e) if is_unique_violation(&e) => tx.rollback().await.map(|()| false),
-            Err(e) => {
-                tx.rollback().await?;
-                Err(e)
-            }
+            Err(e) => undo(tx, e).await,
         }
     }
 }
@@ -152,12 +149,16 @@ impl Store for SqliteStore {
             return Ok(FirstWrite::NotTried);
         };
         let mut tx = Self::begin(conn, Scope::Own).await?;
-        let bumped: Option<i64> = sqlx::query_scalar(self.transitions.bump.clone())
+        let bumped: Result<Option<i64>, _> = sqlx::query_scalar(self.transitions.bump.clone())
             .bind(*to)
             .bind(request.key.order_id)
             .bind(*from)
             .fetch_optional(&mut *tx)
-            .await?;
+            .await;
+        let bumped = match bumped {
+            Ok(bumped) => bumped,
+            Err(e) => return undo(tx, e).await,
+        };
         let Some(version) = bumped else {
             tx.rollback().await?;
             return Ok(FirstWrite::NotApplied);
@@ -209,7 +210,11 @@ impl Store for SqliteStore {
             .bind(a.from)
             .bind(a.version)
             .execute(&mut *tx)
-            .await?;
+            .await;
+        let updated = match updated {
+            Ok(updated) => updated,
+            Err(e) => return undo(tx, e).await,
+        };
         if updated.rows_affected() != 1 {
             tx.rollback().await?;
             return Ok(Written::Lost);
@@ -253,6 +258,7 @@ impl Store for SqliteStore {
         conn: &mut SqliteConnection,
         order_id: i64,
         initial: &'static str,
+        _scope: Scope,
     ) -> Result<Entity, sqlx::Error> {
         sqlx::query(self.transitions.insert_order.clone())
             .bind(order_id)
@@ -286,4 +292,11 @@ impl Store for SqliteStore {
             .fetch_all(conn)
             .await
     }
+}
+
+/// Rolls a write unit back after `error`, and returns the error. A rollback that fails
+/// too (on a connection already lost) adds nothing to what `error` says.
+async fn undo<T>(tx: Transaction<'_, Sqlite>, error: sqlx::Error) -> Result<T, sqlx::Error> {
+    let _ = tx.rollback().await;
+    Err(error)
 }

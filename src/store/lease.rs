@@ -13,7 +13,7 @@
 //! server roll back whatever was open. The price of a cancelled call is one reconnect;
 //! a call that completes pays nothing.
 
-use crate::store::{ErrorClass, Store};
+use super::{ErrorClass, Store};
 
 /// A connection borrowed from a store's pool: closed on drop unless released.
 pub(crate) struct Lease<S: Store> {
@@ -26,6 +26,18 @@ impl<S: Store> Lease<S> {
         Ok(Lease {
             conn: Some(store.acquire().await?),
         })
+    }
+
+    /// Holds a connection already borrowed (by a store, before its first statement).
+    #[cfg(feature = "mysql")]
+    pub(crate) fn held(conn: S::Pooled) -> Self {
+        Lease { conn: Some(conn) }
+    }
+
+    /// Hands the connection on, its conversation finished.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn into_inner(mut self) -> Option<S::Pooled> {
+        self.conn.take()
     }
 
     /// The connection.
