@@ -219,15 +219,20 @@ async fn attempt<M: StateMachine, S: Store>(
             payload_hash: req.hash(),
             payload: req.payload.map(|p| p.json.as_str()),
         };
-        first = match store.apply_first(conn, &request).await {
-            Ok(FirstWrite::Applied { from, to, version }) => {
+        let written = store
+            .apply_first(conn, std::slice::from_ref(&request))
+            .await;
+        first = match written.map(|mut w| w.pop()) {
+            Ok(Some(FirstWrite::Applied { from, to, version })) => {
                 let applied = parse_state::<M>(key.order_id, &from).and_then(|from| {
                     let to = parse_state::<M>(key.order_id, &to)?;
                     Ok(Outcome::Applied { from, to, version })
                 });
                 return Step::Done(applied);
             }
-            Ok(not) => not,
+            Ok(Some(not)) => not,
+            // A store that answered nothing for the request wrote nothing for it.
+            Ok(None) => FirstWrite::NotTried,
             Err(e) => return retry_or_fail::<M, S>(e, scope, true),
         };
     }

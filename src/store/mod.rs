@@ -83,18 +83,20 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Classifies a database error by the backend's codes.
     fn classify(err: &sqlx::Error) -> ErrorClass;
 
-    /// The apply-first unit, outside a caller's transaction: moves the entity along one
-    /// of `request`'s edges if it is in that edge's source state, and records the history
-    /// row, with no read before and no version predicate. The status is judged on the
-    /// latest committed row, which the write locks. A request recorded before is stopped
-    /// by the history's unique key and the unit undone: [`FirstWrite::NotApplied`], as
-    /// when nothing matched. [`FirstWrite::NotTried`] if this store does not try such a
-    /// request first (the engine then reads and judges).
+    /// The apply-first unit, outside a caller's transaction, for one request or several
+    /// (one commit for all): moves each entity along one of its request's edges if it is
+    /// in that edge's source state, and records the history row, with no read before and
+    /// no version predicate. The status is judged on the latest committed row, which the
+    /// write locks. A request recorded before is stopped by the history's unique key and
+    /// its writes undone: [`FirstWrite::NotApplied`], as when nothing matched; the other
+    /// requests of the unit are not affected. [`FirstWrite::NotTried`] for a request this
+    /// store does not try first (the engine then reads and judges). One answer per
+    /// request, in order.
     fn apply_first(
         &self,
         conn: &mut Self::Conn,
-        request: &Request<'_>,
-    ) -> impl Future<Output = Result<FirstWrite, sqlx::Error>> + Send;
+        requests: &[Request<'_>],
+    ) -> impl Future<Output = Result<Vec<FirstWrite>, sqlx::Error>> + Send;
 
     /// The judge's read, in one statement: the entity and, if the entity exists, this
     /// request's history row. `None` if the entity does not exist (the engine then asks

@@ -404,9 +404,9 @@ impl<S: Store> Store for Hooked<S> {
     async fn apply_first(
         &self,
         conn: &mut Self::Conn,
-        request: &Request<'_>,
-    ) -> Result<FirstWrite, sqlx::Error> {
-        self.seen(self.inner.apply_first(conn, request).await)
+        requests: &[Request<'_>],
+    ) -> Result<Vec<FirstWrite>, sqlx::Error> {
+        self.seen(self.inner.apply_first(conn, requests).await)
     }
     async fn observe(
         &self,

@@ -176,6 +176,7 @@ macro_rules! conformance {
             racing_engines_never_conflict_with_themselves,
             same_payload_in_any_member_order_is_replayed,
             corrupt_rows_are_reported_not_written_over,
+            write_unit_carries_several_requests,
         );
     };
     // The network faults, for a backend that implements `Networked`.
@@ -1260,4 +1261,87 @@ pub async fn replay_storm_answers_each_caller<B: Backend>(b: &B) {
     for id in 1..=ORDERS / 2 {
         assert_order(&e, id, Paid, 1, 1).await;
     }
+}
+
+/// The apply-first unit carries several requests at once, one commit for all, each
+/// answered for itself: a new request applies, one recorded before (on a cycle, at a
+/// state its entity came back to) is undone alone, one whose entity is elsewhere writes
+/// nothing, one with several source states is tried only where the store can, and the
+/// others in the unit are not affected.
+pub async fn write_unit_carries_several_requests<B: Backend>(b: &B) {
+    use TicketEvent::*;
+    use orderly::store::{FirstWrite, Key, Request};
+    let e = tickets(b).await;
+    for id in 1..=5 {
+        e.create(id).await.unwrap();
+        e.transition(id, Start, "s").await.unwrap();
+    }
+    // Ticket 1 goes round the cycle: Block b-1 is recorded, and it is Working again.
+    e.transition(1, Block, "b-1").await.unwrap();
+    e.transition(1, Unblock, "u-1").await.unwrap();
+    // Ticket 3 is Working, so an Unblock finds nothing to move.
+    let request = |order_id, event: TicketEvent, ref_id| {
+        let (from, to): (&[&'static str], &[&'static str]) = match event {
+            Block => (&["Working"], &["Blocked"]),
+            Unblock => (&["Blocked"], &["Working"]),
+            _ => (
+                &["Open", "Working", "Blocked", "Done"],
+                &["Closed", "Closed", "Closed", "Closed"],
+            ),
+        };
+        Request {
+            key: Key {
+                order_id,
+                event: event.into(),
+                ref_id,
+            },
+            from_states: from,
+            to_states: to,
+            payload_hash: None,
+            payload: None,
+        }
+    };
+    let unit = [
+        request(2, Block, "b-2"),
+        request(1, Block, "b-1"),
+        request(3, Unblock, "u-3"),
+        request(4, Close, "c-4"),
+        request(5, Block, "b-5"),
+    ];
+    let store = e.store();
+    let mut conn = store.acquire().await.unwrap();
+    let written = store.apply_first(&mut conn, &unit).await.unwrap();
+    drop(conn);
+    let applied = |from: &str, to: &str, version| FirstWrite::Applied {
+        from: from.into(),
+        to: to.into(),
+        version,
+    };
+    assert_eq!(written.len(), 5);
+    assert_eq!(written[0], applied("Working", "Blocked", 2));
+    assert_eq!(written[1], FirstWrite::NotApplied);
+    assert_eq!(written[2], FirstWrite::NotApplied);
+    assert_eq!(written[4], applied("Working", "Blocked", 2));
+    let t = |id| e.get(id);
+    assert_eq!(t(2).await.unwrap().state, TicketState::Blocked);
+    assert_eq!(t(5).await.unwrap().state, TicketState::Blocked);
+    // The recorded request was undone alone: ticket 1 did not move, no second row.
+    let one = t(1).await.unwrap();
+    assert_eq!((one.state, one.version), (TicketState::Working, 3));
+    assert_eq!(e.history(1).await.unwrap().len(), 3);
+    assert_eq!(t(3).await.unwrap().version, 1);
+    match &written[3] {
+        FirstWrite::Applied { version, .. } => {
+            assert_eq!(*version, 2);
+            assert_eq!(t(4).await.unwrap().state, TicketState::Closed);
+        }
+        FirstWrite::NotTried => assert_eq!(t(4).await.unwrap().version, 1),
+        other => panic!("ticket 4: {other:?}"),
+    }
+    // Every row the unit wrote is in the history, answered as a replay.
+    assert!(
+        e.transition(2, Block, "b-2")
+            .await
+            .is_ok_and(|o| !o.is_applied())
+    );
 }

@@ -150,15 +150,9 @@ impl MySqlStore {
         &self.transitions[usize::from(self.causal_reads() == Some(true))]
     }
 
-    /// Ends a write unit whose update matched: the history insert for `a` (`seq =
-    /// version + 1`), then `COMMIT`. `false` if the history's unique key holds the
-    /// request already (recorded before, or a twin's row): the unit is rolled back.
-    async fn record_and_commit(
-        &self,
-        mut tx: Transaction<'_, MySql>,
-        a: &Apply<'_>,
-    ) -> Result<bool, sqlx::Error> {
-        let recorded = sqlx::query(self.sql().record.clone())
+    /// The history insert for `a`, `seq = version + 1`.
+    async fn record(&self, conn: &mut MySqlConnection, a: &Apply<'_>) -> Result<(), sqlx::Error> {
+        sqlx::query(self.sql().record.clone())
             .bind(a.key.order_id)
             .bind(a.version + 1)
             .bind(a.from)
@@ -167,10 +161,73 @@ impl MySqlStore {
             .bind(a.key.ref_id)
             .bind(a.payload_hash)
             .bind(a.payload)
-            .execute(&mut *tx)
-            .await;
-        match recorded {
-            Ok(_) => tx.commit().await.map(|()| true),
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// One request's apply-first writes, in an open transaction: the update guarded by
+    /// the status, then the history insert. `NotApplied` if nothing matched (nothing
+    /// written); a request recorded before comes back as the unique violation it is, for
+    /// the caller to undo the update.
+    async fn first_write(
+        &self,
+        conn: &mut MySqlConnection,
+        request: &Request<'_>,
+    ) -> Result<FirstWrite, sqlx::Error> {
+        let ([from], [to]) = (request.from_states, request.to_states) else {
+            return Ok(FirstWrite::NotTried);
+        };
+        let bumped = sqlx::query(self.sql().bump.clone())
+            .bind(*to)
+            .bind(request.key.order_id)
+            .bind(*from)
+            .execute(&mut *conn)
+            .await?;
+        if bumped.rows_affected() != 1 {
+            return Ok(FirstWrite::NotApplied);
+        }
+        let version =
+            i64::try_from(bumped.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        let apply = Apply {
+            key: request.key,
+            from,
+            to,
+            version: version - 1,
+            payload_hash: request.payload_hash,
+            payload: request.payload,
+        };
+        self.record(conn, &apply).await?;
+        Ok(FirstWrite::Applied {
+            from: (*from).to_string(),
+            to: (*to).to_string(),
+            version,
+        })
+    }
+
+    /// [`first_write`](Self::first_write) in a savepoint of its own, undone on any error.
+    async fn first_write_in_savepoint(
+        &self,
+        conn: &mut MySqlConnection,
+        request: &Request<'_>,
+    ) -> Result<FirstWrite, sqlx::Error> {
+        let mut savepoint = conn.begin().await?;
+        match self.first_write(&mut savepoint, request).await {
+            Ok(write) => savepoint.commit().await.map(|()| write),
+            Err(e) => undo(savepoint, e).await,
+        }
+    }
+
+    /// Ends a write unit whose update matched: the history insert for `a`, then `COMMIT`.
+    /// `false` if the history's unique key holds the request already (recorded before,
+    /// or a twin's row): the unit is rolled back.
+    async fn record_and_commit(
+        &self,
+        mut tx: Transaction<'_, MySql>,
+        a: &Apply<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        match self.record(&mut tx, a).await {
+            Ok(()) => tx.commit().await.map(|()| true),
             Err(e) if is_unique_violation(&e) => tx.rollback().await.map(|()| false),
             Err(e) => undo(tx, e).await,
         }
@@ -209,54 +266,42 @@ impl Store for MySqlStore {
         super::classify(err)
     }
 
-    /// The floor's statements for an event with one source state: `BEGIN`; the update
-    /// guarded by the status, returning the new version; the history insert; `COMMIT`.
-    /// Events with several source states are not tried: the recorded `from` would need
-    /// the matched row.
+    /// The floor's statements for one request: `BEGIN`; the update guarded by the
+    /// status, returning the new version; the history insert; `COMMIT`. For several, one
+    /// `BEGIN` and one `COMMIT`, each request in a savepoint of its own. Events
+    /// with several source states are not tried: the recorded `from` would need the
+    /// matched row.
     async fn apply_first(
         &self,
         conn: &mut MySqlConnection,
-        request: &Request<'_>,
-    ) -> Result<FirstWrite, sqlx::Error> {
-        let ([from], [to]) = (request.from_states, request.to_states) else {
-            return Ok(FirstWrite::NotTried);
-        };
-        let mut tx = conn.begin().await?;
-        let bumped = sqlx::query(self.sql().bump.clone())
-            .bind(*to)
-            .bind(request.key.order_id)
-            .bind(*from)
-            .execute(&mut *tx)
-            .await;
-        let bumped = match bumped {
-            Ok(bumped) => bumped,
-            Err(e) => return undo(tx, e).await,
-        };
-        if bumped.rows_affected() != 1 {
-            tx.rollback().await?;
-            return Ok(FirstWrite::NotApplied);
+        requests: &[Request<'_>],
+    ) -> Result<Vec<FirstWrite>, sqlx::Error> {
+        if !requests.iter().any(tried_first) {
+            return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
-        let version = match i64::try_from(bumped.last_insert_id()) {
-            Ok(version) => version,
-            Err(e) => return undo(tx, sqlx::Error::Decode(Box::new(e))).await,
-        };
-        let apply = Apply {
-            key: request.key,
-            from,
-            to,
-            version: version - 1,
-            payload_hash: request.payload_hash,
-            payload: request.payload,
-        };
-        Ok(if self.record_and_commit(tx, &apply).await? {
-            FirstWrite::Applied {
-                from: (*from).to_string(),
-                to: (*to).to_string(),
-                version,
+        let mut tx = conn.begin().await?;
+        let mut written = Vec::with_capacity(requests.len());
+        for request in requests {
+            let step = match requests {
+                [_] => self.first_write(&mut tx, request).await,
+                _ => self.first_write_in_savepoint(&mut tx, request).await,
+            };
+            match step {
+                Ok(write) => written.push(write),
+                // Recorded before: its writes are undone (its savepoint, or below).
+                Err(e) if is_unique_violation(&e) => written.push(FirstWrite::NotApplied),
+                Err(e) => return undo(tx, e).await,
             }
+        }
+        if written
+            .iter()
+            .any(|w| matches!(w, FirstWrite::Applied { .. }))
+        {
+            tx.commit().await?;
         } else {
-            FirstWrite::NotApplied
-        })
+            tx.rollback().await?;
+        }
+        Ok(written)
     }
 
     async fn observe(
@@ -398,4 +443,9 @@ impl Store for MySqlStore {
 async fn undo<T>(tx: Transaction<'_, MySql>, error: sqlx::Error) -> Result<T, sqlx::Error> {
     let _ = tx.rollback().await;
     Err(error)
+}
+
+/// Whether the apply-first unit tries `request`: an event with one source state.
+fn tried_first(request: &Request<'_>) -> bool {
+    matches!((request.from_states, request.to_states), ([_], [_]))
 }

@@ -132,6 +132,45 @@ fn priors_sql(h: &str, n: usize) -> String {
     )
 }
 
+impl PgStore {
+    /// The apply-first statement for one request; a request recorded before comes back
+    /// as the unique violation it is.
+    async fn first_write(
+        &self,
+        conn: &mut PgConnection,
+        request: &Request<'_>,
+    ) -> Result<FirstWrite, sqlx::Error> {
+        let sql = &self.transitions;
+        let key = request.key;
+        let query = match (request.from_states, request.to_states) {
+            ([from], [to]) => sqlx::query_as(sql.apply_first_one.clone())
+                .bind(key.order_id)
+                .bind(key.event)
+                .bind(key.ref_id)
+                .bind(request.payload_hash)
+                .bind(request.payload)
+                .bind(*from)
+                .bind(*to),
+            (from, to) => sqlx::query_as(sql.apply_first_many.clone())
+                .bind(key.order_id)
+                .bind(key.event)
+                .bind(key.ref_id)
+                .bind(request.payload_hash)
+                .bind(request.payload)
+                .bind(from)
+                .bind(to),
+        };
+        Ok(match query.fetch_optional(conn).await? {
+            Some(Prior { seq, from, to, .. }) => FirstWrite::Applied {
+                from,
+                to,
+                version: seq,
+            },
+            None => FirstWrite::NotApplied,
+        })
+    }
+}
+
 impl Store for PgStore {
     type Conn = PgConnection;
     type Pooled = sqlx::pool::PoolConnection<Postgres>;
@@ -157,43 +196,54 @@ impl Store for PgStore {
         super::classify(err)
     }
 
-    /// One statement, any number of source states.
+    /// One statement for one request, any number of source states, atomic on its own.
+    /// For several, one `BEGIN` and one `COMMIT`, each request's statement in a savepoint
+    /// of its own.
     async fn apply_first(
         &self,
         conn: &mut PgConnection,
-        request: &Request<'_>,
-    ) -> Result<FirstWrite, sqlx::Error> {
-        let sql = &self.transitions;
-        let key = request.key;
-        let query = match (request.from_states, request.to_states) {
-            ([from], [to]) => sqlx::query_as(sql.apply_first_one.clone())
-                .bind(key.order_id)
-                .bind(key.event)
-                .bind(key.ref_id)
-                .bind(request.payload_hash)
-                .bind(request.payload)
-                .bind(*from)
-                .bind(*to),
-            (from, to) => sqlx::query_as(sql.apply_first_many.clone())
-                .bind(key.order_id)
-                .bind(key.event)
-                .bind(key.ref_id)
-                .bind(request.payload_hash)
-                .bind(request.payload)
-                .bind(from)
-                .bind(to),
-        };
-        match query.fetch_optional(conn).await {
-            Ok(Some(Prior { seq, from, to, .. })) => Ok(FirstWrite::Applied {
-                from,
-                to,
-                version: seq,
-            }),
-            Ok(None) => Ok(FirstWrite::NotApplied),
-            // Recorded before: the statement was undone as a whole.
-            Err(e) if is_unique_violation(&e) => Ok(FirstWrite::NotApplied),
-            Err(e) => Err(e),
+        requests: &[Request<'_>],
+    ) -> Result<Vec<FirstWrite>, sqlx::Error> {
+        if let [request] = requests {
+            return match self.first_write(conn, request).await {
+                Ok(write) => Ok(vec![write]),
+                // Recorded before: the statement was undone as a whole.
+                Err(e) if is_unique_violation(&e) => Ok(vec![FirstWrite::NotApplied]),
+                Err(e) => Err(e),
+            };
         }
+        let mut tx = conn.begin().await?;
+        let mut written = Vec::with_capacity(requests.len());
+        for request in requests {
+            let step = async {
+                let mut savepoint = (*tx).begin().await?;
+                match self.first_write(&mut savepoint, request).await {
+                    Ok(write) => savepoint.commit().await.map(|()| write),
+                    Err(e) => {
+                        let _ = savepoint.rollback().await;
+                        Err(e)
+                    }
+                }
+            };
+            match step.await {
+                Ok(write) => written.push(write),
+                // Recorded before: its savepoint is undone.
+                Err(e) if is_unique_violation(&e) => written.push(FirstWrite::NotApplied),
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    return Err(e);
+                }
+            }
+        }
+        if written
+            .iter()
+            .any(|w| matches!(w, FirstWrite::Applied { .. }))
+        {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(written)
     }
 
     async fn observe(
