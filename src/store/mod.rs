@@ -9,7 +9,7 @@
 //!
 //! | operation | what it is |
 //! |---|---|
-//! | [`Store::apply_first`] | the apply-first unit: the write along the event's edge with no read before it |
+//! | [`Store::apply_first`] | the apply-first unit: the write along the event's edge with no read before it, for one request or several in one commit |
 //! | [`Store::observe`] | the judge's read: the entity and this request's history row |
 //! | [`Store::apply`] | the conditional write after a read: update guarded by status and version, history row |
 //! | [`Store::latest_ref`] | the refusal's read: the event's latest reference |
@@ -19,6 +19,9 @@
 //!
 //! The two write units ([`Store::apply_first`] and [`Store::apply`]) are the only places
 //! a transition's rows are written; whatever must commit with a transition joins there.
+//! The apply-first unit already takes several requests at once (one commit, each request
+//! answered for itself), so concurrent new requests can later be coalesced into one
+//! statement without changing the seam.
 //!
 //! Each backend lives in its own folder (`postgres/`, `mysql/`, `sqlite/`): the store
 //! type, its connection handling and error codes in `mod.rs`, and its SQL, one file per
