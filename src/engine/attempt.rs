@@ -8,7 +8,7 @@ use super::judge::{self, Refusal, Verdict};
 use super::{Engine, Outcome};
 use crate::machine::StateMachine;
 use crate::store::{
-    Apply, ErrorClass, FirstWrite, Key, Lease, Request, Scope, Store, Written, db_error,
+    Apply, ErrorClass, FirstWrite, Key, Lease, Request, Store, Txn, Written, db_error,
 };
 use crate::{Error, Result};
 
@@ -35,10 +35,10 @@ pub(super) enum Conn<'c, S: Store> {
 }
 
 impl<S: Store> Conn<'_, S> {
-    fn scope(&self) -> Scope {
+    fn txn(&self) -> Txn {
         match self {
-            Conn::Pooled(_) => Scope::Own,
-            Conn::Caller(_) => Scope::Caller,
+            Conn::Pooled(_) => Txn::Own,
+            Conn::Caller(_) => Txn::Caller,
         }
     }
 
@@ -105,7 +105,7 @@ async fn read_first<M: StateMachine, S: Store>(
         Some(reads) => reads.prior(req.key).await?,
         None => {
             let read = match conn.get(&engine.store).await {
-                Ok(c) => engine.store.prior(c, req.key, Scope::Own).await,
+                Ok(c) => engine.store.prior(c, req.key, Txn::Own).await,
                 Err(e) => Err(e),
             };
             match read {
@@ -143,7 +143,7 @@ pub(super) async fn run<M: StateMachine, S: Store>(
     req: &Req<'_, M>,
 ) -> Result<Outcome<M::State>> {
     let config = &engine.config;
-    let scope = conn.scope();
+    let txn = conn.txn();
     let mut delays = ExponentialBuilder::default()
         .with_min_delay(config.min_backoff)
         .with_max_delay(config.max_backoff)
@@ -154,8 +154,8 @@ pub(super) async fn run<M: StateMachine, S: Store>(
     loop {
         attempts += 1;
         let step = match conn.get(&engine.store).await {
-            Ok(c) => attempt(engine, c, scope, req).await,
-            Err(e) => retry_or_fail::<M, S>(e, scope, false),
+            Ok(c) => attempt(engine, c, txn, req).await,
+            Err(e) => retry_or_fail::<M, S>(e, txn, false),
         };
         let (reason, lost) = match step {
             Step::Done(result) => return result,
@@ -204,13 +204,13 @@ pub(super) async fn run<M: StateMachine, S: Store>(
 async fn attempt<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
     conn: &mut S::Conn,
-    scope: Scope,
+    txn: Txn,
     req: &Req<'_, M>,
 ) -> Step<M::State> {
     let store = &engine.store;
     let key = req.key;
     let mut first = FirstWrite::NotTried;
-    if scope == Scope::Own {
+    if txn == Txn::Own {
         let edges = engine.edges.get(&req.event);
         let request = Request {
             key,
@@ -233,29 +233,29 @@ async fn attempt<M: StateMachine, S: Store>(
             Ok(Some(not)) => not,
             // A store that answered nothing for the request wrote nothing for it.
             Ok(None) => FirstWrite::NotTried,
-            Err(e) => return retry_or_fail::<M, S>(e, scope, true),
+            Err(e) => return retry_or_fail::<M, S>(e, txn, true),
         };
     }
-    let (entity, prior) = match store.observe(conn, key, scope).await {
+    let (entity, prior) = match store.observe(conn, key, txn).await {
         Ok(Some(observed)) => (Some(observed.entity), observed.prior),
         // No entity row, so the read had nothing to join the history row to: a request
         // recorded for it is still a replay (row 1 before row 5).
-        Ok(None) => match store.prior(conn, key, scope).await {
+        Ok(None) => match store.prior(conn, key, txn).await {
             Ok(prior) => (None, prior),
-            Err(e) => return retry_or_fail::<M, S>(e, scope, false),
+            Err(e) => return retry_or_fail::<M, S>(e, txn, false),
         },
-        Err(e) => return retry_or_fail::<M, S>(e, scope, false),
+        Err(e) => return retry_or_fail::<M, S>(e, txn, false),
     };
     let verdict = judge::judge::<M>(entity.as_ref(), prior.as_ref(), key, req.event, req.hash());
     let (from, to, version) = match verdict {
         Verdict::Done(answer) => return Step::Done(answer),
         Verdict::Refused { state } => {
-            return match store.latest_ref(conn, key, scope).await {
+            return match store.latest_ref(conn, key, txn).await {
                 Ok(latest) => match judge::refuse::<M>(state, key, req.event, latest) {
                     Refusal::Answer(e) => Step::Done(Err(e)),
                     Refusal::Rejudge => Step::Retry("own reference recorded meanwhile"),
                 },
-                Err(e) => retry_or_fail::<M, S>(e, scope, false),
+                Err(e) => retry_or_fail::<M, S>(e, txn, false),
             };
         }
         // The apply-first write already found the entity elsewhere: it moved in between.
@@ -272,7 +272,7 @@ async fn attempt<M: StateMachine, S: Store>(
         payload_hash: req.hash(),
         payload: req.payload.map(|p| p.json.as_str()),
     };
-    match store.apply(conn, &apply, scope).await {
+    match store.apply(conn, &apply, txn).await {
         Ok(Written::Applied) => Step::Done(Ok(Outcome::Applied {
             from,
             to,
@@ -280,7 +280,7 @@ async fn attempt<M: StateMachine, S: Store>(
         })),
         // Someone else moved first: nothing was written; judge again from a fresh read.
         Ok(Written::Lost) => Step::Retry("lost the conditional update"),
-        Err(e) => retry_or_fail::<M, S>(e, scope, true),
+        Err(e) => retry_or_fail::<M, S>(e, txn, true),
     }
 }
 
@@ -290,11 +290,11 @@ async fn attempt<M: StateMachine, S: Store>(
 /// error came at or after the attempt's write was sent.
 fn retry_or_fail<M: StateMachine, S: Store>(
     e: sqlx::Error,
-    scope: Scope,
+    txn: Txn,
     wrote: bool,
 ) -> Step<M::State> {
     match S::classify(&e) {
-        _ if scope == Scope::Caller => Step::Done(Err(db_error::<S>(e))),
+        _ if txn == Txn::Caller => Step::Done(Err(db_error::<S>(e))),
         ErrorClass::Retryable => {
             tracing::debug!(error = %e, "retryable database error");
             Step::Retry("retryable database error")
@@ -329,7 +329,7 @@ async fn settle<M: StateMachine, S: Store>(
         loop {
             let read = async {
                 let mut lease = Lease::acquire(&engine.store).await?;
-                let prior = engine.store.prior(lease.conn(), key, Scope::Own).await;
+                let prior = engine.store.prior(lease.conn(), key, Txn::Own).await;
                 lease.release_after(&prior);
                 prior
             };

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
-use crate::store::{Key, Lease, OwnedKey, Prior, Scope, Store};
+use crate::store::{Key, Lease, OwnedKey, Prior, Store, Txn};
 
 /// The most requests one batch takes from the queue; the store may read them in several
 /// statements (at most `Store::BATCH_READ_MAX` in one).
@@ -117,7 +117,7 @@ impl<S: Store> Reads<S> {
         let mut priors = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(S::BATCH_READ_MAX) {
             match chunk {
-                [key] => priors.push(self.store.prior(conn, key.as_key(), Scope::Own).await?),
+                [key] => priors.push(self.store.prior(conn, key.as_key(), Txn::Own).await?),
                 _ => priors.extend(self.store.priors(conn, chunk).await?),
             }
         }

@@ -11,7 +11,7 @@ use super::input::{Payload, fingerprint, validate_ref};
 use super::{Engine, Order, Outcome, created};
 use crate::Result;
 use crate::machine::StateMachine;
-use crate::store::{Key, Lease, Scope, Store, db_error};
+use crate::store::{Key, Lease, Store, Txn, db_error};
 
 /// A transition request, from [`Engine::transition`] or [`Engine::transition_named`].
 /// Nothing happens until it is awaited; the options below may be set first.
@@ -154,12 +154,12 @@ impl<'a, M: StateMachine, S: Store> CreateRequest<'a, M, S> {
         let row = match self.conn {
             Some(conn) => {
                 let initial = M::INITIAL.into();
-                store.create(conn, order_id, initial, Scope::Caller).await
+                store.create(conn, order_id, initial, Txn::Caller).await
             }
             None => {
                 let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
                 let row = store
-                    .create(lease.conn(), order_id, M::INITIAL.into(), Scope::Own)
+                    .create(lease.conn(), order_id, M::INITIAL.into(), Txn::Own)
                     .await;
                 lease.release_after(&row);
                 row

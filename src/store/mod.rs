@@ -54,8 +54,8 @@ pub use tables::Tables;
 
 /// A backend: coarse operations over the backend's own connection type.
 ///
-/// Every operation that takes a [`Scope`] runs inside the caller's transaction for
-/// [`Scope::Caller`]: its reads see the latest commits (locking reads where the isolation
+/// Every operation that takes a [`Txn`] runs inside the caller's transaction for
+/// [`Txn::Caller`]: its reads see the latest commits (locking reads where the isolation
 /// level would otherwise return the transaction's snapshot), and its write unit is a
 /// savepoint, so a lost race is undone without aborting the caller's transaction.
 pub trait Store: Clone + Send + Sync + 'static {
@@ -109,7 +109,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         &self,
         conn: &mut Self::Conn,
         key: Key<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> impl Future<Output = Result<Option<Observed>, sqlx::Error>> + Send;
 
     /// The write unit after a read, atomically: `UPDATE … SET status = to, version =
@@ -120,7 +120,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         &self,
         conn: &mut Self::Conn,
         apply: &Apply<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> impl Future<Output = Result<Written, sqlx::Error>> + Send;
 
     /// The reference under which `key.event` was last applied to `key.order_id`, if ever.
@@ -130,7 +130,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         &self,
         conn: &mut Self::Conn,
         key: Key<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send;
 
     /// This request's history row alone.
@@ -138,7 +138,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         &self,
         conn: &mut Self::Conn,
         key: Key<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> impl Future<Output = Result<Option<Prior>, sqlx::Error>> + Send;
 
     /// The history rows of several requests (at most
@@ -153,7 +153,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         async move {
             let mut priors = Vec::with_capacity(keys.len());
             for key in keys {
-                priors.push(self.prior(conn, key.as_key(), Scope::Own).await?);
+                priors.push(self.prior(conn, key.as_key(), Txn::Own).await?);
             }
             Ok(priors)
         }
@@ -167,7 +167,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         conn: &mut Self::Conn,
         order_id: i64,
         initial: &'static str,
-        scope: Scope,
+        txn: Txn,
     ) -> impl Future<Output = Result<Entity, sqlx::Error>> + Send;
 
     /// The entity, if it exists.
@@ -187,7 +187,7 @@ pub trait Store: Clone + Send + Sync + 'static {
 
 /// Where an operation runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
+pub enum Txn {
     /// On a connection of the engine's own: each read stands alone, and a write unit is
     /// its own transaction.
     Own,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use orderly::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, OwnedKey, Prior, RawTransition, Request,
-    Scope, Store, Written,
+    Store, Txn, Written,
 };
 use orderly::{Engine, EngineConfig, Error, Outcome, ReadFirst};
 use proptest::prelude::Rng;
@@ -412,23 +412,23 @@ impl<S: Store> Store for Hooked<S> {
         &self,
         conn: &mut Self::Conn,
         key: Key<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Option<Observed>, sqlx::Error> {
-        self.seen(self.inner.observe(conn, key, scope).await)
+        self.seen(self.inner.observe(conn, key, txn).await)
     }
     async fn apply(
         &self,
         conn: &mut Self::Conn,
         apply: &Apply<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Written, sqlx::Error> {
-        self.seen(self.inner.apply(conn, apply, scope).await)
+        self.seen(self.inner.apply(conn, apply, txn).await)
     }
     async fn latest_ref(
         &self,
         conn: &mut Self::Conn,
         key: Key<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Option<String>, sqlx::Error> {
         let hook = self.hook.lock().unwrap().take();
         if let Some(hook) = hook {
@@ -440,7 +440,7 @@ impl<S: Store> Store for Hooked<S> {
             let micros = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 53;
             tokio::time::sleep(Duration::from_micros(micros)).await;
         }
-        let latest = self.seen(self.inner.latest_ref(conn, key, scope).await);
+        let latest = self.seen(self.inner.latest_ref(conn, key, txn).await);
         if matches!(&latest, Ok(Some(r)) if r == key.ref_id) {
             self.own_refs.fetch_add(1, Ordering::Relaxed);
         }
@@ -450,9 +450,9 @@ impl<S: Store> Store for Hooked<S> {
         &self,
         conn: &mut Self::Conn,
         key: Key<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Option<Prior>, sqlx::Error> {
-        self.seen(self.inner.prior(conn, key, scope).await)
+        self.seen(self.inner.prior(conn, key, txn).await)
     }
     async fn priors(
         &self,
@@ -466,9 +466,9 @@ impl<S: Store> Store for Hooked<S> {
         conn: &mut Self::Conn,
         order_id: i64,
         initial: &'static str,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Entity, sqlx::Error> {
-        self.seen(self.inner.create(conn, order_id, initial, scope).await)
+        self.seen(self.inner.create(conn, order_id, initial, txn).await)
     }
     async fn get(
         &self,

@@ -11,7 +11,7 @@ use std::ops::DerefMut;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orderly::store::{OwnedKey, Scope, Store};
+use orderly::store::{OwnedKey, Store, Txn};
 use orderly::testing::{check_engine, steps};
 use orderly::{Engine, EngineConfig, Error, Outcome, ReadFirst, Tables};
 use proptest::prelude::*;
@@ -1144,7 +1144,7 @@ pub async fn batched_read_answers_each_request<B: Backend>(b: &B) {
     let mut found = 0;
     for (key, got) in keys.iter().zip(&batched) {
         let alone = store
-            .prior(&mut conn, key.as_key(), Scope::Own)
+            .prior(&mut conn, key.as_key(), Txn::Own)
             .await
             .unwrap();
         assert_eq!(got, &alone, "{key:?}");

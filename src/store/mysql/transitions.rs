@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 use super::MySqlStore;
 use crate::store::{
     Apply, BATCH_READ_MAX, BatchReads, Entity, ErrorClass, FirstWrite, Key, Lease, Observed,
-    ObservedRow, OwnedKey, PositionedPrior, Prior, RawTransition, Request, Scope, Store, Tables,
+    ObservedRow, OwnedKey, PositionedPrior, Prior, RawTransition, Request, Store, Tables, Txn,
     Written, in_place, is_unique_violation,
 };
 
@@ -18,12 +18,12 @@ use crate::store::{
 const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
 
 /// Every statement of the layer, for one pair of tables; plain or causal reads. The
-/// reads that a caller's transaction also makes are pairs `[Scope::Own, Scope::Caller]`.
+/// reads that a caller's transaction also makes are pairs `[Txn::Own, Txn::Caller]`.
 #[derive(Debug)]
 pub(super) struct Sql {
     insert_order: SqlStr,
     get: SqlStr,
-    /// The entity after `insert_order`, `[Scope::Own, Scope::Caller]`: inside a caller's
+    /// The entity after `insert_order`, `[Txn::Own, Txn::Caller]`: inside a caller's
     /// transaction a locking read, which sees the committed row.
     created: [SqlStr; 2],
     observe: [SqlStr; 2],
@@ -42,10 +42,10 @@ pub(super) struct Sql {
     batch_reads: BatchReads,
 }
 
-fn at(scope: Scope) -> usize {
-    match scope {
-        Scope::Own => 0,
-        Scope::Caller => 1,
+fn at(txn: Txn) -> usize {
+    match txn {
+        Txn::Own => 0,
+        Txn::Caller => 1,
     }
 }
 
@@ -308,9 +308,9 @@ impl Store for MySqlStore {
         &self,
         conn: &mut MySqlConnection,
         key: Key<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Option<Observed>, sqlx::Error> {
-        let row: Option<ObservedRow> = sqlx::query_as(self.sql().observe[at(scope)].clone())
+        let row: Option<ObservedRow> = sqlx::query_as(self.sql().observe[at(txn)].clone())
             .bind(key.event)
             .bind(key.ref_id)
             .bind(key.order_id)
@@ -325,7 +325,7 @@ impl Store for MySqlStore {
         &self,
         conn: &mut MySqlConnection,
         a: &Apply<'_>,
-        _scope: Scope,
+        _txn: Txn,
     ) -> Result<Written, sqlx::Error> {
         let mut tx = conn.begin().await?;
         let updated = sqlx::query(self.sql().update.clone())
@@ -354,9 +354,9 @@ impl Store for MySqlStore {
         &self,
         conn: &mut MySqlConnection,
         key: Key<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Option<String>, sqlx::Error> {
-        sqlx::query_scalar(self.sql().latest_ref[at(scope)].clone())
+        sqlx::query_scalar(self.sql().latest_ref[at(txn)].clone())
             .bind(key.order_id)
             .bind(key.event)
             .fetch_optional(conn)
@@ -367,9 +367,9 @@ impl Store for MySqlStore {
         &self,
         conn: &mut MySqlConnection,
         key: Key<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Option<Prior>, sqlx::Error> {
-        sqlx::query_as(self.sql().prior[at(scope)].clone())
+        sqlx::query_as(self.sql().prior[at(txn)].clone())
             .bind(key.order_id)
             .bind(key.event)
             .bind(key.ref_id)
@@ -402,14 +402,14 @@ impl Store for MySqlStore {
         conn: &mut MySqlConnection,
         order_id: i64,
         initial: &'static str,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Entity, sqlx::Error> {
         sqlx::query(self.sql().insert_order.clone())
             .bind(order_id)
             .bind(initial)
             .execute(&mut *conn)
             .await?;
-        sqlx::query_as(self.sql().created[at(scope)].clone())
+        sqlx::query_as(self.sql().created[at(txn)].clone())
             .bind(order_id)
             .fetch_one(conn)
             .await

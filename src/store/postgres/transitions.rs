@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr};
 use super::PgStore;
 use crate::store::{
     Apply, BATCH_READ_MAX, BatchReads, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow,
-    OwnedKey, PositionedPrior, Prior, RawTransition, Request, Scope, Store, Tables, Written,
+    OwnedKey, PositionedPrior, Prior, RawTransition, Request, Store, Tables, Txn, Written,
     in_place, is_unique_violation,
 };
 
@@ -250,7 +250,7 @@ impl Store for PgStore {
         &self,
         conn: &mut PgConnection,
         key: Key<'_>,
-        _scope: Scope,
+        _txn: Txn,
     ) -> Result<Option<Observed>, sqlx::Error> {
         let row: Option<ObservedRow> = sqlx::query_as(self.transitions.observe.clone())
             .bind(key.order_id)
@@ -265,7 +265,7 @@ impl Store for PgStore {
         &self,
         conn: &mut PgConnection,
         a: &Apply<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Written, sqlx::Error> {
         let statement = sqlx::query(self.transitions.apply.clone())
             .bind(a.to)
@@ -278,9 +278,9 @@ impl Store for PgStore {
             .bind(a.payload);
         // One statement is atomic on its own; inside the caller's transaction it runs in a
         // savepoint, so that a twin's unique key does not abort the caller's transaction.
-        let outcome = match scope {
-            Scope::Own => statement.execute(conn).await,
-            Scope::Caller => {
+        let outcome = match txn {
+            Txn::Own => statement.execute(conn).await,
+            Txn::Caller => {
                 let mut savepoint = conn.begin().await?;
                 match statement.execute(&mut *savepoint).await {
                     Ok(done) => savepoint.commit().await.map(|()| done),
@@ -303,7 +303,7 @@ impl Store for PgStore {
         &self,
         conn: &mut PgConnection,
         key: Key<'_>,
-        _scope: Scope,
+        _txn: Txn,
     ) -> Result<Option<String>, sqlx::Error> {
         sqlx::query_scalar(self.transitions.latest_ref.clone())
             .bind(key.order_id)
@@ -316,7 +316,7 @@ impl Store for PgStore {
         &self,
         conn: &mut PgConnection,
         key: Key<'_>,
-        _scope: Scope,
+        _txn: Txn,
     ) -> Result<Option<Prior>, sqlx::Error> {
         sqlx::query_as(self.transitions.prior.clone())
             .bind(key.order_id)
@@ -351,7 +351,7 @@ impl Store for PgStore {
         conn: &mut PgConnection,
         order_id: i64,
         initial: &'static str,
-        _scope: Scope,
+        _txn: Txn,
     ) -> Result<Entity, sqlx::Error> {
         sqlx::query(self.transitions.insert_order.clone())
             .bind(order_id)

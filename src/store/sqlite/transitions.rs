@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 use super::SqliteStore;
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, Prior, RawTransition,
-    Request, Scope, Store, Tables, Written, is_unique_violation,
+    Request, Store, Tables, Txn, Written, is_unique_violation,
 };
 
 /// Every statement of the layer, for one pair of tables.
@@ -78,11 +78,11 @@ impl SqliteStore {
     /// caller's transaction (which the caller began with `BEGIN IMMEDIATE`).
     async fn begin<'c>(
         conn: &'c mut SqliteConnection,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Transaction<'c, Sqlite>, sqlx::Error> {
-        match scope {
-            Scope::Own => conn.begin_with("BEGIN IMMEDIATE").await,
-            Scope::Caller => conn.begin().await,
+        match txn {
+            Txn::Own => conn.begin_with("BEGIN IMMEDIATE").await,
+            Txn::Caller => conn.begin().await,
         }
     }
 
@@ -204,7 +204,7 @@ impl Store for SqliteStore {
         if !requests.iter().any(tried_first) {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
-        let mut tx = Self::begin(conn, Scope::Own).await?;
+        let mut tx = Self::begin(conn, Txn::Own).await?;
         let mut written = Vec::with_capacity(requests.len());
         for request in requests {
             let step = match requests {
@@ -233,7 +233,7 @@ impl Store for SqliteStore {
         &self,
         conn: &mut SqliteConnection,
         key: Key<'_>,
-        _scope: Scope,
+        _txn: Txn,
     ) -> Result<Option<Observed>, sqlx::Error> {
         let row: Option<ObservedRow> = sqlx::query_as(self.transitions.observe.clone())
             .bind(key.order_id)
@@ -248,9 +248,9 @@ impl Store for SqliteStore {
         &self,
         conn: &mut SqliteConnection,
         a: &Apply<'_>,
-        scope: Scope,
+        txn: Txn,
     ) -> Result<Written, sqlx::Error> {
-        let mut tx = Self::begin(conn, scope).await?;
+        let mut tx = Self::begin(conn, txn).await?;
         let updated = sqlx::query(self.transitions.update.clone())
             .bind(a.to)
             .bind(a.key.order_id)
@@ -277,7 +277,7 @@ impl Store for SqliteStore {
         &self,
         conn: &mut SqliteConnection,
         key: Key<'_>,
-        _scope: Scope,
+        _txn: Txn,
     ) -> Result<Option<String>, sqlx::Error> {
         sqlx::query_scalar(self.transitions.latest_ref.clone())
             .bind(key.order_id)
@@ -290,7 +290,7 @@ impl Store for SqliteStore {
         &self,
         conn: &mut SqliteConnection,
         key: Key<'_>,
-        _scope: Scope,
+        _txn: Txn,
     ) -> Result<Option<Prior>, sqlx::Error> {
         sqlx::query_as(self.transitions.prior.clone())
             .bind(key.order_id)
@@ -305,7 +305,7 @@ impl Store for SqliteStore {
         conn: &mut SqliteConnection,
         order_id: i64,
         initial: &'static str,
-        _scope: Scope,
+        _txn: Txn,
     ) -> Result<Entity, sqlx::Error> {
         sqlx::query(self.transitions.insert_order.clone())
             .bind(order_id)
