@@ -47,14 +47,49 @@ pub enum Error {
         existing_ref: String,
     },
 
-    /// This `(order, event, ref)` was applied before with a different payload: a client
-    /// reusing a reference for a different request. Nothing was written.
-    #[error("reference {ref_id} was already used for {event} with a different payload")]
+    /// This reference was used before with a different payload: a client reusing a
+    /// reference (a transition's `ref_id`, an idempotency key) for a different request.
+    /// Nothing was written.
+    #[error("reference {reference} was already used for {subject} with a different payload")]
     PayloadMismatch {
-        /// The event.
-        event: &'static str,
-        /// The reused reference.
-        ref_id: String,
+        /// What the reference was used for: `Pay on order 42`, `scope payments`.
+        subject: String,
+        /// The reused reference or key.
+        reference: String,
+    },
+
+    /// The idempotency record is held by a request still running elsewhere, under a live
+    /// lease. Retry after `retry_after`; the answer will then be its stored outcome.
+    #[error("request {key} in scope {scope} is in flight; retry after {retry_after:?}")]
+    InFlight {
+        /// The scope.
+        scope: String,
+        /// The idempotency key.
+        key: String,
+        /// What is left of the holder's lease.
+        retry_after: std::time::Duration,
+    },
+
+    /// The idempotency record is no longer this holder's (its lease expired and another
+    /// claim took it over, or it was finished): nothing was written. Claim again to learn
+    /// what the record says now.
+    #[error("the lease on request {key} in scope {scope} was lost")]
+    LeaseLost {
+        /// The scope.
+        scope: String,
+        /// The idempotency key.
+        key: String,
+    },
+
+    /// An idempotency record holds a status orderly never writes. Investigate.
+    #[error("record {key} in scope {scope} holds an unknown status {value:?}")]
+    CorruptRecord {
+        /// The scope.
+        scope: String,
+        /// The idempotency key.
+        key: String,
+        /// The unknown value.
+        value: String,
     },
 
     /// The database holds a status or history value that is not part of the machine.
@@ -129,6 +164,7 @@ impl Error {
             self,
             Error::Contention { .. }
                 | Error::InDoubt { .. }
+                | Error::InFlight { .. }
                 | Error::Database {
                     retryable: true,
                     ..

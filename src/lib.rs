@@ -73,6 +73,7 @@ extern crate self as orderly;
 
 pub mod engine;
 pub mod error;
+pub mod idempotency;
 pub mod machine;
 pub mod store;
 #[cfg(feature = "testing")]
@@ -82,6 +83,7 @@ pub use engine::{
     CreateRequest, Engine, EngineConfig, Order, Outcome, ReadFirst, Record, TransitionRequest,
 };
 pub use error::{Error, Result};
+pub use idempotency::{Claim, Claimed, Failure, Records, ScopeConfig, Stored};
 pub use machine::{StateMachine, Transition};
 #[cfg(feature = "mysql")]
 pub use store::mysql::MySqlStore;

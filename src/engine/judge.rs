@@ -71,9 +71,10 @@ pub(super) fn replay<M: StateMachine>(
     payload_hash: Option<&str>,
 ) -> Result<Outcome<M::State>> {
     if prior.payload_hash.as_deref() != payload_hash {
+        let event: &'static str = event.into();
         return Err(Error::PayloadMismatch {
-            event: event.into(),
-            ref_id: key.ref_id.to_string(),
+            subject: format!("{event} on order {}", key.order_id),
+            reference: key.ref_id.to_string(),
         });
     }
     Ok(Outcome::Replayed {

@@ -297,6 +297,11 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     }
 }
 
+/// The fingerprint of a payload, as transitions compute it (for the other layers).
+pub(crate) fn fingerprint_of<P: Serialize + ?Sized>(payload: &P) -> Result<String> {
+    input::fingerprint(payload).map(|p| p.hash)
+}
+
 pub(super) fn created<M: StateMachine>(order_id: i64, entity: Entity) -> Result<Order<M::State>> {
     let state = parse_state::<M>(order_id, &entity.status)?;
     let version = parse_version(order_id, entity.version)?;

@@ -3,8 +3,11 @@
 #![allow(dead_code)]
 
 pub mod faults;
+pub mod idempotency;
 #[allow(unused_imports)] // used through `conformance!`; a binary without it has no use
 pub use faults::*;
+#[allow(unused_imports)] // the Galera suites share the harness, not these bodies
+pub use idempotency::*;
 
 use std::collections::HashMap;
 use std::ops::DerefMut;
@@ -42,7 +45,7 @@ pub type Eng<B> = Engine<OrderMachine, <B as Backend>::S>;
 /// What a test needs from a backend: a fresh database and a few dialect-specific moves.
 #[allow(async_fn_in_trait)]
 pub trait Backend: Sized + Send + Sync + 'static {
-    type S: Store;
+    type S: orderly::idempotency::RecordStore;
     /// An open transaction on its own connection, held by the test.
     type Tx: DerefMut<Target = <Self::S as Store>::Conn> + Send;
 
@@ -177,6 +180,11 @@ macro_rules! conformance {
             same_payload_in_any_member_order_is_replayed,
             corrupt_rows_are_reported_not_written_over,
             write_unit_carries_several_requests,
+            claim_follows_the_outcome_table,
+            expired_lease_is_taken_over_and_the_late_holder_fenced,
+            identical_claims_storm_one_runs,
+            complete_in_commits_with_the_callers_writes,
+            expired_records_count_as_absent,
         );
     };
     // The network faults, for a backend that implements `Networked`.
@@ -301,7 +309,7 @@ pub async fn payload_is_fingerprinted<B: Backend>(b: &B) {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, Error::PayloadMismatch { ref ref_id, .. } if ref_id == "p-1"),
+        matches!(err, Error::PayloadMismatch { ref reference, .. } if reference == "p-1"),
         "{err:?}"
     );
     assert!(err.is_conflict());

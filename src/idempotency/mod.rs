@@ -1,0 +1,418 @@
+//! Idempotency records: lock → judge → update for whole requests ("create order 42 and
+//! reserve its stock", "charge the card for order 42"), where a single transition is not
+//! the unit of work.
+//!
+//! A request is identified by `(scope, key)`: the scope names the operation, the key is
+//! the caller's idempotency key. [`Records::claim`] takes the record (the lock), or says
+//! why not (the judge): done before ([`Claim::Replayed`], the stored result), in flight
+//! elsewhere ([`Error::InFlight`]), or another payload under the same key
+//! ([`Error::PayloadMismatch`]). The holder then does its work and [`complete`]s,
+//! [`fail`]s or [`release`]s the record (the update), every write fenced by the owner
+//! token its claim minted: a holder whose lease expired and was taken over gets
+//! [`Error::LeaseLost`] and changes nothing. [`complete_in`] completes inside the
+//! caller's transaction, so the record commits with the work.
+//!
+//! [`complete`]: Records::complete
+//! [`fail`]: Records::fail
+//! [`release`]: Records::release
+//! [`complete_in`]: Records::complete_in
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::engine::fingerprint_of;
+use crate::store::{ErrorClass, Lease, Txn, db_error};
+use crate::{Error, Result};
+
+mod seam;
+
+pub use seam::{Finish, NewClaim, RecordRow, RecordStore};
+
+/// Longest accepted idempotency key, in characters.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// How many times a claim reads and tries again when the record changes under it.
+const CLAIM_ROUNDS: u32 = 8;
+
+/// How a scope's records live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScopeConfig {
+    /// How long a claim holds its record before another may take it over.
+    pub lease: Duration,
+    /// How long a record is kept (from its claim, and again from its completion); past it
+    /// the record counts as absent.
+    pub retention: Duration,
+}
+
+/// The idempotency records of one store. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Records<S> {
+    store: S,
+    scopes: Arc<HashMap<String, ScopeConfig>>,
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// This request holds the record now: do the work, then complete, fail or release.
+    Claimed(Claimed),
+    /// The request was done before: its stored outcome.
+    Replayed(Stored),
+}
+
+/// A held record: the proof, for every later write, that it is this holder's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    scope: String,
+    key: String,
+    token: String,
+    attempt: i32,
+}
+
+impl Claimed {
+    /// The scope.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+    /// The idempotency key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+    /// The owner token this claim minted.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+    /// How many times the record has been claimed, this claim included.
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+}
+
+/// A finished request's stored outcome, replayed byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// Completed: the result's JSON text.
+    Succeeded(String),
+    /// Failed terminally: the failure's JSON text, if one was stored.
+    Failed(Option<String>),
+}
+
+impl Stored {
+    /// The stored result (or failure) as `T`.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
+        let text = match self {
+            Stored::Succeeded(text) | Stored::Failed(Some(text)) => text.as_str(),
+            Stored::Failed(None) => "null",
+        };
+        serde_json::from_str(text).map_err(|e| {
+            Error::InvalidInput(format!("the stored outcome does not parse as asked: {e}"))
+        })
+    }
+}
+
+/// Whether a failure is replayed to later requests, or the record opened to a new claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Stored and replayed: the request must not be run again (a card declined).
+    Terminal,
+    /// Stored, and the next claim with the same payload runs the request again (a
+    /// timeout downstream).
+    Retryable,
+}
+
+impl<S: RecordStore> Records<S> {
+    /// Records on `store` with no scopes yet; add them with [`scope`](Self::scope).
+    pub fn new(store: S) -> Self {
+        Records {
+            store,
+            scopes: Arc::default(),
+        }
+    }
+
+    /// Adds a scope: a name (`[A-Za-z0-9_.:-]`, 1 to 64 characters) and how its records
+    /// live. A bad name or a zero lease or retention is [`Error::InvalidInput`].
+    pub fn scope(mut self, name: &str, config: ScopeConfig) -> Result<Self> {
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c));
+        if !ok {
+            return Err(Error::InvalidInput(format!(
+                "scope name {name:?} must be 1 to 64 of [A-Za-z0-9_.:-]"
+            )));
+        }
+        if config.lease.is_zero() || config.retention.is_zero() {
+            return Err(Error::InvalidInput(format!(
+                "scope {name}: lease and retention must be positive"
+            )));
+        }
+        Arc::make_mut(&mut self.scopes).insert(name.to_string(), config);
+        Ok(self)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Claims `(scope, key)` for a request with `payload` (any serializable value; `&()`
+    /// for none). See the outcome table in `docs/idempotency.md`.
+    pub async fn claim<P: Serialize + ?Sized>(
+        &self,
+        scope: &str,
+        key: &str,
+        payload: &P,
+    ) -> Result<Claim> {
+        let config = self.config(scope)?;
+        validate_key(key)?;
+        let hash = fingerprint_of(payload)?;
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let claim = NewClaim {
+            scope,
+            key,
+            payload_hash: Some(&hash),
+            token: &token,
+            lease_ms: millis(config.lease),
+            retention_ms: millis(config.retention),
+        };
+        let claimed = |attempt| {
+            Claim::Claimed(Claimed {
+                scope: scope.to_string(),
+                key: key.to_string(),
+                token: token.clone(),
+                attempt,
+            })
+        };
+        for _ in 0..CLAIM_ROUNDS {
+            match self.claim_once(&claim).await {
+                Ok(Some(attempt)) => return Ok(claimed(attempt)),
+                Ok(None) => {}
+                // The claim may have committed with its acknowledgement lost: the read
+                // below recognises the record as this claim's own by its token.
+                Err(e) if S::classify(&e) != ErrorClass::Fatal => {
+                    tracing::debug!(error = %e, scope, key, "claim failed; reading the record");
+                }
+                Err(e) => return Err(db_error::<S>(e)),
+            }
+            let row = self.read(scope, key).await.map_err(db_error::<S>)?;
+            match judge(row.as_ref(), &hash, &token, scope, key)? {
+                Seen::Claimable => continue,
+                Seen::Mine(attempt) => return Ok(claimed(attempt)),
+                Seen::Done(stored) => return Ok(Claim::Replayed(stored)),
+            }
+        }
+        Err(Error::Contention {
+            attempts: CLAIM_ROUNDS,
+        })
+    }
+
+    /// Completes the held record with `result`, stored as JSON and replayed byte for byte
+    /// to every later claim. [`Error::LeaseLost`] if the record is no longer this
+    /// holder's (nothing is written); a result that does not serialize is
+    /// [`Error::InvalidInput`], before any write.
+    pub async fn complete<R: Serialize + ?Sized>(&self, held: &Claimed, result: &R) -> Result<()> {
+        let json = to_json(result)?;
+        let finish = self.finish(held, "SUCCEEDED", Some(&json), false)?;
+        self.fenced(held, &finish).await
+    }
+
+    /// [`complete`](Self::complete) inside the caller's transaction: the record commits
+    /// or rolls back with the caller's own writes.
+    pub async fn complete_in<R: Serialize + ?Sized>(
+        &self,
+        conn: &mut S::Conn,
+        held: &Claimed,
+        result: &R,
+    ) -> Result<()> {
+        let json = to_json(result)?;
+        let finish = self.finish(held, "SUCCEEDED", Some(&json), false)?;
+        let wrote = self
+            .store
+            .finish(conn, &finish, Txn::Caller)
+            .await
+            .map_err(db_error::<S>)?;
+        lease_held(held, wrote)
+    }
+
+    /// Fails the held record with `failure` (stored as JSON). [`Failure::Terminal`]:
+    /// replayed to later claims; [`Failure::Retryable`]: the next claim with the same
+    /// payload runs the request again.
+    pub async fn fail<F: Serialize + ?Sized>(
+        &self,
+        held: &Claimed,
+        failure: &F,
+        kind: Failure,
+    ) -> Result<()> {
+        let json = to_json(failure)?;
+        let finish = self.finish(held, "FAILED", Some(&json), kind == Failure::Terminal)?;
+        self.fenced(held, &finish).await
+    }
+
+    /// Gives the held record up, storing nothing: the next claim runs the request again.
+    pub async fn release(&self, held: &Claimed) -> Result<()> {
+        let finish = self.finish(held, "FAILED", None, false)?;
+        self.fenced(held, &finish).await
+    }
+
+    /// Extends the held record's lease by the scope's lease, from now.
+    pub async fn extend(&self, held: &Claimed) -> Result<()> {
+        let finish = self.finish(held, "PROCESSING", None, false)?;
+        self.fenced(held, &finish).await
+    }
+
+    fn config(&self, scope: &str) -> Result<ScopeConfig> {
+        self.scopes
+            .get(scope)
+            .copied()
+            .ok_or_else(|| Error::InvalidInput(format!("unknown scope {scope:?}")))
+    }
+
+    fn finish<'a>(
+        &self,
+        held: &'a Claimed,
+        status: &'static str,
+        result: Option<&'a str>,
+        terminal: bool,
+    ) -> Result<Finish<'a>> {
+        let config = self.config(&held.scope)?;
+        Ok(Finish {
+            scope: &held.scope,
+            key: &held.key,
+            token: &held.token,
+            status,
+            result,
+            terminal,
+            lease_ms: millis(config.lease),
+            retention_ms: millis(config.retention),
+        })
+    }
+
+    /// The claim statement on a pooled connection (closed unless the statement ran to its
+    /// end, as for every statement below).
+    async fn claim_once(&self, claim: &NewClaim<'_>) -> Result<Option<i32>, sqlx::Error> {
+        let mut lease = Lease::acquire(&self.store).await?;
+        let out = self.store.claim(lease.conn(), claim).await;
+        lease.release_after(&out);
+        out
+    }
+
+    async fn read(&self, scope: &str, key: &str) -> Result<Option<RecordRow>, sqlx::Error> {
+        let mut lease = Lease::acquire(&self.store).await?;
+        let out = self.store.read(lease.conn(), scope, key).await;
+        lease.release_after(&out);
+        out
+    }
+
+    /// A fenced write on the engine's own connection. If the connection failed after it
+    /// was sent, the record is read back: a write that landed left it finished under
+    /// this holder's token, which no other holder could have done.
+    async fn fenced(&self, held: &Claimed, finish: &Finish<'_>) -> Result<()> {
+        let written = async {
+            let mut lease = Lease::acquire(&self.store).await?;
+            let out = self.store.finish(lease.conn(), finish, Txn::Own).await;
+            lease.release_after(&out);
+            out
+        };
+        match written.await {
+            Ok(wrote) => lease_held(held, wrote),
+            Err(e) if S::classify(&e) == ErrorClass::ConnectionLost => {
+                let row = self
+                    .read(&held.scope, &held.key)
+                    .await
+                    .map_err(|_| db_error::<S>(e))?;
+                let landed = row.is_some_and(|r| {
+                    r.owner_token.as_deref() == Some(held.token.as_str())
+                        && r.status == finish.status
+                });
+                lease_held(held, landed)
+            }
+            Err(e) => Err(db_error::<S>(e)),
+        }
+    }
+}
+
+/// What a read of the record says to a claim.
+enum Seen {
+    /// Absent, expired, its lease run out, or failed retryably: claim again.
+    Claimable,
+    /// This claim's own (its commit's acknowledgement was lost).
+    Mine(i32),
+    /// Finished: replay it.
+    Done(Stored),
+}
+
+/// The outcome table of a claim, on a record as read. The payload is checked before
+/// anything else but absence: a changed payload is a mismatch even while the first
+/// request runs.
+fn judge(row: Option<&RecordRow>, hash: &str, token: &str, scope: &str, key: &str) -> Result<Seen> {
+    let Some(row) = row.filter(|r| r.expired == 0) else {
+        return Ok(Seen::Claimable);
+    };
+    if row.owner_token.as_deref() == Some(token) && row.status == "PROCESSING" {
+        return Ok(Seen::Mine(row.attempt));
+    }
+    if row.payload_hash.as_deref() != Some(hash) {
+        return Err(Error::PayloadMismatch {
+            subject: format!("scope {scope}"),
+            reference: key.to_string(),
+        });
+    }
+    match row.status.as_str() {
+        "PROCESSING" if row.lease_left_ms > 0 => Err(Error::InFlight {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            retry_after: Duration::from_millis(row.lease_left_ms.unsigned_abs()),
+        }),
+        "PROCESSING" => Ok(Seen::Claimable),
+        "SUCCEEDED" => Ok(Seen::Done(Stored::Succeeded(
+            row.result.clone().unwrap_or_else(|| "null".into()),
+        ))),
+        "FAILED" if row.terminal => Ok(Seen::Done(Stored::Failed(row.result.clone()))),
+        "FAILED" => Ok(Seen::Claimable),
+        other => Err(Error::CorruptRecord {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            value: other.to_string(),
+        }),
+    }
+}
+
+fn lease_held(held: &Claimed, wrote: bool) -> Result<()> {
+    if wrote {
+        Ok(())
+    } else {
+        Err(Error::LeaseLost {
+            scope: held.scope.clone(),
+            key: held.key.clone(),
+        })
+    }
+}
+
+fn validate_key(key: &str) -> Result<()> {
+    let len = key.chars().count();
+    if key.is_empty() || len > MAX_KEY_LEN {
+        return Err(Error::InvalidInput(format!(
+            "an idempotency key is 1 to {MAX_KEY_LEN} characters; this one is {len}"
+        )));
+    }
+    if key.chars().any(char::is_control) || key.trim() != key {
+        return Err(Error::InvalidInput(
+            "an idempotency key must not hold control characters or edge whitespace".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String> {
+    serde_json::to_string(value)
+        .map_err(|e| Error::InvalidInput(format!("the result does not serialize as JSON: {e}")))
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,109 @@
+//! The idempotency layer on PostgreSQL: its SQL, and [`RecordStore`] over it. The claim is
+//! one statement: an insert that, on a conflict, takes the record over only where the
+//! outcome table allows, judged on the latest committed row, which the upsert locks.
+
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+
+use super::PgStore;
+use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore};
+use crate::store::Txn;
+
+/// The database clock, in milliseconds since the epoch.
+const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)";
+
+impl RecordStore for PgStore {
+    async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        c: &NewClaim<'_>,
+    ) -> Result<Option<i32>, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             INSERT INTO idempotency_records AS r (scope, idem_key, payload_hash, status, owner_token, \
+                 attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+             SELECT $1, $2, $3, 'PROCESSING', $4, 1, ms + $5, ms + $6, NULL, FALSE, ms, ms FROM now \
+             ON CONFLICT (scope, idem_key) DO UPDATE SET \
+                 payload_hash = EXCLUDED.payload_hash, status = 'PROCESSING', \
+                 owner_token = EXCLUDED.owner_token, \
+                 attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1 ELSE r.attempt + 1 END, \
+                 lease_until = EXCLUDED.lease_until, expires_at = EXCLUDED.expires_at, \
+                 result = NULL, terminal = FALSE, \
+                 created_at = CASE WHEN r.expires_at <= EXCLUDED.created_at \
+                                   THEN EXCLUDED.created_at ELSE r.created_at END, \
+                 updated_at = EXCLUDED.updated_at \
+             WHERE r.expires_at <= EXCLUDED.created_at \
+                OR (r.payload_hash IS NOT DISTINCT FROM EXCLUDED.payload_hash \
+                    AND ((r.status = 'PROCESSING' AND r.lease_until <= EXCLUDED.created_at) \
+                         OR (r.status = 'FAILED' AND NOT r.terminal))) \
+             RETURNING attempt"
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(c.scope)
+            .bind(c.key)
+            .bind(c.payload_hash)
+            .bind(c.token)
+            .bind(c.lease_ms)
+            .bind(c.retention_ms)
+            .fetch_optional(conn)
+            .await
+    }
+
+    async fn read(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<RecordRow>, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             SELECT payload_hash, status, owner_token, attempt, \
+                    lease_until - ms AS lease_left_ms, \
+                    (CASE WHEN expires_at <= ms THEN 1 ELSE 0 END)::bigint AS expired, \
+                    result, terminal \
+             FROM idempotency_records, now WHERE scope = $1 AND idem_key = $2"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(conn)
+            .await
+    }
+
+    async fn finish(
+        &self,
+        conn: &mut PgConnection,
+        f: &Finish<'_>,
+        txn: Txn,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             UPDATE idempotency_records AS r SET status = $4, result = $5, terminal = $6, \
+                 lease_until = CASE WHEN $4 = 'PROCESSING' THEN now.ms + $7 ELSE r.lease_until END, \
+                 expires_at = CASE WHEN $4 = 'PROCESSING' THEN r.expires_at ELSE now.ms + $8 END, \
+                 updated_at = now.ms \
+             FROM now \
+             WHERE r.scope = $1 AND r.idem_key = $2 AND r.owner_token = $3 AND r.status = 'PROCESSING'"
+        );
+        let statement = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(f.scope)
+            .bind(f.key)
+            .bind(f.token)
+            .bind(f.status)
+            .bind(f.result)
+            .bind(f.terminal)
+            .bind(f.lease_ms)
+            .bind(f.retention_ms);
+        let done = match txn {
+            Txn::Own => statement.execute(conn).await?,
+            // In a savepoint, so that a failure does not abort the caller's transaction.
+            Txn::Caller => {
+                let mut savepoint = conn.begin().await?;
+                let done = statement.execute(&mut *savepoint).await?;
+                savepoint.commit().await?;
+                done
+            }
+        };
+        Ok(done.rows_affected() == 1)
+    }
+}

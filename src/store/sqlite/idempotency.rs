@@ -1,0 +1,106 @@
+//! The idempotency layer on SQLite: its SQL, and [`RecordStore`] over it. The claim is
+//! one statement (an upsert whose update runs only where the outcome table allows); the
+//! single writer judges it on the latest data.
+
+use sqlx::Connection;
+use sqlx::sqlite::SqliteConnection;
+
+use super::SqliteStore;
+use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore};
+use crate::store::Txn;
+
+/// The database clock, in milliseconds since the epoch.
+const NOW: &str = "(SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)";
+
+impl RecordStore for SqliteStore {
+    async fn claim(
+        &self,
+        conn: &mut SqliteConnection,
+        c: &NewClaim<'_>,
+    ) -> Result<Option<i32>, sqlx::Error> {
+        // `WHERE true` tells SQLite's parser that `ON CONFLICT` belongs to the insert.
+        let sql = format!(
+            "WITH now AS {NOW} \
+             INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                 attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+             SELECT ?1, ?2, ?3, 'PROCESSING', ?4, 1, ms + ?5, ms + ?6, NULL, 0, ms, ms FROM now WHERE true \
+             ON CONFLICT (scope, idem_key) DO UPDATE SET \
+                 payload_hash = excluded.payload_hash, status = 'PROCESSING', \
+                 owner_token = excluded.owner_token, \
+                 attempt = CASE WHEN expires_at <= excluded.created_at THEN 1 ELSE attempt + 1 END, \
+                 lease_until = excluded.lease_until, expires_at = excluded.expires_at, \
+                 result = NULL, terminal = 0, \
+                 created_at = CASE WHEN expires_at <= excluded.created_at \
+                                   THEN excluded.created_at ELSE created_at END, \
+                 updated_at = excluded.updated_at \
+             WHERE expires_at <= excluded.created_at \
+                OR (payload_hash IS excluded.payload_hash \
+                    AND ((status = 'PROCESSING' AND lease_until <= excluded.created_at) \
+                         OR (status = 'FAILED' AND NOT terminal))) \
+             RETURNING attempt"
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(c.scope)
+            .bind(c.key)
+            .bind(c.payload_hash)
+            .bind(c.token)
+            .bind(c.lease_ms)
+            .bind(c.retention_ms)
+            .fetch_optional(conn)
+            .await
+    }
+
+    async fn read(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<RecordRow>, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             SELECT payload_hash, status, owner_token, attempt, lease_until - ms AS lease_left_ms, \
+                    CASE WHEN expires_at <= ms THEN 1 ELSE 0 END AS expired, result, terminal \
+             FROM idempotency_records, now WHERE scope = ?1 AND idem_key = ?2"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(conn)
+            .await
+    }
+
+    async fn finish(
+        &self,
+        conn: &mut SqliteConnection,
+        f: &Finish<'_>,
+        txn: Txn,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             UPDATE idempotency_records SET status = ?4, result = ?5, terminal = ?6, \
+                 lease_until = CASE WHEN ?4 = 'PROCESSING' THEN (SELECT ms FROM now) + ?7 ELSE lease_until END, \
+                 expires_at = CASE WHEN ?4 = 'PROCESSING' THEN expires_at ELSE (SELECT ms FROM now) + ?8 END, \
+                 updated_at = (SELECT ms FROM now) \
+             WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'"
+        );
+        let statement = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(f.scope)
+            .bind(f.key)
+            .bind(f.token)
+            .bind(f.status)
+            .bind(f.result)
+            .bind(f.terminal)
+            .bind(f.lease_ms)
+            .bind(f.retention_ms);
+        let done = match txn {
+            Txn::Own => statement.execute(conn).await?,
+            Txn::Caller => {
+                let mut savepoint = conn.begin().await?;
+                let done = statement.execute(&mut *savepoint).await?;
+                savepoint.commit().await?;
+                done
+            }
+        };
+        Ok(done.rows_affected() == 1)
+    }
+}

@@ -1,0 +1,286 @@
+//! Idempotency records: the outcome table of a claim, fencing, takeover, a storm of
+//! identical requests, completion inside the caller's transaction, retention. One body
+//! per behaviour, run on every backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orderly::{Claim, Claimed, Error, Failure, Records, ScopeConfig, Stored};
+
+use super::Backend;
+
+/// Records with scope `payments` (lease `lease`, retention one hour) and `short`
+/// (lease 10 s, retention 300 ms).
+async fn records<B: Backend>(b: &B, lease: Duration) -> Records<B::S> {
+    Records::new(b.store(Duration::from_secs(10)).await)
+        .scope(
+            "payments",
+            ScopeConfig {
+                lease,
+                retention: Duration::from_secs(3600),
+            },
+        )
+        .unwrap()
+        .scope(
+            "short",
+            ScopeConfig {
+                lease: Duration::from_secs(10),
+                retention: Duration::from_millis(300),
+            },
+        )
+        .unwrap()
+}
+
+fn claimed(claim: Claim) -> Claimed {
+    match claim {
+        Claim::Claimed(held) => held,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+struct Charge {
+    charge_id: String,
+    amount: u64,
+}
+
+/// Every row of the claim table: a new key is claimed; a second request with another
+/// payload is a mismatch (even while the first runs); one with the same payload is in
+/// flight; completed, it is replayed byte for byte; failed terminally, the failure is
+/// replayed; failed retryably or released, it is claimed again; bad input changes nothing.
+pub async fn claim_follows_the_outcome_table<B: Backend>(b: &B) {
+    let r = records(b, Duration::from_secs(30)).await;
+    let body = serde_json::json!({ "order": 42, "amount": 4200 });
+
+    // Row 1, then rows 2 and 3 while it runs.
+    let held = claimed(r.claim("payments", "k-1", &body).await.unwrap());
+    assert_eq!(held.attempt(), 1);
+    let other = serde_json::json!({ "order": 42, "amount": 9900 });
+    assert!(matches!(
+        r.claim("payments", "k-1", &other).await,
+        Err(Error::PayloadMismatch { ref reference, .. }) if reference == "k-1"
+    ));
+    match r.claim("payments", "k-1", &body).await {
+        Err(e @ Error::InFlight { .. }) => {
+            assert!(e.is_retryable());
+            let Error::InFlight { retry_after, .. } = e else {
+                unreachable!()
+            };
+            assert!(
+                retry_after > Duration::from_secs(20) && retry_after <= Duration::from_secs(30)
+            );
+        }
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+
+    // Row 5: the stored result, byte for byte (member order as serialized).
+    let charge = Charge {
+        charge_id: "ch_1".into(),
+        amount: 4200,
+    };
+    r.complete(&held, &charge).await.unwrap();
+    let replay = r.claim("payments", "k-1", &body).await.unwrap();
+    assert_eq!(
+        replay,
+        Claim::Replayed(Stored::Succeeded(
+            r#"{"charge_id":"ch_1","amount":4200}"#.into()
+        ))
+    );
+    let Claim::Replayed(stored) = replay else {
+        unreachable!()
+    };
+    assert_eq!(stored.parse::<Charge>().unwrap(), charge);
+    // Another payload is still a mismatch after completion.
+    assert!(matches!(
+        r.claim("payments", "k-1", &other).await,
+        Err(Error::PayloadMismatch { .. })
+    ));
+    // A finished record is no holder's any more.
+    assert!(matches!(
+        r.complete(&held, &charge).await,
+        Err(Error::LeaseLost { .. })
+    ));
+
+    // Row 6: a terminal failure is replayed.
+    let held = claimed(r.claim("payments", "k-2", &body).await.unwrap());
+    r.fail(&held, &"card declined", Failure::Terminal)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.claim("payments", "k-2", &body).await.unwrap(),
+        Claim::Replayed(Stored::Failed(Some(r#""card declined""#.into())))
+    );
+
+    // Row 7: a retryable failure, and a release, open the record to the next claim.
+    let held = claimed(r.claim("payments", "k-3", &body).await.unwrap());
+    r.fail(&held, &"gateway timeout", Failure::Retryable)
+        .await
+        .unwrap();
+    let again = claimed(r.claim("payments", "k-3", &body).await.unwrap());
+    assert_eq!(again.attempt(), 2);
+    assert_ne!(again.token(), held.token());
+    r.extend(&again).await.unwrap();
+    r.release(&again).await.unwrap();
+    assert_eq!(
+        claimed(r.claim("payments", "k-3", &body).await.unwrap()).attempt(),
+        3
+    );
+    // The released holder is fenced out.
+    assert!(matches!(
+        r.extend(&again).await,
+        Err(Error::LeaseLost { .. })
+    ));
+
+    // Row 8: bad input is refused before any write.
+    for key in ["", " k", "k\u{0}", &"k".repeat(256)] {
+        assert!(
+            matches!(
+                r.claim("payments", key, &body).await,
+                Err(Error::InvalidInput(_))
+            ),
+            "{key:?}"
+        );
+    }
+    assert!(matches!(
+        r.claim("refunds", "k-1", &body).await,
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        r.claim("payments", "k-4", &serde_json::json!({ "x": "a\u{0}" }))
+            .await,
+        Err(Error::InvalidInput(_))
+    ));
+    let held = claimed(r.claim("payments", "k-4", &body).await.unwrap());
+    struct Unserializable;
+    impl serde::Serialize for Unserializable {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("no"))
+        }
+    }
+    assert!(matches!(
+        r.complete(&held, &Unserializable).await,
+        Err(Error::InvalidInput(_))
+    ));
+    // Nothing was written: the record is still held, and completes.
+    r.complete(&held, &1).await.unwrap();
+    assert!(
+        Records::new(r.store().clone())
+            .scope(
+                "bad name!",
+                ScopeConfig {
+                    lease: Duration::from_secs(1),
+                    retention: Duration::from_secs(1)
+                }
+            )
+            .is_err()
+    );
+}
+
+/// Row 4 and fencing: a holder whose lease expires mid-work is taken over; its late
+/// `complete` gets `LeaseLost` and changes nothing; the new holder's result is the one
+/// replayed.
+pub async fn expired_lease_is_taken_over_and_the_late_holder_fenced<B: Backend>(b: &B) {
+    let r = records(b, Duration::from_millis(300)).await;
+    let first = claimed(r.claim("payments", "k", &"p").await.unwrap());
+    assert!(matches!(
+        r.claim("payments", "k", &"p").await,
+        Err(Error::InFlight { .. })
+    ));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = claimed(r.claim("payments", "k", &"p").await.unwrap());
+    assert_eq!(second.attempt(), 2);
+    assert!(matches!(
+        r.complete(&first, &"late").await,
+        Err(Error::LeaseLost { .. })
+    ));
+    assert!(matches!(
+        r.extend(&first).await,
+        Err(Error::LeaseLost { .. })
+    ));
+    r.complete(&second, &"second").await.unwrap();
+    assert_eq!(
+        r.claim("payments", "k", &"p").await.unwrap(),
+        Claim::Replayed(Stored::Succeeded(r#""second""#.into()))
+    );
+}
+
+/// 64 identical requests at once: exactly one claims, every other is told it is in
+/// flight; once completed, every one is replayed.
+pub async fn identical_claims_storm_one_runs<B: Backend>(b: &B) {
+    let r = records(b, Duration::from_secs(30)).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (r, barrier) = (r.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                r.claim("payments", "storm", &"same").await
+            })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(Claim::Claimed(h)) => held.push(h),
+            Err(Error::InFlight { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(held.len(), 1);
+    r.complete(&held[0], &"done").await.unwrap();
+    for _ in 0..8 {
+        assert_eq!(
+            r.claim("payments", "storm", &"same").await.unwrap(),
+            Claim::Replayed(Stored::Succeeded(r#""done""#.into()))
+        );
+    }
+}
+
+/// Completed inside the caller's transaction, the record commits or rolls back with the
+/// caller's own writes: rolled back, neither the effect nor the completion remains (the
+/// record is still held); committed, both do.
+pub async fn complete_in_commits_with_the_callers_writes<B: Backend>(b: &B) {
+    b.exec("CREATE TABLE reservations (order_id BIGINT NOT NULL, sku VARCHAR(32) NOT NULL)")
+        .await;
+    let r = records(b, Duration::from_secs(30)).await;
+    let held = claimed(r.claim("payments", "k", &"p").await.unwrap());
+    for commit in [false, true] {
+        let mut tx = b.begin().await;
+        B::exec_in(
+            &mut tx,
+            "INSERT INTO reservations (order_id, sku) VALUES (1, 'sku-1')",
+        )
+        .await;
+        r.complete_in(&mut tx, &held, &"reserved").await.unwrap();
+        if commit {
+            B::commit(tx).await;
+        } else {
+            B::rollback(tx).await;
+            assert_eq!(b.scalar("SELECT COUNT(*) FROM reservations").await, 0);
+            assert!(matches!(
+                r.claim("payments", "k", &"p").await,
+                Err(Error::InFlight { .. })
+            ));
+        }
+    }
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM reservations").await, 1);
+    assert_eq!(
+        r.claim("payments", "k", &"p").await.unwrap(),
+        Claim::Replayed(Stored::Succeeded(r#""reserved""#.into()))
+    );
+}
+
+/// Past its retention a record counts as absent: the next claim starts afresh, with any
+/// payload.
+pub async fn expired_records_count_as_absent<B: Backend>(b: &B) {
+    let r = records(b, Duration::from_secs(30)).await;
+    let held = claimed(r.claim("short", "k", &"p").await.unwrap());
+    r.complete(&held, &"old").await.unwrap();
+    assert!(matches!(
+        r.claim("short", "k", &"p").await.unwrap(),
+        Claim::Replayed(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let fresh = claimed(r.claim("short", "k", &"another payload").await.unwrap());
+    assert_eq!(fresh.attempt(), 1);
+}
