@@ -34,6 +34,16 @@
 //! migrations in `migrations/<backend>/` (embedded with `sqlx::migrate!`). The two write
 //! units are where anything that must commit with a transition joins it.
 //!
+//! ## [`idempotency`]: whole requests, once
+//!
+//! [`Records`] makes a request that is more than one transition happen once: `claim`
+//! takes the record for `(scope, key)` under a lease, or answers from it (the stored
+//! result replayed byte for byte, in flight elsewhere, or another payload under the
+//! same key); the holder's `complete`, `fail`, `release` and `extend` are fenced by the
+//! owner token its claim minted, and `complete_in` commits the record with the caller's
+//! own writes. Each backend implements its seam, [`idempotency::RecordStore`], in
+//! `store/<backend>/idempotency.rs`. See `docs/idempotency.md`.
+//!
 //! ## `testing`: your own graph, property-tested
 //!
 //! Cargo feature `testing`: proptest strategies for random request sequences full of
@@ -42,8 +52,8 @@
 //!
 //! ## What comes next, and where
 //!
-//! Request-level idempotency records (claim → act → complete, recovery, retention,
-//! tokens) will be `idempotency/`; multi-step flows with compensation `flow/`; events
+//! The recovery job for stuck records, the batched purge and one-time tokens join
+//! `idempotency/`; multi-step flows with compensation will be `flow/`; events
 //! written with a transition and relayed to brokers `outbox/`; a tower layer `http/`;
 //! metrics `observe`. Each is a folder holding its algorithm above a seam trait of its
 //! own, which every backend implements in a file of its folder next to

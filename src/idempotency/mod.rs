@@ -161,7 +161,7 @@ impl<S: RecordStore> Records<S> {
     }
 
     /// Claims `(scope, key)` for a request with `payload` (any serializable value; `&()`
-    /// for none). See the outcome table in `docs/idempotency.md`.
+    /// for none). The outcome table is in `docs/idempotency.md`.
     pub async fn claim<P: Serialize + ?Sized>(
         &self,
         scope: &str,
