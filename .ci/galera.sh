@@ -309,11 +309,42 @@ fresh_start() {
   touch "$BASE/$MARKER"
   for n in "${NODES[@]}"; do init_datadir "$n"; write_config "$n"; done
   bootstrap_node1
-  # Both joiners at once: the donor serves one SST at a time and the other joiner simply
-  # retries, which still overlaps their start-up with the first transfer.
-  launch_node 2
-  launch_node 3
+  # One joiner at a time: two joiners at once can leave one of them, after its SST, in a
+  # non-primary view of its own ("Sending JOIN failed: -103"). A joiner that does not
+  # reach Synced is stopped, emptied and started once more.
+  join_fresh 2 2
+  join_fresh 3 3
   wait_all_synced 2 3 1
+}
+
+# Starts empty node N and waits until it is Synced in a cluster of SIZE; retries once.
+join_fresh() { # join_fresh N SIZE
+  local n=$1 size=$2 try
+  for try in 1 2; do
+    launch_node "$n"
+    if synced_within "$n" "$size"; then return 0; fi
+    [ "$try" = 2 ] && fail_node "$n" "not Synced in a cluster of $size after two starts"
+    log "node $n: not Synced after its SST; starting it again from an empty data dir"
+    stop_node "$n"
+    rm -rf "$(node_dir "$n")/data"
+    init_datadir "$n"
+  done
+}
+
+# Whether node N reaches Synced in a cluster of SIZE within the timeout (and stays up).
+synced_within() { # synced_within N SIZE
+  local n=$1 deadline=$((SECONDS + TIMEOUT))
+  while ! node_healthy "$n" "$2"; do
+    node_alive "$n" || return 1
+    ((SECONDS >= deadline)) && return 1
+    sleep 0.5
+  done
+}
+
+node_in_primary() { # node_in_primary N
+  local size status state
+  read -r size status state < <(wsrep_state "$1") || return 1
+  [ "$status" = Primary ]
 }
 
 any_node_primary() {
@@ -334,7 +365,12 @@ cmd_start() {
   elif any_node_primary; then
     # Part of the cluster still runs (a test killed a node): rejoin the missing ones
     # rather than throw away the state the running nodes hold.
-    for n in "${NODES[@]}"; do node_alive "$n" || rejoin_node "$n"; done
+    # A node that runs outside the Primary component (left behind in a view of its own)
+    # is stopped and rejoined too.
+    for n in "${NODES[@]}"; do
+      if node_alive "$n" && ! node_in_primary "$n"; then stop_node "$n"; fi
+      node_alive "$n" || rejoin_node "$n"
+    done
     wait_all_synced 3 2 1
   else
     # Nothing usable is running: stop leftovers of ours and start from empty datadirs.
