@@ -19,26 +19,31 @@ pub fn parse_event<M: StateMachine>(name: &str) -> Result<M::Event> {
 }
 
 pub(super) fn validate_ref(ref_id: &str) -> Result<()> {
-    if ref_id.trim().is_empty() {
-        return Err(Error::InvalidInput("ref_id must not be empty".into()));
+    validate_reference("ref_id", ref_id)
+}
+
+/// A caller's reference (a transition's `ref_id`, an idempotency key): 1 to
+/// [`MAX_REF_LEN`] characters, no control characters, no whitespace at either end, so a
+/// padded copy can never be taken for another reference. `what` names it in the error.
+pub(crate) fn validate_reference(what: &str, value: &str) -> Result<()> {
+    if value.trim().is_empty() {
+        return Err(Error::InvalidInput(format!("{what} must not be empty")));
     }
-    // A reference is compared byte for byte on every backend; refusing edge whitespace
-    // keeps a padded copy of a reference from ever being taken for another one.
-    if ref_id.trim() != ref_id {
-        return Err(Error::InvalidInput(
-            "ref_id must not begin or end with whitespace".into(),
-        ));
-    }
-    let len = ref_id.chars().count();
-    if len > MAX_REF_LEN {
+    if value.trim() != value {
         return Err(Error::InvalidInput(format!(
-            "ref_id is {len} characters long; the limit is {MAX_REF_LEN}"
+            "{what} must not begin or end with whitespace"
         )));
     }
-    if ref_id.chars().any(char::is_control) {
-        return Err(Error::InvalidInput(
-            "ref_id must not contain control characters".into(),
-        ));
+    let len = value.chars().count();
+    if len > MAX_REF_LEN {
+        return Err(Error::InvalidInput(format!(
+            "{what} is {len} characters long; the limit is {MAX_REF_LEN}"
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(Error::InvalidInput(format!(
+            "{what} must not contain control characters"
+        )));
     }
     Ok(())
 }

@@ -41,6 +41,7 @@ mod judge;
 mod read_first;
 mod request;
 
+pub(crate) use input::validate_reference;
 pub use input::{MAX_REF_LEN, parse_event};
 pub use read_first::ReadFirst;
 pub use request::{CreateRequest, TransitionRequest};

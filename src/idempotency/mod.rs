@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::engine::fingerprint_of;
+use crate::engine::{fingerprint_of, validate_reference};
 use crate::store::{ErrorClass, Lease, Txn, db_error};
 use crate::{Error, Result};
 
@@ -32,8 +32,8 @@ mod seam;
 
 pub use seam::{Finish, NewClaim, RecordRow, RecordStore};
 
-/// Longest accepted idempotency key, in characters.
-pub const MAX_KEY_LEN: usize = 255;
+/// Longest accepted idempotency key, in characters (as for a transition's reference).
+pub const MAX_KEY_LEN: usize = crate::engine::MAX_REF_LEN;
 
 /// How many times a claim reads and tries again when the record changes under it.
 const CLAIM_ROUNDS: u32 = 8;
@@ -169,7 +169,7 @@ impl<S: RecordStore> Records<S> {
         payload: &P,
     ) -> Result<Claim> {
         let config = self.config(scope)?;
-        validate_key(key)?;
+        validate_reference("an idempotency key", key)?;
         let hash = fingerprint_of(payload)?;
         let token = uuid::Uuid::new_v4().simple().to_string();
         let claim = NewClaim {
@@ -391,21 +391,6 @@ fn lease_held(held: &Claimed, wrote: bool) -> Result<()> {
             key: held.key.clone(),
         })
     }
-}
-
-fn validate_key(key: &str) -> Result<()> {
-    let len = key.chars().count();
-    if key.is_empty() || len > MAX_KEY_LEN {
-        return Err(Error::InvalidInput(format!(
-            "an idempotency key is 1 to {MAX_KEY_LEN} characters; this one is {len}"
-        )));
-    }
-    if key.chars().any(char::is_control) || key.trim() != key {
-        return Err(Error::InvalidInput(
-            "an idempotency key must not hold control characters or edge whitespace".into(),
-        ));
-    }
-    Ok(())
 }
 
 fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String> {

@@ -25,7 +25,8 @@
 //!
 //! Each backend lives in its own folder (`postgres/`, `mysql/`, `sqlite/`): the store
 //! type, its connection handling and error codes in `mod.rs`, and its SQL, one file per
-//! layer it serves (`transitions.rs`). See `docs/backends.md`, "Adding a backend".
+//! layer it serves (`transitions.rs`, `idempotency.rs`), with the transaction control of
+//! multi-statement write units in `units.rs`. See `docs/backends.md`, "Adding a backend".
 
 use std::future::Future;
 use std::ops::DerefMut;
@@ -253,6 +254,14 @@ pub struct Request<'a> {
     pub payload_hash: Option<&'a str>,
     /// Payload JSON text.
     pub payload: Option<&'a str>,
+}
+
+impl Request<'_> {
+    /// Whether the event has exactly one source state: a store whose update cannot return
+    /// the row it matched can record `from` only then.
+    pub fn has_one_edge(&self) -> bool {
+        matches!((self.from_states, self.to_states), ([_], [_]))
+    }
 }
 
 /// What the apply-first unit did.

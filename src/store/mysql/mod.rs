@@ -10,6 +10,7 @@ use crate::Error;
 
 mod idempotency;
 mod transitions;
+mod units;
 
 /// Applies the embedded migrations in `migrations/mysql/` (idempotent).
 pub async fn migrate(pool: &MySqlPool) -> Result<(), Error> {

@@ -5,9 +5,10 @@
 //! latest rows. On Galera every read is causal (see [`MySqlStore`]).
 
 use sqlx::mysql::{MySql, MySqlConnection};
-use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
+use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
+use super::units::undo;
 use crate::store::{
     Apply, BATCH_READ_MAX, BatchReads, Entity, ErrorClass, FirstWrite, Key, Lease, Observed,
     ObservedRow, OwnedKey, PositionedPrior, Prior, RawTransition, Request, Store, Tables, Txn,
@@ -34,10 +35,10 @@ pub(super) struct Sql {
     /// nothing is read; it also stays the connection's `LAST_INSERT_ID()` until the next
     /// insert with an auto-increment key. `version >= 0` leaves a corrupt row alone for
     /// the judge to report.
-    bump: SqlStr,
+    pub(super) bump: SqlStr,
     /// The update after a read, guarded by what was read: `(to, id, from, version)`.
     update: SqlStr,
-    record: SqlStr,
+    pub(super) record: SqlStr,
     history: SqlStr,
     batch_reads: BatchReads,
 }
@@ -146,91 +147,8 @@ fn priors_sql(h: &str, n: usize, causal: bool) -> String {
 }
 
 impl MySqlStore {
-    fn sql(&self) -> &Sql {
+    pub(super) fn sql(&self) -> &Sql {
         &self.transitions[usize::from(self.causal_reads() == Some(true))]
-    }
-
-    /// The history insert for `a`, `seq = version + 1`.
-    async fn record(&self, conn: &mut MySqlConnection, a: &Apply<'_>) -> Result<(), sqlx::Error> {
-        sqlx::query(self.sql().record.clone())
-            .bind(a.key.order_id)
-            .bind(a.version + 1)
-            .bind(a.from)
-            .bind(a.to)
-            .bind(a.key.event)
-            .bind(a.key.ref_id)
-            .bind(a.payload_hash)
-            .bind(a.payload)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    /// One request's apply-first writes, in an open transaction: the update guarded by
-    /// the status, then the history insert. `NotApplied` if nothing matched (nothing
-    /// written); a request recorded before comes back as the unique violation it is, for
-    /// the caller to undo the update.
-    async fn first_write(
-        &self,
-        conn: &mut MySqlConnection,
-        request: &Request<'_>,
-    ) -> Result<FirstWrite, sqlx::Error> {
-        let ([from], [to]) = (request.from_states, request.to_states) else {
-            return Ok(FirstWrite::NotTried);
-        };
-        let bumped = sqlx::query(self.sql().bump.clone())
-            .bind(*to)
-            .bind(request.key.order_id)
-            .bind(*from)
-            .execute(&mut *conn)
-            .await?;
-        if bumped.rows_affected() != 1 {
-            return Ok(FirstWrite::NotApplied);
-        }
-        let version =
-            i64::try_from(bumped.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-        let apply = Apply {
-            key: request.key,
-            from,
-            to,
-            version: version - 1,
-            payload_hash: request.payload_hash,
-            payload: request.payload,
-        };
-        self.record(conn, &apply).await?;
-        Ok(FirstWrite::Applied {
-            from: (*from).to_string(),
-            to: (*to).to_string(),
-            version,
-        })
-    }
-
-    /// [`first_write`](Self::first_write) in a savepoint of its own, undone on any error.
-    async fn first_write_in_savepoint(
-        &self,
-        conn: &mut MySqlConnection,
-        request: &Request<'_>,
-    ) -> Result<FirstWrite, sqlx::Error> {
-        let mut savepoint = conn.begin().await?;
-        match self.first_write(&mut savepoint, request).await {
-            Ok(write) => savepoint.commit().await.map(|()| write),
-            Err(e) => undo(savepoint, e).await,
-        }
-    }
-
-    /// Ends a write unit whose update matched: the history insert for `a`, then `COMMIT`.
-    /// `false` if the history's unique key holds the request already (recorded before,
-    /// or a twin's row): the unit is rolled back.
-    async fn record_and_commit(
-        &self,
-        mut tx: Transaction<'_, MySql>,
-        a: &Apply<'_>,
-    ) -> Result<bool, sqlx::Error> {
-        match self.record(&mut tx, a).await {
-            Ok(()) => tx.commit().await.map(|()| true),
-            Err(e) if is_unique_violation(&e) => tx.rollback().await.map(|()| false),
-            Err(e) => undo(tx, e).await,
-        }
     }
 }
 
@@ -276,7 +194,7 @@ impl Store for MySqlStore {
         conn: &mut MySqlConnection,
         requests: &[Request<'_>],
     ) -> Result<Vec<FirstWrite>, sqlx::Error> {
-        if !requests.iter().any(tried_first) {
+        if !requests.iter().any(Request::has_one_edge) {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
         let mut tx = conn.begin().await?;
@@ -436,16 +354,4 @@ impl Store for MySqlStore {
             .fetch_all(conn)
             .await
     }
-}
-
-/// Rolls a write unit back after `error`, and returns the error. A rollback that fails
-/// too (on a connection already lost) adds nothing to what `error` says.
-async fn undo<T>(tx: Transaction<'_, MySql>, error: sqlx::Error) -> Result<T, sqlx::Error> {
-    let _ = tx.rollback().await;
-    Err(error)
-}
-
-/// Whether the apply-first unit tries `request`: an event with one source state.
-fn tried_first(request: &Request<'_>) -> bool {
-    matches!((request.from_states, request.to_states), ([_], [_]))
 }

@@ -13,6 +13,7 @@ use crate::Error;
 
 mod idempotency;
 mod transitions;
+mod units;
 
 /// Applies the embedded migrations in `migrations/sqlite/` (idempotent).
 pub async fn migrate(pool: &SqlitePool) -> Result<(), Error> {

@@ -5,9 +5,10 @@
 //! `SQLITE_BUSY_SNAPSHOT` instead of waiting), and reads need no locking variant.
 
 use sqlx::sqlite::{Sqlite, SqliteConnection};
-use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::SqliteStore;
+use super::units::undo;
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, Prior, RawTransition,
     Request, Store, Tables, Txn, Written, is_unique_violation,
@@ -24,10 +25,10 @@ pub(super) struct Sql {
     /// The apply-first update, under `BEGIN IMMEDIATE` (the only writer, on the latest
     /// data), guarded by the status, returning the new version: `(to, id, from)`.
     /// `version >= 0` leaves a corrupt row alone for the judge to report.
-    bump: SqlStr,
+    pub(super) bump: SqlStr,
     /// The update after a read, guarded by what was read: `(to, id, from, version)`.
     update: SqlStr,
-    record: SqlStr,
+    pub(super) record: SqlStr,
     history: SqlStr,
 }
 
@@ -73,101 +74,6 @@ impl Sql {
     }
 }
 
-impl SqliteStore {
-    /// A write unit: `BEGIN IMMEDIATE` on the engine's connection, a savepoint inside the
-    /// caller's transaction (which the caller began with `BEGIN IMMEDIATE`).
-    async fn begin<'c>(
-        conn: &'c mut SqliteConnection,
-        txn: Txn,
-    ) -> Result<Transaction<'c, Sqlite>, sqlx::Error> {
-        match txn {
-            Txn::Own => conn.begin_with("BEGIN IMMEDIATE").await,
-            Txn::Caller => conn.begin().await,
-        }
-    }
-
-    /// The history insert for `a`, `seq = version + 1`.
-    async fn record(&self, conn: &mut SqliteConnection, a: &Apply<'_>) -> Result<(), sqlx::Error> {
-        sqlx::query(self.transitions.record.clone())
-            .bind(a.key.order_id)
-            .bind(a.version + 1)
-            .bind(a.from)
-            .bind(a.to)
-            .bind(a.key.event)
-            .bind(a.key.ref_id)
-            .bind(a.payload_hash)
-            .bind(a.payload)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    /// One request's apply-first writes, in an open transaction: the update guarded by
-    /// the status, then the history insert. `NotApplied` if nothing matched (nothing
-    /// written); a request recorded before comes back as the unique violation it is, for
-    /// the caller to undo the update.
-    async fn first_write(
-        &self,
-        conn: &mut SqliteConnection,
-        request: &Request<'_>,
-    ) -> Result<FirstWrite, sqlx::Error> {
-        let ([from], [to]) = (request.from_states, request.to_states) else {
-            return Ok(FirstWrite::NotTried);
-        };
-        let bumped: Option<i64> = sqlx::query_scalar(self.transitions.bump.clone())
-            .bind(*to)
-            .bind(request.key.order_id)
-            .bind(*from)
-            .fetch_optional(&mut *conn)
-            .await?;
-        let Some(version) = bumped else {
-            return Ok(FirstWrite::NotApplied);
-        };
-        let apply = Apply {
-            key: request.key,
-            from,
-            to,
-            version: version - 1,
-            payload_hash: request.payload_hash,
-            payload: request.payload,
-        };
-        self.record(conn, &apply).await?;
-        Ok(FirstWrite::Applied {
-            from: (*from).to_string(),
-            to: (*to).to_string(),
-            version,
-        })
-    }
-
-    /// [`first_write`](Self::first_write) in a savepoint of its own, undone on any error.
-    async fn first_write_in_savepoint(
-        &self,
-        conn: &mut SqliteConnection,
-        request: &Request<'_>,
-    ) -> Result<FirstWrite, sqlx::Error> {
-        let mut savepoint = conn.begin().await?;
-        match self.first_write(&mut savepoint, request).await {
-            Ok(write) => savepoint.commit().await.map(|()| write),
-            Err(e) => undo(savepoint, e).await,
-        }
-    }
-
-    /// Ends a write unit whose update matched: the history insert for `a`, then `COMMIT`.
-    /// `false` if the history's unique key holds the request already (recorded before,
-    /// or a twin's row): the unit is rolled back.
-    async fn record_and_commit(
-        &self,
-        mut tx: Transaction<'_, Sqlite>,
-        a: &Apply<'_>,
-    ) -> Result<bool, sqlx::Error> {
-        match self.record(&mut tx, a).await {
-            Ok(()) => tx.commit().await.map(|()| true),
-            Err(e) if is_unique_violation(&e) => tx.rollback().await.map(|()| false),
-            Err(e) => undo(tx, e).await,
-        }
-    }
-}
-
 impl Store for SqliteStore {
     type Conn = SqliteConnection;
     type Pooled = sqlx::pool::PoolConnection<Sqlite>;
@@ -201,7 +107,7 @@ impl Store for SqliteStore {
         conn: &mut SqliteConnection,
         requests: &[Request<'_>],
     ) -> Result<Vec<FirstWrite>, sqlx::Error> {
-        if !requests.iter().any(tried_first) {
+        if !requests.iter().any(Request::has_one_edge) {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
         let mut tx = Self::begin(conn, Txn::Own).await?;
@@ -339,16 +245,4 @@ impl Store for SqliteStore {
             .fetch_all(conn)
             .await
     }
-}
-
-/// Rolls a write unit back after `error`, and returns the error. A rollback that fails
-/// too (on a connection already lost) adds nothing to what `error` says.
-async fn undo<T>(tx: Transaction<'_, Sqlite>, error: sqlx::Error) -> Result<T, sqlx::Error> {
-    let _ = tx.rollback().await;
-    Err(error)
-}
-
-/// Whether the apply-first unit tries `request`: an event with one source state.
-fn tried_first(request: &Request<'_>) -> bool {
-    matches!((request.from_states, request.to_states), ([_], [_]))
 }
