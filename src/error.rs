@@ -81,6 +81,16 @@ pub enum Error {
         key: String,
     },
 
+    /// A one-time token was not accepted: nothing was consumed. The request it came with
+    /// must not run; the client fetches a new token.
+    #[error("token rejected in scope {scope}: {reason}")]
+    TokenRejected {
+        /// The scope.
+        scope: String,
+        /// Why.
+        reason: TokenRejection,
+    },
+
     /// An idempotency record holds a status orderly never writes. Investigate.
     #[error("record {key} in scope {scope} holds an unknown status {value:?}")]
     CorruptRecord {
@@ -180,6 +190,18 @@ impl Error {
             Error::RefConflict { .. } | Error::PayloadMismatch { .. }
         )
     }
+}
+
+/// Why a one-time token was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::Display)]
+#[strum(serialize_all = "lowercase")]
+pub enum TokenRejection {
+    /// Never issued in this scope (or purged after it expired).
+    Unknown,
+    /// Issued, but its time to live ran out before it was consumed.
+    Expired,
+    /// Consumed already: this request is a repeat.
+    Used,
 }
 
 /// Result alias for orderly.

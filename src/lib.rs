@@ -92,8 +92,10 @@ pub mod testing;
 pub use engine::{
     CreateRequest, Engine, EngineConfig, Order, Outcome, ReadFirst, Record, TransitionRequest,
 };
-pub use error::{Error, Result};
-pub use idempotency::{Claim, Claimed, Failure, Records, ScopeConfig, Stored};
+pub use error::{Error, Result, TokenRejection};
+pub use idempotency::{
+    Claim, Claimed, Done, Failure, Ran, Reconciled, Recovered, Records, ScopeConfig, Stored, Stuck,
+};
 pub use machine::{StateMachine, Transition};
 #[cfg(feature = "mysql")]
 pub use store::mysql::MySqlStore;

@@ -28,9 +28,14 @@ use crate::engine::{fingerprint_of, validate_reference};
 use crate::store::{ErrorClass, Lease, Txn, db_error};
 use crate::{Error, Result};
 
+mod recovery;
+mod run;
 mod seam;
+mod tokens;
 
-pub use seam::{Finish, NewClaim, RecordRow, RecordStore};
+pub use recovery::{Reconciled, Reconciler, Recovered, Stuck};
+pub use run::{Done, Ran, Work};
+pub use seam::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
 
 /// Longest accepted idempotency key, in characters (as for a transition's reference).
 pub const MAX_KEY_LEN: usize = crate::engine::MAX_REF_LEN;
@@ -43,8 +48,9 @@ const CLAIM_ROUNDS: u32 = 8;
 pub struct ScopeConfig {
     /// How long a claim holds its record before another may take it over.
     pub lease: Duration,
-    /// How long a record is kept (from its claim, and again from its completion); past it
-    /// the record counts as absent.
+    /// How long a record is kept (from its claim, and again from every later write);
+    /// past it the record counts as absent. Longer than the lease, so that a record is
+    /// never absent while its holder's lease is live.
     pub retention: Duration,
 }
 
@@ -134,7 +140,8 @@ impl<S: RecordStore> Records<S> {
     }
 
     /// Adds a scope: a name (`[A-Za-z0-9_.:-]`, 1 to 64 characters) and how its records
-    /// live. A bad name or a zero lease or retention is [`Error::InvalidInput`].
+    /// live. A bad name, a zero lease or a retention not longer than the lease is
+    /// [`Error::InvalidInput`].
     pub fn scope(mut self, name: &str, config: ScopeConfig) -> Result<Self> {
         let ok = !name.is_empty()
             && name.len() <= 64
@@ -146,9 +153,9 @@ impl<S: RecordStore> Records<S> {
                 "scope name {name:?} must be 1 to 64 of [A-Za-z0-9_.:-]"
             )));
         }
-        if config.lease.is_zero() || config.retention.is_zero() {
+        if config.lease.is_zero() || config.retention <= config.lease {
             return Err(Error::InvalidInput(format!(
-                "scope {name}: lease and retention must be positive"
+                "scope {name}: the lease must be positive and the retention longer than it"
             )));
         }
         Arc::make_mut(&mut self.scopes).insert(name.to_string(), config);
@@ -321,18 +328,25 @@ impl<S: RecordStore> Records<S> {
         match written.await {
             Ok(wrote) => lease_held(held, wrote),
             Err(e) if S::classify(&e) == ErrorClass::ConnectionLost => {
-                let row = self
-                    .read(&held.scope, &held.key)
+                let landed = self
+                    .landed(held, finish.status)
                     .await
                     .map_err(|_| db_error::<S>(e))?;
-                let landed = row.is_some_and(|r| {
-                    r.owner_token.as_deref() == Some(held.token.as_str())
-                        && r.status == finish.status
-                });
                 lease_held(held, landed)
             }
             Err(e) => Err(db_error::<S>(e)),
         }
+    }
+}
+
+impl<S: RecordStore> Records<S> {
+    /// Whether a write whose acknowledgement was lost landed: the record is in `status`
+    /// under this holder's token, which no other holder could have written.
+    async fn landed(&self, held: &Claimed, status: &str) -> Result<bool, sqlx::Error> {
+        let row = self.read(&held.scope, &held.key).await?;
+        Ok(row.is_some_and(|r| {
+            r.owner_token.as_deref() == Some(held.token.as_str()) && r.status == status
+        }))
     }
 }
 

@@ -1,6 +1,6 @@
-//! What the idempotency layer needs from a backend: three statements, each one round
-//! trip, over the backend's own connection. Each backend implements [`RecordStore`] in
-//! `src/store/<backend>/idempotency.rs`.
+//! What the idempotency layer needs from a backend: a handful of statements, each one
+//! round trip, over the backend's own connection, and a way to begin a transaction.
+//! Each backend implements [`RecordStore`] in `src/store/<backend>/idempotency.rs`.
 
 use std::future::Future;
 
@@ -8,7 +8,16 @@ use crate::store::{Store, Txn};
 
 /// A backend of the idempotency layer. Every time is the database's clock, in
 /// milliseconds since the epoch.
-pub trait RecordStore: Store {
+pub trait RecordStore: Store<Conn: sqlx::Connection> {
+    /// The sqlx database whose connection is [`Store::Conn`].
+    type Db: sqlx::Database<Connection = Self::Conn>;
+
+    /// Begins a transaction on `conn` the way writes on this backend begin (`BEGIN
+    /// IMMEDIATE` on SQLite), for [`Records::run`](crate::Records::run).
+    fn begin(
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = Result<sqlx::Transaction<'_, Self::Db>, sqlx::Error>> + Send;
+
     /// The claim, in one statement: inserts the record as PROCESSING under
     /// `claim.token`, or takes over one that is past its retention, or (with the same
     /// payload fingerprint) one whose lease expired or whose failure was not terminal.
@@ -37,6 +46,97 @@ pub trait RecordStore: Store {
         finish: &Finish<'_>,
         txn: Txn,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Up to `limit` records of `scope` in PROCESSING whose lease ran out (and which are
+    /// not past their retention), oldest lease first.
+    fn stuck(
+        &self,
+        conn: &mut Self::Conn,
+        scope: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<StuckRow>, sqlx::Error>> + Send;
+
+    /// Takes a stuck record over from the token it was found with, in one conditional
+    /// update (still PROCESSING under `from`, its lease still run out): the attempt
+    /// number if this takeover holds it now, `None` if someone else got there first.
+    fn take_over(
+        &self,
+        conn: &mut Self::Conn,
+        take: &TakeOver<'_>,
+    ) -> impl Future<Output = Result<Option<i32>, sqlx::Error>> + Send;
+
+    /// Deletes up to `limit` records past their retention (none under a live lease) and
+    /// up to `limit` expired one-time tokens; how many rows went.
+    fn purge(
+        &self,
+        conn: &mut Self::Conn,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Stores a new one-time token of `scope`, valid for `ttl_ms`.
+    fn issue_token(
+        &self,
+        conn: &mut Self::Conn,
+        scope: &str,
+        token: &str,
+        ttl_ms: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Marks the token used if it is unused and unexpired, in one conditional update;
+    /// whether it did.
+    fn consume_token(
+        &self,
+        conn: &mut Self::Conn,
+        scope: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// The token as it is now, judged on the database's clock.
+    fn read_token(
+        &self,
+        conn: &mut Self::Conn,
+        scope: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<Option<TokenRow>, sqlx::Error>> + Send;
+}
+
+/// A record found stuck in PROCESSING.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StuckRow {
+    /// The idempotency key.
+    pub idem_key: String,
+    /// The token of the holder whose lease ran out.
+    pub owner_token: Option<String>,
+    /// The payload fingerprint it was claimed with.
+    pub payload_hash: Option<String>,
+    /// How many times it was claimed.
+    pub attempt: i32,
+}
+
+/// A takeover of a stuck record by the recovery job.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeOver<'a> {
+    /// The operation.
+    pub scope: &'a str,
+    /// The idempotency key.
+    pub key: &'a str,
+    /// The token the record was found under.
+    pub from: &'a str,
+    /// The token this takeover mints.
+    pub token: &'a str,
+    /// How long the new lease lasts, in milliseconds.
+    pub lease_ms: i64,
+    /// How long the record is kept from now.
+    pub retention_ms: i64,
+}
+
+/// A one-time token as read.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct TokenRow {
+    /// Whether it was consumed.
+    pub used: bool,
+    /// 1 if past its time to live.
+    pub expired: i64,
 }
 
 /// A claim about to be made.
@@ -74,7 +174,7 @@ pub struct Finish<'a> {
     pub terminal: bool,
     /// For `PROCESSING`: the new lease from now, in milliseconds.
     pub lease_ms: i64,
-    /// For `SUCCEEDED` and `FAILED`: how long the record is kept from now.
+    /// How long the record is kept from now (longer than any lease).
     pub retention_ms: i64,
 }
 

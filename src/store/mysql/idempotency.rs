@@ -7,11 +7,11 @@
 //! row, which the update locks): one statement for a new key, two otherwise, each
 //! atomic on its own. On Galera the read is causal.
 
-use sqlx::Connection;
-use sqlx::mysql::MySqlConnection;
+use sqlx::mysql::{MySql, MySqlConnection};
+use sqlx::{Connection, Transaction};
 
 use super::MySqlStore;
-use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore};
+use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
 use crate::store::Txn;
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
@@ -19,6 +19,12 @@ use crate::store::Txn;
 const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
 
 impl RecordStore for MySqlStore {
+    type Db = MySql;
+
+    async fn begin(conn: &mut MySqlConnection) -> Result<Transaction<'_, MySql>, sqlx::Error> {
+        conn.begin().await
+    }
+
     async fn claim(
         &self,
         conn: &mut MySqlConnection,
@@ -79,11 +85,7 @@ impl RecordStore for MySqlStore {
         scope: &str,
         key: &str,
     ) -> Result<Option<RecordRow>, sqlx::Error> {
-        let causal = if self.causal_reads() == Some(true) {
-            "SET STATEMENT wsrep_sync_wait = 1 FOR "
-        } else {
-            ""
-        };
+        let causal = self.causal();
         let sql = format!(
             "{causal}SELECT payload_hash, status, owner_token, attempt, \
                     CAST(lease_until - {NOW} AS SIGNED) AS lease_left_ms, \
@@ -104,18 +106,17 @@ impl RecordStore for MySqlStore {
         f: &Finish<'_>,
         txn: Txn,
     ) -> Result<bool, sqlx::Error> {
-        // `lease_until` and `expires_at` read `status` before it is assigned.
+        // `lease_until` reads `status` before it is assigned.
         let sql = format!(
             "UPDATE idempotency_records SET \
                  lease_until = IF(? = 'PROCESSING', {NOW} + ?, lease_until), \
-                 expires_at = IF(? = 'PROCESSING', expires_at, {NOW} + ?), \
+                 expires_at = {NOW} + ?, \
                  status = ?, result = ?, terminal = ?, updated_at = {NOW} \
              WHERE scope = ? AND idem_key = ? AND owner_token = ? AND status = 'PROCESSING'"
         );
         let statement = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(f.status)
             .bind(f.lease_ms)
-            .bind(f.status)
             .bind(f.retention_ms)
             .bind(f.status)
             .bind(f.result)
@@ -133,5 +134,139 @@ impl RecordStore for MySqlStore {
             }
         };
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn stuck(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &str,
+        limit: i64,
+    ) -> Result<Vec<StuckRow>, sqlx::Error> {
+        let causal = self.causal();
+        let sql = format!(
+            "{causal}SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records \
+             WHERE scope = ? AND status = 'PROCESSING' AND lease_until <= {NOW} AND expires_at > {NOW} \
+             ORDER BY lease_until LIMIT ?"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        conn: &mut MySqlConnection,
+        t: &TakeOver<'_>,
+    ) -> Result<Option<i32>, sqlx::Error> {
+        let sql = format!(
+            "UPDATE idempotency_records SET owner_token = ?, \
+                 attempt = LAST_INSERT_ID(attempt + 1), updated_at = {NOW}, lease_until = {NOW} + ?, \
+                 expires_at = {NOW} + ? \
+             WHERE scope = ? AND idem_key = ? AND owner_token = ? AND status = 'PROCESSING' \
+               AND lease_until <= {NOW} AND expires_at > {NOW}"
+        );
+        let taken = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(t.token)
+            .bind(t.lease_ms)
+            .bind(t.retention_ms)
+            .bind(t.scope)
+            .bind(t.key)
+            .bind(t.from)
+            .execute(conn)
+            .await?;
+        if taken.rows_affected() != 1 {
+            return Ok(None);
+        }
+        i32::try_from(taken.last_insert_id())
+            .map(Some)
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))
+    }
+
+    async fn purge(&self, conn: &mut MySqlConnection, limit: i64) -> Result<u64, sqlx::Error> {
+        let records = format!(
+            "DELETE FROM idempotency_records \
+             WHERE expires_at <= {NOW} AND (status <> 'PROCESSING' OR lease_until <= {NOW}) LIMIT ?"
+        );
+        let tokens = format!("DELETE FROM one_time_tokens WHERE expires_at <= {NOW} LIMIT ?");
+        let mut gone = 0;
+        for sql in [records, tokens] {
+            gone += sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(limit)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+        }
+        Ok(gone)
+    }
+
+    async fn issue_token(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &str,
+        token: &str,
+        ttl_ms: i64,
+    ) -> Result<(), sqlx::Error> {
+        let sql = format!(
+            "INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
+             VALUES (?, ?, {NOW} + ?, NULL, {NOW})"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(token)
+            .bind(ttl_ms)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn consume_token(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &str,
+        token: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE one_time_tokens SET used_at = {NOW} \
+             WHERE scope = ? AND token = ? AND used_at IS NULL AND expires_at > {NOW}"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(token)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn read_token(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &str,
+        token: &str,
+    ) -> Result<Option<TokenRow>, sqlx::Error> {
+        let causal = self.causal();
+        let sql = format!(
+            "{causal}SELECT used_at IS NOT NULL AS used, \
+                    CAST(IF(expires_at <= {NOW}, 1, 0) AS SIGNED) AS expired \
+             FROM one_time_tokens WHERE scope = ? AND token = ?"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(token)
+            .fetch_optional(conn)
+            .await
+    }
+}
+
+impl MySqlStore {
+    /// The prefix that makes a read causal on Galera (it waits for what the cluster
+    /// committed before it), empty elsewhere.
+    fn causal(&self) -> &'static str {
+        if self.causal_reads() == Some(true) {
+            "SET STATEMENT wsrep_sync_wait = 1 FOR "
+        } else {
+            ""
+        }
     }
 }

@@ -2,17 +2,23 @@
 //! one statement (an upsert whose update runs only where the outcome table allows); the
 //! single writer judges it on the latest data.
 
-use sqlx::Connection;
-use sqlx::sqlite::SqliteConnection;
+use sqlx::sqlite::{Sqlite, SqliteConnection};
+use sqlx::{Connection, Transaction};
 
 use super::SqliteStore;
-use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore};
+use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
 use crate::store::Txn;
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)";
 
 impl RecordStore for SqliteStore {
+    type Db = Sqlite;
+
+    async fn begin(conn: &mut SqliteConnection) -> Result<Transaction<'_, Sqlite>, sqlx::Error> {
+        conn.begin_with("BEGIN IMMEDIATE").await
+    }
+
     async fn claim(
         &self,
         conn: &mut SqliteConnection,
@@ -79,7 +85,7 @@ impl RecordStore for SqliteStore {
             "WITH now AS {NOW} \
              UPDATE idempotency_records SET status = ?4, result = ?5, terminal = ?6, \
                  lease_until = CASE WHEN ?4 = 'PROCESSING' THEN (SELECT ms FROM now) + ?7 ELSE lease_until END, \
-                 expires_at = CASE WHEN ?4 = 'PROCESSING' THEN expires_at ELSE (SELECT ms FROM now) + ?8 END, \
+                 expires_at = (SELECT ms FROM now) + ?8, \
                  updated_at = (SELECT ms FROM now) \
              WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'"
         );
@@ -102,5 +108,130 @@ impl RecordStore for SqliteStore {
             }
         };
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn stuck(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        limit: i64,
+    ) -> Result<Vec<StuckRow>, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records, now \
+             WHERE scope = ?1 AND status = 'PROCESSING' AND lease_until <= ms AND expires_at > ms \
+             ORDER BY lease_until LIMIT ?2"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        conn: &mut SqliteConnection,
+        t: &TakeOver<'_>,
+    ) -> Result<Option<i32>, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             UPDATE idempotency_records SET owner_token = ?4, attempt = attempt + 1, \
+                 lease_until = (SELECT ms FROM now) + ?5, expires_at = (SELECT ms FROM now) + ?6, \
+                 updated_at = (SELECT ms FROM now) \
+             WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING' \
+               AND lease_until <= (SELECT ms FROM now) AND expires_at > (SELECT ms FROM now) \
+             RETURNING attempt"
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(t.scope)
+            .bind(t.key)
+            .bind(t.from)
+            .bind(t.token)
+            .bind(t.lease_ms)
+            .bind(t.retention_ms)
+            .fetch_optional(conn)
+            .await
+    }
+
+    async fn purge(&self, conn: &mut SqliteConnection, limit: i64) -> Result<u64, sqlx::Error> {
+        let records = format!(
+            "WITH now AS {NOW} \
+             DELETE FROM idempotency_records WHERE rowid IN ( \
+                 SELECT rowid FROM idempotency_records, now \
+                 WHERE expires_at <= ms AND (status <> 'PROCESSING' OR lease_until <= ms) LIMIT ?1)"
+        );
+        let tokens = format!(
+            "WITH now AS {NOW} \
+             DELETE FROM one_time_tokens WHERE rowid IN ( \
+                 SELECT rowid FROM one_time_tokens, now WHERE expires_at <= ms LIMIT ?1)"
+        );
+        let mut gone = 0;
+        for sql in [records, tokens] {
+            gone += sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(limit)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+        }
+        Ok(gone)
+    }
+
+    async fn issue_token(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        token: &str,
+        ttl_ms: i64,
+    ) -> Result<(), sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
+             SELECT ?1, ?2, ms + ?3, NULL, ms FROM now"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(token)
+            .bind(ttl_ms)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn consume_token(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        token: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             UPDATE one_time_tokens SET used_at = (SELECT ms FROM now) \
+             WHERE scope = ?1 AND token = ?2 AND used_at IS NULL AND expires_at > (SELECT ms FROM now)"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(token)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn read_token(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        token: &str,
+    ) -> Result<Option<TokenRow>, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             SELECT used_at IS NOT NULL AS used, CASE WHEN expires_at <= ms THEN 1 ELSE 0 END AS expired \
+             FROM one_time_tokens, now WHERE scope = ?1 AND token = ?2"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(token)
+            .fetch_optional(conn)
+            .await
     }
 }

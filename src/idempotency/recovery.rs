@@ -1,0 +1,238 @@
+//! The recovery job (the seeds' 补偿 JOB) and the purge: what finds requests stuck half
+//! way because their server died, and what removes records past their retention.
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::{Claimed, Failure, RecordStore, Records, TakeOver, millis};
+use crate::store::{Lease, db_error};
+use crate::{Error, Result};
+
+/// A record the recovery job took over: the request it stands for was claimed, and its
+/// holder's lease ran out before it completed, failed or released it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stuck {
+    /// The record, held by the recovery job now (a new token, a new lease).
+    pub held: Claimed,
+    /// The fingerprint of the payload it was claimed with.
+    pub payload_hash: Option<String>,
+}
+
+/// What happened downstream to a stuck request, as the reconciler found out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciled {
+    /// It did its work: complete the record with this result (replayed to later claims).
+    Succeeded(serde_json::Value),
+    /// It failed: store the failure, replayed if terminal, claimable again if retryable.
+    Failed(serde_json::Value, Failure),
+    /// Nothing happened downstream, or nothing that cannot be done again: release the
+    /// record, so the next claim runs the request again.
+    Unknown,
+    /// The reconciler cannot tell yet (the downstream service is unreachable): leave the
+    /// record held; it is stuck again once the recovery job's lease runs out.
+    Later,
+}
+
+/// Asks what happened downstream to a stuck request. Any
+/// `Fn(Stuck) -> impl Future<Output = Reconciled>` is one.
+pub trait Reconciler: Send + Sync {
+    /// The reconciliation of one stuck request.
+    fn reconcile(&self, stuck: &Stuck) -> impl Future<Output = Reconciled> + Send;
+}
+
+impl<F, Fut> Reconciler for F
+where
+    F: Fn(Stuck) -> Fut + Send + Sync,
+    Fut: Future<Output = Reconciled> + Send,
+{
+    fn reconcile(&self, stuck: &Stuck) -> impl Future<Output = Reconciled> + Send {
+        self(stuck.clone())
+    }
+}
+
+/// What one round of recovery did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Stuck records found.
+    pub found: usize,
+    /// Of those, taken over by this job (the others were taken by someone else first).
+    pub taken: usize,
+    /// Completed with the reconciler's result.
+    pub succeeded: usize,
+    /// Failed with the reconciler's failure.
+    pub failed: usize,
+    /// Released for a re-run.
+    pub released: usize,
+    /// Left held for a later round.
+    pub later: usize,
+    /// Taken over, then lost again before the reconciler answered (its lease ran out).
+    pub lost: usize,
+    /// Records whose finishing write failed with a database error (they are stuck
+    /// again once this job's lease runs out).
+    pub errors: usize,
+}
+
+impl Recovered {
+    fn add(&mut self, other: Recovered) {
+        self.found += other.found;
+        self.taken += other.taken;
+        self.succeeded += other.succeeded;
+        self.failed += other.failed;
+        self.released += other.released;
+        self.later += other.later;
+        self.lost += other.lost;
+        self.errors += other.errors;
+    }
+}
+
+impl<S: RecordStore> Records<S> {
+    /// One round of recovery in `scope`: finds up to `limit` records stuck in PROCESSING
+    /// past their lease, takes each over by its token (a conditional update, so two jobs
+    /// never act on the same record), asks `reconciler` what happened, and completes,
+    /// fails or releases the record accordingly. One record's failure does not stop the
+    /// others; an error finding them is returned.
+    pub async fn recover<R: Reconciler>(
+        &self,
+        scope: &str,
+        limit: u32,
+        reconciler: &R,
+    ) -> Result<Recovered> {
+        let config = self.config(scope)?;
+        let rows = {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let out = self
+                .store
+                .stuck(lease.conn(), scope, i64::from(limit))
+                .await;
+            lease.release_after(&out);
+            out.map_err(db_error::<S>)?
+        };
+        let mut done = Recovered {
+            found: rows.len(),
+            ..Recovered::default()
+        };
+        for row in rows {
+            let Some(from) = row.owner_token.as_deref() else {
+                continue;
+            };
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            let take = TakeOver {
+                scope,
+                key: &row.idem_key,
+                from,
+                token: &token,
+                lease_ms: millis(config.lease),
+                retention_ms: millis(config.retention),
+            };
+            let taken = async {
+                let mut lease = Lease::acquire(&self.store).await?;
+                let out = self.store.take_over(lease.conn(), &take).await;
+                lease.release_after(&out);
+                out
+            };
+            let attempt = match taken.await {
+                Ok(Some(attempt)) => attempt,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, scope, key = row.idem_key, "recovery: takeover failed");
+                    done.errors += 1;
+                    continue;
+                }
+            };
+            done.taken += 1;
+            let stuck = Stuck {
+                held: Claimed {
+                    scope: scope.to_string(),
+                    key: row.idem_key.clone(),
+                    token,
+                    attempt,
+                },
+                payload_hash: row.payload_hash,
+            };
+            let verdict = reconciler.reconcile(&stuck).await;
+            let held = &stuck.held;
+            let written = match &verdict {
+                Reconciled::Succeeded(result) => self.complete(held, result).await,
+                Reconciled::Failed(failure, kind) => self.fail(held, failure, *kind).await,
+                Reconciled::Unknown => self.release(held).await,
+                Reconciled::Later => Ok(()),
+            };
+            match written {
+                Ok(()) => match verdict {
+                    Reconciled::Succeeded(_) => done.succeeded += 1,
+                    Reconciled::Failed(..) => done.failed += 1,
+                    Reconciled::Unknown => done.released += 1,
+                    Reconciled::Later => done.later += 1,
+                },
+                Err(Error::LeaseLost { .. }) => done.lost += 1,
+                Err(e) => {
+                    tracing::warn!(error = %e, scope, key = held.key, "recovery: finishing write failed");
+                    done.errors += 1;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Runs [`recover`](Self::recover) in rounds of `batch` until `shutdown` resolves:
+    /// a full round is followed at once by the next, a partial one by a pause of `idle`.
+    /// A round that fails (the database is down) is logged and retried after `idle`.
+    /// Shutdown is checked between rounds and during the pause, so a round in progress
+    /// finishes first. Returns the totals. Spawn it on a tokio task.
+    pub async fn recovery_loop<R: Reconciler>(
+        &self,
+        scope: &str,
+        batch: u32,
+        idle: Duration,
+        reconciler: R,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Recovered> {
+        self.config(scope)?;
+        if batch == 0 {
+            return Err(Error::InvalidInput("a recovery batch must be positive".into()));
+        }
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut total = Recovered::default();
+        loop {
+            let pause = match self.recover(scope, batch, &reconciler).await {
+                Ok(round) => {
+                    total.add(round);
+                    // Nothing taken: what is left is someone else's, or failing.
+                    round.found < batch as usize || round.taken == 0
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, scope, "recovery round failed");
+                    true
+                }
+            };
+            let wait = if pause { idle } else { Duration::ZERO };
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(total),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Deletes what is past its retention, in batches of at most `batch` rows per
+    /// statement (each a short transaction of its own, so no lock is held for long):
+    /// records no longer under a live lease, and expired one-time tokens. Returns how
+    /// many rows went. Run it now and then; expired records already count as absent.
+    pub async fn purge(&self, batch: u32) -> Result<u64> {
+        if batch == 0 {
+            return Err(Error::InvalidInput("a purge batch must be positive".into()));
+        }
+        let mut total = 0;
+        loop {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let out = self.store.purge(lease.conn(), i64::from(batch)).await;
+            lease.release_after(&out);
+            let gone = out.map_err(db_error::<S>)?;
+            total += gone;
+            if gone == 0 {
+                return Ok(total);
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}

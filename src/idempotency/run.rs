@@ -1,0 +1,166 @@
+//! The common case in a few lines: claim, run the caller's work inside one transaction,
+//! and complete the record in that same transaction, or apply the failure policy.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Claim, Claimed, Failure, RecordStore, Records, Stored};
+use crate::store::{ErrorClass, Lease, db_error};
+use crate::Error;
+
+/// The future a request's work returns: boxed, because it borrows the transaction's
+/// connection (`|tx| Box::pin(async move { … })`).
+pub type Work<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
+
+/// What a request's work decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Done<R, F> {
+    /// It succeeded with `R`: its writes commit, with the record completed in the same
+    /// transaction.
+    Succeeded(R),
+    /// It failed with `F`: its writes roll back, and the failure is stored per the policy.
+    Failed(F, Failure),
+}
+
+/// What [`Records::run`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ran<R, F> {
+    /// The request's result or failure, this time's or the stored one.
+    pub outcome: Result<R, F>,
+    /// Whether it is the stored outcome of an earlier request with this key.
+    pub replayed: bool,
+}
+
+impl<S: RecordStore> Records<S> {
+    /// Runs a request exactly once: claims `(scope, key)` for `payload`; if it was done
+    /// before, answers its stored outcome (`replayed`); otherwise begins a transaction
+    /// and runs `work` in it, then:
+    /// - [`Done::Succeeded`]: completes the record in the same transaction and commits
+    ///   (the work's writes and the record, all or nothing);
+    /// - [`Done::Failed`]: rolls the work back and stores the failure
+    ///   ([`Failure::Terminal`] is replayed, [`Failure::Retryable`] runs again);
+    /// - `Err(e)`: rolls the work back, releases the record (the next claim runs the
+    ///   request again) and returns `e`.
+    ///
+    /// The claim's answers ([`Error::InFlight`], [`Error::PayloadMismatch`], bad input)
+    /// come back as `E`. [`Error::LeaseLost`] means the lease ran out while the work ran
+    /// and another request took the record over: the work was rolled back. If this
+    /// future is dropped part way, the transaction rolls back and the record stays held
+    /// until its lease runs out, for the next claim or the recovery job.
+    pub async fn run<P, R, F, E, W>(
+        &self,
+        scope: &str,
+        key: &str,
+        payload: &P,
+        work: W,
+    ) -> Result<Ran<R, F>, E>
+    where
+        P: Serialize + ?Sized,
+        R: Serialize + DeserializeOwned,
+        F: Serialize + DeserializeOwned,
+        E: From<Error>,
+        W: for<'c> FnOnce(&'c mut S::Conn) -> Work<'c, Result<Done<R, F>, E>>,
+    {
+        let held = match self.claim(scope, key, payload).await? {
+            Claim::Replayed(stored) => return Ok(replay(&stored)?),
+            Claim::Claimed(held) => held,
+        };
+        match self.run_held(&held, work).await {
+            Ok(ran) => Ok(ran),
+            Err(Failed::Work(e)) => {
+                self.release_quietly(&held).await;
+                Err(e)
+            }
+            Err(Failed::Orderly(e)) => {
+                if !matches!(e, Error::LeaseLost { .. }) {
+                    self.release_quietly(&held).await;
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn run_held<R, F, E, W>(&self, held: &Claimed, work: W) -> Result<Ran<R, F>, Failed<E>>
+    where
+        R: Serialize,
+        F: Serialize,
+        W: for<'c> FnOnce(&'c mut S::Conn) -> Work<'c, Result<Done<R, F>, E>>,
+    {
+        let orderly = |e: sqlx::Error| Failed::Orderly(db_error::<S>(e));
+        let mut lease = Lease::acquire(&self.store).await.map_err(orderly)?;
+        let mut tx = S::begin(lease.conn()).await.map_err(orderly)?;
+        let decided = match work(&mut tx).await {
+            Ok(decided) => decided,
+            Err(e) => {
+                if tx.rollback().await.is_ok() {
+                    lease.release();
+                }
+                return Err(Failed::Work(e));
+            }
+        };
+        match decided {
+            Done::Succeeded(result) => {
+                if let Err(e) = self.complete_in(&mut tx, held, &result).await {
+                    if tx.rollback().await.is_ok() {
+                        lease.release();
+                    }
+                    return Err(Failed::Orderly(e));
+                }
+                match tx.commit().await {
+                    Ok(()) => lease.release(),
+                    Err(e) if S::classify(&e) == ErrorClass::ConnectionLost => {
+                        drop(lease);
+                        // The commit may have landed: then the record is completed under
+                        // this holder's token, which nobody else could have written.
+                        if !self.landed(held, "SUCCEEDED").await.unwrap_or(false) {
+                            return Err(orderly(e));
+                        }
+                    }
+                    Err(e) => return Err(orderly(e)),
+                }
+                Ok(Ran {
+                    outcome: Ok(result),
+                    replayed: false,
+                })
+            }
+            Done::Failed(failure, kind) => {
+                tx.rollback().await.map_err(orderly)?;
+                lease.release();
+                self.fail(held, &failure, kind)
+                    .await
+                    .map_err(Failed::Orderly)?;
+                Ok(Ran {
+                    outcome: Err(failure),
+                    replayed: false,
+                })
+            }
+        }
+    }
+
+    /// Gives the record up after the work failed; if that fails too, the lease runs out.
+    async fn release_quietly(&self, held: &Claimed) {
+        if let Err(e) = self.release(held).await {
+            tracing::warn!(error = %e, scope = held.scope, key = held.key, "release after a failed request");
+        }
+    }
+}
+
+/// How a held request went wrong: in the caller's work, or in orderly's own writes.
+enum Failed<E> {
+    Work(E),
+    Orderly(Error),
+}
+
+fn replay<R: DeserializeOwned, F: DeserializeOwned>(stored: &Stored) -> Result<Ran<R, F>, Error> {
+    let outcome = match stored {
+        Stored::Succeeded(_) => Ok(stored.parse()?),
+        Stored::Failed(_) => Err(stored.parse()?),
+    };
+    Ok(Ran {
+        outcome,
+        replayed: true,
+    })
+}
