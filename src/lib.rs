@@ -94,7 +94,7 @@ pub use engine::{
 };
 pub use error::{Error, Result, TokenRejection};
 pub use idempotency::{
-    Claim, Claimed, Done, Failure, Ran, Reconciled, Recovered, Records, ScopeConfig, Stored, Stuck,
+    Claim, Claimed, Done, Failure, Ran, Reconciled, Records, Recovered, ScopeConfig, Stored, Stuck,
 };
 pub use machine::{StateMachine, Transition};
 #[cfg(feature = "mysql")]

@@ -189,7 +189,9 @@ impl<S: RecordStore> Records<S> {
     ) -> Result<Recovered> {
         self.config(scope)?;
         if batch == 0 {
-            return Err(Error::InvalidInput("a recovery batch must be positive".into()));
+            return Err(Error::InvalidInput(
+                "a recovery batch must be positive".into(),
+            ));
         }
         let mut shutdown = std::pin::pin!(shutdown);
         let mut total = Recovered::default();

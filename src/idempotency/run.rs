@@ -8,8 +8,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Claim, Claimed, Failure, RecordStore, Records, Stored};
-use crate::store::{ErrorClass, Lease, db_error};
 use crate::Error;
+use crate::store::{ErrorClass, Lease, db_error};
 
 /// The future a request's work returns: boxed, because it borrows the transaction's
 /// connection (`|tx| Box::pin(async move { … })`).

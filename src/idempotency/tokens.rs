@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Records, RecordStore, millis};
+use super::{RecordStore, Records, millis};
 use crate::engine::validate_reference;
 use crate::error::TokenRejection;
 use crate::store::{Lease, db_error};
@@ -15,7 +15,9 @@ impl<S: RecordStore> Records<S> {
     pub async fn issue(&self, scope: &str, ttl: Duration) -> Result<String> {
         self.config(scope)?;
         if ttl.is_zero() {
-            return Err(Error::InvalidInput("a token's time to live must be positive".into()));
+            return Err(Error::InvalidInput(
+                "a token's time to live must be positive".into(),
+            ));
         }
         let token = uuid::Uuid::new_v4().simple().to_string();
         let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;

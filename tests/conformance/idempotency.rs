@@ -10,8 +10,8 @@ use orderly::{Claim, Claimed, Error, Failure, Records, ScopeConfig, Stored};
 use super::Backend;
 
 /// Records with scope `payments` (lease `lease`, retention one hour) and `short`
-/// (lease 10 s, retention 300 ms).
-async fn records<B: Backend>(b: &B, lease: Duration) -> Records<B::S> {
+/// (lease 100 ms, retention 300 ms).
+pub(crate) async fn records<B: Backend>(b: &B, lease: Duration) -> Records<B::S> {
     Records::new(b.store(Duration::from_secs(10)).await)
         .scope(
             "payments",
@@ -24,14 +24,14 @@ async fn records<B: Backend>(b: &B, lease: Duration) -> Records<B::S> {
         .scope(
             "short",
             ScopeConfig {
-                lease: Duration::from_secs(10),
+                lease: Duration::from_millis(100),
                 retention: Duration::from_millis(300),
             },
         )
         .unwrap()
 }
 
-fn claimed(claim: Claim) -> Claimed {
+pub(crate) fn claimed(claim: Claim) -> Claimed {
     match claim {
         Claim::Claimed(held) => held,
         other => panic!("expected a claim, got {other:?}"),

@@ -4,10 +4,13 @@
 
 pub mod faults;
 pub mod idempotency;
+pub mod records_jobs;
 #[allow(unused_imports)] // used through `conformance!`; a binary without it has no use
 pub use faults::*;
 #[allow(unused_imports)] // the Galera suites share the harness, not these bodies
 pub use idempotency::*;
+#[allow(unused_imports)]
+pub use records_jobs::*;
 
 use std::collections::HashMap;
 use std::ops::DerefMut;
@@ -185,6 +188,12 @@ macro_rules! conformance {
             identical_claims_storm_one_runs,
             complete_in_commits_with_the_callers_writes,
             expired_records_count_as_absent,
+            recovery_applies_the_reconcilers_verdict,
+            recovery_jobs_race_each_record_once,
+            recovery_loop_stops_on_shutdown,
+            purge_removes_only_expired_records,
+            tokens_are_consumed_once,
+            run_commits_the_work_with_its_record,
         );
     };
     // The network faults, for a backend that implements `Networked`.
