@@ -127,9 +127,11 @@ pub async fn recovery_jobs_race_each_record_once<B: Backend>(b: &B) {
     for job in jobs {
         totals.push(job.await.unwrap());
     }
-    let calls = calls.lock().unwrap();
-    assert_eq!(calls.len(), 200);
-    assert!(calls.values().all(|&n| n == 1), "a record reconciled twice");
+    {
+        let calls = calls.lock().unwrap();
+        assert_eq!(calls.len(), 200);
+        assert!(calls.values().all(|&n| n == 1), "a record reconciled twice");
+    }
     assert_eq!(totals[0].taken + totals[1].taken, 200);
     assert_eq!(totals[0].succeeded + totals[1].succeeded, 200);
     assert!(
@@ -303,6 +305,8 @@ pub async fn tokens_are_consumed_once<B: Backend>(b: &B) {
     ));
 }
 
+type Conn<B> = <<B as Backend>::S as orderly::Store>::Conn;
+
 /// The work of a request to `Records::run`: creates order `id` and pays it inside the
 /// transaction, then decides as `verdict` says.
 fn place<B: Backend>(
@@ -310,9 +314,7 @@ fn place<B: Backend>(
     runs: Arc<AtomicUsize>,
     id: i64,
     verdict: &'static str,
-) -> impl for<'c> FnOnce(
-    &'c mut <B::S as orderly::Store>::Conn,
-) -> Work<'c, Result<Done<i64, String>, Error>> {
+) -> impl for<'c> FnOnce(&'c mut Conn<B>) -> Work<'c, Result<Done<i64, String>, Error>> {
     move |tx| {
         Box::pin(async move {
             runs.fetch_add(1, Ordering::SeqCst);
