@@ -155,6 +155,7 @@ conformance!(@networked My);
 
 impl<P: Policy> conformance::Networked for My<P> {
     const CUT: server::Cut = server::Cut::ReplyTo(b"COMMIT");
+    const COMMIT_CUT: server::Cut = server::Cut::ReplyTo(b"COMMIT");
 
     fn server(&self) -> std::net::SocketAddr {
         server::socket_addr(self.options.get_host(), self.options.get_port())

@@ -150,6 +150,7 @@ conformance!(@networked Pg);
 
 impl<P: Policy> conformance::Networked for Pg<P> {
     const CUT: server::Cut = server::Cut::Reply(b"INSERT 0 1\0");
+    const COMMIT_CUT: server::Cut = server::Cut::Reply(b"COMMIT\0");
 
     fn server(&self) -> std::net::SocketAddr {
         server::socket_addr(self.options.get_host(), self.options.get_port())

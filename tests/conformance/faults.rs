@@ -32,6 +32,9 @@ pub trait Networked: Backend {
     /// Where a proxy cuts the connection right after the server committed a transition:
     /// the reply to the apply-first write.
     const CUT: Cut;
+    /// Where a proxy cuts the connection right after the server committed a caller's
+    /// transaction: the reply to its `COMMIT`.
+    const COMMIT_CUT: Cut;
     /// A store whose pool of `max` connections reaches this database through `port` on
     /// loopback.
     async fn store_at(&self, port: u16, max: u32) -> Self::S;
@@ -42,7 +45,7 @@ pub trait Networked: Backend {
 
 /// Polls `fut` until it is ready or has been pending `k` times, then drops it: the drop
 /// lands on the `k`-th await point that was not ready at once. `None` if dropped.
-async fn poll_at_most<F: Future>(fut: F, k: usize) -> Option<F::Output> {
+pub(crate) async fn poll_at_most<F: Future>(fut: F, k: usize) -> Option<F::Output> {
     let mut fut = std::pin::pin!(fut);
     let mut pending = 0;
     std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {

@@ -4,11 +4,14 @@
 
 pub mod faults;
 pub mod idempotency;
+pub mod records_faults;
 pub mod records_jobs;
 #[allow(unused_imports)] // used through `conformance!`; a binary without it has no use
 pub use faults::*;
 #[allow(unused_imports)] // the Galera suites share the harness, not these bodies
 pub use idempotency::*;
+#[allow(unused_imports)]
+pub use records_faults::*;
 #[allow(unused_imports)]
 pub use records_jobs::*;
 
@@ -194,6 +197,7 @@ macro_rules! conformance {
             purge_removes_only_expired_records,
             tokens_are_consumed_once,
             run_commits_the_work_with_its_record,
+            records_calls_dropped_at_every_await_point,
         );
     };
     // The network faults, for a backend that implements `Networked`.
@@ -201,6 +205,7 @@ macro_rules! conformance {
         $crate::conformance!(@tests $backend;
             in_doubt_commit_is_read_back,
             killed_connections_are_retryable,
+            records_lost_acknowledgements_are_read_back,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {

@@ -309,7 +309,7 @@ type Conn<B> = <<B as Backend>::S as orderly::Store>::Conn;
 
 /// The work of a request to `Records::run`: creates order `id` and pays it inside the
 /// transaction, then decides as `verdict` says.
-fn place<B: Backend>(
+pub(crate) fn place<B: Backend>(
     e: super::Eng<B>,
     runs: Arc<AtomicUsize>,
     id: i64,

@@ -1,0 +1,211 @@
+//! Idempotency records under faults: calls dropped at every await point, and
+//! acknowledgements lost after the server committed. One body per behaviour, run on
+//! every backend (the network faults on the server backends).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use orderly::{Claim, Error, Reconciled, Records, ScopeConfig, Stored, Stuck};
+
+use super::faults::{Networked, poll_at_most};
+use super::idempotency::claimed;
+use super::records_jobs::place;
+use super::{Backend, OrderState, engine};
+use crate::server::{Cut, Proxy, eventually};
+
+const LEASE: Duration = Duration::from_millis(300);
+
+fn orders<S: orderly::idempotency::RecordStore>(store: S) -> Records<S> {
+    Records::new(store)
+        .scope(
+            "orders",
+            ScopeConfig {
+                lease: LEASE,
+                retention: Duration::from_secs(3600),
+            },
+        )
+        .unwrap()
+}
+
+/// `claim`, `complete` and `run` dropped at every await point they reach, on a pool of
+/// one connection (a connection handed back dirty is certainly the next caller's). After
+/// each drop the pool still serves a claim and a completion that another connection
+/// sees. Afterwards the pool is full and idle, no session sits in a transaction, and
+/// each record is absent, completed, or PROCESSING until its lease runs out; the
+/// recovery job then takes every held one over, and for `run` an order exists exactly
+/// when its record completed.
+pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
+    let store = b.small_store(1).await;
+    let r = orders(store.clone());
+    let e = engine(b).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut dropped: HashMap<&str, usize> = HashMap::new();
+    let mut keys = Vec::new();
+    let mut next = 0i64;
+    for kind in ["claim", "complete", "run"] {
+        let (mut k, mut restarts) = (0, 0);
+        while k < 200 {
+            next += 1;
+            let key = format!("{kind}-{next}");
+            let done = match kind {
+                "claim" => poll_at_most(r.claim("orders", &key, &next), k)
+                    .await
+                    .map(|c| drop(claimed(c.unwrap()))),
+                "complete" => {
+                    let held = claimed(r.claim("orders", &key, &next).await.unwrap());
+                    poll_at_most(r.complete(&held, &"done"), k)
+                        .await
+                        .map(|c| c.unwrap())
+                }
+                _ => {
+                    let work = place::<B>(e.clone(), runs.clone(), next, "ok");
+                    poll_at_most(r.run("orders", &key, &next, work), k)
+                        .await
+                        .map(|ran| assert_eq!(ran.unwrap().outcome, Ok(next)))
+                }
+            };
+            keys.push((kind, key, next));
+            // Whatever was dropped, the pool's next claim and completion commit.
+            let probe = format!("probe-{next}");
+            let held = claimed(r.claim("orders", &probe, &0).await.unwrap());
+            r.complete(&held, &"probe").await.unwrap();
+            assert_eq!(
+                b.scalar(&format!(
+                    "SELECT COUNT(*) FROM idempotency_records \
+                     WHERE idem_key = '{probe}' AND status = 'SUCCEEDED'"
+                ))
+                .await,
+                1,
+                "{kind} dropped after {k} polls: a completion was acknowledged but not committed"
+            );
+            if done.is_some() {
+                if !dropped.contains_key(kind) && restarts < 50 {
+                    (k, restarts) = (0, restarts + 1);
+                    continue;
+                }
+                break;
+            }
+            *dropped.entry(kind).or_insert(0) += 1;
+            k += 1;
+        }
+    }
+    assert_eq!(
+        dropped.len(),
+        3,
+        "some call was never dropped, so the test shows nothing for it: {dropped:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let (size, idle) = B::pool_counts(&store);
+            size as usize == idle
+        })
+        .await,
+        "connections never came back to the pool: {:?}",
+        B::pool_counts(&store)
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            b.open_transactions().await == 0
+        })
+        .await,
+        "a session is left idle in a transaction"
+    );
+
+    // Held records are stuck once their lease runs out; the recovery job takes each over.
+    let held = b
+        .scalar("SELECT COUNT(*) FROM idempotency_records WHERE status = 'PROCESSING'")
+        .await;
+    assert!(
+        held > 0,
+        "no drop left a record held: the recovery part shows nothing"
+    );
+    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    let round = r
+        .recover("orders", 1000, &|_: Stuck| async { Reconciled::Unknown })
+        .await
+        .unwrap();
+    assert_eq!(
+        (round.found, round.released),
+        (held as usize, held as usize)
+    );
+    for (kind, key, id) in keys {
+        let answer = r.claim("orders", &key, &id).await.unwrap();
+        let order = e.get(id).await;
+        match (kind, &answer) {
+            (_, Claim::Claimed(held)) => {
+                if kind == "run" {
+                    assert!(order.is_err(), "{key}: an order without its record");
+                }
+                r.release(held).await.unwrap();
+            }
+            ("complete", Claim::Replayed(Stored::Succeeded(_))) => {}
+            ("run", Claim::Replayed(Stored::Succeeded(_))) => {
+                assert_eq!(order.unwrap().state, OrderState::Paid, "{key}");
+            }
+            _ => panic!("{key}: {answer:?}"),
+        }
+    }
+}
+
+/// Acknowledgements lost after the server committed (a proxy drops the reply): a claim
+/// is recognised as this request's own by its token, never answered "in flight"; a
+/// completion is read back as landed; `run`'s commit is read back and answered as the
+/// success it was.
+pub async fn records_lost_acknowledgements_are_read_back<B: Networked>(b: &B) {
+    let direct = orders(b.store(Duration::from_secs(10)).await);
+
+    // The claim: the key travels in the claim's parameters, first on this connection.
+    let proxy = Proxy::start(b.server(), Cut::ReplyTo(b"claim-ack-lost")).await;
+    let r = orders(b.store_at(proxy.port, 4).await);
+    let held = claimed(r.claim("orders", "claim-ack-lost", &1).await.unwrap());
+    assert_eq!(
+        proxy.cuts(),
+        1,
+        "the proxy never cut: the test shows nothing"
+    );
+    assert_eq!(held.attempt(), 1);
+    // The completion: its result travels in its parameters.
+    let proxy = Proxy::start(b.server(), Cut::ReplyTo(b"complete-ack-lost")).await;
+    let r = orders(b.store_at(proxy.port, 4).await);
+    r.complete(&held, &"complete-ack-lost").await.unwrap();
+    assert_eq!(
+        proxy.cuts(),
+        1,
+        "the proxy never cut: the test shows nothing"
+    );
+    assert_eq!(
+        direct.claim("orders", "claim-ack-lost", &1).await.unwrap(),
+        Claim::Replayed(Stored::Succeeded(r#""complete-ack-lost""#.into()))
+    );
+
+    // `run`'s commit.
+    let e = engine(b).await;
+    let proxy = Proxy::start(b.server(), B::COMMIT_CUT).await;
+    let r = orders(b.store_at(proxy.port, 4).await);
+    let work = place::<B>(e.clone(), Arc::default(), 7, "ok");
+    let ran = r.run("orders", "run-ack-lost", &7, work).await;
+    assert_eq!(
+        proxy.cuts(),
+        1,
+        "the proxy never cut: the test shows nothing"
+    );
+    let ran = ran.unwrap();
+    assert_eq!((ran.outcome, ran.replayed), (Ok(7), false));
+    assert_eq!(e.get(7).await.unwrap().state, OrderState::Paid);
+    let again = direct
+        .run(
+            "orders",
+            "run-ack-lost",
+            &7,
+            place::<B>(e, Arc::default(), 7, "ok"),
+        )
+        .await
+        .unwrap();
+    assert_eq!((again.outcome, again.replayed), (Ok(7), true));
+    assert!(matches!(
+        direct.claim("orders", "run-ack-lost", &8).await,
+        Err(Error::PayloadMismatch { .. })
+    ));
+}
