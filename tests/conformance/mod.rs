@@ -6,6 +6,7 @@ pub mod faults;
 pub mod idempotency;
 pub mod records_faults;
 pub mod records_jobs;
+pub mod records_model;
 #[allow(unused_imports)] // used through `conformance!`; a binary without it has no use
 pub use faults::*;
 #[allow(unused_imports)] // the Galera suites share the harness, not these bodies
@@ -14,6 +15,8 @@ pub use idempotency::*;
 pub use records_faults::*;
 #[allow(unused_imports)]
 pub use records_jobs::*;
+#[allow(unused_imports)]
+pub use records_model::*;
 
 use std::collections::HashMap;
 use std::ops::DerefMut;
@@ -198,6 +201,7 @@ macro_rules! conformance {
             tokens_are_consumed_once,
             run_commits_the_work_with_its_record,
             records_calls_dropped_at_every_await_point,
+            records_agree_with_the_table_model,
         );
     };
     // The network faults, for a backend that implements `Networked`.
