@@ -33,16 +33,25 @@
 //! also the database itself), `other us` the rest of the machine's busy time (the
 //! database server, and any background load).
 //!
+//! The idempotency layer has modes of its own, run after the others at each concurrency
+//! on a reset database: `records` is `Records::run` with the transition inside (claim,
+//! then one transaction with the transition and the record's completion), `rec-hand` the
+//! same writes by hand (an insert of the record; BEGIN, UPDATE, INSERT, the fenced
+//! UPDATE of the record, COMMIT), `replay-r` `Records::run` repeating requests `records`
+//! completed.
+//!
 //! The last lines are one `ratio backend=… c=… engine_vs_floor=… engine_vs_naive=…
-//! replay_vs_engine=…` per concurrency, for scripts.
+//! replay_vs_engine=…` and one `records backend=… c=… records_vs_hand=…
+//! replay_vs_records=…` per concurrency, for scripts.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
+use orderly::idempotency::RecordStore;
 use orderly::store::Store;
-use orderly::{Engine, Outcome};
+use orderly::{Done, Engine, Outcome, Records, ScopeConfig};
 
 orderly::state_machine! {
     /// The order graph.
@@ -114,13 +123,17 @@ fn parse_args() -> Result<Args, BoxError> {
 
 /// What a backend provides to the bench: the raw patterns, and a reset between passes.
 trait BenchDb: Send + Sync + 'static {
-    type S: Store;
+    type S: RecordStore;
     fn engine(&self) -> Engine<OrderMachine, Self::S>;
     fn floor(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
     fn naive(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
     /// Reads the history row of `(id, Pay, pay-id)`; it must exist.
     fn read(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
-    /// Every bench order back to `Created`, version 0, and its history gone.
+    /// By hand, what `Records::run` does with a transition inside: the claim, then one
+    /// transaction with the transition's writes and the record's completion.
+    fn records_hand(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// Every bench order back to `Created`, version 0, its history and the idempotency
+    /// records gone.
     fn reset(&self) -> impl Future<Output = Result<(), BoxError>> + Send;
     fn explain(&self) -> impl Future<Output = Result<String, BoxError>> + Send;
     fn describe(&self) -> String;
@@ -138,6 +151,103 @@ fn ensure(cond: bool, what: &str, id: i64) -> Result<(), BoxError> {
     } else {
         Err(format!("{what} did not apply to order {id}").into())
     }
+}
+
+/// A dialect's statements for the hand-written idempotent request.
+struct HandSql {
+    /// Inserts the record for `(key, payload hash, token)`, as PROCESSING.
+    claim: &'static str,
+    /// The transition: `(to, id, from, version)`.
+    update: &'static str,
+    /// Its history row: `(id, seq, from, to, event, ref)`.
+    insert: &'static str,
+    /// Completes the record: `(result, key, token)`, fenced by the token.
+    complete: &'static str,
+}
+
+/// The hand-written idempotent request on `$pool`, its transaction begun by `$begin`.
+macro_rules! records_hand {
+    ($pool:expr, $begin:expr, $id:expr, $sql:expr) => {{
+        use sha2::Digest;
+        let (id, sql): (i64, &HandSql) = ($id, $sql);
+        let key = format!("key-{id}");
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let hash = hex::encode(sha2::Sha256::digest(id.to_string()));
+        let n = sqlx::query(sql.claim)
+            .bind(&key)
+            .bind(&hash)
+            .bind(&token)
+            .execute($pool)
+            .await?
+            .rows_affected();
+        ensure(n == 1, "records by hand: claim", id)?;
+        let mut tx = $begin.await?;
+        let n = sqlx::query(sql.update)
+            .bind("Paid")
+            .bind(id)
+            .bind("Created")
+            .bind(0_i64)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        ensure(n == 1, "records by hand: update", id)?;
+        sqlx::query(sql.insert)
+            .bind(id)
+            .bind(1_i64)
+            .bind("Created")
+            .bind("Paid")
+            .bind("Pay")
+            .bind(bench_ref(id))
+            .execute(&mut *tx)
+            .await?;
+        let n = sqlx::query(sql.complete)
+            .bind(id.to_string())
+            .bind(&key)
+            .bind(&token)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        ensure(n == 1, "records by hand: complete", id)?;
+        tx.commit().await?;
+        Ok(())
+    }};
+}
+
+/// The scope of the engine's idempotent requests in the bench.
+const SCOPE: &str = "bench";
+
+fn bench_records<S: RecordStore>(store: S) -> Records<S> {
+    Records::new(store)
+        .scope(
+            SCOPE,
+            ScopeConfig {
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(24 * 3600),
+            },
+        )
+        .expect("a valid scope")
+}
+
+/// `Records::run` with the transition of order `id` inside; whether it was replayed.
+async fn records_run<S: RecordStore>(
+    records: &Records<S>,
+    engine: &Engine<OrderMachine, S>,
+    id: i64,
+) -> Result<bool, BoxError> {
+    let e = engine.clone();
+    let ran = records
+        .run(SCOPE, &format!("key-{id}"), &id, move |tx| {
+            Box::pin(async move {
+                let out = e
+                    .transition(id, OrderEvent::Pay, &bench_ref(id))
+                    .within(tx)
+                    .await?;
+                Ok::<_, orderly::Error>(Done::<i64, ()>::Succeeded(out.version()))
+            })
+        })
+        .await?;
+    ensure(ran.outcome == Ok(1), "records", id)?;
+    Ok(ran.replayed)
 }
 
 /// `INSERT … VALUES` statements creating orders `1..=orders` at Created, 1000 per statement.
@@ -368,6 +478,7 @@ impl Lane {
 async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxError> {
     let db = Arc::new(db);
     let engine = db.engine();
+    let records = bench_records(engine.store().clone());
     let big_engine = big.as_ref().map(|b| b.engine());
     println!(
         "# orderly bench: backend={} orders={} seconds={} rounds={} history_rows={}",
@@ -479,10 +590,76 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             applied.throughput() / naive.throughput(),
             replay.throughput() / applied.throughput()
         ));
+        records_pass(&db, &engine, &records, c, args, &mut ratios).await?;
     }
     for line in scales.into_iter().chain(ratios) {
         println!("{line}");
     }
+    Ok(())
+}
+
+/// The idempotency layer at `c` callers: `Records::run` with a transition inside
+/// (`records`), the same writes by hand (`rec-hand`), and replays of the requests the
+/// first applied (`replay-r`), alternating in slices on a reset database (half the
+/// orders each for the two write modes).
+async fn records_pass<B: BenchDb>(
+    db: &Arc<B>,
+    engine: &Engine<OrderMachine, B::S>,
+    records: &Records<B::S>,
+    c: usize,
+    args: &Args,
+    ratios: &mut Vec<String>,
+) -> Result<(), BoxError> {
+    db.reset().await?;
+    let half = args.orders / 2;
+    let slice = args.seconds / args.rounds as f64;
+    let (mut run, mut hand, mut replay) = (Lane::new(1), Lane::new(1 + half), Lane::new(1));
+    for round in 1..=i64::from(args.rounds) {
+        let quota = half * round / i64::from(args.rounds);
+        let (r, e) = (records.clone(), engine.clone());
+        run.slice(c, slice, quota, false, move |id| {
+            let (r, e) = (r.clone(), e.clone());
+            async move { ensure(!records_run(&r, &e, id).await?, "records: replayed", id) }
+        })
+        .await?;
+        let d = db.clone();
+        hand.slice(c, slice, quota, false, move |id| {
+            let d = d.clone();
+            async move { d.records_hand(id).await }
+        })
+        .await?;
+        let done = run.used(quota);
+        let (r, e) = (records.clone(), engine.clone());
+        replay
+            .slice(c, slice, done, true, move |id| {
+                let (r, e) = (r.clone(), e.clone());
+                async move { ensure(records_run(&r, &e, id).await?, "records: not replayed", id) }
+            })
+            .await?;
+    }
+    let [run, hand, replay] = [run, hand, replay].map(|lane| lane.stats.finish());
+    println!("{c:>3}  (idempotency records: the `vs floor` column is against rec-hand)");
+    for (mode, s) in [
+        ("records", &run),
+        ("rec-hand", &hand),
+        ("replay-r", &replay),
+    ] {
+        let (client, other) = s.cpu_per_op();
+        println!(
+            "{c:>3}  {mode:<8} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
+            s.ops,
+            s.throughput(),
+            s.percentile(0.5),
+            s.percentile(0.99),
+            s.throughput() / hand.throughput()
+        );
+    }
+    ratios.push(format!(
+        "records backend={} c={c} records_vs_hand={:.2} replay_vs_records={:.2}",
+        args.backend,
+        run.throughput() / hand.throughput(),
+        replay.throughput() / run.throughput()
+    ));
     Ok(())
 }
 
@@ -606,10 +783,31 @@ mod sqlite {
             ensure(seq.is_some(), "read", id)
         }
 
+        async fn records_hand(&self, id: i64) -> Result<(), BoxError> {
+            records_hand!(
+                &self.pool,
+                self.pool.begin_with("BEGIN IMMEDIATE"),
+                id,
+                &HandSql {
+                    claim: "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                            attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+                        SELECT 'hand', ?1, ?2, 'PROCESSING', ?3, 1, ms + 30000, ms + 86400000, NULL, 0, ms, ms \
+                        FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms) WHERE true \
+                        ON CONFLICT DO NOTHING",
+                    update: "UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4",
+                    insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    complete: "UPDATE idempotency_records SET status = 'SUCCEEDED', result = ?1, \
+                               updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+                           WHERE scope = 'hand' AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'",
+                }
+            )
+        }
+
         async fn reset(&self) -> Result<(), BoxError> {
             sqlx::raw_sql(
                 "DELETE FROM order_transitions WHERE order_id > 0; \
                  UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0; \
+                 DELETE FROM idempotency_records; \
                  PRAGMA wal_checkpoint(TRUNCATE);",
             )
             .execute(&self.pool)
@@ -733,14 +931,35 @@ mod postgres {
             ensure(seq.is_some(), "read", id)
         }
 
+        async fn records_hand(&self, id: i64) -> Result<(), BoxError> {
+            records_hand!(
+                &self.pool,
+                self.pool.begin(),
+                id,
+                &HandSql {
+                    claim: "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                            attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+                        SELECT 'hand', $1, $2, 'PROCESSING', $3, 1, ms + 30000, ms + 86400000, NULL, FALSE, ms, ms \
+                        FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now \
+                        ON CONFLICT DO NOTHING",
+                    update: "UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 AND version = $4",
+                    insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)",
+                    complete: "UPDATE idempotency_records SET status = 'SUCCEEDED', result = $1, \
+                               updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+                           WHERE scope = 'hand' AND idem_key = $2 AND owner_token = $3 AND status = 'PROCESSING'",
+                }
+            )
+        }
+
         async fn reset(&self) -> Result<(), BoxError> {
             sqlx::raw_sql(
                 "DELETE FROM order_transitions WHERE order_id > 0; \
-                 UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0;",
+                 UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0; \
+                 DELETE FROM idempotency_records;",
             )
             .execute(&self.pool)
             .await?;
-            sqlx::raw_sql("VACUUM ANALYZE orders, order_transitions")
+            sqlx::raw_sql("VACUUM ANALYZE orders, order_transitions, idempotency_records")
                 .execute(&self.pool)
                 .await?;
             Ok(())
@@ -940,8 +1159,31 @@ mod mysql {
             ensure(seq.is_some(), "read", id)
         }
 
+        async fn records_hand(&self, id: i64) -> Result<(), BoxError> {
+            records_hand!(
+                &self.pool,
+                self.pool.begin(),
+                id,
+                &HandSql {
+                    claim: "INSERT IGNORE INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                            attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+                        VALUES ('hand', ?, ?, 'PROCESSING', ?, 1, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 30000, \
+                            CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 86400000, NULL, FALSE, \
+                            CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED))",
+                    update: "UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?",
+                    insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)",
+                    complete: "UPDATE idempotency_records SET status = 'SUCCEEDED', result = ?, \
+                               updated_at = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) \
+                           WHERE scope = 'hand' AND idem_key = ? AND owner_token = ? AND status = 'PROCESSING'",
+                }
+            )
+        }
+
         async fn reset(&self) -> Result<(), BoxError> {
             sqlx::raw_sql("DELETE FROM order_transitions WHERE order_id > 0")
+                .execute(&self.pool)
+                .await?;
+            sqlx::raw_sql("DELETE FROM idempotency_records")
                 .execute(&self.pool)
                 .await?;
             sqlx::raw_sql("UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0")

@@ -180,7 +180,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     dying.abort(); // mid-request: its transaction rolls back, its record stays held
     let _ = dying.await;
     println!("  req-44 claimed, order created and stock reserved, then the task died");
-    println!("  stock of sku-1: {} (the reservation rolled back)", stock().await?);
+    println!(
+        "  stock of sku-1: {} (the reservation rolled back)",
+        stock().await?
+    );
     let answer = create_order(&records, &engine, "req-44", &crash, Duration::ZERO).await;
     show("the client retries at once", &answer);
     tokio::time::sleep(Duration::from_millis(600)).await;

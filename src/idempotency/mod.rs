@@ -236,11 +236,23 @@ impl<S: RecordStore> Records<S> {
         held: &Claimed,
         result: &R,
     ) -> Result<()> {
+        self.complete_on(conn, held, result, Txn::Caller).await
+    }
+
+    /// Completes on `conn`, inside a transaction that is the caller's (the write in a
+    /// savepoint) or orderly's own.
+    async fn complete_on<R: Serialize + ?Sized>(
+        &self,
+        conn: &mut S::Conn,
+        held: &Claimed,
+        result: &R,
+        txn: Txn,
+    ) -> Result<()> {
         let json = to_json(result)?;
         let finish = self.finish(held, "SUCCEEDED", Some(&json), false)?;
         let wrote = self
             .store
-            .finish(conn, &finish, Txn::Caller)
+            .finish(conn, &finish, txn)
             .await
             .map_err(db_error::<S>)?;
         lease_held(held, wrote)

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 
 use super::{Claim, Claimed, Failure, RecordStore, Records, Stored};
 use crate::Error;
-use crate::store::{ErrorClass, Lease, db_error};
+use crate::store::{ErrorClass, Lease, Txn, db_error};
 
 /// The future a request's work returns: boxed, because it borrows the transaction's
 /// connection (`|tx| Box::pin(async move { … })`).
@@ -103,7 +103,9 @@ impl<S: RecordStore> Records<S> {
         };
         match decided {
             Done::Succeeded(result) => {
-                if let Err(e) = self.complete_in(&mut tx, held, &result).await {
+                // Our own transaction: the write needs no savepoint of its own, since a
+                // failure rolls the whole transaction back anyway.
+                if let Err(e) = self.complete_on(&mut tx, held, &result, Txn::Own).await {
                     if tx.rollback().await.is_ok() {
                         lease.release();
                     }
