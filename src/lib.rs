@@ -96,6 +96,8 @@ pub use error::{Error, Result, TokenRejection};
 pub use idempotency::{
     Claim, Claimed, Done, Failure, Ran, Reconciled, Records, Recovered, ScopeConfig, Stored, Stuck,
 };
+#[cfg(feature = "redis")]
+pub use idempotency::{FrontConfig, RedisFront};
 pub use machine::{StateMachine, Transition};
 #[cfg(feature = "mysql")]
 pub use store::mysql::MySqlStore;

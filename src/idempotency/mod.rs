@@ -28,11 +28,15 @@ use crate::engine::{fingerprint_of, validate_reference};
 use crate::store::{ErrorClass, Lease, Txn, db_error};
 use crate::{Error, Result};
 
+#[cfg(feature = "redis")]
+mod front;
 mod recovery;
 mod run;
 mod seam;
 mod tokens;
 
+#[cfg(feature = "redis")]
+pub use front::{FrontConfig, RedisFront};
 pub use recovery::{Reconciled, Reconciler, Recovered, Stuck};
 pub use run::{Done, Ran, Work};
 pub use seam::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
@@ -59,6 +63,8 @@ pub struct ScopeConfig {
 pub struct Records<S> {
     store: S,
     scopes: Arc<HashMap<String, ScopeConfig>>,
+    #[cfg(feature = "redis")]
+    front: Option<Arc<RedisFront>>,
 }
 
 /// What a claim found.
@@ -77,6 +83,8 @@ pub struct Claimed {
     key: String,
     token: String,
     attempt: i32,
+    /// The Redis front's marker this claim set, removed once the record is finished.
+    marker: Option<String>,
 }
 
 impl Claimed {
@@ -136,7 +144,19 @@ impl<S: RecordStore> Records<S> {
         Records {
             store,
             scopes: Arc::default(),
+            #[cfg(feature = "redis")]
+            front: None,
         }
+    }
+
+    /// Puts a Redis front before every claim (feature `redis`): while a request runs,
+    /// identical requests are answered [`Error::InFlight`] by Redis without reaching the
+    /// database. The database stays the authority; Redis down or slow only costs the
+    /// front's timeout, and the request goes on to the database.
+    #[cfg(feature = "redis")]
+    pub fn front(mut self, front: RedisFront) -> Self {
+        self.front = Some(Arc::new(front));
+        self
     }
 
     /// Adds a scope: a name (`[A-Za-z0-9_.:-]`, 1 to 64 characters) and how its records
@@ -187,16 +207,32 @@ impl<S: RecordStore> Records<S> {
             lease_ms: millis(config.lease),
             retention_ms: millis(config.retention),
         };
+        let marker = self.mark(&claim, config.lease).await?;
+        match self.claim_db(&claim, &hash).await {
+            Ok(Claim::Claimed(held)) => Ok(Claim::Claimed(Claimed { marker, ..held })),
+            other => {
+                if let Some(marker) = &marker {
+                    self.unmark(scope, key, marker).await;
+                }
+                other
+            }
+        }
+    }
+
+    /// The claim in the database.
+    async fn claim_db(&self, claim: &NewClaim<'_>, hash: &str) -> Result<Claim> {
+        let (scope, key, token) = (claim.scope, claim.key, claim.token);
         let claimed = |attempt| {
             Claim::Claimed(Claimed {
                 scope: scope.to_string(),
                 key: key.to_string(),
-                token: token.clone(),
+                token: token.to_string(),
                 attempt,
+                marker: None,
             })
         };
         for _ in 0..CLAIM_ROUNDS {
-            match self.claim_once(&claim).await {
+            match self.claim_once(claim).await {
                 Ok(Some(attempt)) => return Ok(claimed(attempt)),
                 Ok(None) => {}
                 // The claim may have committed with its acknowledgement lost: the read
@@ -207,7 +243,7 @@ impl<S: RecordStore> Records<S> {
                 Err(e) => return Err(db_error::<S>(e)),
             }
             let row = self.read(scope, key).await.map_err(db_error::<S>)?;
-            match judge(row.as_ref(), &hash, &token, scope, key)? {
+            match judge(row.as_ref(), hash, token, scope, key)? {
                 Seen::Claimable => continue,
                 Seen::Mine(attempt) => return Ok(claimed(attempt)),
                 Seen::Done(stored) => return Ok(Claim::Replayed(stored)),
@@ -236,7 +272,11 @@ impl<S: RecordStore> Records<S> {
         held: &Claimed,
         result: &R,
     ) -> Result<()> {
-        self.complete_on(conn, held, result, Txn::Caller).await
+        let out = self.complete_on(conn, held, result, Txn::Caller).await;
+        if out.is_ok() {
+            self.unmark_held(held).await;
+        }
+        out
     }
 
     /// Completes on `conn`, inside a transaction that is the caller's (the write in a
@@ -337,21 +377,65 @@ impl<S: RecordStore> Records<S> {
             lease.release_after(&out);
             out
         };
-        match written.await {
+        let out = match written.await {
             Ok(wrote) => lease_held(held, wrote),
             Err(e) if S::classify(&e) == ErrorClass::ConnectionLost => {
-                let landed = self
-                    .landed(held, finish.status)
-                    .await
-                    .map_err(|_| db_error::<S>(e))?;
-                lease_held(held, landed)
+                match self.landed(held, finish.status).await {
+                    Ok(landed) => lease_held(held, landed),
+                    Err(_) => Err(db_error::<S>(e)),
+                }
             }
             Err(e) => Err(db_error::<S>(e)),
+        };
+        // Finished (by this holder or, if the lease was lost, by another): the request
+        // is no longer running, and the front's marker goes.
+        if finish.status != "PROCESSING" && !matches!(out, Err(Error::Database { .. })) {
+            self.unmark_held(held).await;
         }
+        out
     }
 }
 
 impl<S: RecordStore> Records<S> {
+    /// Asks the Redis front, if there is one: the marker this claim set, or
+    /// [`Error::InFlight`] if an identical request holds one.
+    async fn mark(&self, claim: &NewClaim<'_>, lease: Duration) -> Result<Option<String>> {
+        #[cfg(feature = "redis")]
+        if let Some(front) = &self.front {
+            let hash = claim.payload_hash.unwrap_or_default();
+            return match front
+                .mark(claim.scope, claim.key, hash, claim.token, lease)
+                .await
+            {
+                front::Mark::Set(marker) => Ok(Some(marker)),
+                front::Mark::Held(retry_after) => Err(Error::InFlight {
+                    scope: claim.scope.to_string(),
+                    key: claim.key.to_string(),
+                    retry_after,
+                }),
+                front::Mark::Pass => Ok(None),
+            };
+        }
+        let _ = (claim, lease);
+        Ok(None)
+    }
+
+    /// Removes the Redis front's marker of a request that is no longer running.
+    async fn unmark(&self, scope: &str, key: &str, marker: &str) {
+        #[cfg(feature = "redis")]
+        if let Some(front) = &self.front {
+            front.unmark(scope, key, marker).await;
+        }
+        let _ = (scope, key, marker);
+    }
+
+    /// Removes the held record's marker, if its claim set one.
+    pub(crate) async fn unmark_held(&self, held: &Claimed) {
+        if let Some(marker) = &held.marker {
+            self.unmark(&held.scope, &held.key, marker).await;
+        }
+    }
+
     /// Whether a write whose acknowledgement was lost landed: the record is in `status`
     /// under this holder's token, which no other holder could have written.
     async fn landed(&self, held: &Claimed, status: &str) -> Result<bool, sqlx::Error> {

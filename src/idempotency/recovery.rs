@@ -146,6 +146,7 @@ impl<S: RecordStore> Records<S> {
                     key: row.idem_key.clone(),
                     token,
                     attempt,
+                    marker: None,
                 },
                 payload_hash: row.payload_hash,
             };

@@ -123,6 +123,7 @@ impl<S: RecordStore> Records<S> {
                     }
                     Err(e) => return Err(orderly(e)),
                 }
+                self.unmark_held(held).await;
                 Ok(Ran {
                     outcome: Ok(result),
                     replayed: false,
