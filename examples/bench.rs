@@ -11,6 +11,8 @@
 //! and its statistics look like a live one [10000],
 //! `--explain` prints the plans of the statements the engine prepared: the apply-first
 //! statement, the replay read and the batched read for 8 requests (PostgreSQL),
+//! `--redis URL` also runs storms of 64 identical idempotency claims on the database
+//! alone and behind the Redis front (feature `redis`; a `front …` line compares them),
 //! `--compare-history N` also sets up `orderly_bench_b` with N history rows and runs the
 //! engine mode on it too (row `engine-b`, interleaved with the others; a `scale …` line
 //! compares the two p50s).
@@ -82,6 +84,7 @@ struct Args {
     rounds: u32,
     explain: bool,
     compare_history: Option<i64>,
+    redis: Option<String>,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
@@ -94,6 +97,7 @@ fn parse_args() -> Result<Args, BoxError> {
         rounds: 5,
         explain: false,
         compare_history: None,
+        redis: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -112,6 +116,7 @@ fn parse_args() -> Result<Args, BoxError> {
             }
             "--explain" => args.explain = true,
             "--compare-history" => args.compare_history = Some(value()?.parse()?),
+            "--redis" => args.redis = Some(value()?),
             other => return Err(format!("unknown option {other}").into()),
         }
     }
@@ -592,6 +597,9 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         ));
         records_pass(&db, &engine, &records, c, args, &mut ratios).await?;
     }
+    if let Some(url) = &args.redis {
+        storm_pass(&records, url, args, &mut ratios).await?;
+    }
     for line in scales.into_iter().chain(ratios) {
         println!("{line}");
     }
@@ -661,6 +669,103 @@ async fn records_pass<B: BenchDb>(
         replay.throughput() / run.throughput()
     ));
     Ok(())
+}
+
+/// Storms of 64 identical claims at once (as a double-click or a retrying gateway
+/// makes), one storm after another for `--seconds`: once on the database alone
+/// (`storm`), once behind the Redis front (`storm-r`). Each storm's one claimant
+/// completes its record; the others are answered in flight. The `vs floor` column is
+/// against `storm`; `other us` shows what the database server spent per answer.
+async fn storm_pass<S: RecordStore>(
+    records: &Records<S>,
+    url: &str,
+    args: &Args,
+    ratios: &mut Vec<String>,
+) -> Result<(), BoxError> {
+    #[cfg(feature = "redis")]
+    {
+        let front = records.clone().front(orderly::RedisFront::new(
+            url,
+            orderly::FrontConfig::default(),
+        )?);
+        let plain = storms(records, "db", args.seconds).await?;
+        let fronted = storms(&front, "redis", args.seconds).await?;
+        println!("     (storms of 64 identical claims: the `vs floor` column is against storm)");
+        for (mode, s) in [("storm", &plain), ("storm-r", &fronted)] {
+            let (client, other) = s.cpu_per_op();
+            println!(
+                " 64  {mode:<8} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
+                s.ops,
+                s.throughput(),
+                s.percentile(0.5),
+                s.percentile(0.99),
+                s.throughput() / plain.throughput()
+            );
+        }
+        ratios.push(format!(
+            "front backend={} storm_redis_vs_db={:.2} other_cpu_redis_vs_db={:.2}",
+            args.backend,
+            fronted.throughput() / plain.throughput(),
+            fronted.cpu_per_op().1 / plain.cpu_per_op().1.max(1.0)
+        ));
+        Ok(())
+    }
+    #[cfg(not(feature = "redis"))]
+    {
+        let _ = (records, url, args, ratios);
+        Err("--redis needs the redis feature (use --all-features)".into())
+    }
+}
+
+/// Storms on `records` for `seconds`; every answer must be a claim (one per storm) or
+/// in flight.
+#[cfg(feature = "redis")]
+async fn storms<S: RecordStore>(
+    records: &Records<S>,
+    tag: &str,
+    seconds: f64,
+) -> Result<Stats, BoxError> {
+    let (client0, machine0) = (process_cpu_micros(), machine_cpu_micros());
+    let start = Instant::now();
+    let mut stats = Stats::default();
+    let mut n = 0;
+    while start.elapsed().as_secs_f64() < seconds {
+        n += 1;
+        let key = format!("storm-{tag}-{}-{n}", std::process::id());
+        let barrier = Arc::new(tokio::sync::Barrier::new(64));
+        let claims: Vec<_> = (0..64)
+            .map(|_| {
+                let (r, key, barrier) = (records.clone(), key.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let t = Instant::now();
+                    let answer = r.claim(SCOPE, &key, &"storm").await;
+                    (answer, t.elapsed())
+                })
+            })
+            .collect();
+        let mut held = Vec::new();
+        for claim in claims {
+            let (answer, took) = claim.await?;
+            stats
+                .micros
+                .push(took.as_micros().min(u32::MAX as u128) as u32);
+            match answer {
+                Ok(orderly::Claim::Claimed(h)) => held.push(h),
+                Err(orderly::Error::InFlight { .. }) => {}
+                other => return Err(format!("storm: unexpected {other:?}").into()),
+            }
+        }
+        if held.len() != 1 {
+            return Err(format!("storm {key}: {} claimants", held.len()).into());
+        }
+        records.complete(&held[0], &"done").await?;
+    }
+    stats.secs = start.elapsed().as_secs_f64();
+    stats.ops = stats.micros.len() as u64;
+    stats.client_cpu = process_cpu_micros() - client0;
+    stats.machine_cpu = machine_cpu_micros() - machine0;
+    Ok(stats.finish())
 }
 
 #[tokio::main]
