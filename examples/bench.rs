@@ -234,23 +234,32 @@ fn bench_records<S: RecordStore>(store: S) -> Records<S> {
 }
 
 /// `Records::run` with the transition of order `id` inside; whether it was replayed.
+/// A retryable error (a deadlock between the locking reads of concurrent callers'
+/// transactions on MariaDB) is re-sent, as a client would.
 async fn records_run<S: RecordStore>(
     records: &Records<S>,
     engine: &Engine<OrderMachine, S>,
     id: i64,
 ) -> Result<bool, BoxError> {
-    let e = engine.clone();
-    let ran = records
-        .run(SCOPE, &format!("key-{id}"), &id, move |tx| {
-            Box::pin(async move {
-                let out = e
-                    .transition(id, OrderEvent::Pay, &bench_ref(id))
-                    .within(tx)
-                    .await?;
-                Ok::<_, orderly::Error>(Done::<i64, ()>::Succeeded(out.version()))
+    let mut tries = 0;
+    let ran = loop {
+        let e = engine.clone();
+        let ran = records
+            .run(SCOPE, &format!("key-{id}"), &id, move |tx| {
+                Box::pin(async move {
+                    let out = e
+                        .transition(id, OrderEvent::Pay, &bench_ref(id))
+                        .within(tx)
+                        .await?;
+                    Ok::<_, orderly::Error>(Done::<i64, ()>::Succeeded(out.version()))
+                })
             })
-        })
-        .await?;
+            .await;
+        match ran {
+            Err(e) if e.is_retryable() && tries < 20 => tries += 1,
+            other => break other?,
+        }
+    };
     ensure(ran.outcome == Ok(1), "records", id)?;
     Ok(ran.replayed)
 }

@@ -41,8 +41,14 @@
 //! result replayed byte for byte, in flight elsewhere, or another payload under the
 //! same key); the holder's `complete`, `fail`, `release` and `extend` are fenced by the
 //! owner token its claim minted, and `complete_in` commits the record with the caller's
-//! own writes. Each backend implements its seam, [`idempotency::RecordStore`], in
-//! `store/<backend>/idempotency.rs`. See `docs/idempotency.md`.
+//! own writes. `run` does the common case in one call: claim, the caller's work in a
+//! transaction, the record completed in it (or the failure policy applied). The
+//! recovery job (`recover`, `recovery_loop`) takes over records whose holder died and
+//! asks a reconciler what happened; `purge` removes expired records in batches;
+//! `issue`/`consume` are one-time tokens; with the cargo feature `redis`, a Redis
+//! front sheds storms of identical requests. Each backend implements its seam,
+//! [`idempotency::RecordStore`], in `store/<backend>/idempotency.rs`. See
+//! `docs/idempotency.md`.
 //!
 //! ## `testing`: your own graph, property-tested
 //!
@@ -52,8 +58,7 @@
 //!
 //! ## What comes next, and where
 //!
-//! The recovery job for stuck records, the batched purge and one-time tokens join
-//! `idempotency/`; multi-step flows with compensation will be `flow/`; events
+//! Multi-step flows with compensation will be `flow/`; events
 //! written with a transition and relayed to brokers `outbox/`; a tower layer `http/`;
 //! metrics `observe`. Each is a folder holding its algorithm above a seam trait of its
 //! own, which every backend implements in a file of its folder next to

@@ -47,7 +47,7 @@ pub use read_first::ReadFirst;
 pub use request::{CreateRequest, TransitionRequest};
 
 use input::{parse_record, parse_state, parse_version};
-use read_first::FirstRound;
+pub(crate) use read_first::FirstRound;
 
 /// The result of a transition that did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

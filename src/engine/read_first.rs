@@ -39,7 +39,7 @@ pub enum ReadFirst {
 /// An engine's [`ReadFirst`] policy, with the recent share of replays that `Adaptive`
 /// goes by. Clones share the share, so every clone of an engine feeds the same one.
 #[derive(Debug, Clone)]
-pub(super) struct FirstRound {
+pub(crate) struct FirstRound {
     policy: ReadFirst,
     /// In 1/1024ths, the share from which `Adaptive` reads first.
     read_first_from: u32,
@@ -47,7 +47,7 @@ pub(super) struct FirstRound {
 }
 
 impl FirstRound {
-    pub(super) fn new(policy: ReadFirst, read_first_from: u32) -> Self {
+    pub(crate) fn new(policy: ReadFirst, read_first_from: u32) -> Self {
         FirstRound {
             policy,
             read_first_from,
@@ -56,7 +56,7 @@ impl FirstRound {
     }
 
     /// Whether the next request should start with the read.
-    pub(super) fn reads_first(&self) -> bool {
+    pub(crate) fn reads_first(&self) -> bool {
         match self.policy {
             ReadFirst::Never => false,
             ReadFirst::Always => true,
@@ -65,7 +65,7 @@ impl FirstRound {
     }
 
     /// Counts a request that ran to its answer: whether it had been recorded before.
-    pub(super) fn note(&self, replay: bool) {
+    pub(crate) fn note(&self, replay: bool) {
         if self.policy == ReadFirst::Adaptive {
             self.replays.note(replay);
         }

@@ -24,7 +24,8 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::engine::{fingerprint_of, validate_reference};
+use crate::ReadFirst;
+use crate::engine::{FirstRound, fingerprint_of, validate_reference};
 use crate::store::{ErrorClass, Lease, Txn, db_error};
 use crate::{Error, Result};
 
@@ -63,6 +64,8 @@ pub struct ScopeConfig {
 pub struct Records<S> {
     store: S,
     scopes: Arc<HashMap<String, ScopeConfig>>,
+    /// Whether a claim reads the record before its write (shared by clones).
+    first: FirstRound,
     #[cfg(feature = "redis")]
     front: Option<Arc<RedisFront>>,
 }
@@ -144,6 +147,7 @@ impl<S: RecordStore> Records<S> {
         Records {
             store,
             scopes: Arc::default(),
+            first: FirstRound::new(ReadFirst::Adaptive, S::READ_FIRST_FROM),
             #[cfg(feature = "redis")]
             front: None,
         }
@@ -180,6 +184,17 @@ impl<S: RecordStore> Records<S> {
         }
         Arc::make_mut(&mut self.scopes).insert(name.to_string(), config);
         Ok(self)
+    }
+
+    /// Which round trip a claim starts with, as for a transition ([`ReadFirst`]): the
+    /// claim's write (a new request answered in one statement; a repeat costs the write
+    /// that takes nothing, then a read) or a read of the record (a repeat answered by
+    /// that one read; a new request pays it on top). The default, `Adaptive`, reads
+    /// first while repeats make up enough of the recent claims through these records.
+    /// The answers are the same either way.
+    pub fn read_first(mut self, policy: ReadFirst) -> Self {
+        self.first = FirstRound::new(policy, S::READ_FIRST_FROM);
+        self
     }
 
     /// The store.
@@ -231,9 +246,29 @@ impl<S: RecordStore> Records<S> {
                 marker: None,
             })
         };
+        let repeat = |answer: Result<Claim>| {
+            self.first.note(true);
+            answer
+        };
+        if self.first.reads_first() {
+            // A read that fails leaves the claim's write to settle it.
+            let row = self.read(scope, key).await.unwrap_or_else(|e| {
+                tracing::debug!(error = %e, scope, key, "read before the claim failed");
+                None
+            });
+            match judge(row.as_ref(), hash, token, scope, key) {
+                Ok(Seen::Claimable) => {}
+                Ok(Seen::Mine(attempt)) => return Ok(claimed(attempt)),
+                Ok(Seen::Done(stored)) => return repeat(Ok(Claim::Replayed(stored))),
+                Err(e) => return repeat(Err(e)),
+            }
+        }
         for _ in 0..CLAIM_ROUNDS {
             match self.claim_once(claim).await {
-                Ok(Some(attempt)) => return Ok(claimed(attempt)),
+                Ok(Some(attempt)) => {
+                    self.first.note(false);
+                    return Ok(claimed(attempt));
+                }
                 Ok(None) => {}
                 // The claim may have committed with its acknowledgement lost: the read
                 // below recognises the record as this claim's own by its token.
@@ -243,10 +278,11 @@ impl<S: RecordStore> Records<S> {
                 Err(e) => return Err(db_error::<S>(e)),
             }
             let row = self.read(scope, key).await.map_err(db_error::<S>)?;
-            match judge(row.as_ref(), hash, token, scope, key)? {
-                Seen::Claimable => continue,
-                Seen::Mine(attempt) => return Ok(claimed(attempt)),
-                Seen::Done(stored) => return Ok(Claim::Replayed(stored)),
+            match judge(row.as_ref(), hash, token, scope, key) {
+                Ok(Seen::Claimable) => continue,
+                Ok(Seen::Mine(attempt)) => return Ok(claimed(attempt)),
+                Ok(Seen::Done(stored)) => return repeat(Ok(Claim::Replayed(stored))),
+                Err(e) => return repeat(Err(e)),
             }
         }
         Err(Error::Contention {

@@ -13,6 +13,7 @@ use super::Backend;
 /// (lease 100 ms, retention 300 ms).
 pub(crate) async fn records<B: Backend>(b: &B, lease: Duration) -> Records<B::S> {
     Records::new(b.store(Duration::from_secs(10)).await)
+        .read_first(B::POLICY)
         .scope(
             "payments",
             ScopeConfig {

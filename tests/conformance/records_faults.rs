@@ -17,8 +17,12 @@ use crate::server::{Cut, Proxy, eventually};
 
 const LEASE: Duration = Duration::from_millis(300);
 
-fn orders<S: orderly::idempotency::RecordStore>(store: S) -> Records<S> {
+fn orders<S: orderly::idempotency::RecordStore>(
+    store: S,
+    policy: orderly::ReadFirst,
+) -> Records<S> {
     Records::new(store)
+        .read_first(policy)
         .scope(
             "orders",
             ScopeConfig {
@@ -38,7 +42,7 @@ fn orders<S: orderly::idempotency::RecordStore>(store: S) -> Records<S> {
 /// when its record completed.
 pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
     let store = b.small_store(1).await;
-    let r = orders(store.clone());
+    let r = orders(store.clone(), B::POLICY);
     let e = engine(b).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let mut dropped: HashMap<&str, usize> = HashMap::new();
@@ -154,11 +158,13 @@ pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
 /// completion is read back as landed; `run`'s commit is read back and answered as the
 /// success it was.
 pub async fn records_lost_acknowledgements_are_read_back<B: Networked>(b: &B) {
-    let direct = orders(b.store(Duration::from_secs(10)).await);
+    let direct = orders(b.store(Duration::from_secs(10)).await, B::POLICY);
 
     // The claim: the key travels in the claim's parameters, first on this connection.
     let proxy = Proxy::start(b.server(), Cut::ReplyTo(b"claim-ack-lost")).await;
-    let r = orders(b.store_at(proxy.port, 4).await);
+    // Writing first, so that the cut reply is the claim's own (reading first, the read
+    // would carry the key first).
+    let r = orders(b.store_at(proxy.port, 4).await, orderly::ReadFirst::Never);
     let held = claimed(r.claim("orders", "claim-ack-lost", &1).await.unwrap());
     assert_eq!(
         proxy.cuts(),
@@ -168,7 +174,7 @@ pub async fn records_lost_acknowledgements_are_read_back<B: Networked>(b: &B) {
     assert_eq!(held.attempt(), 1);
     // The completion: its result travels in its parameters.
     let proxy = Proxy::start(b.server(), Cut::ReplyTo(b"complete-ack-lost")).await;
-    let r = orders(b.store_at(proxy.port, 4).await);
+    let r = orders(b.store_at(proxy.port, 4).await, B::POLICY);
     r.complete(&held, &"complete-ack-lost").await.unwrap();
     assert_eq!(
         proxy.cuts(),
@@ -183,7 +189,7 @@ pub async fn records_lost_acknowledgements_are_read_back<B: Networked>(b: &B) {
     // `run`'s commit.
     let e = engine(b).await;
     let proxy = Proxy::start(b.server(), B::COMMIT_CUT).await;
-    let r = orders(b.store_at(proxy.port, 4).await);
+    let r = orders(b.store_at(proxy.port, 4).await, B::POLICY);
     let work = place::<B>(e.clone(), Arc::default(), 7, "ok");
     let ran = r.run("orders", "run-ack-lost", &7, work).await;
     assert_eq!(

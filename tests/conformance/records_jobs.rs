@@ -339,6 +339,7 @@ pub(crate) fn place<B: Backend>(
 pub async fn run_commits_the_work_with_its_record<B: Backend>(b: &B) {
     let e = engine(b).await;
     let r = Records::new(b.store(Duration::from_secs(10)).await)
+        .read_first(B::POLICY)
         .scope(
             "orders",
             orderly::ScopeConfig {

@@ -279,6 +279,7 @@ pub async fn records_agree_with_the_table_model<B: Backend>(b: &B) {
             case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
         let r = Records::new(store.clone())
+            .read_first(B::POLICY)
             .scope(
                 &scope,
                 ScopeConfig {
