@@ -21,7 +21,14 @@ const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
 impl RecordStore for MySqlStore {
     type Db = MySql;
 
+    /// READ COMMITTED: InnoDB then takes no gap locks for the locking reads inside (a
+    /// transition's judging read of its history row), so concurrent requests on
+    /// neighbouring keys do not deadlock on each other's gaps; orderly's reads inside
+    /// are locking reads and see the latest committed rows at any level.
     async fn begin(conn: &mut MySqlConnection) -> Result<Transaction<'_, MySql>, sqlx::Error> {
+        sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await?;
         conn.begin().await
     }
 
