@@ -155,7 +155,8 @@ conformance!(@networked My);
 
 impl<P: Policy> conformance::Networked for My<P> {
     const CUT: server::Cut = server::Cut::ReplyTo(b"COMMIT");
-    const COMMIT_CUT: server::Cut = server::Cut::ReplyTo(b"COMMIT");
+    // The `COMMIT` query itself (`COM_QUERY`, 0x03), not `… READ COMMITTED`.
+    const COMMIT_CUT: server::Cut = server::Cut::ReplyTo(b"\x03COMMIT");
 
     fn server(&self) -> std::net::SocketAddr {
         server::socket_addr(self.options.get_host(), self.options.get_port())

@@ -40,11 +40,18 @@ impl Default for FrontConfig {
 }
 
 /// A Redis front for [`Records`](crate::Records): see [`Records::front`](crate::Records::front).
+///
+/// Each request's marker, `orderly:idem:{scope length}:{scope}:{key}`, is set *pending*
+/// before the database claim and turned *held* once the database granted the claim; only
+/// a held marker sheds identical requests. While pending (the claim's round trip), a
+/// request with the same key goes on to the database, which may have a stored answer for
+/// it: a repeat of a finished request is never told to wait by the front.
 pub struct RedisFront {
     conn: ConnectionManager,
     config: FrontConfig,
     down_until: Mutex<Option<Instant>>,
     mark: Script,
+    hold: Script,
     unmark: Script,
 }
 
@@ -59,23 +66,27 @@ impl std::fmt::Debug for RedisFront {
 /// What the front said about a request.
 #[derive(Debug)]
 pub(crate) enum Mark {
-    /// This request set the marker (its value): go on to the database.
-    Set(String),
-    /// An identical request holds the marker: in flight, for about this long.
+    /// This request set a pending marker: go on to the database (a granted claim then
+    /// sets its held marker, [`hold`](RedisFront::hold); one not granted removes it).
+    Set,
+    /// An identical request holds the record: in flight, for about this long.
     Held(Duration),
-    /// No answer from the front (another payload's marker, Redis down or slow): go on
-    /// to the database.
+    /// No answer from the front (no held marker of this payload, Redis down or slow):
+    /// go on to the database.
     Pass,
 }
 
 impl RedisFront {
     /// A front on the Redis at `url` (`redis://127.0.0.1:6379/`). Connects lazily: a
     /// Redis that is down now is no error, only a front that passes every request on.
-    /// A malformed URL or a zero `ttl` or `timeout` is [`Error::InvalidInput`].
+    /// A malformed URL, a `ttl` or `timeout` under a millisecond, or a `ttl` over 100
+    /// years is [`Error::InvalidInput`].
     pub fn new(url: &str, config: FrontConfig) -> Result<Self> {
-        if config.ttl.is_zero() || config.timeout.is_zero() {
+        let ms = Duration::from_millis(1);
+        if config.ttl < ms || config.timeout < ms || config.ttl > super::MAX_SPAN {
             return Err(Error::InvalidInput(
-                "the front's ttl and timeout must be positive".into(),
+                "the front's ttl and timeout must be at least a millisecond (ttl at most 100 years)"
+                    .into(),
             ));
         }
         let client = Client::open(url)
@@ -90,23 +101,30 @@ impl RedisFront {
             conn,
             config,
             down_until: Mutex::new(None),
-            // Sets the marker unless one exists; else returns it and its time to live.
+            // Sets a pending marker unless one exists; else returns it and its time to
+            // live.
             mark: Script::new(
                 "local old = redis.call('GET', KEYS[1]) \
                  if old then return {old, redis.call('PTTL', KEYS[1])} end \
                  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) \
                  return false",
             ),
-            // Removes the marker if it is still this request's.
+            // The held marker of the request the database granted the record to; it
+            // replaces whatever pending marker another request set.
+            hold: Script::new("redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1"),
+            // Removes the marker if it is still this request's (by its token).
             unmark: Script::new(
-                "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+                "local v = redis.call('GET', KEYS[1]) \
+                 if v and string.sub(v, -string.len(ARGV[1])) == ARGV[1] then \
                  return redis.call('DEL', KEYS[1]) end return 0",
             ),
         })
     }
 
+    /// The marker's key: the scope's length first, so that no two `(scope, key)` pairs
+    /// share one (scopes and keys may both hold `:`).
     fn key(scope: &str, key: &str) -> String {
-        format!("orderly:idem:{scope}:{key}")
+        format!("orderly:idem:{}:{scope}:{key}", scope.len())
     }
 
     /// Whether Redis is to be asked now (not within a pause after a failure).
@@ -121,8 +139,37 @@ impl RedisFront {
             Some(Instant::now() + self.config.pause_after_failure);
     }
 
-    /// Sets the marker of `(scope, key)` for a request with payload fingerprint `hash`
-    /// and owner token `token`, unless one is there.
+    /// Runs `script` within the front's timeout; `None` (and a pause) if Redis failed.
+    async fn call<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        call: &redis::ScriptInvocation<'_>,
+    ) -> Option<T> {
+        if !self.available() {
+            return None;
+        }
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.config.timeout, call.invoke_async::<T>(&mut conn)).await {
+            Ok(Ok(answer)) => Some(answer),
+            Ok(Err(e)) => {
+                self.failed(what, &e);
+                None
+            }
+            Err(_) => {
+                self.failed(what, &"timed out");
+                None
+            }
+        }
+    }
+
+    fn ttl_ms(&self, lease: Duration) -> u64 {
+        u64::try_from(self.config.ttl.min(lease).as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// Sets a pending marker for a request with payload fingerprint `hash` and owner
+    /// token `token`, unless one is there; a held marker of the same payload sheds it.
     pub(crate) async fn mark(
         &self,
         scope: &str,
@@ -131,50 +178,45 @@ impl RedisFront {
         token: &str,
         lease: Duration,
     ) -> Mark {
-        if !self.available() {
-            return Mark::Pass;
-        }
-        let value = format!("{hash}:{token}");
-        let ttl = self.config.ttl.min(lease);
-        let mut conn = self.conn.clone();
         let mut call = self.mark.key(Self::key(scope, key));
-        call.arg(&value).arg(ttl.as_millis().max(1) as u64);
-        let answer = tokio::time::timeout(
-            self.config.timeout,
-            call.invoke_async::<Option<(String, i64)>>(&mut conn),
-        )
-        .await;
-        match answer {
-            Ok(Ok(None)) => Mark::Set(value),
-            Ok(Ok(Some((old, left_ms)))) => match old.split_once(':') {
-                Some((old_hash, _)) if old_hash == hash && left_ms > 0 => {
+        call.arg(format!("p:{hash}:{token}"))
+            .arg(self.ttl_ms(lease));
+        match self.call::<Option<(String, i64)>>("marking", &call).await {
+            Some(None) => Mark::Set,
+            Some(Some((old, left_ms))) => {
+                let mut parts = old.splitn(3, ':');
+                let held = parts.next() == Some("h") && parts.next() == Some(hash);
+                if held && left_ms > 0 {
                     Mark::Held(Duration::from_millis(left_ms.unsigned_abs()))
+                } else {
+                    Mark::Pass
                 }
-                _ => Mark::Pass,
-            },
-            Ok(Err(e)) => {
-                self.failed("marking", &e);
-                Mark::Pass
             }
-            Err(_) => {
-                self.failed("marking", &"timed out");
-                Mark::Pass
-            }
+            None => Mark::Pass,
         }
     }
 
-    /// Removes the marker `value` of `(scope, key)` if it is still there.
-    pub(crate) async fn unmark(&self, scope: &str, key: &str, value: &str) {
-        if !self.available() {
-            return;
-        }
-        let mut conn = self.conn.clone();
+    /// Sets the held marker of the request with owner token `token`: the database granted
+    /// it the record (the only holder there is).
+    pub(crate) async fn hold(
+        &self,
+        scope: &str,
+        key: &str,
+        hash: &str,
+        token: &str,
+        lease: Duration,
+    ) {
+        let mut call = self.hold.key(Self::key(scope, key));
+        call.arg(format!("h:{hash}:{token}"))
+            .arg(self.ttl_ms(lease));
+        let _: Option<i64> = self.call("holding", &call).await;
+    }
+
+    /// Removes the marker set by the request with owner token `token`, if it is still
+    /// there.
+    pub(crate) async fn unmark(&self, scope: &str, key: &str, token: &str) {
         let mut call = self.unmark.key(Self::key(scope, key));
-        call.arg(value);
-        match tokio::time::timeout(self.config.timeout, call.invoke_async::<i64>(&mut conn)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => self.failed("unmarking", &e),
-            Err(_) => self.failed("unmarking", &"timed out"),
-        }
+        call.arg(format!(":{token}"));
+        let _: Option<i64> = self.call("unmarking", &call).await;
     }
 }

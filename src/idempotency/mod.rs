@@ -45,6 +45,10 @@ pub use seam::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, Tok
 /// Longest accepted idempotency key, in characters (as for a transition's reference).
 pub const MAX_KEY_LEN: usize = crate::engine::MAX_REF_LEN;
 
+/// The longest lease, retention or time to live: the database clock plus it stays far
+/// inside a 64-bit count of milliseconds.
+pub(crate) const MAX_SPAN: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// How many times a claim reads and tries again when the record changes under it.
 const CLAIM_ROUNDS: u32 = 8;
 
@@ -86,7 +90,8 @@ pub struct Claimed {
     key: String,
     token: String,
     attempt: i32,
-    /// The Redis front's marker this claim set, removed once the record is finished.
+    /// The token under which this claim set a marker in the Redis front, removed once
+    /// the record is finished.
     marker: Option<String>,
 }
 
@@ -164,8 +169,8 @@ impl<S: RecordStore> Records<S> {
     }
 
     /// Adds a scope: a name (`[A-Za-z0-9_.:-]`, 1 to 64 characters) and how its records
-    /// live. A bad name, a zero lease or a retention not longer than the lease is
-    /// [`Error::InvalidInput`].
+    /// live. A bad name, a lease under a millisecond, or a retention not longer than the
+    /// lease or over 100 years is [`Error::InvalidInput`].
     pub fn scope(mut self, name: &str, config: ScopeConfig) -> Result<Self> {
         let ok = !name.is_empty()
             && name.len() <= 64
@@ -177,9 +182,13 @@ impl<S: RecordStore> Records<S> {
                 "scope name {name:?} must be 1 to 64 of [A-Za-z0-9_.:-]"
             )));
         }
-        if config.lease.is_zero() || config.retention <= config.lease {
+        if config.lease < Duration::from_millis(1)
+            || config.retention <= config.lease
+            || config.retention > MAX_SPAN
+        {
             return Err(Error::InvalidInput(format!(
-                "scope {name}: the lease must be positive and the retention longer than it"
+                "scope {name}: the lease must be at least a millisecond, and the retention \
+                 longer than it and at most 100 years"
             )));
         }
         Arc::make_mut(&mut self.scopes).insert(name.to_string(), config);
@@ -224,7 +233,11 @@ impl<S: RecordStore> Records<S> {
         };
         let marker = self.mark(&claim, config.lease).await?;
         match self.claim_db(&claim, &hash).await {
-            Ok(Claim::Claimed(held)) => Ok(Claim::Claimed(Claimed { marker, ..held })),
+            // Granted: whoever set the pending marker, this claim's held one replaces it.
+            Ok(Claim::Claimed(held)) => {
+                let marker = self.hold(&claim, config.lease).await;
+                Ok(Claim::Claimed(Claimed { marker, ..held }))
+            }
             other => {
                 if let Some(marker) = &marker {
                     self.unmark(scope, key, marker).await;
@@ -413,10 +426,20 @@ impl<S: RecordStore> Records<S> {
             lease.release_after(&out);
             out
         };
+        // An extension leaves the record as it found it, so a read cannot tell whether
+        // it landed: a lost one is an error to retry, never taken for success.
+        let finishes = finish.status != "PROCESSING";
         let out = match written.await {
-            Ok(wrote) => lease_held(held, wrote),
-            Err(e) if S::classify(&e) == ErrorClass::ConnectionLost => {
-                match self.landed(held, finish.status).await {
+            Ok(true) => Ok(()),
+            // Nothing written: the record is not this holder's any more, unless this very
+            // write landed before (a retry of a write whose acknowledgement was lost).
+            Ok(false) if finishes => match self.landed(held, finish.status, Some(finish)).await {
+                Ok(landed) => lease_held(held, landed),
+                Err(e) => Err(db_error::<S>(e)),
+            },
+            Ok(false) => lease_held(held, false),
+            Err(e) if finishes && S::classify(&e) == ErrorClass::ConnectionLost => {
+                match self.landed(held, finish.status, Some(finish)).await {
                     Ok(landed) => lease_held(held, landed),
                     Err(_) => Err(db_error::<S>(e)),
                 }
@@ -443,7 +466,7 @@ impl<S: RecordStore> Records<S> {
                 .mark(claim.scope, claim.key, hash, claim.token, lease)
                 .await
             {
-                front::Mark::Set(marker) => Ok(Some(marker)),
+                front::Mark::Set => Ok(Some(claim.token.to_string())),
                 front::Mark::Held(retry_after) => Err(Error::InFlight {
                     scope: claim.scope.to_string(),
                     key: claim.key.to_string(),
@@ -454,6 +477,21 @@ impl<S: RecordStore> Records<S> {
         }
         let _ = (claim, lease);
         Ok(None)
+    }
+
+    /// Tells the Redis front that this claim was granted: its held marker now sheds
+    /// identical requests. The token the marker is under, if there is a front.
+    async fn hold(&self, claim: &NewClaim<'_>, lease: Duration) -> Option<String> {
+        #[cfg(feature = "redis")]
+        if let Some(front) = &self.front {
+            let hash = claim.payload_hash.unwrap_or_default();
+            front
+                .hold(claim.scope, claim.key, hash, claim.token, lease)
+                .await;
+            return Some(claim.token.to_string());
+        }
+        let _ = (claim, lease);
+        None
     }
 
     /// Removes the Redis front's marker of a request that is no longer running.
@@ -473,11 +511,20 @@ impl<S: RecordStore> Records<S> {
     }
 
     /// Whether a write whose acknowledgement was lost landed: the record is in `status`
-    /// under this holder's token, which no other holder could have written.
-    async fn landed(&self, held: &Claimed, status: &str) -> Result<bool, sqlx::Error> {
+    /// under this holder's token, which no other holder could have written (and, given
+    /// `finish`, holds what it wrote).
+    async fn landed(
+        &self,
+        held: &Claimed,
+        status: &str,
+        finish: Option<&Finish<'_>>,
+    ) -> Result<bool, sqlx::Error> {
         let row = self.read(&held.scope, &held.key).await?;
         Ok(row.is_some_and(|r| {
-            r.owner_token.as_deref() == Some(held.token.as_str()) && r.status == status
+            r.owner_token.as_deref() == Some(held.token.as_str())
+                && r.status == status
+                && finish
+                    .is_none_or(|f| r.result.as_deref() == f.result && r.terminal == f.terminal)
         }))
     }
 }

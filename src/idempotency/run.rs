@@ -117,7 +117,7 @@ impl<S: RecordStore> Records<S> {
                         drop(lease);
                         // The commit may have landed: then the record is completed under
                         // this holder's token, which nobody else could have written.
-                        if !self.landed(held, "SUCCEEDED").await.unwrap_or(false) {
+                        if !self.landed(held, "SUCCEEDED", None).await.unwrap_or(false) {
                             return Err(orderly(e));
                         }
                     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{RecordStore, Records, millis};
+use super::{MAX_SPAN, RecordStore, Records, millis};
 use crate::engine::validate_reference;
 use crate::error::TokenRejection;
 use crate::store::{Lease, db_error};
@@ -11,12 +11,13 @@ use crate::{Error, Result};
 
 impl<S: RecordStore> Records<S> {
     /// Issues a new one-time token for `scope` (a known scope), valid for `ttl`: 128
-    /// random bits as 32 hex characters. A zero `ttl` is [`Error::InvalidInput`].
+    /// random bits as 32 hex characters. A `ttl` under a millisecond or over 100 years is
+    /// [`Error::InvalidInput`].
     pub async fn issue(&self, scope: &str, ttl: Duration) -> Result<String> {
         self.config(scope)?;
-        if ttl.is_zero() {
+        if ttl < Duration::from_millis(1) || ttl > MAX_SPAN {
             return Err(Error::InvalidInput(
-                "a token's time to live must be positive".into(),
+                "a token's time to live must be between a millisecond and 100 years".into(),
             ));
         }
         let token = uuid::Uuid::new_v4().simple().to_string();

@@ -96,9 +96,19 @@ pub async fn claim_follows_the_outcome_table<B: Backend>(b: &B) {
         r.claim("payments", "k-1", &other).await,
         Err(Error::PayloadMismatch { .. })
     ));
-    // A finished record is no holder's any more.
+    // A finished record is no holder's any more: another result is refused, and the
+    // same completion again (a retry after a lost acknowledgement) is answered as landed.
+    let other_charge = Charge {
+        charge_id: "ch_2".into(),
+        amount: 4200,
+    };
     assert!(matches!(
-        r.complete(&held, &charge).await,
+        r.complete(&held, &other_charge).await,
+        Err(Error::LeaseLost { .. })
+    ));
+    r.complete(&held, &charge).await.unwrap();
+    assert!(matches!(
+        r.fail(&held, &"declined", Failure::Terminal).await,
         Err(Error::LeaseLost { .. })
     ));
 

@@ -170,23 +170,29 @@ async fn check<B: Backend>(
                     _ => r.release(held).await,
                 };
                 let row = rows[k].as_mut().expect("a holder implies a row");
-                let mine =
+                let target = match *op {
+                    Op::Complete { .. } => Status::Succeeded(result),
+                    Op::Fail { terminal, .. } => Status::Failed {
+                        result: Some(result),
+                        terminal,
+                    },
+                    _ => Status::Failed {
+                        result: None,
+                        terminal: false,
+                    },
+                };
+                let holds =
                     row.owner == Some(index) && matches!(row.status, Status::Processing { .. });
+                // The same write by the same holder, landed before: answered as landed.
+                let landed = row.owner == Some(index) && row.status == target;
+                let mine = holds || landed;
                 match (got, mine) {
-                    (Ok(()), true) => {
+                    // Written now (a write landed before changes nothing).
+                    (Ok(()), true) if holds => {
                         row.expired = false;
-                        row.status = match *op {
-                            Op::Complete { .. } => Status::Succeeded(result),
-                            Op::Fail { terminal, .. } => Status::Failed {
-                                result: Some(result),
-                                terminal,
-                            },
-                            _ => Status::Failed {
-                                result: None,
-                                terminal: false,
-                            },
-                        };
+                        row.status = target;
                     }
+                    (Ok(()), true) => {}
                     (Err(Error::LeaseLost { .. }), false) => {}
                     (got, _) => {
                         return Err(at(format!(
