@@ -2,7 +2,10 @@
 //! way because their server died, and what removes records past their retention.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
+
+use futures_util::FutureExt;
 
 use super::{Claimed, Failure, RecordStore, Records, TakeOver, millis};
 use crate::store::{Lease, db_error};
@@ -67,8 +70,8 @@ pub struct Recovered {
     pub later: usize,
     /// Taken over, then lost again before the reconciler answered (its lease ran out).
     pub lost: usize,
-    /// Records whose finishing write failed with a database error (they are stuck
-    /// again once this job's lease runs out).
+    /// Records whose takeover or finishing write failed with a database error, or whose
+    /// reconciler panicked (they are stuck again once this job's lease runs out).
     pub errors: usize,
 }
 
@@ -89,8 +92,9 @@ impl<S: RecordStore> Records<S> {
     /// One round of recovery in `scope`: finds up to `limit` records stuck in PROCESSING
     /// past their lease, takes each over by its token (a conditional update, so two jobs
     /// never act on the same record), asks `reconciler` what happened, and completes,
-    /// fails or releases the record accordingly. One record's failure does not stop the
-    /// others; an error finding them is returned.
+    /// fails or releases the record accordingly. One record's failure (a database error,
+    /// a reconciler that panics) does not stop the others; an error finding them is
+    /// returned.
     pub async fn recover<R: Reconciler>(
         &self,
         scope: &str,
@@ -150,7 +154,16 @@ impl<S: RecordStore> Records<S> {
                 },
                 payload_hash: row.payload_hash,
             };
-            let verdict = reconciler.reconcile(&stuck).await;
+            let reconciled = AssertUnwindSafe(reconciler.reconcile(&stuck)).catch_unwind();
+            let Ok(verdict) = reconciled.await else {
+                tracing::error!(
+                    scope,
+                    key = stuck.held.key(),
+                    "recovery: the reconciler panicked; the record stays held until this job's lease runs out"
+                );
+                done.errors += 1;
+                continue;
+            };
             let held = &stuck.held;
             let written = match &verdict {
                 Reconciled::Succeeded(result) => self.complete(held, result).await,

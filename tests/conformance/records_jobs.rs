@@ -27,10 +27,11 @@ async fn stuck_records<S: orderly::idempotency::RecordStore>(r: &Records<S>, n: 
 
 /// The recovery job takes over only records whose lease ran out, asks the reconciler,
 /// and applies its verdict: completed records replay the reconciled result, failed ones
-/// their failure, released ones are claimed again; `Later` leaves the record held.
+/// their failure, released ones are claimed again; `Later` leaves the record held, and so
+/// does a reconciler that panics, counted as an error without stopping the round.
 pub async fn recovery_applies_the_reconcilers_verdict<B: Backend>(b: &B) {
     let r = records(b, Duration::from_millis(300)).await;
-    stuck_records(&r, 4).await;
+    stuck_records(&r, 5).await;
     // A live one, claimed after the others' leases ran out: not stuck.
     let live = claimed(r.claim("payments", "live", &"p").await.unwrap());
     let reconciler = |stuck: Stuck| async move {
@@ -40,6 +41,7 @@ pub async fn recovery_applies_the_reconcilers_verdict<B: Backend>(b: &B) {
             "stuck-0" => Reconciled::Succeeded(serde_json::json!({ "charge": "ch_0" })),
             "stuck-1" => Reconciled::Failed(serde_json::json!("declined"), Failure::Terminal),
             "stuck-2" => Reconciled::Unknown,
+            "stuck-4" => panic!("a reconciler with a bug"),
             _ => Reconciled::Later,
         }
     };
@@ -51,9 +53,10 @@ pub async fn recovery_applies_the_reconcilers_verdict<B: Backend>(b: &B) {
             round.succeeded,
             round.failed,
             round.released,
-            round.later
+            round.later,
+            round.errors
         ),
-        (4, 4, 1, 1, 1, 1),
+        (5, 5, 1, 1, 1, 1, 1),
         "{round:?}"
     );
     assert_eq!(
