@@ -56,9 +56,17 @@
 //! duplicates, a reference model of the outcome table, and a checker that runs a
 //! sequence through an engine and the model side by side.
 //!
+//! ## [`flow`]: multi-step flows, declared
+//!
+//! [`flow!`] declares a flow's kind, definition version and steps in order, each local,
+//! keyed or unsafe and with or without a compensation, and checks the declaration at
+//! compile time (no empty flow, no keyed or unsafe step with an effect before the pivot
+//! left without a compensation). Running flows (persisted steps, compensation in reverse,
+//! the recovery job) comes next, in the same folder.
+//!
 //! ## What comes next, and where
 //!
-//! Multi-step flows with compensation will be `flow/`; events
+//! The flow runner joins `flow/`; events
 //! written with a transition and relayed to brokers `outbox/`; a tower layer `http/`;
 //! metrics `observe`. Each is a folder holding its algorithm above a seam trait of its
 //! own, which every backend implements in a file of its folder next to
@@ -88,6 +96,7 @@ extern crate self as orderly;
 
 pub mod engine;
 pub mod error;
+pub mod flow;
 pub mod idempotency;
 pub mod machine;
 pub mod store;
