@@ -56,9 +56,9 @@
 //! duplicates, a reference model of the outcome table, and a checker that runs a
 //! sequence through an engine and the model side by side.
 //!
-//! ## [`flow`]: multi-step flows, declared
+//! ## [`flow`](mod@flow): multi-step flows, declared
 //!
-//! [`flow!`] declares a flow's kind, definition version and steps in order, each local,
+//! [`flow!`](macro@flow) declares a flow's kind, definition version and steps in order, each local,
 //! keyed or unsafe and with or without a compensation, and checks the declaration at
 //! compile time (no empty flow, no keyed or unsafe step with an effect before the pivot
 //! left without a compensation). Running flows (persisted steps, compensation in reverse,
