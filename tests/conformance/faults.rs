@@ -59,6 +59,27 @@ pub(crate) async fn poll_at_most<F: Future>(fut: F, k: usize) -> Option<F::Outpu
     .await
 }
 
+/// The pool got every connection back (or replaced it), they are idle, and no session on
+/// the server sits in a transaction.
+pub(crate) async fn assert_pool_clean<B: Backend>(b: &B, store: &B::S) {
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let (size, idle) = B::pool_counts(store);
+            size as usize == idle
+        })
+        .await,
+        "connections never came back to the pool: {:?}",
+        B::pool_counts(store)
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            b.open_transactions().await == 0
+        })
+        .await,
+        "a session is left idle in a transaction"
+    );
+}
+
 /// Every kind of call dropped at every await point it reaches (k = 0, 1, 2, … polls,
 /// until it completes), on a pool of one connection so that a connection handed back
 /// dirty is certainly the next caller's. After each drop, an order is created through
@@ -163,23 +184,7 @@ pub async fn cancelled_calls_leave_the_pool_clean<B: Backend>(b: &B) {
             7,
             "some kind of call was never dropped, so the test shows nothing for it: {dropped:?}"
         );
-        // The pool got every connection back (or replaced it), and they are idle.
-        assert!(
-            eventually(Duration::from_secs(10), || async {
-                let (size, idle) = B::pool_counts(&store);
-                size as usize == idle
-            })
-            .await,
-            "connections never came back to the pool: {:?}",
-            B::pool_counts(&store)
-        );
-        assert!(
-            eventually(Duration::from_secs(10), || async {
-                b.open_transactions().await == 0
-            })
-            .await,
-            "a session is left idle in a transaction"
-        );
+        assert_pool_clean(b, &store).await;
         // Every request re-sent is answered as the history says; nothing is half-done.
         for id in touched {
             let history = e.history(id).await.unwrap();

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use orderly::{Claim, Error, Reconciled, Records, ScopeConfig, Stored, Stuck};
 
-use super::faults::{Networked, poll_at_most};
+use super::faults::{Networked, assert_pool_clean, poll_at_most};
 use super::idempotency::claimed;
 use super::records_jobs::place;
 use super::{Backend, OrderState, engine};
-use crate::server::{Cut, Proxy, eventually};
+use crate::server::{Cut, Proxy};
 
 const LEASE: Duration = Duration::from_millis(300);
 
@@ -100,22 +100,7 @@ pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
         3,
         "some call was never dropped, so the test shows nothing for it: {dropped:?}"
     );
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (size, idle) = B::pool_counts(&store);
-            size as usize == idle
-        })
-        .await,
-        "connections never came back to the pool: {:?}",
-        B::pool_counts(&store)
-    );
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            b.open_transactions().await == 0
-        })
-        .await,
-        "a session is left idle in a transaction"
-    );
+    assert_pool_clean(b, &store).await;
 
     // Held records are stuck once their lease runs out; the recovery job takes each over.
     let held = b

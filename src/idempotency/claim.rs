@@ -1,0 +1,200 @@
+//! The claim: the lock and the judgement of "one lock, two judgements, three updates"
+//! (the outcome table in `docs/idempotency.md`), and the Redis front's part in it.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::{
+    CLAIM_ROUNDS, Claim, Claimed, NewClaim, RecordRow, RecordStore, Records, Stored, millis,
+};
+use crate::engine::{fingerprint_of, validate_reference};
+use crate::store::{ErrorClass, Lease, db_error};
+use crate::{Error, Result};
+
+impl<S: RecordStore> Records<S> {
+    /// Claims `(scope, key)` for a request with `payload` (any serializable value; `&()`
+    /// for none). The outcome table is in `docs/idempotency.md`.
+    pub async fn claim<P: Serialize + ?Sized>(
+        &self,
+        scope: &str,
+        key: &str,
+        payload: &P,
+    ) -> Result<Claim> {
+        let config = self.config(scope)?;
+        validate_reference("an idempotency key", key)?;
+        let hash = fingerprint_of(payload)?;
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let claim = NewClaim {
+            scope,
+            key,
+            payload_hash: Some(&hash),
+            token: &token,
+            lease_ms: millis(config.lease),
+            retention_ms: millis(config.retention),
+        };
+        let marker = self.mark(&claim, config.lease).await?;
+        match self.claim_db(&claim, &hash).await {
+            // Granted: whoever set the pending marker, this claim's held one replaces it.
+            Ok(Claim::Claimed(held)) => {
+                let marker = self.hold(&claim, config.lease).await;
+                Ok(Claim::Claimed(Claimed { marker, ..held }))
+            }
+            other => {
+                if let Some(marker) = &marker {
+                    self.unmark(scope, key, marker).await;
+                }
+                other
+            }
+        }
+    }
+
+    /// The claim in the database.
+    async fn claim_db(&self, claim: &NewClaim<'_>, hash: &str) -> Result<Claim> {
+        let (scope, key, token) = (claim.scope, claim.key, claim.token);
+        let claimed = |attempt| {
+            Claim::Claimed(Claimed {
+                scope: scope.to_string(),
+                key: key.to_string(),
+                token: token.to_string(),
+                attempt,
+                marker: None,
+            })
+        };
+        let repeat = |answer: Result<Claim>| {
+            self.first.note(true);
+            answer
+        };
+        if self.first.reads_first() {
+            // A read that fails leaves the claim's write to settle it.
+            let row = self.read(scope, key).await.unwrap_or_else(|e| {
+                tracing::debug!(error = %e, scope, key, "read before the claim failed");
+                None
+            });
+            match judge(row.as_ref(), hash, token, scope, key) {
+                Ok(Seen::Claimable) => {}
+                Ok(Seen::Mine(attempt)) => return Ok(claimed(attempt)),
+                Ok(Seen::Done(stored)) => return repeat(Ok(Claim::Replayed(stored))),
+                Err(e) => return repeat(Err(e)),
+            }
+        }
+        for _ in 0..CLAIM_ROUNDS {
+            match self.claim_once(claim).await {
+                Ok(Some(attempt)) => {
+                    self.first.note(false);
+                    return Ok(claimed(attempt));
+                }
+                Ok(None) => {}
+                // The claim may have committed with its acknowledgement lost: the read
+                // below recognises the record as this claim's own by its token.
+                Err(e) if S::classify(&e) != ErrorClass::Fatal => {
+                    tracing::debug!(error = %e, scope, key, "claim failed; reading the record");
+                }
+                Err(e) => return Err(db_error::<S>(e)),
+            }
+            let row = self.read(scope, key).await.map_err(db_error::<S>)?;
+            match judge(row.as_ref(), hash, token, scope, key) {
+                Ok(Seen::Claimable) => continue,
+                Ok(Seen::Mine(attempt)) => return Ok(claimed(attempt)),
+                Ok(Seen::Done(stored)) => return repeat(Ok(Claim::Replayed(stored))),
+                Err(e) => return repeat(Err(e)),
+            }
+        }
+        Err(Error::Contention {
+            attempts: CLAIM_ROUNDS,
+        })
+    }
+
+    /// The claim statement on a pooled connection (closed unless the statement ran to its
+    /// end, as for every statement below).
+    async fn claim_once(&self, claim: &NewClaim<'_>) -> Result<Option<i32>, sqlx::Error> {
+        let mut lease = Lease::acquire(&self.store).await?;
+        let out = self.store.claim(lease.conn(), claim).await;
+        lease.release_after(&out);
+        out
+    }
+
+    /// Asks the Redis front, if there is one: the marker this claim set, or
+    /// [`Error::InFlight`] if an identical request holds one.
+    async fn mark(&self, claim: &NewClaim<'_>, lease: Duration) -> Result<Option<String>> {
+        #[cfg(feature = "redis")]
+        if let Some(front) = &self.front {
+            let hash = claim.payload_hash.unwrap_or_default();
+            return match front
+                .mark(claim.scope, claim.key, hash, claim.token, lease)
+                .await
+            {
+                super::front::Mark::Set => Ok(Some(claim.token.to_string())),
+                super::front::Mark::Held(retry_after) => Err(Error::InFlight {
+                    scope: claim.scope.to_string(),
+                    key: claim.key.to_string(),
+                    retry_after,
+                }),
+                super::front::Mark::Pass => Ok(None),
+            };
+        }
+        let _ = (claim, lease);
+        Ok(None)
+    }
+
+    /// Tells the Redis front that this claim was granted: its held marker now sheds
+    /// identical requests. The token the marker is under, if there is a front.
+    async fn hold(&self, claim: &NewClaim<'_>, lease: Duration) -> Option<String> {
+        #[cfg(feature = "redis")]
+        if let Some(front) = &self.front {
+            let hash = claim.payload_hash.unwrap_or_default();
+            front
+                .hold(claim.scope, claim.key, hash, claim.token, lease)
+                .await;
+            return Some(claim.token.to_string());
+        }
+        let _ = (claim, lease);
+        None
+    }
+}
+
+/// What a read of the record says to a claim.
+enum Seen {
+    /// Absent, expired, its lease run out, or failed retryably: claim again.
+    Claimable,
+    /// This claim's own (its commit's acknowledgement was lost).
+    Mine(i32),
+    /// Finished: replay it.
+    Done(Stored),
+}
+
+/// The outcome table of a claim, on a record as read. The payload is checked before
+/// anything else but absence: a changed payload is a mismatch even while the first
+/// request runs.
+fn judge(row: Option<&RecordRow>, hash: &str, token: &str, scope: &str, key: &str) -> Result<Seen> {
+    let Some(row) = row.filter(|r| r.expired == 0) else {
+        return Ok(Seen::Claimable);
+    };
+    if row.owner_token.as_deref() == Some(token) && row.status == "PROCESSING" {
+        return Ok(Seen::Mine(row.attempt));
+    }
+    if row.payload_hash.as_deref() != Some(hash) {
+        return Err(Error::PayloadMismatch {
+            subject: format!("scope {scope}"),
+            reference: key.to_string(),
+        });
+    }
+    match row.status.as_str() {
+        "PROCESSING" if row.lease_left_ms > 0 => Err(Error::InFlight {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            retry_after: Duration::from_millis(row.lease_left_ms.unsigned_abs()),
+        }),
+        "PROCESSING" => Ok(Seen::Claimable),
+        "SUCCEEDED" => Ok(Seen::Done(Stored::Succeeded(
+            row.result.clone().unwrap_or_else(|| "null".into()),
+        ))),
+        "FAILED" if row.terminal => Ok(Seen::Done(Stored::Failed(row.result.clone()))),
+        "FAILED" => Ok(Seen::Claimable),
+        other => Err(Error::CorruptRecord {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            value: other.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,188 @@
+//! The holder's writes: complete, fail, release and extend, each fenced by the owner
+//! token, read back when an acknowledgement is lost.
+
+use serde::Serialize;
+
+use super::{Claimed, Failure, Finish, RecordStore, Records, millis};
+use crate::store::{ErrorClass, Lease, Txn, db_error};
+use crate::{Error, Result};
+
+impl<S: RecordStore> Records<S> {
+    /// Completes the held record with `result`, stored as JSON and replayed byte for byte
+    /// to every later claim. [`Error::LeaseLost`] if the record is no longer this
+    /// holder's (nothing is written); a result that does not serialize is
+    /// [`Error::InvalidInput`], before any write.
+    pub async fn complete<R: Serialize + ?Sized>(&self, held: &Claimed, result: &R) -> Result<()> {
+        let json = to_json(result)?;
+        let finish = self.finish(held, "SUCCEEDED", Some(&json), false)?;
+        self.fenced(held, &finish).await
+    }
+
+    /// [`complete`](Self::complete) inside the caller's transaction: the record commits
+    /// or rolls back with the caller's own writes.
+    pub async fn complete_in<R: Serialize + ?Sized>(
+        &self,
+        conn: &mut S::Conn,
+        held: &Claimed,
+        result: &R,
+    ) -> Result<()> {
+        let out = self.complete_on(conn, held, result, Txn::Caller).await;
+        if out.is_ok() {
+            self.unmark_held(held).await;
+        }
+        out
+    }
+
+    /// Completes on `conn`, inside a transaction that is the caller's (the write in a
+    /// savepoint) or orderly's own.
+    pub(super) async fn complete_on<R: Serialize + ?Sized>(
+        &self,
+        conn: &mut S::Conn,
+        held: &Claimed,
+        result: &R,
+        txn: Txn,
+    ) -> Result<()> {
+        let json = to_json(result)?;
+        let finish = self.finish(held, "SUCCEEDED", Some(&json), false)?;
+        let wrote = self
+            .store
+            .finish(conn, &finish, txn)
+            .await
+            .map_err(db_error::<S>)?;
+        lease_held(held, wrote)
+    }
+
+    /// Fails the held record with `failure` (stored as JSON). [`Failure::Terminal`]:
+    /// replayed to later claims; [`Failure::Retryable`]: the next claim with the same
+    /// payload runs the request again.
+    pub async fn fail<F: Serialize + ?Sized>(
+        &self,
+        held: &Claimed,
+        failure: &F,
+        kind: Failure,
+    ) -> Result<()> {
+        let json = to_json(failure)?;
+        let finish = self.finish(held, "FAILED", Some(&json), kind == Failure::Terminal)?;
+        self.fenced(held, &finish).await
+    }
+
+    /// Gives the held record up, storing nothing: the next claim runs the request again.
+    pub async fn release(&self, held: &Claimed) -> Result<()> {
+        let finish = self.finish(held, "FAILED", None, false)?;
+        self.fenced(held, &finish).await
+    }
+
+    /// Extends the held record's lease by the scope's lease, from now.
+    pub async fn extend(&self, held: &Claimed) -> Result<()> {
+        let finish = self.finish(held, "PROCESSING", None, false)?;
+        self.fenced(held, &finish).await
+    }
+
+    fn finish<'a>(
+        &self,
+        held: &'a Claimed,
+        status: &'static str,
+        result: Option<&'a str>,
+        terminal: bool,
+    ) -> Result<Finish<'a>> {
+        let config = self.config(&held.scope)?;
+        Ok(Finish {
+            scope: &held.scope,
+            key: &held.key,
+            token: &held.token,
+            status,
+            result,
+            terminal,
+            lease_ms: millis(config.lease),
+            retention_ms: millis(config.retention),
+        })
+    }
+
+    /// A fenced write on the engine's own connection. If the connection failed after it
+    /// was sent, the record is read back: a write that landed left it finished under
+    /// this holder's token, which no other holder could have done.
+    async fn fenced(&self, held: &Claimed, finish: &Finish<'_>) -> Result<()> {
+        let written = async {
+            let mut lease = Lease::acquire(&self.store).await?;
+            let out = self.store.finish(lease.conn(), finish, Txn::Own).await;
+            lease.release_after(&out);
+            out
+        };
+        // An extension leaves the record as it found it, so a read cannot tell whether
+        // it landed: a lost one is an error to retry, never taken for success.
+        let finishes = finish.status != "PROCESSING";
+        let out = match written.await {
+            Ok(true) => Ok(()),
+            // Nothing written: the record is not this holder's any more, unless this very
+            // write landed before (a retry of a write whose acknowledgement was lost).
+            Ok(false) if finishes => match self.landed(held, finish.status, Some(finish)).await {
+                Ok(landed) => lease_held(held, landed),
+                Err(e) => Err(db_error::<S>(e)),
+            },
+            Ok(false) => lease_held(held, false),
+            Err(e) if finishes && S::classify(&e) == ErrorClass::ConnectionLost => {
+                match self.landed(held, finish.status, Some(finish)).await {
+                    Ok(landed) => lease_held(held, landed),
+                    Err(_) => Err(db_error::<S>(e)),
+                }
+            }
+            Err(e) => Err(db_error::<S>(e)),
+        };
+        // Finished (by this holder or, if the lease was lost, by another): the request
+        // is no longer running, and the front's marker goes.
+        if finish.status != "PROCESSING" && !matches!(out, Err(Error::Database { .. })) {
+            self.unmark_held(held).await;
+        }
+        out
+    }
+
+    /// Removes the Redis front's marker of a request that is no longer running.
+    pub(super) async fn unmark(&self, scope: &str, key: &str, marker: &str) {
+        #[cfg(feature = "redis")]
+        if let Some(front) = &self.front {
+            front.unmark(scope, key, marker).await;
+        }
+        let _ = (scope, key, marker);
+    }
+
+    /// Removes the held record's marker, if its claim set one.
+    pub(crate) async fn unmark_held(&self, held: &Claimed) {
+        if let Some(marker) = &held.marker {
+            self.unmark(&held.scope, &held.key, marker).await;
+        }
+    }
+
+    /// Whether a write whose acknowledgement was lost landed: the record is in `status`
+    /// under this holder's token, which no other holder could have written (and, given
+    /// `finish`, holds what it wrote).
+    pub(super) async fn landed(
+        &self,
+        held: &Claimed,
+        status: &str,
+        finish: Option<&Finish<'_>>,
+    ) -> Result<bool, sqlx::Error> {
+        let row = self.read(&held.scope, &held.key).await?;
+        Ok(row.is_some_and(|r| {
+            r.owner_token.as_deref() == Some(held.token.as_str())
+                && r.status == status
+                && finish
+                    .is_none_or(|f| r.result.as_deref() == f.result && r.terminal == f.terminal)
+        }))
+    }
+}
+
+fn lease_held(held: &Claimed, wrote: bool) -> Result<()> {
+    if wrote {
+        Ok(())
+    } else {
+        Err(Error::LeaseLost {
+            scope: held.scope.clone(),
+            key: held.key.clone(),
+        })
+    }
+}
+
+fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String> {
+    serde_json::to_string(value)
+        .map_err(|e| Error::InvalidInput(format!("the result does not serialize as JSON: {e}")))
+}
