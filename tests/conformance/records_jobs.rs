@@ -12,9 +12,13 @@ use orderly::{Claim, Done, Error, Failure, Reconciled, Records, Stored, Stuck, T
 use super::idempotency::{claimed, records};
 use super::{Backend, OrderEvent, OrderState, engine};
 
-/// Claims `n` records in `payments` and leaves them held, to be stuck once the lease
-/// (300 ms) runs out.
-async fn stuck_records<S: orderly::idempotency::RecordStore>(r: &Records<S>, n: usize) {
+/// Claims `n` records in `payments` and leaves them held, to be stuck once `lease` (the
+/// scope's) runs out.
+async fn stuck_records<S: orderly::idempotency::RecordStore>(
+    r: &Records<S>,
+    n: usize,
+    lease: Duration,
+) {
     for i in 0..n {
         claimed(
             r.claim("payments", &format!("stuck-{i}"), &i)
@@ -22,7 +26,7 @@ async fn stuck_records<S: orderly::idempotency::RecordStore>(r: &Records<S>, n: 
                 .unwrap(),
         );
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
 }
 
 /// The recovery job takes over only records whose lease ran out, asks the reconciler,
@@ -30,8 +34,11 @@ async fn stuck_records<S: orderly::idempotency::RecordStore>(r: &Records<S>, n: 
 /// their failure, released ones are claimed again; `Later` leaves the record held, and so
 /// does a reconciler that panics, counted as an error without stopping the round.
 pub async fn recovery_applies_the_reconcilers_verdict<B: Backend>(b: &B) {
-    let r = records(b, Duration::from_millis(300)).await;
-    stuck_records(&r, 5).await;
+    // A lease long enough for the live record and the job's own takeovers to outlast
+    // the whole body, on a slow server (a Galera node) too.
+    let lease = Duration::from_millis(1500);
+    let r = records(b, lease).await;
+    stuck_records(&r, 5, lease).await;
     // A live one, claimed after the others' leases ran out: not stuck.
     let live = claimed(r.claim("payments", "live", &"p").await.unwrap());
     let reconciler = |stuck: Stuck| async move {
@@ -93,7 +100,7 @@ pub async fn recovery_applies_the_reconcilers_verdict<B: Backend>(b: &B) {
 /// before either finished taking them (the reconciler is slow), so they raced.
 pub async fn recovery_jobs_race_each_record_once<B: Backend>(b: &B) {
     let r = records(b, Duration::from_millis(300)).await;
-    stuck_records(&r, 200).await;
+    stuck_records(&r, 200, Duration::from_millis(300)).await;
     let calls = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
     let barrier = Arc::new(tokio::sync::Barrier::new(2));
     let jobs: Vec<_> = (0..2)
@@ -154,7 +161,7 @@ pub async fn recovery_jobs_race_each_record_once<B: Backend>(b: &B) {
 /// The recovery loop runs rounds until its shutdown signal, then returns its totals.
 pub async fn recovery_loop_stops_on_shutdown<B: Backend>(b: &B) {
     let r = records(b, Duration::from_millis(300)).await;
-    stuck_records(&r, 5).await;
+    stuck_records(&r, 5, Duration::from_millis(300)).await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let job = {
         let r = r.clone();
