@@ -91,6 +91,18 @@ pub enum Error {
         reason: TokenRejection,
     },
 
+    /// The flow is recorded under a version of its definition this runner does not
+    /// know: it is left alone, for a runner that knows that version (a rolling deploy).
+    #[error("flow {kind} {key} runs under version {version}, unknown to this runner")]
+    FlowVersion {
+        /// The flow's kind.
+        kind: String,
+        /// The flow key.
+        key: String,
+        /// The version it is recorded under.
+        version: i32,
+    },
+
     /// An idempotency record holds a status orderly never writes. Investigate.
     #[error("record {key} in scope {scope} holds an unknown status {value:?}")]
     CorruptRecord {

@@ -107,6 +107,7 @@ pub use engine::{
     CreateRequest, Engine, EngineConfig, Order, Outcome, ReadFirst, Record, TransitionRequest,
 };
 pub use error::{Error, Result, TokenRejection};
+pub use flow::{Definition, FlowConfig, FlowOutcome, Flows, Resume, Started, StepError};
 pub use idempotency::{
     Claim, Claimed, Done, Failure, Ran, Reconciled, Records, Recovered, ScopeConfig, Stored, Stuck,
 };

@@ -73,8 +73,18 @@ impl StepSpec {
     }
 }
 
+/// A step of a declared flow: the enum [`flow!`](crate::flow!) generates.
+pub trait FlowStep: Copy + Send + Sync + 'static {
+    /// The step's name.
+    fn name(self) -> &'static str;
+    /// The step's position in the flow, from 0.
+    fn index(self) -> usize;
+}
+
 /// A declared flow: what [`flow!`](crate::flow!) implements.
 pub trait Flow: Send + Sync + 'static {
+    /// The enum of its steps.
+    type Step: FlowStep;
     /// The flow's kind, part of its identity `(kind, flow_key)`.
     const KIND: &'static str;
     /// The definition's version, stored with every flow record: a runner leaves a flow

@@ -91,7 +91,17 @@ macro_rules! flow {
             }
         }
 
+        impl $crate::flow::FlowStep for $steps {
+            fn name(self) -> &'static str {
+                $steps::name(self)
+            }
+            fn index(self) -> usize {
+                $steps::index(self)
+            }
+        }
+
         impl $crate::flow::Flow for $flow {
+            type Step = $steps;
             const KIND: &'static str = $kind;
             const VERSION: u32 = $version;
             const STEPS: &'static [$crate::flow::StepSpec] = &[

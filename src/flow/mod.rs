@@ -6,11 +6,28 @@
 //! steps of one name, and no keyed or unsafe step with an effect but no compensation
 //! before the pivot (the first step that is never compensated, after which steps are only
 //! retried forward).
+//!
+//! A [`Definition`] attaches the actions; [`Flows`] registers definitions, starts flows
+//! ([`Flows::start`]), resumes parked ones ([`Flows::resume`]), runs the recovery job
+//! ([`Flows::recover`], [`Flows::recovery_loop`]) and shows what is recorded
+//! ([`Flows::get`], [`Flows::list`]). The model and its guarantees are in
+//! `docs/flows.md`.
 
 mod def;
+mod drive;
 mod macros;
+mod recovery;
+mod run;
+mod seam;
+mod steps;
 
-pub use def::{Flow, StepClass, StepSpec, Undo};
+pub use def::{Flow, FlowStep, StepClass, StepSpec, Undo};
+pub use recovery::FlowsRecovered;
+pub use run::{
+    FlowConfig, FlowOutcome, FlowView, Flows, Listed, Outputs, ParkReason, Resume, Started,
+};
+pub use seam::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
+pub use steps::{Ctx, Definition, StepError};
 
 #[doc(hidden)]
 pub use def::__check;

@@ -3,12 +3,15 @@
 #![allow(dead_code)]
 
 pub mod faults;
+pub mod flows;
 pub mod idempotency;
 pub mod records_faults;
 pub mod records_jobs;
 pub mod records_model;
 #[allow(unused_imports)] // used through `conformance!`; a binary without it has no use
 pub use faults::*;
+#[allow(unused_imports)]
+pub use flows::*;
 #[allow(unused_imports)] // the Galera suites share the harness, not these bodies
 pub use idempotency::*;
 #[allow(unused_imports)]
@@ -54,7 +57,7 @@ pub type Eng<B> = Engine<OrderMachine, <B as Backend>::S>;
 /// What a test needs from a backend: a fresh database and a few dialect-specific moves.
 #[allow(async_fn_in_trait)]
 pub trait Backend: Sized + Send + Sync + 'static {
-    type S: orderly::idempotency::RecordStore;
+    type S: orderly::flow::FlowStore;
     /// An open transaction on its own connection, held by the test.
     type Tx: DerefMut<Target = <Self::S as Store>::Conn> + Send;
 
@@ -81,6 +84,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// Commits what [`begin_on`](Self::begin_on) began.
     async fn commit_on(tx: Self::TxOn<'_>);
     async fn exec_in(tx: &mut Self::Tx, sql: &str);
+    /// Runs literal SQL on a connection (inside whatever transaction is open on it), as a
+    /// flow's local step would.
+    fn exec_conn<'c>(
+        conn: &'c mut <Self::S as Store>::Conn,
+        sql: String,
+    ) -> orderly::idempotency::Work<'c, Result<(), sqlx::Error>>;
     async fn commit(tx: Self::Tx);
     async fn rollback(tx: Self::Tx);
     /// Commits; whether it succeeded.
@@ -138,6 +147,18 @@ macro_rules! harness_sql_methods {
                 .execute(conn)
                 .await
                 .unwrap();
+        }
+
+        fn exec_conn<'c>(
+            conn: &'c mut $conn,
+            sql: String,
+        ) -> orderly::idempotency::Work<'c, Result<(), sqlx::Error>> {
+            Box::pin(async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
         }
 
         async fn commit(tx: Self::Tx) {
@@ -202,6 +223,19 @@ macro_rules! conformance {
             run_commits_the_work_with_its_record,
             records_calls_dropped_at_every_await_point,
             records_agree_with_the_table_model,
+            flow_runs_each_step_once,
+            flow_failure_compensates_in_reverse,
+            flow_compensation_is_retried,
+            flow_failing_compensation_parks_until_resumed,
+            flow_concurrent_starts_run_once,
+            flow_crash_at_every_point_is_recovered,
+            flow_dropped_at_every_await_point_is_resumed,
+            flow_recovery_jobs_race,
+            flow_unsafe_step_parks_for_reconciliation,
+            flow_attempt_cap_parks_a_crashing_step,
+            flow_unknown_version_is_left_alone,
+            flow_bad_definitions_are_rejected,
+            flow_payment_callback_delivered_three_times,
         );
     };
     // The network faults, for a backend that implements `Networked`.

@@ -269,7 +269,7 @@ impl RecordStore for MySqlStore {
 impl MySqlStore {
     /// The prefix that makes a read causal on Galera (it waits for what the cluster
     /// committed before it), empty elsewhere.
-    fn causal(&self) -> &'static str {
+    pub(super) fn causal(&self) -> &'static str {
         if self.causal_reads() == Some(true) {
             "SET STATEMENT wsrep_sync_wait = 1 FOR "
         } else {

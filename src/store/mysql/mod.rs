@@ -8,6 +8,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 use super::{ErrorClass, Store, Tables, classify_common, db_error};
 use crate::Error;
 
+mod flows;
 mod idempotency;
 mod transitions;
 mod units;

@@ -8,6 +8,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use super::{ErrorClass, Tables, classify_common, db_error};
 use crate::Error;
 
+mod flows;
 mod idempotency;
 mod transitions;
 

@@ -11,6 +11,7 @@ use sqlx::sqlite::{
 use super::{ErrorClass, Tables, classify_common, db_error};
 use crate::Error;
 
+mod flows;
 mod idempotency;
 mod transitions;
 mod units;

@@ -1,0 +1,342 @@
+//! What runs flows nobody is running: the recovery job (claims due flows by a token CAS
+//! and resumes them), the operator's [`Flows::resume`] of a parked flow, and the
+//! inspection of flows.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+
+use super::drive::{Held, lease_lost, to_i32, write};
+use super::run::{FlowOutcome, FlowView, Flows, Listed, Resume, is_live, millis};
+use super::{FlowStore, Listing, StepWrite, TakeDue, Touch};
+use crate::store::{Lease, db_error};
+use crate::{Error, Result};
+
+/// What one round of the recovery job did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowsRecovered {
+    /// Due flows this job claimed (a flow another job claimed first is not counted).
+    pub taken: usize,
+    /// Of those, completed.
+    pub completed: usize,
+    /// Compensated.
+    pub compensated: usize,
+    /// Waiting for a step's retry.
+    pub waiting: usize,
+    /// Parked for an operator.
+    pub parked: usize,
+    /// Lost to another runner before they finished (their lease ran out).
+    pub lost: usize,
+    /// Failed with a database error or a panicking step: due again once this job's lease
+    /// runs out.
+    pub errors: usize,
+}
+
+impl FlowsRecovered {
+    fn add(&mut self, other: FlowsRecovered) {
+        self.taken += other.taken;
+        self.completed += other.completed;
+        self.compensated += other.compensated;
+        self.waiting += other.waiting;
+        self.parked += other.parked;
+        self.lost += other.lost;
+        self.errors += other.errors;
+    }
+
+    fn count(&mut self, outcome: &Result<FlowOutcome>) {
+        match outcome {
+            Ok(FlowOutcome::Completed(_)) => self.completed += 1,
+            Ok(FlowOutcome::Compensated { .. }) => self.compensated += 1,
+            Ok(FlowOutcome::Waiting { .. }) => self.waiting += 1,
+            Ok(FlowOutcome::Parked { .. }) => self.parked += 1,
+            Err(Error::LeaseLost { .. }) => self.lost += 1,
+            Err(_) => self.errors += 1,
+        }
+    }
+}
+
+impl<S: FlowStore> Flows<S> {
+    /// One round of the recovery job: claims up to `limit` due flows (running or
+    /// compensating, not parked, lease run out) of the kinds and versions registered
+    /// here, by a token CAS (`SKIP LOCKED` where the backend has it, so two jobs never
+    /// claim one flow), and resumes each where its record says: a started keyed step
+    /// runs again with its key, a started unsafe step parks the flow, a compensation
+    /// goes on in reverse. One flow's failure (a database error, a step that panics)
+    /// does not stop the others. Flows of versions not registered here are left alone.
+    pub async fn recover(&self, limit: u32) -> Result<FlowsRecovered> {
+        let mut done = FlowsRecovered::default();
+        let mut ids: Vec<_> = self.defs.keys().copied().collect();
+        ids.sort_unstable();
+        for (kind, version) in ids {
+            let left = (limit as usize).saturating_sub(done.taken);
+            if left == 0 {
+                break;
+            }
+            let Some(def) = self.defs.get(&(kind, version)).cloned() else {
+                continue;
+            };
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            let due = TakeDue {
+                kind,
+                version: i32::try_from(version).unwrap_or(i32::MAX),
+                token: &token,
+                lease_ms: millis(self.config.lease),
+                limit: i64::try_from(left).unwrap_or(i64::MAX),
+            };
+            let claimed = {
+                let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+                let out = self.store.take_due(lease.conn(), &due).await;
+                lease.release_after(&out);
+                out.map_err(db_error::<S>)?
+            };
+            for (key, attempt) in claimed {
+                done.taken += 1;
+                let held = Held {
+                    kind: kind.to_string(),
+                    key,
+                    token: token.clone(),
+                    attempt,
+                    input: None,
+                };
+                let key = held.key.clone();
+                let outcome = AssertUnwindSafe(def.drive(self, held, false))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::InvalidInput(format!(
+                            "a step of flow {kind} {key} panicked"
+                        )))
+                    });
+                if let Err(e) = &outcome {
+                    tracing::warn!(error = %e, kind, key, "recovering a flow failed");
+                }
+                done.count(&outcome);
+            }
+        }
+        Ok(done)
+    }
+
+    /// Runs [`recover`](Self::recover) in rounds of `batch` until `shutdown` resolves: a
+    /// full round is followed at once by the next, a partial one by a pause of `idle`. A
+    /// round that fails (the database is down) is logged and retried after `idle`.
+    /// Shutdown is checked between rounds and during the pause, so a round in progress
+    /// finishes first. Returns the totals. Spawn it on a tokio task.
+    pub async fn recovery_loop(
+        &self,
+        batch: u32,
+        idle: Duration,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<FlowsRecovered> {
+        if batch == 0 {
+            return Err(Error::InvalidInput(
+                "a recovery batch must be positive".into(),
+            ));
+        }
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut total = FlowsRecovered::default();
+        loop {
+            let pause = match self.recover(batch).await {
+                Ok(round) => {
+                    total.add(round);
+                    round.taken < batch as usize
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "flow recovery round failed");
+                    true
+                }
+            };
+            let wait = if pause { idle } else { Duration::ZERO };
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(total),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// An operator's resume of a parked flow, after finding out what happened: claims it
+    /// (a flow that is not parked, or whose version is not registered here, is
+    /// [`Error::InvalidInput`] / [`Error::FlowVersion`] and nothing changes), records the
+    /// decision, and runs it as far as it goes.
+    ///
+    /// - [`Resume::Retry`]: what was started or given up runs again (the step a runner
+    ///   died in; given-up compensations).
+    /// - [`Resume::Applied`]: the started step (or compensation) took effect with this
+    ///   output; the flow goes on after it.
+    /// - [`Resume::Compensate`]: the started step did not take effect and the flow stops:
+    ///   the steps before it are compensated. Only for a running flow, before the pivot.
+    pub async fn resume(&self, kind: &str, key: &str, how: Resume) -> Result<FlowOutcome> {
+        let row = self
+            .read_flow(kind, key)
+            .await?
+            .ok_or_else(|| Error::InvalidInput(format!("no flow {kind} {key}")))?;
+        let def = self
+            .def(kind, row.version)
+            .cloned()
+            .ok_or(Error::FlowVersion {
+                kind: kind.to_string(),
+                key: key.to_string(),
+                version: row.version,
+            })?;
+        if row.park_reason.is_none() || !is_live(&row.status) {
+            return Err(Error::InvalidInput(format!(
+                "flow {kind} {key} is not parked"
+            )));
+        }
+        let steps = self.read_steps(kind, key).await?;
+        let specs = def.specs();
+        let started = steps.iter().find(|s| s.status == "STARTED");
+        let at = usize::try_from(row.step_at).unwrap_or(usize::MAX);
+        match &how {
+            Resume::Retry => {}
+            Resume::Applied(_) if started.is_none() => {
+                return Err(Error::InvalidInput(format!(
+                    "flow {kind} {key} has no started step to record as applied"
+                )));
+            }
+            Resume::Applied(_) => {}
+            Resume::Compensate if row.status != "RUNNING" || at >= specs.len() => {
+                return Err(Error::InvalidInput(format!(
+                    "flow {kind} {key} is not running forward: nothing to compensate from"
+                )));
+            }
+            Resume::Compensate => {}
+        }
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let unparked = {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let out = self
+                .store
+                .unpark(lease.conn(), kind, key, &token, millis(self.config.lease))
+                .await;
+            lease.release_after(&out);
+            out.map_err(db_error::<S>)?
+        };
+        if !unparked {
+            return Err(Error::InvalidInput(format!(
+                "flow {kind} {key} is not parked"
+            )));
+        }
+        let held = Held {
+            kind: kind.to_string(),
+            key: key.to_string(),
+            token,
+            attempt: 1,
+            input: None,
+        };
+        let fence = Touch {
+            kind,
+            key,
+            token: &held.token,
+            lease_ms: millis(self.config.lease),
+            progress: true,
+            step_at: None,
+            status: None,
+            park: None,
+            output: None,
+            error: None,
+        };
+        match how {
+            Resume::Retry => {
+                let phase = if row.status == "COMPENSATING" {
+                    "C"
+                } else {
+                    "F"
+                };
+                write(self, &held, &fence, None, Some(phase)).await?;
+            }
+            Resume::Applied(output) => {
+                let Some(step) = started else {
+                    return Err(lease_lost(&held));
+                };
+                let output = serde_json::to_string(&output).map_err(|e| {
+                    Error::InvalidInput(format!("the output does not serialize: {e}"))
+                })?;
+                let index = usize::try_from(step.step_index).unwrap_or(usize::MAX);
+                let name = specs.get(index).map_or("", |s| s.name);
+                let forward = step.phase == "F";
+                let touch = Touch {
+                    step_at: forward.then(|| to_i32(index + 1)),
+                    ..fence
+                };
+                let write_step = StepWrite {
+                    kind,
+                    key,
+                    index: step.step_index,
+                    phase: if forward { "F" } else { "C" },
+                    name,
+                    status: "SUCCEEDED",
+                    begins: false,
+                    downstream_key: None,
+                    token: &held.token,
+                    output: Some(&output),
+                    error: None,
+                };
+                write(self, &held, &touch, Some(&write_step), None).await?;
+            }
+            Resume::Compensate => {
+                let error = "not applied; compensated by an operator";
+                let touch = Touch {
+                    status: Some("COMPENSATING"),
+                    error: Some(error),
+                    ..fence
+                };
+                let write_step = StepWrite {
+                    kind,
+                    key,
+                    index: row.step_at,
+                    phase: "F",
+                    name: specs[at].name,
+                    status: "FAILED",
+                    begins: false,
+                    downstream_key: None,
+                    token: &held.token,
+                    output: None,
+                    error: Some(error),
+                };
+                write(self, &held, &touch, Some(&write_step), None).await?;
+            }
+        }
+        def.drive(self, held, false).await
+    }
+
+    /// A flow's record and its steps (each step's attempts, output, error and times), or
+    /// `None` if there is no such flow.
+    pub async fn get(&self, kind: &str, key: &str) -> Result<Option<FlowView>> {
+        let Some(flow) = self.read_flow(kind, key).await? else {
+            return Ok(None);
+        };
+        let steps = self.read_steps(kind, key).await?;
+        let known = self.def(kind, flow.version).is_some();
+        Ok(Some(FlowView { flow, steps, known }))
+    }
+
+    /// Up to `limit` flows matching `which`, ordered by kind and key, after `after` (the
+    /// `(kind, key)` of the previous page's last flow), each marked with whether this
+    /// runner knows its version.
+    pub async fn list(
+        &self,
+        which: Listing,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Listed>> {
+        let rows = {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let out = self
+                .store
+                .list_flows(lease.conn(), which, after, i64::from(limit))
+                .await;
+            lease.release_after(&out);
+            out.map_err(db_error::<S>)?
+        };
+        Ok(rows
+            .into_iter()
+            .map(|flow| {
+                let known = self.def(&flow.kind, flow.version).is_some();
+                Listed { flow, known }
+            })
+            .collect())
+    }
+}

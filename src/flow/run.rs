@@ -1,0 +1,475 @@
+//! The runner: [`Flows`] holds the registered definitions, starts flows (the lock and
+//! the judgement of a flow record), and hands a held flow to the engine in `drive.rs`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::drive::Held;
+use super::steps::Definition;
+use super::{Flow, FlowRow, FlowStep, FlowStore, StepRow, StepSpec};
+use crate::engine::{fingerprint_of, validate_reference};
+use crate::store::{ErrorClass, Lease, db_error};
+use crate::{Error, Result};
+
+/// How many times a start reads and tries again when the flow changes under it.
+const START_ROUNDS: u32 = 8;
+
+/// How flows run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowConfig {
+    /// How long a runner holds a flow (renewed at every recorded point) before the
+    /// recovery job may take it over. Longer than any one step takes.
+    pub lease: Duration,
+    /// How many times a flow is claimed without progress (a step retried, a runner that
+    /// died) before it parks as [`ParkReason::AttemptsExhausted`]; for a compensation,
+    /// before that compensation is given up.
+    pub attempts: u32,
+    /// The wait before the first retry of a step; it doubles with each retry.
+    pub backoff: Duration,
+    /// The longest wait between retries.
+    pub max_backoff: Duration,
+}
+
+impl Default for FlowConfig {
+    fn default() -> Self {
+        FlowConfig {
+            lease: Duration::from_secs(30),
+            attempts: 5,
+            backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Why a flow is parked: it waits for an operator's [`Flows::resume`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumString, strum::IntoStaticStr)]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum ParkReason {
+    /// An unsafe step (or its compensation) started and nobody knows whether it took
+    /// effect: find out downstream, then resume with [`Resume::Applied`],
+    /// [`Resume::Retry`] or [`Resume::Compensate`].
+    NeedsReconciliation,
+    /// A compensation kept failing and was given up; the others ran. Resume with
+    /// [`Resume::Retry`] to run the given-up compensations again.
+    CompensationFailed,
+    /// The flow was claimed [`FlowConfig::attempts`] times without progress (a step
+    /// that keeps failing or crashing its runner).
+    AttemptsExhausted,
+    /// A step at or after the pivot failed: nothing before it is compensated, and the
+    /// flow cannot go on by itself.
+    FailedPastPivot,
+}
+
+/// An operator's decision for a parked flow.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resume {
+    /// Run again what was started or given up (the step a runner died in, given-up
+    /// compensations): the downstream effect is known not to have happened, or a keyed
+    /// step is safe to repeat.
+    Retry,
+    /// The started step (or compensation) did take effect, with this output: record it
+    /// and go on.
+    Applied(serde_json::Value),
+    /// The started step did not take effect and the flow should not go on: compensate the
+    /// steps before it.
+    Compensate,
+}
+
+/// The outputs of a completed flow's steps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outputs(pub(super) serde_json::Map<String, serde_json::Value>);
+
+impl Outputs {
+    /// The output of `step`, as `T`.
+    pub fn get<T: DeserializeOwned>(&self, step: impl FlowStep) -> Result<T> {
+        let value = self.0.get(step.name()).ok_or_else(|| {
+            Error::InvalidInput(format!("the flow has no output of step {}", step.name()))
+        })?;
+        T::deserialize(value).map_err(|e| {
+            Error::InvalidInput(format!(
+                "the output of step {} does not parse: {e}",
+                step.name()
+            ))
+        })
+    }
+
+    /// Every step's output, by name.
+    pub fn as_map(&self) -> &serde_json::Map<String, serde_json::Value> {
+        &self.0
+    }
+}
+
+/// Where a flow stands after a runner's turn.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FlowOutcome {
+    /// Every step succeeded.
+    Completed(Outputs),
+    /// `step` failed with `error`, and the steps before it were compensated.
+    Compensated {
+        /// The step that failed.
+        step: String,
+        /// Its error.
+        error: String,
+    },
+    /// `step` (or its compensation) asked to be retried; the recovery job runs it again
+    /// after `retry_after` (a start of the flow after that does too).
+    Waiting {
+        /// The step.
+        step: String,
+        /// Its error.
+        error: String,
+        /// When it is due.
+        retry_after: Duration,
+    },
+    /// Parked for an operator.
+    Parked {
+        /// Why.
+        reason: ParkReason,
+        /// The step it is parked at.
+        step: String,
+    },
+}
+
+/// What [`Flows::start`] answers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Started {
+    /// Where the flow stands.
+    pub outcome: FlowOutcome,
+    /// Whether this is a finished (or parked) flow's recorded outcome, not this start's
+    /// work.
+    pub replayed: bool,
+}
+
+/// A flow as recorded, with its steps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowView {
+    /// The flow record.
+    pub flow: FlowRow,
+    /// One row per step run and per compensation.
+    pub steps: Vec<StepRow>,
+    /// Whether this runner knows the flow's kind at its version; a runner leaves flows
+    /// it does not know alone.
+    pub known: bool,
+}
+
+/// A flow in a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The flow record.
+    pub flow: FlowRow,
+    /// Whether this runner knows the flow's kind at its version.
+    pub known: bool,
+}
+
+/// A registered definition, its input type erased.
+pub(super) trait Drive<S: FlowStore>: Send + Sync {
+    fn specs(&self) -> &'static [StepSpec];
+    /// Whether the input (JSON) is one this definition's actions take.
+    fn check_input(&self, input: &str) -> Result<()>;
+    /// Runs the held flow as far as it goes.
+    fn drive<'a>(
+        &'a self,
+        flows: &'a Flows<S>,
+        held: Held,
+        fresh: bool,
+    ) -> BoxFuture<'a, Result<FlowOutcome>>;
+}
+
+impl<S: FlowStore, I: DeserializeOwned + Send + Sync + 'static> Drive<S> for Definition<S, I> {
+    fn specs(&self) -> &'static [StepSpec] {
+        self.specs
+    }
+
+    fn check_input(&self, input: &str) -> Result<()> {
+        serde_json::from_str::<I>(input).map(drop).map_err(|e| {
+            Error::InvalidInput(format!(
+                "the input of flow {} does not parse: {e}",
+                self.kind
+            ))
+        })
+    }
+
+    fn drive<'a>(
+        &'a self,
+        flows: &'a Flows<S>,
+        held: Held,
+        fresh: bool,
+    ) -> BoxFuture<'a, Result<FlowOutcome>> {
+        Box::pin(super::drive::drive(flows, self, held, fresh))
+    }
+}
+
+/// The registered definitions, by kind and version.
+pub(super) type Registry<S> = HashMap<(&'static str, u32), Arc<dyn Drive<S>>>;
+
+/// The flows of one store: definitions registered by `(kind, version)`. Cheap to clone.
+#[derive(Clone)]
+pub struct Flows<S: FlowStore> {
+    pub(super) store: S,
+    pub(super) config: FlowConfig,
+    pub(super) defs: Arc<Registry<S>>,
+}
+
+impl<S: FlowStore> std::fmt::Debug for Flows<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flows")
+            .field("config", &self.config)
+            .field("defs", &self.defs.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl<S: FlowStore> Flows<S> {
+    /// Flows on `store`, none registered yet. A lease under a millisecond or over 100
+    /// years, no attempts, or a backoff of zero or over its maximum is
+    /// [`Error::InvalidInput`].
+    pub fn new(store: S, config: FlowConfig) -> Result<Self> {
+        let span = crate::idempotency::MAX_SPAN;
+        if config.lease < Duration::from_millis(1)
+            || config.lease > span
+            || config.attempts == 0
+            || config.backoff.is_zero()
+            || config.backoff > config.max_backoff
+            || config.max_backoff > span
+        {
+            return Err(Error::InvalidInput(format!(
+                "flow config {config:?}: the lease must be from 1 ms to 100 years, attempts \
+                 positive, and the backoff positive and at most max_backoff (at most 100 years)"
+            )));
+        }
+        Ok(Flows {
+            store,
+            config,
+            defs: Arc::default(),
+        })
+    }
+
+    /// Registers a flow's actions. A definition with a step lacking its action, a
+    /// `+ undo` step lacking its compensation, an action of the wrong class or attached
+    /// twice, or a `(kind, version)` registered before is [`Error::InvalidInput`].
+    pub fn register<I: DeserializeOwned + Send + Sync + 'static>(
+        mut self,
+        def: Definition<S, I>,
+    ) -> Result<Self> {
+        def.check()?;
+        let id = (def.kind, def.version);
+        if self.defs.contains_key(&id) {
+            return Err(Error::InvalidInput(format!(
+                "flow {} v{} is registered twice",
+                id.0, id.1
+            )));
+        }
+        Arc::make_mut(&mut self.defs).insert(id, Arc::new(def));
+        Ok(self)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &FlowConfig {
+        &self.config
+    }
+
+    pub(super) fn def(&self, kind: &str, version: i32) -> Option<&Arc<dyn Drive<S>>> {
+        let version = u32::try_from(version).ok()?;
+        self.defs
+            .iter()
+            .find(|((k, v), _)| *k == kind && *v == version)
+            .map(|(_, d)| d)
+    }
+
+    /// Starts flow `D` under `key` with `input` (the outcome table is in
+    /// `docs/flows.md`): a new flow runs its steps in order until it completes, is
+    /// compensated, waits for a retry, or parks; a completed (or compensated, or parked)
+    /// one with the same input answers its recorded outcome (`replayed`); the same key
+    /// with another input is [`Error::PayloadMismatch`]; one running elsewhere under a
+    /// live lease is [`Error::InFlight`]; one recorded under another version of `D` is
+    /// [`Error::FlowVersion`]. A flow whose runner died (its lease ran out) is taken
+    /// over and resumed.
+    ///
+    /// If this future is dropped part way, or a step panics, the flow stays held until
+    /// its lease runs out; then the recovery job (or the next start) resumes it.
+    pub async fn start<D: Flow, P: Serialize + ?Sized>(
+        &self,
+        _flow: D,
+        key: &str,
+        input: &P,
+    ) -> Result<Started> {
+        let version = i32::try_from(D::VERSION)
+            .map_err(|_| Error::InvalidInput(format!("flow {} version too large", D::KIND)))?;
+        let def = self.def(D::KIND, version).cloned().ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "flow {} v{} is not registered",
+                D::KIND,
+                D::VERSION
+            ))
+        })?;
+        validate_reference("a flow key", key)?;
+        let json = serde_json::to_string(input)
+            .map_err(|e| Error::InvalidInput(format!("the input does not serialize: {e}")))?;
+        def.check_input(&json)?;
+        let hash = fingerprint_of(input)?;
+        let lease_ms = millis(self.config.lease);
+        for _ in 0..START_ROUNDS {
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            let new = super::NewFlow {
+                kind: D::KIND,
+                key,
+                version,
+                input_hash: &hash,
+                input: &json,
+                token: &token,
+                lease_ms,
+            };
+            let started = async {
+                let mut lease = Lease::acquire(&self.store).await?;
+                let out = self.store.start_flow(lease.conn(), &new).await;
+                lease.release_after(&out);
+                out
+            };
+            let held = |attempt| Held {
+                kind: D::KIND.to_string(),
+                key: key.to_string(),
+                token: token.clone(),
+                attempt,
+                input: Some(json.clone()),
+            };
+            match started.await {
+                // Attempt 1 is a new flow (a takeover counts on from the attempts before):
+                // nothing is recorded yet, nothing to read.
+                Ok(Some(attempt)) => {
+                    let outcome = def.drive(self, held(attempt), attempt == 1).await?;
+                    return Ok(Started {
+                        outcome,
+                        replayed: false,
+                    });
+                }
+                Ok(None) => {}
+                // The start may have committed with its acknowledgement lost: the read
+                // below recognises the flow as this start's own by its token.
+                Err(e) if S::classify(&e) != ErrorClass::Fatal => {
+                    tracing::debug!(error = %e, kind = D::KIND, key, "flow start failed; reading it");
+                }
+                Err(e) => return Err(db_error::<S>(e)),
+            }
+            let Some(row) = self.read_flow(D::KIND, key).await? else {
+                continue;
+            };
+            if row.owner_token == token && row.park_reason.is_none() && is_live(&row.status) {
+                let outcome = def.drive(self, held(row.attempt), false).await?;
+                return Ok(Started {
+                    outcome,
+                    replayed: false,
+                });
+            }
+            if row.input_hash != hash {
+                return Err(Error::PayloadMismatch {
+                    subject: format!("flow {}", D::KIND),
+                    reference: key.to_string(),
+                });
+            }
+            if let Some(outcome) = recorded(&row, def.specs())? {
+                return Ok(Started {
+                    outcome,
+                    replayed: true,
+                });
+            }
+            if row.version != version {
+                return Err(Error::FlowVersion {
+                    kind: D::KIND.to_string(),
+                    key: key.to_string(),
+                    version: row.version,
+                });
+            }
+            if row.lease_left_ms > 0 {
+                return Err(Error::InFlight {
+                    scope: D::KIND.to_string(),
+                    key: key.to_string(),
+                    retry_after: Duration::from_millis(row.lease_left_ms.unsigned_abs()),
+                });
+            }
+            // Its lease ran out between the start and the read: try again.
+        }
+        Err(Error::Contention {
+            attempts: START_ROUNDS,
+        })
+    }
+
+    pub(super) async fn read_flow(&self, kind: &str, key: &str) -> Result<Option<FlowRow>> {
+        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+        let out = self.store.read_flow(lease.conn(), kind, key).await;
+        lease.release_after(&out);
+        out.map_err(db_error::<S>)
+    }
+
+    pub(super) async fn read_steps(&self, kind: &str, key: &str) -> Result<Vec<StepRow>> {
+        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+        let out = self.store.read_steps(lease.conn(), kind, key).await;
+        lease.release_after(&out);
+        out.map_err(db_error::<S>)
+    }
+}
+
+/// Running or compensating: a runner may hold it.
+pub(super) fn is_live(status: &str) -> bool {
+    matches!(status, "RUNNING" | "COMPENSATING")
+}
+
+/// The recorded outcome of a flow that no runner is moving: completed, compensated or
+/// parked. `None` for a flow that runs or is due.
+pub(super) fn recorded(row: &FlowRow, specs: &[StepSpec]) -> Result<Option<FlowOutcome>> {
+    let corrupt = |value: &str| Error::CorruptRecord {
+        scope: format!("flow {}", row.kind),
+        key: row.flow_key.clone(),
+        value: value.to_string(),
+    };
+    let step = || {
+        usize::try_from(row.step_at)
+            .ok()
+            .and_then(|i| specs.get(i))
+            .map_or_else(|| format!("#{}", row.step_at), |s| s.name.to_string())
+    };
+    if let Some(reason) = &row.park_reason {
+        let reason: ParkReason = reason.parse().map_err(|_| corrupt(reason))?;
+        return Ok(Some(FlowOutcome::Parked {
+            reason,
+            step: step(),
+        }));
+    }
+    match row.status.as_str() {
+        "COMPLETED" => {
+            let text = row.output.as_deref().unwrap_or("{}");
+            let map = serde_json::from_str(text).map_err(|_| corrupt(text))?;
+            Ok(Some(FlowOutcome::Completed(Outputs(map))))
+        }
+        "COMPENSATED" => {
+            let text = row.output.as_deref().unwrap_or("{}");
+            let failure: Failure = serde_json::from_str(text).map_err(|_| corrupt(text))?;
+            Ok(Some(FlowOutcome::Compensated {
+                step: failure.step,
+                error: failure.error,
+            }))
+        }
+        "RUNNING" | "COMPENSATING" => Ok(None),
+        other => Err(corrupt(other)),
+    }
+}
+
+/// A compensated flow's recorded failure.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(super) struct Failure {
+    pub(super) step: String,
+    pub(super) error: String,
+}
+
+pub(super) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,261 @@
+//! What the flow layer needs from a backend: a few statements, each one round trip (the
+//! claim of due flows, one atomic unit), over the backend's own connection. Each backend
+//! implements [`FlowStore`] in `src/store/<backend>/flows.rs`; transactions are begun
+//! with [`RecordStore::begin`].
+
+use std::future::Future;
+
+use crate::idempotency::RecordStore;
+
+/// A backend of the flow layer. Every time is the database's clock, in milliseconds
+/// since the epoch.
+pub trait FlowStore: RecordStore {
+    /// Starts a flow, in one statement: inserts it RUNNING under `start.token`, or takes
+    /// over one of the same input and version that is running or compensating, not
+    /// parked, and whose lease ran out. The attempt number if this start holds the flow
+    /// now; `None` otherwise ([`read_flow`](Self::read_flow) tells why).
+    fn start_flow(
+        &self,
+        conn: &mut Self::Conn,
+        start: &NewFlow<'_>,
+    ) -> impl Future<Output = Result<Option<i32>, sqlx::Error>> + Send;
+
+    /// The flow record, judged on the database's clock.
+    fn read_flow(
+        &self,
+        conn: &mut Self::Conn,
+        kind: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<FlowRow>, sqlx::Error>> + Send;
+
+    /// The flow's step rows, by step then phase.
+    fn read_steps(
+        &self,
+        conn: &mut Self::Conn,
+        kind: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Vec<StepRow>, sqlx::Error>> + Send;
+
+    /// The holder's write to the flow record, fenced: `UPDATE … WHERE kind AND key AND
+    /// owner_token AND not parked AND running or compensating`. `true` if it wrote.
+    /// Inside a transaction it locks the record, so no takeover interleaves with the
+    /// rest of that transaction.
+    fn touch(
+        &self,
+        conn: &mut Self::Conn,
+        touch: &Touch<'_>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Inserts or updates one step row. Runs in a transaction whose [`touch`](Self::touch)
+    /// wrote, which is what fences it.
+    fn record_step(
+        &self,
+        conn: &mut Self::Conn,
+        step: &StepWrite<'_>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Sets every STARTED or FAILED step row of `phase` (`F` or `C`) of the flow to RETRY
+    /// (an operator's resume). Runs in a fenced transaction.
+    fn retry_steps(
+        &self,
+        conn: &mut Self::Conn,
+        kind: &str,
+        key: &str,
+        phase: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Claims up to `due.limit` flows of `due.kind` at `due.version` that are running or
+    /// compensating, not parked, and whose lease ran out, oldest first, under
+    /// `due.token` (one atomic unit; rows another claimant holds are skipped where the
+    /// backend can). The keys claimed, with their attempt numbers.
+    fn take_due(
+        &self,
+        conn: &mut Self::Conn,
+        due: &TakeDue<'_>,
+    ) -> impl Future<Output = Result<Vec<(String, i32)>, sqlx::Error>> + Send;
+
+    /// Claims a parked flow for an operator's resume: clears the park, sets the token
+    /// and a fresh lease, resets the attempts. Whether it did.
+    fn unpark(
+        &self,
+        conn: &mut Self::Conn,
+        kind: &str,
+        key: &str,
+        token: &str,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Up to `limit` flow records matching `which`, by kind and key, after `after` (a
+    /// `(kind, key)` from the previous page).
+    fn list_flows(
+        &self,
+        conn: &mut Self::Conn,
+        which: Listing,
+        after: Option<(&str, &str)>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<FlowRow>, sqlx::Error>> + Send;
+}
+
+/// Which flows a listing shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    /// Parked, waiting for an operator.
+    Parked,
+    /// Running or compensating under a live lease (or waiting for a retry's time).
+    Running,
+    /// Running or compensating, not parked, lease run out: due for the recovery job.
+    Stuck,
+    /// Completed or compensated.
+    Finished,
+    /// Every flow.
+    All,
+}
+
+/// A flow about to be started.
+#[derive(Debug, Clone, Copy)]
+pub struct NewFlow<'a> {
+    /// The flow's kind.
+    pub kind: &'a str,
+    /// The flow key.
+    pub key: &'a str,
+    /// The definition's version.
+    pub version: i32,
+    /// The input's fingerprint.
+    pub input_hash: &'a str,
+    /// The input, JSON text.
+    pub input: &'a str,
+    /// The owner token this start mints.
+    pub token: &'a str,
+    /// How long the lease lasts, in milliseconds.
+    pub lease_ms: i64,
+}
+
+/// A holder's write to its flow record; `None` fields are left as they are.
+#[derive(Debug, Clone, Copy)]
+pub struct Touch<'a> {
+    /// The flow's kind.
+    pub kind: &'a str,
+    /// The flow key.
+    pub key: &'a str,
+    /// The holder's token.
+    pub token: &'a str,
+    /// The lease (or, for a flow waiting to retry, the time until it is due) from now.
+    pub lease_ms: i64,
+    /// The flow made progress: its attempts start again from 1.
+    pub progress: bool,
+    /// The step being run, or the step that failed.
+    pub step_at: Option<i32>,
+    /// The new status.
+    pub status: Option<&'static str>,
+    /// Parks the flow for this reason.
+    pub park: Option<&'static str>,
+    /// The final output (JSON text).
+    pub output: Option<&'a str>,
+    /// The latest error.
+    pub error: Option<&'a str>,
+}
+
+/// One step row written.
+#[derive(Debug, Clone, Copy)]
+pub struct StepWrite<'a> {
+    /// The flow's kind.
+    pub kind: &'a str,
+    /// The flow key.
+    pub key: &'a str,
+    /// The step's position.
+    pub index: i32,
+    /// `F` (forward) or `C` (compensation).
+    pub phase: &'static str,
+    /// The step's name.
+    pub name: &'static str,
+    /// STARTED, RETRY, SUCCEEDED or FAILED.
+    pub status: &'static str,
+    /// A new attempt begins with this write: the attempt count goes up and the start
+    /// time is now.
+    pub begins: bool,
+    /// The key a keyed or unsafe call is made with.
+    pub downstream_key: Option<&'a str>,
+    /// The writer's token.
+    pub token: &'a str,
+    /// The step's output (JSON text).
+    pub output: Option<&'a str>,
+    /// The step's error.
+    pub error: Option<&'a str>,
+}
+
+/// A claim of due flows by the recovery job.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeDue<'a> {
+    /// The kind.
+    pub kind: &'a str,
+    /// The definition's version the job knows.
+    pub version: i32,
+    /// The token the claimed flows are held under.
+    pub token: &'a str,
+    /// The new lease, in milliseconds.
+    pub lease_ms: i64,
+    /// How many at most.
+    pub limit: i64,
+}
+
+/// A flow record as read, with the database's clock applied.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct FlowRow {
+    /// The flow's kind.
+    pub kind: String,
+    /// The flow key.
+    pub flow_key: String,
+    /// The definition's version it runs under.
+    pub version: i32,
+    /// The input's fingerprint.
+    pub input_hash: String,
+    /// The input, JSON text.
+    pub input: String,
+    /// RUNNING, COMPENSATING, COMPLETED or COMPENSATED.
+    pub status: String,
+    /// Why it is parked, if it is.
+    pub park_reason: Option<String>,
+    /// The step being run, or the step that failed.
+    pub step_at: i32,
+    /// The holder's token.
+    pub owner_token: String,
+    /// Claims since the flow last made progress.
+    pub attempt: i32,
+    /// Milliseconds left on the lease (negative once it ran out).
+    pub lease_left_ms: i64,
+    /// The final output.
+    pub output: Option<String>,
+    /// The latest error.
+    pub last_error: Option<String>,
+    /// When it was started.
+    pub created_at: i64,
+    /// When it was last written.
+    pub updated_at: i64,
+}
+
+/// A step row as read.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StepRow {
+    /// The step's position.
+    pub step_index: i32,
+    /// `F` (forward) or `C` (compensation).
+    pub phase: String,
+    /// The step's name.
+    pub name: String,
+    /// STARTED, RETRY, SUCCEEDED or FAILED.
+    pub status: String,
+    /// How many times it was begun.
+    pub attempt: i32,
+    /// The key a keyed or unsafe call was made with.
+    pub downstream_key: Option<String>,
+    /// The token of the runner that wrote it last.
+    pub owner_token: String,
+    /// Its output (JSON text).
+    pub output: Option<String>,
+    /// Its latest error.
+    pub error: Option<String>,
+    /// When its latest attempt began.
+    pub started_at: i64,
+    /// When it finished, if it did.
+    pub finished_at: Option<i64>,
+}
