@@ -148,6 +148,23 @@ impl<P: Policy> Backend for My<P> {
         .await
         .unwrap();
     }
+
+    fn child_handle(&self) -> String {
+        self.name.clone()
+    }
+
+    async fn child_store(handle: &str) -> MySqlStore {
+        let url = server::url("ORDERLY_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let options = MySqlConnectOptions::from_str(&url)
+            .unwrap()
+            .database(handle);
+        let pool = MySqlPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .unwrap();
+        MySqlStore::new(pool)
+    }
 }
 
 conformance!(My);

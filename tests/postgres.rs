@@ -143,6 +143,24 @@ impl<P: Policy> Backend for Pg<P> {
         .await
         .unwrap();
     }
+
+    fn child_handle(&self) -> String {
+        self.name.clone()
+    }
+
+    async fn child_store(handle: &str) -> PgStore {
+        let url = server::url(
+            "ORDERLY_PG_URL",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        );
+        let options = PgConnectOptions::from_str(&url).unwrap().database(handle);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .unwrap();
+        PgStore::new(pool)
+    }
 }
 
 conformance!(Pg);

@@ -121,6 +121,19 @@ impl<P: Policy> Backend for Sqlite3<P> {
     async fn cleanup(self) {
         self.pool.close().await;
     }
+
+    fn child_handle(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn child_store(handle: &str) -> SqliteStore {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(connect_options(handle).unwrap())
+            .await
+            .unwrap();
+        SqliteStore::new(pool)
+    }
 }
 
 conformance!(Sqlite3);

@@ -76,6 +76,11 @@ pub struct World {
     panics: Mutex<HashSet<String>>,
     /// Points that panicked.
     panicked: Mutex<Vec<String>>,
+    /// Points that hang forever, once each, after creating a file of their name in this
+    /// directory (a process killed there).
+    hangs: Mutex<HashSet<String>>,
+    /// A file every call's key is appended to, shared with a child process.
+    log: Option<std::path::PathBuf>,
 }
 
 impl World {
@@ -91,10 +96,15 @@ impl World {
         self.panics.lock().unwrap().insert(point.to_string());
     }
 
-    fn point(&self, point: String) {
+    async fn point(&self, point: String) {
         if self.panics.lock().unwrap().remove(&point) {
             self.panicked.lock().unwrap().push(point.clone());
             panic!("injected crash at {point}");
+        }
+        let hang = self.hangs.lock().unwrap().remove(&point);
+        if let (true, Some(log)) = (hang, &self.log) {
+            std::fs::write(log.with_file_name(&point), b"").unwrap();
+            std::future::pending::<()>().await;
         }
     }
 
@@ -117,6 +127,15 @@ impl World {
 
     fn call(&self, key: &str) {
         self.calls.lock().unwrap().push(key.to_string());
+        if let Some(log) = &self.log {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap();
+            writeln!(file, "{key}").unwrap();
+        }
     }
 
     /// Every downstream call's key, with how often it was called.
@@ -152,10 +171,10 @@ fn local_action<B: Backend>(
     move |conn, ctx| {
         let world = world.clone();
         Box::pin(async move {
-            world.point(format!("{point}:before"));
+            world.point(format!("{point}:before")).await;
             world.judge(point)?;
             B::exec_conn(conn, effect_sql(ctx.flow_key(), point)).await?;
-            world.point(format!("{point}:after"));
+            world.point(format!("{point}:after")).await;
             Ok(format!("{point} of {}", ctx.input().id))
         })
     }
@@ -174,10 +193,10 @@ fn call_action(
     move |ctx| {
         let world = world.clone();
         Box::pin(async move {
-            world.point(format!("{point}:before"));
+            world.point(format!("{point}:before")).await;
             world.judge(point)?;
             world.call(ctx.key());
-            world.point(format!("{point}:after"));
+            world.point(format!("{point}:after")).await;
             Ok(format!("{} for {}", ctx.key(), ctx.input().amount))
         })
     }
@@ -1025,4 +1044,116 @@ pub async fn flow_payment_callback_delivered_three_times<B: Backend>(b: &B) {
     assert_eq!(b.scalar("SELECT COUNT(*) FROM shipping_tasks").await, 1);
     let order = e.get(42).await.unwrap();
     assert_eq!((order.state, order.version), (super::OrderState::Paid, 1));
+}
+
+/// The environment variable that makes a test process the child of
+/// [`flow_runner_killed_by_sigkill_is_recovered`]: `{database handle}|{directory}`.
+pub const CHILD: &str = "ORDERLY_FLOW_CHILD";
+
+/// A runner in a process of its own, killed with SIGKILL while one flow is inside a
+/// keyed call (recorded started, not made) and another inside a local step's open
+/// transaction (its effect written, not committed). The recovery job in this process
+/// finishes both: the keyed call is made once, with its key; the local step's effect,
+/// rolled back by the kill, is written once.
+pub async fn flow_runner_killed_by_sigkill_is_recovered<B: Backend>(b: &B) {
+    let world = Arc::new(World::default());
+    let lease = Duration::from_secs(1);
+    let f = flows(b, &world, lease).await;
+    let dir = tempfile::tempdir().unwrap();
+    let name = "flow_runner_killed_by_sigkill_is_recovered";
+    let thread = std::thread::current();
+    let test = thread.name().filter(|n| n.ends_with(name)).unwrap_or(name);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(
+            CHILD,
+            format!("{}|{}", b.child_handle(), dir.path().display()),
+        )
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    for marker in ["Charge:before", "Coupon:after"] {
+        while !dir.path().join(marker).exists() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the child exited before reaching {marker}"
+            );
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never reached {marker}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the child was killed, not finished: {status}"
+    );
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9));
+    }
+    // What the child left: one keyed step started, the local step not committed.
+    let keyed = f.get("shop", "killed-keyed").await.unwrap().unwrap();
+    assert!(
+        keyed
+            .steps
+            .iter()
+            .any(|s| s.name == "Charge" && s.status == "STARTED")
+    );
+    assert_eq!(effects(b, "killed-local", "Coupon").await, 0);
+    assert_eq!(effects(b, "killed-local", "Insert").await, 1);
+
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    settle(&f, lease).await;
+    let mut calls: HashMap<String, usize> = world.calls();
+    let logged = std::fs::read_to_string(dir.path().join("calls")).unwrap();
+    for key in logged.lines() {
+        *calls.entry(key.to_string()).or_default() += 1;
+    }
+    for key in ["killed-keyed", "killed-local"] {
+        let view = f.get("shop", key).await.unwrap().unwrap();
+        assert_eq!(view.flow.status, "COMPLETED", "{key}");
+        for what in ["Insert", "Coupon"] {
+            assert_eq!(effects(b, key, what).await, 1, "{key}: {what}");
+        }
+        for step in ["Reserve", "Charge", "Ship"] {
+            assert_eq!(
+                calls.get(&format!("{key}:{step}")),
+                Some(&1),
+                "{key}: {step}: {calls:?}"
+            );
+        }
+    }
+    assert_eq!(calls.len(), 6, "{calls:?}");
+}
+
+/// The child's side of [`flow_runner_killed_by_sigkill_is_recovered`]: runs
+/// `killed-keyed` until it hangs before its Charge call, then `killed-local` until it
+/// hangs inside its Coupon step's transaction, and waits to be killed.
+pub(crate) async fn flow_child<B: Backend>(spec: &str) {
+    let (handle, dir) = spec.split_once('|').expect("handle|directory");
+    let dir = std::path::Path::new(dir);
+    let world = Arc::new(World {
+        log: Some(dir.join("calls")),
+        ..World::default()
+    });
+    let store = B::child_store(handle).await;
+    let f = Flows::new(store, config(Duration::from_secs(1)))
+        .unwrap()
+        .register(shop::<B>(&world))
+        .unwrap();
+    world.hangs.lock().unwrap().insert("Charge:before".into());
+    let f1 = f.clone();
+    tokio::spawn(async move { f1.start(Shop, "killed-keyed", &order(20)).await });
+    while !dir.join("Charge:before").exists() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    world.hangs.lock().unwrap().insert("Coupon:after".into());
+    let f2 = f.clone();
+    tokio::spawn(async move { f2.start(Shop, "killed-local", &order(21)).await });
+    std::future::pending::<()>().await;
 }

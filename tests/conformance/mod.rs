@@ -103,6 +103,11 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// How many sessions on this database hold a transaction open while idle (on SQLite:
     /// whether another connection holds the write lock).
     async fn open_transactions(&self) -> i64;
+    /// What a child process needs to reach this database: [`child_store`](Self::child_store)
+    /// turns it into a store.
+    fn child_handle(&self) -> String;
+    /// A store on the database of [`child_handle`](Self::child_handle), in a child process.
+    async fn child_store(handle: &str) -> Self::S;
 }
 
 /// How the harness's engines start a transition (`EngineConfig::read_first`).
@@ -236,6 +241,7 @@ macro_rules! conformance {
             flow_unknown_version_is_left_alone,
             flow_bad_definitions_are_rejected,
             flow_payment_callback_delivered_three_times,
+            flow_runner_killed_by_sigkill_is_recovered,
         );
     };
     // The network faults, for a backend that implements `Networked`.
@@ -250,6 +256,10 @@ macro_rules! conformance {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
+                // A child process of a test that kills one: be the child, nothing else.
+                if let Ok(spec) = std::env::var($crate::conformance::CHILD) {
+                    return $crate::conformance::flows::flow_child::<$backend>(&spec).await;
+                }
                 let backend = <$backend as $crate::conformance::Backend>::fresh().await;
                 $crate::conformance::$name(&backend).await;
                 backend.cleanup().await;
