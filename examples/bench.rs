@@ -42,15 +42,24 @@
 //! UPDATE of the record, COMMIT), `replay-r` `Records::run` repeating requests `records`
 //! completed.
 //!
+//! Flows have three more, run after those: `flow` is `Flows::start` of a flow of two
+//! local steps (`Pay`, then `Ship`, each a transition inside the step's checkpoint
+//! transaction), `flow-hand` the same writes by hand (an insert of the flow record;
+//! then per step BEGIN, UPDATE, INSERT of the history row, INSERT of the step row, the
+//! fenced UPDATE of the flow record, COMMIT), `replay-f` `Flows::start` repeating flows
+//! `flow` completed.
+//!
 //! The last lines are one `ratio backend=… c=… engine_vs_floor=… engine_vs_naive=…
 //! replay_vs_engine=…` and one `records backend=… c=… records_vs_hand=…
-//! replay_vs_records=…` per concurrency, for scripts.
+//! replay_vs_records=…` and one `flows backend=… c=… flow_vs_hand=… replay_vs_flow=…` per
+//! concurrency, for scripts.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
+use orderly::flow::{Definition, FlowConfig, FlowOutcome, FlowStore, Flows};
 use orderly::idempotency::RecordStore;
 use orderly::store::Store;
 use orderly::{Done, Engine, Outcome, Records, ScopeConfig};
@@ -128,7 +137,7 @@ fn parse_args() -> Result<Args, BoxError> {
 
 /// What a backend provides to the bench: the raw patterns, and a reset between passes.
 trait BenchDb: Send + Sync + 'static {
-    type S: RecordStore;
+    type S: FlowStore;
     fn engine(&self) -> Engine<OrderMachine, Self::S>;
     fn floor(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
     fn naive(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
@@ -137,6 +146,10 @@ trait BenchDb: Send + Sync + 'static {
     /// By hand, what `Records::run` does with a transition inside: the claim, then one
     /// transaction with the transition's writes and the record's completion.
     fn records_hand(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// By hand, what a flow of two local steps writes: the flow record, then per step one
+    /// transaction with the transition's writes, the step row and the fenced update of
+    /// the flow record.
+    fn flow_hand(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
     /// Every bench order back to `Created`, version 0, its history and the idempotency
     /// records gone.
     fn reset(&self) -> impl Future<Output = Result<(), BoxError>> + Send;
@@ -218,10 +231,154 @@ macro_rules! records_hand {
     }};
 }
 
+/// A dialect's statements for the hand-written flow of two local steps.
+struct FlowSql {
+    /// Inserts the flow record: `(key, input hash, input, token)`.
+    claim: &'static str,
+    /// The transition: `(to, id, from, version)`.
+    update: &'static str,
+    /// Its history row: `(id, seq, from, to, event, ref)`.
+    insert: &'static str,
+    /// The step row: `(key, index, name, token, output)`.
+    step: &'static str,
+    /// The fenced update of the flow record: `(next step, status, output, key, token)`.
+    touch: &'static str,
+}
+
+/// The hand-written flow on `$pool`, each step's transaction begun by `$begin`.
+macro_rules! flow_hand {
+    ($pool:expr, $begin:expr, $id:expr, $sql:expr) => {{
+        use sha2::Digest;
+        let (id, sql): (i64, &FlowSql) = ($id, $sql);
+        let key = format!("flow-{id}");
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let input = id.to_string();
+        let hash = hex::encode(sha2::Sha256::digest(&input));
+        let n = sqlx::query(sql.claim)
+            .bind(&key)
+            .bind(&hash)
+            .bind(&input)
+            .bind(&token)
+            .execute($pool)
+            .await?
+            .rows_affected();
+        ensure(n == 1, "flow by hand: claim", id)?;
+        let steps = [
+            ("Pay", "Created", "Paid", "pay"),
+            ("Ship", "Paid", "Shipped", "ship"),
+        ];
+        for (i, (name, from, to, event)) in steps.into_iter().enumerate() {
+            let version = i as i64;
+            let mut tx = $begin.await?;
+            let n = sqlx::query(sql.update)
+                .bind(to)
+                .bind(id)
+                .bind(from)
+                .bind(version)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            ensure(n == 1, "flow by hand: update", id)?;
+            sqlx::query(sql.insert)
+                .bind(id)
+                .bind(version + 1)
+                .bind(from)
+                .bind(to)
+                .bind(if i == 0 { "Pay" } else { "Ship" })
+                .bind(format!("{event}-{id}"))
+                .execute(&mut *tx)
+                .await?;
+            let output = (version + 1).to_string();
+            sqlx::query(sql.step)
+                .bind(&key)
+                .bind(i as i32)
+                .bind(name)
+                .bind(&token)
+                .bind(&output)
+                .execute(&mut *tx)
+                .await?;
+            let last = i == 1;
+            let n = sqlx::query(sql.touch)
+                .bind(i as i32 + 1)
+                .bind(if last { "COMPLETED" } else { "RUNNING" })
+                .bind(last.then(|| format!("{{\"Pay\":1,\"Ship\":{output}}}")))
+                .bind(&key)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            ensure(n == 1, "flow by hand: touch", id)?;
+            tx.commit().await?;
+        }
+        Ok(())
+    }};
+}
+
+orderly::flow! {
+    /// The bench's flow: two local steps.
+    pub PayShip {
+        kind: "bench";
+        version: 1;
+        steps: PayShipStep {
+            Pay:  local,
+            Ship: local,
+        }
+    }
+}
+
+/// The flows of the bench: `PayShip`, each step a transition inside its checkpoint
+/// transaction.
+fn bench_flows<S: FlowStore>(engine: &Engine<OrderMachine, S>) -> Flows<S> {
+    let (pay, ship) = (engine.clone(), engine.clone());
+    let def = Definition::<S, i64>::new(PayShip)
+        .local(PayShipStep::Pay, move |conn, ctx| {
+            let e = pay.clone();
+            Box::pin(async move {
+                let id = *ctx.input();
+                let out = e
+                    .transition(id, OrderEvent::Pay, &bench_ref(id))
+                    .within(conn)
+                    .await?;
+                Ok(out.version())
+            })
+        })
+        .local(PayShipStep::Ship, move |conn, ctx| {
+            let e = ship.clone();
+            Box::pin(async move {
+                let id = *ctx.input();
+                let out = e
+                    .transition(id, OrderEvent::Ship, &format!("ship-{id}"))
+                    .within(conn)
+                    .await?;
+                Ok(out.version())
+            })
+        });
+    Flows::new(engine.store().clone(), FlowConfig::default())
+        .and_then(|f| f.register(def))
+        .expect("a valid flow")
+}
+
+/// `Flows::start` of order `id`'s flow; whether it was replayed. A retryable error is
+/// re-sent, as a client would.
+async fn flow_run<S: FlowStore>(flows: &Flows<S>, id: i64) -> Result<bool, BoxError> {
+    let mut tries = 0;
+    let started = loop {
+        match flows.start(PayShip, &format!("flow-{id}"), &id).await {
+            Err(e) if e.is_retryable() && tries < 20 => tries += 1,
+            other => break other?,
+        }
+    };
+    let FlowOutcome::Completed(out) = &started.outcome else {
+        return Err(format!("flow of order {id}: {:?}", started.outcome).into());
+    };
+    ensure(out.get::<i64>(PayShipStep::Ship)? == 2, "flow", id)?;
+    Ok(started.replayed)
+}
+
 /// The scope of the engine's idempotent requests in the bench.
 const SCOPE: &str = "bench";
 
-fn bench_records<S: RecordStore>(store: S) -> Records<S> {
+fn bench_records<S: FlowStore>(store: S) -> Records<S> {
     Records::new(store)
         .scope(
             SCOPE,
@@ -236,7 +393,7 @@ fn bench_records<S: RecordStore>(store: S) -> Records<S> {
 /// `Records::run` with the transition of order `id` inside; whether it was replayed.
 /// A retryable error (a deadlock between the locking reads of concurrent callers'
 /// transactions on MariaDB) is re-sent, as a client would.
-async fn records_run<S: RecordStore>(
+async fn records_run<S: FlowStore>(
     records: &Records<S>,
     engine: &Engine<OrderMachine, S>,
     id: i64,
@@ -493,6 +650,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     let db = Arc::new(db);
     let engine = db.engine();
     let records = bench_records(engine.store().clone());
+    let flows = bench_flows(&engine);
     let big_engine = big.as_ref().map(|b| b.engine());
     println!(
         "# orderly bench: backend={} orders={} seconds={} rounds={} history_rows={}",
@@ -605,6 +763,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             replay.throughput() / applied.throughput()
         ));
         records_pass(&db, &engine, &records, c, args, &mut ratios).await?;
+        flows_pass(&db, &flows, c, args, &mut ratios).await?;
     }
     if let Some(url) = &args.redis {
         storm_pass(&records, url, args, &mut ratios).await?;
@@ -673,6 +832,66 @@ async fn records_pass<B: BenchDb>(
     }
     ratios.push(format!(
         "records backend={} c={c} records_vs_hand={:.2} replay_vs_records={:.2}",
+        args.backend,
+        run.throughput() / hand.throughput(),
+        replay.throughput() / run.throughput()
+    ));
+    Ok(())
+}
+
+/// Flows at `c` callers: `Flows::start` of a flow of two local steps (`flow`), the same
+/// writes by hand (`flow-hand`), and replays of the flows the first completed
+/// (`replay-f`), alternating in slices on a reset database (half the orders each for the
+/// two write modes).
+async fn flows_pass<B: BenchDb>(
+    db: &Arc<B>,
+    flows: &Flows<B::S>,
+    c: usize,
+    args: &Args,
+    ratios: &mut Vec<String>,
+) -> Result<(), BoxError> {
+    db.reset().await?;
+    let half = args.orders / 2;
+    let slice = args.seconds / args.rounds as f64;
+    let (mut run, mut hand, mut replay) = (Lane::new(1), Lane::new(1 + half), Lane::new(1));
+    for round in 1..=i64::from(args.rounds) {
+        let quota = half * round / i64::from(args.rounds);
+        let f = flows.clone();
+        run.slice(c, slice, quota, false, move |id| {
+            let f = f.clone();
+            async move { ensure(!flow_run(&f, id).await?, "flow: replayed", id) }
+        })
+        .await?;
+        let d = db.clone();
+        hand.slice(c, slice, quota, false, move |id| {
+            let d = d.clone();
+            async move { d.flow_hand(id).await }
+        })
+        .await?;
+        let done = run.used(quota);
+        let f = flows.clone();
+        replay
+            .slice(c, slice, done, true, move |id| {
+                let f = f.clone();
+                async move { ensure(flow_run(&f, id).await?, "flow: not replayed", id) }
+            })
+            .await?;
+    }
+    let [run, hand, replay] = [run, hand, replay].map(|lane| lane.stats.finish());
+    println!("{c:>3}  (flows of two local steps: the `vs floor` column is against flow-hand)");
+    for (mode, s) in [("flow", &run), ("flow-hand", &hand), ("replay-f", &replay)] {
+        let (client, other) = s.cpu_per_op();
+        println!(
+            "{c:>3}  {mode:<8} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
+            s.ops,
+            s.throughput(),
+            s.percentile(0.5),
+            s.percentile(0.99),
+            s.throughput() / hand.throughput()
+        );
+    }
+    ratios.push(format!(
+        "flows backend={} c={c} flow_vs_hand={:.2} replay_vs_flow={:.2}",
         args.backend,
         run.throughput() / hand.throughput(),
         replay.throughput() / run.throughput()
@@ -921,11 +1140,28 @@ mod sqlite {
             )
         }
 
+        async fn flow_hand(&self, id: i64) -> Result<(), BoxError> {
+            flow_hand!(
+                &self.pool,
+                self.pool.begin_with("BEGIN IMMEDIATE"),
+                id,
+                &FlowSql {
+                    claim: "INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) SELECT 'hand', ?1, 1, ?2, ?3, 'RUNNING', NULL, 0, ?4, 1, ms + 30000, NULL, NULL, ms, ms FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms) WHERE true ON CONFLICT DO NOTHING",
+                    update: "UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4",
+                    insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    step: "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) SELECT 'hand', ?1, ?2, 'F', ?3, 'SUCCEEDED', 1, NULL, ?4, ?5, NULL, ms, ms FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)",
+                    touch: "UPDATE flows SET step_at = ?1, status = ?2, output = COALESCE(?3, output), attempt = 1, lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + 30000, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) WHERE kind = 'hand' AND flow_key = ?4 AND owner_token = ?5 AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
+                }
+            )
+        }
+
         async fn reset(&self) -> Result<(), BoxError> {
             sqlx::raw_sql(
                 "DELETE FROM order_transitions WHERE order_id > 0; \
                  UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0; \
                  DELETE FROM idempotency_records; \
+                 DELETE FROM flows; \
+                 DELETE FROM flow_steps; \
                  PRAGMA wal_checkpoint(TRUNCATE);",
             )
             .execute(&self.pool)
@@ -1069,17 +1305,36 @@ mod postgres {
             )
         }
 
+        async fn flow_hand(&self, id: i64) -> Result<(), BoxError> {
+            flow_hand!(
+                &self.pool,
+                self.pool.begin(),
+                id,
+                &FlowSql {
+                    claim: "INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) SELECT 'hand', $1, 1, $2, $3, 'RUNNING', NULL, 0, $4, 1, ms + 30000, NULL, NULL, ms, ms FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now ON CONFLICT DO NOTHING",
+                    update: "UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 AND version = $4",
+                    insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)",
+                    step: "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) SELECT 'hand', $1, $2, 'F', $3, 'SUCCEEDED', 1, NULL, $4, $5, NULL, ms, ms FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now",
+                    touch: "UPDATE flows SET step_at = $1, status = $2, output = COALESCE($3, output), attempt = 1, lease_until = (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 30000, updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint WHERE kind = 'hand' AND flow_key = $4 AND owner_token = $5 AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
+                }
+            )
+        }
+
         async fn reset(&self) -> Result<(), BoxError> {
             sqlx::raw_sql(
                 "DELETE FROM order_transitions WHERE order_id > 0; \
                  UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0; \
-                 DELETE FROM idempotency_records;",
+                 DELETE FROM idempotency_records; \
+                 DELETE FROM flows; \
+                 DELETE FROM flow_steps;",
             )
             .execute(&self.pool)
             .await?;
-            sqlx::raw_sql("VACUUM ANALYZE orders, order_transitions, idempotency_records")
-                .execute(&self.pool)
-                .await?;
+            sqlx::raw_sql(
+                "VACUUM ANALYZE orders, order_transitions, idempotency_records, flows, flow_steps",
+            )
+            .execute(&self.pool)
+            .await?;
             Ok(())
         }
 
@@ -1297,13 +1552,30 @@ mod mysql {
             )
         }
 
+        async fn flow_hand(&self, id: i64) -> Result<(), BoxError> {
+            flow_hand!(
+                &self.pool,
+                self.pool.begin(),
+                id,
+                &FlowSql {
+                    claim: "INSERT IGNORE INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) VALUES ('hand', ?, 1, ?, ?, 'RUNNING', NULL, 0, ?, 1, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 30000, NULL, NULL, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED))",
+                    update: "UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?",
+                    insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)",
+                    step: "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) VALUES ('hand', ?, ?, 'F', ?, 'SUCCEEDED', 1, NULL, ?, ?, NULL, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED))",
+                    touch: "UPDATE flows SET step_at = ?, status = ?, output = COALESCE(?, output), attempt = 1, lease_until = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 30000, updated_at = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) WHERE kind = 'hand' AND flow_key = ? AND owner_token = ? AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
+                }
+            )
+        }
+
         async fn reset(&self) -> Result<(), BoxError> {
             sqlx::raw_sql("DELETE FROM order_transitions WHERE order_id > 0")
                 .execute(&self.pool)
                 .await?;
-            sqlx::raw_sql("DELETE FROM idempotency_records")
-                .execute(&self.pool)
-                .await?;
+            for table in ["idempotency_records", "flows", "flow_steps"] {
+                sqlx::raw_sql(AssertSqlSafe(format!("DELETE FROM {table}")))
+                    .execute(&self.pool)
+                    .await?;
+            }
             sqlx::raw_sql("UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0")
                 .execute(&self.pool)
                 .await?;

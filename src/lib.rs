@@ -56,21 +56,26 @@
 //! duplicates, a reference model of the outcome table, and a checker that runs a
 //! sequence through an engine and the model side by side.
 //!
-//! ## [`flow`](mod@flow): multi-step flows, declared
+//! ## [`flow`](mod@flow): multi-step flows, with compensation
 //!
 //! [`flow!`](macro@flow) declares a flow's kind, definition version and steps in order, each local,
 //! keyed or unsafe and with or without a compensation, and checks the declaration at
 //! compile time (no empty flow, no keyed or unsafe step with an effect before the pivot
-//! left without a compensation). Running flows (persisted steps, compensation in reverse,
-//! the recovery job) comes next, in the same folder.
+//! left without a compensation). A [`Definition`] attaches the actions; [`Flows`] starts
+//! a flow (claimed under an owner token, replayed once finished), runs local steps in
+//! their checkpoint transaction and records keyed and unsafe calls as started before and
+//! finished after, compensates the completed steps in reverse when one fails, parks what
+//! needs a person, and resumes flows whose runner died with its recovery job
+//! (`recover`, `recovery_loop`; `SKIP LOCKED` where the backend has it). Each backend
+//! implements its seam, [`flow::FlowStore`], in `store/<backend>/flows.rs`. See
+//! `docs/flows.md`.
 //!
 //! ## What comes next, and where
 //!
-//! The flow runner joins `flow/`; events
-//! written with a transition and relayed to brokers `outbox/`; a tower layer `http/`;
-//! metrics `observe`. Each is a folder holding its algorithm above a seam trait of its
-//! own, which every backend implements in a file of its folder next to
-//! `transitions.rs` (for example `store/postgres/idempotency.rs`), with a migration per
+//! Events written with a transition and relayed to brokers `outbox/`; a tower layer
+//! `http/`; metrics `observe`. Each is a folder holding its algorithm above a seam trait
+//! of its own, which every backend implements in a file of its folder next to
+//! `transitions.rs` (for example `store/postgres/flows.rs`), with a migration per
 //! backend. What must commit with a transition (an idempotency record's completion,
 //! outbox rows) joins the store's write units.
 //!
