@@ -258,9 +258,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     show(&flows, "order-3").await?;
     let calls = coupons.calls.lock().unwrap().clone();
-    let same_key = calls.iter().filter(|k| *k == "order-3:UseCoupon").count();
+    let same_key = calls
+        .iter()
+        .filter(|k| *k == "create_order:order-3:UseCoupon")
+        .count();
     println!(
-        "  coupon calls with key order-3:UseCoupon: {same_key}, coupon SPRING used by {}",
+        "  coupon calls with key create_order:order-3:UseCoupon: {same_key}, coupon SPRING used by {}",
         coupons.spent.lock().unwrap()["SPRING"]
     );
     println!("  stock of sku-1: {}", stock().await?);

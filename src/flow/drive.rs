@@ -88,12 +88,26 @@ pub(super) async fn drive<S: FlowStore, I: DeserializeOwned + Send + Sync + 'sta
         let steps = flows.read_steps(&held.kind, &held.key).await?;
         (row.status, row.step_at, row.input, steps)
     };
-    let input: I = serde_json::from_str(&input).map_err(|e| {
-        Error::InvalidInput(format!(
-            "the recorded input of flow {} {} does not parse: {e}",
-            held.kind, held.key
-        ))
-    })?;
+    let input: I = match serde_json::from_str(&input) {
+        Ok(input) => input,
+        Err(e) => {
+            let error = format!(
+                "the recorded input of flow {} {} does not parse: {e}",
+                held.kind, held.key
+            );
+            // The same on every claim: once the attempts are spent, park rather than be
+            // claimed forever.
+            if held.attempt > i32::try_from(flows.config.attempts).unwrap_or(i32::MAX) {
+                let touch = Touch {
+                    park: Some(ParkReason::AttemptsExhausted.into()),
+                    error: Some(&error),
+                    ..fence(&held, flows.config.lease)
+                };
+                write(flows, &held, &touch, None, None).await?;
+            }
+            return Err(Error::InvalidInput(error));
+        }
+    };
     let mut run = Run {
         flows,
         def,
@@ -103,7 +117,14 @@ pub(super) async fn drive<S: FlowStore, I: DeserializeOwned + Send + Sync + 'sta
         outputs: Arc::default(),
     };
     run.learn(&steps);
-    let at = usize::try_from(at).unwrap_or(0);
+    let at = usize::try_from(at)
+        .ok()
+        .filter(|&at| at <= def.specs.len())
+        .ok_or_else(|| Error::CorruptRecord {
+            scope: format!("flow {}", run.held.kind),
+            key: run.held.key.clone(),
+            value: format!("step_at {at}"),
+        })?;
     if status == "COMPENSATING" {
         run.compensate(at).await
     } else {
@@ -158,7 +179,9 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
                     continue;
                 }
                 // Its runner died during an unsafe call: nobody knows whether it happened.
-                Some("STARTED") if spec.class == StepClass::Unsafe => {
+                // (A failed one is never left in a running flow: its failure commits with
+                // the compensation or the park it leads to; an operator's retry resets it.)
+                Some("STARTED" | "FAILED") if spec.class == StepClass::Unsafe => {
                     return self
                         .park(ParkReason::NeedsReconciliation, Some(i), i, None)
                         .await;
@@ -194,13 +217,21 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
                 }
                 Err(StepError::Fail(e)) => {
                     if self.def.pivot.is_some_and(|p| i >= p) {
+                        // The step's failure and the park in one commit: a runner dying
+                        // between them would leave a failed step that a resumed flow runs
+                        // again (an unsafe one too).
                         let write = self.failed(i, FORWARD, Some(&e));
-                        self.write(&self.fence(self.flows.config.lease), Some(&write), None)
-                            .await?;
-                        self.note(i, FORWARD, "FAILED", None, Some(&e));
-                        return self
-                            .park(ParkReason::FailedPastPivot, Some(i), i, Some(&e))
-                            .await;
+                        let touch = Touch {
+                            park: Some(ParkReason::FailedPastPivot.into()),
+                            step_at: Some(to_i32(i)),
+                            error: Some(&e),
+                            ..self.fence(self.flows.config.lease)
+                        };
+                        self.write(&touch, Some(&write), None).await?;
+                        return Ok(FlowOutcome::Parked {
+                            reason: ParkReason::FailedPastPivot,
+                            step: spec.name.to_string(),
+                        });
                     }
                     let touch = Touch {
                         step_at: Some(to_i32(i)),
@@ -527,7 +558,7 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
         self.write(&touch, None, None).await?;
         Ok(FlowOutcome::Parked {
             reason,
-            step: self.def.specs[step].name.to_string(),
+            step: step_name(self.def.specs, step),
         })
     }
 
@@ -567,9 +598,9 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
             flow_key: self.held.key.clone(),
             step: name,
             key: if undo {
-                format!("{}:{name}:undo", self.held.key)
+                format!("{}:{}:{name}:undo", self.held.kind, self.held.key)
             } else {
-                format!("{}:{name}", self.held.key)
+                format!("{}:{}:{name}", self.held.kind, self.held.key)
             },
             attempt,
             outputs: Arc::clone(&self.outputs),
@@ -590,18 +621,7 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
 
     /// The fence alone: renews the lease (to `lease` from now) under this holder's token.
     fn fence(&self, lease: Duration) -> Touch<'_> {
-        Touch {
-            kind: &self.held.kind,
-            key: &self.held.key,
-            token: &self.held.token,
-            lease_ms: millis(lease),
-            progress: false,
-            step_at: None,
-            status: None,
-            park: None,
-            output: None,
-            error: None,
-        }
+        fence(&self.held, lease)
     }
 
     fn step_write<'w>(
@@ -673,6 +693,29 @@ pub(super) async fn write<S: FlowStore>(
     tx.commit().await.map_err(db_error::<S>)?;
     lease.release();
     Ok(())
+}
+
+/// The fence alone: renews the lease (to `lease` from now) under the holder's token.
+pub(super) fn fence(held: &Held, lease: Duration) -> Touch<'_> {
+    Touch {
+        kind: &held.kind,
+        key: &held.key,
+        token: &held.token,
+        lease_ms: millis(lease),
+        progress: false,
+        step_at: None,
+        status: None,
+        park: None,
+        output: None,
+        error: None,
+    }
+}
+
+/// A step's name, or its position if the definition has no such step.
+pub(super) fn step_name(specs: &[super::StepSpec], i: usize) -> String {
+    specs
+        .get(i)
+        .map_or_else(|| format!("#{i}"), |s| s.name.to_string())
 }
 
 pub(super) fn lease_lost(held: &Held) -> Error {

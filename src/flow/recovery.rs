@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -34,6 +35,9 @@ pub struct FlowsRecovered {
     pub errors: usize,
 }
 
+/// How many due flows the recovery job claims, and drives together, at a time.
+const CHUNK: usize = 8;
+
 impl FlowsRecovered {
     fn add(&mut self, other: FlowsRecovered) {
         self.taken += other.taken;
@@ -61,61 +65,94 @@ impl<S: FlowStore> Flows<S> {
     /// One round of the recovery job: claims up to `limit` due flows (running or
     /// compensating, not parked, lease run out) of the kinds and versions registered
     /// here, by a token CAS (`SKIP LOCKED` where the backend has it, so two jobs never
-    /// claim one flow), and resumes each where its record says: a started keyed step
-    /// runs again with its key, a started unsafe step parks the flow, a compensation
-    /// goes on in reverse. One flow's failure (a database error, a step that panics)
-    /// does not stop the others. Flows of versions not registered here are left alone.
+    /// claim one flow), a few at a time, and resumes them together where their records
+    /// say: a started keyed step runs again with its key, a started unsafe step parks
+    /// the flow, a compensation goes on in reverse. One flow's failure (a database
+    /// error, a step that panics) does not stop the others, nor does one kind's failing
+    /// claim; a round that could claim nothing because every claim failed is an error.
+    /// Flows of versions not registered here are left alone.
     pub async fn recover(&self, limit: u32) -> Result<FlowsRecovered> {
         let mut done = FlowsRecovered::default();
         let mut ids: Vec<_> = self.defs.keys().copied().collect();
         ids.sort_unstable();
+        // Each round starts at the next kind, so a busy one cannot starve the others.
+        let first = self.rounds.fetch_add(1, Ordering::Relaxed) % ids.len().max(1);
+        ids.rotate_left(first);
+        let mut failures = Vec::new();
         for (kind, version) in ids {
-            let left = (limit as usize).saturating_sub(done.taken);
-            if left == 0 {
-                break;
-            }
             let Some(def) = self.defs.get(&(kind, version)).cloned() else {
                 continue;
             };
-            let token = uuid::Uuid::new_v4().simple().to_string();
-            let due = TakeDue {
-                kind,
-                version: i32::try_from(version).unwrap_or(i32::MAX),
-                token: &token,
-                lease_ms: millis(self.config.lease),
-                limit: i64::try_from(left).unwrap_or(i64::MAX),
-            };
-            let claimed = {
-                let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
-                let out = self.store.take_due(lease.conn(), &due).await;
-                lease.release_after(&out);
-                out.map_err(db_error::<S>)?
-            };
-            for (key, attempt) in claimed {
-                done.taken += 1;
-                let held = Held {
-                    kind: kind.to_string(),
-                    key,
-                    token: token.clone(),
-                    attempt,
-                    input: None,
-                };
-                let key = held.key.clone();
-                let outcome = AssertUnwindSafe(def.drive(self, held, false))
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Error::InvalidInput(format!(
-                            "a step of flow {kind} {key} panicked"
-                        )))
-                    });
-                if let Err(e) = &outcome {
-                    tracing::warn!(error = %e, kind, key, "recovering a flow failed");
+            // Claimed a chunk at a time and driven together, so that every flow claimed
+            // is run well inside the lease it was claimed under.
+            loop {
+                let left = (limit as usize).saturating_sub(done.taken);
+                if left == 0 {
+                    return Ok(done);
                 }
-                done.count(&outcome);
+                let token = uuid::Uuid::new_v4().simple().to_string();
+                let due = TakeDue {
+                    kind,
+                    version: i32::try_from(version).unwrap_or(i32::MAX),
+                    token: &token,
+                    lease_ms: millis(self.config.lease),
+                    limit: i64::try_from(left.min(CHUNK)).unwrap_or(1),
+                };
+                let claimed = async {
+                    let mut lease = Lease::acquire(&self.store).await?;
+                    let out = self.store.take_due(lease.conn(), &due).await;
+                    lease.release_after(&out);
+                    out
+                };
+                let claimed = match claimed.await {
+                    Ok(claimed) => claimed,
+                    // One kind's failing claim does not stop the others'.
+                    Err(e) => {
+                        tracing::warn!(error = %e, kind, "claiming due flows failed");
+                        failures.push(db_error::<S>(e));
+                        break;
+                    }
+                };
+                let full = claimed.len() == left.min(CHUNK);
+                done.taken += claimed.len();
+                let runs = claimed.into_iter().map(|(key, attempt)| {
+                    let held = Held {
+                        kind: kind.to_string(),
+                        key,
+                        token: token.clone(),
+                        attempt,
+                        input: None,
+                    };
+                    let def = def.clone();
+                    async move {
+                        let key = held.key.clone();
+                        let outcome = AssertUnwindSafe(def.drive(self, held, false))
+                            .catch_unwind()
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(Error::InvalidInput(format!(
+                                    "a step of flow {kind} {key} panicked"
+                                )))
+                            });
+                        if let Err(e) = &outcome {
+                            tracing::warn!(error = %e, kind, key, "recovering a flow failed");
+                        }
+                        outcome
+                    }
+                });
+                for outcome in futures_util::future::join_all(runs).await {
+                    done.count(&outcome);
+                }
+                if !full {
+                    break;
+                }
             }
         }
-        Ok(done)
+        // Nothing could even be claimed: the round failed.
+        match failures.into_iter().next() {
+            Some(e) if done.taken == 0 => Err(e),
+            _ => Ok(done),
+        }
     }
 
     /// Runs [`recover`](Self::recover) in rounds of `batch` until `shutdown` resolves: a
@@ -202,6 +239,13 @@ impl<S: FlowStore> Flows<S> {
                     "flow {kind} {key} is not running forward: nothing to compensate from"
                 )));
             }
+            // At or past the pivot nothing before it is compensated: the pivot's effect
+            // would stand alone.
+            Resume::Compensate if def.pivot().is_some_and(|p| at >= p) => {
+                return Err(Error::InvalidInput(format!(
+                    "flow {kind} {key} is at or past its pivot: its steps are not compensated"
+                )));
+            }
             Resume::Compensate => {}
         }
         let token = uuid::Uuid::new_v4().simple().to_string();
@@ -209,14 +253,21 @@ impl<S: FlowStore> Flows<S> {
             let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
             let out = self
                 .store
-                .unpark(lease.conn(), kind, key, &token, millis(self.config.lease))
+                .unpark(
+                    lease.conn(),
+                    kind,
+                    key,
+                    &row.owner_token,
+                    &token,
+                    millis(self.config.lease),
+                )
                 .await;
             lease.release_after(&out);
             out.map_err(db_error::<S>)?
         };
         if !unparked {
             return Err(Error::InvalidInput(format!(
-                "flow {kind} {key} is not parked"
+                "flow {kind} {key} changed while it was being resumed (another resume?): read it again"
             )));
         }
         let held = Held {
@@ -254,8 +305,17 @@ impl<S: FlowStore> Flows<S> {
                 let output = serde_json::to_string(&output).map_err(|e| {
                     Error::InvalidInput(format!("the output does not serialize: {e}"))
                 })?;
-                let index = usize::try_from(step.step_index).unwrap_or(usize::MAX);
-                let name = specs.get(index).map_or("", |s| s.name);
+                let Some((index, spec)) = usize::try_from(step.step_index)
+                    .ok()
+                    .and_then(|i| specs.get(i).map(|spec| (i, spec)))
+                else {
+                    return Err(Error::CorruptRecord {
+                        scope: format!("flow {kind}"),
+                        key: key.to_string(),
+                        value: format!("step_index {}", step.step_index),
+                    });
+                };
+                let name = spec.name;
                 let forward = step.phase == "F";
                 let touch = Touch {
                     step_at: forward.then(|| to_i32(index + 1)),

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -169,6 +170,7 @@ pub struct Listed {
 /// A registered definition, its input type erased.
 pub(super) trait Drive<S: FlowStore>: Send + Sync {
     fn specs(&self) -> &'static [StepSpec];
+    fn pivot(&self) -> Option<usize>;
     /// Whether the input (JSON) is one this definition's actions take.
     fn check_input(&self, input: &str) -> Result<()>;
     /// Runs the held flow as far as it goes.
@@ -183,6 +185,10 @@ pub(super) trait Drive<S: FlowStore>: Send + Sync {
 impl<S: FlowStore, I: DeserializeOwned + Send + Sync + 'static> Drive<S> for Definition<S, I> {
     fn specs(&self) -> &'static [StepSpec] {
         self.specs
+    }
+
+    fn pivot(&self) -> Option<usize> {
+        self.pivot
     }
 
     fn check_input(&self, input: &str) -> Result<()> {
@@ -213,6 +219,8 @@ pub struct Flows<S: FlowStore> {
     pub(super) store: S,
     pub(super) config: FlowConfig,
     pub(super) defs: Arc<Registry<S>>,
+    /// Recovery rounds begun (by every clone): where the next round starts.
+    pub(super) rounds: Arc<AtomicUsize>,
 }
 
 impl<S: FlowStore> std::fmt::Debug for Flows<S> {
@@ -246,6 +254,7 @@ impl<S: FlowStore> Flows<S> {
             store,
             config,
             defs: Arc::default(),
+            rounds: Arc::default(),
         })
     }
 
@@ -376,17 +385,20 @@ impl<S: FlowStore> Flows<S> {
                     reference: key.to_string(),
                 });
             }
-            if let Some(outcome) = recorded(&row, def.specs())? {
-                return Ok(Started {
-                    outcome,
-                    replayed: true,
-                });
-            }
-            if row.version != version {
+            // A finished flow replays under any version (its outputs are by step name);
+            // anything else of another version is that version's runners' to answer.
+            let finished = matches!(row.status.as_str(), "COMPLETED" | "COMPENSATED");
+            if row.version != version && !finished {
                 return Err(Error::FlowVersion {
                     kind: D::KIND.to_string(),
                     key: key.to_string(),
                     version: row.version,
+                });
+            }
+            if let Some(outcome) = recorded(&row, def.specs())? {
+                return Ok(Started {
+                    outcome,
+                    replayed: true,
                 });
             }
             if row.lease_left_ms > 0 {

@@ -10,7 +10,8 @@ use crate::idempotency::RecordStore;
 /// A backend of the flow layer. Every time is the database's clock, in milliseconds
 /// since the epoch.
 pub trait FlowStore: RecordStore {
-    /// Starts a flow, in one statement: inserts it RUNNING under `start.token`, or takes
+    /// Starts a flow, atomically (one statement; on MySQL an insert, then a conditional
+    /// update): inserts it RUNNING under `start.token`, or takes
     /// over one of the same input and version that is running or compensating, not
     /// parked, and whose lease ran out. The attempt number if this start holds the flow
     /// now; `None` otherwise ([`read_flow`](Self::read_flow) tells why).
@@ -74,13 +75,15 @@ pub trait FlowStore: RecordStore {
         due: &TakeDue<'_>,
     ) -> impl Future<Output = Result<Vec<(String, i32)>, sqlx::Error>> + Send;
 
-    /// Claims a parked flow for an operator's resume: clears the park, sets the token
-    /// and a fresh lease, resets the attempts. Whether it did.
+    /// Claims a parked flow for an operator's resume, from the token it was read under
+    /// (so that of two resumes of one parked flow only one acts): clears the park, sets
+    /// the token and a fresh lease, resets the attempts. Whether it did.
     fn unpark(
         &self,
         conn: &mut Self::Conn,
         kind: &str,
         key: &str,
+        from: &str,
         token: &str,
         lease_ms: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;

@@ -98,8 +98,9 @@ impl<I> Ctx<I> {
         self.step
     }
 
-    /// The idempotency key to call another service with: `"{flow_key}:{step}"` for the
-    /// step, `"{flow_key}:{step}:undo"` for its compensation. The same on every attempt.
+    /// The idempotency key to call another service with: `"{kind}:{flow_key}:{step}"`
+    /// for the step, `"{kind}:{flow_key}:{step}:undo"` for its compensation. The same on
+    /// every attempt; the kind keeps flows of two kinds under one flow key apart.
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -253,7 +254,7 @@ impl<S: FlowStore, I: DeserializeOwned + Send + Sync + 'static> Definition<S, I>
     }
 
     /// The compensation of a keyed or unsafe step, called with its own key
-    /// (`"{flow_key}:{step}:undo"`).
+    /// (`"{kind}:{flow_key}:{step}:undo"`).
     pub fn undo_call<R, F>(self, step: impl FlowStep, f: F) -> Self
     where
         R: Serialize + 'static,

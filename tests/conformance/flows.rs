@@ -321,14 +321,14 @@ pub async fn flow_runs_each_step_once<B: Backend>(b: &B) {
     );
     assert_eq!(
         outputs.get::<String>(ShopStep::Charge).unwrap(),
-        "o-1:Charge for 100"
+        "shop:o-1:Charge for 100"
     );
     for what in ["Insert", "Coupon"] {
         assert_eq!(effects(b, "o-1", what).await, 1, "{what}");
     }
     assert_eq!(
         world.calls_in_order(),
-        ["o-1:Reserve", "o-1:Charge", "o-1:Ship"]
+        ["shop:o-1:Reserve", "shop:o-1:Charge", "shop:o-1:Ship"]
     );
     assert_eq!(
         step_rows(&f, "shop", "o-1").await,
@@ -343,7 +343,10 @@ pub async fn flow_runs_each_step_once<B: Backend>(b: &B) {
     let view = f.get("shop", "o-1").await.unwrap().unwrap();
     assert_eq!(view.flow.status, "COMPLETED");
     assert!(view.known);
-    assert_eq!(view.steps[1].downstream_key.as_deref(), Some("o-1:Reserve"));
+    assert_eq!(
+        view.steps[1].downstream_key.as_deref(),
+        Some("shop:o-1:Reserve")
+    );
     assert!(
         view.steps
             .iter()
@@ -377,7 +380,7 @@ pub async fn flow_failure_compensates_in_reverse<B: Backend>(b: &B) {
     assert_eq!(started.outcome, compensated);
     assert_eq!(
         world.calls_in_order(),
-        ["o-2:Reserve", "o-2:Reserve:undo"],
+        ["shop:o-2:Reserve", "shop:o-2:Reserve:undo"],
         "the failed charge was never called; its undo neither"
     );
     for (what, n) in [
@@ -425,7 +428,7 @@ pub async fn flow_failure_compensates_in_reverse<B: Backend>(b: &B) {
     );
     assert_eq!(effects(b, "o-3", "Coupon").await, 0);
     assert_eq!(effects(b, "o-3", "Insert:undo").await, 1);
-    assert_eq!(world.calls()["o-3:Reserve:undo"], 1);
+    assert_eq!(world.calls()["shop:o-3:Reserve:undo"], 1);
 }
 
 /// A compensation asking to be retried twice waits (with backoff) for the recovery job
@@ -458,7 +461,7 @@ pub async fn flow_compensation_is_retried<B: Backend>(b: &B) {
         rounds, 2,
         "retried twice: once by the start, once by a round"
     );
-    assert_eq!(world.calls()["o-4:Reserve:undo"], 1);
+    assert_eq!(world.calls()["shop:o-4:Reserve:undo"], 1);
     assert_eq!(effects(b, "o-4", "Insert:undo").await, 1);
     let rows = step_rows(&f, "shop", "o-4").await;
     // Three attempts begun (two asked to be retried), one call made.
@@ -497,7 +500,7 @@ pub async fn flow_failing_compensation_parks_until_resumed<B: Backend>(b: &B) {
         Some("COMPENSATION_FAILED")
     );
     // The others ran, after the given-up one.
-    assert_eq!(world.calls()["o-5:Reserve:undo"], 1);
+    assert_eq!(world.calls()["shop:o-5:Reserve:undo"], 1);
     assert_eq!(effects(b, "o-5", "Insert:undo").await, 1);
     assert_eq!(effects(b, "o-5", "Coupon:undo").await, 0);
     let rows = step_rows(&f, "shop", "o-5").await;
@@ -522,7 +525,7 @@ pub async fn flow_failing_compensation_parks_until_resumed<B: Backend>(b: &B) {
     assert!(matches!(resumed, FlowOutcome::Compensated { ref step, .. } if step == "Charge"));
     assert_eq!(effects(b, "o-5", "Coupon:undo").await, 1);
     assert_eq!(effects(b, "o-5", "Insert:undo").await, 1);
-    assert_eq!(world.calls()["o-5:Reserve:undo"], 1);
+    assert_eq!(world.calls()["shop:o-5:Reserve:undo"], 1);
     assert!(matches!(
         f.resume("shop", "o-5", Resume::Retry).await,
         Err(Error::InvalidInput(_))
@@ -618,7 +621,7 @@ pub async fn flow_crash_at_every_point_is_recovered<B: Backend>(b: &B) {
         let calls = world.calls();
         let mine: Vec<_> = calls
             .iter()
-            .filter(|(k, _)| k.starts_with(&format!("{key}:")))
+            .filter(|(k, _)| k.starts_with(&format!("shop:{key}:")))
             .collect();
         let mut expected_keys: Vec<&str> = if compensating {
             vec!["Reserve", "Reserve:undo"]
@@ -626,11 +629,14 @@ pub async fn flow_crash_at_every_point_is_recovered<B: Backend>(b: &B) {
             vec!["Reserve", "Charge", "Ship"]
         };
         expected_keys.sort_unstable();
-        let mut got: Vec<_> = mine.iter().map(|(k, _)| &k[key.len() + 1..]).collect();
+        let mut got: Vec<_> = mine
+            .iter()
+            .map(|(k, _)| &k["shop:".len() + key.len() + 1..])
+            .collect();
         got.sort_unstable();
         assert_eq!(got, expected_keys, "{point}");
         for &(k, &count) in &mine {
-            let step = &k[key.len() + 1..];
+            let step = &k["shop:".len() + key.len() + 1..];
             let twice = point == &format!("{step}:after");
             assert_eq!(count, 1 + usize::from(twice), "{point}: {k}");
         }
@@ -659,10 +665,10 @@ pub async fn flow_dropped_at_every_await_point_is_resumed<B: Backend>(b: &B) {
         // A statement the drop cut off may still land (SQLite runs it on a thread of its
         // own): wait until any lease it took ran out, then recover.
         tokio::time::sleep(lease + Duration::from_millis(50)).await;
-        if let Some(view) = f.get("shop", &key).await.unwrap() {
-            if view.flow.status == "RUNNING" {
-                left_at.insert(view.steps.len());
-            }
+        if let Some(view) = f.get("shop", &key).await.unwrap()
+            && view.flow.status == "RUNNING"
+        {
+            left_at.insert(view.steps.len());
         }
         settle(&f, lease).await;
         if let Some(view) = f.get("shop", &key).await.unwrap() {
@@ -676,10 +682,15 @@ pub async fn flow_dropped_at_every_await_point_is_resumed<B: Backend>(b: &B) {
         // Keyed calls only with their own keys: a call whose success the drop kept from
         // being recorded is made again, with the same key.
         let calls = world.calls();
-        let mine = calls.keys().filter(|c| c.starts_with(&format!("{key}:")));
+        let mine = calls
+            .keys()
+            .filter(|c| c.starts_with(&format!("shop:{key}:")));
         assert!(mine.count() <= 3, "k = {k}: {calls:?}");
         for step in ["Reserve", "Charge", "Ship"] {
-            let n = calls.get(&format!("{key}:{step}")).copied().unwrap_or(0);
+            let n = calls
+                .get(&format!("shop:{key}:{step}"))
+                .copied()
+                .unwrap_or(0);
             assert!(n <= 2, "k = {k}: {step} called {n} times");
         }
     }
@@ -766,7 +777,11 @@ pub async fn flow_unsafe_step_parks_for_reconciliation<B: Backend>(b: &B) {
         tokio::time::sleep(lease + Duration::from_millis(50)).await;
         let round = f.recover(10).await.unwrap();
         assert_eq!((round.taken, round.parked), (1, 1), "{key}");
-        assert_eq!(world.calls()[&format!("{key}:Post")], 1, "not called again");
+        assert_eq!(
+            world.calls()[&format!("legacy:{key}:Post")],
+            1,
+            "not called again"
+        );
         let parked = f.get("legacy", key).await.unwrap().unwrap();
         assert_eq!(
             parked.flow.park_reason.as_deref(),
@@ -782,7 +797,7 @@ pub async fn flow_unsafe_step_parks_for_reconciliation<B: Backend>(b: &B) {
                     out.get::<String>(LegacyStep::Post).unwrap(),
                     "posted by hand"
                 );
-                assert_eq!(world.calls()[&format!("{key}:Post")], 1);
+                assert_eq!(world.calls()[&format!("legacy:{key}:Post")], 1);
                 assert_eq!(effects(b, key, "Finish").await, 1);
             }
             Resume::Compensate => {
@@ -790,11 +805,15 @@ pub async fn flow_unsafe_step_parks_for_reconciliation<B: Backend>(b: &B) {
                     matches!(resumed, FlowOutcome::Compensated { ref step, .. } if step == "Post")
                 );
                 assert_eq!(effects(b, key, "Prepare:undo").await, 1);
-                assert!(!world.calls().contains_key(&format!("{key}:Post:undo")));
+                assert!(
+                    !world
+                        .calls()
+                        .contains_key(&format!("legacy:{key}:Post:undo"))
+                );
             }
             Resume::Retry => {
                 assert!(matches!(resumed, FlowOutcome::Completed(_)));
-                assert_eq!(world.calls()[&format!("{key}:Post")], 2);
+                assert_eq!(world.calls()[&format!("legacy:{key}:Post")], 2);
             }
         }
         assert_eq!(effects(b, key, "Prepare").await, 1);
@@ -850,7 +869,7 @@ pub async fn flow_attempt_cap_parks_a_crashing_step<B: Backend>(b: &B) {
     assert!(matches!(resumed, FlowOutcome::Completed(_)));
     assert_eq!(effects(b, "cap", "Coupon").await, 1);
     assert_eq!(effects(b, "cap", "Insert").await, 1);
-    assert_eq!(world.calls()["cap:Reserve"], 1);
+    assert_eq!(world.calls()["shop:cap:Reserve"], 1);
 }
 
 orderly::flow! {
@@ -1138,7 +1157,7 @@ pub async fn flow_runner_killed_by_sigkill_is_recovered<B: Backend>(b: &B) {
         }
         for step in ["Reserve", "Charge", "Ship"] {
             assert_eq!(
-                calls.get(&format!("{key}:{step}")),
+                calls.get(&format!("shop:{key}:{step}")),
                 Some(&1),
                 "{key}: {step}: {calls:?}"
             );
@@ -1172,4 +1191,57 @@ pub(crate) async fn flow_child<B: Backend>(spec: &str) {
     let f2 = f.clone();
     tokio::spawn(async move { f2.start(Shop, "killed-local", &order(21)).await });
     std::future::pending::<()>().await;
+}
+
+/// A step failing for good at or after the pivot parks the flow as `FailedPastPivot`
+/// (nothing before the pivot is compensated, and the operator cannot ask for it); of two
+/// operators resuming it at once, one resumes it and the other is refused.
+pub async fn flow_failure_past_the_pivot_parks<B: Backend>(b: &B) {
+    let world = Arc::new(World::default());
+    let f = flows(b, &world, Duration::from_secs(30)).await;
+    world.plan("Ship", Plan::Fail);
+    let started = f.start(Shop, "pivot", &order(30)).await.unwrap();
+    assert_eq!(
+        started.outcome,
+        FlowOutcome::Parked {
+            reason: ParkReason::FailedPastPivot,
+            step: "Ship".into()
+        }
+    );
+    let rows = step_rows(&f, "shop", "pivot").await;
+    assert!(
+        rows.contains(&("Ship".into(), "F".into(), "FAILED".into(), 1)),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter().all(|r| r.1 == "F"),
+        "nothing compensated: {rows:?}"
+    );
+    assert!(matches!(
+        f.resume("shop", "pivot", Resume::Compensate).await,
+        Err(Error::InvalidInput(m)) if m.contains("pivot")
+    ));
+    world.clear_plans();
+    let resumes: Vec<_> = (0..2)
+        .map(|_| {
+            let f = f.clone();
+            tokio::spawn(async move { f.resume("shop", "pivot", Resume::Retry).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for r in resumes {
+        answers.push(r.await.unwrap());
+    }
+    let resumed = answers
+        .iter()
+        .filter(|a| matches!(a, Ok(FlowOutcome::Completed(_))))
+        .count();
+    let refused = answers
+        .iter()
+        .filter(|a| matches!(a, Err(Error::InvalidInput(_))))
+        .count();
+    assert_eq!((resumed, refused), (1, 1), "{answers:?}");
+    assert_eq!(world.calls()["shop:pivot:Ship"], 1);
+    assert_eq!(effects(b, "pivot", "Insert").await, 1);
+    assert_eq!(effects(b, "pivot", "Insert:undo").await, 0);
 }

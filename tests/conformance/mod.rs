@@ -242,6 +242,7 @@ macro_rules! conformance {
             flow_bad_definitions_are_rejected,
             flow_payment_callback_delivered_three_times,
             flow_runner_killed_by_sigkill_is_recovered,
+            flow_failure_past_the_pivot_parks,
         );
     };
     // The network faults, for a backend that implements `Networked`.

@@ -247,19 +247,21 @@ impl FlowStore for MySqlStore {
         conn: &mut MySqlConnection,
         kind: &str,
         key: &str,
+        from: &str,
         token: &str,
         lease_ms: i64,
     ) -> Result<bool, sqlx::Error> {
         let sql = format!(
             "UPDATE flows SET park_reason = NULL, owner_token = ?, attempt = 1, \
                  lease_until = {NOW} + ?, updated_at = {NOW} \
-             WHERE kind = ? AND flow_key = ? AND park_reason IS NOT NULL"
+             WHERE kind = ? AND flow_key = ? AND owner_token = ? AND park_reason IS NOT NULL"
         );
         let done = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(token)
             .bind(lease_ms)
             .bind(kind)
             .bind(key)
+            .bind(from)
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

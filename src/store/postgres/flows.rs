@@ -195,6 +195,7 @@ impl FlowStore for PgStore {
         conn: &mut PgConnection,
         kind: &str,
         key: &str,
+        from: &str,
         token: &str,
         lease_ms: i64,
     ) -> Result<bool, sqlx::Error> {
@@ -202,13 +203,15 @@ impl FlowStore for PgStore {
             "WITH now AS {NOW} \
              UPDATE flows AS f SET park_reason = NULL, owner_token = $3, attempt = 1, \
                  lease_until = now.ms + $4, updated_at = now.ms \
-             FROM now WHERE f.kind = $1 AND f.flow_key = $2 AND f.park_reason IS NOT NULL"
+             FROM now WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $5 \
+               AND f.park_reason IS NOT NULL"
         );
         let done = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(kind)
             .bind(key)
             .bind(token)
             .bind(lease_ms)
+            .bind(from)
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

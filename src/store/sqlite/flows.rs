@@ -194,6 +194,7 @@ impl FlowStore for SqliteStore {
         conn: &mut SqliteConnection,
         kind: &str,
         key: &str,
+        from: &str,
         token: &str,
         lease_ms: i64,
     ) -> Result<bool, sqlx::Error> {
@@ -201,13 +202,14 @@ impl FlowStore for SqliteStore {
             "WITH now AS {NOW} \
              UPDATE flows SET park_reason = NULL, owner_token = ?3, attempt = 1, \
                  lease_until = (SELECT ms FROM now) + ?4, updated_at = (SELECT ms FROM now) \
-             WHERE kind = ?1 AND flow_key = ?2 AND park_reason IS NOT NULL"
+             WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NOT NULL"
         );
         let done = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(kind)
             .bind(key)
             .bind(token)
             .bind(lease_ms)
+            .bind(from)
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
