@@ -762,8 +762,8 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             applied.throughput() / naive.throughput(),
             replay.throughput() / applied.throughput()
         ));
-        records_pass(&db, &engine, &records, c, args, &mut ratios).await?;
-        flows_pass(&db, &flows, c, args, &mut ratios).await?;
+        ratios.push(records_pass(&db, &engine, &records, c, args).await?);
+        ratios.push(flows_pass(&db, &flows, c, args).await?);
     }
     if let Some(url) = &args.redis {
         storm_pass(&records, url, args, &mut ratios).await?;
@@ -774,129 +774,137 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     Ok(())
 }
 
+/// A layer's pass at `c` callers, on a reset database: its write mode (`names[0]`, run
+/// by `write`), the same writes by hand (`names[1]`, by `hand`) and replays of the
+/// requests the write mode completed (`names[2]`, by `replay`), alternating in slices
+/// (half the orders each for the two write modes). Prints a row per mode, the `vs
+/// floor` column against the hand mode, and returns the ratio line `{label} backend=…
+/// c=… {ratios[0]}=write/hand {ratios[1]}=replay/write`.
+#[allow(clippy::too_many_arguments)]
+async fn layer_pass<B, W, WF, H, HF, R, RF>(
+    db: &Arc<B>,
+    c: usize,
+    args: &Args,
+    label: &str,
+    names: [&str; 3],
+    ratios: [&str; 2],
+    (write, hand, replay): (W, H, R),
+) -> Result<String, BoxError>
+where
+    B: BenchDb,
+    W: Fn(i64) -> WF + Clone + Send + Sync + 'static,
+    WF: Future<Output = Result<(), BoxError>> + Send,
+    H: Fn(i64) -> HF + Clone + Send + Sync + 'static,
+    HF: Future<Output = Result<(), BoxError>> + Send,
+    R: Fn(i64) -> RF + Clone + Send + Sync + 'static,
+    RF: Future<Output = Result<(), BoxError>> + Send,
+{
+    db.reset().await?;
+    let half = args.orders / 2;
+    let slice = args.seconds / args.rounds as f64;
+    let (mut run, mut by_hand, mut again) = (Lane::new(1), Lane::new(1 + half), Lane::new(1));
+    for round in 1..=i64::from(args.rounds) {
+        let quota = half * round / i64::from(args.rounds);
+        run.slice(c, slice, quota, false, write.clone()).await?;
+        by_hand.slice(c, slice, quota, false, hand.clone()).await?;
+        let done = run.used(quota);
+        again.slice(c, slice, done, true, replay.clone()).await?;
+    }
+    let [run, by_hand, again] = [run, by_hand, again].map(|lane| lane.stats.finish());
+    println!(
+        "{c:>3}  ({label}: the `vs floor` column is against {})",
+        names[1]
+    );
+    for (mode, s) in names.iter().zip([&run, &by_hand, &again]) {
+        let (client, other) = s.cpu_per_op();
+        println!(
+            "{c:>3}  {mode:<8} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
+            s.ops,
+            s.throughput(),
+            s.percentile(0.5),
+            s.percentile(0.99),
+            s.throughput() / by_hand.throughput()
+        );
+    }
+    Ok(format!(
+        "{label} backend={} c={c} {}={:.2} {}={:.2}",
+        args.backend,
+        ratios[0],
+        run.throughput() / by_hand.throughput(),
+        ratios[1],
+        again.throughput() / run.throughput()
+    ))
+}
+
 /// The idempotency layer at `c` callers: `Records::run` with a transition inside
 /// (`records`), the same writes by hand (`rec-hand`), and replays of the requests the
-/// first applied (`replay-r`), alternating in slices on a reset database (half the
-/// orders each for the two write modes).
+/// first applied (`replay-r`).
 async fn records_pass<B: BenchDb>(
     db: &Arc<B>,
     engine: &Engine<OrderMachine, B::S>,
     records: &Records<B::S>,
     c: usize,
     args: &Args,
-    ratios: &mut Vec<String>,
-) -> Result<(), BoxError> {
-    db.reset().await?;
-    let half = args.orders / 2;
-    let slice = args.seconds / args.rounds as f64;
-    let (mut run, mut hand, mut replay) = (Lane::new(1), Lane::new(1 + half), Lane::new(1));
-    for round in 1..=i64::from(args.rounds) {
-        let quota = half * round / i64::from(args.rounds);
+) -> Result<String, BoxError> {
+    let run = |replayed: bool| {
         let (r, e) = (records.clone(), engine.clone());
-        run.slice(c, slice, quota, false, move |id| {
+        move |id| {
             let (r, e) = (r.clone(), e.clone());
-            async move { ensure(!records_run(&r, &e, id).await?, "records: replayed", id) }
-        })
-        .await?;
-        let d = db.clone();
-        hand.slice(c, slice, quota, false, move |id| {
-            let d = d.clone();
-            async move { d.records_hand(id).await }
-        })
-        .await?;
-        let done = run.used(quota);
-        let (r, e) = (records.clone(), engine.clone());
-        replay
-            .slice(c, slice, done, true, move |id| {
-                let (r, e) = (r.clone(), e.clone());
-                async move { ensure(records_run(&r, &e, id).await?, "records: not replayed", id) }
-            })
-            .await?;
-    }
-    let [run, hand, replay] = [run, hand, replay].map(|lane| lane.stats.finish());
-    println!("{c:>3}  (idempotency records: the `vs floor` column is against rec-hand)");
-    for (mode, s) in [
-        ("records", &run),
-        ("rec-hand", &hand),
-        ("replay-r", &replay),
-    ] {
-        let (client, other) = s.cpu_per_op();
-        println!(
-            "{c:>3}  {mode:<8} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
-            s.ops,
-            s.throughput(),
-            s.percentile(0.5),
-            s.percentile(0.99),
-            s.throughput() / hand.throughput()
-        );
-    }
-    ratios.push(format!(
-        "records backend={} c={c} records_vs_hand={:.2} replay_vs_records={:.2}",
-        args.backend,
-        run.throughput() / hand.throughput(),
-        replay.throughput() / run.throughput()
-    ));
-    Ok(())
+            async move { ensure(records_run(&r, &e, id).await? == replayed, "records", id) }
+        }
+    };
+    let d = db.clone();
+    let hand = move |id| {
+        let d = d.clone();
+        async move { d.records_hand(id).await }
+    };
+    let names = ["records", "rec-hand", "replay-r"];
+    let ratios = ["records_vs_hand", "replay_vs_records"];
+    layer_pass(
+        db,
+        c,
+        args,
+        "records",
+        names,
+        ratios,
+        (run(false), hand, run(true)),
+    )
+    .await
 }
 
 /// Flows at `c` callers: `Flows::start` of a flow of two local steps (`flow`), the same
 /// writes by hand (`flow-hand`), and replays of the flows the first completed
-/// (`replay-f`), alternating in slices on a reset database (half the orders each for the
-/// two write modes).
+/// (`replay-f`).
 async fn flows_pass<B: BenchDb>(
     db: &Arc<B>,
     flows: &Flows<B::S>,
     c: usize,
     args: &Args,
-    ratios: &mut Vec<String>,
-) -> Result<(), BoxError> {
-    db.reset().await?;
-    let half = args.orders / 2;
-    let slice = args.seconds / args.rounds as f64;
-    let (mut run, mut hand, mut replay) = (Lane::new(1), Lane::new(1 + half), Lane::new(1));
-    for round in 1..=i64::from(args.rounds) {
-        let quota = half * round / i64::from(args.rounds);
+) -> Result<String, BoxError> {
+    let run = |replayed: bool| {
         let f = flows.clone();
-        run.slice(c, slice, quota, false, move |id| {
+        move |id| {
             let f = f.clone();
-            async move { ensure(!flow_run(&f, id).await?, "flow: replayed", id) }
-        })
-        .await?;
-        let d = db.clone();
-        hand.slice(c, slice, quota, false, move |id| {
-            let d = d.clone();
-            async move { d.flow_hand(id).await }
-        })
-        .await?;
-        let done = run.used(quota);
-        let f = flows.clone();
-        replay
-            .slice(c, slice, done, true, move |id| {
-                let f = f.clone();
-                async move { ensure(flow_run(&f, id).await?, "flow: not replayed", id) }
-            })
-            .await?;
-    }
-    let [run, hand, replay] = [run, hand, replay].map(|lane| lane.stats.finish());
-    println!("{c:>3}  (flows of two local steps: the `vs floor` column is against flow-hand)");
-    for (mode, s) in [("flow", &run), ("flow-hand", &hand), ("replay-f", &replay)] {
-        let (client, other) = s.cpu_per_op();
-        println!(
-            "{c:>3}  {mode:<8} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
-            s.ops,
-            s.throughput(),
-            s.percentile(0.5),
-            s.percentile(0.99),
-            s.throughput() / hand.throughput()
-        );
-    }
-    ratios.push(format!(
-        "flows backend={} c={c} flow_vs_hand={:.2} replay_vs_flow={:.2}",
-        args.backend,
-        run.throughput() / hand.throughput(),
-        replay.throughput() / run.throughput()
-    ));
-    Ok(())
+            async move { ensure(flow_run(&f, id).await? == replayed, "flow", id) }
+        }
+    };
+    let d = db.clone();
+    let hand = move |id| {
+        let d = d.clone();
+        async move { d.flow_hand(id).await }
+    };
+    let names = ["flow", "flow-hand", "replay-f"];
+    let ratios = ["flow_vs_hand", "replay_vs_flow"];
+    layer_pass(
+        db,
+        c,
+        args,
+        "flows",
+        names,
+        ratios,
+        (run(false), hand, run(true)),
+    )
+    .await
 }
 
 /// Storms of identical claims (as a double-click or a retrying gateway makes), one storm
