@@ -13,7 +13,8 @@ use serde::de::DeserializeOwned;
 use super::drive::Held;
 use super::steps::Definition;
 use super::{Flow, FlowRow, FlowStep, FlowStore, StepRow, StepSpec};
-use crate::engine::{fingerprint_of, validate_reference};
+use crate::ReadFirst;
+use crate::engine::{FirstRound, fingerprint_of, validate_reference};
 use crate::store::{ErrorClass, Lease, db_error};
 use crate::{Error, Result};
 
@@ -221,6 +222,8 @@ pub struct Flows<S: FlowStore> {
     pub(super) defs: Arc<Registry<S>>,
     /// Recovery rounds begun (by every clone): where the next round starts.
     pub(super) rounds: Arc<AtomicUsize>,
+    /// Whether a start reads the flow before its write (shared by clones).
+    first: FirstRound,
 }
 
 impl<S: FlowStore> std::fmt::Debug for Flows<S> {
@@ -255,6 +258,7 @@ impl<S: FlowStore> Flows<S> {
             config,
             defs: Arc::default(),
             rounds: Arc::default(),
+            first: FirstRound::new(ReadFirst::Adaptive, S::READ_FIRST_FROM),
         })
     }
 
@@ -275,6 +279,16 @@ impl<S: FlowStore> Flows<S> {
         }
         Arc::make_mut(&mut self.defs).insert(id, Arc::new(def));
         Ok(self)
+    }
+
+    /// Which round trip a start begins with, as for a transition ([`ReadFirst`]): the
+    /// start's write (a new flow costs one statement; a repeat the write that takes
+    /// nothing, then a read) or a read of the flow (a repeat is answered by that read; a
+    /// new flow pays it on top). The default, `Adaptive`, reads first while repeats make
+    /// up enough of the recent starts through these flows. The answers are the same.
+    pub fn read_first(mut self, policy: ReadFirst) -> Self {
+        self.first = FirstRound::new(policy, S::READ_FIRST_FROM);
+        self
     }
 
     /// The store.
@@ -327,6 +341,17 @@ impl<S: FlowStore> Flows<S> {
         def.check_input(&json)?;
         let hash = fingerprint_of(input)?;
         let lease_ms = millis(self.config.lease);
+        if self.first.reads_first() {
+            // A read that fails leaves the start's write to settle it.
+            let row = self.read_flow(D::KIND, key).await.unwrap_or_else(|e| {
+                tracing::debug!(error = %e, kind = D::KIND, key, "read before the start failed");
+                None
+            });
+            if let Some(answer) = row.and_then(|r| judge(&r, &hash, version, def.specs())) {
+                self.first.note(true);
+                return answer;
+            }
+        }
         for _ in 0..START_ROUNDS {
             let token = uuid::Uuid::new_v4().simple().to_string();
             let new = super::NewFlow {
@@ -355,6 +380,7 @@ impl<S: FlowStore> Flows<S> {
                 // Attempt 1 is a new flow (a takeover counts on from the attempts before):
                 // nothing is recorded yet, nothing to read.
                 Ok(Some(attempt)) => {
+                    self.first.note(false);
                     let outcome = def.drive(self, held(attempt), attempt == 1).await?;
                     return Ok(Started {
                         outcome,
@@ -379,34 +405,9 @@ impl<S: FlowStore> Flows<S> {
                     replayed: false,
                 });
             }
-            if row.input_hash != hash {
-                return Err(Error::PayloadMismatch {
-                    subject: format!("flow {}", D::KIND),
-                    reference: key.to_string(),
-                });
-            }
-            // A finished flow replays under any version (its outputs are by step name);
-            // anything else of another version is that version's runners' to answer.
-            let finished = matches!(row.status.as_str(), "COMPLETED" | "COMPENSATED");
-            if row.version != version && !finished {
-                return Err(Error::FlowVersion {
-                    kind: D::KIND.to_string(),
-                    key: key.to_string(),
-                    version: row.version,
-                });
-            }
-            if let Some(outcome) = recorded(&row, def.specs())? {
-                return Ok(Started {
-                    outcome,
-                    replayed: true,
-                });
-            }
-            if row.lease_left_ms > 0 {
-                return Err(Error::InFlight {
-                    scope: D::KIND.to_string(),
-                    key: key.to_string(),
-                    retry_after: Duration::from_millis(row.lease_left_ms.unsigned_abs()),
-                });
+            if let Some(answer) = judge(&row, &hash, version, def.specs()) {
+                self.first.note(true);
+                return answer;
             }
             // Its lease ran out between the start and the read: try again.
         }
@@ -428,6 +429,45 @@ impl<S: FlowStore> Flows<S> {
         lease.release_after(&out);
         out.map_err(db_error::<S>)
     }
+}
+
+/// A start's answer from the flow as read, unless the start may claim it (its lease ran
+/// out): another input, another version's flow still going, a recorded outcome (replayed),
+/// or one running under a live lease.
+fn judge(row: &FlowRow, hash: &str, version: i32, specs: &[StepSpec]) -> Option<Result<Started>> {
+    if row.input_hash != hash {
+        return Some(Err(Error::PayloadMismatch {
+            subject: format!("flow {}", row.kind),
+            reference: row.flow_key.clone(),
+        }));
+    }
+    // A finished flow replays under any version (its outputs are by step name); anything
+    // else of another version is that version's runners' to answer.
+    let finished = matches!(row.status.as_str(), "COMPLETED" | "COMPENSATED");
+    if row.version != version && !finished {
+        return Some(Err(Error::FlowVersion {
+            kind: row.kind.clone(),
+            key: row.flow_key.clone(),
+            version: row.version,
+        }));
+    }
+    match recorded(row, specs) {
+        Ok(Some(outcome)) => {
+            return Some(Ok(Started {
+                outcome,
+                replayed: true,
+            }));
+        }
+        Ok(None) => {}
+        Err(e) => return Some(Err(e)),
+    }
+    (row.lease_left_ms > 0).then(|| {
+        Err(Error::InFlight {
+            scope: row.kind.clone(),
+            key: row.flow_key.clone(),
+            retry_after: Duration::from_millis(row.lease_left_ms.unsigned_abs()),
+        })
+    })
 }
 
 /// Running or compensating: a runner may hold it.

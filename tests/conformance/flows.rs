@@ -245,6 +245,7 @@ pub(crate) async fn flows<B: Backend>(b: &B, world: &Arc<World>, lease: Duration
         .await;
     Flows::new(b.store(Duration::from_secs(10)).await, config(lease))
         .unwrap()
+        .read_first(B::POLICY)
         .register(shop::<B>(world))
         .unwrap()
         .register(legacy::<B>(world))
