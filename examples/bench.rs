@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 use orderly::flow::{Definition, FlowConfig, FlowOutcome, FlowStore, Flows};
 use orderly::idempotency::RecordStore;
 use orderly::store::Store;
-use orderly::{Done, Engine, Outcome, Records, ScopeConfig};
+use orderly::{Done, Engine, Outcome, ReadFirst, Records, ScopeConfig};
 
 orderly::state_machine! {
     /// The order graph.
@@ -846,8 +846,13 @@ async fn records_pass<B: BenchDb>(
     c: usize,
     args: &Args,
 ) -> Result<String, BoxError> {
+    // Each lane its own adaptive window (`read_first`), as a service whose traffic is
+    // all new requests, or all repeats, would have: each lane measures its own path.
     let run = |replayed: bool| {
-        let (r, e) = (records.clone(), engine.clone());
+        let (r, e) = (
+            records.clone().read_first(ReadFirst::Adaptive),
+            engine.clone(),
+        );
         move |id| {
             let (r, e) = (r.clone(), e.clone());
             async move { ensure(records_run(&r, &e, id).await? == replayed, "records", id) }
@@ -881,8 +886,9 @@ async fn flows_pass<B: BenchDb>(
     c: usize,
     args: &Args,
 ) -> Result<String, BoxError> {
+    // Each lane its own adaptive window, as for the records above.
     let run = |replayed: bool| {
-        let f = flows.clone();
+        let f = flows.clone().read_first(ReadFirst::Adaptive);
         move |id| {
             let f = f.clone();
             async move { ensure(flow_run(&f, id).await? == replayed, "flow", id) }
