@@ -301,3 +301,125 @@ async fn hot_rows_on_a_cycle_across_nodes() {
     assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
     c.cleanup().await;
 }
+
+/// Flows whose runner died on one node, recovered by three jobs at once, one on each
+/// node: a job's claim (`SKIP LOCKED` is local to a node) can collide with another
+/// node's in certification, and then one of them fails and claims nothing. Every flow
+/// completes; every local effect happened exactly once; every keyed call used its own
+/// key only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flow_recovery_jobs_on_every_node() {
+    use conformance::flows::{Order, Shop, World, config, shop_on};
+    use orderly::flow::{Flows, Listing};
+    const FLOWS: i64 = 48;
+    let c = Cluster::fresh().await;
+    sqlx::raw_sql(
+        "CREATE TABLE flow_effects (flow_key VARCHAR(255) NOT NULL, what VARCHAR(64) NOT NULL)",
+    )
+    .execute(c.stores[0].pool())
+    .await
+    .unwrap();
+    let world = Arc::new(World::default());
+    let lease = Duration::from_secs(1);
+    let flows: Vec<Flows<MySqlStore>> = c
+        .stores
+        .iter()
+        .map(|s| {
+            Flows::new(s.clone(), config(lease))
+                .unwrap()
+                .register(shop_on::<MySqlStore>(&world, exec_on))
+                .unwrap()
+        })
+        .collect();
+    for i in 0..FLOWS {
+        world.panic_at("Reserve:before");
+        let f = flows[0].clone();
+        let start = tokio::spawn(async move {
+            f.start(Shop, &format!("g-{i}"), &Order { id: i, amount: 1 })
+                .await
+        });
+        assert!(start.await.is_err(), "flow {i}: the runner died");
+    }
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let jobs: Vec<_> = flows
+        .iter()
+        .cloned()
+        .map(|f| {
+            tokio::spawn(async move {
+                let mut taken = 0;
+                loop {
+                    assert!(std::time::Instant::now() < deadline, "flows never settled");
+                    // A round whose claim lost in certification is an error to retry.
+                    if let Ok(round) = f.recover(4).await {
+                        taken += round.taken;
+                        if round.taken > 0 {
+                            continue;
+                        }
+                    }
+                    let running = f.list(Listing::Running, None, 1).await.unwrap();
+                    let stuck = f.list(Listing::Stuck, None, 1).await.unwrap();
+                    if running.is_empty() && stuck.is_empty() {
+                        return taken;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        })
+        .collect();
+    let mut taken = Vec::new();
+    for job in jobs {
+        taken.push(job.await.unwrap());
+    }
+    assert!(
+        taken.iter().filter(|&&n| n > 0).count() >= 2,
+        "one node's job took every flow ({taken:?}): no race across nodes"
+    );
+    let count = |sql: &'static str| {
+        let store = c.stores[1].clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(store.pool())
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        count("SELECT COUNT(*) FROM flows WHERE status = 'COMPLETED'").await,
+        FLOWS
+    );
+    assert_eq!(count("SELECT COUNT(*) FROM flow_effects").await, 2 * FLOWS);
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM (SELECT flow_key, what FROM flow_effects \
+             GROUP BY flow_key, what HAVING COUNT(*) > 1) AS d"
+        )
+        .await,
+        0
+    );
+    let calls = world.calls();
+    for i in 0..FLOWS {
+        for step in ["Reserve", "Charge", "Ship"] {
+            let n = calls
+                .get(&format!("shop:g-{i}:{step}"))
+                .copied()
+                .unwrap_or(0);
+            assert!(n >= 1, "g-{i}: {step} never called");
+        }
+    }
+    assert_eq!(calls.len(), 3 * FLOWS as usize, "{calls:?}");
+    c.cleanup().await;
+}
+
+/// Literal SQL on a MariaDB connection, for the flows' local steps.
+fn exec_on(
+    conn: &mut MySqlConnection,
+    sql: String,
+) -> orderly::idempotency::Work<'_, Result<(), sqlx::Error>> {
+    Box::pin(async move {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(conn)
+            .await
+            .map(drop)
+    })
+}

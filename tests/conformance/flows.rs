@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use orderly::flow::{
-    Ctx, Definition, FlowConfig, FlowOutcome, Flows, Listing, ParkReason, Resume, StepError,
+    Ctx, Definition, FlowConfig, FlowOutcome, FlowStore, Flows, Listing, ParkReason, Resume,
+    StepError,
 };
 use orderly::{Error, Store};
 
@@ -160,6 +161,12 @@ fn effect_sql(flow_key: &str, what: &str) -> String {
     format!("INSERT INTO flow_effects (flow_key, what) VALUES ('{flow_key}', '{what}')")
 }
 
+/// How a local action runs literal SQL on its connection.
+pub type Exec<S> = for<'c> fn(
+    &'c mut <S as Store>::Conn,
+    String,
+) -> orderly::idempotency::Work<'c, Result<(), sqlx::Error>>;
+
 /// A local action: the point before, the plan, the effect row, the point after.
 fn local_action<B: Backend>(
     world: &Arc<World>,
@@ -171,13 +178,28 @@ fn local_action<B: Backend>(
 + Send
 + Sync
 + 'static {
+    local_on::<B::S>(world, point, B::exec_conn)
+}
+
+/// [`local_action`] on any store, its SQL run by `exec`.
+fn local_on<S: FlowStore>(
+    world: &Arc<World>,
+    point: &'static str,
+    exec: Exec<S>,
+) -> impl for<'c> Fn(
+    &'c mut <S as Store>::Conn,
+    &'c Ctx<Order>,
+) -> orderly::idempotency::Work<'c, Result<String, StepError>>
++ Send
++ Sync
++ 'static {
     let world = world.clone();
     move |conn, ctx| {
         let world = world.clone();
         Box::pin(async move {
             world.point(format!("{point}:before")).await;
             world.judge(point)?;
-            B::exec_conn(conn, effect_sql(ctx.flow_key(), point)).await?;
+            exec(conn, effect_sql(ctx.flow_key(), point)).await?;
             world.point(format!("{point}:after")).await;
             Ok(format!("{point} of {}", ctx.input().id))
         })
@@ -207,14 +229,19 @@ fn call_action(
 }
 
 pub fn shop<B: Backend>(world: &Arc<World>) -> Definition<B::S, Order> {
+    shop_on::<B::S>(world, B::exec_conn)
+}
+
+/// [`shop`] on any store, its local steps' SQL run by `exec`.
+pub fn shop_on<S: FlowStore>(world: &Arc<World>, exec: Exec<S>) -> Definition<S, Order> {
     use ShopStep::*;
     Definition::new(Shop)
-        .local(Insert, local_action::<B>(world, "Insert"))
-        .undo_local(Insert, local_action::<B>(world, "Insert:undo"))
+        .local(Insert, local_on::<S>(world, "Insert", exec))
+        .undo_local(Insert, local_on::<S>(world, "Insert:undo", exec))
         .call(Reserve, call_action(world, "Reserve"))
         .undo_call(Reserve, call_action(world, "Reserve:undo"))
-        .local(Coupon, local_action::<B>(world, "Coupon"))
-        .undo_local(Coupon, local_action::<B>(world, "Coupon:undo"))
+        .local(Coupon, local_on::<S>(world, "Coupon", exec))
+        .undo_local(Coupon, local_on::<S>(world, "Coupon:undo", exec))
         .call(Charge, call_action(world, "Charge"))
         .undo_call(Charge, call_action(world, "Charge:undo"))
         .call(Ship, call_action(world, "Ship"))
