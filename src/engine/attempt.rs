@@ -199,8 +199,9 @@ pub(super) async fn run<M: StateMachine, S: Store>(
     }
 }
 
-/// One attempt: outside a caller's transaction the apply-first write; if that did not
-/// settle it, the judge's read, the verdict, and the write it calls for.
+/// One attempt: the apply-first write (inside a caller's transaction in a savepoint, and
+/// only while the engine does not read first); if that did not settle it, the judge's
+/// read, the verdict, and the write it calls for.
 async fn attempt<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
     conn: &mut S::Conn,
@@ -210,7 +211,9 @@ async fn attempt<M: StateMachine, S: Store>(
     let store = &engine.store;
     let key = req.key;
     let mut first = FirstWrite::NotTried;
-    if txn == Txn::Own {
+    // Inside a caller's transaction the write goes first too (in a savepoint), unless
+    // replays are common enough for the engine to read first.
+    if txn == Txn::Own || !engine.first.reads_first() {
         let edges = engine.edges.get(&req.event);
         let request = Request {
             key,
@@ -219,9 +222,14 @@ async fn attempt<M: StateMachine, S: Store>(
             payload_hash: req.hash(),
             payload: req.payload.map(|p| p.json.as_str()),
         };
-        let written = store
-            .apply_first(conn, std::slice::from_ref(&request))
-            .await;
+        let written = match txn {
+            Txn::Own => {
+                store
+                    .apply_first(conn, std::slice::from_ref(&request))
+                    .await
+            }
+            Txn::Caller => store.apply_first_in(conn, &request).await.map(|w| vec![w]),
+        };
         first = match written.map(|mut w| w.pop()) {
             Ok(Some(FirstWrite::Applied { from, to, version })) => {
                 let applied = parse_state::<M>(key.order_id, &from).and_then(|from| {

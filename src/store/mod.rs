@@ -102,6 +102,22 @@ pub trait Store: Clone + Send + Sync + 'static {
         requests: &[Request<'_>],
     ) -> impl Future<Output = Result<Vec<FirstWrite>, sqlx::Error>> + Send;
 
+    /// The apply-first write of one request inside the caller's transaction, in a
+    /// savepoint: as [`apply_first`](Self::apply_first), the update along the event's
+    /// edge judged on the latest committed row (which it locks) and the history row, with
+    /// no read before. A request recorded before is stopped by the history's unique key
+    /// and the savepoint undone ([`FirstWrite::NotApplied`]), leaving the caller's
+    /// transaction as it was. By default [`FirstWrite::NotTried`]: the engine then reads
+    /// and judges.
+    fn apply_first_in(
+        &self,
+        conn: &mut Self::Conn,
+        request: &Request<'_>,
+    ) -> impl Future<Output = Result<FirstWrite, sqlx::Error>> + Send {
+        let _ = (conn, request);
+        async { Ok(FirstWrite::NotTried) }
+    }
+
     /// The judge's read, in one statement: the entity and, if the entity exists, this
     /// request's history row. `None` if the entity does not exist (the engine then asks
     /// [`prior`](Self::prior): a request recorded for an entity that is gone is still a

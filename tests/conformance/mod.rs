@@ -206,6 +206,7 @@ macro_rules! conformance {
             engine_agrees_with_reference_model,
             many_source_event_records_its_source,
             cycle_replays_by_ref_not_by_state,
+            caller_transaction_replays_a_recorded_twin,
             cycle_storm_answers_match_the_history,
             batched_read_answers_each_request,
             replay_storm_answers_each_caller,
@@ -1008,6 +1009,48 @@ pub async fn cycle_replays_by_ref_not_by_state<B: Backend>(b: &B) {
     let t = e.get(1).await.unwrap();
     assert_eq!((t.state, t.version), (Blocked, 4));
     assert_eq!(e.history(1).await.unwrap().len(), 4);
+}
+
+/// Inside a caller's transaction a request recorded before, on a cycle that brought the
+/// ticket back to the event's source state, goes first (the engine writes first there
+/// while replays are rare) and is stopped by the history's unique key: its savepoint is
+/// undone, it is answered `Replayed`, and the caller's transaction goes on, writes, and
+/// commits.
+pub async fn caller_transaction_replays_a_recorded_twin<B: Backend>(b: &B) {
+    use TicketEvent::*;
+    use TicketState::*;
+    let e: Engine<TicketMachine, B::S> =
+        with_policy(b.store(Duration::from_secs(10)).await, ReadFirst::Never);
+    e.create(1).await.unwrap();
+    e.transition(1, Start, "s").await.unwrap();
+    e.transition(1, Block, "b-1").await.unwrap();
+    e.transition(1, Unblock, "u-1").await.unwrap();
+    let mut tx = b.begin().await;
+    let again = e.transition(1, Block, "b-1").within(&mut tx).await.unwrap();
+    let replay = Outcome::Replayed {
+        from: Working,
+        to: Blocked,
+        version: 2,
+    };
+    assert_eq!(again, replay);
+    let next = e.transition(1, Block, "b-2").within(&mut tx).await.unwrap();
+    let applied = Outcome::Applied {
+        from: Working,
+        to: Blocked,
+        version: 4,
+    };
+    assert_eq!(next, applied);
+    B::commit(tx).await;
+    let t = e.get(1).await.unwrap();
+    assert_eq!((t.state, t.version), (Blocked, 4));
+    let refs: Vec<_> = e
+        .history(1)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.ref_id)
+        .collect();
+    assert_eq!(refs, ["s", "b-1", "u-1", "b-2"]);
 }
 
 /// Concurrent tasks drive tickets around the cycle and close them from any state, with

@@ -239,6 +239,21 @@ impl Store for MySqlStore {
 
     /// `BEGIN` (a savepoint inside the caller's transaction); the guarded update; the
     /// history insert; `COMMIT`.
+    async fn apply_first_in(
+        &self,
+        conn: &mut MySqlConnection,
+        request: &Request<'_>,
+    ) -> Result<FirstWrite, sqlx::Error> {
+        if !request.has_one_edge() {
+            return Ok(FirstWrite::NotTried);
+        }
+        match self.first_write_in_savepoint(conn, request).await {
+            // Recorded before: its savepoint is undone.
+            Err(e) if is_unique_violation(&e) => Ok(FirstWrite::NotApplied),
+            other => other,
+        }
+    }
+
     async fn apply(
         &self,
         conn: &mut MySqlConnection,

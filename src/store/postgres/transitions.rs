@@ -261,6 +261,27 @@ impl Store for PgStore {
         Ok(row.map(Observed::from))
     }
 
+    async fn apply_first_in(
+        &self,
+        conn: &mut PgConnection,
+        request: &Request<'_>,
+    ) -> Result<FirstWrite, sqlx::Error> {
+        // One statement, in a savepoint so that a twin's unique key does not abort the
+        // caller's transaction.
+        let mut savepoint = conn.begin().await?;
+        match self.first_write(&mut savepoint, request).await {
+            Ok(write) => savepoint.commit().await.map(|()| write),
+            Err(e) => {
+                savepoint.rollback().await?;
+                if is_unique_violation(&e) {
+                    Ok(FirstWrite::NotApplied)
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
     async fn apply(
         &self,
         conn: &mut PgConnection,

@@ -150,6 +150,21 @@ impl Store for SqliteStore {
         Ok(row.map(Observed::from))
     }
 
+    async fn apply_first_in(
+        &self,
+        conn: &mut SqliteConnection,
+        request: &Request<'_>,
+    ) -> Result<FirstWrite, sqlx::Error> {
+        if !request.has_one_edge() {
+            return Ok(FirstWrite::NotTried);
+        }
+        match self.first_write_in_savepoint(conn, request).await {
+            // Recorded before: its savepoint is undone.
+            Err(e) if is_unique_violation(&e) => Ok(FirstWrite::NotApplied),
+            other => other,
+        }
+    }
+
     async fn apply(
         &self,
         conn: &mut SqliteConnection,
