@@ -138,8 +138,8 @@ pub struct EngineConfig {
     /// How long to keep trying to read a request back after the connection failed at or
     /// after its write was sent, before answering [`Error::InDoubt`]. Default 5 s.
     pub in_doubt_timeout: Duration,
-    /// Which round trip a transition outside a caller's transaction starts with. Default
-    /// [`ReadFirst::Adaptive`].
+    /// Which round trip a transition starts with (inside a caller's transaction too: the
+    /// write there goes in a savepoint). Default [`ReadFirst::Adaptive`].
     pub read_first: ReadFirst,
 }
 

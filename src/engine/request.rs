@@ -84,8 +84,10 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
     /// and the state change commit or roll back together. The write runs in a savepoint,
     /// so a lost race is undone without aborting the caller's transaction.
     ///
-    /// On SQLite, begin the transaction with `BEGIN IMMEDIATE`; on MySQL/MariaDB the
-    /// reads take row locks, since a plain read would see the transaction's snapshot.
+    /// The engine writes first (in the savepoint) and reads only if that did not settle
+    /// it, unless replays are common enough for it to read first. On SQLite, begin the
+    /// transaction with `BEGIN IMMEDIATE`; on MySQL/MariaDB the reads take row locks,
+    /// since a plain read would see the transaction's snapshot.
     ///
     /// If you drop this future before it completes (a timeout, `select!`), your
     /// connection may be in the middle of a statement: do not commit; roll back by closing
