@@ -362,6 +362,32 @@ impl<S: FlowStore> Flows<S> {
         def.drive(self, held, false).await
     }
 
+    /// Deletes finished flows (completed or compensated) last written at least `age`
+    /// ago, with their step rows, in batches of at most `batch` flows (each a short
+    /// transaction of its own); how many flows went. A purged flow is forgotten: a start
+    /// under its key runs it as a new flow. Running, waiting and parked flows are never
+    /// purged. Run it now and then, with an age longer than any client retries.
+    pub async fn purge(&self, age: Duration, batch: u32) -> Result<u64> {
+        if batch == 0 {
+            return Err(Error::InvalidInput("a purge batch must be positive".into()));
+        }
+        let age_ms = millis(age.min(crate::idempotency::MAX_SPAN));
+        let mut gone = 0;
+        loop {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let out = self
+                .store
+                .purge_flows(lease.conn(), age_ms, i64::from(batch))
+                .await;
+            lease.release_after(&out);
+            let n = out.map_err(db_error::<S>)?;
+            gone += n;
+            if n < u64::from(batch) {
+                return Ok(gone);
+            }
+        }
+    }
+
     /// A flow's record and its steps (each step's attempts, output, error and times), or
     /// `None` if there is no such flow.
     pub async fn get(&self, kind: &str, key: &str) -> Result<Option<FlowView>> {

@@ -88,6 +88,15 @@ pub trait FlowStore: RecordStore {
         lease_ms: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// Deletes up to `limit` finished flows (completed or compensated) last written at
+    /// least `age_ms` ago, with their step rows, in one transaction; how many flows went.
+    fn purge_flows(
+        &self,
+        conn: &mut Self::Conn,
+        age_ms: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
     /// Up to `limit` flow records matching `which`, by kind and key, after `after` (a
     /// `(kind, key)` from the previous page).
     fn list_flows(

@@ -1273,3 +1273,52 @@ pub async fn flow_failure_past_the_pivot_parks<B: Backend>(b: &B) {
     assert_eq!(effects(b, "pivot", "Insert").await, 1);
     assert_eq!(effects(b, "pivot", "Insert:undo").await, 0);
 }
+
+/// The purge deletes finished flows (completed or compensated) past the given age, with
+/// their step rows, in batches; running, waiting and parked flows stay. A purged flow is
+/// forgotten: a start under its key runs it again.
+pub async fn flow_purge_removes_only_finished_flows<B: Backend>(b: &B) {
+    let world = Arc::new(World::default());
+    let f = flows(b, &world, Duration::from_secs(30)).await;
+    f.start(Shop, "done", &order(40)).await.unwrap();
+    world.plan("Charge", Plan::Fail);
+    f.start(Shop, "undone", &order(41)).await.unwrap();
+    world.clear_plans();
+    world.plan("Ship", Plan::Fail);
+    f.start(Shop, "parked", &order(42)).await.unwrap();
+    world.clear_plans();
+    world.plan("Reserve", Plan::Retry(1));
+    f.start(Shop, "waiting", &order(43)).await.unwrap();
+    world.clear_plans();
+    world.panic_at("Coupon:before");
+    let f2 = f.clone();
+    assert!(
+        tokio::spawn(async move { f2.start(Shop, "running", &order(44)).await })
+            .await
+            .is_err()
+    );
+    assert!(matches!(
+        f.purge(Duration::ZERO, 0).await,
+        Err(Error::InvalidInput(_))
+    ));
+    assert_eq!(f.purge(Duration::from_secs(3600), 10).await.unwrap(), 0);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(f.purge(Duration::from_millis(10), 1).await.unwrap(), 2);
+    for key in ["done", "undone"] {
+        assert!(f.get("shop", key).await.unwrap().is_none(), "{key}");
+        let steps = b
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM flow_steps WHERE flow_key = '{key}'"
+            ))
+            .await;
+        assert_eq!(steps, 0, "{key}");
+    }
+    for key in ["parked", "waiting", "running"] {
+        let view = f.get("shop", key).await.unwrap();
+        assert!(view.is_some_and(|v| !v.steps.is_empty()), "{key}");
+    }
+    let again = f.start(Shop, "done", &order(40)).await.unwrap();
+    assert!(!again.replayed);
+    assert!(matches!(again.outcome, FlowOutcome::Completed(_)));
+    assert_eq!(effects(b, "done", "Insert").await, 2);
+}

@@ -244,6 +244,7 @@ macro_rules! conformance {
             flow_payment_callback_delivered_three_times,
             flow_runner_killed_by_sigkill_is_recovered,
             flow_failure_past_the_pivot_parks,
+            flow_purge_removes_only_finished_flows,
         );
     };
     // The network faults, for a backend that implements `Networked`.

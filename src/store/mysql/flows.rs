@@ -267,6 +267,37 @@ impl FlowStore for MySqlStore {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn purge_flows(
+        &self,
+        conn: &mut MySqlConnection,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let mut tx = Self::begin(conn).await?;
+        let chosen = format!(
+            "SELECT kind, flow_key FROM flows \
+             WHERE status IN ('COMPLETED', 'COMPENSATED') AND updated_at <= {NOW} - ? \
+             LIMIT ? FOR UPDATE SKIP LOCKED"
+        );
+        let keys: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(chosen))
+            .bind(age_ms)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        for (kind, key) in &keys {
+            for table in ["flow_steps", "flows"] {
+                let sql = format!("DELETE FROM {table} WHERE kind = ? AND flow_key = ?");
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(kind)
+                    .bind(key)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(keys.len() as u64)
+    }
+
     async fn list_flows(
         &self,
         conn: &mut MySqlConnection,

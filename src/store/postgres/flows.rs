@@ -217,6 +217,34 @@ impl FlowStore for PgStore {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn purge_flows(
+        &self,
+        conn: &mut PgConnection,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        // The batch is chosen and locked in one subquery (rows another transaction holds
+        // are skipped); its steps go in the same statement.
+        let sql = format!(
+            "WITH now AS {NOW}, gone AS ( \
+                 DELETE FROM flows WHERE (kind, flow_key) IN ( \
+                     SELECT f.kind, f.flow_key FROM flows AS f, now \
+                     WHERE f.status IN ('COMPLETED', 'COMPENSATED') AND f.updated_at <= now.ms - $1 \
+                     LIMIT $2 FOR UPDATE OF f SKIP LOCKED) \
+                 RETURNING kind, flow_key), \
+             steps AS ( \
+                 DELETE FROM flow_steps AS s USING gone \
+                 WHERE s.kind = gone.kind AND s.flow_key = gone.flow_key) \
+             SELECT COUNT(*) FROM gone"
+        );
+        let gone: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(age_ms)
+            .bind(limit)
+            .fetch_one(conn)
+            .await?;
+        Ok(gone.unsigned_abs())
+    }
+
     async fn list_flows(
         &self,
         conn: &mut PgConnection,

@@ -5,6 +5,7 @@ use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
 use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
+use crate::idempotency::RecordStore;
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)";
@@ -213,6 +214,36 @@ impl FlowStore for SqliteStore {
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_flows(
+        &self,
+        conn: &mut SqliteConnection,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let mut tx = <Self as RecordStore>::begin(conn).await?;
+        let chosen = format!(
+            "WITH now AS {NOW} SELECT kind, flow_key FROM flows, now \
+             WHERE status IN ('COMPLETED', 'COMPENSATED') AND updated_at <= ms - ?1 LIMIT ?2"
+        );
+        let keys: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(chosen))
+            .bind(age_ms)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        for (kind, key) in &keys {
+            for table in ["flow_steps", "flows"] {
+                let sql = format!("DELETE FROM {table} WHERE kind = ?1 AND flow_key = ?2");
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(kind)
+                    .bind(key)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(keys.len() as u64)
     }
 
     async fn list_flows(
