@@ -16,16 +16,16 @@
 mod def;
 mod drive;
 mod macros;
+mod outcome;
 mod recovery;
 mod run;
 mod seam;
 mod steps;
 
 pub use def::{Flow, FlowStep, StepClass, StepSpec, Undo};
+pub use outcome::{FlowOutcome, FlowView, Listed, Outputs, ParkReason, Resume, Started};
 pub use recovery::FlowsRecovered;
-pub use run::{
-    FlowConfig, FlowOutcome, FlowView, Flows, Listed, Outputs, ParkReason, Resume, Started,
-};
+pub use run::{FlowConfig, Flows};
 pub use seam::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
 pub use steps::{Ctx, Definition, StepError};
 

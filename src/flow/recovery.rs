@@ -10,7 +10,8 @@ use std::time::Duration;
 use futures_util::FutureExt;
 
 use super::drive::{Held, lease_lost, to_i32, write};
-use super::run::{FlowOutcome, FlowView, Flows, Listed, Resume, is_live, millis};
+use super::outcome::{FlowOutcome, FlowView, Listed, Resume, is_live};
+use super::run::{Flows, millis};
 use super::{FlowStore, Listing, StepWrite, TakeDue, Touch};
 use crate::store::{Lease, db_error};
 use crate::{Error, Result};
