@@ -91,7 +91,7 @@
 //!
 //! The migrations create `orders(id, status, version, created_at)` and
 //! `order_transitions(order_id, seq, from_status, to_status, event, ref_id, payload_hash,
-//! payload, created_at)` with `PRIMARY KEY (order_id, seq)` and
+//! payload, write_id, created_at)` with `PRIMARY KEY (order_id, seq)` and
 //! `UNIQUE (order_id, event, ref_id)`. [`Tables`] points the engine at an existing entity
 //! table of yours: it needs `id`, `status` and `version` columns and leaves the rest alone.
 #![warn(missing_docs)]

@@ -94,7 +94,7 @@ impl<P: Policy> Backend for My<P> {
         self.exec(
             "CREATE TABLE shop_order_log (order_id BIGINT NOT NULL, seq BIGINT NOT NULL, from_status VARCHAR(64) NOT NULL, \
              to_status VARCHAR(64) NOT NULL, event VARCHAR(64) NOT NULL, ref_id VARCHAR(255) NOT NULL, payload_hash CHAR(64), \
-             payload JSON, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+             payload JSON, write_id BIGINT, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
              PRIMARY KEY (order_id, seq), UNIQUE KEY (order_id, event, ref_id)) COLLATE utf8mb4_bin",
         )
         .await;
@@ -174,6 +174,8 @@ impl<P: Policy> conformance::Networked for My<P> {
     const CUT: server::Cut = server::Cut::ReplyTo(b"COMMIT");
     // The `COMMIT` query itself (`COM_QUERY`, 0x03), not `… READ COMMITTED`.
     const COMMIT_CUT: server::Cut = server::Cut::ReplyTo(b"\x03COMMIT");
+    // The apply-first update's text, sent once per connection (its `COM_STMT_PREPARE`).
+    const WRITE_CUT: server::Cut = server::Cut::ReplyTo(b"LAST_INSERT_ID(");
 
     fn server(&self) -> std::net::SocketAddr {
         server::socket_addr(self.options.get_host(), self.options.get_port())

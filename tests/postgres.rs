@@ -90,7 +90,7 @@ impl<P: Policy> Backend for Pg<P> {
         .await;
         self.exec(
             "CREATE TABLE shop_order_log (order_id BIGINT NOT NULL, seq BIGINT NOT NULL, from_status TEXT NOT NULL, \
-             to_status TEXT NOT NULL, event TEXT NOT NULL, ref_id TEXT NOT NULL, payload_hash TEXT, payload JSONB, \
+             to_status TEXT NOT NULL, event TEXT NOT NULL, ref_id TEXT NOT NULL, payload_hash TEXT, payload JSONB, write_id BIGINT, \
              created_at TIMESTAMPTZ NOT NULL DEFAULT now(), \
              PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))",
         )
@@ -169,6 +169,8 @@ conformance!(@networked Pg);
 impl<P: Policy> conformance::Networked for Pg<P> {
     const CUT: server::Cut = server::Cut::Reply(b"INSERT 0 1\0");
     const COMMIT_CUT: server::Cut = server::Cut::Reply(b"COMMIT\0");
+    // The apply-first statement's text, sent once per connection (its `Parse`).
+    const WRITE_CUT: server::Cut = server::Cut::ReplyTo(b"WITH upd AS");
 
     fn server(&self) -> std::net::SocketAddr {
         server::socket_addr(self.options.get_host(), self.options.get_port())

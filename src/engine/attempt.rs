@@ -17,6 +17,16 @@ pub(super) struct Req<'r, M: StateMachine> {
     pub(super) key: Key<'r>,
     pub(super) event: M::Event,
     pub(super) payload: Option<&'r Payload>,
+    /// Stored with every history row this call writes: the read-back after a lost
+    /// connection answers `Applied` only for a row that carries it.
+    pub(super) write_id: i64,
+}
+
+/// A fresh write id: 64 random bits. Two calls of one request sharing one would need a
+/// collision of two random 64-bit numbers.
+pub(super) fn write_id() -> i64 {
+    let (high, _) = uuid::Uuid::new_v4().as_u64_pair();
+    high as i64
 }
 
 impl<M: StateMachine> Req<'_, M> {
@@ -221,6 +231,7 @@ async fn attempt<M: StateMachine, S: Store>(
             to_states: edges.map_or(&[], |e| &e.to),
             payload_hash: req.hash(),
             payload: req.payload.map(|p| p.json.as_str()),
+            write_id: req.write_id,
         };
         let written = match txn {
             Txn::Own => {
@@ -279,6 +290,7 @@ async fn attempt<M: StateMachine, S: Store>(
         version,
         payload_hash: req.hash(),
         payload: req.payload.map(|p| p.json.as_str()),
+        write_id: req.write_id,
     };
     match store.apply(conn, &apply, txn).await {
         Ok(Written::Applied) => Step::Done(Ok(Outcome::Applied {
@@ -317,10 +329,11 @@ fn retry_or_fail<M: StateMachine, S: Store>(
 
 /// Settles a request whose connection failed at or after its write was sent: reads the
 /// request back by its identity on fresh connections, for at most
-/// `EngineConfig::in_doubt_timeout`. Recorded: `Applied` as recorded (see
-/// docs/design.md, "What happens when the connection fails at or after a write?"), or `PayloadMismatch`
-/// if the recorded payload is another. `None`: not recorded, so the write did not land;
-/// judge afresh. Unreadable: [`Error::InDoubt`].
+/// `EngineConfig::in_doubt_timeout`. Recorded by this call (the row carries its write
+/// id): `Applied`; recorded by an earlier call: `Replayed` (see docs/design.md, "What
+/// happens when the connection fails at or after a write?"); `PayloadMismatch` if the
+/// recorded payload is another. `None`: not recorded, so the write did not land; judge
+/// afresh. Unreadable: [`Error::InDoubt`].
 async fn settle<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
     req: &Req<'_, M>,
@@ -361,11 +374,15 @@ async fn settle<M: StateMachine, S: Store>(
             }));
         }
     };
+    let own = prior.write_id == Some(req.write_id);
     Some(
         judge::replay::<M>(&prior, key, req.event, req.hash()).map(|outcome| match outcome {
-            Outcome::Replayed { from, to, version } | Outcome::Applied { from, to, version } => {
+            Outcome::Replayed { from, to, version } | Outcome::Applied { from, to, version }
+                if own =>
+            {
                 Outcome::Applied { from, to, version }
             }
+            replayed => replayed,
         }),
     )
 }

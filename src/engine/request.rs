@@ -110,6 +110,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             },
             event,
             payload: payload.as_ref(),
+            write_id: attempt::write_id(),
         };
         match self.conn {
             Some(conn) => attempt::run(self.engine, &mut Conn::Caller(conn), &req).await,

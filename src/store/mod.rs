@@ -270,6 +270,9 @@ pub struct Request<'a> {
     pub payload_hash: Option<&'a str>,
     /// Payload JSON text.
     pub payload: Option<&'a str>,
+    /// The call's write id, stored with the history row it writes, so that a read-back
+    /// after a lost connection tells this call's own write from an earlier one.
+    pub write_id: i64,
 }
 
 impl Request<'_> {
@@ -314,6 +317,8 @@ pub struct Apply<'a> {
     pub payload_hash: Option<&'a str>,
     /// Payload JSON text.
     pub payload: Option<&'a str>,
+    /// The call's write id (see [`Request::write_id`]).
+    pub write_id: i64,
 }
 
 /// What the write unit after a read did.

@@ -23,6 +23,11 @@ pub struct Prior {
     pub to: String,
     /// Payload fingerprint recorded with it.
     pub payload_hash: Option<String>,
+    /// The write id of the call that recorded it, where the read asked for it (the
+    /// read-back after a lost connection does; `None` otherwise, and for rows written
+    /// before write ids were recorded).
+    #[sqlx(default)]
+    pub write_id: Option<i64>,
 }
 
 /// A row of a batched read: the position of the request it answers, counted from 0, and
@@ -58,6 +63,7 @@ impl From<ObservedRow> for super::Observed {
                 from,
                 to,
                 payload_hash: row.payload_hash,
+                write_id: None,
             }),
             _ => None,
         };

@@ -35,6 +35,9 @@ pub trait Networked: Backend {
     /// Where a proxy cuts the connection right after the server committed a caller's
     /// transaction: the reply to its `COMMIT`.
     const COMMIT_CUT: Cut;
+    /// Where a proxy cuts the connection under the apply-first write of a transition,
+    /// whether or not it writes: the reply to the request that carries its statement.
+    const WRITE_CUT: Cut;
     /// A store whose pool of `max` connections reaches this database through `port` on
     /// loopback.
     async fn store_at(&self, port: u16, max: u32) -> Self::S;
@@ -261,6 +264,33 @@ pub async fn in_doubt_commit_is_read_back<B: Networked>(b: &B) {
     }
 }
 
+/// A request applied long ago is re-sent and tried write-first (the engine does not read
+/// first); the connection dies under that write. The read-back finds the request's
+/// history row, written by the first call and not by this one: the answer is `Replayed`,
+/// never `Applied` (a caller that ships on `Applied` would ship twice). The first call's
+/// own lost acknowledgement is still `Applied` (`in_doubt_commit_is_read_back`).
+pub async fn resent_request_cut_under_its_write_is_replayed<B: Networked>(b: &B) {
+    let direct = engine(b).await;
+    for (id, policy) in [(1, ReadFirst::Never), (2, ReadFirst::Adaptive)] {
+        direct.create(id).await.unwrap();
+        assert_eq!(
+            direct.transition(id, Pay, "p-1").await.unwrap(),
+            applied(Created, Paid, 1)
+        );
+        let proxy = crate::server::Proxy::start(b.server(), B::WRITE_CUT).await;
+        // A fresh engine: an adaptive one starts by writing first.
+        let e: Eng<B> = with_policy(b.store_at(proxy.port, 2).await, policy);
+        let answer = e.transition(id, Pay, "p-1").await;
+        assert_eq!(
+            proxy.cuts(),
+            1,
+            "the proxy never cut: the test shows nothing"
+        );
+        assert_eq!(answer.unwrap(), replayed(Created, Paid, 1), "{policy:?}");
+        assert_order(&direct, id, Paid, 1, 1).await;
+    }
+}
+
 /// Transitions under load while another connection kills the engine's sessions. The
 /// engine gets one attempt per request, so a killed connection reaches the caller: every
 /// such error is retryable, and re-sending every request afterwards is answered as its
@@ -330,12 +360,28 @@ pub async fn killed_connections_are_retryable<B: Networked>(b: &B) {
         errors > 0,
         "{kills} kills never reached a caller: the test shows nothing"
     );
-    // Re-send everything in order: the history decides every answer.
+    // Re-send everything in order: the history decides every answer, and of all the
+    // answers one request got (the load's and the re-send's), at most one is `Applied`:
+    // a killed call whose write had committed is `Replayed` when re-sent, and a re-send
+    // cut under its write is `Replayed` too.
+    let mut answers = answers;
     for id in 0..ORDERS {
-        let pay = direct.transition(id, Pay, "p-1").await.unwrap();
-        assert_eq!(pay.version(), 1, "order {id}");
-        direct.transition(id, Ship, "s-1").await.unwrap();
+        let pay = direct.transition(id, Pay, "p-1").await;
+        assert_eq!(pay.as_ref().unwrap().version(), 1, "order {id}");
+        answers.push((id, Pay, "p-1", pay));
+        let ship = direct.transition(id, Ship, "s-1").await;
+        assert_eq!(ship.as_ref().unwrap().version(), 2, "order {id}");
+        answers.push((id, Ship, "s-1", ship));
         assert_order(&direct, id, Shipped, 2, 2).await;
+    }
+    let mut applied_per_request: HashMap<(i64, &str), usize> = HashMap::new();
+    for (id, _, r, answer) in &answers {
+        if matches!(answer, Ok(o) if o.is_applied()) {
+            *applied_per_request.entry((*id, *r)).or_default() += 1;
+        }
+    }
+    for ((id, r), n) in applied_per_request {
+        assert_eq!(n, 1, "order {id} {r}: {n} calls were told Applied");
     }
     // Every `Applied` the load was told is one recorded row.
     for (id, event, _, answer) in answers {

@@ -251,6 +251,7 @@ macro_rules! conformance {
     (@networked $backend:ty) => {
         $crate::conformance!(@tests $backend;
             in_doubt_commit_is_read_back,
+            resent_request_cut_under_its_write_is_replayed,
             killed_connections_are_retryable,
             records_lost_acknowledgements_are_read_back,
         );
@@ -1414,6 +1415,7 @@ pub async fn write_unit_carries_several_requests<B: Backend>(b: &B) {
             to_states: to,
             payload_hash: None,
             payload: None,
+            write_id: order_id,
         }
     };
     let unit = [

@@ -52,6 +52,7 @@ fn judge_follows_the_outcome_table() {
         from: "Open".into(),
         to: "Working".into(),
         payload_hash: None,
+        write_id: None,
     };
     let replay = judge::<Ticket>(
         Some(&entity("Blocked", 2)),
@@ -161,6 +162,7 @@ mod against_the_model {
                             from: <&str>::from(from).into(),
                             to: <&str>::from(to).into(),
                             payload_hash: hash.map(str::to_string),
+                            write_id: None,
                         },
                     );
                     self.latest

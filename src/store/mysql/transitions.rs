@@ -92,7 +92,7 @@ impl Sql {
             prior: locking(
                 &|lock| {
                     format!(
-                        "SELECT from_status, to_status, payload_hash, seq FROM {h} \
+                        "SELECT from_status, to_status, payload_hash, seq, write_id FROM {h} \
                          WHERE order_id = ? AND event = ? AND ref_id = ? {lock}"
                     )
                 },
@@ -115,8 +115,8 @@ impl Sql {
                  WHERE id = ? AND status = ? AND version = ?"
             )),
             record: sql(format!(
-                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
             )),
             history: read(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \

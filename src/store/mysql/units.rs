@@ -20,6 +20,7 @@ impl MySqlStore {
             .bind(a.key.ref_id)
             .bind(a.payload_hash)
             .bind(a.payload)
+            .bind(a.write_id)
             .execute(conn)
             .await?;
         Ok(())
@@ -55,6 +56,7 @@ impl MySqlStore {
             version: version - 1,
             payload_hash: request.payload_hash,
             payload: request.payload,
+            write_id: request.write_id,
         };
         self.record(conn, &apply).await?;
         Ok(FirstWrite::Applied {

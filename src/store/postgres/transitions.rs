@@ -57,8 +57,8 @@ impl Sql {
                    WHERE o.id = $1 AND {edge_cond} AND o.version >= 0 \
                    RETURNING o.version::bigint AS seq, e.f, e.t \
                  ) \
-                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
-                 SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb FROM upd \
+                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+                 SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8 FROM upd \
                  RETURNING {PRIOR_COLUMNS}"
             ))
         };
@@ -78,7 +78,7 @@ impl Sql {
                  WHERE o.id = $1"
             )),
             prior: sql(format!(
-                "SELECT {PRIOR_COLUMNS} FROM {h} WHERE order_id = $1 AND event = $2 AND ref_id = $3"
+                "SELECT {PRIOR_COLUMNS}, write_id FROM {h} WHERE order_id = $1 AND event = $2 AND ref_id = $3"
             )),
             latest_ref: sql(format!(
                 "SELECT ref_id::text FROM {h} WHERE order_id = $1 AND event = $2 ORDER BY seq DESC LIMIT 1"
@@ -92,8 +92,8 @@ impl Sql {
                    UPDATE {o} SET status = $1, version = version + 1 \
                    WHERE id = $2 AND status = $3 AND version = $4 RETURNING id \
                  ) \
-                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
-                 SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb FROM upd"
+                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+                 SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb, $9 FROM upd"
             )),
             history: sql(format!(
                 "SELECT seq::bigint AS seq, from_status::text AS from_status, to_status::text AS to_status, \
@@ -150,7 +150,8 @@ impl PgStore {
                 .bind(request.payload_hash)
                 .bind(request.payload)
                 .bind(*from)
-                .bind(*to),
+                .bind(*to)
+                .bind(request.write_id),
             (from, to) => sqlx::query_as(sql.apply_first_many.clone())
                 .bind(key.order_id)
                 .bind(key.event)
@@ -158,7 +159,8 @@ impl PgStore {
                 .bind(request.payload_hash)
                 .bind(request.payload)
                 .bind(from)
-                .bind(to),
+                .bind(to)
+                .bind(request.write_id),
         };
         Ok(match query.fetch_optional(conn).await? {
             Some(Prior { seq, from, to, .. }) => FirstWrite::Applied {
@@ -296,7 +298,8 @@ impl Store for PgStore {
             .bind(a.key.event)
             .bind(a.key.ref_id)
             .bind(a.payload_hash)
-            .bind(a.payload);
+            .bind(a.payload)
+            .bind(a.write_id);
         // One statement is atomic on its own; inside the caller's transaction it runs in a
         // savepoint, so that a twin's unique key does not abort the caller's transaction.
         let outcome = match txn {

@@ -48,7 +48,7 @@ impl Sql {
                  WHERE o.id = ?1"
             )),
             prior: sql(format!(
-                "SELECT from_status, to_status, payload_hash, seq FROM {h} \
+                "SELECT from_status, to_status, payload_hash, seq, write_id FROM {h} \
                  WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3"
             )),
             latest_ref: sql(format!(
@@ -63,8 +63,8 @@ impl Sql {
                  WHERE id = ?2 AND status = ?3 AND version = ?4"
             )),
             record: sql(format!(
-                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             )),
             history: sql(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, created_at \

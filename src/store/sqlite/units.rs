@@ -32,6 +32,7 @@ impl SqliteStore {
             .bind(a.key.ref_id)
             .bind(a.payload_hash)
             .bind(a.payload)
+            .bind(a.write_id)
             .execute(conn)
             .await?;
         Ok(())
@@ -65,6 +66,7 @@ impl SqliteStore {
             version: version - 1,
             payload_hash: request.payload_hash,
             payload: request.payload,
+            write_id: request.write_id,
         };
         self.record(conn, &apply).await?;
         Ok(FirstWrite::Applied {
