@@ -11,7 +11,9 @@ impl<S: RecordStore> Records<S> {
     /// Completes the held record with `result`, stored as JSON and replayed byte for byte
     /// to every later claim. [`Error::LeaseLost`] if the record is no longer this
     /// holder's (nothing is written); a result that does not serialize is
-    /// [`Error::InvalidInput`], before any write.
+    /// [`Error::InvalidInput`], before any write. A write lost with its connection is
+    /// read back and, if it did not land while the record is still this holder's, sent
+    /// again; a retryable error means the record is still held: call again.
     pub async fn complete<R: Serialize + ?Sized>(&self, held: &Claimed, result: &R) -> Result<()> {
         let json = to_json(result)?;
         let finish = self.finish(held, "SUCCEEDED", Some(&json), false)?;
@@ -98,11 +100,15 @@ impl<S: RecordStore> Records<S> {
         })
     }
 
-    /// A fenced write on the engine's own connection. If the connection failed after it
-    /// was sent, the record is read back: a write that landed left it finished under
-    /// this holder's token, which no other holder could have done.
+    /// A fenced write on the engine's own connection. If it wrote nothing, or the
+    /// connection failed after it was sent, the record is read back: finished as this
+    /// write would leave it, under this holder's token (which no other holder could have
+    /// written), it landed; still held by this holder, it did not land, and it is sent
+    /// again on a fresh connection (a few times; then a retryable error, the record
+    /// still held); held by another token or finished otherwise, [`Error::LeaseLost`].
     async fn fenced(&self, held: &Claimed, finish: &Finish<'_>) -> Result<()> {
-        let written = async {
+        const SENDS: u32 = 3;
+        let write = || async {
             let mut lease = Lease::acquire(&self.store).await?;
             let out = self.store.finish(lease.conn(), finish, Txn::Own).await;
             lease.release_after(&out);
@@ -111,26 +117,43 @@ impl<S: RecordStore> Records<S> {
         // An extension leaves the record as it found it, so a read cannot tell whether
         // it landed: a lost one is an error to retry, never taken for success.
         let finishes = finish.status != "PROCESSING";
-        let out = match written.await {
-            Ok(true) => Ok(()),
-            // Nothing written: the record is not this holder's any more, unless this very
-            // write landed before (a retry of a write whose acknowledgement was lost).
-            Ok(false) if finishes => match self.landed(held, finish.status, Some(finish)).await {
-                Ok(landed) => lease_held(held, landed),
-                Err(e) => Err(db_error::<S>(e)),
-            },
-            Ok(false) => lease_held(held, false),
-            Err(e) if finishes && S::classify(&e) == ErrorClass::ConnectionLost => {
-                match self.landed(held, finish.status, Some(finish)).await {
-                    Ok(landed) => lease_held(held, landed),
-                    Err(_) => Err(db_error::<S>(e)),
+        let mut sends = 0;
+        let out = loop {
+            sends += 1;
+            let lost = match write().await {
+                Ok(true) => break Ok(()),
+                Ok(false) if !finishes => break lease_held(held, false),
+                // Nothing written: the record is not this holder's any more, unless this
+                // very write landed before (a retry of a write whose acknowledgement was
+                // lost).
+                Ok(false) => None,
+                Err(e) if finishes && S::classify(&e) == ErrorClass::ConnectionLost => Some(e),
+                Err(e) => break Err(db_error::<S>(e)),
+            };
+            match self.fate(held, finish.status, Some(finish)).await {
+                Ok(Fate::Landed) => break Ok(()),
+                Ok(Fate::Lost) => break lease_held(held, false),
+                Ok(Fate::Held) if sends < SENDS => {
+                    tracing::debug!(
+                        scope = held.scope,
+                        key = held.key,
+                        "a fenced write did not land: sending it again"
+                    );
                 }
+                Ok(Fate::Held) => {
+                    break Err(match lost {
+                        Some(e) => db_error::<S>(e),
+                        None => Error::Contention { attempts: sends },
+                    });
+                }
+                Err(read) => break Err(db_error::<S>(lost.unwrap_or(read))),
             }
-            Err(e) => Err(db_error::<S>(e)),
         };
         // Finished (by this holder or, if the lease was lost, by another): the request
         // is no longer running, and the front's marker goes.
-        if finish.status != "PROCESSING" && !matches!(out, Err(Error::Database { .. })) {
+        if finish.status != "PROCESSING"
+            && !matches!(out, Err(Error::Database { .. } | Error::Contention { .. }))
+        {
             self.unmark_held(held).await;
         }
         out
@@ -161,14 +184,44 @@ impl<S: RecordStore> Records<S> {
         status: &str,
         finish: Option<&Finish<'_>>,
     ) -> Result<bool, sqlx::Error> {
-        let row = self.read(&held.scope, &held.key).await?;
-        Ok(row.is_some_and(|r| {
-            r.owner_token.as_deref() == Some(held.token.as_str())
-                && r.status == status
-                && finish
-                    .is_none_or(|f| r.result.as_deref() == f.result && r.terminal == f.terminal)
-        }))
+        Ok(self.fate(held, status, finish).await? == Fate::Landed)
     }
+
+    /// What became of a holder's write to `status` whose answer was lost or empty, as
+    /// the record now says.
+    async fn fate(
+        &self,
+        held: &Claimed,
+        status: &str,
+        finish: Option<&Finish<'_>>,
+    ) -> Result<Fate, sqlx::Error> {
+        let row = self.read(&held.scope, &held.key).await?;
+        Ok(match row {
+            Some(r) if r.owner_token.as_deref() == Some(held.token.as_str()) => {
+                let same = finish
+                    .is_none_or(|f| r.result.as_deref() == f.result && r.terminal == f.terminal);
+                if r.status == status && same {
+                    Fate::Landed
+                } else if r.status == "PROCESSING" {
+                    Fate::Held
+                } else {
+                    Fate::Lost
+                }
+            }
+            _ => Fate::Lost,
+        })
+    }
+}
+
+/// What a holder's write whose answer was lost did, as the record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// It landed.
+    Landed,
+    /// It did not land, and the record is still this holder's.
+    Held,
+    /// The record is another holder's now, or finished otherwise.
+    Lost,
 }
 
 fn lease_held(held: &Claimed, wrote: bool) -> Result<()> {

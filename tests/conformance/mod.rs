@@ -254,6 +254,7 @@ macro_rules! conformance {
             resent_request_cut_under_its_write_is_replayed,
             killed_connections_are_retryable,
             records_lost_acknowledgements_are_read_back,
+            records_write_lost_before_the_server_is_retried,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use orderly::{Claim, Error, Reconciled, Records, ScopeConfig, Stored, Stuck};
+use orderly::{Claim, Error, Failure, Reconciled, Records, ScopeConfig, Stored, Stuck};
 
 use super::faults::{Networked, assert_pool_clean, poll_at_most};
 use super::idempotency::claimed;
@@ -199,4 +199,44 @@ pub async fn records_lost_acknowledgements_are_read_back<B: Networked>(b: &B) {
         direct.claim("orders", "run-ack-lost", &8).await,
         Err(Error::PayloadMismatch { .. })
     ));
+}
+
+/// A holder's write lost before the server saw it (a proxy drops the request and closes
+/// the connection): the record is still this holder's, so the answer is never
+/// `LeaseLost` (which tells the caller someone else owns it now). `complete`, `fail` and
+/// `release` each land on a fresh connection and answer `Ok`, and the record says so.
+pub async fn records_write_lost_before_the_server_is_retried<B: Networked>(b: &B) {
+    let direct = orders(b.store(Duration::from_secs(10)).await, B::POLICY);
+    for (n, what) in ["complete", "fail", "release"].into_iter().enumerate() {
+        let key = format!("never-sent-{what}");
+        let held = claimed(direct.claim("orders", &key, &n).await.unwrap());
+        // The key travels in the write's parameters; nothing else carries it first on
+        // the proxy's connections.
+        let pattern: &'static [u8] = Box::leak(key.clone().into_bytes().into_boxed_slice());
+        let proxy = Proxy::start(b.server(), Cut::Request(pattern)).await;
+        let r = orders(b.store_at(proxy.port, 4).await, B::POLICY);
+        let answer = match what {
+            "complete" => r.complete(&held, &"done").await,
+            "fail" => r.fail(&held, &"declined", Failure::Terminal).await,
+            _ => r.release(&held).await,
+        };
+        assert_eq!(
+            proxy.cuts(),
+            1,
+            "the proxy never cut: the test shows nothing"
+        );
+        assert!(answer.is_ok(), "{what}: {answer:?}");
+        let again = direct.claim("orders", &key, &n).await.unwrap();
+        match what {
+            "complete" => assert_eq!(
+                again,
+                Claim::Replayed(Stored::Succeeded(r#""done""#.into()))
+            ),
+            "fail" => assert_eq!(
+                again,
+                Claim::Replayed(Stored::Failed(Some(r#""declined""#.into())))
+            ),
+            _ => assert_eq!(claimed(again).attempt(), 2, "{what}"),
+        }
+    }
 }

@@ -60,6 +60,9 @@ pub enum Cut {
     /// Drop the first server reply holding these bytes (e.g. PostgreSQL's `INSERT 0 1`
     /// command tag, sent with the implicit commit's `ReadyForQuery`) and close both sides.
     Reply(&'static [u8]),
+    /// Drop the first client request holding these bytes before the server sees it, and
+    /// close both sides: the write never happened, and the client never hears.
+    Request(&'static [u8]),
 }
 
 /// A TCP proxy on loopback in front of a real server that cuts one connection at a
@@ -156,6 +159,12 @@ async fn relay(
             {
                 armed.store(true, Ordering::SeqCst);
             }
+            if let Cut::Request(pattern) = cut
+                && holds(&buf[..n], pattern)
+                && fire()
+            {
+                return;
+            }
             if server_tx.write_all(&buf[..n]).await.is_err() {
                 return;
             }
@@ -171,6 +180,7 @@ async fn relay(
             let cut_here = match cut {
                 Cut::ReplyTo(_) => armed.load(Ordering::SeqCst),
                 Cut::Reply(pattern) => holds(&buf[..n], pattern),
+                Cut::Request(_) => false,
             };
             if cut_here && fire() {
                 return;
