@@ -103,8 +103,10 @@ pub enum Error {
         version: i32,
     },
 
-    /// An idempotency record holds a status orderly never writes. Investigate.
-    #[error("record {key} in scope {scope} holds an unknown status {value:?}")]
+    /// A record (an idempotency record, or a flow's) holds a value orderly never writes:
+    /// an unknown status or park reason, or a completed record without its result.
+    /// Investigate; nothing is replayed or run from it.
+    #[error("record {key} in scope {scope} holds a value orderly never writes: {value:?}")]
     CorruptRecord {
         /// The scope.
         scope: String,

@@ -137,9 +137,10 @@ pub(super) fn parse_state<M: StateMachine>(order_id: i64, value: &str) -> Result
     })
 }
 
-/// A version is a count of transitions: a negative one was written outside orderly.
+/// A stored version, checked: below 0, or at the largest (which has no next, so the
+/// entity could never move again), it was written outside orderly.
 pub(super) fn parse_version(order_id: i64, version: i64) -> Result<i64> {
-    if version < 0 {
+    if !(0..i64::MAX).contains(&version) {
         return Err(Error::CorruptState {
             order_id,
             value: format!("version {version}"),

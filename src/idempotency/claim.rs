@@ -186,9 +186,16 @@ fn judge(row: Option<&RecordRow>, hash: &str, token: &str, scope: &str, key: &st
             retry_after: Duration::from_millis(row.lease_left_ms.unsigned_abs()),
         }),
         "PROCESSING" => Ok(Seen::Claimable),
-        "SUCCEEDED" => Ok(Seen::Done(Stored::Succeeded(
-            row.result.clone().unwrap_or_else(|| "null".into()),
-        ))),
+        // orderly always stores a completed request's result; a row without one was
+        // written behind its back, and replaying it as `null` would be an answer made up.
+        "SUCCEEDED" => match &row.result {
+            Some(result) => Ok(Seen::Done(Stored::Succeeded(result.clone()))),
+            None => Err(Error::CorruptRecord {
+                scope: scope.to_string(),
+                key: key.to_string(),
+                value: "SUCCEEDED with no result".into(),
+            }),
+        },
         "FAILED" if row.terminal => Ok(Seen::Done(Stored::Failed(row.result.clone()))),
         "FAILED" => Ok(Seen::Claimable),
         other => Err(Error::CorruptRecord {

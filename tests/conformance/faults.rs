@@ -821,3 +821,36 @@ pub async fn corrupt_rows_are_reported_not_written_over<B: Backend>(b: &B) {
         1
     );
 }
+
+/// A stored version at `i64::MAX` cannot move: the next version does not exist. Every
+/// policy answers `CorruptState` (never the database's overflow error) and writes
+/// nothing; `get` says the same.
+pub async fn version_at_its_limit_is_corrupt_state<B: Backend>(b: &B) {
+    for (id, policy) in [(1, ReadFirst::Never), (2, ReadFirst::Always)] {
+        let e: Eng<B> = with_policy(b.store(Duration::from_secs(10)).await, policy);
+        e.create(id).await.unwrap();
+        b.exec(&format!(
+            "UPDATE orders SET version = {} WHERE id = {id}",
+            i64::MAX
+        ))
+        .await;
+        let err = e.transition(id, Pay, "p-1").await.unwrap_err();
+        assert!(
+            matches!(err, Error::CorruptState { order_id, .. } if order_id == id),
+            "{policy:?}: {err:?}"
+        );
+        assert!(matches!(e.get(id).await, Err(Error::CorruptState { .. })));
+        assert_eq!(
+            b.scalar(&format!("SELECT version FROM orders WHERE id = {id}"))
+                .await,
+            i64::MAX
+        );
+        assert_eq!(
+            b.scalar(&format!(
+                "SELECT COUNT(*) FROM order_transitions WHERE order_id = {id}"
+            ))
+            .await,
+            0
+        );
+    }
+}

@@ -295,3 +295,38 @@ pub async fn expired_records_count_as_absent<B: Backend>(b: &B) {
     let fresh = claimed(r.claim("short", "k", &"another payload").await.unwrap());
     assert_eq!(fresh.attempt(), 1);
 }
+
+/// Rows orderly never writes, edited behind its back: a completed record without its
+/// result is `CorruptRecord` (never replayed as `null`), to a claim and to `run`; a
+/// released record whose attempt counter is at `i32::MAX` is claimed, and the claim that
+/// committed is answered `Claimed` (the counter stays at its bound), never an error.
+pub async fn records_impossible_rows_are_reported_not_replayed<B: Backend>(b: &B) {
+    let r = records(b, Duration::from_secs(30)).await;
+    let held = claimed(r.claim("payments", "no-result", &1).await.unwrap());
+    r.complete(&held, &Some(5)).await.unwrap();
+    b.exec("UPDATE idempotency_records SET result = NULL WHERE idem_key = 'no-result'")
+        .await;
+    let err = r.claim("payments", "no-result", &1).await.unwrap_err();
+    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
+    let ran = r
+        .run("payments", "no-result", &1, |_conn| {
+            Box::pin(async { Ok::<_, Error>(orderly::Done::<Option<i32>, ()>::Succeeded(Some(6))) })
+        })
+        .await;
+    assert!(matches!(ran, Err(Error::CorruptRecord { .. })), "{ran:?}");
+
+    let held = claimed(r.claim("payments", "worn-out", &1).await.unwrap());
+    r.release(&held).await.unwrap();
+    b.exec(&format!(
+        "UPDATE idempotency_records SET attempt = {} WHERE idem_key = 'worn-out'",
+        i32::MAX
+    ))
+    .await;
+    let held = claimed(r.claim("payments", "worn-out", &1).await.unwrap());
+    assert_eq!(held.attempt(), i32::MAX);
+    r.complete(&held, &"done").await.unwrap();
+    assert_eq!(
+        r.claim("payments", "worn-out", &1).await.unwrap(),
+        Claim::Replayed(Stored::Succeeded(r#""done""#.into()))
+    );
+}

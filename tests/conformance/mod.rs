@@ -215,6 +215,8 @@ macro_rules! conformance {
             racing_engines_never_conflict_with_themselves,
             same_payload_in_any_member_order_is_replayed,
             corrupt_rows_are_reported_not_written_over,
+            version_at_its_limit_is_corrupt_state,
+            records_impossible_rows_are_reported_not_replayed,
             write_unit_carries_several_requests,
             claim_follows_the_outcome_table,
             expired_lease_is_taken_over_and_the_late_holder_fenced,

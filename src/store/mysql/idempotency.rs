@@ -17,6 +17,9 @@ use crate::store::Txn;
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).
 const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+/// A claim's next attempt number, bounded to the column's range: a counter edited to its
+/// largest value stays there, so the statement never fails after it took the record.
+const NEXT_ATTEMPT: &str = "LEAST(GREATEST(attempt, 0) + 1, 2147483647)";
 
 impl RecordStore for MySqlStore {
     type Db = MySql;
@@ -57,7 +60,7 @@ impl RecordStore for MySqlStore {
         // `attempt` and `created_at` first: they read `expires_at` before it is assigned.
         let take_over = format!(
             "UPDATE idempotency_records SET \
-                 attempt = LAST_INSERT_ID(IF(expires_at <= {NOW}, 1, attempt + 1)), \
+                 attempt = LAST_INSERT_ID(IF(expires_at <= {NOW}, 1, {NEXT_ATTEMPT})), \
                  created_at = IF(expires_at <= {NOW}, {NOW}, created_at), \
                  payload_hash = ?, status = 'PROCESSING', owner_token = ?, \
                  lease_until = {NOW} + ?, expires_at = {NOW} + ?, result = NULL, terminal = FALSE, \
@@ -169,7 +172,7 @@ impl RecordStore for MySqlStore {
     ) -> Result<Option<i32>, sqlx::Error> {
         let sql = format!(
             "UPDATE idempotency_records SET owner_token = ?, \
-                 attempt = LAST_INSERT_ID(attempt + 1), updated_at = {NOW}, lease_until = {NOW} + ?, \
+                 attempt = LAST_INSERT_ID({NEXT_ATTEMPT}), updated_at = {NOW}, lease_until = {NOW} + ?, \
                  expires_at = {NOW} + ? \
              WHERE scope = ? AND idem_key = ? AND owner_token = ? AND status = 'PROCESSING' \
                AND lease_until <= {NOW} AND expires_at > {NOW}"

@@ -33,7 +33,8 @@ pub(super) struct Sql {
     /// The apply-first update, judged on the row it locks: `(to, id, from)`.
     /// `LAST_INSERT_ID(expr)` hands the new version back in the statement's reply, so
     /// nothing is read; it also stays the connection's `LAST_INSERT_ID()` until the next
-    /// insert with an auto-increment key. `version >= 0` leaves a corrupt row alone for
+    /// insert with an auto-increment key. A version below 0, or at the largest (which has no
+    /// next), leaves a corrupt row alone for
     /// the judge to report.
     pub(super) bump: SqlStr,
     /// The update after a read, guarded by what was read: `(to, id, from, version)`.
@@ -108,7 +109,7 @@ impl Sql {
             ),
             bump: sql(format!(
                 "UPDATE {o} SET status = ?, version = LAST_INSERT_ID(version + 1) \
-                 WHERE id = ? AND status = ? AND version >= 0"
+                 WHERE id = ? AND status = ? AND version BETWEEN 0 AND 9223372036854775806"
             )),
             update: sql(format!(
                 "UPDATE {o} SET status = ?, version = version + 1 \

@@ -11,6 +11,9 @@ use crate::store::Txn;
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)";
+/// A claim's next attempt number, bounded to the column's range: a counter edited to its
+/// largest value stays there, so the statement never fails after it took the record.
+const NEXT_ATTEMPT: &str = "LEAST(GREATEST(r.attempt, 0)::bigint + 1, 2147483647)::int";
 
 impl RecordStore for PgStore {
     type Db = Postgres;
@@ -32,7 +35,7 @@ impl RecordStore for PgStore {
              ON CONFLICT (scope, idem_key) DO UPDATE SET \
                  payload_hash = EXCLUDED.payload_hash, status = 'PROCESSING', \
                  owner_token = EXCLUDED.owner_token, \
-                 attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1 ELSE r.attempt + 1 END, \
+                 attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1 ELSE {NEXT_ATTEMPT} END, \
                  lease_until = EXCLUDED.lease_until, expires_at = EXCLUDED.expires_at, \
                  result = NULL, terminal = FALSE, \
                  created_at = CASE WHEN r.expires_at <= EXCLUDED.created_at \
@@ -139,7 +142,7 @@ impl RecordStore for PgStore {
     ) -> Result<Option<i32>, sqlx::Error> {
         let sql = format!(
             "WITH now AS {NOW} \
-             UPDATE idempotency_records AS r SET owner_token = $4, attempt = r.attempt + 1, \
+             UPDATE idempotency_records AS r SET owner_token = $4, attempt = {NEXT_ATTEMPT}, \
                  lease_until = now.ms + $5, expires_at = now.ms + $6, updated_at = now.ms \
              FROM now \
              WHERE r.scope = $1 AND r.idem_key = $2 AND r.owner_token = $3 \

@@ -47,14 +47,15 @@ impl Sql {
         // on the very row it changes, and a concurrent move makes it update nothing. A
         // request recorded before (a replay, even at a state the entity came back to, or
         // a twin that committed first) is stopped by the unique key of the history
-        // insert, which aborts the whole statement. `version >= 0` leaves a corrupt row
+        // insert, which aborts the whole statement. A version below 0 or at
+        // the largest (which has no next) leaves a corrupt row
         // alone for the judge to report.
         let apply_first = |edge: &str, edge_cond: &str| {
             sql(format!(
                 "WITH upd AS ( \
                    UPDATE {o} AS o SET status = e.t, version = o.version + 1 \
                    FROM {edge} AS e(f, t) \
-                   WHERE o.id = $1 AND {edge_cond} AND o.version >= 0 \
+                   WHERE o.id = $1 AND {edge_cond} AND o.version BETWEEN 0 AND 9223372036854775806 \
                    RETURNING o.version::bigint AS seq, e.f, e.t \
                  ) \
                  INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \

@@ -11,6 +11,9 @@ use crate::store::Txn;
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)";
+/// A claim's next attempt number, bounded to the column's range: a counter edited to its
+/// largest value stays there, so the statement never fails after it took the record.
+const NEXT_ATTEMPT: &str = "MIN(MAX(attempt, 0) + 1, 2147483647)";
 
 impl RecordStore for SqliteStore {
     type Db = Sqlite;
@@ -33,7 +36,7 @@ impl RecordStore for SqliteStore {
              ON CONFLICT (scope, idem_key) DO UPDATE SET \
                  payload_hash = excluded.payload_hash, status = 'PROCESSING', \
                  owner_token = excluded.owner_token, \
-                 attempt = CASE WHEN expires_at <= excluded.created_at THEN 1 ELSE attempt + 1 END, \
+                 attempt = CASE WHEN expires_at <= excluded.created_at THEN 1 ELSE {NEXT_ATTEMPT} END, \
                  lease_until = excluded.lease_until, expires_at = excluded.expires_at, \
                  result = NULL, terminal = 0, \
                  created_at = CASE WHEN expires_at <= excluded.created_at \
@@ -136,7 +139,7 @@ impl RecordStore for SqliteStore {
     ) -> Result<Option<i32>, sqlx::Error> {
         let sql = format!(
             "WITH now AS {NOW} \
-             UPDATE idempotency_records SET owner_token = ?4, attempt = attempt + 1, \
+             UPDATE idempotency_records SET owner_token = ?4, attempt = {NEXT_ATTEMPT}, \
                  lease_until = (SELECT ms FROM now) + ?5, expires_at = (SELECT ms FROM now) + ?6, \
                  updated_at = (SELECT ms FROM now) \
              WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING' \

@@ -24,7 +24,8 @@ pub(super) struct Sql {
     latest_ref: SqlStr,
     /// The apply-first update, under `BEGIN IMMEDIATE` (the only writer, on the latest
     /// data), guarded by the status, returning the new version: `(to, id, from)`.
-    /// `version >= 0` leaves a corrupt row alone for the judge to report.
+    /// A version below 0, or at the largest (which has no next), leaves a corrupt row alone
+    /// for the judge to report.
     pub(super) bump: SqlStr,
     /// The update after a read, guarded by what was read: `(to, id, from, version)`.
     update: SqlStr,
@@ -56,7 +57,7 @@ impl Sql {
             )),
             bump: sql(format!(
                 "UPDATE {o} SET status = ?1, version = version + 1 \
-                 WHERE id = ?2 AND status = ?3 AND version >= 0 RETURNING version"
+                 WHERE id = ?2 AND status = ?3 AND version BETWEEN 0 AND 9223372036854775806 RETURNING version"
             )),
             update: sql(format!(
                 "UPDATE {o} SET status = ?1, version = version + 1 \
