@@ -14,14 +14,16 @@ use crate::{Error, Result};
 #[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum ParkReason {
     /// An unsafe step (or its compensation) started and nobody knows whether it took
-    /// effect: find out downstream, then resume with [`Resume::Applied`],
+    /// effect (its runner died, it asked to be retried, or it returned an output that
+    /// could not be recorded): find out downstream, then resume with [`Resume::Applied`],
     /// [`Resume::Retry`] or [`Resume::Compensate`].
     NeedsReconciliation,
     /// A compensation kept failing and was given up; the others ran. Resume with
     /// [`Resume::Retry`] to run the given-up compensations again.
     CompensationFailed,
     /// The flow was claimed [`FlowConfig::attempts`](super::FlowConfig::attempts) times without progress (a step
-    /// that keeps failing or crashing its runner).
+    /// that keeps failing or crashing its runner, or a keyed call whose output keeps
+    /// failing to be recorded).
     AttemptsExhausted,
     /// A step at or after the pivot failed: nothing before it is compensated, and the
     /// flow cannot go on by itself.
@@ -135,7 +137,9 @@ pub(super) fn is_live(status: &str) -> bool {
 }
 
 /// The recorded outcome of a flow that no runner is moving: completed, compensated or
-/// parked. `None` for a flow that runs or is due.
+/// parked. `None` for a flow that runs or is due. A status or park reason orderly never
+/// writes is [`Error::CorruptRecord`]: the one answer a start and a resume give of the
+/// row.
 pub(super) fn recorded(row: &FlowRow, specs: &[StepSpec]) -> Result<Option<FlowOutcome>> {
     let corrupt = |value: &str| Error::CorruptRecord {
         scope: format!("flow {}", row.kind),
@@ -146,6 +150,12 @@ pub(super) fn recorded(row: &FlowRow, specs: &[StepSpec]) -> Result<Option<FlowO
         Ok(i) => step_name(specs, i),
         Err(_) => format!("#{}", row.step_at),
     };
+    if !matches!(
+        row.status.as_str(),
+        "RUNNING" | "COMPENSATING" | "COMPLETED" | "COMPENSATED"
+    ) {
+        return Err(corrupt(&row.status));
+    }
     if let Some(reason) = &row.park_reason {
         let reason: ParkReason = reason.parse().map_err(|_| corrupt(reason))?;
         return Ok(Some(FlowOutcome::Parked {

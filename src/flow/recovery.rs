@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 
 use super::drive::{Held, lease_lost, to_i32, write};
-use super::outcome::{FlowOutcome, FlowView, Listed, Resume, is_live};
+use super::outcome::{FlowOutcome, FlowView, Listed, Resume, is_live, recorded};
 use super::run::{Flows, millis};
 use super::{FlowStore, Listing, StepWrite, TakeDue, Touch};
 use crate::store::{Lease, db_error};
@@ -196,8 +196,9 @@ impl<S: FlowStore> Flows<S> {
 
     /// An operator's resume of a parked flow, after finding out what happened: claims it
     /// (a flow that is not parked, or whose version is not registered here, is
-    /// [`Error::InvalidInput`] / [`Error::FlowVersion`] and nothing changes), records the
-    /// decision, and runs it as far as it goes.
+    /// [`Error::InvalidInput`] / [`Error::FlowVersion`]; one holding a park reason or
+    /// status orderly never writes is [`Error::CorruptRecord`], as a start answers; and
+    /// nothing changes), records the decision, and runs it as far as it goes.
     ///
     /// - [`Resume::Retry`]: what was started or given up runs again (the step a runner
     ///   died in; given-up compensations).
@@ -218,7 +219,11 @@ impl<S: FlowStore> Flows<S> {
                 key: key.to_string(),
                 version: row.version,
             })?;
-        if row.park_reason.is_none() || !is_live(&row.status) {
+        // What a start answers of this row, before anything is decided: a value orderly
+        // never writes (an unknown park reason, an unknown status) is `CorruptRecord`, and
+        // nothing changes.
+        let parked = recorded(&row, def.specs())?;
+        if !matches!(parked, Some(FlowOutcome::Parked { .. })) || !is_live(&row.status) {
             return Err(Error::InvalidInput(format!(
                 "flow {kind} {key} is not parked"
             )));

@@ -145,7 +145,9 @@ impl<S: FlowStore> Flows<S> {
 
     /// Registers a flow's actions. A definition with a step lacking its action, a
     /// `+ undo` step lacking its compensation, an action of the wrong class or attached
-    /// twice, or a `(kind, version)` registered before is [`Error::InvalidInput`].
+    /// twice, a step of another flow (told by its type, whatever its name and position),
+    /// or a `(kind, version)` registered before is [`Error::InvalidInput`], naming every
+    /// problem.
     pub fn register<I: DeserializeOwned + Send + Sync + 'static>(
         mut self,
         def: Definition<S, I>,

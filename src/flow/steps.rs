@@ -2,6 +2,8 @@
 //! declaration by a [`Definition`]; what an action is given ([`Ctx`]) and how it fails
 //! ([`StepError`]).
 
+use std::any::{TypeId, type_name};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
@@ -13,6 +15,36 @@ use serde::de::DeserializeOwned;
 use super::{Flow, FlowStep, FlowStore, StepClass, StepSpec, Undo};
 use crate::idempotency::Work;
 use crate::{Error, Result};
+
+/// The most bytes of free text a flow records: a step's (or compensation's) error, and
+/// any other message from an action or a downstream service (a gateway's long error
+/// body). Longer text is cut on a character boundary and ends with a marker saying how
+/// long it was (`"… [truncated, 102400 bytes]"`), the marker within the bound, so the
+/// record always lands (MariaDB's `TEXT` columns hold 65,535 bytes). The cut text is what
+/// the outcome answers, what a replay answers, and what the step row and the flow record
+/// hold.
+pub const MAX_ERROR_BYTES: usize = 16 * 1024;
+
+/// `text` as [`bounded`] leaves it, borrowed when it is within the bound.
+pub(super) fn bounded_str(text: &str) -> Cow<'_, str> {
+    if text.len() <= MAX_ERROR_BYTES {
+        Cow::Borrowed(text)
+    } else {
+        Cow::Owned(bounded(text.to_string()))
+    }
+}
+
+/// `text`, cut to [`MAX_ERROR_BYTES`] with its marker if it is longer.
+pub(super) fn bounded(mut text: String) -> String {
+    if text.len() <= MAX_ERROR_BYTES {
+        return text;
+    }
+    let marker = format!("… [truncated, {} bytes]", text.len());
+    let keep = text.floor_char_boundary(MAX_ERROR_BYTES.saturating_sub(marker.len()));
+    text.truncate(keep);
+    text.push_str(&marker);
+    text
+}
 
 /// Why a step (or a compensation) did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +69,14 @@ impl StepError {
     /// A failure that stays one.
     pub fn fail(e: impl fmt::Display) -> Self {
         StepError::Fail(e.to_string())
+    }
+
+    /// The same error, its text cut to [`MAX_ERROR_BYTES`].
+    pub(super) fn bounded(self) -> Self {
+        match self {
+            StepError::Retry(m) => StepError::Retry(bounded(m)),
+            StepError::Fail(m) => StepError::Fail(bounded(m)),
+        }
     }
 }
 
@@ -156,7 +196,13 @@ where
         ctx: &'c Ctx<I>,
     ) -> Work<'c, Result<String, StepError>> {
         let work = (self.0)(conn, ctx);
-        Box::pin(async move { to_json(&work.await?) })
+        Box::pin(async move {
+            let out = work.await.map_err(StepError::bounded)?;
+            // Its writes roll back with this failure: it had no effect.
+            serde_json::to_string(&out).map_err(|e| {
+                StepError::fail(format!("the output does not serialize as JSON: {e}")).bounded()
+            })
+        })
     }
 }
 
@@ -168,13 +214,22 @@ where
 {
     fn run<'c>(&'c self, ctx: &'c Ctx<I>) -> Work<'c, Result<String, StepError>> {
         let work = (self.0)(ctx);
-        Box::pin(async move { to_json(&work.await?) })
+        Box::pin(async move {
+            let out = work.await.map_err(StepError::bounded)?;
+            // The call returned: its effect may have happened (the card was charged). An
+            // output that cannot be recorded is a failure to record, not of the step, so
+            // never `Fail` (which is compensated around as having had no effect) but
+            // `Retry`: a keyed call is made again with its one key, counted towards the
+            // attempt cap; an unsafe one parks for reconciliation, left started.
+            serde_json::to_string(&out).map_err(|e| {
+                StepError::retry(format!(
+                    "the call returned, but its output could not be recorded: it does not \
+                     serialize as JSON: {e}"
+                ))
+                .bounded()
+            })
+        })
     }
-}
-
-fn to_json<R: Serialize>(r: &R) -> Result<String, StepError> {
-    serde_json::to_string(r)
-        .map_err(|e| StepError::fail(format!("the output does not serialize as JSON: {e}")))
 }
 
 /// What runs for a step, or for its compensation.
@@ -193,6 +248,8 @@ pub struct Definition<S: FlowStore, I> {
     pub(super) version: u32,
     pub(super) specs: &'static [StepSpec],
     pub(super) pivot: Option<usize>,
+    /// The flow's step enum: a step of any other type is another flow's.
+    step_type: (TypeId, &'static str),
     pub(super) forward: Vec<Option<Action<S, I>>>,
     pub(super) undo: Vec<Option<Action<S, I>>>,
     problems: Vec<String>,
@@ -207,6 +264,7 @@ impl<S: FlowStore, I: DeserializeOwned + Send + Sync + 'static> Definition<S, I>
             version: D::VERSION,
             specs: D::STEPS,
             pivot: D::PIVOT,
+            step_type: (TypeId::of::<D::Step>(), type_name::<D::Step>()),
             forward: (0..n).map(|_| None).collect(),
             undo: (0..n).map(|_| None).collect(),
             problems: Vec::new(),
@@ -230,7 +288,9 @@ impl<S: FlowStore, I: DeserializeOwned + Send + Sync + 'static> Definition<S, I>
 
     /// The forward action of a keyed or unsafe step: `|ctx| Box::pin(async move { … })`,
     /// calling another service with [`Ctx::key`]. Its start is recorded before it runs,
-    /// its output after.
+    /// its output after. Once the call returned, an output that cannot be recorded (it
+    /// does not serialize) is a failure to record, never compensated around: a keyed step
+    /// is retried with its key, an unsafe one parks for reconciliation.
     pub fn call<R, F>(self, step: impl FlowStep, f: F) -> Self
     where
         R: Serialize + 'static,
@@ -264,15 +324,27 @@ impl<S: FlowStore, I: DeserializeOwned + Send + Sync + 'static> Definition<S, I>
         self.attach(step, true, &[StepClass::Keyed, StepClass::Unsafe], action)
     }
 
-    fn attach(
+    fn attach<T: FlowStep>(
         mut self,
-        step: impl FlowStep,
+        step: T,
         undo: bool,
         classes: &[StepClass],
         action: Action<S, I>,
     ) -> Self {
         let (index, name) = (step.index(), step.name());
         let what = if undo { "compensation" } else { "action" };
+        // By its type first: another flow's step may have this flow's step's name and
+        // position.
+        if TypeId::of::<T>() != self.step_type.0 {
+            self.problems.push(format!(
+                "step {name} is a step of another flow ({}), not of flow {} ({}): its {what} \
+                 is not attached",
+                type_name::<T>(),
+                self.kind,
+                self.step_type.1
+            ));
+            return self;
+        }
         let Some(spec) = self.specs.get(index).filter(|s| s.name == name) else {
             self.problems
                 .push(format!("step {name} is not a step of flow {}", self.kind));

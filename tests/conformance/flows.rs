@@ -7,12 +7,13 @@
 //! call.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use orderly::flow::{
-    Ctx, Definition, FlowConfig, FlowOutcome, FlowStore, Flows, Listing, ParkReason, Resume,
-    StepError,
+    Ctx, Definition, FlowConfig, FlowOutcome, FlowStore, Flows, Listing, MAX_ERROR_BYTES,
+    ParkReason, Resume, StepError,
 };
 use orderly::{Error, Store};
 
@@ -1321,4 +1322,366 @@ pub async fn flow_purge_removes_only_finished_flows<B: Backend>(b: &B) {
     assert!(!again.replayed);
     assert!(matches!(again.outcome, FlowOutcome::Completed(_)));
     assert_eq!(effects(b, "done", "Insert").await, 2);
+}
+
+/// A gateway's receipt that cannot be recorded while `broken` is set: its `Serialize`
+/// fails (as a map with non-string keys, or a hand-written `Serialize`, does).
+pub struct Receipt {
+    key: String,
+    broken: bool,
+}
+
+impl serde::Serialize for Receipt {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.broken {
+            return Err(serde::ser::Error::custom(
+                "the receipt's amount is not a number",
+            ));
+        }
+        s.serialize_str(&self.key)
+    }
+}
+
+/// A downstream call that is made (with the context's key) and answers a [`Receipt`],
+/// unrecordable while `broken` holds.
+fn receipt_call(
+    world: &Arc<World>,
+    broken: &Arc<AtomicBool>,
+) -> impl for<'c> Fn(&'c Ctx<Order>) -> orderly::idempotency::Work<'c, Result<Receipt, StepError>>
++ Send
++ Sync
++ 'static {
+    let (world, broken) = (world.clone(), broken.clone());
+    move |ctx| {
+        let (world, broken) = (world.clone(), broken.clone());
+        Box::pin(async move {
+            world.call(ctx.key());
+            Ok(Receipt {
+                key: ctx.key().to_string(),
+                broken: broken.load(Ordering::SeqCst),
+            })
+        })
+    }
+}
+
+/// A keyed call that charged the card, and an unsafe call that posted, each answering an
+/// output that cannot be recorded: neither is a failure of the step, and neither flow is
+/// compensated around it. The keyed one is retried with its one key, with backoff, one
+/// call per claim, until the attempt cap parks it `AttemptsExhausted` (nothing undone);
+/// once fixed, the operator's retry calls it again with the same key and it completes.
+/// The unsafe one, called once, parks `NeedsReconciliation` at once, its step left
+/// started, and the operator records what it did.
+pub async fn flow_unrecordable_call_output_is_never_compensated<B: Backend>(b: &B) {
+    use LegacyStep::*;
+    use ShopStep::*;
+    let world = Arc::new(World::default());
+    let broken = Arc::new(AtomicBool::new(true));
+    b.exec("CREATE TABLE flow_effects (flow_key VARCHAR(255) NOT NULL, what VARCHAR(64) NOT NULL)")
+        .await;
+    let shop = Definition::<B::S, Order>::new(Shop)
+        .local(Insert, local_action::<B>(&world, "Insert"))
+        .undo_local(Insert, local_action::<B>(&world, "Insert:undo"))
+        .call(Reserve, call_action(&world, "Reserve"))
+        .undo_call(Reserve, call_action(&world, "Reserve:undo"))
+        .local(Coupon, local_action::<B>(&world, "Coupon"))
+        .undo_local(Coupon, local_action::<B>(&world, "Coupon:undo"))
+        .call(Charge, receipt_call(&world, &broken))
+        .undo_call(Charge, call_action(&world, "Charge:undo"))
+        .call(Ship, call_action(&world, "Ship"));
+    let legacy = Definition::<B::S, Order>::new(Legacy)
+        .local(Prepare, local_action::<B>(&world, "Prepare"))
+        .undo_local(Prepare, local_action::<B>(&world, "Prepare:undo"))
+        .call(Post, receipt_call(&world, &broken))
+        .undo_call(Post, call_action(&world, "Post:undo"))
+        .local(Finish, local_action::<B>(&world, "Finish"));
+    let cfg = config(Duration::from_secs(30));
+    let f = Flows::new(b.store(Duration::from_secs(10)).await, cfg)
+        .unwrap()
+        .read_first(B::POLICY)
+        .register(shop)
+        .unwrap()
+        .register(legacy)
+        .unwrap();
+
+    // Keyed: retried with its key until the cap, never compensated.
+    let started = f.start(Shop, "charged", &order(50)).await.unwrap();
+    assert!(
+        matches!(&started.outcome, FlowOutcome::Waiting { step, error, .. }
+            if step == "Charge" && error.contains("serialize")),
+        "{started:?}"
+    );
+    for _ in 0..20 {
+        if !f.list(Listing::Parked, None, 10).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let round = f.recover(10).await.unwrap();
+        assert_eq!((round.compensated, round.errors), (0, 0), "{round:?}");
+    }
+    let view = f.get("shop", "charged").await.unwrap().unwrap();
+    assert_eq!(
+        (view.flow.status.as_str(), view.flow.park_reason.as_deref()),
+        ("RUNNING", Some("ATTEMPTS_EXHAUSTED"))
+    );
+    assert!(
+        view.steps.iter().all(|s| s.phase == "F"),
+        "nothing undone: {:?}",
+        view.steps
+    );
+    let charge = view.steps.iter().find(|s| s.name == "Charge").unwrap();
+    assert_eq!(charge.status, "RETRY");
+    assert_eq!(
+        charge.downstream_key.as_deref(),
+        Some("shop:charged:Charge")
+    );
+    let calls = world.calls();
+    assert_eq!(
+        calls["shop:charged:Charge"], cfg.attempts as usize,
+        "one call per claim, all with the one key: {calls:?}"
+    );
+    assert_eq!(calls.len(), 2, "no undo called: {calls:?}");
+    assert_eq!(effects(b, "charged", "Insert:undo").await, 0);
+    assert_eq!(effects(b, "charged", "Coupon:undo").await, 0);
+    broken.store(false, Ordering::SeqCst);
+    let resumed = f.resume("shop", "charged", Resume::Retry).await.unwrap();
+    let FlowOutcome::Completed(outputs) = resumed else {
+        panic!("{resumed:?}");
+    };
+    assert_eq!(
+        outputs.get::<String>(Charge).unwrap(),
+        "shop:charged:Charge"
+    );
+    assert_eq!(
+        world.calls()["shop:charged:Charge"],
+        cfg.attempts as usize + 1
+    );
+
+    // Unsafe: called once, parked for a person, never compensated.
+    broken.store(true, Ordering::SeqCst);
+    let started = f.start(Legacy, "posted", &order(51)).await.unwrap();
+    assert_eq!(
+        started.outcome,
+        FlowOutcome::Parked {
+            reason: ParkReason::NeedsReconciliation,
+            step: "Post".into()
+        }
+    );
+    assert_eq!(world.calls()["legacy:posted:Post"], 1);
+    assert_eq!(effects(b, "posted", "Prepare:undo").await, 0);
+    let rows = step_rows(&f, "legacy", "posted").await;
+    assert!(
+        rows.contains(&("Post".into(), "F".into(), "STARTED".into(), 1)),
+        "{rows:?}"
+    );
+    let resumed = f
+        .resume(
+            "legacy",
+            "posted",
+            Resume::Applied(serde_json::json!("posted")),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(resumed, FlowOutcome::Completed(_)), "{resumed:?}");
+    assert_eq!(world.calls()["legacy:posted:Post"], 1);
+    assert_eq!(effects(b, "posted", "Finish").await, 1);
+    assert_eq!(effects(b, "posted", "Prepare:undo").await, 0);
+}
+
+/// A downstream call (made with the context's key) that answers with `body` as its
+/// error: refused for flow `refused`, timed out at the first attempt for `timed-out`.
+fn long_error_call(
+    world: &Arc<World>,
+    body: &Arc<String>,
+) -> impl for<'c> Fn(&'c Ctx<Order>) -> orderly::idempotency::Work<'c, Result<String, StepError>>
++ Send
++ Sync
++ 'static {
+    let (world, body) = (world.clone(), body.clone());
+    move |ctx| {
+        let (world, body) = (world.clone(), body.clone());
+        Box::pin(async move {
+            world.call(ctx.key());
+            match (ctx.flow_key(), ctx.attempt()) {
+                ("refused", _) => Err(StepError::fail(&*body)),
+                ("timed-out", 1) => Err(StepError::retry(&*body)),
+                _ => Ok(ctx.key().to_string()),
+            }
+        })
+    }
+}
+
+/// A step refusing with a 100 KiB error (a gateway's long error body) is recorded on
+/// every backend (MariaDB's `TEXT` holds 64 KiB): the error is stored cut to
+/// [`MAX_ERROR_BYTES`] on a character boundary, with a marker saying how long it was, so
+/// the refusal lands at once: the refused call is made once and the flow is compensated
+/// as for any refusal. The answer, its replay, the step row and the flow record carry the
+/// same cut text; a long error asking for a retry waits as any retry does.
+pub async fn flow_long_step_error_is_stored_cut_with_a_marker<B: Backend>(b: &B) {
+    use ShopStep::*;
+    let world = Arc::new(World::default());
+    // Three-byte characters: the cut falls inside one unless it keeps to their boundaries.
+    let body = Arc::new("€".repeat(100 * 1024 / 3 + 1));
+    let marker = format!("… [truncated, {} bytes]", body.len());
+    b.exec("CREATE TABLE flow_effects (flow_key VARCHAR(255) NOT NULL, what VARCHAR(64) NOT NULL)")
+        .await;
+    let shop = Definition::<B::S, Order>::new(Shop)
+        .local(Insert, local_action::<B>(&world, "Insert"))
+        .undo_local(Insert, local_action::<B>(&world, "Insert:undo"))
+        .call(Reserve, call_action(&world, "Reserve"))
+        .undo_call(Reserve, call_action(&world, "Reserve:undo"))
+        .local(Coupon, local_action::<B>(&world, "Coupon"))
+        .undo_local(Coupon, local_action::<B>(&world, "Coupon:undo"))
+        .call(Charge, long_error_call(&world, &body))
+        .undo_call(Charge, call_action(&world, "Charge:undo"))
+        .call(Ship, call_action(&world, "Ship"));
+    let f = Flows::new(
+        b.store(Duration::from_secs(10)).await,
+        config(Duration::from_secs(30)),
+    )
+    .unwrap()
+    .read_first(B::POLICY)
+    .register(shop)
+    .unwrap();
+    let cut = |error: &str| {
+        error.len() <= MAX_ERROR_BYTES
+            && error.len() + 3 > MAX_ERROR_BYTES
+            && error
+                .strip_suffix(&marker)
+                .is_some_and(|kept| !kept.is_empty() && body.starts_with(kept))
+    };
+
+    let started = f.start(Shop, "refused", &order(60)).await.unwrap();
+    let FlowOutcome::Compensated { step, error } = &started.outcome else {
+        panic!("expected compensation, got a {:?}", started.outcome);
+    };
+    assert_eq!(step, "Charge");
+    assert!(cut(error), "not cut with its marker: {} bytes", error.len());
+    let calls = world.calls();
+    assert_eq!(calls["shop:refused:Charge"], 1, "{calls:?}");
+    assert_eq!(calls["shop:refused:Reserve:undo"], 1, "{calls:?}");
+    assert_eq!(effects(b, "refused", "Insert:undo").await, 1);
+    let view = f.get("shop", "refused").await.unwrap().unwrap();
+    assert_eq!(view.flow.status, "COMPENSATED");
+    assert_eq!(view.flow.last_error.as_ref(), Some(error));
+    let row = view.steps.iter().find(|s| s.name == "Charge").unwrap();
+    assert_eq!(
+        (row.status.as_str(), row.error.as_ref()),
+        ("FAILED", Some(error))
+    );
+    let again = f.start(Shop, "refused", &order(60)).await.unwrap();
+    assert_eq!((&again.outcome, again.replayed), (&started.outcome, true));
+    assert_eq!(world.calls()["shop:refused:Charge"], 1);
+
+    let started = f.start(Shop, "timed-out", &order(61)).await.unwrap();
+    let FlowOutcome::Waiting { step, error, .. } = &started.outcome else {
+        panic!("expected a wait, got a {:?}", started.outcome);
+    };
+    assert_eq!(step, "Charge");
+    assert!(cut(error), "not cut with its marker: {} bytes", error.len());
+    let view = f.get("shop", "timed-out").await.unwrap().unwrap();
+    assert_eq!(view.flow.last_error.as_ref(), Some(error));
+    let row = view.steps.iter().find(|s| s.name == "Charge").unwrap();
+    assert_eq!(
+        (row.status.as_str(), row.error.as_ref()),
+        ("RETRY", Some(error))
+    );
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let round = f.recover(10).await.unwrap();
+    assert_eq!((round.taken, round.completed), (1, 1), "{round:?}");
+    assert_eq!(world.calls()["shop:timed-out:Charge"], 2);
+}
+
+orderly::flow! {
+    /// A flow whose first step has the name, position and class of `Shop`'s first: a step
+    /// of one is still not a step of the other.
+    pub Returns {
+        kind: "returns";
+        version: 1;
+        steps: ReturnsStep {
+            Insert: local + undo,
+            Refund: local,
+        }
+    }
+}
+
+/// Registration refuses a step of another flow even when it has the name, the position
+/// and the class of one of this flow's steps (for an action and for a compensation),
+/// naming the problem; the same actions on the flow's own steps register.
+pub async fn flow_step_of_another_flow_is_refused<B: Backend>(b: &B) {
+    let world = Arc::new(World::default());
+    let store = b.store(Duration::from_secs(10)).await;
+    let returns = || {
+        Definition::<B::S, Order>::new(Returns)
+            .local(ReturnsStep::Refund, local_action::<B>(&world, "Refund"))
+    };
+    let foreign_action = returns()
+        .local(ShopStep::Insert, local_action::<B>(&world, "Insert"))
+        .undo_local(
+            ReturnsStep::Insert,
+            local_action::<B>(&world, "Insert:undo"),
+        );
+    let foreign_undo = returns()
+        .local(ReturnsStep::Insert, local_action::<B>(&world, "Insert"))
+        .undo_local(ShopStep::Insert, local_action::<B>(&world, "Insert:undo"));
+    for (what, def) in [("action", foreign_action), ("compensation", foreign_undo)] {
+        let refused = Flows::new(store.clone(), FlowConfig::default())
+            .unwrap()
+            .register(def);
+        assert!(
+            matches!(&refused, Err(Error::InvalidInput(m))
+                if m.contains("step Insert") && m.contains("another flow") && m.contains("ShopStep")),
+            "{what}: {:?}",
+            refused.map(drop)
+        );
+    }
+    let own = returns()
+        .local(ReturnsStep::Insert, local_action::<B>(&world, "Insert"))
+        .undo_local(
+            ReturnsStep::Insert,
+            local_action::<B>(&world, "Insert:undo"),
+        );
+    Flows::new(store, FlowConfig::default())
+        .unwrap()
+        .register(own)
+        .unwrap();
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM flows").await, 0);
+}
+
+/// A flow record whose park reason orderly never writes (edited behind its back) gets
+/// one answer from a start and from every resume: `CorruptRecord` naming the value.
+/// Nothing runs, and the record and its steps stay as they were.
+pub async fn flow_unknown_park_reason_is_corrupt_to_start_and_resume<B: Backend>(b: &B) {
+    let world = Arc::new(World::default());
+    let f = flows(b, &world, Duration::from_secs(30)).await;
+    world.plan("Ship", Plan::Fail);
+    let started = f.start(Shop, "edited", &order(70)).await.unwrap();
+    assert!(matches!(started.outcome, FlowOutcome::Parked { .. }));
+    world.clear_plans();
+    b.exec(
+        "UPDATE flows SET park_reason = 'GONE_FISHING' WHERE kind = 'shop' AND flow_key = 'edited'",
+    )
+    .await;
+    let seen = || async {
+        let mut view = f.get("shop", "edited").await.unwrap().unwrap();
+        view.flow.lease_left_ms = 0;
+        view
+    };
+    let before = seen().await;
+    let calls = world.calls();
+    let corrupt =
+        |e: &Error| matches!(e, Error::CorruptRecord { value, .. } if value == "GONE_FISHING");
+    let start = f.start(Shop, "edited", &order(70)).await;
+    assert!(start.as_ref().is_err_and(corrupt), "start: {start:?}");
+    for how in [
+        Resume::Retry,
+        Resume::Compensate,
+        Resume::Applied(serde_json::json!("shipped by hand")),
+    ] {
+        let resumed = f.resume("shop", "edited", how.clone()).await;
+        assert!(resumed.as_ref().is_err_and(corrupt), "{how:?}: {resumed:?}");
+    }
+    assert_eq!(seen().await, before);
+    assert_eq!(world.calls(), calls, "nothing called");
+    assert_eq!(effects(b, "edited", "Insert:undo").await, 0);
+    assert_eq!(f.recover(10).await.unwrap().taken, 0);
 }

@@ -247,6 +247,10 @@ macro_rules! conformance {
             flow_runner_killed_by_sigkill_is_recovered,
             flow_failure_past_the_pivot_parks,
             flow_purge_removes_only_finished_flows,
+            flow_unrecordable_call_output_is_never_compensated,
+            flow_long_step_error_is_stored_cut_with_a_marker,
+            flow_step_of_another_flow_is_refused,
+            flow_unknown_park_reason_is_corrupt_to_start_and_resume,
         );
     };
     // The network faults, for a backend that implements `Networked`.

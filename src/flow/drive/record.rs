@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::super::outcome::{FlowOutcome, Outputs, ParkReason, step_name};
 use super::super::run::{Flows, millis};
-use super::super::steps::{CallAction, Ctx, LocalAction, StepError};
+use super::super::steps::{CallAction, Ctx, LocalAction, StepError, bounded_str};
 use super::super::{FlowStore, StepClass, StepWrite, Touch};
 use super::{FORWARD, Held, Run, Seen, Then, UNDO};
 use crate::store::{Lease, db_error};
@@ -342,6 +342,19 @@ pub(crate) async fn write<S: FlowStore>(
     step: Option<&StepWrite<'_>>,
     retry: Option<&str>,
 ) -> Result<()> {
+    // The text an action or a service gave is cut where it came in; any other is cut
+    // here, so that the record always lands (MariaDB's `TEXT` holds 64 KiB).
+    let touch_error = touch.error.map(bounded_str);
+    let touch = &Touch {
+        error: touch_error.as_deref(),
+        ..*touch
+    };
+    let step_error = step.and_then(|w| w.error).map(bounded_str);
+    let step = step.map(|w| StepWrite {
+        error: step_error.as_deref(),
+        ..*w
+    });
+    let step = step.as_ref();
     let store = &flows.store;
     let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
     let mut tx = S::begin(lease.conn()).await.map_err(db_error::<S>)?;
