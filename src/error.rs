@@ -155,6 +155,30 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// The database could not be reached: no connection within the call's deadline
+    /// ([`EngineConfig::deadline`](crate::EngineConfig::deadline)), or every attempt to
+    /// get one failed. Nothing of this request was sent. Retry later.
+    #[error("database unavailable: no connection within {waited:?}")]
+    Unavailable {
+        /// How long the call waited.
+        waited: std::time::Duration,
+    },
+
+    /// The call did not finish within its deadline
+    /// ([`EngineConfig::deadline`](crate::EngineConfig::deadline)). With `in_doubt`, its
+    /// write had been sent: the unit is finished off the caller's task and may still
+    /// commit. **Re-send the same request; it is safe**: one that was applied is
+    /// answered [`Outcome::Replayed`](crate::Outcome::Replayed).
+    #[error(
+        "no answer within the deadline of {deadline:?} (write sent: {in_doubt}); re-send the same request, it is safe"
+    )]
+    DeadlineExceeded {
+        /// The deadline.
+        deadline: std::time::Duration,
+        /// Whether the call's write had been sent, so that it may still land.
+        in_doubt: bool,
+    },
+
     /// A database error. `retryable` is set for serialization failures, deadlocks, lock
     /// timeouts, busy databases, pool timeouts and lost connections, as classified by the
     /// store: re-sending the same request is safe then (a request whose write did land is
@@ -189,6 +213,8 @@ impl Error {
             Error::Contention { .. }
                 | Error::InDoubt { .. }
                 | Error::InFlight { .. }
+                | Error::Unavailable { .. }
+                | Error::DeadlineExceeded { .. }
                 | Error::Database {
                     retryable: true,
                     ..

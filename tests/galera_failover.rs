@@ -51,11 +51,13 @@ async fn node_killed_mid_load_rejoins_and_nodes_agree() {
                     } else {
                         (Ship, "s-1")
                     };
+                    let started = std::time::Instant::now();
                     let answer = e.transition(id, event, r).await;
+                    let took = started.elapsed();
                     if t % 3 == 2 && answer.is_ok() {
                         done_on_3.fetch_add(1, Ordering::Relaxed);
                     }
-                    answers.push((t % 3, id, event, answer));
+                    answers.push((t % 3, id, event, answer, took));
                     i += 6;
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
@@ -84,7 +86,18 @@ async fn node_killed_mid_load_rejoins_and_nodes_agree() {
     }
     let mut failed_on = [0usize; 3];
     let mut served_on = [0usize; 3];
-    for (node, id, event, answer) in &answers {
+    // A call to the killed node is answered within its deadline (plus slack for a loaded
+    // machine), never after minutes of pool timeouts.
+    let deadline = orderly::EngineConfig::default().deadline;
+    for (node, id, event, answer, took) in &answers {
+        assert!(
+            *took < 3 * deadline,
+            "node {node}, order {id} {event:?}: answered after {took:?}: {answer:?}"
+        );
+        assert!(
+            *node != 2 || !matches!(answer, Err(Error::Contention { .. })),
+            "node {node}, order {id} {event:?}: the killed node answered {answer:?}"
+        );
         match answer {
             Ok(_) => served_on[*node] += 1,
             Err(Error::InvalidTransition { .. }) => served_on[*node] += 1,
@@ -108,7 +121,7 @@ async fn node_killed_mid_load_rejoins_and_nodes_agree() {
         let ship = e[2].transition(id, Ship, "s-1").await.unwrap();
         assert_eq!(ship.version(), 2);
     }
-    for (_, id, _, answer) in &answers {
+    for (_, id, _, answer, _) in &answers {
         if let Ok(Outcome::Applied { version, to, .. }) = answer {
             let h = e[0].history(*id).await.unwrap();
             assert_eq!(h[*version as usize - 1].to, *to, "order {id}");

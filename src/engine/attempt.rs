@@ -3,6 +3,7 @@
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
+use super::detach::Stage;
 use super::input::{Payload, parse_state};
 use super::judge::{self, Refusal, Verdict};
 use super::{Engine, Outcome};
@@ -20,6 +21,8 @@ pub(super) struct Req<'r, M: StateMachine> {
     /// Stored with every history row this call writes: the read-back after a lost
     /// connection answers `Applied` only for a row that carries it.
     pub(super) write_id: i64,
+    /// How far the call got, for the answer if its deadline passes.
+    pub(super) stage: &'r Stage,
 }
 
 /// A fresh write id: 64 random bits. Two calls of one request sharing one would need a
@@ -115,7 +118,10 @@ async fn read_first<M: StateMachine, S: Store>(
         Some(reads) => reads.prior(req.key).await?,
         None => {
             let read = match conn.get(&engine.store).await {
-                Ok(c) => engine.store.prior(c, req.key, Txn::Own).await,
+                Ok(c) => {
+                    req.stage.connected();
+                    engine.store.prior(c, req.key, Txn::Own).await
+                }
                 Err(e) => Err(e),
             };
             match read {
@@ -161,11 +167,19 @@ pub(super) async fn run<M: StateMachine, S: Store>(
         .without_max_times()
         .build();
     let mut attempts = 0;
+    let started = tokio::time::Instant::now();
     loop {
         attempts += 1;
+        let mut unreachable = false;
         let step = match conn.get(&engine.store).await {
-            Ok(c) => attempt(engine, c, txn, req).await,
-            Err(e) => retry_or_fail::<M, S>(e, txn, false),
+            Ok(c) => {
+                req.stage.connected();
+                attempt(engine, c, txn, req).await
+            }
+            Err(e) => {
+                unreachable = true;
+                retry_or_fail::<M, S>(e, txn, false)
+            }
         };
         let (reason, lost) = match step {
             Step::Done(result) => return result,
@@ -192,6 +206,10 @@ pub(super) async fn run<M: StateMachine, S: Store>(
                 "giving up"
             );
             return Err(match lost {
+                // The last attempt could not even get a connection.
+                _ if unreachable => Error::Unavailable {
+                    waited: started.elapsed(),
+                },
                 Some(error) => db_error::<S>(error),
                 None => Error::Contention { attempts },
             });
@@ -233,6 +251,7 @@ async fn attempt<M: StateMachine, S: Store>(
             payload: req.payload.map(|p| p.json.as_str()),
             write_id: req.write_id,
         };
+        req.stage.wrote();
         let written = match txn {
             Txn::Own => {
                 store
@@ -292,6 +311,7 @@ async fn attempt<M: StateMachine, S: Store>(
         payload: req.payload.map(|p| p.json.as_str()),
         write_id: req.write_id,
     };
+    req.stage.wrote();
     match store.apply(conn, &apply, txn).await {
         Ok(Written::Applied) => Step::Done(Ok(Outcome::Applied {
             from,

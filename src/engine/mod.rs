@@ -36,6 +36,7 @@ use crate::{Error, Result};
 
 mod attempt;
 mod batch;
+mod detach;
 mod input;
 mod judge;
 mod read_first;
@@ -141,6 +142,13 @@ pub struct EngineConfig {
     /// Which round trip a transition starts with (inside a caller's transaction too: the
     /// write there goes in a savepoint). Default [`ReadFirst::Adaptive`].
     pub read_first: ReadFirst,
+    /// Every transition on the engine's own connections is answered within this,
+    /// retries and the read-back of an in-doubt write included: past it, the answer is
+    /// [`Error::Unavailable`] if no connection was to be had, or
+    /// [`Error::DeadlineExceeded`] (its write finished off the caller's task, so a
+    /// re-send is answered as the database then says). Inside a caller's transaction the
+    /// caller's own timeouts apply. Default 5 s.
+    pub deadline: Duration,
 }
 
 impl Default for EngineConfig {
@@ -151,6 +159,7 @@ impl Default for EngineConfig {
             max_backoff: Duration::from_millis(100),
             in_doubt_timeout: Duration::from_secs(5),
             read_first: ReadFirst::default(),
+            deadline: Duration::from_secs(5),
         }
     }
 }
@@ -208,6 +217,11 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         if config.max_attempts == 0 {
             return Err(Error::InvalidInput(
                 "max_attempts must be at least 1".into(),
+            ));
+        }
+        if config.deadline.is_zero() || config.deadline > Duration::from_secs(365 * 24 * 3600) {
+            return Err(Error::InvalidInput(
+                "deadline must be more than 0 and at most a year".into(),
             ));
         }
         let mut edges: HashMap<M::Event, Edges> = HashMap::new();

@@ -6,7 +6,10 @@ use std::pin::Pin;
 
 use serde::Serialize;
 
+use std::sync::Arc;
+
 use super::attempt::{self, Conn, Req};
+use super::detach::{Detached, Stage};
 use super::input::{Payload, fingerprint, validate_ref};
 use super::{Engine, Order, Outcome, created};
 use crate::Result;
@@ -102,6 +105,19 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
         let event = self.event?;
         validate_ref(self.ref_id)?;
         let payload = self.payload.transpose()?;
+        let write_id = attempt::write_id();
+        let Some(conn) = self.conn else {
+            return pooled(
+                self.engine,
+                self.order_id,
+                event,
+                self.ref_id,
+                payload,
+                write_id,
+            )
+            .await;
+        };
+        let stage = Stage::default();
         let req = Req {
             key: Key {
                 order_id: self.order_id,
@@ -110,11 +126,57 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             },
             event,
             payload: payload.as_ref(),
-            write_id: attempt::write_id(),
+            write_id,
+            stage: &stage,
         };
-        match self.conn {
-            Some(conn) => attempt::run(self.engine, &mut Conn::Caller(conn), &req).await,
-            None => attempt::pooled(self.engine, &req).await,
+        attempt::run(self.engine, &mut Conn::Caller(conn), &req).await
+    }
+}
+
+/// A request on the engine's own connections, answered within the engine's deadline.
+/// The work owns what it needs, so that if the caller stops waiting (or the deadline
+/// passes) its unit is finished off the caller's task (see `detach.rs`).
+async fn pooled<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    order_id: i64,
+    event: M::Event,
+    ref_id: &str,
+    payload: Option<Payload>,
+    write_id: i64,
+) -> Result<Outcome<M::State>> {
+    let deadline = engine.config.deadline;
+    let stage = Arc::new(Stage::default());
+    let work = {
+        let (engine, ref_id, stage) = (engine.clone(), ref_id.to_string(), stage.clone());
+        async move {
+            let req = Req {
+                key: Key {
+                    order_id,
+                    event: event.into(),
+                    ref_id: &ref_id,
+                },
+                event,
+                payload: payload.as_ref(),
+                write_id,
+                stage: &stage,
+            };
+            attempt::pooled(&engine, &req).await
+        }
+    };
+    match tokio::time::timeout(deadline, Detached::new(work, deadline, stage.clone())).await {
+        Ok(answer) => answer,
+        Err(_) => Err(past_deadline(&stage, deadline)),
+    }
+}
+
+/// The answer of a call whose deadline passed, by how far it got.
+pub(super) fn past_deadline(stage: &Stage, deadline: std::time::Duration) -> crate::Error {
+    if stage.never_connected() {
+        crate::Error::Unavailable { waited: deadline }
+    } else {
+        crate::Error::DeadlineExceeded {
+            deadline,
+            in_doubt: stage.sent_a_write(),
         }
     }
 }

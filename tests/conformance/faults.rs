@@ -291,6 +291,68 @@ pub async fn resent_request_cut_under_its_write_is_replayed<B: Networked>(b: &B)
     }
 }
 
+/// The database stops answering (a proxy freezes: a dead node, a cut network) under 16
+/// concurrent calls on a pool of 4. Every call is answered within its deadline (plus
+/// scheduling slack), with an error that says what happened and is retryable:
+/// `Unavailable` for a call that never got a connection, `DeadlineExceeded` for one
+/// whose statement went unanswered, never `Contention`. Once the database answers
+/// again, every request re-sent is answered as the history says.
+pub async fn dead_database_answers_within_the_deadline<B: Networked>(b: &B) {
+    const CALLS: i64 = 16;
+    let deadline = Duration::from_millis(500);
+    let direct = engine(b).await;
+    for id in 0..=CALLS {
+        direct.create(id).await.unwrap();
+    }
+    let proxy =
+        crate::server::Proxy::start(b.server(), Cut::Request(b"no request holds this")).await;
+    let config = EngineConfig {
+        deadline,
+        ..config(ReadFirst::Never)
+    };
+    let e: Eng<B> = Engine::with_config(b.store_at(proxy.port, 4).await, config).unwrap();
+    assert!(e.transition(0, Pay, "p-0").await.unwrap().is_applied());
+    proxy.freeze();
+    let calls: Vec<_> = (1..=CALLS)
+        .map(|id| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let answer = e.transition(id, Pay, "p-1").await;
+                (answer, started.elapsed())
+            })
+        })
+        .collect();
+    let mut unavailable = 0;
+    for call in calls {
+        let (answer, took) = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .expect("a call on a dead database was not answered within 20 s")
+            .unwrap();
+        assert!(
+            took < deadline * 4,
+            "answered after {took:?}, past the deadline of {deadline:?}"
+        );
+        let err = answer.unwrap_err();
+        assert!(err.is_retryable(), "{err:?}");
+        match err {
+            Error::Unavailable { .. } => unavailable += 1,
+            Error::DeadlineExceeded { .. } => {}
+            other => panic!("a dead database answered {other:?}"),
+        }
+    }
+    assert!(
+        unavailable >= CALLS - 4,
+        "only {unavailable} of {CALLS} calls, most of them without a connection, said the database was unavailable"
+    );
+    proxy.thaw();
+    for id in 1..=CALLS {
+        let again = direct.transition(id, Pay, "p-1").await.unwrap();
+        assert_eq!(again.version(), 1, "order {id}");
+        assert_order(&direct, id, Paid, 1, 1).await;
+    }
+}
+
 /// Transitions under load while another connection kills the engine's sessions. The
 /// engine gets one attempt per request, so a killed connection reaches the caller: every
 /// such error is retryable, and re-sending every request afterwards is answered as its

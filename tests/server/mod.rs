@@ -79,6 +79,9 @@ struct ProxyShared {
     cuts: AtomicU32,
     /// Once cut, refuse every new connection (the client cannot read anything back).
     refuse_after_cut: std::sync::atomic::AtomicBool,
+    /// Frozen: nothing is forwarded either way and new connections are accepted but
+    /// never answered, as from a server that stopped (a dead node, a cut network).
+    frozen: std::sync::atomic::AtomicBool,
 }
 
 impl Proxy {
@@ -97,6 +100,7 @@ impl Proxy {
                     }
                     let shared = shared.clone();
                     tokio::spawn(async move {
+                        shared.thawed().await;
                         if let Ok(upstream) = tokio::net::TcpStream::connect(server).await {
                             relay(client, upstream, cut, &shared).await;
                         }
@@ -112,6 +116,16 @@ impl Proxy {
         self.shared.refuse_after_cut.store(true, Ordering::SeqCst);
     }
 
+    /// Stops forwarding anything, and answering new connections, until [`thaw`](Self::thaw).
+    pub fn freeze(&self) {
+        self.shared.frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards again.
+    pub fn thaw(&self) {
+        self.shared.frozen.store(false, Ordering::SeqCst);
+    }
+
     /// How many connections were cut (at most one).
     pub fn cuts(&self) -> u32 {
         self.shared.cuts.load(Ordering::SeqCst)
@@ -121,6 +135,14 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+impl ProxyShared {
+    async fn thawed(&self) {
+        while self.frozen.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 }
 
@@ -153,6 +175,7 @@ async fn relay(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            shared.thawed().await;
             if let Cut::ReplyTo(pattern) = cut
                 && holds(&buf[..n], pattern)
                 && shared.cuts.load(Ordering::SeqCst) == 0
@@ -177,6 +200,7 @@ async fn relay(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            shared.thawed().await;
             let cut_here = match cut {
                 Cut::ReplyTo(_) => armed.load(Ordering::SeqCst),
                 Cut::Reply(pattern) => holds(&buf[..n], pattern),

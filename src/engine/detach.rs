@@ -1,0 +1,117 @@
+//! A call on the engine's own connections that, when its caller stops waiting (a client
+//! timeout, a `select!`, a deadline), is finished off the caller's task instead of being
+//! cut in the middle of its conversation with the database.
+//!
+//! Cut, the connection would have to be closed (its state is unknown: a `BEGIN` sent, a
+//! reply half read), and under a burst of client timeouts the pool would spend its time
+//! reconnecting. Finished, the unit commits or rolls back as it would have, and the
+//! connection goes back to the pool warm. A finished call's answer has nobody to go to;
+//! a re-send is answered as the database then says (`Replayed` where it committed).
+//!
+//! The work is bounded: past `grace` it is dropped after all, and its connection is then
+//! closed (see `store/lease.rs`), never handed out mid-conversation.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// How far a call got, for the answer when its deadline passes.
+#[derive(Debug, Default)]
+pub(crate) struct Stage(AtomicU8);
+
+impl Stage {
+    const WAITING: u8 = 0;
+    const CONNECTED: u8 = 1;
+    const WROTE: u8 = 2;
+
+    /// It holds a connection that answered.
+    pub(crate) fn connected(&self) {
+        let _ = self.0.compare_exchange(
+            Self::WAITING,
+            Self::CONNECTED,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Its write is about to be sent: from here on it may land.
+    pub(crate) fn wrote(&self) {
+        self.0.store(Self::WROTE, Ordering::Relaxed);
+    }
+
+    /// Whether it never got a connection.
+    pub(crate) fn never_connected(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == Self::WAITING
+    }
+
+    /// Whether its write was sent.
+    pub(crate) fn sent_a_write(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == Self::WROTE
+    }
+}
+
+/// Work that runs on the caller's task while the caller waits, and on a task of its own,
+/// for at most `grace`, once the caller stops waiting.
+pub(crate) struct Detached<T: Send + 'static> {
+    work: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    grace: Duration,
+    stage: Arc<Stage>,
+}
+
+impl<T: Send + 'static> Detached<T> {
+    pub(crate) fn new(
+        work: impl Future<Output = T> + Send + 'static,
+        grace: Duration,
+        stage: Arc<Stage>,
+    ) -> Self {
+        Detached {
+            work: Some(Box::pin(work)),
+            grace,
+            stage,
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for Detached<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let Some(work) = self.work.as_mut() else {
+            // Polled after it completed: a caller's bug, not the database's.
+            return Poll::Pending;
+        };
+        match work.as_mut().poll(cx) {
+            Poll::Ready(out) => {
+                self.work = None;
+                Poll::Ready(out)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: Send + 'static> Drop for Detached<T> {
+    fn drop(&mut self) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        // Nothing sent yet: nothing to finish, and nothing is held but a place in the
+        // pool's queue.
+        if self.stage.never_connected() {
+            return;
+        }
+        // Without a runtime (it is shutting down) the work is dropped, and its
+        // connection closed.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let grace = self.grace;
+            runtime.spawn(async move {
+                if tokio::time::timeout(grace, work).await.is_err() {
+                    tracing::debug!(?grace, "a detached call outlived its grace: dropped");
+                }
+            });
+        }
+    }
+}
