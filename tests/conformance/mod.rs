@@ -259,6 +259,7 @@ macro_rules! conformance {
             in_doubt_commit_is_read_back,
             resent_request_cut_under_its_write_is_replayed,
             dead_database_answers_within_the_deadline,
+            cancelled_calls_return_their_connection_warm,
             killed_connections_are_retryable,
             records_lost_acknowledgements_are_read_back,
             records_write_lost_before_the_server_is_retried,

@@ -82,6 +82,8 @@ struct ProxyShared {
     /// Frozen: nothing is forwarded either way and new connections are accepted but
     /// never answered, as from a server that stopped (a dead node, a cut network).
     frozen: std::sync::atomic::AtomicBool,
+    /// Connections accepted so far.
+    accepted: AtomicU32,
 }
 
 impl Proxy {
@@ -93,6 +95,7 @@ impl Proxy {
             let shared = shared.clone();
             async move {
                 while let Ok((client, _)) = listener.accept().await {
+                    shared.accepted.fetch_add(1, Ordering::SeqCst);
                     if shared.refuse_after_cut.load(Ordering::SeqCst)
                         && shared.cuts.load(Ordering::SeqCst) > 0
                     {
@@ -124,6 +127,11 @@ impl Proxy {
     /// Forwards again.
     pub fn thaw(&self) {
         self.shared.frozen.store(false, Ordering::SeqCst);
+    }
+
+    /// How many connections clients opened through the proxy.
+    pub fn accepted(&self) -> u32 {
+        self.shared.accepted.load(Ordering::SeqCst)
     }
 
     /// How many connections were cut (at most one).
