@@ -56,10 +56,8 @@ async fn create_order(
         .run("create-order", key, req, move |tx| {
             Box::pin(async move {
                 engine.create(order_id).within(&mut *tx).await?;
-                let db = |e: sqlx::Error| Error::Database {
-                    source: e,
-                    retryable: false,
-                };
+                // `?` turns the work's own sqlx errors into orderly's `Error`, classified as
+                // the stores classify theirs (a deadlock or a lost connection is retryable).
                 let left: Option<i64> = sqlx::query_scalar(
                     "UPDATE stock SET available = available - ?1 \
                      WHERE sku = ?2 AND available >= ?1 RETURNING available",
@@ -67,8 +65,7 @@ async fn create_order(
                 .bind(qty)
                 .bind(sku)
                 .fetch_optional(&mut *tx)
-                .await
-                .map_err(db)?;
+                .await?;
                 let Some(stock_left) = left else {
                     return Ok(Done::Failed(
                         format!("{sku}: out of stock"),
@@ -80,8 +77,7 @@ async fn create_order(
                     .bind(sku)
                     .bind(qty)
                     .execute(&mut *tx)
-                    .await
-                    .map_err(db)?;
+                    .await?;
                 tokio::time::sleep(stall).await;
                 Ok(Done::Succeeded(Created {
                     order_id,

@@ -360,6 +360,39 @@ pub(crate) fn db_error<S: Store>(source: sqlx::Error) -> Error {
     Error::Database { source, retryable }
 }
 
+/// Classifies a driver error by the backend it came from: the shared classes of
+/// [`classify_common`], then the codes of whichever compiled backend's error type the
+/// database error is. Fatal when no backend claims it.
+pub(crate) fn classify_any(err: &sqlx::Error) -> ErrorClass {
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    if let Some(class) = classify_common(err) {
+        return class;
+    }
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    if let sqlx::Error::Database(db) = err {
+        #[cfg(feature = "postgres")]
+        if db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .is_some()
+        {
+            return postgres::classify(err);
+        }
+        #[cfg(feature = "mysql")]
+        if db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some()
+        {
+            return mysql::classify(err);
+        }
+        #[cfg(feature = "sqlite")]
+        if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+            return sqlite::classify(err);
+        }
+    }
+    let _ = err;
+    ErrorClass::Fatal
+}
+
 /// Classification shared by all drivers: errors about the pool or the connection rather
 /// than the statement. `None` for a database error, which each backend classifies by its
 /// codes.

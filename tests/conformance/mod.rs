@@ -218,6 +218,7 @@ macro_rules! conformance {
             version_at_its_limit_is_corrupt_state,
             records_impossible_rows_are_reported_not_replayed,
             write_unit_carries_several_requests,
+            own_statement_errors_classify_as_the_stores_do,
             claim_follows_the_outcome_table,
             expired_lease_is_taken_over_and_the_late_holder_fenced,
             identical_claims_storm_one_runs,
@@ -1470,4 +1471,45 @@ pub async fn write_unit_carries_several_requests<B: Backend>(b: &B) {
             .await
             .is_ok_and(|o| !o.is_applied())
     );
+}
+
+/// A caller's own statements (inside `Records::run`'s work, a flow's local step) turn a
+/// `sqlx::Error` into orderly's `Error` with `?`, classified as the stores classify
+/// theirs: a lock the statement waited out is retryable, a statement the server
+/// refuses is not.
+pub async fn own_statement_errors_classify_as_the_stores_do<B: Backend>(b: &B) {
+    let store = b.store(Duration::from_millis(200)).await;
+    let e: Eng<B> = with_policy(store.clone(), B::POLICY);
+    e.create(1).await.unwrap();
+    let mut holder = b.begin().await;
+    B::exec_in(
+        &mut holder,
+        "UPDATE orders SET version = version WHERE id = 1",
+    )
+    .await;
+    let mut conn = store.acquire().await.unwrap();
+    let locked = B::exec_conn(
+        &mut conn,
+        "UPDATE orders SET version = version WHERE id = 1".into(),
+    )
+    .await
+    .unwrap_err();
+    let err = Error::from(locked);
+    assert!(
+        matches!(
+            err,
+            Error::Database {
+                retryable: true,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    B::rollback(holder).await;
+    let refused = B::exec_conn(&mut conn, "UPDATE no_such_table SET x = 1".into())
+        .await
+        .unwrap_err();
+    let err = Error::from(refused);
+    assert!(!err.is_retryable(), "{err:?}");
+    assert!(Error::from(sqlx::Error::PoolTimedOut).is_retryable());
 }

@@ -107,7 +107,7 @@ impl MySqlStore {
 /// read/write errors, 2006 server gone away, 2013 connection lost during a query;
 /// besides the I/O errors every backend shares (sqlx reports a socket that a `KILL`
 /// closed as an I/O error).
-fn classify(err: &sqlx::Error) -> ErrorClass {
+pub(crate) fn classify(err: &sqlx::Error) -> ErrorClass {
     if let Some(class) = classify_common(err) {
         return class;
     }

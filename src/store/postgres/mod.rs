@@ -63,7 +63,7 @@ impl PgStore {
 /// ended by `pg_terminate_backend` or a fast shutdown), 57P02 `crash_shutdown`, 57P03
 /// `cannot_connect_now`, and 40003 `statement_completion_unknown` (the server lost track
 /// of whether the statement finished); besides the I/O errors every backend shares.
-fn classify(err: &sqlx::Error) -> ErrorClass {
+pub(crate) fn classify(err: &sqlx::Error) -> ErrorClass {
     if let Some(class) = classify_common(err) {
         return class;
     }

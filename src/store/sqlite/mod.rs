@@ -78,7 +78,7 @@ impl SqliteStore {
 
 /// SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes such as
 /// SQLITE_BUSY_SNAPSHOT (517), are retryable.
-fn classify(err: &sqlx::Error) -> ErrorClass {
+pub(crate) fn classify(err: &sqlx::Error) -> ErrorClass {
     if let Some(class) = classify_common(err) {
         return class;
     }
