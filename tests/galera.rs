@@ -25,6 +25,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 /// the judging reads wait for the write sets certified before them. On a cycle, the
 /// refusal names the latest reference, never an older one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the 3-node Galera cluster of .ci/galera.sh; run with --ignored"]
 async fn acknowledged_on_one_node_is_a_replay_on_every_other() {
     use TicketEvent::*;
     use conformance::TicketState::{Blocked, Working};
@@ -102,6 +103,7 @@ orderly::state_machine! {
 /// before it and answer `Replayed`; a read that did not wait would find the relay still
 /// up from the first `Raise` and answer `RefConflict` naming that older reference.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the 3-node Galera cluster of .ci/galera.sh; run with --ignored"]
 async fn a_lagging_node_waits_for_what_was_acknowledged_elsewhere() {
     use RelayEvent::*;
     use RelayState::*;
@@ -171,6 +173,7 @@ async fn a_lagging_node_waits_for_what_was_acknowledged_elsewhere() {
 /// 48 identical requests over engines on three nodes: one `Applied`, the rest `Replayed`;
 /// 48 distinct payments: one wins, every other is refused naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the 3-node Galera cluster of .ci/galera.sh; run with --ignored"]
 async fn storms_across_nodes_one_applied() {
     use OrderEvent::*;
     let c = Cluster::fresh().await;
@@ -224,6 +227,7 @@ async fn storms_across_nodes_one_applied() {
 /// answer agrees with the history, no request is recorded twice, no answer conflicts with
 /// itself, and every node holds the same rows afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the 3-node Galera cluster of .ci/galera.sh; run with --ignored"]
 async fn hot_rows_on_a_cycle_across_nodes() {
     use TicketEvent::*;
     const TICKETS: i64 = 8;
@@ -308,6 +312,7 @@ async fn hot_rows_on_a_cycle_across_nodes() {
 /// completes; every local effect happened exactly once; every keyed call used its own
 /// key only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the 3-node Galera cluster of .ci/galera.sh; run with --ignored"]
 async fn flow_recovery_jobs_on_every_node() {
     use conformance::flows::{Order, Shop, World, config, shop_on};
     use orderly::flow::{Flows, Listing};

@@ -74,6 +74,7 @@ fn claimed(claim: Claim) -> Claimed {
 /// most 2 s, where the database's would be the 30 s lease). Completed, the marker is gone
 /// and every repeat is replayed by the database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a Redis server and redis-server; run with --ignored"]
 async fn a_storm_is_shed_by_redis_and_replayed_by_the_database() {
     let (_dir, r, scope) = records(&redis_url()).await;
     let wave = |r: &Records<SqliteStore>| {
@@ -128,6 +129,7 @@ async fn a_storm_is_shed_by_redis_and_replayed_by_the_database() {
 /// under a held key goes to the database and is a mismatch; a released or failed record
 /// loses its marker and is claimed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Redis server and redis-server; run with --ignored"]
 async fn only_identical_requests_are_shed() {
     let (_dir, r, scope) = records(&redis_url()).await;
     let held = claimed(r.claim(&scope, "k", &"a").await.unwrap());
@@ -167,6 +169,7 @@ async fn only_identical_requests_are_shed() {
 /// A Redis that accepts connections and never answers: every call gives up after the
 /// front's timeout and the database answers, as without a front.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Redis server and redis-server; run with --ignored"]
 async fn a_silent_redis_costs_at_most_its_timeout() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -210,6 +213,7 @@ async fn a_silent_redis_costs_at_most_its_timeout() {
 /// marker: the request still completes, every later answer comes from the database, and
 /// nothing waits on the dead server beyond the front's timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Redis server and redis-server; run with --ignored"]
 async fn a_redis_killed_mid_request_changes_no_answer() {
     let port = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

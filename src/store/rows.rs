@@ -23,9 +23,10 @@ pub struct Prior {
     pub to: String,
     /// Payload fingerprint recorded with it.
     pub payload_hash: Option<String>,
-    /// The write id of the call that recorded it, where the read asked for it (the
-    /// read-back after a lost connection does; `None` otherwise, and for rows written
-    /// before write ids were recorded).
+    /// The write id of the call that recorded it, where the read asked for it (reads of
+    /// a request's row do, the read-back after a lost connection among them; the judge's
+    /// joined read does not), and `None` for rows written before write ids were
+    /// recorded.
     #[sqlx(default)]
     pub write_id: Option<i64>,
 }

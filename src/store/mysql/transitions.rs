@@ -139,7 +139,7 @@ fn priors_sql(h: &str, n: usize, causal: bool) -> String {
         .map(|i| format!("SELECT CAST(? AS SIGNED) AS order_id, ? AS event, ? AS ref_id, CAST({i} AS SIGNED) AS i"))
         .collect();
     format!(
-        "{}SELECT q.i, h.from_status, h.to_status, h.payload_hash, h.seq \
+        "{}SELECT q.i, h.from_status, h.to_status, h.payload_hash, h.seq, h.write_id \
          FROM ({}) AS q \
          JOIN {h} AS h ON h.order_id = q.order_id AND h.event = q.event AND h.ref_id = q.ref_id",
         if causal { CAUSAL } else { "" },

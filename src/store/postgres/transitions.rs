@@ -126,7 +126,7 @@ fn priors_sql(h: &str, n: usize) -> String {
         .collect();
     format!(
         "SELECT q.i, h.from_status::text AS from_status, h.to_status::text AS to_status, \
-                h.payload_hash::text AS payload_hash, h.seq::bigint AS seq \
+                h.payload_hash::text AS payload_hash, h.seq::bigint AS seq, h.write_id \
          FROM (VALUES {}) AS q(order_id, event, ref_id, i) \
          JOIN {h} AS h ON h.order_id = q.order_id AND h.event = q.event AND h.ref_id = q.ref_id",
         rows.join(", ")
