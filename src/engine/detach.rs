@@ -22,6 +22,38 @@ use std::time::Duration;
 #[derive(Debug, Default)]
 pub(crate) struct Stage(AtomicU8);
 
+tokio::task_local! {
+    /// The stage of the call running on this task, for calls that do not pass theirs
+    /// down (see [`within_deadline`]): every [`Lease`](crate::store::Lease) that gets a
+    /// connection marks it.
+    static CALL: Arc<Stage>;
+}
+
+/// Marks the current call, if it is run by [`within_deadline`], as holding a connection.
+pub(crate) fn mark_connected() {
+    let _ = CALL.try_with(|stage| stage.connected());
+}
+
+/// Runs `call` within `deadline`. Past it the call is dropped (its connection closed)
+/// and the answer is [`Error::Unavailable`](crate::Error::Unavailable) if it never got a
+/// connection, else [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded), in doubt
+/// if the call `writes` (whatever it sent may have landed).
+pub(crate) async fn within_deadline<T>(
+    deadline: Duration,
+    writes: bool,
+    call: impl Future<Output = crate::Result<T>>,
+) -> crate::Result<T> {
+    let stage = Arc::new(Stage::default());
+    match tokio::time::timeout(deadline, CALL.scope(stage.clone(), call)).await {
+        Ok(answer) => answer,
+        Err(_) if stage.never_connected() => Err(crate::Error::Unavailable { waited: deadline }),
+        Err(_) => Err(crate::Error::DeadlineExceeded {
+            deadline,
+            in_doubt: writes,
+        }),
+    }
+}
+
 impl Stage {
     const WAITING: u8 = 0;
     const CONNECTED: u8 = 1;

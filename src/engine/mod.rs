@@ -47,6 +47,7 @@ pub use input::{MAX_REF_LEN, parse_event};
 pub use read_first::ReadFirst;
 pub use request::{CreateRequest, TransitionRequest};
 
+pub(crate) use detach::{mark_connected, within_deadline};
 use input::{parse_record, parse_state, parse_version};
 pub(crate) use read_first::FirstRound;
 
@@ -287,28 +288,34 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
 
     /// The entity's current state.
     pub async fn get(&self, order_id: i64) -> Result<Order<M::State>> {
-        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
-        let row = self.store.get(lease.conn(), order_id).await;
-        lease.release_after(&row);
-        let entity = row
-            .map_err(db_error::<S>)?
-            .ok_or(Error::NotFound { order_id })?;
-        Ok(Order {
-            id: order_id,
-            state: parse_state::<M>(order_id, &entity.status)?,
-            version: parse_version(order_id, entity.version)?,
+        within_deadline(self.config.deadline, false, async {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let row = self.store.get(lease.conn(), order_id).await;
+            lease.release_after(&row);
+            let entity = row
+                .map_err(db_error::<S>)?
+                .ok_or(Error::NotFound { order_id })?;
+            Ok(Order {
+                id: order_id,
+                state: parse_state::<M>(order_id, &entity.status)?,
+                version: parse_version(order_id, entity.version)?,
+            })
         })
+        .await
     }
 
     /// The entity's history, oldest first.
     pub async fn history(&self, order_id: i64) -> Result<Vec<Record<M>>> {
-        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
-        let rows = self.store.history(lease.conn(), order_id).await;
-        lease.release_after(&rows);
-        let rows = rows.map_err(db_error::<S>)?;
-        rows.into_iter()
-            .map(|r| parse_record::<M>(order_id, r))
-            .collect()
+        within_deadline(self.config.deadline, false, async {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let rows = self.store.history(lease.conn(), order_id).await;
+            lease.release_after(&rows);
+            let rows = rows.map_err(db_error::<S>)?;
+            rows.into_iter()
+                .map(|r| parse_record::<M>(order_id, r))
+                .collect()
+        })
+        .await
     }
 }
 

@@ -222,12 +222,16 @@ impl<'a, M: StateMachine, S: Store> CreateRequest<'a, M, S> {
                 store.create(conn, order_id, initial, Txn::Caller).await
             }
             None => {
-                let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
-                let row = store
-                    .create(lease.conn(), order_id, M::INITIAL.into(), Txn::Own)
-                    .await;
-                lease.release_after(&row);
-                row
+                let deadline = self.engine.config.deadline;
+                return super::within_deadline(deadline, true, async {
+                    let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
+                    let row = store
+                        .create(lease.conn(), order_id, M::INITIAL.into(), Txn::Own)
+                        .await;
+                    lease.release_after(&row);
+                    created::<M>(order_id, row.map_err(db_error::<S>)?)
+                })
+                .await;
             }
         };
         created::<M>(order_id, row.map_err(db_error::<S>)?)

@@ -21,6 +21,16 @@ impl<S: RecordStore> Records<S> {
         key: &str,
         payload: &P,
     ) -> Result<Claim> {
+        crate::engine::within_deadline(self.deadline, true, self.claim_now(scope, key, payload))
+            .await
+    }
+
+    async fn claim_now<P: Serialize + ?Sized>(
+        &self,
+        scope: &str,
+        key: &str,
+        payload: &P,
+    ) -> Result<Claim> {
         let config = self.config(scope)?;
         validate_reference("an idempotency key", key)?;
         let hash = fingerprint_of(payload)?;

@@ -107,6 +107,10 @@ impl<S: RecordStore> Records<S> {
     /// again on a fresh connection (a few times; then a retryable error, the record
     /// still held); held by another token or finished otherwise, [`Error::LeaseLost`].
     async fn fenced(&self, held: &Claimed, finish: &Finish<'_>) -> Result<()> {
+        crate::engine::within_deadline(self.deadline, true, self.fenced_now(held, finish)).await
+    }
+
+    async fn fenced_now(&self, held: &Claimed, finish: &Finish<'_>) -> Result<()> {
         const SENDS: u32 = 3;
         let write = || async {
             let mut lease = Lease::acquire(&self.store).await?;

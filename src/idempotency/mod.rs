@@ -50,6 +50,9 @@ pub const MAX_KEY_LEN: usize = crate::engine::MAX_REF_LEN;
 /// inside a 64-bit count of milliseconds.
 pub(crate) const MAX_SPAN: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// The default of [`Records::deadline`].
+const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
+
 /// How many times a claim reads and tries again when the record changes under it.
 const CLAIM_ROUNDS: u32 = 8;
 
@@ -71,6 +74,8 @@ pub struct Records<S> {
     scopes: Arc<HashMap<String, ScopeConfig>>,
     /// Whether a claim reads the record before its write (shared by clones).
     first: FirstRound,
+    /// Every claim and every holder's write is answered within this.
+    deadline: Duration,
     #[cfg(feature = "redis")]
     front: Option<Arc<RedisFront>>,
 }
@@ -154,9 +159,27 @@ impl<S: RecordStore> Records<S> {
             store,
             scopes: Arc::default(),
             first: FirstRound::new(ReadFirst::Adaptive, S::READ_FIRST_FROM),
+            deadline: DEFAULT_DEADLINE,
             #[cfg(feature = "redis")]
             front: None,
         }
+    }
+
+    /// Every claim, and every holder's write (`complete`, `fail`, `release`, `extend`),
+    /// is answered within `deadline`, its retries and read-backs included: past it,
+    /// [`Error::Unavailable`] if it never got a connection, else
+    /// [`Error::DeadlineExceeded`] (what it sent may have landed: a claim then holds the
+    /// record until its lease runs out, a finish is found by the next claim). Both are
+    /// retryable. The work inside [`run`](Self::run) is bounded by the lease, not by
+    /// this. Default 5 s; zero or over a year is [`Error::InvalidInput`].
+    pub fn deadline(mut self, deadline: Duration) -> Result<Self> {
+        if deadline.is_zero() || deadline > Duration::from_secs(365 * 24 * 3600) {
+            return Err(Error::InvalidInput(
+                "deadline must be more than 0 and at most a year".into(),
+            ));
+        }
+        self.deadline = deadline;
+        Ok(self)
     }
 
     /// Puts a Redis front before every claim (feature `redis`): while a request runs,

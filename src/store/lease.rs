@@ -23,9 +23,9 @@ pub(crate) struct Lease<S: Store> {
 impl<S: Store> Lease<S> {
     /// Borrows a connection.
     pub(crate) async fn acquire(store: &S) -> Result<Self, sqlx::Error> {
-        Ok(Lease {
-            conn: Some(store.acquire().await?),
-        })
+        let conn = store.acquire().await?;
+        crate::engine::mark_connected();
+        Ok(Lease { conn: Some(conn) })
     }
 
     /// Holds a connection already borrowed (by a store, before its first statement).

@@ -264,6 +264,7 @@ macro_rules! conformance {
             killed_connections_are_retryable,
             records_lost_acknowledgements_are_read_back,
             records_write_lost_before_the_server_is_retried,
+            records_dead_database_answers_within_the_deadline,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {

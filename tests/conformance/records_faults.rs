@@ -240,3 +240,53 @@ pub async fn records_write_lost_before_the_server_is_retried<B: Networked>(b: &B
         }
     }
 }
+
+/// The database stops answering (a proxy freezes) under claims and holders' writes on
+/// a pool of 2: each is answered within the records' deadline (plus slack), as
+/// `Unavailable` or `DeadlineExceeded`, retryable, never after minutes of pool
+/// timeouts.
+pub async fn records_dead_database_answers_within_the_deadline<B: Networked>(b: &B) {
+    let deadline = Duration::from_millis(500);
+    let direct = orders(b.store(Duration::from_secs(10)).await, B::POLICY);
+    let held = claimed(direct.claim("orders", "frozen-finish", &1).await.unwrap());
+    let proxy = Proxy::start(b.server(), Cut::Request(b"no request holds this")).await;
+    let r = orders(b.store_at(proxy.port, 2).await, B::POLICY)
+        .deadline(deadline)
+        .unwrap();
+    claimed(r.claim("orders", "warm-up", &1).await.unwrap());
+    proxy.freeze();
+    let calls: Vec<_> = (0..6)
+        .map(|i| {
+            let (r, held) = (r.clone(), held.clone());
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let answer = match i {
+                    0 => r.complete(&held, &"late").await,
+                    _ => r
+                        .claim("orders", &format!("frozen-{i}"), &1)
+                        .await
+                        .map(drop),
+                };
+                (answer, started.elapsed())
+            })
+        })
+        .collect();
+    for call in calls {
+        let (answer, took) = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .expect("a call on a dead database was not answered within 20 s")
+            .unwrap();
+        assert!(took < deadline * 4, "answered after {took:?}");
+        let err = answer.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Unavailable { .. } | Error::DeadlineExceeded { .. }
+            ),
+            "{err:?}"
+        );
+        assert!(err.is_retryable());
+    }
+    proxy.thaw();
+    direct.complete(&held, &"done").await.unwrap();
+}
