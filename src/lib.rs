@@ -20,9 +20,11 @@
 //! that did not settle it, read the entity and the request's history row in one
 //! statement → judge by the outcome table (a pure function, property-tested against the
 //! reference model) → the conditional write → on a lost race, read afresh and judge
-//! again, at most [`EngineConfig::max_attempts`] times. A call dropped at any await
-//! point leaves no connection in the pool mid-conversation; a write whose connection
-//! failed is read back before it is answered.
+//! again, at most [`EngineConfig::max_attempts`] times, all within
+//! [`EngineConfig::deadline`]. A call dropped at any await point leaves no connection
+//! in the pool mid-conversation (one that had a connection is finished off the caller's
+//! task, and its connection returns warm); a write whose connection failed is read back
+//! before it is answered, `Applied` only if the row found is this call's own.
 //!
 //! ## [`store`]: the seam and the backends
 //!
@@ -84,7 +86,11 @@
 //! One [`Error`] enum, named for what the caller does next. A repeat is not an error:
 //! it is `Ok(`[`Outcome::Replayed`]`)`. [`Error::is_retryable`] covers contention,
 //! serialization failures, deadlocks, lock timeouts, busy databases, lost connections
-//! and in-doubt writes ([`Error::InDoubt`]): re-sending the same request is safe.
+//! and in-doubt writes ([`Error::InDoubt`]): re-sending the same request is safe. Every
+//! call on the engine's own connections is answered within
+//! [`EngineConfig::deadline`]: past it, [`Error::Unavailable`] (no connection was to be
+//! had) or [`Error::DeadlineExceeded`], both retryable. Your own statements' `sqlx::Error`
+//! converts with `?`, classified the same way.
 //! [`Error::is_conflict`] covers [`Error::RefConflict`] and [`Error::PayloadMismatch`].
 //!
 //! # Tables
