@@ -1685,3 +1685,30 @@ pub async fn flow_unknown_park_reason_is_corrupt_to_start_and_resume<B: Backend>
     assert_eq!(effects(b, "edited", "Insert:undo").await, 0);
     assert_eq!(f.recover(10).await.unwrap().taken, 0);
 }
+
+/// A flow whose claim counter was edited to `i32::MAX` behind the library's back: the
+/// recovery job's claim stays within the column (the counter is bounded in the
+/// statement), so a claim that committed is never answered with an error, and the flow
+/// parks `ATTEMPTS_EXHAUSTED` for a person, its step not called again.
+pub async fn flow_attempt_counter_at_its_limit_parks<B: Backend>(b: &B) {
+    let world = Arc::new(World::default());
+    let f = flows(b, &world, Duration::from_secs(30)).await;
+    world.plan("Reserve", Plan::RetryForever);
+    f.start(Shop, "worn", &order(12)).await.unwrap();
+    world.clear_plans();
+    b.exec(&format!(
+        "UPDATE flows SET attempt = {}, lease_until = 0 WHERE kind = 'shop' AND flow_key = 'worn'",
+        i32::MAX
+    ))
+    .await;
+    let calls = world.calls();
+    let round = f.recover(10).await.unwrap();
+    assert_eq!(round.taken, 1, "{round:?}");
+    let parked = f.list(Listing::Parked, None, 10).await.unwrap();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(
+        parked[0].flow.park_reason.as_deref(),
+        Some("ATTEMPTS_EXHAUSTED")
+    );
+    assert_eq!(world.calls(), calls, "the step was called again");
+}

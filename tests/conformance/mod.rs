@@ -252,6 +252,7 @@ macro_rules! conformance {
             flow_long_step_error_is_stored_cut_with_a_marker,
             flow_step_of_another_flow_is_refused,
             flow_unknown_park_reason_is_corrupt_to_start_and_resume,
+            flow_attempt_counter_at_its_limit_parks,
         );
     };
     // The network faults, for a backend that implements `Networked`.

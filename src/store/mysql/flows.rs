@@ -52,7 +52,7 @@ impl FlowStore for MySqlStore {
             return Ok(Some(1));
         }
         let take_over = format!(
-            "UPDATE flows SET attempt = LAST_INSERT_ID(attempt + 1), owner_token = ?, \
+            "UPDATE flows SET attempt = LAST_INSERT_ID(LEAST(GREATEST(attempt, 0) + 1, 2147483647)), owner_token = ?, \
                  lease_until = {NOW} + ?, updated_at = {NOW} \
              WHERE kind = ? AND flow_key = ? AND input_hash = ? AND version = ? AND {LIVE} \
                AND lease_until <= {NOW}"
@@ -148,7 +148,8 @@ impl FlowStore for MySqlStore {
             "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, \
                  downstream_key, owner_token, output, error, started_at, finished_at) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {finished}) \
-             ON DUPLICATE KEY UPDATE status = VALUES(status), attempt = attempt + ?, \
+             ON DUPLICATE KEY UPDATE status = VALUES(status), \
+                 attempt = LEAST(GREATEST(attempt, 0) + ?, 2147483647), \
                  downstream_key = COALESCE(VALUES(downstream_key), downstream_key), \
                  owner_token = VALUES(owner_token), output = VALUES(output), error = VALUES(error), \
                  started_at = IF(? = 1, VALUES(started_at), started_at), \
@@ -215,7 +216,8 @@ impl FlowStore for MySqlStore {
         }
         let marks = vec!["?"; keys.len()].join(", ");
         let hand_over = format!(
-            "UPDATE flows SET owner_token = ?, attempt = attempt + 1, lease_until = {NOW} + ?, \
+            "UPDATE flows SET owner_token = ?, attempt = LEAST(GREATEST(attempt, 0) + 1, 2147483647), \
+                 lease_until = {NOW} + ?, \
                  updated_at = {NOW} \
              WHERE kind = ? AND flow_key IN ({marks}) AND {LIVE} AND lease_until <= {NOW}"
         );

@@ -30,7 +30,7 @@ impl FlowStore for PgStore {
                  step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
              SELECT $1, $2, $3, $4, $5, 'RUNNING', NULL, 0, $6, 1, ms + $7, NULL, NULL, ms, ms FROM now \
              ON CONFLICT (kind, flow_key) DO UPDATE SET owner_token = EXCLUDED.owner_token, \
-                 attempt = f.attempt + 1, lease_until = EXCLUDED.lease_until, \
+                 attempt = LEAST(GREATEST(f.attempt, 0)::bigint + 1, 2147483647)::int, lease_until = EXCLUDED.lease_until, \
                  updated_at = EXCLUDED.updated_at \
              WHERE f.input_hash = EXCLUDED.input_hash AND f.version = EXCLUDED.version AND {LIVE} \
                AND f.lease_until <= EXCLUDED.created_at \
@@ -121,7 +121,7 @@ impl FlowStore for PgStore {
              SELECT $1, $2, $3, $4, $5, $6, CASE WHEN $7 THEN 1 ELSE 0 END, $8, $9, $10, $11, ms, \
                  CASE WHEN $6 = 'STARTED' THEN NULL ELSE ms END FROM now \
              ON CONFLICT (kind, flow_key, step_index, phase) DO UPDATE SET status = EXCLUDED.status, \
-                 attempt = s.attempt + CASE WHEN $7 THEN 1 ELSE 0 END, \
+                 attempt = LEAST(GREATEST(s.attempt, 0)::bigint + CASE WHEN $7 THEN 1 ELSE 0 END, 2147483647)::int, \
                  downstream_key = COALESCE(EXCLUDED.downstream_key, s.downstream_key), \
                  owner_token = EXCLUDED.owner_token, output = EXCLUDED.output, \
                  error = EXCLUDED.error, \
@@ -174,7 +174,8 @@ impl FlowStore for PgStore {
                  SELECT f.kind, f.flow_key FROM flows AS f, now \
                  WHERE f.kind = $1 AND f.version = $2 AND {LIVE} AND f.lease_until <= now.ms \
                  ORDER BY f.lease_until LIMIT $5 FOR UPDATE OF f SKIP LOCKED) \
-             UPDATE flows AS f SET owner_token = $3, attempt = f.attempt + 1, \
+             UPDATE flows AS f SET owner_token = $3, \
+                 attempt = LEAST(GREATEST(f.attempt, 0)::bigint + 1, 2147483647)::int, \
                  lease_until = now.ms + $4, updated_at = now.ms \
              FROM due, now \
              WHERE f.kind = due.kind AND f.flow_key = due.flow_key AND f.lease_until <= now.ms \

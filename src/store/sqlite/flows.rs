@@ -32,7 +32,7 @@ impl FlowStore for SqliteStore {
              SELECT ?1, ?2, ?3, ?4, ?5, 'RUNNING', NULL, 0, ?6, 1, ms + ?7, NULL, NULL, ms, ms \
              FROM now WHERE true \
              ON CONFLICT (kind, flow_key) DO UPDATE SET owner_token = excluded.owner_token, \
-                 attempt = attempt + 1, lease_until = excluded.lease_until, \
+                 attempt = MIN(MAX(attempt, 0) + 1, 2147483647), lease_until = excluded.lease_until, \
                  updated_at = excluded.updated_at \
              WHERE input_hash = excluded.input_hash AND version = excluded.version AND {LIVE} \
                AND lease_until <= excluded.created_at \
@@ -122,7 +122,7 @@ impl FlowStore for SqliteStore {
              SELECT ?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?7 THEN 1 ELSE 0 END, ?8, ?9, ?10, ?11, ms, \
                  CASE WHEN ?6 = 'STARTED' THEN NULL ELSE ms END FROM now WHERE true \
              ON CONFLICT (kind, flow_key, step_index, phase) DO UPDATE SET status = excluded.status, \
-                 attempt = attempt + CASE WHEN ?7 THEN 1 ELSE 0 END, \
+                 attempt = MIN(MAX(attempt, 0) + CASE WHEN ?7 THEN 1 ELSE 0 END, 2147483647), \
                  downstream_key = COALESCE(excluded.downstream_key, downstream_key), \
                  owner_token = excluded.owner_token, output = excluded.output, \
                  error = excluded.error, \
@@ -172,7 +172,7 @@ impl FlowStore for SqliteStore {
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
         let sql = format!(
             "WITH now AS {NOW} \
-             UPDATE flows SET owner_token = ?3, attempt = attempt + 1, \
+             UPDATE flows SET owner_token = ?3, attempt = MIN(MAX(attempt, 0) + 1, 2147483647), \
                  lease_until = (SELECT ms FROM now) + ?4, updated_at = (SELECT ms FROM now) \
              WHERE rowid IN ( \
                  SELECT rowid FROM flows \
