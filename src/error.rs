@@ -157,7 +157,7 @@ pub enum Error {
 
     /// The database could not be reached: no connection within the call's deadline
     /// ([`EngineConfig::deadline`](crate::EngineConfig::deadline)), or every attempt to
-    /// get one failed. Nothing of this request was sent. Retry later.
+    /// get one failed, and no write of this request was sent. Retry later.
     #[error("database unavailable: no connection within {waited:?}")]
     Unavailable {
         /// How long the call waited.

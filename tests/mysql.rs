@@ -176,6 +176,8 @@ impl<P: Policy> conformance::Networked for My<P> {
     const COMMIT_CUT: server::Cut = server::Cut::ReplyTo(b"\x03COMMIT");
     // The apply-first update's text, sent once per connection (its `COM_STMT_PREPARE`).
     const WRITE_CUT: server::Cut = server::Cut::ReplyTo(b"LAST_INSERT_ID(");
+    // The update's parameters (its `COM_STMT_EXECUTE`): the states it moves between.
+    const WRITE_PATTERN: &'static [u8] = b"Created";
 
     fn server(&self) -> std::net::SocketAddr {
         server::socket_addr(self.options.get_host(), self.options.get_port())

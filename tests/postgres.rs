@@ -171,6 +171,8 @@ impl<P: Policy> conformance::Networked for Pg<P> {
     const COMMIT_CUT: server::Cut = server::Cut::Reply(b"COMMIT\0");
     // The apply-first statement's text, sent once per connection (its `Parse`).
     const WRITE_CUT: server::Cut = server::Cut::ReplyTo(b"WITH upd AS");
+    // The reference travels in the statement's parameters (its `Bind`).
+    const WRITE_PATTERN: &'static [u8] = b"p-1";
 
     fn server(&self) -> std::net::SocketAddr {
         server::socket_addr(self.options.get_host(), self.options.get_port())

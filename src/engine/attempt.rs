@@ -25,11 +25,26 @@ pub(super) struct Req<'r, M: StateMachine> {
     pub(super) stage: &'r Stage,
 }
 
-/// A fresh write id: 64 random bits. Two calls of one request sharing one would need a
-/// collision of two random 64-bit numbers.
+/// A fresh write id: 64 random bits (the two halves of a random UUID folded, so that
+/// its fixed version bits are mixed with random ones). Two calls of one request sharing
+/// one would need a collision of two random 64-bit numbers.
 pub(super) fn write_id() -> i64 {
-    let (high, _) = uuid::Uuid::new_v4().as_u64_pair();
-    high as i64
+    let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
+    (high ^ low) as i64
+}
+
+/// The answer of a call whose caller stopped waiting before it sent a write: nobody
+/// receives it, and nothing is written.
+fn abandoned<M: StateMachine>(req: &Req<'_, M>) -> Error {
+    tracing::debug!(
+        order_id = req.key.order_id,
+        event = req.key.event,
+        "caller gone before the write: not sent"
+    );
+    Error::DeadlineExceeded {
+        deadline: std::time::Duration::ZERO,
+        in_doubt: false,
+    }
 }
 
 impl<M: StateMachine> Req<'_, M> {
@@ -206,9 +221,18 @@ pub(super) async fn run<M: StateMachine, S: Store>(
                 "giving up"
             );
             return Err(match lost {
-                // The last attempt could not even get a connection.
-                _ if unreachable => Error::Unavailable {
+                // The last attempt could not even get a connection, and no write of this
+                // call was ever sent.
+                _ if unreachable && !req.stage.sent_a_write() => Error::Unavailable {
                     waited: started.elapsed(),
+                },
+                // A write was sent on a connection that failed, and read back as not
+                // recorded; no connection is to be had now to settle it for good.
+                error if unreachable => Error::InDoubt {
+                    order_id: key.order_id,
+                    event: key.event,
+                    ref_id: key.ref_id.to_string(),
+                    source: error.unwrap_or(sqlx::Error::PoolTimedOut),
                 },
                 Some(error) => db_error::<S>(error),
                 None => Error::Contention { attempts },
@@ -251,7 +275,9 @@ async fn attempt<M: StateMachine, S: Store>(
             payload: req.payload.map(|p| p.json.as_str()),
             write_id: req.write_id,
         };
-        req.stage.wrote();
+        if !req.stage.wrote() {
+            return Step::Done(Err(abandoned(req)));
+        }
         let written = match txn {
             Txn::Own => {
                 store
@@ -286,7 +312,9 @@ async fn attempt<M: StateMachine, S: Store>(
     };
     let verdict = judge::judge::<M>(entity.as_ref(), prior.as_ref(), key, req.event, req.hash());
     let (from, to, version) = match verdict {
-        Verdict::Done(answer) => return Step::Done(answer),
+        // A row carrying this call's write id is its own write (an earlier attempt's,
+        // whose acknowledgement was lost but which committed after all).
+        Verdict::Done(answer) => return Step::Done(own_write(answer, prior.as_ref(), req)),
         Verdict::Refused { state } => {
             return match store.latest_ref(conn, key, txn).await {
                 Ok(latest) => match judge::refuse::<M>(state, key, req.event, latest) {
@@ -311,7 +339,9 @@ async fn attempt<M: StateMachine, S: Store>(
         payload: req.payload.map(|p| p.json.as_str()),
         write_id: req.write_id,
     };
-    req.stage.wrote();
+    if !req.stage.wrote() {
+        return Step::Done(Err(abandoned(req)));
+    }
     match store.apply(conn, &apply, txn).await {
         Ok(Written::Applied) => Step::Done(Ok(Outcome::Applied {
             from,
@@ -394,15 +424,23 @@ async fn settle<M: StateMachine, S: Store>(
             }));
         }
     };
-    let own = prior.write_id == Some(req.write_id);
-    Some(
-        judge::replay::<M>(&prior, key, req.event, req.hash()).map(|outcome| match outcome {
-            Outcome::Replayed { from, to, version } | Outcome::Applied { from, to, version }
-                if own =>
-            {
-                Outcome::Applied { from, to, version }
-            }
-            replayed => replayed,
-        }),
-    )
+    let answer = judge::replay::<M>(&prior, key, req.event, req.hash());
+    Some(own_write(answer, Some(&prior), req))
+}
+
+/// A replay of a history row that carries this call's write id is this call's own
+/// write: `Applied`. Any other answer stands.
+fn own_write<M: StateMachine>(
+    answer: Result<Outcome<M::State>>,
+    prior: Option<&crate::store::Prior>,
+    req: &Req<'_, M>,
+) -> Result<Outcome<M::State>> {
+    match answer {
+        Ok(Outcome::Replayed { from, to, version })
+            if prior.is_some_and(|p| p.write_id == Some(req.write_id)) =>
+        {
+            Ok(Outcome::Applied { from, to, version })
+        }
+        other => other,
+    }
 }

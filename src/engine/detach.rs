@@ -8,8 +8,11 @@
 //! connection goes back to the pool warm. A finished call's answer has nobody to go to;
 //! a re-send is answered as the database then says (`Replayed` where it committed).
 //!
-//! The work is bounded: past `grace` it is dropped after all, and its connection is then
-//! closed (see `store/lease.rs`), never handed out mid-conversation.
+//! The work finishes what it is in the middle of (a read, a write unit, the read-back of
+//! a write in doubt) but sends no write it had not sent when its caller stopped waiting,
+//! so the answer the caller got (`DeadlineExceeded { in_doubt: false }`: nothing sent)
+//! stays true. It is bounded: past `grace` it is dropped after all, and its connection is
+//! then closed (see `store/lease.rs`), never handed out mid-conversation.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -58,30 +61,43 @@ impl Stage {
     const WAITING: u8 = 0;
     const CONNECTED: u8 = 1;
     const WROTE: u8 = 2;
+    /// Set, with either of the above, once the caller stopped waiting: a call that has
+    /// not sent its write by then never sends it.
+    const ABANDONED: u8 = 4;
 
     /// It holds a connection that answered.
     pub(crate) fn connected(&self) {
-        let _ = self.0.compare_exchange(
-            Self::WAITING,
-            Self::CONNECTED,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (s & !Self::ABANDONED == Self::WAITING).then_some(s | Self::CONNECTED)
+            });
     }
 
-    /// Its write is about to be sent: from here on it may land.
-    pub(crate) fn wrote(&self) {
-        self.0.store(Self::WROTE, Ordering::Relaxed);
+    /// Its write is about to be sent: from here on it may land. `false` (and nothing is
+    /// to be sent) if the caller stopped waiting before.
+    pub(crate) fn wrote(&self) -> bool {
+        let before = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (s & Self::ABANDONED == 0).then_some(Self::WROTE)
+            });
+        before.is_ok()
+    }
+
+    /// The caller stopped waiting.
+    fn abandon(&self) {
+        self.0.fetch_or(Self::ABANDONED, Ordering::AcqRel);
     }
 
     /// Whether it never got a connection.
     pub(crate) fn never_connected(&self) -> bool {
-        self.0.load(Ordering::Relaxed) == Self::WAITING
+        self.0.load(Ordering::Acquire) & !Self::ABANDONED == Self::WAITING
     }
 
     /// Whether its write was sent.
     pub(crate) fn sent_a_write(&self) -> bool {
-        self.0.load(Ordering::Relaxed) == Self::WROTE
+        self.0.load(Ordering::Acquire) & !Self::ABANDONED == Self::WROTE
     }
 }
 
@@ -130,6 +146,9 @@ impl<T: Send + 'static> Drop for Detached<T> {
         let Some(work) = self.work.take() else {
             return;
         };
+        // From here on the work finishes what it is in the middle of, but sends no write
+        // it had not sent yet: a caller told "not sent" is told the truth.
+        self.stage.abandon();
         // Nothing sent yet: nothing to finish, and nothing is held but a place in the
         // pool's queue.
         if self.stage.never_connected() {
@@ -145,5 +164,33 @@ impl<T: Send + 'static> Drop for Detached<T> {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stage;
+
+    /// A call abandoned before its write never sends it; one abandoned after still counts
+    /// its write as sent (the answer "in doubt" stays true).
+    #[test]
+    fn abandoned_before_the_write_never_sends_it() {
+        let early = Stage::default();
+        early.connected();
+        early.abandon();
+        assert!(!early.wrote());
+        assert!(!early.sent_a_write() && !early.never_connected());
+
+        let late = Stage::default();
+        late.connected();
+        assert!(late.wrote());
+        late.abandon();
+        assert!(late.sent_a_write());
+        assert!(!late.wrote(), "no further write once abandoned");
+        assert!(late.sent_a_write());
+
+        let waiting = Stage::default();
+        waiting.abandon();
+        assert!(waiting.never_connected());
     }
 }

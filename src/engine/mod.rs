@@ -146,8 +146,9 @@ pub struct EngineConfig {
     /// Every transition on the engine's own connections is answered within this,
     /// retries and the read-back of an in-doubt write included: past it, the answer is
     /// [`Error::Unavailable`] if no connection was to be had, or
-    /// [`Error::DeadlineExceeded`] (its write finished off the caller's task, so a
-    /// re-send is answered as the database then says). Inside a caller's transaction the
+    /// [`Error::DeadlineExceeded`] (what the call was in the middle of is finished off
+    /// the caller's task, and a write it had not sent is never sent; a re-send is
+    /// answered as the database then says). Inside a caller's transaction the
     /// caller's own timeouts apply. Default 5 s.
     pub deadline: Duration,
 }

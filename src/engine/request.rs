@@ -163,10 +163,10 @@ async fn pooled<M: StateMachine, S: Store>(
             attempt::pooled(&engine, &req).await
         }
     };
-    match tokio::time::timeout(deadline, Detached::new(work, deadline, stage.clone())).await {
-        Ok(answer) => answer,
-        Err(_) => Err(past_deadline(&stage, deadline)),
-    }
+    // Past the deadline, the work is dropped (abandoned: it sends no write it had not
+    // sent) before the answer reads how far it got.
+    let answer = tokio::time::timeout(deadline, Detached::new(work, deadline, stage.clone())).await;
+    answer.map_err(|_| past_deadline(&stage, deadline))?
 }
 
 /// The answer of a call whose deadline passed, by how far it got.

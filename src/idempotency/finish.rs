@@ -107,7 +107,23 @@ impl<S: RecordStore> Records<S> {
     /// again on a fresh connection (a few times; then a retryable error, the record
     /// still held); held by another token or finished otherwise, [`Error::LeaseLost`].
     async fn fenced(&self, held: &Claimed, finish: &Finish<'_>) -> Result<()> {
-        crate::engine::within_deadline(self.deadline, true, self.fenced_now(held, finish)).await
+        let out =
+            crate::engine::within_deadline(self.deadline, true, self.fenced_now(held, finish))
+                .await;
+        // Finished (by this holder or, if the lease was lost, by another): the request
+        // is no longer running, and the front's marker goes, outside the deadline, so that
+        // a deadline passing as the write lands cannot leave the marker shedding repeats.
+        let unsure = matches!(
+            out,
+            Err(Error::Database { .. }
+                | Error::Contention { .. }
+                | Error::Unavailable { .. }
+                | Error::DeadlineExceeded { .. })
+        );
+        if finish.status != "PROCESSING" && !unsure {
+            self.unmark_held(held).await;
+        }
+        out
     }
 
     async fn fenced_now(&self, held: &Claimed, finish: &Finish<'_>) -> Result<()> {
@@ -122,7 +138,7 @@ impl<S: RecordStore> Records<S> {
         // it landed: a lost one is an error to retry, never taken for success.
         let finishes = finish.status != "PROCESSING";
         let mut sends = 0;
-        let out = loop {
+        loop {
             sends += 1;
             let lost = match write().await {
                 Ok(true) => break Ok(()),
@@ -152,15 +168,7 @@ impl<S: RecordStore> Records<S> {
                 }
                 Err(read) => break Err(db_error::<S>(lost.unwrap_or(read))),
             }
-        };
-        // Finished (by this holder or, if the lease was lost, by another): the request
-        // is no longer running, and the front's marker goes.
-        if finish.status != "PROCESSING"
-            && !matches!(out, Err(Error::Database { .. } | Error::Contention { .. }))
-        {
-            self.unmark_held(held).await;
         }
-        out
     }
 
     /// Removes the Redis front's marker of a request that is no longer running.

@@ -23,10 +23,9 @@ pub struct Prior {
     pub to: String,
     /// Payload fingerprint recorded with it.
     pub payload_hash: Option<String>,
-    /// The write id of the call that recorded it, where the read asked for it (reads of
-    /// a request's row do, the read-back after a lost connection among them; the judge's
-    /// joined read does not), and `None` for rows written before write ids were
-    /// recorded.
+    /// The write id of the call that recorded it (`None` for rows written before write
+    /// ids were recorded): a call that finds its own id on the row it is judged by
+    /// wrote that row, and is told `Applied`.
     #[sqlx(default)]
     pub write_id: Option<i64>,
 }
@@ -53,6 +52,7 @@ pub(crate) struct ObservedRow {
     to_status: Option<String>,
     payload_hash: Option<String>,
     seq: Option<i64>,
+    write_id: Option<i64>,
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -64,7 +64,7 @@ impl From<ObservedRow> for super::Observed {
                 from,
                 to,
                 payload_hash: row.payload_hash,
-                write_id: None,
+                write_id: row.write_id,
             }),
             _ => None,
         };

@@ -38,6 +38,8 @@ pub trait Networked: Backend {
     /// Where a proxy cuts the connection under the apply-first write of a transition,
     /// whether or not it writes: the reply to the request that carries its statement.
     const WRITE_CUT: Cut;
+    /// Bytes that only the request executing the apply-first write carries.
+    const WRITE_PATTERN: &'static [u8];
     /// A store whose pool of `max` connections reaches this database through `port` on
     /// loopback.
     async fn store_at(&self, port: u16, max: u32) -> Self::S;
@@ -289,6 +291,39 @@ pub async fn resent_request_cut_under_its_write_is_replayed<B: Networked>(b: &B)
         assert_eq!(answer.unwrap(), replayed(Created, Paid, 1), "{policy:?}");
         assert_order(&direct, id, Paid, 1, 1).await;
     }
+}
+
+/// The connection dies right after a write-first statement was sent, while that
+/// statement waits on a row lock: the read-back finds nothing yet, the next attempt waits
+/// behind the orphaned statement, which then commits. The next attempt finds the row the
+/// orphan wrote, which carries this call's write id: the answer is `Applied` (this call's
+/// own write), never `Replayed` (which would tell the caller nothing was written).
+pub async fn own_write_landing_late_is_applied<B: Networked>(b: &B) {
+    let direct = engine(b).await;
+    direct.create(1).await.unwrap();
+    let mut holder = b.begin().await;
+    B::exec_in(
+        &mut holder,
+        "UPDATE orders SET version = version WHERE id = 1",
+    )
+    .await;
+    let proxy = crate::server::Proxy::start(b.server(), Cut::Forward(B::WRITE_PATTERN)).await;
+    let e: Eng<B> = with_policy(b.store_at(proxy.port, 2).await, ReadFirst::Never);
+    let call = tokio::spawn(async move { e.transition(1, Pay, "p-1").await });
+    // The cut, the read-back (nothing recorded yet) and the next attempt, waiting on the
+    // lock behind the orphaned statement.
+    assert!(
+        crate::server::eventually(Duration::from_secs(10), || async { proxy.cuts() == 1 }).await,
+        "the proxy never cut: the test shows nothing"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    B::rollback(holder).await;
+    let answer = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("no answer")
+        .unwrap();
+    assert_eq!(answer.unwrap(), applied(Created, Paid, 1));
+    assert_order(&direct, 1, Paid, 1, 1).await;
 }
 
 /// The database stops answering (a proxy freezes: a dead node, a cut network) under 16

@@ -260,6 +260,7 @@ macro_rules! conformance {
         $crate::conformance!(@tests $backend;
             in_doubt_commit_is_read_back,
             resent_request_cut_under_its_write_is_replayed,
+            own_write_landing_late_is_applied,
             dead_database_answers_within_the_deadline,
             cancelled_calls_return_their_connection_warm,
             killed_connections_are_retryable,

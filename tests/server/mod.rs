@@ -63,6 +63,10 @@ pub enum Cut {
     /// Drop the first client request holding these bytes before the server sees it, and
     /// close both sides: the write never happened, and the client never hears.
     Request(&'static [u8]),
+    /// Forward the first client request holding these bytes, then close both sides at
+    /// once: the server goes on with the statement it received (and may commit it later),
+    /// the client hears only that its connection is gone.
+    Forward(&'static [u8]),
 }
 
 /// A TCP proxy on loopback in front of a real server that cuts one connection at a
@@ -196,6 +200,17 @@ async fn relay(
             {
                 return;
             }
+            if let Cut::Forward(pattern) = cut
+                && holds(&buf[..n], pattern)
+                && shared.cuts.load(Ordering::SeqCst) == 0
+            {
+                let _ = server_tx.write_all(&buf[..n]).await;
+                let _ = server_tx.flush().await;
+                if fire() {
+                    return;
+                }
+                continue;
+            }
             if server_tx.write_all(&buf[..n]).await.is_err() {
                 return;
             }
@@ -212,7 +227,7 @@ async fn relay(
             let cut_here = match cut {
                 Cut::ReplyTo(_) => armed.load(Ordering::SeqCst),
                 Cut::Reply(pattern) => holds(&buf[..n], pattern),
-                Cut::Request(_) => false,
+                Cut::Request(_) | Cut::Forward(_) => false,
             };
             if cut_here && fire() {
                 return;

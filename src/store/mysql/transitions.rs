@@ -82,7 +82,7 @@ impl Sql {
                 &|lock| {
                     format!(
                         "SELECT o.status, CAST(o.version AS SIGNED) AS version, h.from_status, h.to_status, \
-                                h.payload_hash, h.seq \
+                                h.payload_hash, h.seq, h.write_id \
                          FROM {o} AS o \
                          LEFT JOIN {h} AS h ON h.order_id = o.id AND h.event = ? AND h.ref_id = ? \
                          WHERE o.id = ? {lock}"

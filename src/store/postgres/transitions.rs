@@ -73,7 +73,7 @@ impl Sql {
             observe: sql(format!(
                 "SELECT o.status::text AS status, o.version::bigint AS version, \
                         h.from_status::text AS from_status, h.to_status::text AS to_status, \
-                        h.payload_hash::text AS payload_hash, h.seq::bigint AS seq \
+                        h.payload_hash::text AS payload_hash, h.seq::bigint AS seq, h.write_id \
                  FROM {o} AS o \
                  LEFT JOIN {h} AS h ON h.order_id = o.id AND h.event = $2 AND h.ref_id = $3 \
                  WHERE o.id = $1"

@@ -43,7 +43,7 @@ impl Sql {
             )),
             get: sql(format!("SELECT status, version FROM {o} WHERE id = ?1")),
             observe: sql(format!(
-                "SELECT o.status, o.version, h.from_status, h.to_status, h.payload_hash, h.seq \
+                "SELECT o.status, o.version, h.from_status, h.to_status, h.payload_hash, h.seq, h.write_id \
                  FROM {o} AS o \
                  LEFT JOIN {h} AS h ON h.order_id = o.id AND h.event = ?2 AND h.ref_id = ?3 \
                  WHERE o.id = ?1"
