@@ -1511,7 +1511,7 @@ mod postgres {
             sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
             let applied = explain(
                 &mut conn,
-                format!("EXECUTE {write}(2, 'Pay', '{ref2}', NULL, NULL, 'Created', 'Paid')"),
+                format!("EXECUTE {write}(2, 'Pay', '{ref2}', NULL, NULL, 'Created', 'Paid', 42)"),
             )
             .await;
             sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await?;
