@@ -13,10 +13,10 @@ orderly::state_machine! {
         initial: Created;
         terminal: [Delivered, Cancelled, Refunded];
         transitions: {
-            Created + Pay     => Paid,
+            Created + Pay     => Paid      emits OrderPaid,
             Created + Cancel  => Cancelled,
-            Paid    + Ship    => Shipped,
-            Paid    + Refund  => Refunded,
+            Paid    + Ship    => Shipped   emits OrderShipped,
+            Paid    + Refund  => Refunded  emits OrderRefunded,
             Shipped + Deliver => Delivered,
         }
     }
@@ -88,26 +88,31 @@ mod by_hand {
                 from: State::Created,
                 event: Event::Pay,
                 to: State::Paid,
+                emits: Some("OrderPaid"),
             },
             Transition {
                 from: State::Created,
                 event: Event::Cancel,
                 to: State::Cancelled,
+                emits: None,
             },
             Transition {
                 from: State::Paid,
                 event: Event::Ship,
                 to: State::Shipped,
+                emits: Some("OrderShipped"),
             },
             Transition {
                 from: State::Paid,
                 event: Event::Refund,
                 to: State::Refunded,
+                emits: Some("OrderRefunded"),
             },
             Transition {
                 from: State::Shipped,
                 event: Event::Deliver,
                 to: State::Delivered,
+                emits: None,
             },
         ];
     }
@@ -126,11 +131,13 @@ mod by_hand {
                 from: State::Created,
                 event: Event::Pay,
                 to: State::Paid,
+                emits: None,
             },
             Transition {
                 from: State::Paid,
                 event: Event::Refund,
                 to: State::Refunded,
+                emits: None,
             },
         ];
     }
@@ -142,8 +149,13 @@ use by_hand::HandMachine;
 fn macro_and_hand_written_machines_agree() {
     fn names<S: std::fmt::Display, E: std::fmt::Display>(
         t: &Transition<S, E>,
-    ) -> (String, String, String) {
-        (t.from.to_string(), t.event.to_string(), t.to.to_string())
+    ) -> (String, String, String, Option<&'static str>) {
+        (
+            t.from.to_string(),
+            t.event.to_string(),
+            t.to.to_string(),
+            t.emits,
+        )
     }
     let by_macro: Vec<_> = OrderMachine::TRANSITIONS.iter().map(names).collect();
     let by_hand: Vec<_> = HandMachine::TRANSITIONS.iter().map(names).collect();
@@ -159,6 +171,11 @@ fn macro_and_hand_written_machines_agree() {
             let a = OrderMachine::next(s, e).map(|s| s.to_string());
             let b = HandMachine::next(hs, he).map(|s| s.to_string());
             assert_eq!(a, b, "{s} + {e}");
+            assert_eq!(
+                OrderMachine::emits(s, e),
+                HandMachine::emits(hs, he),
+                "{s} + {e}"
+            );
         }
     }
     assert_eq!(validate::<OrderMachine>(), Ok(()));
@@ -211,13 +228,29 @@ fn diagrams_render_every_edge() {
         m.starts_with("stateDiagram-v2\n    [*] --> Created\n"),
         "{m}"
     );
-    assert!(m.contains("    Created --> Paid : Pay\n"));
+    assert!(
+        m.contains("    Created --> Paid : Pay / OrderPaid\n"),
+        "{m}"
+    );
+    assert!(m.contains("    Created --> Cancelled : Cancel\n"), "{m}");
     assert!(m.contains("    Shipped --> Delivered : Deliver\n"));
     assert!(m.contains("    Refunded --> [*]\n"));
     assert_eq!(m.lines().count(), 1 + 1 + 5 + 3);
     let d = dot::<OrderMachine>();
     assert!(d.starts_with("digraph OrderMachine {"));
-    assert!(d.contains("\"Paid\" -> \"Shipped\" [label=\"Ship\"];"));
+    assert!(d.contains("\"Paid\" -> \"Shipped\" [label=\"Ship / OrderShipped\"];"));
+    assert!(d.contains("\"Shipped\" -> \"Delivered\" [label=\"Deliver\"];"));
+}
+
+#[test]
+fn edges_name_the_events_they_emit() {
+    use OrderEvent::*;
+    use OrderState::*;
+    assert_eq!(OrderMachine::emits(Created, Pay), Some("OrderPaid"));
+    assert_eq!(OrderMachine::emits(Paid, Refund), Some("OrderRefunded"));
+    // An edge that declares none, and a move the graph does not allow.
+    assert_eq!(OrderMachine::emits(Created, Cancel), None);
+    assert_eq!(OrderMachine::emits(Paid, Pay), None);
 }
 
 #[test]

@@ -71,9 +71,9 @@ pub mod __check {
 ///         initial: Created;
 ///         terminal: [Delivered, Cancelled, Refunded];
 ///         transitions: {
-///             Created + Pay     => Paid,
+///             Created + Pay     => Paid     emits OrderPaid,
 ///             Created + Cancel  => Cancelled,
-///             Paid    + Ship    => Shipped,
+///             Paid    + Ship    => Shipped  emits OrderShipped,
 ///             Paid    + Refund  => Refunded,
 ///             Shipped + Deliver => Delivered,
 ///         }
@@ -82,7 +82,13 @@ pub mod __check {
 /// use orderly::StateMachine;
 /// assert_eq!(OrderMachine::next(OrderState::Created, OrderEvent::Pay), Some(OrderState::Paid));
 /// assert_eq!(OrderMachine::next(OrderState::Paid, OrderEvent::Pay), None);
+/// assert_eq!(OrderMachine::emits(OrderState::Created, OrderEvent::Pay), Some("OrderPaid"));
 /// ```
+///
+/// An edge may name the domain event it emits (`Paid + Ship => Shipped emits
+/// OrderShipped`): an identifier, read back with
+/// [`StateMachine::emits`](crate::StateMachine::emits) and shown on the edge in the
+/// Mermaid and DOT pictures; anything else after `=> State` does not compile.
 ///
 /// Rejected at compile time, with a message naming the problem:
 /// - a duplicate `(state, event)` row,
@@ -102,7 +108,7 @@ macro_rules! state_machine {
             events: $event_ty:ident { $($event:ident),+ $(,)? }
             initial: $initial:ident;
             terminal: [ $($terminal:ident),* $(,)? ];
-            transitions: { $( $from:ident + $ev:ident => $to:ident ),+ $(,)? }
+            transitions: { $( $from:ident + $ev:ident => $to:ident $(emits $emitted:ident)? ),+ $(,)? }
         }
     ) => {
         #[doc = concat!("States of [`", stringify!($machine), "`].")]
@@ -156,7 +162,12 @@ macro_rules! state_machine {
             const INITIAL: $state_ty = $state_ty::$initial;
             const TERMINAL: &'static [$state_ty] = &[$($state_ty::$terminal),*];
             const TRANSITIONS: &'static [$crate::Transition<$state_ty, $event_ty>] = &[
-                $( $crate::Transition { from: $state_ty::$from, event: $event_ty::$ev, to: $state_ty::$to } ),+
+                $( $crate::Transition {
+                    from: $state_ty::$from,
+                    event: $event_ty::$ev,
+                    to: $state_ty::$to,
+                    emits: $crate::__emits!($($emitted)?),
+                } ),+
             ];
         }
 
@@ -197,5 +208,18 @@ macro_rules! state_machine {
                 );
             )*
         };
+    };
+}
+
+/// The `emits` of one row of [`state_machine!`](crate::state_machine): `None`, or the
+/// declared name.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __emits {
+    () => {
+        ::core::option::Option::None
+    };
+    ($emitted:ident) => {
+        ::core::option::Option::Some(stringify!($emitted))
     };
 }

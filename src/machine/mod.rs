@@ -13,7 +13,9 @@ use std::str::FromStr;
 
 use strum::IntoEnumIterator;
 
-/// One row of a transition table: in state `from`, event `event` moves to `to`.
+/// One row of a transition table: in state `from`, event `event` moves to `to`, and the
+/// move emits the domain event `emits`, if the edge declares one (`Created + Pay => Paid
+/// emits OrderPaid`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Transition<S, E> {
     /// State the row applies to.
@@ -22,6 +24,8 @@ pub struct Transition<S, E> {
     pub event: E,
     /// State after the event.
     pub to: S,
+    /// The name of the domain event this move emits, if any.
+    pub emits: Option<&'static str>,
 }
 
 /// What a state or event type must provide: a stable name that round-trips through the
@@ -89,6 +93,15 @@ pub trait StateMachine: Send + Sync + 'static {
     /// Whether `state` is terminal.
     fn is_terminal(state: Self::State) -> bool {
         Self::TERMINAL.contains(&state)
+    }
+
+    /// The domain event the edge from `state` on `event` emits, if the graph allows the
+    /// move and the edge declares one.
+    fn emits(state: Self::State, event: Self::Event) -> Option<&'static str> {
+        Self::TRANSITIONS
+            .iter()
+            .find(|t| t.from == state && t.event == event)
+            .and_then(|t| t.emits)
     }
 }
 

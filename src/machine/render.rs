@@ -9,7 +9,14 @@ pub fn mermaid<M: StateMachine>() -> String {
     let mut out = String::from("stateDiagram-v2\n");
     let _ = writeln!(out, "    [*] --> {}", M::INITIAL);
     for t in M::TRANSITIONS {
-        let _ = writeln!(out, "    {} --> {} : {}", t.from, t.to, t.event);
+        match t.emits {
+            Some(emitted) => {
+                let _ = writeln!(out, "    {} --> {} : {} / {emitted}", t.from, t.to, t.event);
+            }
+            None => {
+                let _ = writeln!(out, "    {} --> {} : {}", t.from, t.to, t.event);
+            }
+        }
     }
     for s in M::TERMINAL {
         let _ = writeln!(out, "    {s} --> [*]");
@@ -25,10 +32,14 @@ pub fn dot<M: StateMachine>() -> String {
         let _ = writeln!(out, "    \"{s}\" [shape=doublecircle];");
     }
     for t in M::TRANSITIONS {
+        let label = match t.emits {
+            Some(emitted) => format!("{} / {emitted}", t.event),
+            None => t.event.to_string(),
+        };
         let _ = writeln!(
             out,
-            "    \"{}\" -> \"{}\" [label=\"{}\"];",
-            t.from, t.to, t.event
+            "    \"{}\" -> \"{}\" [label=\"{label}\"];",
+            t.from, t.to
         );
     }
     out.push_str("}\n");

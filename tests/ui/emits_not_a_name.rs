@@ -1,0 +1,11 @@
+orderly::state_machine! {
+    M {
+        states: S { A, B }
+        events: E { Go }
+        initial: A;
+        terminal: [B];
+        transitions: { A + Go => B emits "Went" }
+    }
+}
+
+fn main() {}
