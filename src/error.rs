@@ -116,9 +116,11 @@ pub enum Error {
         value: String,
     },
 
-    /// The database holds a status or history value that is not part of the machine.
-    /// Someone wrote it outside orderly, or the graph lost a state; investigate.
-    #[error("order {order_id} holds a value unknown to the machine: {value:?}")]
+    /// The database holds a status or history value that is not part of the machine, a
+    /// version that cannot move (negative, or at `i64::MAX`), or an outbox row at the
+    /// version a write would make. Someone wrote it outside orderly, or the graph lost a
+    /// state; investigate. Nothing was written.
+    #[error("order {order_id} holds a value orderly cannot go on from: {value:?}")]
     CorruptState {
         /// The entity whose row is corrupt.
         order_id: i64,

@@ -72,9 +72,16 @@
 //! implements its seam, [`flow::FlowStore`], in `store/<backend>/flows.rs`. See
 //! `docs/flows.md`.
 //!
+//! ## Events on the graph
+//!
+//! An edge of [`state_machine!`] may name the domain event it emits (`Created + Pay =>
+//! Paid emits OrderPaid`); a transition along it writes an outbox row in the same atomic
+//! unit as the update and the history row (inside the caller's transaction too), and a
+//! replay or a refusal writes none. See `docs/outbox.md`.
+//!
 //! ## What comes next, and where
 //!
-//! Events written with a transition and relayed to brokers `outbox/`; a tower layer
+//! The relay of the outbox rows to brokers `outbox/`; a tower layer
 //! `http/`; metrics `observe`. Each is a folder holding its algorithm above a seam trait
 //! of its own, which every backend implements in a file of its folder next to
 //! `transitions.rs` (for example `store/postgres/flows.rs`), with a migration per

@@ -274,6 +274,8 @@ async fn attempt<M: StateMachine, S: Store>(
             payload_hash: req.hash(),
             payload: req.payload.map(|p| p.json.as_str()),
             write_id: req.write_id,
+            emits: edges.map_or(&[], |e| &e.emits),
+            machine: M::NAME,
         };
         if !req.stage.wrote() {
             return Step::Done(Err(abandoned(req)));
@@ -294,6 +296,7 @@ async fn attempt<M: StateMachine, S: Store>(
                 });
                 return Step::Done(applied);
             }
+            Ok(Some(FirstWrite::OutboxTaken)) => return Step::Done(Err(outbox_taken(key))),
             Ok(Some(not)) => not,
             // A store that answered nothing for the request wrote nothing for it.
             Ok(None) => FirstWrite::NotTried,
@@ -338,6 +341,8 @@ async fn attempt<M: StateMachine, S: Store>(
         payload_hash: req.hash(),
         payload: req.payload.map(|p| p.json.as_str()),
         write_id: req.write_id,
+        emits: M::emits(from, req.event),
+        machine: M::NAME,
     };
     if !req.stage.wrote() {
         return Step::Done(Err(abandoned(req)));
@@ -350,6 +355,7 @@ async fn attempt<M: StateMachine, S: Store>(
         })),
         // Someone else moved first: nothing was written; judge again from a fresh read.
         Ok(Written::Lost) => Step::Retry("lost the conditional update"),
+        Ok(Written::OutboxTaken) => Step::Done(Err(outbox_taken(key))),
         Err(e) => retry_or_fail::<M, S>(e, txn, true),
     }
 }
@@ -442,5 +448,15 @@ fn own_write<M: StateMachine>(
             Ok(Outcome::Applied { from, to, version })
         }
         other => other,
+    }
+}
+
+/// The outbox already holds an event of the entity at the version the write would make:
+/// its version was reused (its history deleted, or two entity tables under one machine
+/// name). Nothing was written; a person must look.
+fn outbox_taken(key: Key<'_>) -> Error {
+    Error::CorruptState {
+        order_id: key.order_id,
+        value: "an outbox row at the next version already exists".into(),
     }
 }

@@ -182,6 +182,8 @@ pub struct Engine<M: StateMachine, S> {
 struct Edges {
     from: Vec<&'static str>,
     to: Vec<&'static str>,
+    /// The domain event each edge emits, if any.
+    emits: Vec<Option<&'static str>>,
 }
 
 impl<M: StateMachine, S: Clone> Clone for Engine<M, S> {
@@ -231,6 +233,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             let e = edges.entry(t.event).or_default();
             e.from.push(t.from.into());
             e.to.push(t.to.into());
+            e.emits.push(t.emits);
         }
         Ok(Engine {
             reads: (S::BATCH_READ_MAX > 1).then(|| batch::Reads::new(store.clone())),

@@ -273,9 +273,20 @@ pub struct Request<'a> {
     /// The call's write id, stored with the history row it writes, so that a read-back
     /// after a lost connection tells this call's own write from an earlier one.
     pub write_id: i64,
+    /// The domain event each edge emits (parallel to `from_states`): an outbox row is
+    /// written, in the same unit, for an edge that names one.
+    pub emits: &'a [Option<&'static str>],
+    /// The machine's name, the outbox row's first key.
+    pub machine: &'static str,
 }
 
 impl Request<'_> {
+    /// Whether any edge of the request emits an event (its unit then writes the outbox
+    /// row too).
+    pub fn emits_any(&self) -> bool {
+        self.emits.iter().any(Option::is_some)
+    }
+
     /// Whether the event has exactly one source state: a store whose update cannot return
     /// the row it matched can record `from` only then.
     pub fn has_one_edge(&self) -> bool {
@@ -300,6 +311,9 @@ pub enum FirstWrite {
     /// This store does not try such a request before reading (for example an event with
     /// several source states, whose recorded `from` would need the matched row).
     NotTried,
+    /// The outbox already holds an event of this entity at the version the write would
+    /// make (the entity's version was reused behind orderly's back): nothing was written.
+    OutboxTaken,
 }
 
 /// A conditional write the engine has decided on after reading.
@@ -319,6 +333,10 @@ pub struct Apply<'a> {
     pub payload: Option<&'a str>,
     /// The call's write id (see [`Request::write_id`]).
     pub write_id: i64,
+    /// The domain event the edge emits: an outbox row is written with the history row.
+    pub emits: Option<&'static str>,
+    /// The machine's name, the outbox row's first key.
+    pub machine: &'static str,
 }
 
 /// What the write unit after a read did.
@@ -329,6 +347,9 @@ pub enum Written {
     /// Someone moved first (the guarded update matched nothing, or a twin's history row
     /// holds the unique key): nothing was written.
     Lost,
+    /// The outbox already holds an event of this entity at the new version: nothing was
+    /// written.
+    OutboxTaken,
 }
 
 /// What the judge reads: the entity and this request's history row.

@@ -400,6 +400,7 @@ pub async fn run_commits_the_work_with_its_record<B: Backend>(b: &B) {
         // Undo for the next round.
         b.exec("DELETE FROM order_transitions WHERE order_id = 3")
             .await;
+        b.exec("DELETE FROM outbox WHERE entity_id = 3").await;
         b.exec("DELETE FROM orders WHERE id = 3").await;
     }
     assert_eq!(b.open_transactions().await, 0);

@@ -40,6 +40,9 @@ pub(super) struct Sql {
     /// The update after a read, guarded by what was read: `(to, id, from, version)`.
     update: SqlStr,
     pub(super) record: SqlStr,
+    /// The outbox row of an edge that emits an event, in the history row's unit:
+    /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
+    pub(super) emit: SqlStr,
     history: SqlStr,
     batch_reads: BatchReads,
 }
@@ -119,6 +122,11 @@ impl Sql {
                 "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
             )),
+            emit: sql(
+                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    .to_string(),
+            ),
             history: read(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \
                         CAST(payload AS CHAR) AS payload, created_at \
@@ -277,11 +285,7 @@ impl Store for MySqlStore {
             tx.rollback().await?;
             return Ok(Written::Lost);
         }
-        Ok(if self.record_and_commit(tx, a).await? {
-            Written::Applied
-        } else {
-            Written::Lost
-        })
+        self.record_and_commit(tx, a).await
     }
 
     async fn latest_ref(

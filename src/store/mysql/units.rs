@@ -6,11 +6,13 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{Connection, Transaction};
 
 use super::MySqlStore;
-use crate::store::{Apply, FirstWrite, Request, is_unique_violation};
+use crate::store::{Apply, FirstWrite, Request, Written, is_unique_violation};
 
 impl MySqlStore {
-    /// The history insert for `a`, `seq = version + 1`.
-    async fn record(&self, conn: &mut MySqlConnection, a: &Apply<'_>) -> Result<(), sqlx::Error> {
+    /// The history insert for `a`, `seq = version + 1`, and the outbox row if its edge
+    /// emits an event. `false` if the outbox already holds that row (the unit is then to
+    /// be undone).
+    async fn record(&self, conn: &mut MySqlConnection, a: &Apply<'_>) -> Result<bool, sqlx::Error> {
         sqlx::query(self.sql().record.clone())
             .bind(a.key.order_id)
             .bind(a.version + 1)
@@ -21,9 +23,28 @@ impl MySqlStore {
             .bind(a.payload_hash)
             .bind(a.payload)
             .bind(a.write_id)
-            .execute(conn)
+            .execute(&mut *conn)
             .await?;
-        Ok(())
+        if let Some(event) = a.emits {
+            let emitted = sqlx::query(self.sql().emit.clone())
+                .bind(a.machine)
+                .bind(a.key.order_id)
+                .bind(a.version + 1)
+                .bind(event)
+                .bind(a.key.event)
+                .bind(a.from)
+                .bind(a.to)
+                .bind(a.key.ref_id)
+                .execute(conn)
+                .await;
+            // The statement's own unique key is the outbox's: the row is there already.
+            return match emitted {
+                Ok(_) => Ok(true),
+                Err(e) if is_unique_violation(&e) => Ok(false),
+                Err(e) => Err(e),
+            };
+        }
+        Ok(true)
     }
 
     /// One request's apply-first writes, in an open transaction: the update guarded by
@@ -57,8 +78,12 @@ impl MySqlStore {
             payload_hash: request.payload_hash,
             payload: request.payload,
             write_id: request.write_id,
+            emits: request.emits.first().copied().flatten(),
+            machine: request.machine,
         };
-        self.record(conn, &apply).await?;
+        if !self.record(conn, &apply).await? {
+            return Ok(FirstWrite::OutboxTaken);
+        }
         Ok(FirstWrite::Applied {
             from: (*from).to_string(),
             to: (*to).to_string(),
@@ -74,22 +99,27 @@ impl MySqlStore {
     ) -> Result<FirstWrite, sqlx::Error> {
         let mut savepoint = conn.begin().await?;
         match self.first_write(&mut savepoint, request).await {
+            Ok(FirstWrite::OutboxTaken) => {
+                savepoint.rollback().await.map(|()| FirstWrite::OutboxTaken)
+            }
             Ok(write) => savepoint.commit().await.map(|()| write),
             Err(e) => undo(savepoint, e).await,
         }
     }
 
-    /// Ends a write unit whose update matched: the history insert for `a`, then `COMMIT`.
-    /// `false` if the history's unique key holds the request already (recorded before,
-    /// or a twin's row): the unit is rolled back.
+    /// Ends a write unit whose update matched: the history insert for `a` (and its outbox
+    /// row), then `COMMIT`. [`Written::Lost`] if the history's unique key holds the
+    /// request already (recorded before, or a twin's row), [`Written::OutboxTaken`] if
+    /// the outbox holds the row: the unit is rolled back.
     pub(super) async fn record_and_commit(
         &self,
         mut tx: Transaction<'_, MySql>,
         a: &Apply<'_>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<Written, sqlx::Error> {
         match self.record(&mut tx, a).await {
-            Ok(()) => tx.commit().await.map(|()| true),
-            Err(e) if is_unique_violation(&e) => tx.rollback().await.map(|()| false),
+            Ok(true) => tx.commit().await.map(|()| Written::Applied),
+            Ok(false) => tx.rollback().await.map(|()| Written::OutboxTaken),
+            Err(e) if is_unique_violation(&e) => tx.rollback().await.map(|()| Written::Lost),
             Err(e) => undo(tx, e).await,
         }
     }

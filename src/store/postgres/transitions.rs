@@ -26,7 +26,12 @@ pub(super) struct Sql {
     /// common case) and for any other number (arrays).
     apply_first_one: SqlStr,
     apply_first_many: SqlStr,
+    /// The same, for a request whose edges emit events: the outbox row in the same
+    /// statement.
+    apply_first_one_emitting: SqlStr,
+    apply_first_many_emitting: SqlStr,
     apply: SqlStr,
+    apply_emitting: SqlStr,
     history: SqlStr,
     batch_reads: BatchReads,
 }
@@ -63,6 +68,25 @@ impl Sql {
                  RETURNING {PRIOR_COLUMNS}"
             ))
         };
+        // The emitting variants: one more data-modifying CTE, the outbox row of the edge
+        // that moved (`$9`, the edges' events, parallel to `$6`/`$7`; `$10` the machine).
+        // All of a statement's CTEs run, and a twin's unique violation aborts them all.
+        let apply_first_emitting = |edge: &str, edge_cond: &str| {
+            sql(format!(
+                "WITH upd AS ( \
+                   UPDATE {o} AS o SET status = e.t, version = o.version + 1 \
+                   FROM {edge} AS e(f, t, x) \
+                   WHERE o.id = $1 AND {edge_cond} AND o.version BETWEEN 0 AND 9223372036854775806 \
+                   RETURNING o.version::bigint AS seq, e.f, e.t, e.x \
+                 ), emitted AS ( \
+                   INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                   SELECT $10, $1, seq, x, $2, f, t, $3 FROM upd WHERE x IS NOT NULL \
+                 ) \
+                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+                 SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8 FROM upd \
+                 RETURNING {PRIOR_COLUMNS}"
+            ))
+        };
         Sql {
             insert_order: sql(format!(
                 "INSERT INTO {o} (id, status, version) VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING"
@@ -86,6 +110,25 @@ impl Sql {
             )),
             apply_first_one: apply_first("(SELECT $6::text, $7::text)", "o.status = $6"),
             apply_first_many: apply_first("unnest($6::text[], $7::text[])", "o.status = e.f"),
+            apply_first_one_emitting: apply_first_emitting(
+                "(SELECT $6::text, $7::text, $9::text)",
+                "o.status = $6",
+            ),
+            apply_first_many_emitting: apply_first_emitting(
+                "unnest($6::text[], $7::text[], $9::text[])",
+                "o.status = e.f",
+            ),
+            apply_emitting: sql(format!(
+                "WITH upd AS ( \
+                   UPDATE {o} SET status = $1, version = version + 1 \
+                   WHERE id = $2 AND status = $3 AND version = $4 RETURNING id \
+                 ), ins AS ( \
+                   INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+                   SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb, $9 FROM upd RETURNING seq \
+                 ) \
+                 INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                 SELECT $10, $2, seq, $11, $5, $3, $1, $6 FROM ins"
+            )),
             // The write after a read, one statement: the update guarded by the status and
             // version that were read, feeding the history insert.
             apply: sql(format!(
@@ -143,25 +186,52 @@ impl PgStore {
     ) -> Result<FirstWrite, sqlx::Error> {
         let sql = &self.transitions;
         let key = request.key;
+        let emitting = request.emits_any();
         let query = match (request.from_states, request.to_states) {
-            ([from], [to]) => sqlx::query_as(sql.apply_first_one.clone())
-                .bind(key.order_id)
-                .bind(key.event)
-                .bind(key.ref_id)
-                .bind(request.payload_hash)
-                .bind(request.payload)
-                .bind(*from)
-                .bind(*to)
-                .bind(request.write_id),
-            (from, to) => sqlx::query_as(sql.apply_first_many.clone())
-                .bind(key.order_id)
-                .bind(key.event)
-                .bind(key.ref_id)
-                .bind(request.payload_hash)
-                .bind(request.payload)
-                .bind(from)
-                .bind(to)
-                .bind(request.write_id),
+            ([from], [to]) => {
+                let statement = if emitting {
+                    &sql.apply_first_one_emitting
+                } else {
+                    &sql.apply_first_one
+                };
+                let query = sqlx::query_as(statement.clone())
+                    .bind(key.order_id)
+                    .bind(key.event)
+                    .bind(key.ref_id)
+                    .bind(request.payload_hash)
+                    .bind(request.payload)
+                    .bind(*from)
+                    .bind(*to)
+                    .bind(request.write_id);
+                if emitting {
+                    query
+                        .bind(request.emits.first().copied().flatten())
+                        .bind(request.machine)
+                } else {
+                    query
+                }
+            }
+            (from, to) => {
+                let statement = if emitting {
+                    &sql.apply_first_many_emitting
+                } else {
+                    &sql.apply_first_many
+                };
+                let query = sqlx::query_as(statement.clone())
+                    .bind(key.order_id)
+                    .bind(key.event)
+                    .bind(key.ref_id)
+                    .bind(request.payload_hash)
+                    .bind(request.payload)
+                    .bind(from)
+                    .bind(to)
+                    .bind(request.write_id);
+                if emitting {
+                    query.bind(request.emits).bind(request.machine)
+                } else {
+                    query
+                }
+            }
         };
         Ok(match query.fetch_optional(conn).await? {
             Some(Prior { seq, from, to, .. }) => FirstWrite::Applied {
@@ -211,6 +281,7 @@ impl Store for PgStore {
             return match self.first_write(conn, request).await {
                 Ok(write) => Ok(vec![write]),
                 // Recorded before: the statement was undone as a whole.
+                Err(e) if is_outbox_taken(&e) => Ok(vec![FirstWrite::OutboxTaken]),
                 Err(e) if is_unique_violation(&e) => Ok(vec![FirstWrite::NotApplied]),
                 Err(e) => Err(e),
             };
@@ -231,6 +302,7 @@ impl Store for PgStore {
             match step.await {
                 Ok(write) => written.push(write),
                 // Recorded before: its savepoint is undone.
+                Err(e) if is_outbox_taken(&e) => written.push(FirstWrite::OutboxTaken),
                 Err(e) if is_unique_violation(&e) => written.push(FirstWrite::NotApplied),
                 Err(e) => {
                     let _ = tx.rollback().await;
@@ -276,7 +348,9 @@ impl Store for PgStore {
             Ok(write) => savepoint.commit().await.map(|()| write),
             Err(e) => {
                 savepoint.rollback().await?;
-                if is_unique_violation(&e) {
+                if is_outbox_taken(&e) {
+                    Ok(FirstWrite::OutboxTaken)
+                } else if is_unique_violation(&e) {
                     Ok(FirstWrite::NotApplied)
                 } else {
                     Err(e)
@@ -291,7 +365,13 @@ impl Store for PgStore {
         a: &Apply<'_>,
         txn: Txn,
     ) -> Result<Written, sqlx::Error> {
-        let statement = sqlx::query(self.transitions.apply.clone())
+        let sql = &self.transitions;
+        let statement = if a.emits.is_some() {
+            &sql.apply_emitting
+        } else {
+            &sql.apply
+        };
+        let statement = sqlx::query(statement.clone())
             .bind(a.to)
             .bind(a.key.order_id)
             .bind(a.from)
@@ -301,6 +381,10 @@ impl Store for PgStore {
             .bind(a.payload_hash)
             .bind(a.payload)
             .bind(a.write_id);
+        let statement = match a.emits {
+            Some(event) => statement.bind(a.machine).bind(event),
+            None => statement,
+        };
         // One statement is atomic on its own; inside the caller's transaction it runs in a
         // savepoint, so that a twin's unique key does not abort the caller's transaction.
         let outcome = match txn {
@@ -319,6 +403,7 @@ impl Store for PgStore {
         match outcome {
             Ok(done) if done.rows_affected() == 1 => Ok(Written::Applied),
             Ok(_) => Ok(Written::Lost),
+            Err(e) if is_outbox_taken(&e) => Ok(Written::OutboxTaken),
             Err(e) if is_unique_violation(&e) => Ok(Written::Lost),
             Err(e) => Err(e),
         }
@@ -410,4 +495,10 @@ impl Store for PgStore {
             .fetch_all(conn)
             .await
     }
+}
+
+/// Whether `e` is the outbox's primary key refusing a row: the outbox holds an event of
+/// the entity at that version already (its version was reused), not a twin request.
+fn is_outbox_taken(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.constraint() == Some("outbox_pkey"))
 }

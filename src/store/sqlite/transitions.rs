@@ -30,6 +30,9 @@ pub(super) struct Sql {
     /// The update after a read, guarded by what was read: `(to, id, from, version)`.
     update: SqlStr,
     pub(super) record: SqlStr,
+    /// The outbox row of an edge that emits an event, in the history row's unit:
+    /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
+    pub(super) emit: SqlStr,
     history: SqlStr,
 }
 
@@ -67,6 +70,11 @@ impl Sql {
                 "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             )),
+            emit: sql(
+                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                    .to_string(),
+            ),
             history: sql(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, created_at \
                  FROM {h} WHERE order_id = ?1 ORDER BY seq"
@@ -188,11 +196,7 @@ impl Store for SqliteStore {
             tx.rollback().await?;
             return Ok(Written::Lost);
         }
-        Ok(if self.record_and_commit(tx, a).await? {
-            Written::Applied
-        } else {
-            Written::Lost
-        })
+        self.record_and_commit(tx, a).await
     }
 
     async fn latest_ref(
