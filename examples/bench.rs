@@ -56,9 +56,14 @@
 //! as the history says. Its `deadline backend=… in_time=…` line is the share of calls
 //! answered in time.
 //!
+//! Transitions that emit an event have three more: `outbox` is `Engine::transition` of
+//! a machine whose `Pay` edge emits (the outbox row in the transition's unit), `out-hand`
+//! the same writes by hand, `replay-o` replays of what `outbox` applied.
+//!
 //! The last lines are one `ratio backend=… c=… engine_vs_floor=… engine_vs_naive=…
 //! replay_vs_engine=…` and one `records backend=… c=… records_vs_hand=…
-//! replay_vs_records=…` and one `flows backend=… c=… flow_vs_hand=… replay_vs_flow=…` per
+//! replay_vs_records=…` and one `flows backend=… c=… flow_vs_hand=… replay_vs_flow=…` and
+//! one `outbox backend=… c=… outbox_vs_hand=… replay_vs_outbox=…` per
 //! concurrency, for scripts.
 
 use std::future::{Future, IntoFuture};
@@ -80,6 +85,23 @@ orderly::state_machine! {
         terminal: [Delivered, Cancelled, Refunded];
         transitions: {
             Created + Pay     => Paid,
+            Created + Cancel  => Cancelled,
+            Paid    + Ship    => Shipped,
+            Paid    + Refund  => Refunded,
+            Shipped + Deliver => Delivered,
+        }
+    }
+}
+
+orderly::state_machine! {
+    /// The same graph, whose payment emits an event: an outbox row with the transition.
+    pub EmitMachine {
+        states: EmitState { Created, Paid, Shipped, Delivered, Cancelled, Refunded }
+        events: EmitEvent { Pay, Ship, Deliver, Cancel, Refund }
+        initial: Created;
+        terminal: [Delivered, Cancelled, Refunded];
+        transitions: {
+            Created + Pay     => Paid     emits OrderPaid,
             Created + Cancel  => Cancelled,
             Paid    + Ship    => Shipped,
             Paid    + Refund  => Refunded,
@@ -160,8 +182,11 @@ trait BenchDb: Send + Sync + 'static {
     /// transaction with the transition's writes, the step row and the fenced update of
     /// the flow record.
     fn flow_hand(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
-    /// Every bench order back to `Created`, version 0, its history and the idempotency
-    /// records gone.
+    /// By hand, what a transition along an edge that emits writes: the floor's writes
+    /// and the outbox row, in one unit (PostgreSQL: one statement).
+    fn outbox_hand(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// Every bench order back to `Created`, version 0, its history, outbox rows and the
+    /// idempotency records gone.
     fn reset(&self) -> impl Future<Output = Result<(), BoxError>> + Send;
     fn explain(&self) -> impl Future<Output = Result<String, BoxError>> + Send;
     fn describe(&self) -> String;
@@ -661,6 +686,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     let engine = db.engine();
     let records = bench_records(engine.store().clone());
     let flows = bench_flows(&engine);
+    let emitting: Engine<EmitMachine, B::S> = Engine::new(engine.store().clone())?;
     let big_engine = big.as_ref().map(|b| b.engine());
     println!(
         "# orderly bench: backend={} orders={} seconds={} rounds={} history_rows={}",
@@ -774,6 +800,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         ));
         ratios.push(records_pass(&db, &engine, &records, c, args).await?);
         ratios.push(flows_pass(&db, &flows, c, args).await?);
+        ratios.push(outbox_pass(&db, &emitting, c, args).await?);
     }
     if let Some(url) = &args.redis {
         storm_pass(&records, url, args, &mut ratios).await?;
@@ -1012,6 +1039,44 @@ async fn flows_pass<B: BenchDb>(
     .await
 }
 
+/// Transitions that emit an event at `c` callers: `Engine::transition` along an edge that
+/// emits (the outbox row in the transition's unit, `outbox`), the same writes by hand
+/// (`out-hand`), and replays of the requests the first applied (`replay-o`, no row).
+async fn outbox_pass<B: BenchDb>(
+    db: &Arc<B>,
+    engine: &Engine<EmitMachine, B::S>,
+    c: usize,
+    args: &Args,
+) -> Result<String, BoxError> {
+    let run = |replayed: bool| {
+        let e = engine.clone();
+        move |id| {
+            let e = e.clone();
+            async move {
+                let out = e.transition(id, EmitEvent::Pay, &bench_ref(id)).await?;
+                ensure(out.is_applied() != replayed, "outbox", id)
+            }
+        }
+    };
+    let d = db.clone();
+    let hand = move |id| {
+        let d = d.clone();
+        async move { d.outbox_hand(id).await }
+    };
+    let names = ["outbox", "out-hand", "replay-o"];
+    let ratios = ["outbox_vs_hand", "replay_vs_outbox"];
+    layer_pass(
+        db,
+        c,
+        args,
+        "outbox",
+        names,
+        ratios,
+        (run(false), hand, run(true)),
+    )
+    .await
+}
+
 /// Storms of identical claims (as a double-click or a retrying gateway makes), one storm
 /// after another for `--seconds`: a request claims, 63 identical ones arrive at once
 /// while it runs and are answered in flight, then it completes. Once on the database
@@ -1208,6 +1273,22 @@ mod sqlite {
             Ok(())
         }
 
+        async fn outbox_hand(&self, id: i64) -> Result<(), BoxError> {
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let n = sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
+                .bind("Paid").bind(id).bind("Created").bind(0_i64)
+                .execute(&mut *tx).await?.rows_affected();
+            ensure(n == 1, "out-hand", id)?;
+            sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+                .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
+                .execute(&mut *tx).await?;
+            sqlx::query("INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")
+                .bind("EmitMachine").bind(id).bind(1_i64).bind("OrderPaid").bind("Pay").bind("Created").bind("Paid").bind(bench_ref(id))
+                .execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
         async fn naive(&self, id: i64) -> Result<(), BoxError> {
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
             let row = sqlx::query("SELECT status, version FROM orders WHERE id = ?1")
@@ -1275,6 +1356,7 @@ mod sqlite {
                  DELETE FROM idempotency_records; \
                  DELETE FROM flows; \
                  DELETE FROM flow_steps; \
+                 DELETE FROM outbox; \
                  PRAGMA wal_checkpoint(TRUNCATE);",
             )
             .execute(&self.pool)
@@ -1373,6 +1455,20 @@ mod postgres {
             ensure(n == 1, "floor", id)
         }
 
+        async fn outbox_hand(&self, id: i64) -> Result<(), BoxError> {
+            let n = sqlx::query(
+                "WITH u AS (UPDATE orders SET status = $2, version = version + 1 \
+                   WHERE id = $1 AND status = $3 AND version = $4 RETURNING version), \
+                 h AS (INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+                   SELECT $1, version, $3, $2, $5, $6 FROM u) \
+                 INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                 SELECT 'EmitMachine', $1, version, 'OrderPaid', $5, $3, $2, $6 FROM u",
+            )
+            .bind(id).bind("Paid").bind("Created").bind(0_i64).bind("Pay").bind(bench_ref(id))
+            .execute(&self.pool).await?.rows_affected();
+            ensure(n == 1, "out-hand", id)
+        }
+
         async fn naive(&self, id: i64) -> Result<(), BoxError> {
             let mut tx = self.pool.begin().await?;
             let row = sqlx::query("SELECT status, version FROM orders WHERE id = $1 FOR UPDATE")
@@ -1439,12 +1535,13 @@ mod postgres {
                  UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0; \
                  DELETE FROM idempotency_records; \
                  DELETE FROM flows; \
-                 DELETE FROM flow_steps;",
+                 DELETE FROM flow_steps; \
+                 DELETE FROM outbox;",
             )
             .execute(&self.pool)
             .await?;
             sqlx::raw_sql(
-                "VACUUM ANALYZE orders, order_transitions, idempotency_records, flows, flow_steps",
+                "VACUUM ANALYZE orders, order_transitions, idempotency_records, flows, flow_steps, outbox",
             )
             .execute(&self.pool)
             .await?;
@@ -1615,6 +1712,22 @@ mod mysql {
             Ok(())
         }
 
+        async fn outbox_hand(&self, id: i64) -> Result<(), BoxError> {
+            let mut tx = self.pool.begin().await?;
+            let n = sqlx::query("UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?")
+                .bind("Paid").bind(id).bind("Created").bind(0_i64)
+                .execute(&mut *tx).await?.rows_affected();
+            ensure(n == 1, "out-hand", id)?;
+            sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+                .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
+                .execute(&mut *tx).await?;
+            sqlx::query("INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+                .bind("EmitMachine").bind(id).bind(1_i64).bind("OrderPaid").bind("Pay").bind("Created").bind("Paid").bind(bench_ref(id))
+                .execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
         async fn naive(&self, id: i64) -> Result<(), BoxError> {
             let mut tx = self.pool.begin().await?;
             let row = sqlx::query("SELECT status, version FROM orders WHERE id = ? FOR UPDATE")
@@ -1684,7 +1797,7 @@ mod mysql {
             sqlx::raw_sql("DELETE FROM order_transitions WHERE order_id > 0")
                 .execute(&self.pool)
                 .await?;
-            for table in ["idempotency_records", "flows", "flow_steps"] {
+            for table in ["idempotency_records", "flows", "flow_steps", "outbox"] {
                 sqlx::raw_sql(AssertSqlSafe(format!("DELETE FROM {table}")))
                     .execute(&self.pool)
                     .await?;
