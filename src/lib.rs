@@ -117,6 +117,7 @@ pub mod error;
 pub mod flow;
 pub mod idempotency;
 pub mod machine;
+pub mod outbox;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

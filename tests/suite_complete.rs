@@ -2,11 +2,12 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 7] = [
+const BODIES: [&str; 8] = [
     include_str!("conformance/mod.rs"),
     include_str!("conformance/faults.rs"),
     include_str!("conformance/flows.rs"),
     include_str!("conformance/idempotency.rs"),
+    include_str!("conformance/outbox.rs"),
     include_str!("conformance/records_faults.rs"),
     include_str!("conformance/records_jobs.rs"),
     include_str!("conformance/records_model.rs"),

@@ -27,6 +27,7 @@ pub use outcome::{FlowOutcome, FlowView, Listed, Outputs, ParkReason, Resume, St
 pub use recovery::FlowsRecovered;
 pub use run::{FlowConfig, Flows};
 pub use seam::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
+pub(crate) use steps::bounded;
 pub use steps::{Ctx, Definition, MAX_ERROR_BYTES, StepError};
 
 #[doc(hidden)]

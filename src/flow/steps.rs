@@ -35,7 +35,7 @@ pub(super) fn bounded_str(text: &str) -> Cow<'_, str> {
 }
 
 /// `text`, cut to [`MAX_ERROR_BYTES`] with its marker if it is longer.
-pub(super) fn bounded(mut text: String) -> String {
+pub(crate) fn bounded(mut text: String) -> String {
     if text.len() <= MAX_ERROR_BYTES {
         return text;
     }

@@ -5,6 +5,7 @@
 pub mod faults;
 pub mod flows;
 pub mod idempotency;
+pub mod outbox;
 pub mod records_faults;
 pub mod records_jobs;
 pub mod records_model;
@@ -14,6 +15,8 @@ pub use faults::*;
 pub use flows::*;
 #[allow(unused_imports)] // the Galera suites share the harness, not these bodies
 pub use idempotency::*;
+#[allow(unused_imports)]
+pub use outbox::*;
 #[allow(unused_imports)]
 pub use records_faults::*;
 #[allow(unused_imports)]
@@ -57,7 +60,7 @@ pub type Eng<B> = Engine<OrderMachine, <B as Backend>::S>;
 /// What a test needs from a backend: a fresh database and a few dialect-specific moves.
 #[allow(async_fn_in_trait)]
 pub trait Backend: Sized + Send + Sync + 'static {
-    type S: orderly::flow::FlowStore;
+    type S: orderly::flow::FlowStore + orderly::outbox::OutboxStore;
     /// An open transaction on its own connection, held by the test.
     type Tx: DerefMut<Target = <Self::S as Store>::Conn> + Send;
 
@@ -254,6 +257,14 @@ macro_rules! conformance {
             flow_step_of_another_flow_is_refused,
             flow_unknown_park_reason_is_corrupt_to_start_and_resume,
             flow_attempt_counter_at_its_limit_parks,
+            relays_race_each_event_once_in_order,
+            poison_event_dies_without_holding_back_others,
+            relay_dropped_at_every_await_point_leaves_nothing_claimed,
+            relay_shutdown_finishes_the_batch_in_hand,
+            outbox_purge_and_stats,
+            inbox_dedupes_inside_the_consumers_transaction,
+            events_commit_with_records_run,
+            relay_killed_by_sigkill_another_finishes,
         );
     };
     // The network faults, for a backend that implements `Networked`.
@@ -276,7 +287,7 @@ macro_rules! conformance {
             async fn $name() {
                 // A child process of a test that kills one: be the child, nothing else.
                 if let Ok(spec) = std::env::var($crate::conformance::CHILD) {
-                    return $crate::conformance::flows::flow_child::<$backend>(&spec).await;
+                    return $crate::conformance::child::<$backend>(&spec).await;
                 }
                 let backend = <$backend as $crate::conformance::Backend>::fresh().await;
                 $crate::conformance::$name(&backend).await;
@@ -284,6 +295,14 @@ macro_rules! conformance {
             }
         )+
     };
+}
+
+/// A child process of a test that kills one: the relay's or the flow runner's.
+pub async fn child<B: Backend>(spec: &str) {
+    match spec.strip_prefix(outbox::RELAY_CHILD) {
+        Some(relay) => outbox::relay_child::<B>(relay).await,
+        None => flows::flow_child::<B>(spec).await,
+    }
 }
 
 pub(crate) async fn engine<B: Backend>(b: &B) -> Eng<B> {

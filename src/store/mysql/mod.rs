@@ -10,6 +10,7 @@ use crate::Error;
 
 mod flows;
 mod idempotency;
+mod outbox;
 mod transitions;
 mod units;
 

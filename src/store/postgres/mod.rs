@@ -10,6 +10,7 @@ use crate::Error;
 
 mod flows;
 mod idempotency;
+mod outbox;
 mod transitions;
 
 /// Applies the embedded migrations in `migrations/postgres/` (idempotent).

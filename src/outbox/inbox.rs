@@ -1,0 +1,67 @@
+//! The consumer's inbox: which messages a consumer has handled, recorded in the
+//! consumer's own transaction.
+
+use std::time::Duration;
+
+use super::OutboxStore;
+use crate::store::{Lease, db_error};
+use crate::{Error, Result};
+
+/// The longest consumer name, in bytes.
+const MAX_CONSUMER: usize = 128;
+/// The longest message id, in bytes.
+const MAX_MESSAGE_ID: usize = 255;
+
+/// The inbox of one consumer: for work that is not a transition (a transition dedupes by
+/// itself with `ref_id` = the message id). [`receive`](Inbox::receive) inside the
+/// transaction that does the work: the work and the record commit together, so a
+/// redelivery finds the record and is skipped.
+#[derive(Debug, Clone)]
+pub struct Inbox<S> {
+    store: S,
+    consumer: String,
+}
+
+impl<S: OutboxStore> Inbox<S> {
+    /// The inbox of `consumer` (at most 128 bytes) in `store`.
+    pub fn new(store: S, consumer: impl Into<String>) -> Result<Self> {
+        let consumer = consumer.into();
+        if consumer.is_empty() || consumer.len() > MAX_CONSUMER {
+            return Err(Error::InvalidInput(format!(
+                "an inbox consumer name must be 1 to {MAX_CONSUMER} bytes"
+            )));
+        }
+        Ok(Inbox { store, consumer })
+    }
+
+    /// Records `message_id` (at most 255 bytes) as received, on `conn`, which should be
+    /// inside the transaction that does the message's work: `true` the first time (do
+    /// the work), `false` for a redelivery (skip it). Rolled back with the work.
+    pub async fn receive(&self, conn: &mut S::Conn, message_id: &str) -> Result<bool> {
+        if message_id.is_empty() || message_id.len() > MAX_MESSAGE_ID {
+            return Err(Error::InvalidInput(format!(
+                "a message id must be 1 to {MAX_MESSAGE_ID} bytes"
+            )));
+        }
+        self.store
+            .inbox_insert(conn, &self.consumer, message_id)
+            .await
+            .map_err(db_error::<S>)
+    }
+
+    /// Deletes up to `batch` entries of every consumer received more than `retention`
+    /// ago (keep it longer than any redelivery can come late); how many went.
+    pub async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
+        if batch == 0 {
+            return Err(Error::InvalidInput("a purge batch must be positive".into()));
+        }
+        let retention = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+        let out = self
+            .store
+            .inbox_purge(lease.conn(), retention, i64::from(batch))
+            .await;
+        lease.release_after(&out);
+        out.map_err(db_error::<S>)
+    }
+}

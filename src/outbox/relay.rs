@@ -1,0 +1,362 @@
+//! The relay: claim → publish → record, fenced by the claim's token; and the operator's
+//! view of the outbox.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::future::join_all;
+
+use super::{EventKey, EventRow, FailedEvent, Message, OutboxStore, Sink, SinkError};
+use crate::flow::bounded;
+use crate::store::{Lease, db_error};
+use crate::{Error, Result};
+
+/// Runs one statement of `$store` on a leased connection `$c`: the connection goes back
+/// to the pool once the statement ran to its end, and is closed if it was lost or the
+/// future dropped.
+macro_rules! leased {
+    ($store:expr, |$c:ident| $statement:expr) => {{
+        let mut lease = Lease::<S>::acquire($store).await.map_err(db_error::<S>)?;
+        let out = {
+            let $c = lease.conn();
+            $statement.await
+        };
+        lease.release_after(&out);
+        out.map_err(db_error::<S>)
+    }};
+}
+
+/// How a relay claims, publishes and retries.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// The most events claimed (and published together) in one round. Default 128.
+    pub batch: u32,
+    /// How long a claim lasts: another relay takes an event over only after this.
+    /// Default 30 s; it must exceed `publish_timeout`.
+    pub lease: Duration,
+    /// How long one publish may take before it counts as failed. Default 10 s.
+    pub publish_timeout: Duration,
+    /// Claims of one event after which a failing event goes to the dead state. Default 10.
+    pub max_attempts: u32,
+    /// The first retry's delay; each next one doubles, with jitter. Default 500 ms.
+    pub min_backoff: Duration,
+    /// The longest retry delay. Default 5 min.
+    pub max_backoff: Duration,
+    /// How long [`Relay::run`] sleeps when a round found nothing to publish (or failed).
+    /// Default 200 ms.
+    pub idle: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch: 128,
+            lease: Duration::from_secs(30),
+            publish_timeout: Duration::from_secs(10),
+            max_attempts: 10,
+            min_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(300),
+            idle: Duration::from_millis(200),
+        }
+    }
+}
+
+impl RelayConfig {
+    fn check(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        if self.batch == 0 {
+            problems.push("batch must be positive");
+        }
+        if self.max_attempts == 0 {
+            problems.push("max_attempts must be positive");
+        }
+        if self.publish_timeout.is_zero() {
+            problems.push("publish_timeout must be positive");
+        }
+        if self.lease <= self.publish_timeout {
+            problems.push("lease must exceed publish_timeout");
+        }
+        if self.min_backoff > self.max_backoff {
+            problems.push("min_backoff must not exceed max_backoff");
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::InvalidInput(format!(
+                "relay config: {}",
+                problems.join("; ")
+            )))
+        }
+    }
+}
+
+/// What one round of a relay did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayRound {
+    /// Events this round claimed.
+    pub claimed: usize,
+    /// Published and recorded so.
+    pub published: usize,
+    /// Failed to publish: due again after a backoff.
+    pub retried: usize,
+    /// Moved to the dead state (refused for good, or out of attempts).
+    pub dead: usize,
+    /// Whose claim another relay took over before the outcome was recorded (published
+    /// here or not, the other relay publishes it again: the broker or the consumer
+    /// dedupes by [`Message::id`]).
+    pub lost: usize,
+}
+
+impl RelayRound {
+    fn add(&mut self, other: RelayRound) {
+        self.claimed += other.claimed;
+        self.published += other.published;
+        self.retried += other.retried;
+        self.dead += other.dead;
+        self.lost += other.lost;
+    }
+}
+
+/// Counts of the outbox as it is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// Events waiting to be published.
+    pub pending: u64,
+    /// Events in the dead state, waiting for an operator.
+    pub dead: u64,
+    /// How long the oldest pending event has waited (zero if none).
+    pub oldest_pending: Duration,
+}
+
+/// The outbox of one store: what waits, what died, requeue and purge.
+#[derive(Debug, Clone)]
+pub struct Outbox<S> {
+    store: S,
+}
+
+impl<S: OutboxStore> Outbox<S> {
+    /// The outbox of `store` (its migrations create the table).
+    pub fn new(store: S) -> Self {
+        Outbox { store }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Pending and dead counts, and the oldest pending event's age.
+    pub async fn stats(&self) -> Result<OutboxStats> {
+        let row = leased!(&self.store, |c| self.store.outbox_stats(c))?;
+        Ok(OutboxStats {
+            pending: u64::try_from(row.pending).unwrap_or(0),
+            dead: u64::try_from(row.dead).unwrap_or(0),
+            oldest_pending: Duration::from_millis(
+                u64::try_from(row.oldest_pending_ms).unwrap_or(0),
+            ),
+        })
+    }
+
+    /// Up to `limit` events in the dead state, with their last errors.
+    pub async fn dead(&self, limit: u32) -> Result<Vec<EventRow>> {
+        leased!(&self.store, |c| self.store.list_events(
+            c,
+            "DEAD",
+            i64::from(limit)
+        ))
+    }
+
+    /// Up to `limit` events waiting to be published.
+    pub async fn pending(&self, limit: u32) -> Result<Vec<EventRow>> {
+        leased!(&self.store, |c| self.store.list_events(
+            c,
+            "PENDING",
+            i64::from(limit)
+        ))
+    }
+
+    /// Puts a dead event back in line (due now, its attempts reset); whether it was dead.
+    /// The entity's later events follow it once it is published.
+    pub async fn requeue(&self, key: &EventKey) -> Result<bool> {
+        leased!(&self.store, |c| self.store.requeue_event(c, key))
+    }
+
+    /// Deletes up to `batch` events published more than `retention` ago (never a pending
+    /// or dead one); how many went. Call it until it returns less than `batch`.
+    pub async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
+        if batch == 0 {
+            return Err(Error::InvalidInput("a purge batch must be positive".into()));
+        }
+        let retention = millis(retention);
+        leased!(&self.store, |c| self.store.purge_published(
+            c,
+            retention,
+            i64::from(batch)
+        ))
+    }
+}
+
+/// A relay: claims the outbox's events, publishes them through a [`Sink`], and records
+/// each outcome fenced by its claim. Run several (tasks or processes) over one database:
+/// no two publish one event at once, and one entity's events go out in version order.
+#[derive(Debug)]
+pub struct Relay<S, K> {
+    outbox: Outbox<S>,
+    sink: Arc<K>,
+    config: RelayConfig,
+}
+
+impl<S: OutboxStore, K: Sink> Relay<S, K> {
+    /// A relay of `store`'s outbox to `sink`, with the default [`RelayConfig`].
+    pub fn new(store: S, sink: K) -> Self {
+        Relay {
+            outbox: Outbox::new(store),
+            sink: Arc::new(sink),
+            config: RelayConfig::default(),
+        }
+    }
+
+    /// The same relay with `config`; [`Error::InvalidInput`] naming every problem if the
+    /// config cannot work (a zero batch, a lease no longer than the publish timeout).
+    pub fn with_config(mut self, config: RelayConfig) -> Result<Self> {
+        config.check()?;
+        self.config = config;
+        Ok(self)
+    }
+
+    /// The outbox it relays.
+    pub fn outbox(&self) -> &Outbox<S> {
+        &self.outbox
+    }
+
+    /// The sink it publishes to.
+    pub fn sink(&self) -> &K {
+        &self.sink
+    }
+
+    /// One round: claims up to [`RelayConfig::batch`] events (the earliest unpublished
+    /// event of each entity, so one round holds at most one event per entity),
+    /// publishes them concurrently, and records the outcomes: published events in one
+    /// statement, each failure on its own (retried after a backoff, or dead).
+    pub async fn relay_once(&self) -> Result<RelayRound> {
+        let store = &self.outbox.store;
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let claim = super::ClaimEvents {
+            token: &token,
+            lease_ms: millis(self.config.lease),
+            limit: i64::from(self.config.batch),
+        };
+        let rows = leased!(store, |c| store.claim_events(c, &claim))?;
+        let mut round = RelayRound {
+            claimed: rows.len(),
+            ..RelayRound::default()
+        };
+        if rows.is_empty() {
+            return Ok(round);
+        }
+        let outcomes = join_all(rows.iter().map(|row| self.publish(row))).await;
+        let mut published = Vec::new();
+        let mut failed = Vec::new();
+        for (row, outcome) in rows.iter().zip(outcomes) {
+            let key = EventKey {
+                machine: row.machine.clone(),
+                entity_id: row.entity_id,
+                version: row.version,
+            };
+            match outcome {
+                Ok(()) => published.push(key),
+                Err(e) => failed.push((key, row.attempts, e)),
+            }
+        }
+        if !published.is_empty() {
+            let marked = leased!(store, |c| store.mark_published(c, &token, &published))?;
+            let marked = usize::try_from(marked).unwrap_or(0);
+            round.published = marked;
+            round.lost += published.len().saturating_sub(marked);
+        }
+        for (key, attempts, error) in failed {
+            let dead = error.permanent
+                || u32::try_from(attempts).unwrap_or(u32::MAX) >= self.config.max_attempts;
+            let error = bounded(error.message);
+            let failure = FailedEvent {
+                key: &key,
+                token: &token,
+                error: &error,
+                retry_in_ms: millis(self.backoff(attempts)),
+                dead,
+            };
+            tracing::warn!(
+                machine = %key.machine, entity = key.entity_id, version = key.version,
+                attempts, dead, error = %error, "publishing an outbox event failed"
+            );
+            match leased!(store, |c| store.mark_failed(c, &failure))? {
+                false => round.lost += 1,
+                true if dead => round.dead += 1,
+                true => round.retried += 1,
+            }
+        }
+        Ok(round)
+    }
+
+    /// Runs rounds until `shutdown` completes: back to back while there is work, every
+    /// [`RelayConfig::idle`] when there is none or a round failed (a database error is
+    /// logged and tried again). The round in hand when `shutdown` completes is finished
+    /// first. Returns what all rounds did.
+    pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<RelayRound> {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut total = RelayRound::default();
+        loop {
+            let pause = match self.relay_once().await {
+                Ok(round) => {
+                    total.add(round);
+                    round.claimed < self.config.batch as usize
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox relay round failed");
+                    true
+                }
+            };
+            let wait = if pause {
+                self.config.idle
+            } else {
+                Duration::ZERO
+            };
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(total),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Publishes one event, bounded by the publish timeout.
+    async fn publish(&self, row: &EventRow) -> std::result::Result<(), SinkError> {
+        let message = Message::from_row(row);
+        match tokio::time::timeout(self.config.publish_timeout, self.sink.publish(&message)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(SinkError::retry(format!(
+                "publish timed out after {:?}",
+                self.config.publish_timeout
+            ))),
+        }
+    }
+
+    /// The delay before the next try of an event claimed `attempts` times.
+    fn backoff(&self, attempts: i32) -> Duration {
+        let n = usize::try_from(attempts.max(1) - 1).unwrap_or(0);
+        ExponentialBuilder::default()
+            .with_min_delay(self.config.min_backoff)
+            .with_max_delay(self.config.max_backoff)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .nth(n.min(64))
+            .unwrap_or(self.config.max_backoff)
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

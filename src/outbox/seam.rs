@@ -1,0 +1,170 @@
+//! What the outbox needs from a backend: a handful of statements over the backend's own
+//! connection. Each backend implements [`OutboxStore`] in `src/store/<backend>/outbox.rs`.
+//! Every time is the database's clock, in milliseconds since the epoch.
+
+use std::future::Future;
+
+use crate::store::Store;
+
+/// A backend of the outbox: the relay's claim and its fenced outcomes, the operator's
+/// calls, and the consumer's inbox.
+pub trait OutboxStore: Store {
+    /// Claims up to `claim.limit` events under `claim.token` for `claim.lease_ms`, in one
+    /// atomic unit, and returns them. An event is claimable when it is `PENDING`, due
+    /// (`next_at` passed), not under another relay's live lease, and the earliest
+    /// unpublished event of its entity (no event of the entity at a lower version is
+    /// `PENDING` or `DEAD`), so one entity's events are published one after another in
+    /// version order, and never two of them at once. Each claim counts an attempt.
+    /// Rows another relay is claiming at this moment are skipped, never waited for
+    /// (`SKIP LOCKED` where the backend has it).
+    fn claim_events(
+        &self,
+        conn: &mut Self::Conn,
+        claim: &ClaimEvents<'_>,
+    ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send;
+
+    /// Marks the events of `keys` still claimed under `token` `PUBLISHED`, in one
+    /// statement: how many it marked (an event whose claim was taken over is not).
+    fn mark_published(
+        &self,
+        conn: &mut Self::Conn,
+        token: &str,
+        keys: &[EventKey],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Records a failed publish of one event still claimed under `failed.token`: back to
+    /// `PENDING`, due again after `failed.retry_in_ms`, or `DEAD` if `failed.dead`, with
+    /// the error. Whether it wrote (false if the claim was taken over).
+    fn mark_failed(
+        &self,
+        conn: &mut Self::Conn,
+        failed: &FailedEvent<'_>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Puts a `DEAD` event back to `PENDING`, due now, its attempts reset; whether it was
+    /// dead.
+    fn requeue_event(
+        &self,
+        conn: &mut Self::Conn,
+        key: &EventKey,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Deletes up to `limit` `PUBLISHED` events published more than `retention_ms` ago;
+    /// how many went.
+    fn purge_published(
+        &self,
+        conn: &mut Self::Conn,
+        retention_ms: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Counts of the outbox as it is now.
+    fn outbox_stats(
+        &self,
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = Result<StatsRow, sqlx::Error>> + Send;
+
+    /// Up to `limit` events in `status`, by machine, entity and version.
+    fn list_events(
+        &self,
+        conn: &mut Self::Conn,
+        status: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send;
+
+    /// Records that `consumer` received `message_id`, in the caller's transaction (the
+    /// connection is inside it): `true` the first time, `false` for a redelivery.
+    fn inbox_insert(
+        &self,
+        conn: &mut Self::Conn,
+        consumer: &str,
+        message_id: &str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Deletes up to `limit` inbox entries received more than `retention_ms` ago.
+    fn inbox_purge(
+        &self,
+        conn: &mut Self::Conn,
+        retention_ms: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+}
+
+/// A relay's claim.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimEvents<'a> {
+    /// The token this claim mints.
+    pub token: &'a str,
+    /// How long the claim lasts, in milliseconds.
+    pub lease_ms: i64,
+    /// The most events to claim.
+    pub limit: i64,
+}
+
+/// An event's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EventKey {
+    /// The machine's name.
+    pub machine: String,
+    /// The entity.
+    pub entity_id: i64,
+    /// The entity's version after the transition that emitted it.
+    pub version: i64,
+}
+
+/// A failed publish, recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct FailedEvent<'a> {
+    /// The event.
+    pub key: &'a EventKey,
+    /// The claim's token.
+    pub token: &'a str,
+    /// The sink's error, bounded.
+    pub error: &'a str,
+    /// Due again after this many milliseconds.
+    pub retry_in_ms: i64,
+    /// Moved to `DEAD` instead.
+    pub dead: bool,
+}
+
+/// An outbox row as read.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct EventRow {
+    /// The machine's name.
+    pub machine: String,
+    /// The entity.
+    pub entity_id: i64,
+    /// The entity's version after the transition.
+    pub version: i64,
+    /// The domain event.
+    pub event: String,
+    /// The transition (the machine's event) that emitted it.
+    pub transition: String,
+    /// The state before.
+    pub from_status: String,
+    /// The state after.
+    pub to_status: String,
+    /// The request's reference.
+    pub ref_id: String,
+    /// The request's own event body, JSON text.
+    pub body: Option<String>,
+    /// `PENDING`, `PUBLISHED` or `DEAD`.
+    pub status: String,
+    /// Claims so far.
+    pub attempts: i32,
+    /// The last publish error.
+    pub last_error: Option<String>,
+    /// Milliseconds since the event was written.
+    pub age_ms: i64,
+}
+
+/// Counts of the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct StatsRow {
+    /// Events waiting to be published.
+    pub pending: i64,
+    /// Events in the dead state.
+    pub dead: i64,
+    /// Milliseconds since the oldest pending event was written (0 if none).
+    pub oldest_pending_ms: i64,
+}

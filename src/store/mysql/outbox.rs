@@ -1,0 +1,225 @@
+//! The outbox on MySQL/MariaDB: its SQL, and [`OutboxStore`] over it. The relay's claim
+//! is a READ COMMITTED transaction: `SELECT … FOR UPDATE SKIP LOCKED` chooses and locks
+//! the events (its subquery, the test for an earlier unpublished event of the entity, is
+//! a plain read that locks nothing), an update hands them to the claim's token. On
+//! Galera, two nodes' claims of one event collide at certification: one of them fails
+//! with a deadlock, which the relay retries.
+
+use sqlx::mysql::MySqlConnection;
+
+use super::MySqlStore;
+use crate::idempotency::RecordStore;
+use crate::outbox::{ClaimEvents, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow};
+
+/// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
+/// statement).
+const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+
+/// An event's columns, its age on the database's clock.
+const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, from_status, \
+    to_status, ref_id, body, status, attempts, last_error, \
+    CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) DIV 1000 AS SIGNED) AS age_ms";
+
+/// `(machine = ? AND entity_id = ? AND version = ?) OR …`, one group per key.
+fn keys_in(n: usize) -> String {
+    let one = "(machine = ? AND entity_id = ? AND version = ?)";
+    format!("({})", vec![one; n.max(1)].join(" OR "))
+}
+
+impl OutboxStore for MySqlStore {
+    async fn claim_events(
+        &self,
+        conn: &mut MySqlConnection,
+        c: &ClaimEvents<'_>,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        let mut tx = Self::begin(conn).await?;
+        let choose = format!(
+            "SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
+             WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} \
+               AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
+                   AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') \
+                   AND p.version < o.version) \
+             ORDER BY o.next_at LIMIT ? FOR UPDATE SKIP LOCKED"
+        );
+        let keys: Vec<(String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(choose))
+            .bind(c.limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        if keys.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let hand_over = format!(
+            "UPDATE outbox SET owner_token = ?, lease_until = {NOW} + ?, \
+                 attempts = LEAST(GREATEST(attempts, 0) + 1, 2147483647) \
+             WHERE status = 'PENDING' AND lease_until <= {NOW} AND {}",
+            keys_in(keys.len())
+        );
+        let mut update = sqlx::query(sqlx::AssertSqlSafe(hand_over))
+            .bind(c.token)
+            .bind(c.lease_ms);
+        for (machine, entity_id, version) in &keys {
+            update = update.bind(machine).bind(entity_id).bind(version);
+        }
+        update.execute(&mut *tx).await?;
+        let taken = format!(
+            "SELECT {EVENT_COLUMNS} FROM outbox WHERE owner_token = ? AND {}",
+            keys_in(keys.len())
+        );
+        let mut read = sqlx::query_as(sqlx::AssertSqlSafe(taken)).bind(c.token);
+        for (machine, entity_id, version) in &keys {
+            read = read.bind(machine).bind(entity_id).bind(version);
+        }
+        let claimed = read.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn mark_published(
+        &self,
+        conn: &mut MySqlConnection,
+        token: &str,
+        keys: &[EventKey],
+    ) -> Result<u64, sqlx::Error> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let sql = format!(
+            "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+                 last_error = NULL, published_at = {NOW} \
+             WHERE owner_token = ? AND status = 'PENDING' AND {}",
+            keys_in(keys.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
+        for key in keys {
+            query = query
+                .bind(key.machine.as_str())
+                .bind(key.entity_id)
+                .bind(key.version);
+        }
+        Ok(query.execute(conn).await?.rows_affected())
+    }
+
+    async fn mark_failed(
+        &self,
+        conn: &mut MySqlConnection,
+        f: &FailedEvent<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE outbox SET status = CASE WHEN ? THEN 'DEAD' ELSE 'PENDING' END, \
+                 owner_token = NULL, lease_until = 0, next_at = {NOW} + ?, last_error = ? \
+             WHERE machine = ? AND entity_id = ? AND version = ? \
+               AND owner_token = ? AND status = 'PENDING'"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(f.dead)
+            .bind(f.retry_in_ms)
+            .bind(f.error)
+            .bind(&f.key.machine)
+            .bind(f.key.entity_id)
+            .bind(f.key.version)
+            .bind(f.token)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn requeue_event(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &EventKey,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, lease_until = 0, \
+                 next_at = 0 \
+             WHERE machine = ? AND entity_id = ? AND version = ? AND status = 'DEAD'",
+        )
+        .bind(&key.machine)
+        .bind(key.entity_id)
+        .bind(key.version)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_published(
+        &self,
+        conn: &mut MySqlConnection,
+        retention_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "DELETE FROM outbox WHERE status = 'PUBLISHED' AND published_at <= {NOW} - ? LIMIT ?"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(retention_ms)
+            .bind(limit)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_stats(&self, conn: &mut MySqlConnection) -> Result<StatsRow, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT CAST(COALESCE(SUM(status = 'PENDING'), 0) AS SIGNED) AS pending, \
+                    CAST(COALESCE(SUM(status = 'DEAD'), 0) AS SIGNED) AS dead, \
+                    CAST(COALESCE(TIMESTAMPDIFF(MICROSECOND, \
+                        MIN(CASE WHEN status = 'PENDING' THEN created_at END), NOW(6)) DIV 1000, 0) AS SIGNED) \
+                        AS oldest_pending_ms \
+             FROM outbox WHERE status IN ('PENDING', 'DEAD')",
+        )
+        .fetch_one(conn)
+        .await
+    }
+
+    async fn list_events(
+        &self,
+        conn: &mut MySqlConnection,
+        status: &str,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {EVENT_COLUMNS} FROM outbox WHERE status = ? \
+             ORDER BY machine, entity_id, version LIMIT ?"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(status)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
+    }
+
+    /// `INSERT IGNORE` (the inbox layer checks the lengths first, so the only error it
+    /// can turn into a warning is the duplicate key).
+    async fn inbox_insert(
+        &self,
+        conn: &mut MySqlConnection,
+        consumer: &str,
+        message_id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "INSERT IGNORE INTO inbox (consumer, message_id, received_at) VALUES (?, ?, {NOW})"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(message_id)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_purge(
+        &self,
+        conn: &mut MySqlConnection,
+        retention_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!("DELETE FROM inbox WHERE received_at <= {NOW} - ? LIMIT ?");
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(retention_ms)
+            .bind(limit)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}

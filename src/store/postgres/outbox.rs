@@ -1,0 +1,221 @@
+//! The outbox on PostgreSQL: its SQL, and [`OutboxStore`] over it. The relay's claim is
+//! one statement: an update of the events a `FOR UPDATE SKIP LOCKED` subquery chose, so
+//! two relays never wait for, or claim, the same event.
+
+use sqlx::postgres::PgConnection;
+
+use super::PgStore;
+use crate::outbox::{ClaimEvents, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow};
+
+/// The database clock, in milliseconds since the epoch.
+const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)";
+
+/// An event's columns, its age on the database's clock.
+const EVENT_COLUMNS: &str = "o.machine, o.entity_id, o.version, o.event, o.transition, \
+    o.from_status, o.to_status, o.ref_id, o.body, o.status, o.attempts, o.last_error, \
+    (extract(epoch FROM clock_timestamp() - o.created_at) * 1000)::bigint AS age_ms";
+
+/// No earlier event of `o`'s entity is unpublished.
+const HEAD: &str = "NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
+    AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') AND p.version < o.version)";
+
+/// The events of the key arrays `$n`, `$n+1`, `$n+2`.
+fn keys_in(first: usize) -> String {
+    format!(
+        "(o.machine, o.entity_id, o.version) IN (SELECT * FROM UNNEST(${}::text[], ${}::bigint[], ${}::bigint[]))",
+        first,
+        first + 1,
+        first + 2
+    )
+}
+
+/// The key arrays, column by column.
+fn columns(keys: &[EventKey]) -> (Vec<&str>, Vec<i64>, Vec<i64>) {
+    let machines = keys.iter().map(|k| k.machine.as_str()).collect();
+    let entities = keys.iter().map(|k| k.entity_id).collect();
+    let versions = keys.iter().map(|k| k.version).collect();
+    (machines, entities, versions)
+}
+
+impl OutboxStore for PgStore {
+    async fn claim_events(
+        &self,
+        conn: &mut PgConnection,
+        c: &ClaimEvents<'_>,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW}, chosen AS ( \
+                 SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
+                 WHERE o.status = 'PENDING' AND o.next_at <= now.ms AND o.lease_until <= now.ms AND {HEAD} \
+                 ORDER BY o.next_at LIMIT $3 FOR UPDATE OF o SKIP LOCKED) \
+             UPDATE outbox AS o SET owner_token = $1, lease_until = now.ms + $2, \
+                 attempts = LEAST(GREATEST(o.attempts, 0)::bigint + 1, 2147483647)::int \
+             FROM chosen, now \
+             WHERE o.machine = chosen.machine AND o.entity_id = chosen.entity_id AND o.version = chosen.version \
+             RETURNING {EVENT_COLUMNS}"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(c.token)
+            .bind(c.lease_ms)
+            .bind(c.limit)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn mark_published(
+        &self,
+        conn: &mut PgConnection,
+        token: &str,
+        keys: &[EventKey],
+    ) -> Result<u64, sqlx::Error> {
+        let (machines, entities, versions) = columns(keys);
+        let sql = format!(
+            "UPDATE outbox AS o SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+                 last_error = NULL, published_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+             WHERE o.owner_token = $1 AND o.status = 'PENDING' AND {}",
+            keys_in(2)
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(token)
+            .bind(machines)
+            .bind(entities)
+            .bind(versions)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn mark_failed(
+        &self,
+        conn: &mut PgConnection,
+        f: &FailedEvent<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW} \
+             UPDATE outbox AS o SET status = CASE WHEN $6 THEN 'DEAD' ELSE 'PENDING' END, \
+                 owner_token = NULL, lease_until = 0, next_at = now.ms + $7, last_error = $5 \
+             FROM now \
+             WHERE o.machine = $1 AND o.entity_id = $2 AND o.version = $3 \
+               AND o.owner_token = $4 AND o.status = 'PENDING'"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&f.key.machine)
+            .bind(f.key.entity_id)
+            .bind(f.key.version)
+            .bind(f.token)
+            .bind(f.error)
+            .bind(f.dead)
+            .bind(f.retry_in_ms)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn requeue_event(
+        &self,
+        conn: &mut PgConnection,
+        key: &EventKey,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, lease_until = 0, \
+                 next_at = 0 \
+             WHERE machine = $1 AND entity_id = $2 AND version = $3 AND status = 'DEAD'",
+        )
+        .bind(&key.machine)
+        .bind(key.entity_id)
+        .bind(key.version)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_published(
+        &self,
+        conn: &mut PgConnection,
+        retention_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW}, gone AS ( \
+                 SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
+                 WHERE o.status = 'PUBLISHED' AND o.published_at <= now.ms - $1 \
+                 LIMIT $2 FOR UPDATE OF o SKIP LOCKED) \
+             DELETE FROM outbox AS o USING gone \
+             WHERE o.machine = gone.machine AND o.entity_id = gone.entity_id AND o.version = gone.version"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(retention_ms)
+            .bind(limit)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_stats(&self, conn: &mut PgConnection) -> Result<StatsRow, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, \
+                    count(*) FILTER (WHERE status = 'DEAD') AS dead, \
+                    COALESCE((extract(epoch FROM clock_timestamp() - \
+                        min(created_at) FILTER (WHERE status = 'PENDING')) * 1000)::bigint, 0) AS oldest_pending_ms \
+             FROM outbox WHERE status IN ('PENDING', 'DEAD')",
+        )
+        .fetch_one(conn)
+        .await
+    }
+
+    async fn list_events(
+        &self,
+        conn: &mut PgConnection,
+        status: &str,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {EVENT_COLUMNS} FROM outbox AS o WHERE o.status = $1 \
+             ORDER BY o.machine, o.entity_id, o.version LIMIT $2"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(status)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn inbox_insert(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        message_id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "INSERT INTO inbox (consumer, message_id, received_at) \
+             VALUES ($1, $2, (extract(epoch FROM clock_timestamp()) * 1000)::bigint) \
+             ON CONFLICT (consumer, message_id) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(message_id)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_purge(
+        &self,
+        conn: &mut PgConnection,
+        retention_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "WITH now AS {NOW}, gone AS ( \
+                 SELECT i.consumer, i.message_id FROM inbox AS i, now \
+                 WHERE i.received_at <= now.ms - $1 LIMIT $2 FOR UPDATE OF i SKIP LOCKED) \
+             DELETE FROM inbox AS i USING gone \
+             WHERE i.consumer = gone.consumer AND i.message_id = gone.message_id"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(retention_ms)
+            .bind(limit)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}

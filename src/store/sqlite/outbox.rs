@@ -1,0 +1,200 @@
+//! The outbox on SQLite: its SQL, and [`OutboxStore`] over it. The single writer makes
+//! the relay's claim one `UPDATE … RETURNING` of the events its subquery chose.
+
+use sqlx::sqlite::SqliteConnection;
+
+use super::SqliteStore;
+use crate::outbox::{ClaimEvents, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow};
+
+/// The database clock, in milliseconds since the epoch.
+const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// An event's columns, its age on the database's clock.
+const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, from_status, \
+    to_status, ref_id, body, status, attempts, last_error, \
+    CAST((julianday('now') - julianday(created_at)) * 86400000 AS INTEGER) AS age_ms";
+
+/// `(machine = ? AND entity_id = ? AND version = ?) OR …`, one group per key.
+fn keys_in(n: usize) -> String {
+    let one = "(machine = ? AND entity_id = ? AND version = ?)";
+    format!("({})", vec![one; n.max(1)].join(" OR "))
+}
+
+impl OutboxStore for SqliteStore {
+    async fn claim_events(
+        &self,
+        conn: &mut SqliteConnection,
+        c: &ClaimEvents<'_>,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        let sql = format!(
+            "UPDATE outbox SET owner_token = ?1, lease_until = {NOW} + ?2, \
+                 attempts = MIN(MAX(attempts, 0) + 1, 2147483647) \
+             WHERE (machine, entity_id, version) IN ( \
+                 SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
+                 WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} \
+                   AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
+                       AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') \
+                       AND p.version < o.version) \
+                 ORDER BY o.next_at LIMIT ?3) \
+             RETURNING {EVENT_COLUMNS}"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(c.token)
+            .bind(c.lease_ms)
+            .bind(c.limit)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn mark_published(
+        &self,
+        conn: &mut SqliteConnection,
+        token: &str,
+        keys: &[EventKey],
+    ) -> Result<u64, sqlx::Error> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let sql = format!(
+            "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+                 last_error = NULL, published_at = {NOW} \
+             WHERE owner_token = ? AND status = 'PENDING' AND {}",
+            keys_in(keys.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
+        for key in keys {
+            query = query
+                .bind(key.machine.as_str())
+                .bind(key.entity_id)
+                .bind(key.version);
+        }
+        Ok(query.execute(conn).await?.rows_affected())
+    }
+
+    async fn mark_failed(
+        &self,
+        conn: &mut SqliteConnection,
+        f: &FailedEvent<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE outbox SET status = CASE WHEN ?6 THEN 'DEAD' ELSE 'PENDING' END, \
+                 owner_token = NULL, lease_until = 0, next_at = {NOW} + ?7, last_error = ?5 \
+             WHERE machine = ?1 AND entity_id = ?2 AND version = ?3 \
+               AND owner_token = ?4 AND status = 'PENDING'"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&f.key.machine)
+            .bind(f.key.entity_id)
+            .bind(f.key.version)
+            .bind(f.token)
+            .bind(f.error)
+            .bind(f.dead)
+            .bind(f.retry_in_ms)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn requeue_event(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &EventKey,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, lease_until = 0, \
+                 next_at = 0 \
+             WHERE machine = ?1 AND entity_id = ?2 AND version = ?3 AND status = 'DEAD'",
+        )
+        .bind(&key.machine)
+        .bind(key.entity_id)
+        .bind(key.version)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_published(
+        &self,
+        conn: &mut SqliteConnection,
+        retention_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "DELETE FROM outbox WHERE (machine, entity_id, version) IN ( \
+                 SELECT machine, entity_id, version FROM outbox \
+                 WHERE status = 'PUBLISHED' AND published_at <= {NOW} - ?1 LIMIT ?2)"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(retention_ms)
+            .bind(limit)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_stats(&self, conn: &mut SqliteConnection) -> Result<StatsRow, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT COALESCE(SUM(status = 'PENDING'), 0) AS pending, \
+                    COALESCE(SUM(status = 'DEAD'), 0) AS dead, \
+                    COALESCE(CAST((julianday('now') - julianday( \
+                        MIN(CASE WHEN status = 'PENDING' THEN created_at END))) * 86400000 AS INTEGER), 0) \
+                        AS oldest_pending_ms \
+             FROM outbox WHERE status IN ('PENDING', 'DEAD')",
+        )
+        .fetch_one(conn)
+        .await
+    }
+
+    async fn list_events(
+        &self,
+        conn: &mut SqliteConnection,
+        status: &str,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {EVENT_COLUMNS} FROM outbox WHERE status = ?1 \
+             ORDER BY machine, entity_id, version LIMIT ?2"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(status)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn inbox_insert(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        message_id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "INSERT INTO inbox (consumer, message_id, received_at) VALUES (?1, ?2, {NOW}) \
+             ON CONFLICT (consumer, message_id) DO NOTHING"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(message_id)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_purge(
+        &self,
+        conn: &mut SqliteConnection,
+        retention_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "DELETE FROM inbox WHERE (consumer, message_id) IN ( \
+                 SELECT consumer, message_id FROM inbox WHERE received_at <= {NOW} - ?1 LIMIT ?2)"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(retention_ms)
+            .bind(limit)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,742 @@
+//! The outbox's relay, operator calls and inbox, on every backend: relays racing over
+//! many entities, a poison event, a relay dropped at every await point or killed with
+//! SIGKILL, shutdown, purge, and events committed with `Records::run`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use orderly::outbox::{
+    EventKey, Inbox, Message, Outbox, OutboxStore, Relay, RelayConfig, Sink, SinkError,
+};
+use orderly::{Error, Records};
+
+use super::faults::{assert_pool_clean, poll_at_most};
+use super::records_jobs::place;
+use super::{Backend, engine};
+
+/// Events published, as a consumer would see them, with what the race did.
+#[derive(Default)]
+pub(crate) struct Recorder {
+    /// `(entity, version, relay)` in the order the sink took them.
+    received: Mutex<Vec<(i64, i64, usize)>>,
+    /// Entities being published right now.
+    in_flight: Mutex<HashSet<i64>>,
+    /// Publishes of an entity that began while another of its publishes was in flight.
+    overlaps: AtomicUsize,
+    /// Publishes in flight now, and the most at once.
+    current: AtomicUsize,
+    peak: AtomicUsize,
+    /// Events the sink refuses, and how.
+    refuse: Mutex<HashMap<(i64, i64), SinkError>>,
+    /// Publishes that were refused.
+    refused: AtomicUsize,
+}
+
+impl Recorder {
+    fn received(&self) -> Vec<(i64, i64, usize)> {
+        self.received.lock().unwrap().clone()
+    }
+
+    /// Each entity's versions in the order they were received.
+    fn by_entity(&self) -> HashMap<i64, Vec<i64>> {
+        let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
+        for (entity, version, _) in self.received() {
+            seen.entry(entity).or_default().push(version);
+        }
+        seen
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct RecordingSink {
+    rec: Arc<Recorder>,
+    relay: usize,
+}
+
+impl Sink for RecordingSink {
+    async fn publish(&self, m: &Message) -> Result<(), SinkError> {
+        let rec = &self.rec;
+        if !rec.in_flight.lock().unwrap().insert(m.entity_id) {
+            rec.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let now = rec.current.fetch_add(1, Ordering::SeqCst) + 1;
+        rec.peak.fetch_max(now, Ordering::SeqCst);
+        // Widen the window in which another relay could publish the same entity.
+        tokio::time::sleep(Duration::from_micros(200 + (m.version as u64 % 5) * 100)).await;
+        let refusal = rec
+            .refuse
+            .lock()
+            .unwrap()
+            .get(&(m.entity_id, m.version))
+            .cloned();
+        rec.in_flight.lock().unwrap().remove(&m.entity_id);
+        rec.current.fetch_sub(1, Ordering::SeqCst);
+        if let Some(e) = refusal {
+            rec.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(e);
+        }
+        assert_eq!(m.id, format!("{}:{}:{}", m.machine, m.entity_id, m.version));
+        rec.received
+            .lock()
+            .unwrap()
+            .push((m.entity_id, m.version, self.relay));
+        Ok(())
+    }
+}
+
+/// Writes `per_entity` events for each of `entities` entities straight into the outbox
+/// (the relay reads only the table), in multi-row inserts.
+pub(crate) async fn seed<B: Backend>(b: &B, entities: i64, per_entity: i64) {
+    let mut rows = Vec::new();
+    for entity in 1..=entities {
+        for version in 1..=per_entity {
+            rows.push(format!(
+                "('OrderMachine', {entity}, {version}, 'OrderPaid', 'Pay', 'Created', 'Paid', 'r-{entity}-{version}')"
+            ));
+        }
+    }
+    for chunk in rows.chunks(500) {
+        b.exec(&format!(
+            "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+             VALUES {}",
+            chunk.join(", ")
+        ))
+        .await;
+    }
+}
+
+fn fast(batch: u32) -> RelayConfig {
+    RelayConfig {
+        batch,
+        lease: Duration::from_secs(30),
+        publish_timeout: Duration::from_secs(10),
+        max_attempts: 3,
+        min_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(5),
+        idle: Duration::from_millis(5),
+    }
+}
+
+/// Runs `relay` until the outbox has nothing pending, or panics after 120 s.
+async fn drain<S: OutboxStore, K: Sink>(relay: &Relay<S, K>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        relay.relay_once().await.unwrap();
+        if relay.outbox().stats().await.unwrap().pending == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the outbox never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Runs `relay` until 50 rounds in a row (a quarter of a second, far longer than the
+/// test configs' backoff) found nothing to claim: what is left pending is held back.
+async fn drain_quiet<S: OutboxStore, K: Sink>(relay: &Relay<S, K>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut empty = 0;
+    while empty < 50 {
+        let round = relay.relay_once().await.unwrap();
+        empty = if round.claimed == 0 { empty + 1 } else { 0 };
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay never went quiet"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Eight relays race over 2,000 events of 100 entities: every event is published once
+/// (no relay died, so no lease ran out and nothing is republished), no entity's events
+/// are received out of version order, and no two publishes of one entity overlap. The
+/// race happened: several relays published, and publishes overlapped across entities.
+pub async fn relays_race_each_event_once_in_order<B: Backend>(b: &B) {
+    let (entities, per_entity) = (100, 20);
+    seed(b, entities, per_entity).await;
+    let rec = Arc::new(Recorder::default());
+    let mut tasks = Vec::new();
+    for relay in 0..8 {
+        let store = b.store(Duration::from_secs(10)).await;
+        let sink = RecordingSink {
+            rec: rec.clone(),
+            relay,
+        };
+        let relay = Relay::new(store, sink).with_config(fast(16)).unwrap();
+        tasks.push(tokio::spawn(async move {
+            drain(&relay).await;
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let received = rec.received();
+    assert_eq!(
+        received.len() as i64,
+        entities * per_entity,
+        "each event once"
+    );
+    for (entity, versions) in rec.by_entity() {
+        assert_eq!(
+            versions,
+            (1..=per_entity).collect::<Vec<_>>(),
+            "entity {entity}'s events in version order, each once"
+        );
+    }
+    assert_eq!(
+        rec.overlaps.load(Ordering::SeqCst),
+        0,
+        "one entity's publishes overlapped"
+    );
+    let relays: HashSet<usize> = received.iter().map(|r| r.2).collect();
+    assert!(
+        relays.len() >= 2,
+        "only relays {relays:?} published: no race"
+    );
+    assert!(
+        rec.peak.load(Ordering::SeqCst) > 1,
+        "publishes never overlapped"
+    );
+    let outbox = Outbox::new(b.store(Duration::from_secs(10)).await);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 0));
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM outbox WHERE status = 'PUBLISHED' AND owner_token IS NULL")
+            .await,
+        entities * per_entity
+    );
+}
+
+/// A poison event (the sink refuses it every time) is retried with backoff and moves to
+/// the dead state after `max_attempts` claims, with its last error (cut to the bound);
+/// it holds back only its own entity's later events, never another entity's. A
+/// permanent refusal dies at once. Requeued once the sink takes it, it and the events
+/// behind it go out in order.
+pub async fn poison_event_dies_without_holding_back_others<B: Backend>(b: &B) {
+    seed(b, 3, 3).await;
+    let rec = Arc::new(Recorder::default());
+    let long = "x".repeat(100_000);
+    rec.refuse
+        .lock()
+        .unwrap()
+        .insert((1, 2), SinkError::retry(&long));
+    rec.refuse
+        .lock()
+        .unwrap()
+        .insert((3, 1), SinkError::permanent("schema rejected"));
+    let store = b.store(Duration::from_secs(10)).await;
+    let relay = Relay::new(
+        store,
+        RecordingSink {
+            rec: rec.clone(),
+            relay: 0,
+        },
+    )
+    .with_config(fast(8))
+    .unwrap();
+    drain_quiet(&relay).await;
+    let seen = rec.by_entity();
+    assert_eq!(
+        seen.get(&1),
+        Some(&vec![1]),
+        "entity 1 stops at its dead event"
+    );
+    assert_eq!(
+        seen.get(&2),
+        Some(&vec![1, 2, 3]),
+        "entity 2 is not held back"
+    );
+    assert_eq!(seen.get(&3), None, "entity 3's first event died at once");
+    assert_eq!(
+        rec.refused.load(Ordering::SeqCst),
+        3 + 1,
+        "three tries of the poison, one of the permanent refusal"
+    );
+    let outbox = relay.outbox();
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (3, 2), "{stats:?}");
+    let dead = outbox.dead(10).await.unwrap();
+    assert_eq!(
+        dead.iter()
+            .map(|d| (d.entity_id, d.version))
+            .collect::<Vec<_>>(),
+        [(1, 2), (3, 1)]
+    );
+    let error = dead[0].last_error.as_deref().unwrap();
+    assert!(
+        error.len() <= orderly::flow::MAX_ERROR_BYTES,
+        "{}",
+        error.len()
+    );
+    assert!(
+        error.ends_with("[truncated, 100000 bytes]"),
+        "{}",
+        &error[error.len() - 40..]
+    );
+    assert_eq!(dead[0].attempts, 3);
+    assert_eq!(dead[1].last_error.as_deref(), Some("schema rejected"));
+
+    // Requeued (and taken now): the dead event and those behind it, in order.
+    rec.refuse.lock().unwrap().clear();
+    let key = |entity_id, version| EventKey {
+        machine: "OrderMachine".into(),
+        entity_id,
+        version,
+    };
+    assert!(outbox.requeue(&key(1, 2)).await.unwrap());
+    assert!(!outbox.requeue(&key(1, 2)).await.unwrap(), "no longer dead");
+    assert!(
+        !outbox.requeue(&key(2, 1)).await.unwrap(),
+        "published, not dead"
+    );
+    assert!(outbox.requeue(&key(3, 1)).await.unwrap());
+    drain(&relay).await;
+    let seen = rec.by_entity();
+    assert_eq!(seen.get(&1), Some(&vec![1, 2, 3]));
+    assert_eq!(seen.get(&3), Some(&vec![1, 2, 3]));
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 0));
+}
+
+/// A relay round dropped at every await point leaves no connection in a transaction and
+/// no event claimed past its lease: once the lease runs out, another relay publishes
+/// everything, in order per entity. Events the dropped round published without recording
+/// are published again (the duplicate window a consumer dedupes by message id).
+pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backend>(b: &B) {
+    seed(b, 4, 3).await;
+    let store = b.store(Duration::from_secs(10)).await;
+    let rec = Arc::new(Recorder::default());
+    let lease = Duration::from_millis(400);
+    let config = RelayConfig {
+        lease,
+        publish_timeout: Duration::from_millis(200),
+        ..fast(4)
+    };
+    let relay = Relay::new(
+        store.clone(),
+        RecordingSink {
+            rec: rec.clone(),
+            relay: 0,
+        },
+    )
+    .with_config(config)
+    .unwrap();
+    let (mut drops, mut claimed_drops) = (0, 0);
+    for k in 0.. {
+        match poll_at_most(relay.relay_once(), k).await {
+            Some(round) => {
+                round.unwrap();
+                break;
+            }
+            None => drops += 1,
+        }
+        assert_pool_clean(b, &store).await;
+        assert_eq!(b.open_transactions().await, 0);
+        if b.scalar("SELECT COUNT(*) FROM outbox WHERE owner_token IS NOT NULL")
+            .await
+            > 0
+        {
+            claimed_drops += 1;
+        }
+        // Whatever the dropped round claimed comes free when its lease runs out.
+        tokio::time::sleep(lease + Duration::from_millis(50)).await;
+        let held_until = b
+            .scalar(
+                "SELECT COALESCE(MAX(lease_until), 0) FROM outbox \
+                 WHERE status = 'PENDING' AND owner_token IS NOT NULL",
+            )
+            .await;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        assert!(
+            held_until <= now_ms,
+            "an event is still claimed {} ms past the dropped round's lease",
+            held_until - now_ms
+        );
+        assert!(k < 200, "a round never completed");
+    }
+    assert!(drops >= 2, "the round was dropped at {drops} points only");
+    assert!(claimed_drops >= 1, "no round was dropped holding a claim");
+    drain(&relay).await;
+    assert_pool_clean(b, &store).await;
+    let mut firsts: HashMap<i64, Vec<i64>> = HashMap::new();
+    for (entity, version, _) in rec.received() {
+        let seen = firsts.entry(entity).or_default();
+        if !seen.contains(&version) {
+            seen.push(version);
+        }
+    }
+    for entity in 1..=4 {
+        assert_eq!(firsts.get(&entity), Some(&vec![1, 2, 3]), "entity {entity}");
+    }
+    assert_eq!(
+        b.scalar(
+            "SELECT COUNT(*) FROM outbox WHERE status <> 'PUBLISHED' OR owner_token IS NOT NULL"
+        )
+        .await,
+        0
+    );
+}
+
+/// `Relay::run` stops on its shutdown signal after finishing the batch in hand: the
+/// events it had claimed are published and recorded, none is left claimed.
+pub async fn relay_shutdown_finishes_the_batch_in_hand<B: Backend>(b: &B) {
+    seed(b, 40, 1).await;
+    let rec = Arc::new(Recorder::default());
+    let relay = Relay::new(
+        b.store(Duration::from_secs(10)).await,
+        SlowSink {
+            inner: RecordingSink {
+                rec: rec.clone(),
+                relay: 0,
+            },
+        },
+    )
+    .with_config(fast(10))
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        relay
+            .run(async {
+                stopped.await.ok();
+            })
+            .await
+    });
+    // Stop while the first batch is being published (each publish takes 300 ms).
+    while rec.current.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    stop.send(()).unwrap();
+    let total = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("run stopped")
+        .unwrap()
+        .unwrap();
+    assert!(total.claimed >= 10, "{total:?}");
+    assert_eq!(total.published, total.claimed, "{total:?}");
+    assert!(total.claimed < 40, "it went on after the signal: {total:?}");
+    assert_eq!(rec.received().len(), total.published);
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM outbox WHERE owner_token IS NOT NULL")
+            .await,
+        0
+    );
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM outbox WHERE status = 'PUBLISHED'")
+            .await,
+        total.published as i64
+    );
+}
+
+#[derive(Clone)]
+struct SlowSink {
+    inner: RecordingSink,
+}
+
+impl Sink for SlowSink {
+    async fn publish(&self, m: &Message) -> Result<(), SinkError> {
+        self.inner.rec.current.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.inner.rec.current.fetch_sub(1, Ordering::SeqCst);
+        self.inner.publish(m).await
+    }
+}
+
+/// Purge deletes only published events older than the retention, in batches; pending
+/// and dead events stay whatever their age. Stats count pending and dead events and the
+/// oldest pending one's age. Bad input is refused.
+pub async fn outbox_purge_and_stats<B: Backend>(b: &B) {
+    seed(b, 3, 2).await;
+    let outbox = Outbox::new(b.store(Duration::from_secs(10)).await);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (6, 0));
+    // Entity 1 published long ago, entity 2 just now, entity 3 pending and dead.
+    b.exec("UPDATE outbox SET status = 'PUBLISHED', published_at = 1000 WHERE entity_id = 1")
+        .await;
+    b.exec(&format!(
+        "UPDATE outbox SET status = 'PUBLISHED', published_at = {} WHERE entity_id = 2",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    ))
+    .await;
+    b.exec("UPDATE outbox SET status = 'DEAD' WHERE entity_id = 3 AND version = 1")
+        .await;
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (1, 1));
+    assert!(stats.oldest_pending < Duration::from_secs(600), "{stats:?}");
+    assert!(matches!(
+        outbox.purge(Duration::from_secs(3600), 0).await,
+        Err(Error::InvalidInput(_))
+    ));
+    assert_eq!(outbox.purge(Duration::from_secs(3600), 1).await.unwrap(), 1);
+    assert_eq!(
+        outbox.purge(Duration::from_secs(3600), 10).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        outbox.purge(Duration::from_secs(3600), 10).await.unwrap(),
+        0
+    );
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM outbox").await, 4);
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM outbox WHERE entity_id = 1")
+            .await,
+        0
+    );
+    assert!(matches!(
+        Relay::new(outbox.store().clone(), orderly::outbox::ChannelSink::new().0)
+            .with_config(RelayConfig {
+                batch: 0,
+                lease: Duration::from_secs(1),
+                publish_timeout: Duration::from_secs(1),
+                ..RelayConfig::default()
+            }),
+        Err(Error::InvalidInput(m)) if m.contains("batch") && m.contains("lease")
+    ));
+}
+
+/// The consumer's inbox: the first receipt of a message id inside the consumer's
+/// transaction says "do the work", a redelivery says "skip"; a receipt rolled back with
+/// its work is not remembered; bad ids are refused; purge removes old entries only.
+pub async fn inbox_dedupes_inside_the_consumers_transaction<B: Backend>(b: &B) {
+    let store = b.store(Duration::from_secs(10)).await;
+    let inbox = Inbox::new(store.clone(), "warehouse").unwrap();
+    assert!(matches!(
+        Inbox::new(store.clone(), ""),
+        Err(Error::InvalidInput(_))
+    ));
+    let mut tx = b.begin().await;
+    assert!(inbox.receive(&mut tx, "OrderMachine:1:1").await.unwrap());
+    B::rollback(tx).await;
+    let mut tx = b.begin().await;
+    assert!(
+        inbox.receive(&mut tx, "OrderMachine:1:1").await.unwrap(),
+        "rolled back, so new"
+    );
+    assert!(!inbox.receive(&mut tx, "OrderMachine:1:1").await.unwrap());
+    B::commit(tx).await;
+    let mut tx = b.begin().await;
+    assert!(
+        !inbox.receive(&mut tx, "OrderMachine:1:1").await.unwrap(),
+        "a redelivery"
+    );
+    assert!(matches!(
+        inbox.receive(&mut tx, &"m".repeat(256)).await,
+        Err(Error::InvalidInput(_))
+    ));
+    B::commit(tx).await;
+    let other = Inbox::new(store, "billing").unwrap();
+    let mut tx = b.begin().await;
+    assert!(
+        other.receive(&mut tx, "OrderMachine:1:1").await.unwrap(),
+        "another consumer"
+    );
+    B::commit(tx).await;
+    b.exec("UPDATE inbox SET received_at = 1000 WHERE consumer = 'billing'")
+        .await;
+    assert_eq!(inbox.purge(Duration::from_secs(3600), 10).await.unwrap(), 1);
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM inbox").await, 1);
+}
+
+/// The event of a transition inside `Records::run`'s work commits with the work and its
+/// record, and is absent when the work is rolled back (a failure, an error).
+pub async fn events_commit_with_records_run<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    let r = Records::new(b.store(Duration::from_secs(10)).await)
+        .scope(
+            "orders",
+            orderly::ScopeConfig {
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(3600),
+            },
+        )
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let ran = r
+        .run(
+            "orders",
+            "o-1",
+            &1,
+            place::<B>(e.clone(), runs.clone(), 1, "ok"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ran.outcome, Ok(1));
+    let count = |id: i64| {
+        format!("SELECT COUNT(*) FROM outbox WHERE entity_id = {id} AND event = 'OrderPaid'")
+    };
+    assert_eq!(b.scalar(&count(1)).await, 1);
+    let again = r
+        .run(
+            "orders",
+            "o-1",
+            &1,
+            place::<B>(e.clone(), runs.clone(), 1, "ok"),
+        )
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(b.scalar(&count(1)).await, 1, "a replay writes no event");
+    for (id, verdict) in [(2, "declined"), (3, "error")] {
+        let _ = r
+            .run(
+                "orders",
+                &format!("o-{id}"),
+                &id,
+                place::<B>(e.clone(), runs.clone(), id, verdict),
+            )
+            .await;
+        assert_eq!(
+            b.scalar(&count(id)).await,
+            0,
+            "{verdict}: rolled back with the work"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+/// The environment variable that makes a test binary a relay child.
+pub const RELAY_CHILD: &str = "relay|";
+
+/// A relay in a process of its own, killed with SIGKILL in the middle of a batch (its
+/// sink published part of the batch and hangs): another relay, here, finishes the work
+/// once the child's lease ran out. Every event is published; the only duplicates are
+/// events the child published in the batch it never recorded; each entity's events,
+/// first receipts across both relays, are in version order.
+pub async fn relay_killed_by_sigkill_another_finishes<B: Backend>(b: &B) {
+    let (entities, per_entity) = (20, 5);
+    seed(b, entities, per_entity).await;
+    let dir = tempfile::tempdir().unwrap();
+    let name = "relay_killed_by_sigkill_another_finishes";
+    let thread = std::thread::current();
+    let test = thread.name().filter(|n| n.ends_with(name)).unwrap_or(name);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(
+            super::CHILD,
+            format!("{RELAY_CHILD}{}|{}", b.child_handle(), dir.path().display()),
+        )
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let hung = dir.path().join("hung");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !hung.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child exited early"
+        );
+        assert!(std::time::Instant::now() < deadline, "the child never hung");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "{status}");
+    }
+    let by_child: Vec<(i64, i64)> = std::fs::read_to_string(dir.path().join("published"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (e, v) = l.split_once(' ').unwrap();
+            (e.parse().unwrap(), v.parse().unwrap())
+        })
+        .collect();
+    let unrecorded = b
+        .scalar("SELECT COUNT(*) FROM outbox WHERE status = 'PENDING' AND owner_token IS NOT NULL")
+        .await;
+    assert!(unrecorded > 0, "the child was killed holding no claim");
+    assert!(
+        !by_child.is_empty(),
+        "the child published nothing before it was killed"
+    );
+    let rec = Arc::new(Recorder::default());
+    let relay = Relay::new(
+        b.store(Duration::from_secs(10)).await,
+        RecordingSink {
+            rec: rec.clone(),
+            relay: 1,
+        },
+    )
+    .with_config(fast(8))
+    .unwrap();
+    drain(&relay).await;
+    let mut all: Vec<(i64, i64)> = by_child.clone();
+    all.extend(rec.received().iter().map(|r| (r.0, r.1)));
+    let mut firsts: HashMap<i64, Vec<i64>> = HashMap::new();
+    let mut twice = 0;
+    for (entity, version) in &all {
+        let seen = firsts.entry(*entity).or_default();
+        if seen.contains(version) {
+            twice += 1;
+        } else {
+            seen.push(*version);
+        }
+    }
+    for entity in 1..=entities {
+        assert_eq!(
+            firsts.get(&entity),
+            Some(&(1..=per_entity).collect::<Vec<_>>()),
+            "entity {entity}"
+        );
+    }
+    assert!(
+        twice as i64 <= unrecorded,
+        "{twice} duplicates, more than the {unrecorded} events the child left claimed"
+    );
+}
+
+/// The child of `relay_killed_by_sigkill_another_finishes`: relays with a lease of one
+/// second through a sink that logs each publish to a file and, from the 25th on, logs
+/// and then hangs (marking `hung`).
+pub(crate) async fn relay_child<B: Backend>(spec: &str) {
+    let (handle, dir) = spec.split_once('|').expect("handle|directory");
+    let dir = std::path::PathBuf::from(dir);
+    let store = B::child_store(handle).await;
+    let sink = FileSink {
+        dir,
+        count: Arc::new(AtomicUsize::new(0)),
+    };
+    let relay = Relay::new(store, sink)
+        .with_config(RelayConfig {
+            lease: Duration::from_secs(1),
+            publish_timeout: Duration::from_millis(900),
+            ..fast(8)
+        })
+        .unwrap();
+    relay.run(std::future::pending()).await.unwrap();
+}
+
+#[derive(Clone)]
+struct FileSink {
+    dir: std::path::PathBuf,
+    count: Arc<AtomicUsize>,
+}
+
+impl Sink for FileSink {
+    async fn publish(&self, m: &Message) -> Result<(), SinkError> {
+        use std::io::Write;
+        let n = self.count.fetch_add(1, Ordering::SeqCst);
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("published"))
+            .unwrap();
+        writeln!(log, "{} {}", m.entity_id, m.version).unwrap();
+        log.sync_all().unwrap();
+        if n >= 25 {
+            std::fs::write(self.dir.join("hung"), b"").unwrap();
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+}
