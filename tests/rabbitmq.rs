@@ -1,0 +1,234 @@
+//! The outbox relay to a real RabbitMQ (`ORDERLY_AMQP_URL`, default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`), with publisher confirms. A broker that
+//! cannot be reached fails these tests; they never skip. Opt-in (`--include-ignored`):
+//! `.ci/run` runs them.
+
+mod server;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use orderly::SqliteStore;
+use orderly::outbox::{RabbitSink, Relay, RelayConfig};
+use sqlx::AssertSqlSafe;
+
+fn amqp_url() -> String {
+    server::url("ORDERLY_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+}
+
+async fn channel() -> (Connection, Channel) {
+    let url = amqp_url();
+    let conn = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("RabbitMQ at {url} is required for this suite: {e}"));
+    let channel = conn.create_channel().await.unwrap();
+    (conn, channel)
+}
+
+/// A topic exchange of the test's own, and (if `bound`) a queue taking all of it.
+async fn exchange(channel: &Channel, name: &str, bound: bool) {
+    channel
+        .exchange_declare(
+            name.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    if bound {
+        channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                name.into(),
+                name.into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+async fn store_with(dir: &tempfile::TempDir, entities: i64, per_entity: i64) -> SqliteStore {
+    let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
+    let store = SqliteStore::connect(&db).await.unwrap();
+    let mut rows = Vec::new();
+    for entity in 1..=entities {
+        for version in 1..=per_entity {
+            rows.push(format!(
+                "('OrderMachine', {entity}, {version}, 'OrderPaid', 'Pay', 'Created', 'Paid', 'r-{entity}-{version}')"
+            ));
+        }
+    }
+    for chunk in rows.chunks(500) {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+             VALUES {}",
+            chunk.join(", ")
+        )))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    store
+}
+
+fn config() -> RelayConfig {
+    RelayConfig {
+        batch: 16,
+        min_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(50),
+        max_attempts: 100,
+        ..RelayConfig::default()
+    }
+}
+
+/// Four relays over 300 events of 30 entities: the queue receives each event once
+/// (no relay died), each entity's in version order, persistent, with its message id and
+/// `Orderly-*` headers; every publish was confirmed before it was marked published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs RabbitMQ; .ci/run runs it"]
+async fn relays_publish_with_confirms_in_order() {
+    let (entities, per_entity) = (30, 10);
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(&dir, entities, per_entity).await;
+    let name = format!("orderly_t_{}", server::unique_db_name());
+    let (_conn, channel) = channel().await;
+    exchange(&channel, &name, true).await;
+    let mut relays = Vec::new();
+    for _ in 0..4 {
+        let sink = RabbitSink::connect(&amqp_url(), &name).await.unwrap();
+        let relay = Relay::new(store.clone(), sink)
+            .with_config(config())
+            .unwrap();
+        relays.push(tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let round = relay.relay_once().await.unwrap();
+                if round.claimed == 0 && relay.outbox().stats().await.unwrap().pending == 0 {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "the outbox never drained");
+            }
+        }));
+    }
+    for relay in relays {
+        relay.await.unwrap();
+    }
+    let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
+    let mut count = 0;
+    while let Some(got) = channel
+        .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        count += 1;
+        let props = &got.delivery.properties;
+        assert_eq!(*props.delivery_mode(), Some(2), "persistent");
+        let headers = props.headers().as_ref().expect("headers").inner();
+        let header = |name: &str| match headers.get(name) {
+            Some(AMQPValue::LongString(s)) => s.to_string(),
+            other => panic!("{name}: {other:?}"),
+        };
+        let (entity, version): (i64, i64) = (
+            header("Orderly-Entity").parse().unwrap(),
+            header("Orderly-Version").parse().unwrap(),
+        );
+        assert_eq!(
+            props.message_id().as_ref().map(|s| s.to_string()),
+            Some(format!("OrderMachine:{entity}:{version}"))
+        );
+        assert_eq!(header("Orderly-Event"), "OrderPaid");
+        assert_eq!(got.delivery.routing_key.as_str(), "OrderMachine.OrderPaid");
+        seen.entry(entity).or_default().push(version);
+    }
+    assert_eq!(count, entities * per_entity, "each event once");
+    for entity in 1..=entities {
+        assert_eq!(
+            seen.get(&entity),
+            Some(&(1..=per_entity).collect::<Vec<_>>()),
+            "entity {entity}"
+        );
+    }
+    channel
+        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    channel
+        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+}
+
+/// An event no queue takes (a mandatory publish returned by the broker) is not marked
+/// published: it waits, retried, with the broker's answer as its last error; once a
+/// queue is bound it goes out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RabbitMQ; .ci/run runs it"]
+async fn an_unroutable_event_waits_until_a_queue_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(&dir, 1, 2).await;
+    let name = format!("orderly_t_{}", server::unique_db_name());
+    let (_conn, channel) = channel().await;
+    exchange(&channel, &name, false).await;
+    let sink = RabbitSink::connect(&amqp_url(), &name).await.unwrap();
+    let relay = Relay::new(store.clone(), sink)
+        .with_config(config())
+        .unwrap();
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!(
+        (round.claimed, round.published, round.retried),
+        (1, 0, 1),
+        "{round:?}"
+    );
+    let pending = relay.outbox().pending(10).await.unwrap();
+    assert_eq!(pending.len(), 2);
+    let error = pending[0].last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("no queue is bound"), "{error}");
+    exchange(&channel, &name, true).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while relay.outbox().stats().await.unwrap().pending > 0 {
+        relay.relay_once().await.unwrap();
+        assert!(Instant::now() < deadline, "never published");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut versions = Vec::new();
+    while let Some(got) = channel
+        .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        versions.push(
+            got.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    assert_eq!(versions, ["OrderMachine:1:1", "OrderMachine:1:2"]);
+    channel
+        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    channel
+        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+}
