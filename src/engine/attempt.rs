@@ -23,6 +23,8 @@ pub(super) struct Req<'r, M: StateMachine> {
     pub(super) write_id: i64,
     /// How far the call got, for the answer if its deadline passes.
     pub(super) stage: &'r Stage,
+    /// The request's own event body (JSON text), for the outbox row of an emitting edge.
+    pub(super) event_body: Option<&'r str>,
 }
 
 /// A fresh write id: 64 random bits (the two halves of a random UUID folded, so that
@@ -276,6 +278,7 @@ async fn attempt<M: StateMachine, S: Store>(
             write_id: req.write_id,
             emits: edges.map_or(&[], |e| &e.emits),
             machine: M::NAME,
+            event_body: req.event_body,
         };
         if !req.stage.wrote() {
             return Step::Done(Err(abandoned(req)));
@@ -343,6 +346,7 @@ async fn attempt<M: StateMachine, S: Store>(
         write_id: req.write_id,
         emits: M::emits(from, req.event),
         machine: M::NAME,
+        event_body: req.event_body,
     };
     if !req.stage.wrote() {
         return Step::Done(Err(abandoned(req)));

@@ -52,6 +52,7 @@ pub struct TransitionRequest<'a, M: StateMachine, S: Store> {
     event: Result<M::Event>,
     ref_id: &'a str,
     payload: Option<Result<Payload>>,
+    event_body: Option<Result<String>>,
     conn: Option<&'a mut S::Conn>,
 }
 
@@ -68,8 +69,21 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             event,
             ref_id,
             payload: None,
+            event_body: None,
             conn: None,
         }
+    }
+
+    /// Attaches the body of the event the transition emits: stored, as JSON, in the
+    /// outbox row of an edge that emits (and published as the message's body); ignored
+    /// along an edge that emits nothing. It is not part of the request's identity: a
+    /// replay writes no event, whatever body it carries (put what must match in the
+    /// [`payload`](Self::payload)). A body that does not serialize, or whose JSON is
+    /// larger than 1 MiB, is
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) when awaited.
+    pub fn event_body<B: Serialize + ?Sized>(mut self, body: &B) -> Self {
+        self.event_body = Some(event_body(body));
+        self
     }
 
     /// Records `payload` with the transition. Its fingerprint (the SHA-256 of its
@@ -105,15 +119,19 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
         let event = self.event?;
         validate_ref(self.ref_id)?;
         let payload = self.payload.transpose()?;
+        let event_body = self.event_body.transpose()?;
         let write_id = attempt::write_id();
         let Some(conn) = self.conn else {
             return pooled(
                 self.engine,
-                self.order_id,
-                event,
-                self.ref_id,
-                payload,
-                write_id,
+                Call {
+                    order_id: self.order_id,
+                    event,
+                    ref_id: self.ref_id.to_string(),
+                    payload,
+                    event_body,
+                    write_id,
+                },
             )
             .await;
         };
@@ -128,9 +146,37 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             payload: payload.as_ref(),
             write_id,
             stage: &stage,
+            event_body: event_body.as_deref(),
         };
         attempt::run(self.engine, &mut Conn::Caller(conn), &req).await
     }
+}
+
+/// The largest event body, in bytes of JSON.
+const MAX_EVENT_BODY: usize = 1024 * 1024;
+
+/// An event body as the outbox stores it: JSON text, bounded.
+fn event_body<B: Serialize + ?Sized>(body: &B) -> Result<String> {
+    let json = serde_json::to_string(body).map_err(|e| {
+        crate::Error::InvalidInput(format!("the event body does not serialize: {e}"))
+    })?;
+    if json.len() > MAX_EVENT_BODY {
+        return Err(crate::Error::InvalidInput(format!(
+            "the event body is {} bytes, more than {MAX_EVENT_BODY}",
+            json.len()
+        )));
+    }
+    Ok(json)
+}
+
+/// What a pooled call owns.
+struct Call<E> {
+    order_id: i64,
+    event: E,
+    ref_id: String,
+    payload: Option<Payload>,
+    event_body: Option<String>,
+    write_id: i64,
 }
 
 /// A request on the engine's own connections, answered within the engine's deadline.
@@ -138,27 +184,24 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
 /// passes) its unit is finished off the caller's task (see `detach.rs`).
 async fn pooled<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
-    order_id: i64,
-    event: M::Event,
-    ref_id: &str,
-    payload: Option<Payload>,
-    write_id: i64,
+    call: Call<M::Event>,
 ) -> Result<Outcome<M::State>> {
     let deadline = engine.config.deadline;
     let stage = Arc::new(Stage::default());
     let work = {
-        let (engine, ref_id, stage) = (engine.clone(), ref_id.to_string(), stage.clone());
+        let (engine, stage) = (engine.clone(), stage.clone());
         async move {
             let req = Req {
                 key: Key {
-                    order_id,
-                    event: event.into(),
-                    ref_id: &ref_id,
+                    order_id: call.order_id,
+                    event: call.event.into(),
+                    ref_id: &call.ref_id,
                 },
-                event,
-                payload: payload.as_ref(),
-                write_id,
+                event: call.event,
+                payload: call.payload.as_ref(),
+                write_id: call.write_id,
                 stage: &stage,
+                event_body: call.event_body.as_deref(),
             };
             attempt::pooled(&engine, &req).await
         }

@@ -278,6 +278,9 @@ pub struct Request<'a> {
     pub emits: &'a [Option<&'static str>],
     /// The machine's name, the outbox row's first key.
     pub machine: &'static str,
+    /// The request's own event body (JSON text), stored in the outbox row if an edge
+    /// emits.
+    pub event_body: Option<&'a str>,
 }
 
 impl Request<'_> {
@@ -337,6 +340,8 @@ pub struct Apply<'a> {
     pub emits: Option<&'static str>,
     /// The machine's name, the outbox row's first key.
     pub machine: &'static str,
+    /// The request's own event body (JSON text), stored in the outbox row.
+    pub event_body: Option<&'a str>,
 }
 
 /// What the write unit after a read did.

@@ -265,6 +265,7 @@ macro_rules! conformance {
             inbox_dedupes_inside_the_consumers_transaction,
             events_commit_with_records_run,
             relay_killed_by_sigkill_another_finishes,
+            event_body_is_published_as_the_message_body,
         );
     };
     // The network faults, for a backend that implements `Networked`.
@@ -1451,6 +1452,7 @@ pub async fn write_unit_carries_several_requests<B: Backend>(b: &B) {
             write_id: order_id,
             emits: &[],
             machine: "TicketMachine",
+            event_body: None,
         }
     };
     let unit = [

@@ -740,3 +740,63 @@ impl Sink for FileSink {
         Ok(())
     }
 }
+
+/// A request's own event body is stored in the outbox row of an emitting edge and
+/// published as the message's body (without one, the body is the event's fields as
+/// JSON); a replay with another body writes nothing; a body too large is refused and
+/// nothing is written.
+pub async fn event_body_is_published_as_the_message_body<B: Backend>(b: &B) {
+    let e = engine(b).await;
+    for id in 1..=3 {
+        e.create(id).await.unwrap();
+    }
+    let body = serde_json::json!({"amount": 4200, "currency": "EUR"});
+    let paid = e
+        .transition(1, super::OrderEvent::Pay, "p-1")
+        .event_body(&body)
+        .await
+        .unwrap();
+    assert!(paid.is_applied());
+    let replay = e
+        .transition(1, super::OrderEvent::Pay, "p-1")
+        .event_body(&serde_json::json!({"amount": 1}))
+        .await
+        .unwrap();
+    assert!(!replay.is_applied());
+    let mut tx = b.begin().await;
+    e.transition(2, super::OrderEvent::Pay, "p-2")
+        .event_body(&serde_json::json!({"amount": 7}))
+        .within(&mut tx)
+        .await
+        .unwrap();
+    B::commit(tx).await;
+    let huge = "x".repeat(1024 * 1024 + 1);
+    let refused = e
+        .transition(3, super::OrderEvent::Pay, "p-3")
+        .event_body(&huge)
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidInput(_))),
+        "{refused:?}"
+    );
+    assert_eq!(e.get(3).await.unwrap().version, 0, "nothing written");
+    e.transition(3, super::OrderEvent::Pay, "p-3")
+        .await
+        .unwrap();
+
+    let (sink, mut received) = orderly::outbox::ChannelSink::new();
+    let relay = Relay::new(b.store(Duration::from_secs(10)).await, sink);
+    assert_eq!(relay.relay_once().await.unwrap().published, 3);
+    let mut bodies = HashMap::new();
+    while let Ok(m) = received.try_recv() {
+        bodies.insert(
+            m.entity_id,
+            serde_json::from_str::<serde_json::Value>(&m.body).unwrap(),
+        );
+    }
+    assert_eq!(bodies[&1], body, "the attached body, not the replay's");
+    assert_eq!(bodies[&2], serde_json::json!({"amount": 7}));
+    assert_eq!(bodies[&3]["id"], "OrderMachine:3:1");
+    assert_eq!(bodies[&3]["event"], "OrderPaid");
+    assert_eq!(bodies[&3]["ref_id"], "p-3");
+}

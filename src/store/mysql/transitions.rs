@@ -123,8 +123,8 @@ impl Sql {
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
             )),
             emit: sql(
-                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     .to_string(),
             ),
             history: read(format!(

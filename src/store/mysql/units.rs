@@ -35,6 +35,7 @@ impl MySqlStore {
                 .bind(a.from)
                 .bind(a.to)
                 .bind(a.key.ref_id)
+                .bind(a.event_body)
                 .execute(conn)
                 .await;
             // The statement's own unique key is the outbox's: the row is there already.
@@ -80,6 +81,7 @@ impl MySqlStore {
             write_id: request.write_id,
             emits: request.emits.first().copied().flatten(),
             machine: request.machine,
+            event_body: request.event_body,
         };
         if !self.record(conn, &apply).await? {
             return Ok(FirstWrite::OutboxTaken);

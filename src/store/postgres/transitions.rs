@@ -69,7 +69,8 @@ impl Sql {
             ))
         };
         // The emitting variants: one more data-modifying CTE, the outbox row of the edge
-        // that moved (`$9`, the edges' events, parallel to `$6`/`$7`; `$10` the machine).
+        // that moved (`$9`, the edges' events, parallel to `$6`/`$7`; `$10` the machine;
+        // `$11` the request's own event body).
         // All of a statement's CTEs run, and a twin's unique violation aborts them all.
         let apply_first_emitting = |edge: &str, edge_cond: &str| {
             sql(format!(
@@ -79,8 +80,8 @@ impl Sql {
                    WHERE o.id = $1 AND {edge_cond} AND o.version BETWEEN 0 AND 9223372036854775806 \
                    RETURNING o.version::bigint AS seq, e.f, e.t, e.x \
                  ), emitted AS ( \
-                   INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
-                   SELECT $10, $1, seq, x, $2, f, t, $3 FROM upd WHERE x IS NOT NULL \
+                   INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                   SELECT $10, $1, seq, x, $2, f, t, $3, $11 FROM upd WHERE x IS NOT NULL \
                  ) \
                  INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
                  SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8 FROM upd \
@@ -126,8 +127,8 @@ impl Sql {
                    INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
                    SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb, $9 FROM upd RETURNING seq \
                  ) \
-                 INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
-                 SELECT $10, $2, seq, $11, $5, $3, $1, $6 FROM ins"
+                 INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                 SELECT $10, $2, seq, $11, $5, $3, $1, $6, $12 FROM ins"
             )),
             // The write after a read, one statement: the update guarded by the status and
             // version that were read, feeding the history insert.
@@ -207,6 +208,7 @@ impl PgStore {
                     query
                         .bind(request.emits.first().copied().flatten())
                         .bind(request.machine)
+                        .bind(request.event_body)
                 } else {
                     query
                 }
@@ -227,7 +229,10 @@ impl PgStore {
                     .bind(to)
                     .bind(request.write_id);
                 if emitting {
-                    query.bind(request.emits).bind(request.machine)
+                    query
+                        .bind(request.emits)
+                        .bind(request.machine)
+                        .bind(request.event_body)
                 } else {
                     query
                 }
@@ -382,7 +387,7 @@ impl Store for PgStore {
             .bind(a.payload)
             .bind(a.write_id);
         let statement = match a.emits {
-            Some(event) => statement.bind(a.machine).bind(event),
+            Some(event) => statement.bind(a.machine).bind(event).bind(a.event_body),
             None => statement,
         };
         // One statement is atomic on its own; inside the caller's transaction it runs in a

@@ -71,8 +71,8 @@ impl Sql {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             )),
             emit: sql(
-                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
                     .to_string(),
             ),
             history: sql(format!(

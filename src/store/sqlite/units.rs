@@ -51,6 +51,7 @@ impl SqliteStore {
                 .bind(a.from)
                 .bind(a.to)
                 .bind(a.key.ref_id)
+                .bind(a.event_body)
                 .execute(conn)
                 .await;
             // The statement's own unique key is the outbox's: the row is there already.
@@ -94,6 +95,7 @@ impl SqliteStore {
             write_id: request.write_id,
             emits: request.emits.first().copied().flatten(),
             machine: request.machine,
+            event_body: request.event_body,
         };
         if !self.record(conn, &apply).await? {
             return Ok(FirstWrite::OutboxTaken);
