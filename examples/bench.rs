@@ -60,11 +60,17 @@
 //! a machine whose `Pay` edge emits (the outbox row in the transition's unit), `out-hand`
 //! the same writes by hand, `replay-o` replays of what `outbox` applied.
 //!
+//! Last, the relay: `--relay-events N` [20000] events of N/4 entities drained by four
+//! relays (`relay`) and by four hand-written `SKIP LOCKED` + publish + mark loops
+//! (`relay-hand`), twice each, to the same sink: an in-process channel, or NATS
+//! JetStream with `--nats URL` (feature `nats`; a memory stream of the bench's own). Its
+//! line is `relay backend=… relay_vs_hand=…`.
+//!
 //! The last lines are one `ratio backend=… c=… engine_vs_floor=… engine_vs_naive=…
 //! replay_vs_engine=…` and one `records backend=… c=… records_vs_hand=…
 //! replay_vs_records=…` and one `flows backend=… c=… flow_vs_hand=… replay_vs_flow=…` and
 //! one `outbox backend=… c=… outbox_vs_hand=… replay_vs_outbox=…` per
-//! concurrency, for scripts.
+//! concurrency, and the `relay …` line, for scripts.
 
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;
@@ -73,6 +79,7 @@ use std::time::{Duration, Instant};
 
 use orderly::flow::{Definition, FlowConfig, FlowOutcome, FlowStore, Flows};
 use orderly::idempotency::RecordStore;
+use orderly::outbox::{ChannelSink, EventRow, Message, OutboxStore, Relay, RelayConfig, Sink};
 use orderly::store::Store;
 use orderly::{Done, Engine, Outcome, ReadFirst, Records, ScopeConfig};
 
@@ -124,6 +131,8 @@ struct Args {
     compare_history: Option<i64>,
     redis: Option<String>,
     deadline_ms: u64,
+    relay_events: i64,
+    nats: Option<String>,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
@@ -138,6 +147,8 @@ fn parse_args() -> Result<Args, BoxError> {
         compare_history: None,
         redis: None,
         deadline_ms: 10,
+        relay_events: 20_000,
+        nats: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -158,6 +169,8 @@ fn parse_args() -> Result<Args, BoxError> {
             "--compare-history" => args.compare_history = Some(value()?.parse()?),
             "--redis" => args.redis = Some(value()?),
             "--deadline-ms" => args.deadline_ms = value()?.parse()?,
+            "--relay-events" => args.relay_events = value()?.parse()?,
+            "--nats" => args.nats = Some(value()?),
             other => return Err(format!("unknown option {other}").into()),
         }
     }
@@ -169,7 +182,17 @@ fn parse_args() -> Result<Args, BoxError> {
 
 /// What a backend provides to the bench: the raw patterns, and a reset between passes.
 trait BenchDb: Send + Sync + 'static {
-    type S: FlowStore;
+    type S: FlowStore + OutboxStore;
+    /// Runs literal SQL on the bench database.
+    fn exec(&self, sql: String) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// One round of the hand-written relay: in one transaction, up to `batch` pending
+    /// events chosen with `SKIP LOCKED` (SQLite: under `BEGIN IMMEDIATE`), published
+    /// through `sink` together, marked published; how many.
+    fn relay_hand<K: Sink>(
+        &self,
+        batch: i64,
+        sink: &K,
+    ) -> impl Future<Output = Result<usize, BoxError>> + Send;
     fn engine(&self) -> Engine<OrderMachine, Self::S>;
     fn floor(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
     fn naive(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
@@ -806,8 +829,160 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         storm_pass(&records, url, args, &mut ratios).await?;
     }
     ratios.push(deadline_pass(&db, &engine, args).await?);
+    ratios.push(match &args.nats {
+        Some(url) => relay_nats(&db, url, args).await?,
+        None => {
+            let (sink, mut rx) = ChannelSink::new();
+            tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            relay_pass(&db, sink, "channel", args).await?
+        }
+    });
     for line in scales.into_iter().chain(ratios) {
         println!("{line}");
+    }
+    Ok(())
+}
+
+/// The relay to JetStream at `url` (feature `nats`).
+async fn relay_nats<B: BenchDb>(db: &Arc<B>, url: &str, args: &Args) -> Result<String, BoxError> {
+    #[cfg(feature = "nats")]
+    {
+        use async_nats::jetstream::{self, stream};
+        let prefix = "orderly_bench";
+        let js = jetstream::new(async_nats::connect(url).await?);
+        let _ = js.delete_stream(prefix).await;
+        js.create_stream(stream::Config {
+            name: prefix.into(),
+            subjects: vec![format!("{prefix}.>")],
+            storage: stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await?;
+        let sink = orderly::outbox::NatsSink::connect(url, prefix).await?;
+        let line = relay_pass(db, sink, "jetstream", args).await;
+        js.delete_stream(prefix).await?;
+        line
+    }
+    #[cfg(not(feature = "nats"))]
+    {
+        let _ = (db, url, args);
+        Err("--nats needs the bench built with --features nats".into())
+    }
+}
+
+/// The relay's throughput: `--relay-events` events of a quarter as many entities (four
+/// each, so one entity's events go out one after another), drained by four relays
+/// (`relay`: `Relay::relay_once` in a loop, batches of 128) and by four hand-written
+/// loops (`relay-hand`: `SKIP LOCKED` + publish + mark in one transaction, no per-entity
+/// order), each twice, alternating, to the same sink. Returns the `relay …` line.
+async fn relay_pass<B: BenchDb, K: Sink + Clone>(
+    db: &Arc<B>,
+    sink: K,
+    sink_name: &str,
+    args: &Args,
+) -> Result<String, BoxError> {
+    let events = args.relay_events.max(4);
+    let entities = (events / 4).max(1);
+    let seed = || async {
+        db.exec("DELETE FROM outbox".into()).await?;
+        let mut rows = Vec::new();
+        for i in 0..events {
+            let (entity, version) = (i % entities + 1, i / entities + 1);
+            rows.push(format!(
+                "('EmitMachine', {entity}, {version}, 'OrderPaid', 'Pay', 'Created', 'Paid', 'pay-{entity}-{version}')"
+            ));
+        }
+        for chunk in rows.chunks(1000) {
+            db.exec(format!(
+                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) VALUES {}",
+                chunk.join(", ")
+            ))
+            .await?;
+        }
+        Ok::<(), BoxError>(())
+    };
+    let (mut relay_time, mut hand_time) = (Duration::ZERO, Duration::ZERO);
+    let config = RelayConfig {
+        batch: 128,
+        ..RelayConfig::default()
+    };
+    for _ in 0..2 {
+        seed().await?;
+        let start = Instant::now();
+        let done = Arc::new(AtomicI64::new(0));
+        let loops: Vec<_> = (0..4)
+            .map(|_| {
+                let relay = Relay::new(db.engine().store().clone(), sink.clone())
+                    .with_config(config.clone());
+                let done = done.clone();
+                tokio::spawn(async move {
+                    let relay = relay?;
+                    while done.load(Ordering::SeqCst) < events {
+                        let round = relay.relay_once().await?;
+                        if round.dead + round.retried > 0 {
+                            return Err::<(), BoxError>(format!("relay round {round:?}").into());
+                        }
+                        done.fetch_add(round.published as i64, Ordering::SeqCst);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for l in loops {
+            l.await??;
+        }
+        relay_time += start.elapsed();
+
+        seed().await?;
+        let start = Instant::now();
+        let done = Arc::new(AtomicI64::new(0));
+        let loops: Vec<_> = (0..4)
+            .map(|_| {
+                let (db, sink, done) = (db.clone(), sink.clone(), done.clone());
+                tokio::spawn(async move {
+                    while done.load(Ordering::SeqCst) < events {
+                        let n = db.relay_hand(128, &sink).await?;
+                        done.fetch_add(n as i64, Ordering::SeqCst);
+                    }
+                    Ok::<(), BoxError>(())
+                })
+            })
+            .collect();
+        for l in loops {
+            l.await??;
+        }
+        hand_time += start.elapsed();
+    }
+    db.exec("DELETE FROM outbox".into()).await?;
+    let rate = |t: Duration| 2.0 * events as f64 / t.as_secs_f64();
+    println!(
+        "{:<10} {:>8} events {:>10.0}/s   (4 relays, batches of 128, {entities} entities, sink: {sink_name})",
+        "relay",
+        2 * events,
+        rate(relay_time)
+    );
+    println!(
+        "{:<10} {:>8} events {:>10.0}/s   (4 hand-written SKIP LOCKED + publish + mark loops)",
+        "relay-hand",
+        2 * events,
+        rate(hand_time)
+    );
+    Ok(format!(
+        "relay backend={} relay_vs_hand={:.2}",
+        args.backend,
+        rate(relay_time) / rate(hand_time)
+    ))
+}
+
+/// Publishes `rows` through `sink` together.
+async fn publish_all<K: Sink>(sink: &K, rows: &[EventRow]) -> Result<(), BoxError> {
+    let sent = futures_util::future::join_all(
+        rows.iter()
+            .map(|row| async move { sink.publish(&Message::from_row(row)).await }),
+    )
+    .await;
+    for outcome in sent {
+        outcome?;
     }
     Ok(())
 }
@@ -1256,6 +1431,31 @@ mod sqlite {
     impl BenchDb for Db {
         type S = SqliteStore;
 
+        async fn exec(&self, sql: String) -> Result<(), BoxError> {
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        }
+
+        async fn relay_hand<K: Sink>(&self, batch: i64, sink: &K) -> Result<usize, BoxError> {
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let rows: Vec<EventRow> = sqlx::query_as(
+                "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, 0 AS age_ms FROM outbox WHERE status = 'PENDING' LIMIT ?1",
+            )
+            .bind(batch)
+            .fetch_all(&mut *tx)
+            .await?;
+            publish_all(sink, &rows).await?;
+            for row in &rows {
+                sqlx::query("UPDATE outbox SET status = 'PUBLISHED', published_at = 0 WHERE machine = ?1 AND entity_id = ?2 AND version = ?3")
+                    .bind(&row.machine).bind(row.entity_id).bind(row.version)
+                    .execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            Ok(rows.len())
+        }
+
         fn engine(&self) -> Engine<OrderMachine, SqliteStore> {
             Engine::new(SqliteStore::new(self.pool.clone())).expect("valid machine")
         }
@@ -1438,6 +1638,36 @@ mod postgres {
 
     impl BenchDb for Db {
         type S = PgStore;
+
+        async fn exec(&self, sql: String) -> Result<(), BoxError> {
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        }
+
+        async fn relay_hand<K: Sink>(&self, batch: i64, sink: &K) -> Result<usize, BoxError> {
+            let mut tx = self.pool.begin().await?;
+            let rows: Vec<EventRow> = sqlx::query_as(
+                "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, 0::bigint AS age_ms FROM outbox WHERE status = 'PENDING' \
+                 LIMIT $1 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(batch)
+            .fetch_all(&mut *tx)
+            .await?;
+            publish_all(sink, &rows).await?;
+            let machines: Vec<&str> = rows.iter().map(|r| r.machine.as_str()).collect();
+            let entities: Vec<i64> = rows.iter().map(|r| r.entity_id).collect();
+            let versions: Vec<i64> = rows.iter().map(|r| r.version).collect();
+            sqlx::query(
+                "UPDATE outbox SET status = 'PUBLISHED', published_at = 0 \
+                 WHERE (machine, entity_id, version) IN (SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bigint[]))",
+            )
+            .bind(machines).bind(entities).bind(versions)
+            .execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(rows.len())
+        }
 
         fn engine(&self) -> Engine<OrderMachine, PgStore> {
             Engine::new(PgStore::new(self.pool.clone())).expect("valid machine")
@@ -1694,6 +1924,42 @@ mod mysql {
 
     impl BenchDb for Db {
         type S = MySqlStore;
+
+        async fn exec(&self, sql: String) -> Result<(), BoxError> {
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        }
+
+        async fn relay_hand<K: Sink>(&self, batch: i64, sink: &K) -> Result<usize, BoxError> {
+            let mut tx = self.pool.begin().await?;
+            let rows: Vec<EventRow> = sqlx::query_as(
+                "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, CAST(0 AS SIGNED) AS age_ms FROM outbox WHERE status = 'PENDING' \
+                 LIMIT ? FOR UPDATE SKIP LOCKED",
+            )
+            .bind(batch)
+            .fetch_all(&mut *tx)
+            .await?;
+            publish_all(sink, &rows).await?;
+            if !rows.is_empty() {
+                let keys = vec!["(machine = ? AND entity_id = ? AND version = ?)"; rows.len()]
+                    .join(" OR ");
+                let sql = format!(
+                    "UPDATE outbox SET status = 'PUBLISHED', published_at = 0 WHERE {keys}"
+                );
+                let mut update = sqlx::query(AssertSqlSafe(sql));
+                for row in &rows {
+                    update = update
+                        .bind(&row.machine)
+                        .bind(row.entity_id)
+                        .bind(row.version);
+                }
+                update.execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            Ok(rows.len())
+        }
 
         fn engine(&self) -> Engine<OrderMachine, MySqlStore> {
             Engine::new(MySqlStore::new(self.pool.clone())).expect("valid machine")
