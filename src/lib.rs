@@ -77,12 +77,16 @@
 //! An edge of [`state_machine!`] may name the domain event it emits (`Created + Pay =>
 //! Paid emits OrderPaid`); a transition along it writes an outbox row in the same atomic
 //! unit as the update and the history row (inside the caller's transaction too), and a
-//! replay or a refusal writes none. See `docs/outbox.md`.
+//! replay or a refusal writes none. [`outbox::Relay`] publishes the rows through an
+//! [`outbox::Sink`] (NATS JetStream and RabbitMQ behind the `nats` and `rabbitmq`
+//! features), per entity in version order, under fenced leases, with retries, a dead
+//! state and purge; [`outbox::Inbox`] dedupes a consumer whose work is not a transition.
+//! Each backend implements its seam, [`outbox::OutboxStore`], in
+//! `store/<backend>/outbox.rs`. See `docs/outbox.md`.
 //!
 //! ## What comes next, and where
 //!
-//! The relay of the outbox rows to brokers `outbox/`; a tower layer
-//! `http/`; metrics `observe`. Each is a folder holding its algorithm above a seam trait
+//! A tower layer `http/`; metrics `observe`. Each is a folder holding its algorithm above a seam trait
 //! of its own, which every backend implements in a file of its folder next to
 //! `transitions.rs` (for example `store/postgres/flows.rs`), with a migration per
 //! backend. What must commit with a transition (an idempotency record's completion,
