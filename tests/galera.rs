@@ -428,3 +428,103 @@ fn exec_on(
             .map(drop)
     })
 }
+
+/// Transitions on every node write their events; a relay on every node publishes them
+/// while they are written: each event once, each order's events in version order, no two
+/// publishes of one order at once. Two nodes' claims of one event collide at
+/// certification; the loser's round fails with a retryable error and is run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the 3-node Galera cluster of .ci/galera.sh; run with --ignored"]
+async fn relays_on_every_node_publish_each_event_once_in_order() {
+    use conformance::outbox::{Recorder, RecordingSink};
+    use orderly::outbox::{Outbox, Relay, RelayConfig};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const ORDERS: i64 = 150;
+    let c = Cluster::fresh().await;
+    let e: Vec<Engine<OrderMachine, MySqlStore>> = c.engines();
+    let writing = Arc::new(AtomicBool::new(true));
+    let writers: Vec<_> = (0..3)
+        .map(|n| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                for id in (n..ORDERS).step_by(3) {
+                    e[n as usize].create(id).await.unwrap();
+                    // Paid on one node, shipped on the next: both emit.
+                    e[n as usize]
+                        .transition(id, OrderEvent::Pay, "p")
+                        .await
+                        .unwrap();
+                    let ship = (n as usize + 1) % 3;
+                    e[ship].transition(id, OrderEvent::Ship, "s").await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let rec = Arc::new(Recorder::default());
+    let collisions = Arc::new(AtomicUsize::new(0));
+    let relays: Vec<_> = c
+        .stores
+        .iter()
+        .enumerate()
+        .map(|(n, store)| {
+            let relay = Relay::new(store.clone(), RecordingSink::new(rec.clone(), n))
+                .with_config(RelayConfig {
+                    batch: 16,
+                    idle: Duration::from_millis(5),
+                    ..RelayConfig::default()
+                })
+                .unwrap();
+            let (writing, collisions) = (writing.clone(), collisions.clone());
+            tokio::spawn(async move {
+                let deadline = std::time::Instant::now() + Duration::from_secs(180);
+                loop {
+                    match relay.relay_once().await {
+                        Ok(round) if round.claimed == 0 && !writing.load(Ordering::SeqCst) => {
+                            if relay.outbox().stats().await.unwrap().pending == 0 {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(err) => {
+                            assert!(err.is_retryable(), "node {n}: {err:?}");
+                            collisions.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    assert!(std::time::Instant::now() < deadline, "never drained");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    writing.store(false, Ordering::SeqCst);
+    for r in relays {
+        r.await.unwrap();
+    }
+    let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
+    let mut by_relay = [0usize; 3];
+    for (entity, version, relay) in rec.received() {
+        seen.entry(entity).or_default().push(version);
+        by_relay[relay] += 1;
+    }
+    for id in 0..ORDERS {
+        assert_eq!(seen.get(&id), Some(&vec![1, 2]), "order {id}");
+    }
+    assert_eq!(rec.received().len() as i64, 2 * ORDERS, "each event once");
+    assert_eq!(rec.overlaps(), 0);
+    assert!(
+        by_relay.iter().filter(|n| **n > 0).count() >= 2,
+        "one node's relay did all the work: {by_relay:?}"
+    );
+    for store in &c.stores {
+        let stats = Outbox::new(store.clone()).stats().await.unwrap();
+        assert_eq!((stats.pending, stats.dead), (0, 0));
+    }
+    eprintln!(
+        "published by node {by_relay:?}, certification collisions retried: {}",
+        collisions.load(Ordering::Relaxed)
+    );
+    c.cleanup().await;
+}

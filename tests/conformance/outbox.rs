@@ -35,7 +35,12 @@ pub(crate) struct Recorder {
 }
 
 impl Recorder {
-    fn received(&self) -> Vec<(i64, i64, usize)> {
+    /// Publishes of one entity that overlapped another of its publishes.
+    pub(crate) fn overlaps(&self) -> usize {
+        self.overlaps.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn received(&self) -> Vec<(i64, i64, usize)> {
         self.received.lock().unwrap().clone()
     }
 
@@ -53,6 +58,13 @@ impl Recorder {
 pub(crate) struct RecordingSink {
     rec: Arc<Recorder>,
     relay: usize,
+}
+
+impl RecordingSink {
+    /// A sink recording into `rec`, as relay number `relay`.
+    pub(crate) fn new(rec: Arc<Recorder>, relay: usize) -> Self {
+        RecordingSink { rec, relay }
+    }
 }
 
 impl Sink for RecordingSink {
@@ -86,9 +98,8 @@ impl Sink for RecordingSink {
     }
 }
 
-/// Writes `per_entity` events for each of `entities` entities straight into the outbox
-/// (the relay reads only the table), in multi-row inserts.
-pub(crate) async fn seed<B: Backend>(b: &B, entities: i64, per_entity: i64) {
+/// The multi-row inserts of `per_entity` events for each of `entities` entities.
+pub(crate) fn seed_rows(entities: i64, per_entity: i64) -> Vec<String> {
     let mut rows = Vec::new();
     for entity in 1..=entities {
         for version in 1..=per_entity {
@@ -97,13 +108,22 @@ pub(crate) async fn seed<B: Backend>(b: &B, entities: i64, per_entity: i64) {
             ));
         }
     }
-    for chunk in rows.chunks(500) {
-        b.exec(&format!(
-            "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
-             VALUES {}",
-            chunk.join(", ")
-        ))
-        .await;
+    rows.chunks(500)
+        .map(|chunk| {
+            format!(
+                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                 VALUES {}",
+                chunk.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// Writes `per_entity` events for each of `entities` entities straight into the outbox
+/// (the relay reads only the table).
+pub(crate) async fn seed<B: Backend>(b: &B, entities: i64, per_entity: i64) {
+    for sql in seed_rows(entities, per_entity) {
+        b.exec(&sql).await;
     }
 }
 

@@ -1,0 +1,149 @@
+//! A Galera node killed mid-relay (SIGKILL, by `.ci/galera.sh kill 3`): the relays on the
+//! other two nodes go on, the third node rejoins (`.ci/galera.sh restart 3`), and every
+//! event is published, in version order per entity, the only duplicates being events the
+//! killed node's relay published but could not record. Its own test binary: no other
+//! test may run on the node it kills.
+
+mod cluster;
+mod conformance;
+mod server;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cluster::Cluster;
+use conformance::outbox::{Recorder, RecordingSink, seed_rows};
+use orderly::outbox::{Outbox, Relay, RelayConfig};
+
+fn galera_script(command: &str, node: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/galera.sh");
+    let status = std::process::Command::new("bash")
+        .arg(script)
+        .args([command, node])
+        .status()
+        .unwrap();
+    assert!(status.success(), ".ci/galera.sh {command} {node} failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the 3-node Galera cluster of .ci/galera.sh; run with --ignored"]
+async fn node_killed_mid_relay_others_finish_in_order() {
+    let (entities, per_entity) = (300, 20);
+    let c = Cluster::fresh().await;
+    for sql in seed_rows(entities, per_entity) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(c.stores[0].pool())
+            .await
+            .unwrap();
+    }
+    let rec = Arc::new(Recorder::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let relays: Vec<_> = c
+        .stores
+        .iter()
+        .enumerate()
+        .map(|(n, store)| {
+            let relay = Relay::new(store.clone(), RecordingSink::new(rec.clone(), n))
+                .with_config(RelayConfig {
+                    batch: 8,
+                    lease: Duration::from_secs(3),
+                    publish_timeout: Duration::from_secs(1),
+                    idle: Duration::from_millis(5),
+                    ..RelayConfig::default()
+                })
+                .unwrap();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut errors = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    // Errors are expected on the killed node (and collisions anywhere).
+                    if relay.relay_once().await.is_err() {
+                        errors += 1;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+                errors
+            })
+        })
+        .collect();
+    assert!(
+        server::eventually(Duration::from_secs(60), || async {
+            rec.received().iter().filter(|r| r.2 == 2).count() >= 20
+        })
+        .await,
+        "node 3's relay published nothing"
+    );
+    tokio::task::spawn_blocking(|| galera_script("kill", "3"))
+        .await
+        .unwrap();
+    let at_kill = rec.received().len();
+    // The two others go on once they have evicted the dead node (Galera's suspect
+    // timeout, a few seconds, during which commits wait).
+    let went_on = server::eventually(Duration::from_secs(30), || async {
+        rec.received().len() > at_kill + 20
+    })
+    .await;
+    let after = rec.received().len();
+    // The node rejoins before anything is asserted, so a failure leaves the cluster whole.
+    tokio::task::spawn_blocking(|| galera_script("restart", "3"))
+        .await
+        .unwrap();
+    assert!(went_on, "the other nodes' relays stopped when node 3 died");
+    assert!(
+        (after as i64) < entities * per_entity,
+        "everything was published before node 3 died: the test shows nothing"
+    );
+    let outbox = Outbox::new(c.stores[0].clone());
+    assert!(
+        server::eventually(Duration::from_secs(120), || async {
+            outbox
+                .stats()
+                .await
+                .map(|s| s.pending == 0)
+                .unwrap_or(false)
+        })
+        .await,
+        "the outbox never drained"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let mut errors = Vec::new();
+    for r in relays {
+        errors.push(r.await.unwrap());
+    }
+    // Each event's first receipt in version order per entity; a second receipt only of an
+    // event the killed node's relay had published first.
+    let mut firsts: HashMap<i64, Vec<i64>> = HashMap::new();
+    let mut first_by: HashMap<(i64, i64), usize> = HashMap::new();
+    let mut duplicates = 0;
+    for (entity, version, relay) in rec.received() {
+        match first_by.get(&(entity, version)) {
+            Some(first) => {
+                duplicates += 1;
+                assert_eq!(
+                    *first,
+                    2,
+                    "event {entity}:{version} published twice, first by node {}'s relay",
+                    first + 1
+                );
+            }
+            None => {
+                first_by.insert((entity, version), relay);
+                firsts.entry(entity).or_default().push(version);
+            }
+        }
+    }
+    for entity in 1..=entities {
+        assert_eq!(
+            firsts.get(&entity),
+            Some(&(1..=per_entity).collect::<Vec<_>>()),
+            "entity {entity}"
+        );
+    }
+    assert_eq!(rec.overlaps(), 0, "one entity's publishes overlapped");
+    eprintln!("relay errors by node {errors:?}, duplicates {duplicates}");
+    c.cleanup().await;
+}
