@@ -266,6 +266,7 @@ macro_rules! conformance {
             events_commit_with_records_run,
             relay_killed_by_sigkill_another_finishes,
             event_body_is_published_as_the_message_body,
+            events_commit_with_flow_local_steps,
         );
     };
     // The network faults, for a backend that implements `Networked`.

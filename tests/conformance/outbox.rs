@@ -820,3 +820,74 @@ pub async fn event_body_is_published_as_the_message_body<B: Backend>(b: &B) {
     assert_eq!(bodies[&3]["event"], "OrderPaid");
     assert_eq!(bodies[&3]["ref_id"], "p-3");
 }
+
+orderly::flow! {
+    /// A flow of one local step: the payment's transition inside the step's checkpoint
+    /// transaction, then (if its input says so) a failure.
+    pub PayStepFlow {
+        kind: "outbox_pay";
+        version: 1;
+        steps: PayStepFlowStep {
+            Pay: local,
+        }
+    }
+}
+
+/// The event of a transition inside a flow's local step commits with the step's
+/// checkpoint, and is absent when the step fails after the transition (its transaction,
+/// the transition and the event with it, rolled back); a replayed flow writes no second
+/// event.
+pub async fn events_commit_with_flow_local_steps<B: Backend>(b: &B) {
+    use orderly::flow::FlowOutcome;
+    let e = engine(b).await;
+    e.create(1).await.unwrap();
+    e.create(2).await.unwrap();
+    let moved = e.clone();
+    let def = orderly::Definition::<B::S, (i64, bool)>::new(PayStepFlow).local(
+        PayStepFlowStep::Pay,
+        move |conn, ctx| {
+            let e = moved.clone();
+            Box::pin(async move {
+                let (id, fail) = *ctx.input();
+                e.transition(id, super::OrderEvent::Pay, "p")
+                    .within(conn)
+                    .await?;
+                if fail {
+                    return Err(orderly::StepError::fail("declined after the transition"));
+                }
+                Ok(())
+            })
+        },
+    );
+    let f = orderly::Flows::new(
+        b.store(Duration::from_secs(10)).await,
+        super::flows::config(Duration::from_secs(30)),
+    )
+    .unwrap()
+    .register(def)
+    .unwrap();
+    let done = f.start(PayStepFlow, "ok", &(1, false)).await.unwrap();
+    assert!(
+        matches!(done.outcome, FlowOutcome::Completed(_)),
+        "{:?}",
+        done.outcome
+    );
+    let again = f.start(PayStepFlow, "ok", &(1, false)).await.unwrap();
+    assert!(again.replayed);
+    let failed = f.start(PayStepFlow, "fail", &(2, true)).await.unwrap();
+    assert!(
+        matches!(failed.outcome, FlowOutcome::Compensated { .. }),
+        "{:?}",
+        failed.outcome
+    );
+    let count = |id: i64| {
+        format!("SELECT COUNT(*) FROM outbox WHERE entity_id = {id} AND event = 'OrderPaid'")
+    };
+    assert_eq!(
+        b.scalar(&count(1)).await,
+        1,
+        "committed with the step, once"
+    );
+    assert_eq!(b.scalar(&count(2)).await, 0, "rolled back with the step");
+    assert_eq!(e.get(2).await.unwrap().version, 0);
+}
