@@ -247,6 +247,22 @@ async fn a_republished_event_is_stored_once() {
             "{name}"
         );
     }
+    // A value read from the database that a header cannot carry is refused for good,
+    // never a panic.
+    let broken = Message {
+        ref_id: "pay\r\n7".into(),
+        id: Message::id_of("OrderMachine", 7, 4),
+        version: 4,
+        ..message.clone()
+    };
+    let refused = sink.publish(&broken).await.unwrap_err();
+    assert!(refused.permanent, "{refused:?}");
+    let dotted = Message {
+        event: "Order.Paid".into(),
+        ..message.clone()
+    };
+    assert!(sink.publish(&dotted).await.unwrap_err().permanent);
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
     assert!(NatsSink::new(js.clone(), "bad prefix").is_err());
     assert!(NatsSink::new(js.clone(), "a.>").is_err());
     js.delete_stream(&prefix).await.unwrap();

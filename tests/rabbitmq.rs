@@ -232,3 +232,91 @@ async fn an_unroutable_event_waits_until_a_queue_takes_it() {
         .await
         .unwrap();
 }
+
+/// In one batch, events a queue takes and events none takes, published concurrently: each
+/// unroutable event is retried (its own return, never another's), each routable one is
+/// published once; the queue holds exactly the routable ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RabbitMQ; .ci/run runs it"]
+async fn returns_are_never_mistaken_for_another_publish() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(&dir, 40, 1).await;
+    // Odd entities emit an event no binding takes.
+    sqlx::raw_sql("UPDATE outbox SET event = 'OrderLost' WHERE entity_id % 2 = 1")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let name = format!("orderly_t_{}", server::unique_db_name());
+    let (_conn, channel) = channel().await;
+    exchange(&channel, &name, false).await;
+    channel
+        .queue_declare(
+            name.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            name.as_str().into(),
+            name.as_str().into(),
+            "OrderMachine.OrderPaid".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let sink = RabbitSink::connect(&amqp_url(), &name).await.unwrap();
+    let relay = Relay::new(store.clone(), sink)
+        .with_config(RelayConfig {
+            batch: 40,
+            ..config()
+        })
+        .unwrap();
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!(
+        (round.claimed, round.published, round.retried),
+        (40, 20, 20),
+        "{round:?}"
+    );
+    for pending in relay.outbox().pending(40).await.unwrap() {
+        assert_eq!(
+            pending.entity_id % 2,
+            1,
+            "a routable event was not published"
+        );
+        let error = pending.last_error.unwrap_or_default();
+        assert!(error.contains("no queue is bound"), "{error}");
+    }
+    let mut ids = Vec::new();
+    while let Some(got) = channel
+        .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        ids.push(
+            got.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    ids.sort();
+    let mut want: Vec<String> = (1..=40)
+        .filter(|e| e % 2 == 0)
+        .map(|e| format!("OrderMachine:{e}:1"))
+        .collect();
+    want.sort();
+    assert_eq!(ids, want);
+    channel
+        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    channel
+        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+}

@@ -3,6 +3,7 @@
 //! once the stream acknowledged it.
 
 use async_nats::jetstream::{self, context::Context, message::PublishMessage};
+use async_nats::{HeaderMap, HeaderValue, header::NATS_MESSAGE_ID};
 
 use super::{Message, Sink, SinkError};
 
@@ -57,19 +58,51 @@ impl NatsSink {
     }
 }
 
+/// A header value, or a permanent refusal for text a header cannot carry (a line break
+/// in a value read from the database).
+fn value(name: &str, text: &str) -> Result<HeaderValue, SinkError> {
+    text.parse()
+        .map_err(|_| SinkError::permanent(format!("{name} {text:?} cannot be a NATS header value")))
+}
+
+/// Whether `token` can be one token of a subject.
+fn is_token(token: &str) -> bool {
+    !token.is_empty()
+        && token
+            .chars()
+            .all(|c| c.is_ascii_graphic() && !matches!(c, '.' | '*' | '>'))
+}
+
 impl Sink for NatsSink {
     async fn publish(&self, message: &Message) -> Result<(), SinkError> {
-        let mut publish = PublishMessage::build()
-            .payload(message.body.clone().into())
-            .message_id(&message.id);
-        for (name, value) in message.headers() {
-            publish = publish.header(name, value.as_str());
+        if !is_token(&message.machine) || !is_token(&message.event) {
+            return Err(SinkError::permanent(format!(
+                "machine {:?} and event {:?} cannot be NATS subject tokens",
+                message.machine, message.event
+            )));
         }
+        let mut headers = HeaderMap::new();
+        headers.insert(NATS_MESSAGE_ID, value("message id", &message.id)?);
+        for (name, text) in message.headers() {
+            headers.insert(name, value(name, &text)?);
+        }
+        let publish = PublishMessage::build()
+            .payload(message.body.clone().into())
+            .headers(headers);
         let ack = self
             .js
             .send_publish(self.subject(message), publish)
             .await
-            .map_err(|e| SinkError::retry(format!("JetStream publish: {e}")))?;
+            .map_err(|e| {
+                use async_nats::jetstream::context::PublishErrorKind;
+                // A message the server can never take (too large) is refused for good.
+                match e.kind() {
+                    PublishErrorKind::MaxPayloadExceeded => {
+                        SinkError::permanent(format!("JetStream publish: {e}"))
+                    }
+                    _ => SinkError::retry(format!("JetStream publish: {e}")),
+                }
+            })?;
         // A duplicate acknowledgement is a success: the stream holds the message already.
         ack.await
             .map(|_| ())

@@ -5,6 +5,8 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use tokio::sync::Mutex;
 
 use super::{Message, Sink, SinkError};
@@ -12,54 +14,54 @@ use super::{Message, Sink, SinkError};
 /// Publishes to a RabbitMQ exchange with the routing key `{machine}.{event}`, the
 /// message id as the AMQP `message-id` property and the event's fields as `Orderly-*`
 /// headers. Publishes are mandatory: a message no queue takes is a failure, retried.
-/// After a failure the sink reconnects on the next publish. RabbitMQ has no dedupe by
-/// message id: a consumer dedupes (a transition with `ref_id` = the message id, or an
+///
+/// RabbitMQ confirms on a channel may cover several publishes at once, and a returned
+/// (unroutable) message is not tied to its confirm by the client, so each channel carries
+/// one unconfirmed publish at a time: the sink keeps a few channels in confirm mode
+/// (`CHANNELS`, each on a connection of its own) and publishes on whichever is free. A
+/// channel whose publish did not finish (its caller gave up, or it failed) is closed and
+/// opened again for the next publish. RabbitMQ has no dedupe by message id: a consumer
+/// dedupes (a transition with `ref_id` = the message id, or an
 /// [`Inbox`](super::Inbox)).
 #[derive(Debug)]
 pub struct RabbitSink {
     url: String,
     exchange: String,
-    channel: Mutex<Option<(Connection, Channel)>>,
+    slots: Vec<Mutex<Slot>>,
+    next: AtomicUsize,
+}
+
+/// How many channels a sink publishes on at once.
+const CHANNELS: usize = 8;
+
+/// A channel in confirm mode, and whether the last publish on it finished.
+#[derive(Debug, Default)]
+struct Slot {
+    open: Option<(Connection, Channel)>,
+    /// A publish began on the channel and did not finish: its confirm (or return) may
+    /// still arrive, so the channel is not used again.
+    dirty: bool,
 }
 
 impl RabbitSink {
     /// Connects to `url` (`amqp://guest:guest@127.0.0.1:5672/%2f`) to publish to
     /// `exchange` (declared by the application; `""` is the default exchange, which
-    /// routes by queue name).
+    /// routes by queue name). The first channel is opened now, so a broker that cannot be
+    /// reached is an error here.
     pub async fn connect(url: &str, exchange: &str) -> Result<Self, SinkError> {
         let sink = RabbitSink {
             url: url.to_string(),
             exchange: exchange.to_string(),
-            channel: Mutex::new(None),
+            slots: (0..CHANNELS).map(|_| Mutex::new(Slot::default())).collect(),
+            next: AtomicUsize::new(0),
         };
-        let opened = open(&sink.url).await?;
-        *sink.channel.lock().await = Some(opened);
+        sink.slots[0].lock().await.open = Some(open(&sink.url).await?);
         Ok(sink)
     }
 
     /// The routing key of an event.
     pub fn routing_key(message: &Message) -> String {
         format!("{}.{}", message.machine, message.event)
-    }
-
-    /// A channel in confirm mode, opened again if the last one failed.
-    async fn channel(&self) -> Result<Channel, SinkError> {
-        let mut held = self.channel.lock().await;
-        if let Some((conn, channel)) = held.as_ref()
-            && conn.status().connected()
-            && channel.status().connected()
-        {
-            return Ok(channel.clone());
-        }
-        *held = None;
-        let (conn, channel) = open(&self.url).await?;
-        *held = Some((conn, channel.clone()));
-        Ok(channel)
-    }
-
-    /// Forgets a channel that failed, so the next publish opens another.
-    async fn forget(&self) {
-        *self.channel.lock().await = None;
     }
 }
 
@@ -78,15 +80,27 @@ async fn open(url: &str) -> Result<(Connection, Channel), SinkError> {
     Ok((conn, channel))
 }
 
+/// An AMQP short string (at most 255 bytes), or a permanent refusal.
+fn short(what: &str, text: &str) -> Result<ShortString, SinkError> {
+    if text.len() > 255 {
+        return Err(SinkError::permanent(format!(
+            "{what} is {} bytes, more than an AMQP short string holds",
+            text.len()
+        )));
+    }
+    Ok(text.into())
+}
+
 impl Sink for RabbitSink {
     async fn publish(&self, message: &Message) -> Result<(), SinkError> {
-        let channel = self.channel().await?;
+        let routing_key = short("the routing key", &Self::routing_key(message))?;
+        let message_id = short("the message id", &message.id)?;
         let mut headers = FieldTable::default();
         for (name, value) in message.headers() {
             headers.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
         }
         let properties = BasicProperties::default()
-            .with_message_id(message.id.as_str().into())
+            .with_message_id(message_id)
             .with_content_type("application/json".into())
             .with_delivery_mode(2)
             .with_headers(headers);
@@ -94,31 +108,64 @@ impl Sink for RabbitSink {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
+        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut slot = self.slots[at].lock().await;
+        let usable = !slot.dirty
+            && matches!(&slot.open, Some((conn, channel))
+                if conn.status().connected() && channel.status().connected());
+        if !usable {
+            if let Some((conn, _)) = slot.open.take() {
+                // Closing it drops whatever confirm or return was still on its way.
+                let _ = conn.close(0, "orderly: channel reset".into()).await;
+            }
+            slot.dirty = false;
+            slot.open = Some(open(&self.url).await?);
+        }
+        let Some((_, channel)) = slot.open.as_ref() else {
+            return Err(SinkError::retry("no RabbitMQ channel"));
+        };
+        let channel = channel.clone();
+        // Set until the confirm arrives: a caller that stops waiting leaves it set.
+        slot.dirty = true;
         let confirmed = async {
             channel
                 .basic_publish(
                     self.exchange.as_str().into(),
-                    Self::routing_key(message).as_str().into(),
+                    routing_key,
                     options,
                     message.body.as_bytes(),
                     properties,
                 )
                 .await?
                 .await
-        };
-        match confirmed.await {
+        }
+        .await;
+        let outcome = match confirmed {
             Ok(Confirmation::Ack(None)) => Ok(()),
-            Ok(Confirmation::Ack(Some(_))) => Err(SinkError::retry(
-                "RabbitMQ returned the message: no queue is bound for its routing key",
-            )),
+            Ok(Confirmation::Ack(Some(returned))) => {
+                let theirs = returned
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|id| id.to_string());
+                if theirs.as_deref() == Some(message.id.as_str()) {
+                    Err(SinkError::retry(
+                        "RabbitMQ returned the message: no queue is bound for its routing key",
+                    ))
+                } else {
+                    // Another message's return: this channel's confirms cannot be trusted.
+                    return Err(SinkError::retry(
+                        "RabbitMQ returned a message that is not this one",
+                    ));
+                }
+            }
             Ok(Confirmation::Nack(_)) => Err(SinkError::retry("RabbitMQ refused the message")),
             Ok(Confirmation::NotRequested) => {
                 Err(SinkError::retry("the channel is not in confirm mode"))
             }
-            Err(e) => {
-                self.forget().await;
-                Err(SinkError::retry(format!("RabbitMQ publish: {e}")))
-            }
-        }
+            Err(e) => return Err(SinkError::retry(format!("RabbitMQ publish: {e}"))),
+        };
+        slot.dirty = false;
+        outcome
     }
 }

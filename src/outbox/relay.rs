@@ -28,13 +28,18 @@ macro_rules! leased {
     }};
 }
 
+/// The largest batch a relay claims: its keys are bound three parameters each, well
+/// inside every backend's limit.
+const MAX_BATCH: u32 = 1000;
+
 /// How a relay claims, publishes and retries.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    /// The most events claimed (and published together) in one round. Default 128.
+    /// The most events claimed (and published together) in one round, 1 to 1000.
+    /// Default 128.
     pub batch: u32,
     /// How long a claim lasts: another relay takes an event over only after this.
-    /// Default 30 s; it must exceed `publish_timeout`.
+    /// Default 30 s; at least twice `publish_timeout`, at most a day.
     pub lease: Duration,
     /// How long one publish may take before it counts as failed. Default 10 s.
     pub publish_timeout: Duration,
@@ -42,7 +47,7 @@ pub struct RelayConfig {
     pub max_attempts: u32,
     /// The first retry's delay; each next one doubles, with jitter. Default 500 ms.
     pub min_backoff: Duration,
-    /// The longest retry delay. Default 5 min.
+    /// The longest retry delay (at most a day). Default 5 min.
     pub max_backoff: Duration,
     /// How long [`Relay::run`] sleeps when a round found nothing to publish (or failed).
     /// Default 200 ms.
@@ -65,21 +70,33 @@ impl Default for RelayConfig {
 
 impl RelayConfig {
     fn check(&self) -> Result<()> {
+        const DAY: Duration = Duration::from_secs(24 * 3600);
         let mut problems = Vec::new();
-        if self.batch == 0 {
-            problems.push("batch must be positive");
+        if self.batch == 0 || self.batch > MAX_BATCH {
+            problems.push("batch must be 1 to 1000");
         }
-        if self.max_attempts == 0 {
-            problems.push("max_attempts must be positive");
+        if self.max_attempts == 0 || self.max_attempts > i32::MAX as u32 {
+            problems.push("max_attempts must be 1 to 2147483647");
         }
         if self.publish_timeout.is_zero() {
             problems.push("publish_timeout must be positive");
         }
-        if self.lease <= self.publish_timeout {
-            problems.push("lease must exceed publish_timeout");
+        // The lease starts at the claim; the publishes, the slowest of the batch, and the
+        // record must all fit in it.
+        if self.lease < self.publish_timeout.saturating_mul(2) {
+            problems.push("lease must be at least twice publish_timeout");
+        }
+        if self.lease > DAY {
+            problems.push("lease must be at most a day");
         }
         if self.min_backoff > self.max_backoff {
             problems.push("min_backoff must not exceed max_backoff");
+        }
+        if self.max_backoff > DAY {
+            problems.push("max_backoff must be at most a day");
+        }
+        if self.idle.is_zero() {
+            problems.push("idle must be positive");
         }
         if problems.is_empty() {
             Ok(())
@@ -276,6 +293,7 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
             round.published = marked;
             round.lost += published.len().saturating_sub(marked);
         }
+        let mut unrecorded = None;
         for (key, attempts, error) in failed {
             let dead = error.permanent
                 || u32::try_from(attempts).unwrap_or(u32::MAX) >= self.config.max_attempts;
@@ -291,13 +309,22 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
                 machine = %key.machine, entity = key.entity_id, version = key.version,
                 attempts, dead, error = %error, "publishing an outbox event failed"
             );
-            match leased!(store, |c| store.mark_failed(c, &failure))? {
-                false => round.lost += 1,
-                true if dead => round.dead += 1,
-                true => round.retried += 1,
+            // One failure that cannot be recorded does not keep the others from being
+            // recorded: it is due again when its claim runs out.
+            match leased!(store, |c| store.mark_failed(c, &failure)) {
+                Ok(false) => round.lost += 1,
+                Ok(true) if dead => round.dead += 1,
+                Ok(true) => round.retried += 1,
+                Err(e) => {
+                    tracing::warn!(error = %e, "recording a failed publish failed");
+                    unrecorded = Some(e);
+                }
             }
         }
-        Ok(round)
+        match unrecorded {
+            Some(e) if round.published + round.retried + round.dead == 0 => Err(e),
+            _ => Ok(round),
+        }
     }
 
     /// Runs rounds until `shutdown` completes: back to back while there is work, every
@@ -354,6 +381,8 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
             .build()
             .nth(n.min(64))
             .unwrap_or(self.config.max_backoff)
+            // The jitter is added after the cap: cap again.
+            .min(self.config.max_backoff)
     }
 }
 

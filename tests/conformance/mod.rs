@@ -300,7 +300,7 @@ macro_rules! conformance {
 }
 
 /// A child process of a test that kills one: the relay's or the flow runner's.
-pub async fn child<B: Backend>(spec: &str) {
+pub(crate) async fn child<B: Backend>(spec: &str) {
     match spec.strip_prefix(outbox::RELAY_CHILD) {
         Some(relay) => outbox::relay_child::<B>(relay).await,
         None => flows::flow_child::<B>(spec).await,

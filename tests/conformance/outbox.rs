@@ -521,6 +521,16 @@ pub async fn outbox_purge_and_stats<B: Backend>(b: &B) {
             }),
         Err(Error::InvalidInput(m)) if m.contains("batch") && m.contains("lease")
     ));
+    assert!(matches!(
+        Relay::new(outbox.store().clone(), orderly::outbox::ChannelSink::new().0)
+            .with_config(RelayConfig {
+                batch: 1001,
+                idle: Duration::ZERO,
+                max_backoff: Duration::from_secs(2 * 24 * 3600),
+                ..RelayConfig::default()
+            }),
+        Err(Error::InvalidInput(m)) if m.contains("batch") && m.contains("idle") && m.contains("max_backoff")
+    ));
 }
 
 /// The consumer's inbox: the first receipt of a message id inside the consumer's
@@ -729,7 +739,7 @@ pub(crate) async fn relay_child<B: Backend>(spec: &str) {
     let relay = Relay::new(store, sink)
         .with_config(RelayConfig {
             lease: Duration::from_secs(1),
-            publish_timeout: Duration::from_millis(900),
+            publish_timeout: Duration::from_millis(400),
             ..fast(8)
         })
         .unwrap();

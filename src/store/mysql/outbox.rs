@@ -1,9 +1,13 @@
 //! The outbox on MySQL/MariaDB: its SQL, and [`OutboxStore`] over it. The relay's claim
 //! is a READ COMMITTED transaction: `SELECT … FOR UPDATE SKIP LOCKED` chooses and locks
-//! the events (its subquery, the test for an earlier unpublished event of the entity, is
-//! a plain read that locks nothing), an update hands them to the claim's token. On
-//! Galera, two nodes' claims of one event collide at certification: one of them fails
-//! with a deadlock, which the relay retries.
+//! the events; a second, plain read tests the chosen ones again for an earlier
+//! unpublished event of their entity; an update hands the survivors to the claim's
+//! token. The second read is needed: the locking read sees the latest committed rows,
+//! but its subquery reads the statement's snapshot, so an entity's events committed
+//! while it ran (v1 and v2, after its snapshot) would both look like the earliest. The
+//! next statement's snapshot sees every event committed before the ones the locking read
+//! found. On Galera, two nodes' claims of one event collide at certification: one of
+//! them fails with a deadlock, which the relay retries.
 
 use sqlx::mysql::MySqlConnection;
 
@@ -20,9 +24,14 @@ const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, fro
     to_status, ref_id, body, status, attempts, last_error, \
     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) DIV 1000 AS SIGNED) AS age_ms";
 
+/// No earlier event of `o`'s entity is unpublished.
+const HEAD: &str = "NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
+    AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') AND p.version < o.version)";
+
 /// `(machine = ? AND entity_id = ? AND version = ?) OR …`, one group per key.
-fn keys_in(n: usize) -> String {
-    let one = "(machine = ? AND entity_id = ? AND version = ?)";
+/// `alias` is the table's alias with its dot (`"o."`), or `""`.
+fn keys_in(alias: &str, n: usize) -> String {
+    let one = format!("({alias}machine = ? AND {alias}entity_id = ? AND {alias}version = ?)");
     format!("({})", vec![one; n.max(1)].join(" OR "))
 }
 
@@ -35,16 +44,28 @@ impl OutboxStore for MySqlStore {
         let mut tx = Self::begin(conn).await?;
         let choose = format!(
             "SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
-             WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} \
-               AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
-                   AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') \
-                   AND p.version < o.version) \
+             WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} AND {HEAD} \
              ORDER BY o.next_at LIMIT ? FOR UPDATE SKIP LOCKED"
         );
-        let keys: Vec<(String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(choose))
+        let locked: Vec<(String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(choose))
             .bind(c.limit)
             .fetch_all(&mut *tx)
             .await?;
+        // The earlier-event test again, on a snapshot that sees every event committed
+        // before the ones the locking read found.
+        let keys: Vec<(String, i64, i64)> = if locked.is_empty() {
+            locked
+        } else {
+            let recheck = format!(
+                "SELECT o.machine, o.entity_id, o.version FROM outbox AS o WHERE {} AND {HEAD}",
+                keys_in("o.", locked.len())
+            );
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(recheck));
+            for (machine, entity_id, version) in &locked {
+                query = query.bind(machine).bind(entity_id).bind(version);
+            }
+            query.fetch_all(&mut *tx).await?
+        };
         if keys.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
@@ -53,7 +74,7 @@ impl OutboxStore for MySqlStore {
             "UPDATE outbox SET owner_token = ?, lease_until = {NOW} + ?, \
                  attempts = LEAST(GREATEST(attempts, 0) + 1, 2147483647) \
              WHERE status = 'PENDING' AND lease_until <= {NOW} AND {}",
-            keys_in(keys.len())
+            keys_in("", keys.len())
         );
         let mut update = sqlx::query(sqlx::AssertSqlSafe(hand_over))
             .bind(c.token)
@@ -64,7 +85,7 @@ impl OutboxStore for MySqlStore {
         update.execute(&mut *tx).await?;
         let taken = format!(
             "SELECT {EVENT_COLUMNS} FROM outbox WHERE owner_token = ? AND {}",
-            keys_in(keys.len())
+            keys_in("", keys.len())
         );
         let mut read = sqlx::query_as(sqlx::AssertSqlSafe(taken)).bind(c.token);
         for (machine, entity_id, version) in &keys {
@@ -88,7 +109,7 @@ impl OutboxStore for MySqlStore {
             "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
                  last_error = NULL, published_at = {NOW} \
              WHERE owner_token = ? AND status = 'PENDING' AND {}",
-            keys_in(keys.len())
+            keys_in("", keys.len())
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
         for key in keys {
