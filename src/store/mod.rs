@@ -35,6 +35,8 @@ use crate::Error;
 
 mod batched;
 mod lease;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) mod outbox_sql;
 mod rows;
 mod tables;
 

@@ -7,13 +7,15 @@
 //! while it ran (v1 and v2, after its snapshot) would both look like the earliest. The
 //! next statement's snapshot sees every event committed before the ones the locking read
 //! found. On Galera, two nodes' claims of one event collide at certification: one of
-//! them fails with a deadlock, which the relay retries.
+//! them fails with a deadlock, which the relay retries. The statements it shares with
+//! SQLite are in `store/outbox_sql.rs`.
 
 use sqlx::mysql::MySqlConnection;
 
 use super::MySqlStore;
 use crate::idempotency::RecordStore;
-use crate::outbox::{ClaimEvents, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow};
+use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
+use crate::store::outbox_sql::{keys_in, shared_outbox_statements};
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).
@@ -29,13 +31,9 @@ const HEAD: &str = "NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.ma
     AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') AND p.version < o.version)";
 
 /// `(machine = ? AND entity_id = ? AND version = ?) OR …`, one group per key.
-/// `alias` is the table's alias with its dot (`"o."`), or `""`.
-fn keys_in(alias: &str, n: usize) -> String {
-    let one = format!("({alias}machine = ? AND {alias}entity_id = ? AND {alias}version = ?)");
-    format!("({})", vec![one; n.max(1)].join(" OR "))
-}
-
 impl OutboxStore for MySqlStore {
+    shared_outbox_statements!(MySqlConnection, now = NOW, columns = EVENT_COLUMNS);
+
     async fn claim_events(
         &self,
         conn: &mut MySqlConnection,
@@ -96,73 +94,6 @@ impl OutboxStore for MySqlStore {
         Ok(claimed)
     }
 
-    async fn mark_published(
-        &self,
-        conn: &mut MySqlConnection,
-        token: &str,
-        keys: &[EventKey],
-    ) -> Result<u64, sqlx::Error> {
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let sql = format!(
-            "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-                 last_error = NULL, published_at = {NOW} \
-             WHERE owner_token = ? AND status = 'PENDING' AND {}",
-            keys_in("", keys.len())
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
-        for key in keys {
-            query = query
-                .bind(key.machine.as_str())
-                .bind(key.entity_id)
-                .bind(key.version);
-        }
-        Ok(query.execute(conn).await?.rows_affected())
-    }
-
-    async fn mark_failed(
-        &self,
-        conn: &mut MySqlConnection,
-        f: &FailedEvent<'_>,
-    ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "UPDATE outbox SET status = CASE WHEN ? THEN 'DEAD' ELSE 'PENDING' END, \
-                 owner_token = NULL, lease_until = 0, next_at = {NOW} + ?, last_error = ? \
-             WHERE machine = ? AND entity_id = ? AND version = ? \
-               AND owner_token = ? AND status = 'PENDING'"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(f.dead)
-            .bind(f.retry_in_ms)
-            .bind(f.error)
-            .bind(&f.key.machine)
-            .bind(f.key.entity_id)
-            .bind(f.key.version)
-            .bind(f.token)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn requeue_event(
-        &self,
-        conn: &mut MySqlConnection,
-        key: &EventKey,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, lease_until = 0, \
-                 next_at = 0 \
-             WHERE machine = ? AND entity_id = ? AND version = ? AND status = 'DEAD'",
-        )
-        .bind(&key.machine)
-        .bind(key.entity_id)
-        .bind(key.version)
-        .execute(conn)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
     async fn purge_published(
         &self,
         conn: &mut MySqlConnection,
@@ -191,23 +122,6 @@ impl OutboxStore for MySqlStore {
         )
         .fetch_one(conn)
         .await
-    }
-
-    async fn list_events(
-        &self,
-        conn: &mut MySqlConnection,
-        status: &str,
-        limit: i64,
-    ) -> Result<Vec<EventRow>, sqlx::Error> {
-        let sql = format!(
-            "SELECT {EVENT_COLUMNS} FROM outbox WHERE status = ? \
-             ORDER BY machine, entity_id, version LIMIT ?"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(status)
-            .bind(limit)
-            .fetch_all(conn)
-            .await
     }
 
     /// `INSERT IGNORE` (the inbox layer checks the lengths first, so the only error it

@@ -1,10 +1,12 @@
 //! The outbox on SQLite: its SQL, and [`OutboxStore`] over it. The single writer makes
-//! the relay's claim one `UPDATE … RETURNING` of the events its subquery chose.
+//! the relay's claim one `UPDATE … RETURNING` of the events its subquery chose. The
+//! statements it shares with MySQL/MariaDB are in `store/outbox_sql.rs`.
 
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
-use crate::outbox::{ClaimEvents, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow};
+use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
+use crate::store::outbox_sql::shared_outbox_statements;
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -14,13 +16,9 @@ const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, fro
     to_status, ref_id, body, status, attempts, last_error, \
     CAST((julianday('now') - julianday(created_at)) * 86400000 AS INTEGER) AS age_ms";
 
-/// `(machine = ? AND entity_id = ? AND version = ?) OR …`, one group per key.
-fn keys_in(n: usize) -> String {
-    let one = "(machine = ? AND entity_id = ? AND version = ?)";
-    format!("({})", vec![one; n.max(1)].join(" OR "))
-}
-
 impl OutboxStore for SqliteStore {
+    shared_outbox_statements!(SqliteConnection, now = NOW, columns = EVENT_COLUMNS);
+
     async fn claim_events(
         &self,
         conn: &mut SqliteConnection,
@@ -44,73 +42,6 @@ impl OutboxStore for SqliteStore {
             .bind(c.limit)
             .fetch_all(conn)
             .await
-    }
-
-    async fn mark_published(
-        &self,
-        conn: &mut SqliteConnection,
-        token: &str,
-        keys: &[EventKey],
-    ) -> Result<u64, sqlx::Error> {
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let sql = format!(
-            "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-                 last_error = NULL, published_at = {NOW} \
-             WHERE owner_token = ? AND status = 'PENDING' AND {}",
-            keys_in(keys.len())
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
-        for key in keys {
-            query = query
-                .bind(key.machine.as_str())
-                .bind(key.entity_id)
-                .bind(key.version);
-        }
-        Ok(query.execute(conn).await?.rows_affected())
-    }
-
-    async fn mark_failed(
-        &self,
-        conn: &mut SqliteConnection,
-        f: &FailedEvent<'_>,
-    ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "UPDATE outbox SET status = CASE WHEN ?6 THEN 'DEAD' ELSE 'PENDING' END, \
-                 owner_token = NULL, lease_until = 0, next_at = {NOW} + ?7, last_error = ?5 \
-             WHERE machine = ?1 AND entity_id = ?2 AND version = ?3 \
-               AND owner_token = ?4 AND status = 'PENDING'"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(&f.key.machine)
-            .bind(f.key.entity_id)
-            .bind(f.key.version)
-            .bind(f.token)
-            .bind(f.error)
-            .bind(f.dead)
-            .bind(f.retry_in_ms)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn requeue_event(
-        &self,
-        conn: &mut SqliteConnection,
-        key: &EventKey,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, lease_until = 0, \
-                 next_at = 0 \
-             WHERE machine = ?1 AND entity_id = ?2 AND version = ?3 AND status = 'DEAD'",
-        )
-        .bind(&key.machine)
-        .bind(key.entity_id)
-        .bind(key.version)
-        .execute(conn)
-        .await?;
-        Ok(done.rows_affected() == 1)
     }
 
     async fn purge_published(
@@ -143,23 +74,6 @@ impl OutboxStore for SqliteStore {
         )
         .fetch_one(conn)
         .await
-    }
-
-    async fn list_events(
-        &self,
-        conn: &mut SqliteConnection,
-        status: &str,
-        limit: i64,
-    ) -> Result<Vec<EventRow>, sqlx::Error> {
-        let sql = format!(
-            "SELECT {EVENT_COLUMNS} FROM outbox WHERE status = ?1 \
-             ORDER BY machine, entity_id, version LIMIT ?2"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(status)
-            .bind(limit)
-            .fetch_all(conn)
-            .await
     }
 
     async fn inbox_insert(

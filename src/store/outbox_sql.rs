@@ -1,0 +1,107 @@
+//! The outbox statements whose shape MySQL/MariaDB and SQLite share (`?` parameters, a
+//! list of keys as `OR`ed groups), written once: each backend's `outbox.rs` brings its
+//! clock and its event columns, and its own claim, stats, purge and inbox statements.
+//! PostgreSQL binds key lists as arrays and writes its own.
+
+/// `({alias}machine = ? AND {alias}entity_id = ? AND {alias}version = ?) OR …`, one group
+/// per key; `alias` is a table alias with its dot (`"o."`), or `""`.
+pub(crate) fn keys_in(alias: &str, n: usize) -> String {
+    let one = format!("({alias}machine = ? AND {alias}entity_id = ? AND {alias}version = ?)");
+    format!("({})", vec![one; n.max(1)].join(" OR "))
+}
+
+/// The methods of [`OutboxStore`](crate::outbox::OutboxStore) whose statements are the
+/// same on MySQL/MariaDB and SQLite, for the backend's connection type `$conn`, its
+/// millisecond clock `$now` and its event columns `$columns` (SQL text).
+macro_rules! shared_outbox_statements {
+    ($conn:ty, now = $now:expr, columns = $columns:expr) => {
+        async fn mark_published(
+            &self,
+            conn: &mut $conn,
+            token: &str,
+            keys: &[$crate::outbox::EventKey],
+        ) -> Result<u64, sqlx::Error> {
+            if keys.is_empty() {
+                return Ok(0);
+            }
+            let sql = format!(
+                "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+                     last_error = NULL, published_at = {now} \
+                 WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
+                now = $now,
+                keys = $crate::store::outbox_sql::keys_in("", keys.len())
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
+            for key in keys {
+                query = query
+                    .bind(key.machine.as_str())
+                    .bind(key.entity_id)
+                    .bind(key.version);
+            }
+            Ok(query.execute(conn).await?.rows_affected())
+        }
+
+        async fn mark_failed(
+            &self,
+            conn: &mut $conn,
+            f: &$crate::outbox::FailedEvent<'_>,
+        ) -> Result<bool, sqlx::Error> {
+            let sql = format!(
+                "UPDATE outbox SET status = CASE WHEN ? THEN 'DEAD' ELSE 'PENDING' END, \
+                     owner_token = NULL, lease_until = 0, next_at = {now} + ?, last_error = ? \
+                 WHERE machine = ? AND entity_id = ? AND version = ? \
+                   AND owner_token = ? AND status = 'PENDING'",
+                now = $now
+            );
+            let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(f.dead)
+                .bind(f.retry_in_ms)
+                .bind(f.error)
+                .bind(&f.key.machine)
+                .bind(f.key.entity_id)
+                .bind(f.key.version)
+                .bind(f.token)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn requeue_event(
+            &self,
+            conn: &mut $conn,
+            key: &$crate::outbox::EventKey,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(
+                "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, \
+                     lease_until = 0, next_at = 0 \
+                 WHERE machine = ? AND entity_id = ? AND version = ? AND status = 'DEAD'",
+            )
+            .bind(&key.machine)
+            .bind(key.entity_id)
+            .bind(key.version)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn list_events(
+            &self,
+            conn: &mut $conn,
+            status: &str,
+            limit: i64,
+        ) -> Result<Vec<$crate::outbox::EventRow>, sqlx::Error> {
+            let sql = format!(
+                "SELECT {columns} FROM outbox WHERE status = ? \
+                 ORDER BY machine, entity_id, version LIMIT ?",
+                columns = $columns
+            );
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(status)
+                .bind(limit)
+                .fetch_all(conn)
+                .await
+        }
+    };
+}
+
+pub(crate) use shared_outbox_statements;
