@@ -344,37 +344,43 @@ pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backen
             relay: 0,
         },
     )
-    .with_config(config)
+    .with_config(config.clone())
     .unwrap();
-    let (mut drops, mut claimed_drops) = (0, 0);
-    // Sweeps of k = 0, 1, 2, … polls until a round completes; how many polls reach the
-    // publishes varies with the machine's load, so sweep again (over the events left)
-    // until some drop came while the round held its claim.
-    let (mut sweeps, mut k) = (0, 0);
-    loop {
-        match poll_at_most(relay.relay_once(), k).await {
-            Some(round) => {
-                round.unwrap();
-                sweeps += 1;
-                if claimed_drops >= 1 || sweeps == 5 {
-                    break;
-                }
-                k = 0;
-                continue;
-            }
-            None => {
-                drops += 1;
-                k += 1;
+    // First a round dropped for certain while it holds its claim: in the middle of its
+    // publishes (which take 300 ms each here).
+    let slow = Relay::new(
+        store.clone(),
+        SlowSink {
+            inner: RecordingSink {
+                rec: rec.clone(),
+                relay: 1,
+            },
+        },
+    )
+    .with_config(config.clone())
+    .unwrap();
+    {
+        let round = slow.relay_once();
+        tokio::pin!(round);
+        while rec.current.load(Ordering::SeqCst) == 0 {
+            tokio::select! {
+                out = &mut round => panic!("the round ended before it published: {out:?}"),
+                () = tokio::time::sleep(Duration::from_millis(1)) => {}
             }
         }
+    }
+    rec.current.store(0, Ordering::SeqCst);
+    assert!(
+        b.scalar("SELECT COUNT(*) FROM outbox WHERE owner_token IS NOT NULL")
+            .await
+            > 0,
+        "the dropped round held no claim"
+    );
+    let mut drops = 1;
+    // Then every await point: k = 0, 1, 2, … polls until a round completes.
+    for k in 0.. {
         assert_pool_clean(b, &store).await;
         assert_eq!(b.open_transactions().await, 0);
-        if b.scalar("SELECT COUNT(*) FROM outbox WHERE owner_token IS NOT NULL")
-            .await
-            > 0
-        {
-            claimed_drops += 1;
-        }
         // Whatever the dropped round claimed comes free when its lease runs out.
         tokio::time::sleep(lease + Duration::from_millis(50)).await;
         let held_until = b
@@ -392,10 +398,16 @@ pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backen
             "an event is still claimed {} ms past the dropped round's lease",
             held_until - now_ms
         );
+        match poll_at_most(relay.relay_once(), k).await {
+            Some(round) => {
+                round.unwrap();
+                break;
+            }
+            None => drops += 1,
+        }
         assert!(k < 200, "a round never completed");
     }
-    assert!(drops >= 2, "the round was dropped at {drops} points only");
-    assert!(claimed_drops >= 1, "no round was dropped holding a claim");
+    assert!(drops >= 3, "the round was dropped at {drops} points only");
     drain(&relay).await;
     assert_pool_clean(b, &store).await;
     let mut firsts: HashMap<i64, Vec<i64>> = HashMap::new();
