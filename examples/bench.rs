@@ -918,7 +918,12 @@ async fn relay_pass<B: BenchDb, K: Sink + Clone>(
                 tokio::spawn(async move {
                     let relay = relay?;
                     while done.load(Ordering::SeqCst) < events {
-                        let round = relay.relay_once().await?;
+                        let round = match relay.relay_once().await {
+                            Ok(round) => round,
+                            // A deadlock between claims (MariaDB): the round is run again.
+                            Err(e) if e.is_retryable() => continue,
+                            Err(e) => return Err(e.into()),
+                        };
                         if round.dead + round.retried > 0 {
                             return Err::<(), BoxError>(format!("relay round {round:?}").into());
                         }
@@ -941,8 +946,12 @@ async fn relay_pass<B: BenchDb, K: Sink + Clone>(
                 let (db, sink, done) = (db.clone(), sink.clone(), done.clone());
                 tokio::spawn(async move {
                     while done.load(Ordering::SeqCst) < events {
-                        let n = db.relay_hand(128, &sink).await?;
-                        done.fetch_add(n as i64, Ordering::SeqCst);
+                        match db.relay_hand(128, &sink).await {
+                            Ok(n) => done.fetch_add(n as i64, Ordering::SeqCst),
+                            // A deadlock between the loops (MariaDB): run the round again.
+                            Err(e) if is_deadlock(&e) => 0,
+                            Err(e) => return Err(e),
+                        };
                     }
                     Ok::<(), BoxError>(())
                 })
@@ -972,6 +981,14 @@ async fn relay_pass<B: BenchDb, K: Sink + Clone>(
         args.backend,
         rate(relay_time) / rate(hand_time)
     ))
+}
+
+/// Whether `e` is a deadlock or serialization failure (SQLSTATE 40001, 40P01).
+fn is_deadlock(e: &BoxError) -> bool {
+    matches!(
+        e.downcast_ref::<sqlx::Error>(),
+        Some(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("40001" | "40P01"))
+    )
 }
 
 /// Publishes `rows` through `sink` together.

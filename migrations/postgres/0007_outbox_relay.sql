@@ -11,6 +11,9 @@ ALTER TABLE outbox ADD COLUMN published_at BIGINT NULL;
 -- The claim's scan (pending rows that are due), and its test that no earlier event of the
 -- entity is still unpublished (PENDING or DEAD).
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (status, next_at);
+-- Room on each page for the claim's update (token, lease, attempts: no indexed column)
+-- to stay on its page (a HOT update, no new index entries).
+ALTER TABLE outbox SET (fillfactor = 70);
 CREATE INDEX IF NOT EXISTS outbox_entity_status ON outbox (machine, entity_id, status, version);
 
 -- The consumer's inbox: a message id a consumer has handled, written in the consumer's

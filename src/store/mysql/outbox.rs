@@ -43,55 +43,70 @@ impl OutboxStore for MySqlStore {
         let choose = format!(
             "SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
              WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} AND {HEAD} \
-             ORDER BY o.next_at LIMIT ? FOR UPDATE SKIP LOCKED"
+             LIMIT ? FOR UPDATE SKIP LOCKED"
         );
         let locked: Vec<(String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(choose))
             .bind(c.limit)
             .fetch_all(&mut *tx)
             .await?;
-        // The earlier-event test again, on a snapshot that sees every event committed
-        // before the ones the locking read found.
-        let keys: Vec<(String, i64, i64)> = if locked.is_empty() {
-            locked
-        } else {
-            let recheck = format!(
-                "SELECT o.machine, o.entity_id, o.version FROM outbox AS o WHERE {} AND {HEAD}",
-                keys_in("o.", locked.len())
-            );
-            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(recheck));
-            for (machine, entity_id, version) in &locked {
-                query = query.bind(machine).bind(entity_id).bind(version);
-            }
-            query.fetch_all(&mut *tx).await?
-        };
-        if keys.is_empty() {
+        if locked.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
+        }
+        // The earlier-event test again, on a snapshot that sees every event committed
+        // before the ones the locking read found; the survivors' rows, as they are (they
+        // are locked).
+        let recheck = format!(
+            "SELECT {EVENT_COLUMNS} FROM outbox AS o WHERE {} AND {HEAD}",
+            keys_in("o.", locked.len())
+        );
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(recheck));
+        for (machine, entity_id, version) in &locked {
+            query = query.bind(machine).bind(entity_id).bind(version);
+        }
+        let mut rows: Vec<EventRow> = query.fetch_all(&mut *tx).await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(rows);
         }
         let hand_over = format!(
             "UPDATE outbox SET owner_token = ?, lease_until = {NOW} + ?, \
                  attempts = LEAST(GREATEST(attempts, 0) + 1, 2147483647) \
              WHERE status = 'PENDING' AND lease_until <= {NOW} AND {}",
-            keys_in("", keys.len())
+            keys_in("", rows.len())
         );
         let mut update = sqlx::query(sqlx::AssertSqlSafe(hand_over))
             .bind(c.token)
             .bind(c.lease_ms);
-        for (machine, entity_id, version) in &keys {
-            update = update.bind(machine).bind(entity_id).bind(version);
+        for row in &rows {
+            update = update
+                .bind(&row.machine)
+                .bind(row.entity_id)
+                .bind(row.version);
         }
-        update.execute(&mut *tx).await?;
-        let taken = format!(
-            "SELECT {EVENT_COLUMNS} FROM outbox WHERE owner_token = ? AND {}",
-            keys_in("", keys.len())
-        );
-        let mut read = sqlx::query_as(sqlx::AssertSqlSafe(taken)).bind(c.token);
-        for (machine, entity_id, version) in &keys {
-            read = read.bind(machine).bind(entity_id).bind(version);
+        let handed = update.execute(&mut *tx).await?.rows_affected();
+        if handed != rows.len() as u64 {
+            // Locked rows cannot change under the claim; if they did, the claim answers
+            // what it holds, read back by its token.
+            let taken = format!(
+                "SELECT {EVENT_COLUMNS} FROM outbox WHERE owner_token = ? AND {}",
+                keys_in("", rows.len())
+            );
+            let mut read = sqlx::query_as(sqlx::AssertSqlSafe(taken)).bind(c.token);
+            for row in &rows {
+                read = read
+                    .bind(&row.machine)
+                    .bind(row.entity_id)
+                    .bind(row.version);
+            }
+            rows = read.fetch_all(&mut *tx).await?;
+        } else {
+            for row in &mut rows {
+                row.attempts = row.attempts.max(0).saturating_add(1);
+            }
         }
-        let claimed = read.fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        Ok(claimed)
+        Ok(rows)
     }
 
     async fn purge_published(

@@ -47,7 +47,7 @@ impl OutboxStore for PgStore {
             "WITH now AS {NOW}, chosen AS ( \
                  SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
                  WHERE o.status = 'PENDING' AND o.next_at <= now.ms AND o.lease_until <= now.ms AND {HEAD} \
-                 ORDER BY o.next_at LIMIT $3 FOR UPDATE OF o SKIP LOCKED) \
+                 LIMIT $3 FOR UPDATE OF o SKIP LOCKED) \
              UPDATE outbox AS o SET owner_token = $1, lease_until = now.ms + $2, \
                  attempts = LEAST(GREATEST(o.attempts, 0)::bigint + 1, 2147483647)::int \
              FROM chosen, now \

@@ -33,7 +33,7 @@ impl OutboxStore for SqliteStore {
                    AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
                        AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') \
                        AND p.version < o.version) \
-                 ORDER BY o.next_at LIMIT ?3) \
+                 LIMIT ?3) \
              RETURNING {EVENT_COLUMNS}"
         );
         sqlx::query_as(sqlx::AssertSqlSafe(sql))
