@@ -35,7 +35,7 @@ use crate::Error;
 
 mod batched;
 mod lease;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod outbox_sql;
 mod rows;
 mod tables;

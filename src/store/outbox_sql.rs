@@ -1,7 +1,7 @@
-//! The outbox statements whose shape MySQL/MariaDB and SQLite share (`?` parameters, a
-//! list of keys as `OR`ed groups), written once: each backend's `outbox.rs` brings its
-//! clock and its event columns, and its own claim, stats, purge and inbox statements.
-//! PostgreSQL binds key lists as arrays and writes its own.
+//! The outbox statements whose shape every backend shares (a list of keys as `OR`ed
+//! groups), written once with `?` parameters: each backend's `outbox.rs` brings its
+//! clock, its event columns and its parameter style (PostgreSQL numbers them, see
+//! [`numbered`]), and its own claim, stats, purge and inbox statements.
 
 /// `({alias}machine = ? AND {alias}entity_id = ? AND {alias}version = ?) OR …`, one group
 /// per key; `alias` is a table alias with its dot (`"o."`), or `""`.
@@ -10,11 +10,35 @@ pub(crate) fn keys_in(alias: &str, n: usize) -> String {
     format!("({})", vec![one; n.max(1)].join(" OR "))
 }
 
-/// The methods of [`OutboxStore`](crate::outbox::OutboxStore) whose statements are the
-/// same on MySQL/MariaDB and SQLite, for the backend's connection type `$conn`, its
-/// millisecond clock `$now` and its event columns `$columns` (SQL text).
+/// `sql` as written, for a backend whose parameters are `?`.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn as_written(sql: &str) -> String {
+    sql.to_string()
+}
+
+/// `sql` with its `?` parameters numbered `$1`, `$2`, … (PostgreSQL). The statements
+/// here hold no other `?`.
+#[cfg(feature = "postgres")]
+pub(crate) fn numbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push_str(&format!("${n}"));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The methods of [`OutboxStore`](crate::outbox::OutboxStore) whose statements have the
+/// same shape on every backend, for the backend's connection type `$conn`, its
+/// millisecond clock `$now`, its event columns `$columns` (SQL text, over `outbox AS o`)
+/// and its parameter style `$params` ([`as_written`] or [`numbered`]).
 macro_rules! shared_outbox_statements {
-    ($conn:ty, now = $now:expr, columns = $columns:expr) => {
+    ($conn:ty, now = $now:expr, columns = $columns:expr, params = $params:path) => {
         async fn mark_published(
             &self,
             conn: &mut $conn,
@@ -24,13 +48,13 @@ macro_rules! shared_outbox_statements {
             if keys.is_empty() {
                 return Ok(0);
             }
-            let sql = format!(
+            let sql = $params(&format!(
                 "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
                      last_error = NULL, published_at = {now} \
                  WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
                 now = $now,
                 keys = $crate::store::outbox_sql::keys_in("", keys.len())
-            );
+            ));
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
             for key in keys {
                 query = query
@@ -46,13 +70,13 @@ macro_rules! shared_outbox_statements {
             conn: &mut $conn,
             f: &$crate::outbox::FailedEvent<'_>,
         ) -> Result<bool, sqlx::Error> {
-            let sql = format!(
+            let sql = $params(&format!(
                 "UPDATE outbox SET status = CASE WHEN ? THEN 'DEAD' ELSE 'PENDING' END, \
                      owner_token = NULL, lease_until = 0, next_at = {now} + ?, last_error = ? \
                  WHERE machine = ? AND entity_id = ? AND version = ? \
                    AND owner_token = ? AND status = 'PENDING'",
                 now = $now
-            );
+            ));
             let done = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(f.dead)
                 .bind(f.retry_in_ms)
@@ -71,11 +95,12 @@ macro_rules! shared_outbox_statements {
             conn: &mut $conn,
             key: &$crate::outbox::EventKey,
         ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query(
+            let sql = $params(
                 "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, \
                      lease_until = 0, next_at = 0 \
                  WHERE machine = ? AND entity_id = ? AND version = ? AND status = 'DEAD'",
-            )
+            );
+            let done = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(&key.machine)
             .bind(key.entity_id)
             .bind(key.version)
@@ -90,11 +115,11 @@ macro_rules! shared_outbox_statements {
             status: &str,
             limit: i64,
         ) -> Result<Vec<$crate::outbox::EventRow>, sqlx::Error> {
-            let sql = format!(
-                "SELECT {columns} FROM outbox WHERE status = ? \
-                 ORDER BY machine, entity_id, version LIMIT ?",
+            let sql = $params(&format!(
+                "SELECT {columns} FROM outbox AS o WHERE o.status = ? \
+                 ORDER BY o.machine, o.entity_id, o.version LIMIT ?",
                 columns = $columns
-            );
+            ));
             sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .bind(status)
                 .bind(limit)

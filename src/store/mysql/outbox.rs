@@ -15,7 +15,7 @@ use sqlx::mysql::MySqlConnection;
 use super::MySqlStore;
 use crate::idempotency::RecordStore;
 use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
-use crate::store::outbox_sql::{keys_in, shared_outbox_statements};
+use crate::store::outbox_sql::{as_written, keys_in, shared_outbox_statements};
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).
@@ -32,7 +32,12 @@ const HEAD: &str = "NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.ma
 
 /// `(machine = ? AND entity_id = ? AND version = ?) OR …`, one group per key.
 impl OutboxStore for MySqlStore {
-    shared_outbox_statements!(MySqlConnection, now = NOW, columns = EVENT_COLUMNS);
+    shared_outbox_statements!(
+        MySqlConnection,
+        now = NOW,
+        columns = EVENT_COLUMNS,
+        params = as_written
+    );
 
     async fn claim_events(
         &self,

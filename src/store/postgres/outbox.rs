@@ -1,11 +1,13 @@
 //! The outbox on PostgreSQL: its SQL, and [`OutboxStore`] over it. The relay's claim is
 //! one statement: an update of the events a `FOR UPDATE SKIP LOCKED` subquery chose, so
-//! two relays never wait for, or claim, the same event.
+//! two relays never wait for, or claim, the same event. The statements whose shape it
+//! shares with the other backends are in `store/outbox_sql.rs`.
 
 use sqlx::postgres::PgConnection;
 
 use super::PgStore;
-use crate::outbox::{ClaimEvents, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow};
+use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
+use crate::store::outbox_sql::{numbered, shared_outbox_statements};
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)";
@@ -19,25 +21,14 @@ const EVENT_COLUMNS: &str = "o.machine, o.entity_id, o.version, o.event, o.trans
 const HEAD: &str = "NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
     AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') AND p.version < o.version)";
 
-/// The events of the key arrays `$n`, `$n+1`, `$n+2`.
-fn keys_in(first: usize) -> String {
-    format!(
-        "(o.machine, o.entity_id, o.version) IN (SELECT * FROM UNNEST(${}::text[], ${}::bigint[], ${}::bigint[]))",
-        first,
-        first + 1,
-        first + 2
-    )
-}
-
-/// The key arrays, column by column.
-fn columns(keys: &[EventKey]) -> (Vec<&str>, Vec<i64>, Vec<i64>) {
-    let machines = keys.iter().map(|k| k.machine.as_str()).collect();
-    let entities = keys.iter().map(|k| k.entity_id).collect();
-    let versions = keys.iter().map(|k| k.version).collect();
-    (machines, entities, versions)
-}
-
 impl OutboxStore for PgStore {
+    shared_outbox_statements!(
+        PgConnection,
+        now = NOW,
+        columns = EVENT_COLUMNS,
+        params = numbered
+    );
+
     async fn claim_events(
         &self,
         conn: &mut PgConnection,
@@ -60,73 +51,6 @@ impl OutboxStore for PgStore {
             .bind(c.limit)
             .fetch_all(conn)
             .await
-    }
-
-    async fn mark_published(
-        &self,
-        conn: &mut PgConnection,
-        token: &str,
-        keys: &[EventKey],
-    ) -> Result<u64, sqlx::Error> {
-        let (machines, entities, versions) = columns(keys);
-        let sql = format!(
-            "UPDATE outbox AS o SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-                 last_error = NULL, published_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
-             WHERE o.owner_token = $1 AND o.status = 'PENDING' AND {}",
-            keys_in(2)
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(token)
-            .bind(machines)
-            .bind(entities)
-            .bind(versions)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn mark_failed(
-        &self,
-        conn: &mut PgConnection,
-        f: &FailedEvent<'_>,
-    ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             UPDATE outbox AS o SET status = CASE WHEN $6 THEN 'DEAD' ELSE 'PENDING' END, \
-                 owner_token = NULL, lease_until = 0, next_at = now.ms + $7, last_error = $5 \
-             FROM now \
-             WHERE o.machine = $1 AND o.entity_id = $2 AND o.version = $3 \
-               AND o.owner_token = $4 AND o.status = 'PENDING'"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(&f.key.machine)
-            .bind(f.key.entity_id)
-            .bind(f.key.version)
-            .bind(f.token)
-            .bind(f.error)
-            .bind(f.dead)
-            .bind(f.retry_in_ms)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn requeue_event(
-        &self,
-        conn: &mut PgConnection,
-        key: &EventKey,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, lease_until = 0, \
-                 next_at = 0 \
-             WHERE machine = $1 AND entity_id = $2 AND version = $3 AND status = 'DEAD'",
-        )
-        .bind(&key.machine)
-        .bind(key.entity_id)
-        .bind(key.version)
-        .execute(conn)
-        .await?;
-        Ok(done.rows_affected() == 1)
     }
 
     async fn purge_published(
@@ -161,23 +85,6 @@ impl OutboxStore for PgStore {
         )
         .fetch_one(conn)
         .await
-    }
-
-    async fn list_events(
-        &self,
-        conn: &mut PgConnection,
-        status: &str,
-        limit: i64,
-    ) -> Result<Vec<EventRow>, sqlx::Error> {
-        let sql = format!(
-            "SELECT {EVENT_COLUMNS} FROM outbox AS o WHERE o.status = $1 \
-             ORDER BY o.machine, o.entity_id, o.version LIMIT $2"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(status)
-            .bind(limit)
-            .fetch_all(conn)
-            .await
     }
 
     async fn inbox_insert(

@@ -6,7 +6,7 @@ use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
 use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
-use crate::store::outbox_sql::shared_outbox_statements;
+use crate::store::outbox_sql::{as_written, shared_outbox_statements};
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -17,7 +17,12 @@ const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, fro
     CAST((julianday('now') - julianday(created_at)) * 86400000 AS INTEGER) AS age_ms";
 
 impl OutboxStore for SqliteStore {
-    shared_outbox_statements!(SqliteConnection, now = NOW, columns = EVENT_COLUMNS);
+    shared_outbox_statements!(
+        SqliteConnection,
+        now = NOW,
+        columns = EVENT_COLUMNS,
+        params = as_written
+    );
 
     async fn claim_events(
         &self,
