@@ -7,24 +7,13 @@ mod cluster;
 mod conformance;
 mod server;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cluster::Cluster;
+use cluster::{Cluster, galera_script};
 use conformance::{OrderEvent, OrderMachine};
 use orderly::{Engine, Error, MySqlStore, Outcome};
-
-fn galera_script(command: &str, node: &str) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/galera.sh");
-    let status = std::process::Command::new("bash")
-        .arg(script)
-        .args([command, node])
-        .status()
-        .unwrap();
-    assert!(status.success(), ".ci/galera.sh {command} {node} failed");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the 3-node Galera cluster of .ci/galera.sh; run with --ignored"]

@@ -9,24 +9,13 @@ mod conformance;
 mod server;
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cluster::Cluster;
+use cluster::{Cluster, galera_script};
 use conformance::outbox::{Recorder, RecordingSink, seed_rows};
 use orderly::outbox::{Outbox, Relay, RelayConfig};
-
-fn galera_script(command: &str, node: &str) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/galera.sh");
-    let status = std::process::Command::new("bash")
-        .arg(script)
-        .args([command, node])
-        .status()
-        .unwrap();
-    assert!(status.success(), ".ci/galera.sh {command} {node} failed");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the 3-node Galera cluster of .ci/galera.sh; run with --ignored"]

@@ -57,12 +57,9 @@ async fn stream_events(stream: &mut stream::Stream) -> Vec<(i64, i64)> {
     events
 }
 
-/// `per_entity` events for each of `entities` entities, written straight to the outbox.
-async fn seed(
-    exec: impl Fn(String) -> futures_util::future::BoxFuture<'static, ()>,
-    entities: i64,
-    per_entity: i64,
-) {
+/// The inserts of `per_entity` events for each of `entities` entities, written straight
+/// to the outbox.
+fn seed_sql(entities: i64, per_entity: i64) -> Vec<String> {
     let mut rows = Vec::new();
     for entity in 1..=entities {
         for version in 1..=per_entity {
@@ -71,14 +68,15 @@ async fn seed(
             ));
         }
     }
-    for chunk in rows.chunks(1000) {
-        exec(format!(
-            "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
-             VALUES {}",
-            chunk.join(", ")
-        ))
-        .await;
-    }
+    rows.chunks(1000)
+        .map(|chunk| {
+            format!(
+                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                 VALUES {}",
+                chunk.join(", ")
+            )
+        })
+        .collect()
 }
 
 /// Asserts that `events` holds each of `entities` × `per_entity` events once, each
@@ -142,21 +140,12 @@ async fn eight_relays_publish_10000_events_in_order() {
         .await
         .unwrap();
     orderly::store::postgres::migrate(&pool).await.unwrap();
-    let seed_pool = pool.clone();
-    seed(
-        move |sql| {
-            let pool = seed_pool.clone();
-            Box::pin(async move {
-                sqlx::raw_sql(AssertSqlSafe(sql))
-                    .execute(&pool)
-                    .await
-                    .unwrap();
-            })
-        },
-        entities,
-        per_entity,
-    )
-    .await;
+    for sql in seed_sql(entities, per_entity) {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
 
     let prefix = format!("o{name}");
     let js = connect(&nats_url()).await;
@@ -301,21 +290,12 @@ async fn the_relay_waits_through_a_broker_outage() {
     );
     let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
     let store = SqliteStore::connect(&db).await.unwrap();
-    let seed_pool = store.pool().clone();
-    seed(
-        move |sql| {
-            let pool = seed_pool.clone();
-            Box::pin(async move {
-                sqlx::raw_sql(AssertSqlSafe(sql))
-                    .execute(&pool)
-                    .await
-                    .unwrap();
-            })
-        },
-        entities,
-        per_entity,
-    )
-    .await;
+    for sql in seed_sql(entities, per_entity) {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
     let prefix = "outage";
     let js = connect(&url).await;
     stream_for(&js, prefix).await;

@@ -64,6 +64,18 @@ async fn exchange(channel: &Channel, name: &str, bound: bool) {
     }
 }
 
+/// Deletes the test's queue and exchange.
+async fn remove(channel: &Channel, name: &str) {
+    channel
+        .queue_delete(name.into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    channel
+        .exchange_delete(name.into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+}
+
 async fn store_with(dir: &tempfile::TempDir, entities: i64, per_entity: i64) -> SqliteStore {
     let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
     let store = SqliteStore::connect(&db).await.unwrap();
@@ -165,14 +177,7 @@ async fn relays_publish_with_confirms_in_order() {
             "entity {entity}"
         );
     }
-    channel
-        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .unwrap();
-    channel
-        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
-        .await
-        .unwrap();
+    remove(&channel, &name).await;
 }
 
 /// An event no queue takes (a mandatory publish returned by the broker) is not marked
@@ -223,14 +228,7 @@ async fn an_unroutable_event_waits_until_a_queue_takes_it() {
         );
     }
     assert_eq!(versions, ["OrderMachine:1:1", "OrderMachine:1:2"]);
-    channel
-        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .unwrap();
-    channel
-        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
-        .await
-        .unwrap();
+    remove(&channel, &name).await;
 }
 
 /// In one batch, events a queue takes and events none takes, published concurrently: each
@@ -311,12 +309,5 @@ async fn returns_are_never_mistaken_for_another_publish() {
         .collect();
     want.sort();
     assert_eq!(ids, want);
-    channel
-        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .unwrap();
-    channel
-        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
-        .await
-        .unwrap();
+    remove(&channel, &name).await;
 }

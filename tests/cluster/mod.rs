@@ -1,6 +1,7 @@
 //! A fresh database on the Galera cluster of `.ci/galera.sh`, with a store per node.
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -111,4 +112,15 @@ impl Cluster {
         .await
         .unwrap();
     }
+}
+
+/// Runs `.ci/galera.sh COMMAND NODE` (kill, restart) on the cluster's node.
+pub fn galera_script(command: &str, node: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/galera.sh");
+    let status = std::process::Command::new("bash")
+        .arg(script)
+        .args([command, node])
+        .status()
+        .unwrap();
+    assert!(status.success(), ".ci/galera.sh {command} {node} failed");
 }
