@@ -24,8 +24,7 @@ pub trait OutboxStore: Store {
     ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send;
 
     /// Marks the events of `keys` still claimed under `token` `PUBLISHED`, in one
-    /// statement: how many it marked (an event whose claim was taken over is not). A
-    /// token is held only by the pending events of the claim that minted it.
+    /// statement: how many it marked (an event whose claim was taken over is not).
     fn mark_published(
         &self,
         conn: &mut Self::Conn,

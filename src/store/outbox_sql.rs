@@ -51,7 +51,7 @@ macro_rules! shared_outbox_statements {
             let sql = $params(&format!(
                 "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
                      last_error = NULL, published_at = {now} \
-                 WHERE owner_token = ? AND {keys}",
+                 WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
                 now = $now,
                 keys = $crate::store::outbox_sql::keys_in("", keys.len())
             ));

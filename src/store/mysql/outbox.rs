@@ -77,7 +77,7 @@ impl OutboxStore for MySqlStore {
         let hand_over = format!(
             "UPDATE outbox SET owner_token = ?, lease_until = {NOW} + ?, \
                  attempts = LEAST(GREATEST(attempts, 0) + 1, 2147483647) \
-             WHERE {}",
+             WHERE status = 'PENDING' AND lease_until <= {NOW} AND {}",
             keys_in("", rows.len())
         );
         let mut update = sqlx::query(sqlx::AssertSqlSafe(hand_over))
@@ -89,9 +89,6 @@ impl OutboxStore for MySqlStore {
                 .bind(row.entity_id)
                 .bind(row.version);
         }
-        // Only the keys in the statement (the rows are locked by this transaction, so
-        // nothing else can have changed them), so that MariaDB reads them by primary key
-        // rather than scanning an index of the status.
         let handed = update.execute(&mut *tx).await?.rows_affected();
         if handed != rows.len() as u64 {
             // Locked rows cannot change under the claim; if they did, the claim answers
