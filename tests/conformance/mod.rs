@@ -258,6 +258,7 @@ macro_rules! conformance {
             flow_unknown_park_reason_is_corrupt_to_start_and_resume,
             flow_attempt_counter_at_its_limit_parks,
             relays_race_each_event_once_in_order,
+            relays_keep_order_while_events_commit,
             poison_event_dies_without_holding_back_others,
             relay_dropped_at_every_await_point_leaves_nothing_claimed,
             relay_shutdown_finishes_the_batch_in_hand,

@@ -231,6 +231,72 @@ pub async fn relays_race_each_event_once_in_order<B: Backend>(b: &B) {
     );
 }
 
+/// Four relays run while writers commit events, each entity's versions one right after
+/// another, each in its own transaction: a claim's read can meet an entity's earlier and
+/// later events committed after it began, and must still take only the earliest. Every
+/// event is received once, each entity's in version order, no two publishes of one
+/// entity overlap; the race happened: events were published while the writers wrote.
+pub async fn relays_keep_order_while_events_commit<B: Backend>(b: &B) {
+    let (writers, per_writer, per_entity) = (8_i64, 60_i64, 4_i64);
+    let rec = Arc::new(Recorder::default());
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut relays = Vec::new();
+    for relay in 0..4 {
+        let store = b.store(Duration::from_secs(10)).await;
+        let relay = Relay::new(store, RecordingSink::new(rec.clone(), relay))
+            .with_config(fast(64))
+            .unwrap();
+        let writing = writing.clone();
+        relays.push(tokio::spawn(async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                relay.relay_once().await.unwrap();
+                if !writing.load(Ordering::SeqCst)
+                    && relay.outbox().stats().await.unwrap().pending == 0
+                {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "never drained");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }));
+    }
+    let write = |w: i64| async move {
+        for e in 1..=per_writer {
+            let entity = w * per_writer + e;
+            for version in 1..=per_entity {
+                b.exec(&format!(
+                    "INSERT INTO outbox (machine, entity_id, version, event, transition, \
+                         from_status, to_status, ref_id) \
+                     VALUES ('OrderMachine', {entity}, {version}, 'OrderPaid', 'Pay', 'Created', \
+                         'Paid', 'r-{entity}-{version}')"
+                ))
+                .await;
+            }
+        }
+    };
+    futures_util::future::join_all((0..writers).map(write)).await;
+    let while_writing = rec.received().len();
+    writing.store(false, Ordering::SeqCst);
+    for relay in relays {
+        relay.await.unwrap();
+    }
+    let total = writers * per_writer * per_entity;
+    assert_eq!(rec.received().len() as i64, total, "each event once");
+    for (entity, versions) in rec.by_entity() {
+        assert_eq!(
+            versions,
+            (1..=per_entity).collect::<Vec<_>>(),
+            "entity {entity}'s events in version order, each once"
+        );
+    }
+    assert_eq!(rec.overlaps(), 0, "one entity's publishes overlapped");
+    assert!(
+        while_writing > 0 && (while_writing as i64) < total,
+        "no race: {while_writing} of {total} published while the writers wrote"
+    );
+}
+
 /// A poison event (the sink refuses it every time) is retried with backoff and moves to
 /// the dead state after `max_attempts` claims, with its last error (cut to the bound);
 /// it holds back only its own entity's later events, never another entity's. A

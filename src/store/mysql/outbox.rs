@@ -30,7 +30,6 @@ const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, fro
 const HEAD: &str = "NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
     AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') AND p.version < o.version)";
 
-/// `(machine = ? AND entity_id = ? AND version = ?) OR …`, one group per key.
 impl OutboxStore for MySqlStore {
     shared_outbox_statements!(
         MySqlConnection,
