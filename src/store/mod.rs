@@ -34,10 +34,14 @@ use std::ops::DerefMut;
 use crate::Error;
 
 mod batched;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod flow_sql;
 mod lease;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod outbox_sql;
 mod rows;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod sql;
 mod tables;
 
 #[cfg(feature = "mysql")]

@@ -8,8 +8,9 @@
 use sqlx::mysql::MySqlConnection;
 
 use super::MySqlStore;
-use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
+use crate::flow::{FlowStore, Listing, NewFlow, TakeDue};
 use crate::idempotency::RecordStore;
+use crate::store::flow_sql::{FlowSql, PurgeByKeys, purge_flows_by_keys, shared_flow_statements};
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).
@@ -28,6 +29,9 @@ fn flow_columns() -> String {
 }
 
 impl FlowStore for MySqlStore {
+    shared_flow_statements!(MySqlConnection, sqlx::MySql);
+    purge_flows_by_keys!(MySqlConnection, sqlx::MySql);
+
     async fn start_flow(
         &self,
         conn: &mut MySqlConnection,
@@ -72,125 +76,6 @@ impl FlowStore for MySqlStore {
         i32::try_from(taken.last_insert_id())
             .map(Some)
             .map_err(|e| sqlx::Error::Decode(Box::new(e)))
-    }
-
-    async fn read_flow(
-        &self,
-        conn: &mut MySqlConnection,
-        kind: &str,
-        key: &str,
-    ) -> Result<Option<FlowRow>, sqlx::Error> {
-        let sql = format!(
-            "{}SELECT {} FROM flows WHERE kind = ? AND flow_key = ?",
-            self.causal(),
-            flow_columns()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(kind)
-            .bind(key)
-            .fetch_optional(conn)
-            .await
-    }
-
-    async fn read_steps(
-        &self,
-        conn: &mut MySqlConnection,
-        kind: &str,
-        key: &str,
-    ) -> Result<Vec<StepRow>, sqlx::Error> {
-        let sql = format!(
-            "{}SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
-                    error, started_at, finished_at \
-             FROM flow_steps WHERE kind = ? AND flow_key = ? ORDER BY step_index, phase DESC",
-            self.causal()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(kind)
-            .bind(key)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn touch(&self, conn: &mut MySqlConnection, t: &Touch<'_>) -> Result<bool, sqlx::Error> {
-        // The `WHERE` sees the row as it was; the assignments read no column assigned
-        // before them.
-        let sql = format!(
-            "UPDATE flows SET lease_until = {NOW} + ?, attempt = IF(?, 1, attempt), \
-                 step_at = COALESCE(?, step_at), status = COALESCE(?, status), park_reason = ?, \
-                 output = COALESCE(?, output), last_error = COALESCE(?, last_error), \
-                 updated_at = {NOW} \
-             WHERE kind = ? AND flow_key = ? AND owner_token = ? AND {LIVE}"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(t.lease_ms)
-            .bind(t.progress)
-            .bind(t.step_at)
-            .bind(t.status)
-            .bind(t.park)
-            .bind(t.output)
-            .bind(t.error)
-            .bind(t.kind)
-            .bind(t.key)
-            .bind(t.token)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn record_step(
-        &self,
-        conn: &mut MySqlConnection,
-        w: &StepWrite<'_>,
-    ) -> Result<(), sqlx::Error> {
-        let begins = i32::from(w.begins);
-        let finished = if w.status == "STARTED" { "NULL" } else { NOW };
-        let sql = format!(
-            "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, \
-                 downstream_key, owner_token, output, error, started_at, finished_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {finished}) \
-             ON DUPLICATE KEY UPDATE status = VALUES(status), \
-                 attempt = LEAST(GREATEST(attempt, 0) + ?, 2147483647), \
-                 downstream_key = COALESCE(VALUES(downstream_key), downstream_key), \
-                 owner_token = VALUES(owner_token), output = VALUES(output), error = VALUES(error), \
-                 started_at = IF(? = 1, VALUES(started_at), started_at), \
-                 finished_at = VALUES(finished_at)"
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(w.kind)
-            .bind(w.key)
-            .bind(w.index)
-            .bind(w.phase)
-            .bind(w.name)
-            .bind(w.status)
-            .bind(begins)
-            .bind(w.downstream_key)
-            .bind(w.token)
-            .bind(w.output)
-            .bind(w.error)
-            .bind(begins)
-            .bind(begins)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    async fn retry_steps(
-        &self,
-        conn: &mut MySqlConnection,
-        kind: &str,
-        key: &str,
-        phase: &str,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "UPDATE flow_steps SET status = 'RETRY' \
-             WHERE kind = ? AND flow_key = ? AND phase = ? AND status IN ('STARTED', 'FAILED')",
-        )
-        .bind(kind)
-        .bind(key)
-        .bind(phase)
-        .execute(conn)
-        .await
-        .map(drop)
     }
 
     async fn take_due(
@@ -243,70 +128,70 @@ impl FlowStore for MySqlStore {
         tx.commit().await?;
         Ok(claimed)
     }
+}
 
-    async fn unpark(
-        &self,
-        conn: &mut MySqlConnection,
-        kind: &str,
-        key: &str,
-        from: &str,
-        token: &str,
-        lease_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "UPDATE flows SET park_reason = NULL, owner_token = ?, attempt = 1, \
-                 lease_until = {NOW} + ?, updated_at = {NOW} \
-             WHERE kind = ? AND flow_key = ? AND owner_token = ? AND park_reason IS NOT NULL"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(token)
-            .bind(lease_ms)
-            .bind(kind)
-            .bind(key)
-            .bind(from)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+impl FlowSql for MySqlStore {
+    const POSITIONAL: bool = true;
+
+    fn read_flow_sql(&self) -> String {
+        format!(
+            "{}SELECT {} FROM flows WHERE kind = ?1 AND flow_key = ?2",
+            self.causal(),
+            flow_columns()
+        )
     }
 
-    async fn purge_flows(
-        &self,
-        conn: &mut MySqlConnection,
-        age_ms: i64,
-        limit: i64,
-    ) -> Result<u64, sqlx::Error> {
-        let mut tx = Self::begin(conn).await?;
-        let chosen = format!(
-            "SELECT kind, flow_key FROM flows \
-             WHERE status IN ('COMPLETED', 'COMPENSATED') AND updated_at <= {NOW} - ? \
-             LIMIT ? FOR UPDATE SKIP LOCKED"
-        );
-        let keys: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(chosen))
-            .bind(age_ms)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
-        for (kind, key) in &keys {
-            for table in ["flow_steps", "flows"] {
-                let sql = format!("DELETE FROM {table} WHERE kind = ? AND flow_key = ?");
-                sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .bind(kind)
-                    .bind(key)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-        tx.commit().await?;
-        Ok(keys.len() as u64)
+    fn read_steps_sql(&self) -> String {
+        format!(
+            "{}SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
+                    error, started_at, finished_at \
+             FROM flow_steps WHERE kind = ?1 AND flow_key = ?2 ORDER BY step_index, phase DESC",
+            self.causal()
+        )
     }
 
-    async fn list_flows(
-        &self,
-        conn: &mut MySqlConnection,
-        which: Listing,
-        after: Option<(&str, &str)>,
-        limit: i64,
-    ) -> Result<Vec<FlowRow>, sqlx::Error> {
+    /// The `WHERE` sees the row as it was; the assignments read no column assigned
+    /// before them.
+    fn touch_sql(&self) -> String {
+        format!(
+            "UPDATE flows SET lease_until = {NOW} + ?4, attempt = IF(?5, 1, attempt), \
+                 step_at = COALESCE(?6, step_at), status = COALESCE(?7, status), park_reason = ?8, \
+                 output = COALESCE(?9, output), last_error = COALESCE(?10, last_error), \
+                 updated_at = {NOW} \
+             WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?3 AND {LIVE}"
+        )
+    }
+
+    fn record_step_sql(&self) -> String {
+        format!(
+            "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, \
+                 downstream_key, owner_token, output, error, started_at, finished_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, IF(?7, 1, 0), ?8, ?9, ?10, ?11, {NOW}, \
+                 IF(?6 = 'STARTED', NULL, {NOW})) \
+             ON DUPLICATE KEY UPDATE status = VALUES(status), \
+                 attempt = LEAST(GREATEST(attempt, 0) + IF(?7, 1, 0), 2147483647), \
+                 downstream_key = COALESCE(VALUES(downstream_key), downstream_key), \
+                 owner_token = VALUES(owner_token), output = VALUES(output), error = VALUES(error), \
+                 started_at = IF(?7, VALUES(started_at), started_at), \
+                 finished_at = VALUES(finished_at)"
+        )
+    }
+
+    fn retry_steps_sql(&self) -> String {
+        "UPDATE flow_steps SET status = 'RETRY' \
+         WHERE kind = ?1 AND flow_key = ?2 AND phase = ?3 AND status IN ('STARTED', 'FAILED')"
+            .to_string()
+    }
+
+    fn unpark_sql(&self) -> String {
+        format!(
+            "UPDATE flows SET park_reason = NULL, owner_token = ?3, attempt = 1, \
+                 lease_until = {NOW} + ?4, updated_at = {NOW} \
+             WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NOT NULL"
+        )
+    }
+
+    fn list_flows_sql(&self, which: Listing) -> String {
         let filter = match which {
             Listing::Parked => "park_reason IS NOT NULL".to_string(),
             Listing::Running => format!("{LIVE} AND lease_until > {NOW}"),
@@ -314,18 +199,21 @@ impl FlowStore for MySqlStore {
             Listing::Finished => "status IN ('COMPLETED', 'COMPENSATED')".to_string(),
             Listing::All => "TRUE".to_string(),
         };
-        let (kind, key) = after.unwrap_or(("", ""));
-        let sql = format!(
-            "{}SELECT {} FROM flows WHERE {filter} AND (kind, flow_key) > (?, ?) \
-             ORDER BY kind, flow_key LIMIT ?",
+        format!(
+            "{}SELECT {} FROM flows WHERE {filter} AND (kind, flow_key) > (?1, ?2) \
+             ORDER BY kind, flow_key LIMIT ?3",
             self.causal(),
             flow_columns()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(kind)
-            .bind(key)
-            .bind(limit)
-            .fetch_all(conn)
-            .await
+        )
+    }
+}
+
+impl PurgeByKeys for MySqlStore {
+    fn purge_choose_sql(&self) -> String {
+        format!(
+            "SELECT kind, flow_key FROM flows \
+             WHERE status IN ('COMPLETED', 'COMPENSATED') AND updated_at <= {NOW} - ?1 \
+             LIMIT ?2 FOR UPDATE SKIP LOCKED"
+        )
     }
 }

@@ -5,7 +5,10 @@
 use sqlx::postgres::PgConnection;
 
 use super::PgStore;
-use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
+use crate::flow::{FlowStore, Listing};
+use crate::store::flow_sql::{
+    FlowSql, OneStatementClaims, one_statement_flow_claims, shared_flow_statements,
+};
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)";
@@ -19,204 +22,8 @@ const FLOW_COLUMNS: &str = "f.kind, f.flow_key, f.version, f.input_hash, f.input
 const LIVE: &str = "f.park_reason IS NULL AND f.status IN ('RUNNING', 'COMPENSATING')";
 
 impl FlowStore for PgStore {
-    async fn start_flow(
-        &self,
-        conn: &mut PgConnection,
-        s: &NewFlow<'_>,
-    ) -> Result<Option<i32>, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             INSERT INTO flows AS f (kind, flow_key, version, input_hash, input, status, park_reason, \
-                 step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
-             SELECT $1, $2, $3, $4, $5, 'RUNNING', NULL, 0, $6, 1, ms + $7, NULL, NULL, ms, ms FROM now \
-             ON CONFLICT (kind, flow_key) DO UPDATE SET owner_token = EXCLUDED.owner_token, \
-                 attempt = LEAST(GREATEST(f.attempt, 0)::bigint + 1, 2147483647)::int, lease_until = EXCLUDED.lease_until, \
-                 updated_at = EXCLUDED.updated_at \
-             WHERE f.input_hash = EXCLUDED.input_hash AND f.version = EXCLUDED.version AND {LIVE} \
-               AND f.lease_until <= EXCLUDED.created_at \
-             RETURNING attempt"
-        );
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(s.kind)
-            .bind(s.key)
-            .bind(s.version)
-            .bind(s.input_hash)
-            .bind(s.input)
-            .bind(s.token)
-            .bind(s.lease_ms)
-            .fetch_optional(conn)
-            .await
-    }
-
-    async fn read_flow(
-        &self,
-        conn: &mut PgConnection,
-        kind: &str,
-        key: &str,
-    ) -> Result<Option<FlowRow>, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
-             WHERE f.kind = $1 AND f.flow_key = $2"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(kind)
-            .bind(key)
-            .fetch_optional(conn)
-            .await
-    }
-
-    async fn read_steps(
-        &self,
-        conn: &mut PgConnection,
-        kind: &str,
-        key: &str,
-    ) -> Result<Vec<StepRow>, sqlx::Error> {
-        sqlx::query_as(
-            "SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
-                    error, started_at, finished_at \
-             FROM flow_steps WHERE kind = $1 AND flow_key = $2 ORDER BY step_index, phase DESC",
-        )
-        .bind(kind)
-        .bind(key)
-        .fetch_all(conn)
-        .await
-    }
-
-    async fn touch(&self, conn: &mut PgConnection, t: &Touch<'_>) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             UPDATE flows AS f SET lease_until = now.ms + $4, \
-                 attempt = CASE WHEN $5 THEN 1 ELSE f.attempt END, \
-                 step_at = COALESCE($6, f.step_at), status = COALESCE($7, f.status), \
-                 park_reason = $8, output = COALESCE($9, f.output), \
-                 last_error = COALESCE($10, f.last_error), updated_at = now.ms \
-             FROM now \
-             WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $3 AND {LIVE}"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(t.kind)
-            .bind(t.key)
-            .bind(t.token)
-            .bind(t.lease_ms)
-            .bind(t.progress)
-            .bind(t.step_at)
-            .bind(t.status)
-            .bind(t.park)
-            .bind(t.output)
-            .bind(t.error)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn record_step(
-        &self,
-        conn: &mut PgConnection,
-        w: &StepWrite<'_>,
-    ) -> Result<(), sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             INSERT INTO flow_steps AS s (kind, flow_key, step_index, phase, name, status, attempt, \
-                 downstream_key, owner_token, output, error, started_at, finished_at) \
-             SELECT $1, $2, $3, $4, $5, $6, CASE WHEN $7 THEN 1 ELSE 0 END, $8, $9, $10, $11, ms, \
-                 CASE WHEN $6 = 'STARTED' THEN NULL ELSE ms END FROM now \
-             ON CONFLICT (kind, flow_key, step_index, phase) DO UPDATE SET status = EXCLUDED.status, \
-                 attempt = LEAST(GREATEST(s.attempt, 0)::bigint + CASE WHEN $7 THEN 1 ELSE 0 END, 2147483647)::int, \
-                 downstream_key = COALESCE(EXCLUDED.downstream_key, s.downstream_key), \
-                 owner_token = EXCLUDED.owner_token, output = EXCLUDED.output, \
-                 error = EXCLUDED.error, \
-                 started_at = CASE WHEN $7 THEN EXCLUDED.started_at ELSE s.started_at END, \
-                 finished_at = EXCLUDED.finished_at"
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(w.kind)
-            .bind(w.key)
-            .bind(w.index)
-            .bind(w.phase)
-            .bind(w.name)
-            .bind(w.status)
-            .bind(w.begins)
-            .bind(w.downstream_key)
-            .bind(w.token)
-            .bind(w.output)
-            .bind(w.error)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    async fn retry_steps(
-        &self,
-        conn: &mut PgConnection,
-        kind: &str,
-        key: &str,
-        phase: &str,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "UPDATE flow_steps SET status = 'RETRY' \
-             WHERE kind = $1 AND flow_key = $2 AND phase = $3 AND status IN ('STARTED', 'FAILED')",
-        )
-        .bind(kind)
-        .bind(key)
-        .bind(phase)
-        .execute(conn)
-        .await
-        .map(drop)
-    }
-
-    async fn take_due(
-        &self,
-        conn: &mut PgConnection,
-        d: &TakeDue<'_>,
-    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW}, due AS ( \
-                 SELECT f.kind, f.flow_key FROM flows AS f, now \
-                 WHERE f.kind = $1 AND f.version = $2 AND {LIVE} AND f.lease_until <= now.ms \
-                 ORDER BY f.lease_until LIMIT $5 FOR UPDATE OF f SKIP LOCKED) \
-             UPDATE flows AS f SET owner_token = $3, \
-                 attempt = LEAST(GREATEST(f.attempt, 0)::bigint + 1, 2147483647)::int, \
-                 lease_until = now.ms + $4, updated_at = now.ms \
-             FROM due, now \
-             WHERE f.kind = due.kind AND f.flow_key = due.flow_key AND f.lease_until <= now.ms \
-             RETURNING f.flow_key, f.attempt"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(d.kind)
-            .bind(d.version)
-            .bind(d.token)
-            .bind(d.lease_ms)
-            .bind(d.limit)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn unpark(
-        &self,
-        conn: &mut PgConnection,
-        kind: &str,
-        key: &str,
-        from: &str,
-        token: &str,
-        lease_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             UPDATE flows AS f SET park_reason = NULL, owner_token = $3, attempt = 1, \
-                 lease_until = now.ms + $4, updated_at = now.ms \
-             FROM now WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $5 \
-               AND f.park_reason IS NOT NULL"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(kind)
-            .bind(key)
-            .bind(token)
-            .bind(lease_ms)
-            .bind(from)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
+    shared_flow_statements!(PgConnection, sqlx::Postgres);
+    one_statement_flow_claims!(PgConnection, sqlx::Postgres);
 
     async fn purge_flows(
         &self,
@@ -245,14 +52,72 @@ impl FlowStore for PgStore {
             .await?;
         Ok(gone.unsigned_abs())
     }
+}
 
-    async fn list_flows(
-        &self,
-        conn: &mut PgConnection,
-        which: Listing,
-        after: Option<(&str, &str)>,
-        limit: i64,
-    ) -> Result<Vec<FlowRow>, sqlx::Error> {
+impl FlowSql for PgStore {
+    const POSITIONAL: bool = false;
+
+    fn read_flow_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
+             WHERE f.kind = $1 AND f.flow_key = $2"
+        )
+    }
+
+    fn read_steps_sql(&self) -> String {
+        "SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
+                    error, started_at, finished_at \
+             FROM flow_steps WHERE kind = $1 AND flow_key = $2 ORDER BY step_index, phase DESC"
+            .to_string()
+    }
+
+    fn touch_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             UPDATE flows AS f SET lease_until = now.ms + $4, \
+                 attempt = CASE WHEN $5 THEN 1 ELSE f.attempt END, \
+                 step_at = COALESCE($6, f.step_at), status = COALESCE($7, f.status), \
+                 park_reason = $8, output = COALESCE($9, f.output), \
+                 last_error = COALESCE($10, f.last_error), updated_at = now.ms \
+             FROM now \
+             WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $3 AND {LIVE}"
+        )
+    }
+
+    fn record_step_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             INSERT INTO flow_steps AS s (kind, flow_key, step_index, phase, name, status, attempt, \
+                 downstream_key, owner_token, output, error, started_at, finished_at) \
+             SELECT $1, $2, $3, $4, $5, $6, CASE WHEN $7 THEN 1 ELSE 0 END, $8, $9, $10, $11, ms, \
+                 CASE WHEN $6 = 'STARTED' THEN NULL ELSE ms END FROM now \
+             ON CONFLICT (kind, flow_key, step_index, phase) DO UPDATE SET status = EXCLUDED.status, \
+                 attempt = LEAST(GREATEST(s.attempt, 0)::bigint + CASE WHEN $7 THEN 1 ELSE 0 END, 2147483647)::int, \
+                 downstream_key = COALESCE(EXCLUDED.downstream_key, s.downstream_key), \
+                 owner_token = EXCLUDED.owner_token, output = EXCLUDED.output, \
+                 error = EXCLUDED.error, \
+                 started_at = CASE WHEN $7 THEN EXCLUDED.started_at ELSE s.started_at END, \
+                 finished_at = EXCLUDED.finished_at"
+        )
+    }
+
+    fn retry_steps_sql(&self) -> String {
+        "UPDATE flow_steps SET status = 'RETRY' \
+             WHERE kind = $1 AND flow_key = $2 AND phase = $3 AND status IN ('STARTED', 'FAILED')"
+            .to_string()
+    }
+
+    fn unpark_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             UPDATE flows AS f SET park_reason = NULL, owner_token = $3, attempt = 1, \
+                 lease_until = now.ms + $4, updated_at = now.ms \
+             FROM now WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $5 \
+               AND f.park_reason IS NOT NULL"
+        )
+    }
+
+    fn list_flows_sql(&self, which: Listing) -> String {
         let filter = match which {
             Listing::Parked => "f.park_reason IS NOT NULL",
             Listing::Running => {
@@ -264,17 +129,42 @@ impl FlowStore for PgStore {
             Listing::Finished => "f.status IN ('COMPLETED', 'COMPENSATED')",
             Listing::All => "TRUE",
         };
-        let (kind, key) = after.unwrap_or(("", ""));
-        let sql = format!(
+        format!(
             "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
              WHERE {filter} AND (f.kind, f.flow_key) > ($1, $2) \
              ORDER BY f.kind, f.flow_key LIMIT $3"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(kind)
-            .bind(key)
-            .bind(limit)
-            .fetch_all(conn)
-            .await
+        )
+    }
+}
+
+impl OneStatementClaims for PgStore {
+    fn start_flow_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             INSERT INTO flows AS f (kind, flow_key, version, input_hash, input, status, park_reason, \
+                 step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
+             SELECT $1, $2, $3, $4, $5, 'RUNNING', NULL, 0, $6, 1, ms + $7, NULL, NULL, ms, ms FROM now \
+             ON CONFLICT (kind, flow_key) DO UPDATE SET owner_token = EXCLUDED.owner_token, \
+                 attempt = LEAST(GREATEST(f.attempt, 0)::bigint + 1, 2147483647)::int, lease_until = EXCLUDED.lease_until, \
+                 updated_at = EXCLUDED.updated_at \
+             WHERE f.input_hash = EXCLUDED.input_hash AND f.version = EXCLUDED.version AND {LIVE} \
+               AND f.lease_until <= EXCLUDED.created_at \
+             RETURNING attempt"
+        )
+    }
+
+    fn take_due_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW}, due AS ( \
+                 SELECT f.kind, f.flow_key FROM flows AS f, now \
+                 WHERE f.kind = $1 AND f.version = $2 AND {LIVE} AND f.lease_until <= now.ms \
+                 ORDER BY f.lease_until LIMIT $5 FOR UPDATE OF f SKIP LOCKED) \
+             UPDATE flows AS f SET owner_token = $3, \
+                 attempt = LEAST(GREATEST(f.attempt, 0)::bigint + 1, 2147483647)::int, \
+                 lease_until = now.ms + $4, updated_at = now.ms \
+             FROM due, now \
+             WHERE f.kind = due.kind AND f.flow_key = due.flow_key AND f.lease_until <= now.ms \
+             RETURNING f.flow_key, f.attempt"
+        )
     }
 }
