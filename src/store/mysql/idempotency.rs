@@ -11,8 +11,8 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{Connection, Transaction};
 
 use super::MySqlStore;
-use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
-use crate::store::Txn;
+use crate::idempotency::{NewClaim, RecordStore, TakeOver};
+use crate::store::records_sql::{RecordSql, shared_record_statements};
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).
@@ -23,6 +23,8 @@ const NEXT_ATTEMPT: &str = "LEAST(GREATEST(attempt, 0) + 1, 2147483647)";
 
 impl RecordStore for MySqlStore {
     type Db = MySql;
+
+    shared_record_statements!(MySqlConnection, sqlx::MySql);
 
     /// READ COMMITTED: InnoDB then takes no gap locks for the locking reads inside (a
     /// transition's judging read of its history row), so concurrent requests on
@@ -89,82 +91,6 @@ impl RecordStore for MySqlStore {
             .map_err(|e| sqlx::Error::Decode(Box::new(e)))
     }
 
-    async fn read(
-        &self,
-        conn: &mut MySqlConnection,
-        scope: &str,
-        key: &str,
-    ) -> Result<Option<RecordRow>, sqlx::Error> {
-        let causal = self.causal();
-        let sql = format!(
-            "{causal}SELECT payload_hash, status, owner_token, attempt, \
-                    CAST(lease_until - {NOW} AS SIGNED) AS lease_left_ms, \
-                    CAST(IF(expires_at <= {NOW}, 1, 0) AS SIGNED) AS expired, \
-                    result, terminal \
-             FROM idempotency_records WHERE scope = ? AND idem_key = ?"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(conn)
-            .await
-    }
-
-    async fn finish(
-        &self,
-        conn: &mut MySqlConnection,
-        f: &Finish<'_>,
-        txn: Txn,
-    ) -> Result<bool, sqlx::Error> {
-        // `lease_until` reads `status` before it is assigned.
-        let sql = format!(
-            "UPDATE idempotency_records SET \
-                 lease_until = IF(? = 'PROCESSING', {NOW} + ?, lease_until), \
-                 expires_at = {NOW} + ?, \
-                 status = ?, result = ?, terminal = ?, updated_at = {NOW} \
-             WHERE scope = ? AND idem_key = ? AND owner_token = ? AND status = 'PROCESSING'"
-        );
-        let statement = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(f.status)
-            .bind(f.lease_ms)
-            .bind(f.retention_ms)
-            .bind(f.status)
-            .bind(f.result)
-            .bind(f.terminal)
-            .bind(f.scope)
-            .bind(f.key)
-            .bind(f.token);
-        let done = match txn {
-            Txn::Own => statement.execute(conn).await?,
-            Txn::Caller => {
-                let mut savepoint = conn.begin().await?;
-                let done = statement.execute(&mut *savepoint).await?;
-                savepoint.commit().await?;
-                done
-            }
-        };
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn stuck(
-        &self,
-        conn: &mut MySqlConnection,
-        scope: &str,
-        limit: i64,
-    ) -> Result<Vec<StuckRow>, sqlx::Error> {
-        let causal = self.causal();
-        let sql = format!(
-            "{causal}SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records \
-             WHERE scope = ? AND status = 'PROCESSING' AND lease_until <= {NOW} AND expires_at > {NOW} \
-             ORDER BY lease_until LIMIT ?"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(limit)
-            .fetch_all(conn)
-            .await
-    }
-
     async fn take_over(
         &self,
         conn: &mut MySqlConnection,
@@ -193,79 +119,73 @@ impl RecordStore for MySqlStore {
             .map(Some)
             .map_err(|e| sqlx::Error::Decode(Box::new(e)))
     }
+}
 
-    async fn purge(&self, conn: &mut MySqlConnection, limit: i64) -> Result<u64, sqlx::Error> {
-        let records = format!(
-            "DELETE FROM idempotency_records \
-             WHERE expires_at <= {NOW} AND (status <> 'PROCESSING' OR lease_until <= {NOW}) LIMIT ?"
-        );
-        let tokens = format!("DELETE FROM one_time_tokens WHERE expires_at <= {NOW} LIMIT ?");
-        let mut gone = 0;
-        for sql in [records, tokens] {
-            gone += sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(limit)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
-        }
-        Ok(gone)
+impl RecordSql for MySqlStore {
+    const POSITIONAL: bool = true;
+
+    fn read_sql(&self) -> String {
+        format!(
+            "{}SELECT payload_hash, status, owner_token, attempt, \
+                    CAST(lease_until - {NOW} AS SIGNED) AS lease_left_ms, \
+                    CAST(IF(expires_at <= {NOW}, 1, 0) AS SIGNED) AS expired, \
+                    result, terminal \
+             FROM idempotency_records WHERE scope = ?1 AND idem_key = ?2",
+            self.causal()
+        )
     }
 
-    async fn issue_token(
-        &self,
-        conn: &mut MySqlConnection,
-        scope: &str,
-        token: &str,
-        ttl_ms: i64,
-    ) -> Result<(), sqlx::Error> {
-        let sql = format!(
+    /// `lease_until` reads `status` before it is assigned.
+    fn finish_sql(&self) -> String {
+        format!(
+            "UPDATE idempotency_records SET \
+                 lease_until = IF(?4 = 'PROCESSING', {NOW} + ?7, lease_until), \
+                 expires_at = {NOW} + ?8, \
+                 status = ?4, result = ?5, terminal = ?6, updated_at = {NOW} \
+             WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'"
+        )
+    }
+
+    fn stuck_sql(&self) -> String {
+        format!(
+            "{}SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records \
+             WHERE scope = ?1 AND status = 'PROCESSING' AND lease_until <= {NOW} AND expires_at > {NOW} \
+             ORDER BY lease_until LIMIT ?2",
+            self.causal()
+        )
+    }
+
+    fn purge_sql(&self) -> [String; 2] {
+        [
+            format!(
+                "DELETE FROM idempotency_records \
+                 WHERE expires_at <= {NOW} AND (status <> 'PROCESSING' OR lease_until <= {NOW}) LIMIT ?1"
+            ),
+            format!("DELETE FROM one_time_tokens WHERE expires_at <= {NOW} LIMIT ?1"),
+        ]
+    }
+
+    fn issue_token_sql(&self) -> String {
+        format!(
             "INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
-             VALUES (?, ?, {NOW} + ?, NULL, {NOW})"
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(token)
-            .bind(ttl_ms)
-            .execute(conn)
-            .await
-            .map(drop)
+             VALUES (?1, ?2, {NOW} + ?3, NULL, {NOW})"
+        )
     }
 
-    async fn consume_token(
-        &self,
-        conn: &mut MySqlConnection,
-        scope: &str,
-        token: &str,
-    ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
+    fn consume_token_sql(&self) -> String {
+        format!(
             "UPDATE one_time_tokens SET used_at = {NOW} \
-             WHERE scope = ? AND token = ? AND used_at IS NULL AND expires_at > {NOW}"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(token)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+             WHERE scope = ?1 AND token = ?2 AND used_at IS NULL AND expires_at > {NOW}"
+        )
     }
 
-    async fn read_token(
-        &self,
-        conn: &mut MySqlConnection,
-        scope: &str,
-        token: &str,
-    ) -> Result<Option<TokenRow>, sqlx::Error> {
-        let causal = self.causal();
-        let sql = format!(
-            "{causal}SELECT used_at IS NOT NULL AS used, \
+    fn read_token_sql(&self) -> String {
+        format!(
+            "{}SELECT used_at IS NOT NULL AS used, \
                     CAST(IF(expires_at <= {NOW}, 1, 0) AS SIGNED) AS expired \
-             FROM one_time_tokens WHERE scope = ? AND token = ?"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(token)
-            .fetch_optional(conn)
-            .await
+             FROM one_time_tokens WHERE scope = ?1 AND token = ?2",
+            self.causal()
+        )
     }
 }
 

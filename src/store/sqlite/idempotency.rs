@@ -6,8 +6,10 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{Connection, Transaction};
 
 use super::SqliteStore;
-use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
-use crate::store::Txn;
+use crate::idempotency::RecordStore;
+use crate::store::records_sql::{
+    OneStatementRecordClaims, RecordSql, one_statement_record_claims, shared_record_statements,
+};
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)";
@@ -18,17 +20,91 @@ const NEXT_ATTEMPT: &str = "MIN(MAX(attempt, 0) + 1, 2147483647)";
 impl RecordStore for SqliteStore {
     type Db = Sqlite;
 
+    shared_record_statements!(SqliteConnection, sqlx::Sqlite);
+    one_statement_record_claims!(SqliteConnection, sqlx::Sqlite);
+
     async fn begin(conn: &mut SqliteConnection) -> Result<Transaction<'_, Sqlite>, sqlx::Error> {
         conn.begin_with("BEGIN IMMEDIATE").await
     }
+}
 
-    async fn claim(
-        &self,
-        conn: &mut SqliteConnection,
-        c: &NewClaim<'_>,
-    ) -> Result<Option<i32>, sqlx::Error> {
-        // `WHERE true` tells SQLite's parser that `ON CONFLICT` belongs to the insert.
-        let sql = format!(
+impl RecordSql for SqliteStore {
+    const POSITIONAL: bool = false;
+
+    fn read_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             SELECT payload_hash, status, owner_token, attempt, lease_until - ms AS lease_left_ms, \
+                    CASE WHEN expires_at <= ms THEN 1 ELSE 0 END AS expired, result, terminal \
+             FROM idempotency_records, now WHERE scope = ?1 AND idem_key = ?2"
+        )
+    }
+
+    fn finish_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             UPDATE idempotency_records SET status = ?4, result = ?5, terminal = ?6, \
+                 lease_until = CASE WHEN ?4 = 'PROCESSING' THEN (SELECT ms FROM now) + ?7 ELSE lease_until END, \
+                 expires_at = (SELECT ms FROM now) + ?8, \
+                 updated_at = (SELECT ms FROM now) \
+             WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'"
+        )
+    }
+
+    fn stuck_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records, now \
+             WHERE scope = ?1 AND status = 'PROCESSING' AND lease_until <= ms AND expires_at > ms \
+             ORDER BY lease_until LIMIT ?2"
+        )
+    }
+
+    fn purge_sql(&self) -> [String; 2] {
+        [
+            format!(
+                "WITH now AS {NOW} \
+             DELETE FROM idempotency_records WHERE rowid IN ( \
+                 SELECT rowid FROM idempotency_records, now \
+                 WHERE expires_at <= ms AND (status <> 'PROCESSING' OR lease_until <= ms) LIMIT ?1)"
+            ),
+            format!(
+                "WITH now AS {NOW} \
+             DELETE FROM one_time_tokens WHERE rowid IN ( \
+                 SELECT rowid FROM one_time_tokens, now WHERE expires_at <= ms LIMIT ?1)"
+            ),
+        ]
+    }
+
+    fn issue_token_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
+             SELECT ?1, ?2, ms + ?3, NULL, ms FROM now"
+        )
+    }
+
+    fn consume_token_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             UPDATE one_time_tokens SET used_at = (SELECT ms FROM now) \
+             WHERE scope = ?1 AND token = ?2 AND used_at IS NULL AND expires_at > (SELECT ms FROM now)"
+        )
+    }
+
+    fn read_token_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             SELECT used_at IS NOT NULL AS used, CASE WHEN expires_at <= ms THEN 1 ELSE 0 END AS expired \
+             FROM one_time_tokens, now WHERE scope = ?1 AND token = ?2"
+        )
+    }
+}
+
+impl OneStatementRecordClaims for SqliteStore {
+    /// `WHERE true` tells SQLite's parser that `ON CONFLICT` belongs to the insert.
+    fn claim_sql(&self) -> String {
+        format!(
             "WITH now AS {NOW} \
              INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
                  attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
@@ -47,97 +123,11 @@ impl RecordStore for SqliteStore {
                     AND ((status = 'PROCESSING' AND lease_until <= excluded.created_at) \
                          OR (status = 'FAILED' AND NOT terminal))) \
              RETURNING attempt"
-        );
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(c.scope)
-            .bind(c.key)
-            .bind(c.payload_hash)
-            .bind(c.token)
-            .bind(c.lease_ms)
-            .bind(c.retention_ms)
-            .fetch_optional(conn)
-            .await
+        )
     }
 
-    async fn read(
-        &self,
-        conn: &mut SqliteConnection,
-        scope: &str,
-        key: &str,
-    ) -> Result<Option<RecordRow>, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             SELECT payload_hash, status, owner_token, attempt, lease_until - ms AS lease_left_ms, \
-                    CASE WHEN expires_at <= ms THEN 1 ELSE 0 END AS expired, result, terminal \
-             FROM idempotency_records, now WHERE scope = ?1 AND idem_key = ?2"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(conn)
-            .await
-    }
-
-    async fn finish(
-        &self,
-        conn: &mut SqliteConnection,
-        f: &Finish<'_>,
-        txn: Txn,
-    ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             UPDATE idempotency_records SET status = ?4, result = ?5, terminal = ?6, \
-                 lease_until = CASE WHEN ?4 = 'PROCESSING' THEN (SELECT ms FROM now) + ?7 ELSE lease_until END, \
-                 expires_at = (SELECT ms FROM now) + ?8, \
-                 updated_at = (SELECT ms FROM now) \
-             WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'"
-        );
-        let statement = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(f.scope)
-            .bind(f.key)
-            .bind(f.token)
-            .bind(f.status)
-            .bind(f.result)
-            .bind(f.terminal)
-            .bind(f.lease_ms)
-            .bind(f.retention_ms);
-        let done = match txn {
-            Txn::Own => statement.execute(conn).await?,
-            Txn::Caller => {
-                let mut savepoint = conn.begin().await?;
-                let done = statement.execute(&mut *savepoint).await?;
-                savepoint.commit().await?;
-                done
-            }
-        };
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn stuck(
-        &self,
-        conn: &mut SqliteConnection,
-        scope: &str,
-        limit: i64,
-    ) -> Result<Vec<StuckRow>, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records, now \
-             WHERE scope = ?1 AND status = 'PROCESSING' AND lease_until <= ms AND expires_at > ms \
-             ORDER BY lease_until LIMIT ?2"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(limit)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn take_over(
-        &self,
-        conn: &mut SqliteConnection,
-        t: &TakeOver<'_>,
-    ) -> Result<Option<i32>, sqlx::Error> {
-        let sql = format!(
+    fn take_over_sql(&self) -> String {
+        format!(
             "WITH now AS {NOW} \
              UPDATE idempotency_records SET owner_token = ?4, attempt = {NEXT_ATTEMPT}, \
                  lease_until = (SELECT ms FROM now) + ?5, expires_at = (SELECT ms FROM now) + ?6, \
@@ -145,96 +135,6 @@ impl RecordStore for SqliteStore {
              WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING' \
                AND lease_until <= (SELECT ms FROM now) AND expires_at > (SELECT ms FROM now) \
              RETURNING attempt"
-        );
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(t.scope)
-            .bind(t.key)
-            .bind(t.from)
-            .bind(t.token)
-            .bind(t.lease_ms)
-            .bind(t.retention_ms)
-            .fetch_optional(conn)
-            .await
-    }
-
-    async fn purge(&self, conn: &mut SqliteConnection, limit: i64) -> Result<u64, sqlx::Error> {
-        let records = format!(
-            "WITH now AS {NOW} \
-             DELETE FROM idempotency_records WHERE rowid IN ( \
-                 SELECT rowid FROM idempotency_records, now \
-                 WHERE expires_at <= ms AND (status <> 'PROCESSING' OR lease_until <= ms) LIMIT ?1)"
-        );
-        let tokens = format!(
-            "WITH now AS {NOW} \
-             DELETE FROM one_time_tokens WHERE rowid IN ( \
-                 SELECT rowid FROM one_time_tokens, now WHERE expires_at <= ms LIMIT ?1)"
-        );
-        let mut gone = 0;
-        for sql in [records, tokens] {
-            gone += sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(limit)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
-        }
-        Ok(gone)
-    }
-
-    async fn issue_token(
-        &self,
-        conn: &mut SqliteConnection,
-        scope: &str,
-        token: &str,
-        ttl_ms: i64,
-    ) -> Result<(), sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
-             SELECT ?1, ?2, ms + ?3, NULL, ms FROM now"
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(token)
-            .bind(ttl_ms)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    async fn consume_token(
-        &self,
-        conn: &mut SqliteConnection,
-        scope: &str,
-        token: &str,
-    ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             UPDATE one_time_tokens SET used_at = (SELECT ms FROM now) \
-             WHERE scope = ?1 AND token = ?2 AND used_at IS NULL AND expires_at > (SELECT ms FROM now)"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(token)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn read_token(
-        &self,
-        conn: &mut SqliteConnection,
-        scope: &str,
-        token: &str,
-    ) -> Result<Option<TokenRow>, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW} \
-             SELECT used_at IS NOT NULL AS used, CASE WHEN expires_at <= ms THEN 1 ELSE 0 END AS expired \
-             FROM one_time_tokens, now WHERE scope = ?1 AND token = ?2"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(token)
-            .fetch_optional(conn)
-            .await
+        )
     }
 }
