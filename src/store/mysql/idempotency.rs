@@ -29,12 +29,11 @@ impl RecordStore for MySqlStore {
     /// READ COMMITTED: InnoDB then takes no gap locks for the locking reads inside (a
     /// transition's judging read of its history row), so concurrent requests on
     /// neighbouring keys do not deadlock on each other's gaps; orderly's reads inside
-    /// are locking reads and see the latest committed rows at any level.
+    /// are locking reads and see the latest committed rows at any level. The level and
+    /// the begin go in one round trip.
     async fn begin(conn: &mut MySqlConnection) -> Result<Transaction<'_, MySql>, sqlx::Error> {
-        sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .execute(&mut *conn)
-            .await?;
-        conn.begin().await
+        conn.begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+            .await
     }
 
     async fn claim(
