@@ -119,6 +119,8 @@ extern crate self as orderly;
 pub mod engine;
 pub mod error;
 pub mod flow;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod idempotency;
 pub mod machine;
 pub mod outbox;

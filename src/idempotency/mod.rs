@@ -235,6 +235,11 @@ impl<S: RecordStore> Records<S> {
         &self.store
     }
 
+    /// How `scope`'s records live, if it was added.
+    pub fn scope_config(&self, scope: &str) -> Option<ScopeConfig> {
+        self.scopes.get(scope).copied()
+    }
+
     fn config(&self, scope: &str) -> Result<ScopeConfig> {
         self.scopes
             .get(scope)
