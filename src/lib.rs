@@ -123,6 +123,7 @@ pub mod flow;
 pub mod http;
 pub mod idempotency;
 pub mod machine;
+mod observe;
 pub mod outbox;
 pub mod store;
 #[cfg(feature = "testing")]

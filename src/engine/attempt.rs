@@ -200,7 +200,10 @@ pub(super) async fn run<M: StateMachine, S: Store>(
         };
         let (reason, lost) = match step {
             Step::Done(result) => return result,
-            Step::Retry(reason) => (reason, None),
+            Step::Retry(reason) => {
+                crate::observe::rejudge(M::NAME, reason);
+                (reason, None)
+            }
             Step::Lost { error, wrote } => {
                 conn.lost();
                 if wrote {
@@ -376,11 +379,11 @@ fn retry_or_fail<M: StateMachine, S: Store>(
     match S::classify(&e) {
         _ if txn == Txn::Caller => Step::Done(Err(db_error::<S>(e))),
         ErrorClass::Retryable => {
-            tracing::debug!(error = %e, "retryable database error");
+            crate::observe::retryable_db_error(S::BACKEND, "retryable", &e);
             Step::Retry("retryable database error")
         }
         ErrorClass::ConnectionLost => {
-            tracing::debug!(error = %e, wrote, "connection lost");
+            crate::observe::retryable_db_error(S::BACKEND, "connection_lost", &e);
             Step::Lost { error: e, wrote }
         }
         ErrorClass::Fatal => Step::Done(Err(db_error::<S>(e))),

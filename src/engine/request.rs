@@ -5,6 +5,7 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 
 use serde::Serialize;
+use tracing::Instrument;
 
 use std::sync::Arc;
 
@@ -229,7 +230,31 @@ impl<'a, M: StateMachine, S: Store> IntoFuture for TransitionRequest<'a, M, S> {
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'a>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
+        let event: &'static str = match &self.event {
+            Ok(event) => (*event).into(),
+            Err(_) => "unknown",
+        };
+        let span = tracing::info_span!(
+            "orderly.transition",
+            machine = M::NAME,
+            event,
+            outcome = tracing::field::Empty,
+        );
+        let started = std::time::Instant::now();
+        Box::pin(
+            async move {
+                let out = self.run().await;
+                let outcome = match &out {
+                    Ok(Outcome::Applied { .. }) => "applied",
+                    Ok(Outcome::Replayed { .. }) => "replayed",
+                    Err(e) => crate::observe::error_label(e),
+                };
+                tracing::Span::current().record("outcome", outcome);
+                crate::observe::transition(M::NAME, event, outcome, started.elapsed());
+                out
+            }
+            .instrument(span),
+        )
     }
 }
 

@@ -100,6 +100,18 @@ pub enum FlowOutcome {
     },
 }
 
+impl FlowOutcome {
+    /// The outcome's name, a label of the library's metrics.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            FlowOutcome::Completed(_) => "completed",
+            FlowOutcome::Compensated { .. } => "compensated",
+            FlowOutcome::Waiting { .. } => "waiting",
+            FlowOutcome::Parked { .. } => "parked",
+        }
+    }
+}
+
 /// What [`Flows::start`](super::Flows::start) answers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Started {

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tracing::Instrument;
 
 use futures_util::FutureExt;
 
@@ -73,6 +74,23 @@ impl<S: FlowStore> Flows<S> {
     /// claim; a round that could claim nothing because every claim failed is an error.
     /// Flows of versions not registered here are left alone.
     pub async fn recover(&self, limit: u32) -> Result<FlowsRecovered> {
+        let span = tracing::info_span!(
+            "orderly.recovery",
+            job = "flows",
+            taken = tracing::field::Empty,
+        );
+        let out = self.recover_round(limit).instrument(span.clone()).await;
+        match &out {
+            Ok(round) => {
+                span.record("taken", round.taken);
+                crate::observe::recovery_round("flows", round.taken, round.taken, false);
+            }
+            Err(_) => crate::observe::recovery_round("flows", 0, 0, true),
+        }
+        out
+    }
+
+    async fn recover_round(&self, limit: u32) -> Result<FlowsRecovered> {
         let mut done = FlowsRecovered::default();
         let mut ids: Vec<_> = self.defs.keys().copied().collect();
         ids.sort_unstable();

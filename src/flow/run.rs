@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
+use tracing::Instrument;
 
 use futures_util::future::BoxFuture;
 use serde::Serialize;
@@ -204,6 +205,39 @@ impl<S: FlowStore> Flows<S> {
     /// If this future is dropped part way, or a step panics, the flow stays held until
     /// its lease runs out; then the recovery job (or the next start) resumes it.
     pub async fn start<D: Flow, P: Serialize + ?Sized>(
+        &self,
+        flow: D,
+        key: &str,
+        input: &P,
+    ) -> Result<Started> {
+        let span = tracing::info_span!(
+            "orderly.flow",
+            flow.kind = D::KIND,
+            outcome = tracing::field::Empty,
+            replayed = tracing::field::Empty,
+        );
+        let out = self
+            .start_now(flow, key, input)
+            .instrument(span.clone())
+            .await;
+        let (outcome, replayed) = match &out {
+            Ok(started) => (started.outcome.label(), started.replayed),
+            Err(e) => (crate::observe::error_label(e), false),
+        };
+        span.record("outcome", outcome);
+        span.record("replayed", replayed);
+        crate::observe::flow(D::KIND, outcome, replayed);
+        if let Ok(Started {
+            outcome: FlowOutcome::Parked { reason, .. },
+            replayed: false,
+        }) = &out
+        {
+            crate::observe::flow_parked(D::KIND, (*reason).into());
+        }
+        out
+    }
+
+    async fn start_now<D: Flow, P: Serialize + ?Sized>(
         &self,
         _flow: D,
         key: &str,

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::{
     CLAIM_ROUNDS, Claim, Claimed, NewClaim, RecordRow, RecordStore, Records, Stored, millis,
@@ -21,8 +22,22 @@ impl<S: RecordStore> Records<S> {
         key: &str,
         payload: &P,
     ) -> Result<Claim> {
-        crate::engine::within_deadline(self.deadline, true, self.claim_now(scope, key, payload))
-            .await
+        let span = tracing::info_span!("orderly.claim", scope, outcome = tracing::field::Empty);
+        let out = crate::engine::within_deadline(
+            self.deadline,
+            true,
+            self.claim_now(scope, key, payload),
+        )
+        .instrument(span.clone())
+        .await;
+        let outcome = match &out {
+            Ok(Claim::Claimed(_)) => "claimed",
+            Ok(Claim::Replayed(_)) => "replayed",
+            Err(e) => crate::observe::error_label(e),
+        };
+        span.record("outcome", outcome);
+        crate::observe::claim(scope, outcome);
+        out
     }
 
     async fn claim_now<P: Serialize + ?Sized>(

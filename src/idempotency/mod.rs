@@ -39,7 +39,7 @@ mod tokens;
 
 #[cfg(feature = "redis")]
 pub use front::{FrontConfig, RedisFront};
-pub use recovery::{Reconciled, Reconciler, Recovered, Stuck};
+pub use recovery::{Held, Reconciled, Reconciler, Recovered, Stuck};
 pub use run::{Done, Ran, Work};
 pub use seam::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
 

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
+use tracing::Instrument;
 
 use futures_util::FutureExt;
 
@@ -53,6 +54,15 @@ where
     }
 }
 
+/// The records of a scope held right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Records in PROCESSING, inside their retention.
+    pub count: u64,
+    /// How long the oldest of them has been held, from its claim.
+    pub oldest: Duration,
+}
+
 /// What one round of recovery did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Recovered {
@@ -96,6 +106,34 @@ impl<S: RecordStore> Records<S> {
     /// a reconciler that panics) does not stop the others; an error finding them is
     /// returned.
     pub async fn recover<R: Reconciler>(
+        &self,
+        scope: &str,
+        limit: u32,
+        reconciler: &R,
+    ) -> Result<Recovered> {
+        let span = tracing::info_span!(
+            "orderly.recovery",
+            job = "records",
+            scope,
+            found = tracing::field::Empty,
+            taken = tracing::field::Empty,
+        );
+        let out = self
+            .recover_round(scope, limit, reconciler)
+            .instrument(span.clone())
+            .await;
+        match &out {
+            Ok(round) => {
+                span.record("found", round.found);
+                span.record("taken", round.taken);
+                crate::observe::recovery_round("records", round.found, round.taken, false);
+            }
+            Err(_) => crate::observe::recovery_round("records", 0, 0, true),
+        }
+        out
+    }
+
+    async fn recover_round<R: Reconciler>(
         &self,
         scope: &str,
         limit: u32,
@@ -188,6 +226,26 @@ impl<S: RecordStore> Records<S> {
         Ok(done)
     }
 
+    /// How many records of `scope` are held right now, and how long the oldest has been
+    /// (from its claim); also set as the `orderly_records_held` and
+    /// `orderly_records_oldest_held_seconds` gauges. [`recovery_loop`](Self::recovery_loop)
+    /// reads it every round.
+    pub async fn held(&self, scope: &str) -> Result<Held> {
+        self.config(scope)?;
+        let (held, oldest_ms) = {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let out = self.store.held(lease.conn(), scope).await;
+            lease.release_after(&out);
+            out.map_err(db_error::<S>)?
+        };
+        let held = Held {
+            count: u64::try_from(held).unwrap_or(0),
+            oldest: Duration::from_millis(u64::try_from(oldest_ms).unwrap_or(0)),
+        };
+        crate::observe::records_held(scope, held.count, held.oldest);
+        Ok(held)
+    }
+
     /// Runs [`recover`](Self::recover) in rounds of `batch` until `shutdown` resolves:
     /// a full round is followed at once by the next, a partial one by a pause of `idle`.
     /// A round that fails (the database is down) is logged and retried after `idle`.
@@ -210,6 +268,9 @@ impl<S: RecordStore> Records<S> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut total = Recovered::default();
         loop {
+            if let Err(e) = self.held(scope).await {
+                tracing::debug!(error = %e, scope, "reading the held records failed");
+            }
             let pause = match self.recover(scope, batch, &reconciler).await {
                 Ok(round) => {
                     total.add(round);

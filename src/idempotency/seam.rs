@@ -65,6 +65,14 @@ pub trait RecordStore: Store<Conn: sqlx::Connection> {
         take: &TakeOver<'_>,
     ) -> impl Future<Output = Result<Option<i32>, sqlx::Error>> + Send;
 
+    /// How many records of `scope` are held (PROCESSING, inside their retention), and
+    /// the oldest one's age in milliseconds (0 if none).
+    fn held(
+        &self,
+        conn: &mut Self::Conn,
+        scope: &str,
+    ) -> impl Future<Output = Result<(i64, i64), sqlx::Error>> + Send;
+
     /// Deletes up to `limit` records past their retention (none under a live lease) and
     /// up to `limit` expired one-time tokens; how many rows went.
     fn purge(

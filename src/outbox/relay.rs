@@ -167,13 +167,15 @@ impl<S: OutboxStore> Outbox<S> {
     /// Pending and dead counts, and the oldest pending event's age.
     pub async fn stats(&self) -> Result<OutboxStats> {
         let row = leased!(&self.store, |c| self.store.outbox_stats(c))?;
-        Ok(OutboxStats {
+        let stats = OutboxStats {
             pending: u64::try_from(row.pending).unwrap_or(0),
             dead: u64::try_from(row.dead).unwrap_or(0),
             oldest_pending: Duration::from_millis(
                 u64::try_from(row.oldest_pending_ms).unwrap_or(0),
             ),
-        })
+        };
+        crate::observe::outbox(stats.pending, stats.dead, stats.oldest_pending);
+        Ok(stats)
     }
 
     /// Up to `limit` events in the dead state, with their last errors.
@@ -258,6 +260,14 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
     /// publishes them concurrently, and records the outcomes: published events in one
     /// statement, each failure on its own (retried after a backoff, or dead).
     pub async fn relay_once(&self) -> Result<RelayRound> {
+        let out = self.relay_round().await;
+        if let Ok(r) = &out {
+            crate::observe::relay_round(r.published, r.retried, r.dead, r.lost);
+        }
+        out
+    }
+
+    async fn relay_round(&self) -> Result<RelayRound> {
         let store = &self.outbox.store;
         let token = uuid::Uuid::new_v4().simple().to_string();
         let claim = super::ClaimEvents {

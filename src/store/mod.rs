@@ -73,6 +73,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// A connection borrowed from the store's pool.
     type Pooled: DerefMut<Target = Self::Conn> + Send;
 
+    /// The backend's name, a label of the library's metrics (`postgres`, `mysql`,
+    /// `sqlite`).
+    const BACKEND: &'static str = "custom";
+
     /// The share of recent replays, in 1/1024ths, from which reading a request's history
     /// row first is cheaper on this backend than trying to apply first (see
     /// [`ReadFirst::Adaptive`](crate::ReadFirst::Adaptive)).

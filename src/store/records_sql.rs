@@ -30,6 +30,10 @@ pub(crate) trait RecordSql {
     /// oldest lease first: 1 scope, 2 limit.
     fn stuck_sql(&self) -> String;
 
+    /// `(held, oldest_ms)`: the count of PROCESSING records inside their retention, and
+    /// the oldest one's age (0 if none): 1 scope.
+    fn held_sql(&self) -> String;
+
     /// The deletes of records past their retention and of expired tokens: 1 limit each.
     fn purge_sql(&self) -> [String; 2];
 
@@ -152,6 +156,19 @@ macro_rules! shared_record_statements {
             $crate::store::sql::numbered!($db, Self::POSITIONAL, self.stuck_sql(), &args, query_as)
                 .fetch_all(conn)
                 .await
+        }
+
+        async fn held(&self, conn: &mut $conn, scope: &str) -> Result<(i64, i64), sqlx::Error> {
+            use $crate::store::{records_sql::RecordSql, sql::Arg};
+            $crate::store::sql::numbered!(
+                $db,
+                Self::POSITIONAL,
+                self.held_sql(),
+                &[Arg::Str(scope)],
+                query_as
+            )
+            .fetch_one(conn)
+            .await
         }
 
         async fn purge(&self, conn: &mut $conn, limit: i64) -> Result<u64, sqlx::Error> {

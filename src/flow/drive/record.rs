@@ -10,14 +10,44 @@ use super::super::run::{Flows, millis};
 use super::super::steps::{CallAction, Ctx, LocalAction, StepError, bounded_str};
 use super::super::{FlowStore, StepClass, StepWrite, Touch};
 use super::{FORWARD, Held, Run, Seen, Then, UNDO};
+use tracing::Instrument;
+
 use crate::store::{Lease, db_error};
 use crate::{Error, Result};
+
+/// Records a step's outcome on its span.
+fn step_outcome(span: &tracing::Span, out: &Result<Result<(), StepError>>) {
+    let outcome = match out {
+        Ok(Ok(())) => "succeeded",
+        Ok(Err(StepError::Retry(_))) => "retry",
+        Ok(Err(StepError::Fail(_))) => "failed",
+        Err(e) => crate::observe::error_label(e),
+    };
+    span.record("outcome", outcome);
+}
 
 impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
     /// A local step or compensation: the action and the records of its success share
     /// one transaction (the step row, and the fenced flow record, last: if the lease was
     /// lost, all of it rolls back). A failure rolls the action back.
     pub(super) async fn local(
+        &mut self,
+        i: usize,
+        phase: &'static str,
+        f: &dyn LocalAction<S, I>,
+        ctx: &Ctx<I>,
+        then: Then,
+    ) -> Result<Result<(), StepError>> {
+        let span = self.step_span(i, phase);
+        let out = self
+            .local_step(i, phase, f, ctx, then)
+            .instrument(span.clone())
+            .await;
+        step_outcome(&span, &out);
+        out
+    }
+
+    async fn local_step(
         &mut self,
         i: usize,
         phase: &'static str,
@@ -60,6 +90,35 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
     /// A keyed or unsafe step or compensation: its start recorded (fenced) before the
     /// call, its output after.
     pub(super) async fn call(
+        &mut self,
+        i: usize,
+        phase: &'static str,
+        f: &dyn CallAction<I>,
+        ctx: &Ctx<I>,
+        then: Then,
+    ) -> Result<Result<(), StepError>> {
+        let span = self.step_span(i, phase);
+        let out = self
+            .call_step(i, phase, f, ctx, then)
+            .instrument(span.clone())
+            .await;
+        step_outcome(&span, &out);
+        out
+    }
+
+    /// The span of step `i`'s `phase` (forward or compensation): its outcome is recorded on
+    /// it.
+    fn step_span(&self, i: usize, phase: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            "orderly.flow.step",
+            flow.kind = %self.held.kind,
+            flow.step = %step_name(self.def.specs, i),
+            flow.phase = phase,
+            outcome = tracing::field::Empty,
+        )
+    }
+
+    async fn call_step(
         &mut self,
         i: usize,
         phase: &'static str,

@@ -154,6 +154,15 @@ impl RecordSql for MySqlStore {
         )
     }
 
+    fn held_sql(&self) -> String {
+        format!(
+            "{}SELECT CAST(COUNT(*) AS SIGNED), CAST(COALESCE(MAX({NOW} - created_at), 0) AS SIGNED) \
+             FROM idempotency_records \
+             WHERE scope = ?1 AND status = 'PROCESSING' AND expires_at > {NOW}",
+            self.causal()
+        )
+    }
+
     fn purge_sql(&self) -> [String; 2] {
         [
             format!(

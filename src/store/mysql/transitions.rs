@@ -167,6 +167,7 @@ impl Store for MySqlStore {
 
     /// 1/4. Tried first, a replay costs four round trips (`BEGIN`, an update that changes
     /// nothing, `ROLLBACK`, the read); read first, a new request costs one more.
+    const BACKEND: &'static str = "mysql";
     const READ_FIRST_FROM: u32 = 256;
     const BATCH_READ_MAX: usize = BATCH_READ_MAX;
 

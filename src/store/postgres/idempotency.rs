@@ -65,6 +65,15 @@ impl RecordSql for PgStore {
 
     /// Each batch is chosen and locked in one subquery; rows another transaction holds (a
     /// claim taking an expired record over) are skipped, not waited for.
+    fn held_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             SELECT COUNT(*)::bigint, COALESCE(MAX(ms - created_at), 0)::bigint \
+             FROM idempotency_records, now \
+             WHERE scope = $1 AND status = 'PROCESSING' AND expires_at > ms"
+        )
+    }
+
     fn purge_sql(&self) -> [String; 2] {
         [
             format!(

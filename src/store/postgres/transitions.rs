@@ -256,6 +256,7 @@ impl Store for PgStore {
     /// 3/8. Tried first, a replay costs the statement (which writes nothing, so commits
     /// nothing) and then the read, about 2.5 reads of server CPU; read first, a new
     /// request costs one read more. Reading first pays from about 2/5.
+    const BACKEND: &'static str = "postgres";
     const READ_FIRST_FROM: u32 = 384;
     const BATCH_READ_MAX: usize = BATCH_READ_MAX;
 

@@ -60,6 +60,15 @@ impl RecordSql for SqliteStore {
         )
     }
 
+    fn held_sql(&self) -> String {
+        format!(
+            "WITH now AS {NOW} \
+             SELECT COUNT(*), COALESCE(MAX(ms - created_at), 0) \
+             FROM idempotency_records, now \
+             WHERE scope = ?1 AND status = 'PROCESSING' AND expires_at > ms"
+        )
+    }
+
     fn purge_sql(&self) -> [String; 2] {
         [
             format!(

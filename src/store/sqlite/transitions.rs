@@ -90,6 +90,7 @@ impl Store for SqliteStore {
     /// 1/4. Tried first, a replay takes the write lock (`BEGIN IMMEDIATE`), waiting behind
     /// every writer, for an update that changes nothing; read first, a new request costs
     /// one read more, which in-process is cheap.
+    const BACKEND: &'static str = "sqlite";
     const READ_FIRST_FROM: u32 = 256;
 
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
