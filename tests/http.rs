@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use orderly::http::{IdempotencyLayer, IdempotentRequest, InFlight, RoutePolicy};
 use orderly::{Records, ScopeConfig, SqliteStore};
 use sqlx::Connection;
+use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt};
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -27,6 +28,8 @@ fn full(bytes: impl Into<Bytes>) -> Body {
 struct Handler {
     runs: Arc<AtomicUsize>,
     records: Records<SqliteStore>,
+    /// Told when a `/slow` request has begun.
+    started: Arc<Notify>,
 }
 
 impl Handler {
@@ -49,6 +52,7 @@ impl Handler {
         response = match path.as_str() {
             "/orders" | "/other" => response.status(StatusCode::CREATED),
             "/slow" => {
+                self.started.notify_one();
                 tokio::time::sleep(Duration::from_millis(400)).await;
                 response.status(StatusCode::CREATED)
             }
@@ -103,6 +107,7 @@ impl Handler {
 struct Rig {
     records: Records<SqliteStore>,
     runs: Arc<AtomicUsize>,
+    started: Arc<Notify>,
     _dir: tempfile::TempDir,
 }
 
@@ -126,6 +131,7 @@ async fn rig() -> Rig {
     Rig {
         records,
         runs: Arc::new(AtomicUsize::new(0)),
+        started: Arc::new(Notify::new()),
         _dir: dir,
     }
 }
@@ -149,6 +155,7 @@ impl Rig {
         let handler = Handler {
             runs: self.runs.clone(),
             records: self.records.clone(),
+            started: self.started.clone(),
         };
         layer.layer(tower::service_fn(move |r| handler.clone().answer(r)))
     }
@@ -168,6 +175,7 @@ fn post(path: &str, key: Option<&str>, body: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
+#[derive(Debug)]
 struct Answer {
     status: StatusCode,
     headers: HeaderMap,
@@ -246,7 +254,7 @@ async fn missing_and_malformed_keys_are_refused_and_unchecked_methods_pass() {
         "urn:orderly:problem:idempotency-key-missing"
     );
     let long = "k".repeat(201);
-    for bad in ["\"\"", "\"open", long.as_str()] {
+    for bad in ["\"\"", "\"open", "\" padded\"", long.as_str()] {
         let answer = send(&svc, post("/orders", Some(bad), "{}")).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad}");
         assert_eq!(
@@ -348,7 +356,7 @@ async fn a_key_in_flight_is_409_with_retry_after_or_waited_for() {
         let svc = svc.clone();
         async move { send(&svc, post("/slow", Some("slow-1"), "{}")).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    rig.started.notified().await;
     let twin = send(&svc, post("/slow", Some("slow-1"), "{}")).await;
     assert_eq!(twin.status, StatusCode::CONFLICT);
     assert_eq!(
@@ -378,7 +386,7 @@ async fn a_key_in_flight_is_409_with_retry_after_or_waited_for() {
         let svc = waiting.clone();
         async move { send(&svc, post("/slow", Some("slow-2"), "{}")).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    rig.started.notified().await;
     assert_eq!(rig.runs(), 2, "the first request is running");
     let twin = send(&waiting, post("/slow", Some("slow-2"), "{}")).await;
     let first = first.await.unwrap();
@@ -391,6 +399,72 @@ async fn a_key_in_flight_is_409_with_retry_after_or_waited_for() {
             .in_flight(InFlight::Wait(Duration::from_secs(61)))
             .is_err()
     );
+
+    // A wait shorter than the first request: 409 when it runs out.
+    let short = rig.service(
+        rig.layer()
+            .in_flight(InFlight::Wait(Duration::from_millis(100)))
+            .unwrap(),
+    );
+    let first = tokio::spawn({
+        let svc = short.clone();
+        async move { send(&svc, post("/slow", Some("slow-3"), "{}")).await }
+    });
+    rig.started.notified().await;
+    let twin = send(&short, post("/slow", Some("slow-3"), "{}")).await;
+    assert_eq!(twin.status, StatusCode::CONFLICT);
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(rig.runs(), 3);
+}
+
+/// A request whose client goes away while the handler runs (its future dropped): the
+/// handler runs to its end and its response is kept, so a repeat is replayed, not run.
+#[tokio::test]
+async fn a_request_dropped_mid_handler_still_keeps_its_response() {
+    let rig = rig().await;
+    let svc = rig.service(rig.layer());
+    let gone = tokio::spawn({
+        let svc = svc.clone();
+        async move { send(&svc, post("/slow", Some("gone"), "{}")).await }
+    });
+    rig.started.notified().await;
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        let again = send(&svc, post("/slow", Some("gone"), "{}")).await;
+        if again.status != StatusCode::CONFLICT {
+            break again;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the record stayed held"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert!(again.replayed(), "the dropped request's handler ran again");
+    assert_eq!(rig.runs(), 1);
+}
+
+/// A handler that fails (the service's error): the record is released, and a repeat
+/// runs it again.
+#[tokio::test]
+async fn a_failing_service_releases_the_key() {
+    let rig = rig().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = rig.layer().layer(tower::service_fn({
+        let calls = calls.clone();
+        move |_r: Request<Full<Bytes>>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err::<Response<Body>, std::io::Error>(std::io::Error::other("down")) }
+        }
+    }));
+    for n in 1..=2 {
+        let out = svc.clone().oneshot(post("/orders", Some("e"), "{}")).await;
+        assert_eq!(out.unwrap_err().to_string(), "down");
+        assert_eq!(calls.load(Ordering::SeqCst), n);
+    }
 }
 
 #[tokio::test]

@@ -40,6 +40,9 @@ pub(crate) fn client_key(headers: &HeaderMap) -> Result<String, KeyProblem> {
     if key.is_empty() {
         return Err(KeyProblem::Malformed("the key is empty"));
     }
+    if key.starts_with(' ') || key.ends_with(' ') {
+        return Err(KeyProblem::Malformed("the key begins or ends with a space"));
+    }
     if key.chars().count() > MAX_CLIENT_KEY {
         return Err(KeyProblem::Malformed(
             "the key is longer than 200 characters",
@@ -114,6 +117,8 @@ mod tests {
             b"\"abc",
             b"\"abc\"x",
             br#""a\nb""#,
+            b"\" a\"",
+            b"\"a \"",
             b"\xff\xfe",
             b"",
         ] {

@@ -1,7 +1,8 @@
 //! The `Idempotency-Key` header as a tower layer (feature `http`), over
 //! [`Records`]: a request with a key is claimed once, its response kept
-//! and replayed to every repeat, marked `Idempotent-Replayed: true`. It works with any
-//! stack built on the `http` and `http-body` crates (hyper, axum, tonic).
+//! and replayed to every repeat, marked `Idempotent-Replayed: true`. It serves any
+//! tower service over the `http` and `http-body` types whose request body can be
+//! rebuilt from bytes (axum's `Body`, `http_body_util::Full<Bytes>`).
 //!
 //! | the request | the answer |
 //! |---|---|
@@ -14,6 +15,7 @@
 //! | the key of another request (method, path, query or body differ) | 422 |
 //! | the key of a request still running | 409 with `Retry-After`, or wait for it ([`InFlight::Wait`]) |
 //! | a finished request whose response was too large or streamed to keep | 409, `response-not-replayable` |
+//! | a response that broke off while it was read (or carried trailers) | 502, `response-broken` |
 //! | the records unreachable | 503 with `Retry-After`; the handler did not run |
 //!
 //! A key lives as long as the scope's retention ([`ScopeConfig`](crate::ScopeConfig)),
@@ -124,8 +126,9 @@ impl Default for RoutePolicy {
 pub enum InFlight {
     /// 409 at once, with `Retry-After`.
     Conflict,
-    /// Waits up to this long for the first request to finish, then answers with its
-    /// response (or 409 if it still runs).
+    /// Waits up to this long for the first request to finish: then its kept response
+    /// (if it was released instead, as a 5xx is, this request runs), or 409 if it still
+    /// runs.
     Wait(Duration),
 }
 
@@ -368,11 +371,14 @@ async fn handle<Inner, S, ReqB, ResB>(
     request: Request<ReqB>,
 ) -> std::result::Result<Response<LayerBody<ResB>>, Inner::Error>
 where
-    Inner: Service<Request<ReqB>, Response = Response<ResB>>,
+    Inner: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    Inner::Future: Send + 'static,
+    Inner::Error: Send + 'static,
     S: RecordStore,
-    ReqB: Body<Data = Bytes> + From<Bytes>,
+    ReqB: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ReqB::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    ResB: Body<Data = Bytes>,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let (mut parts, body) = request.into_parts();
     let route = (config.route_of)(&parts).unwrap_or_else(|| parts.uri.path().to_string());
@@ -424,20 +430,58 @@ where
         completed: Arc::new(AtomicBool::new(false)),
     };
     parts.extensions.insert(handle.clone());
-    let response = match inner
-        .call(Request::from_parts(parts, ReqB::from(bytes)))
-        .await
-    {
+    let request = Request::from_parts(parts, ReqB::from(bytes));
+    // The handler and the keeping of its response run on their own task: a request
+    // dropped part way (its client gone) still ends with its record completed or
+    // released, never held until its lease runs out.
+    let work = tokio::spawn(async move {
+        let records = config.records.clone();
+        let released = held.clone();
+        let run = std::panic::AssertUnwindSafe(async move {
+            let response = inner.call(request).await;
+            keep(&config, &held, &handle, policy, response).await
+        });
+        match futures_util::FutureExt::catch_unwind(run).await {
+            Ok(answer) => answer,
+            Err(panic) => {
+                release(&records, &released).await;
+                std::panic::resume_unwind(panic)
+            }
+        }
+    });
+    match work.await {
+        Ok(answer) => answer,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down.
+        Err(_) => Ok(problem(Problem::Unavailable)),
+    }
+}
+
+/// Keeps the handler's `response` as the route's policy says (or releases the record),
+/// and answers with it.
+async fn keep<S, ResB, E>(
+    config: &Config<S>,
+    held: &Claimed,
+    handle: &IdempotentRequest<S>,
+    policy: RoutePolicy,
+    response: std::result::Result<Response<ResB>, E>,
+) -> std::result::Result<Response<LayerBody<ResB>>, E>
+where
+    S: RecordStore,
+    ResB: Body<Data = Bytes>,
+    ResB::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let response = match response {
         Ok(response) => response,
         Err(e) => {
-            release(&config.records, &held).await;
+            release(&config.records, held).await;
             return Err(e);
         }
     };
     if handle.completed.load(Ordering::SeqCst) {
         // Kept in the handler's transaction; if that rolled back, the record is still
         // held, and released here (if it committed, the release changes nothing).
-        if let Err(e) = config.records.release(&held).await
+        if let Err(e) = config.records.release(held).await
             && !matches!(e, Error::LeaseLost { .. })
         {
             tracing::warn!(error = %e, "releasing a record its handler completed failed");
@@ -446,7 +490,7 @@ where
     }
     let status = response.status();
     if !policy.keeps(status) {
-        release(&config.records, &held).await;
+        release(&config.records, held).await;
         return Ok(response.map(Either::Left));
     }
     let (head, body) = response.into_parts();
@@ -454,34 +498,32 @@ where
         .size_hint()
         .upper()
         .is_some_and(|n| n <= config.max_response_body as u64);
+    let not_replayable = StoredResponse::new(status, &head.headers, None);
     if !fits {
         // Too large or streamed: delivered as it is, and recorded as not replayable.
-        complete(
-            &config.records,
-            &held,
-            StoredResponse::new(status, &head.headers, None),
-        )
-        .await;
+        complete(&config.records, held, not_replayable).await;
         return Ok(Response::from_parts(head, Either::Left(body)));
     }
-    // (The body's error is not kept: it need not be `Send`.)
-    match body.collect().await.ok() {
+    // Bounded even if the body's size hint was wrong. (Its error is not kept: it need
+    // not be `Send`.)
+    let collected = Limited::new(body, config.max_response_body)
+        .collect()
+        .await
+        .ok()
+        .filter(|c| c.trailers().is_none());
+    match collected {
         Some(collected) => {
             let bytes = collected.to_bytes();
             let stored = StoredResponse::new(status, &head.headers, Some(&bytes));
-            complete(&config.records, &held, stored).await;
+            complete(&config.records, held, stored).await;
             Ok(Response::from_parts(head, Either::Right(Full::new(bytes))))
         }
         None => {
-            // The handler ran, but its response broke off: kept as not replayable, and
-            // said so.
-            complete(
-                &config.records,
-                &held,
-                StoredResponse::new(status, &head.headers, None),
-            )
-            .await;
-            Ok(problem(Problem::NotReplayable(status.as_u16())))
+            // The handler ran, but its response broke off, outgrew its size hint or
+            // carried trailers: the record keeps the status as not replayable, and the
+            // client is told.
+            complete(&config.records, held, not_replayable).await;
+            Ok(problem(Problem::ResponseBroken(status.as_u16())))
         }
     }
 }
@@ -563,7 +605,7 @@ fn problem_of(e: &Error) -> Problem {
     match e {
         Error::InFlight { retry_after, .. } => Problem::InFlight(*retry_after),
         Error::PayloadMismatch { .. } => Problem::KeyReused,
-        Error::InvalidInput(_) => Problem::KeyMalformed("the key is not accepted"),
+        Error::InvalidInput(_) => Problem::Internal,
         Error::CorruptRecord { .. } => Problem::CorruptRecord,
         e if e.is_retryable() => Problem::Unavailable,
         _ => Problem::Internal,

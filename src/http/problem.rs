@@ -25,6 +25,8 @@ pub(crate) enum Problem {
     InFlight(Duration),
     /// 409: the key's request ran, but its response was too large or streamed to keep.
     NotReplayable(u16),
+    /// 502: the handler ran, but its response broke off (or carried trailers).
+    ResponseBroken(u16),
     /// 503: the records could not be reached; nothing ran.
     Unavailable,
     /// 500: the record holds what this layer never stores.
@@ -42,6 +44,7 @@ impl Problem {
             Problem::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InFlight(_) | Problem::NotReplayable(_) => StatusCode::CONFLICT,
+            Problem::ResponseBroken(_) => StatusCode::BAD_GATEWAY,
             Problem::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::CorruptRecord | Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -88,6 +91,15 @@ impl Problem {
                 format!(
                     "the request with this key was processed (status {status}), but its \
                      response was too large or streamed to be kept"
+                ),
+            ),
+            Problem::ResponseBroken(status) => (
+                "response-broken",
+                "Response broken off",
+                format!(
+                    "the request was processed (status {status}), but its response could \
+                     not be read to its end; a repeat of it is answered \
+                     response-not-replayable"
                 ),
             ),
             Problem::Unavailable => (

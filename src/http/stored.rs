@@ -4,7 +4,7 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue};
+use http::header::{CONNECTION, HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 
@@ -40,11 +40,22 @@ pub(crate) struct StoredResponse {
 impl StoredResponse {
     /// The replayable parts of a response, with its whole body.
     pub fn new(status: StatusCode, headers: &HeaderMap, body: Option<&[u8]>) -> Self {
+        // The headers `Connection` names are hop-by-hop too.
+        let named: Vec<String> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|t| t.trim().to_ascii_lowercase())
+            .collect();
         StoredResponse {
             status: status.as_u16(),
             headers: headers
                 .iter()
-                .filter(|(name, _)| !NOT_REPLAYED.contains(&name.as_str()))
+                .filter(|(name, _)| {
+                    !NOT_REPLAYED.contains(&name.as_str())
+                        && !named.iter().any(|t| t == name.as_str())
+                })
                 .map(|(name, value)| (name.to_string(), STANDARD.encode(value.as_bytes())))
                 .collect(),
             body: body.map(|b| STANDARD.encode(b)),
@@ -82,6 +93,8 @@ mod tests {
         for name in NOT_REPLAYED {
             headers.insert(*name, HeaderValue::from_static("gone"));
         }
+        headers.insert("connection", HeaderValue::from_static("close, X-Hop"));
+        headers.insert("x-hop", HeaderValue::from_static("gone"));
         let stored = StoredResponse::new(StatusCode::CREATED, &headers, Some(b"{\"id\":1}"));
         let text = serde_json::to_string(&stored).unwrap();
         let back: StoredResponse = serde_json::from_str(&text).unwrap();
@@ -91,7 +104,7 @@ mod tests {
         assert_eq!(replayed.len(), 3);
         let traces: Vec<_> = replayed.get_all("x-trace").iter().collect();
         assert_eq!(traces, [&b"a\xffb"[..], b"second"]);
-        for name in NOT_REPLAYED {
+        for name in NOT_REPLAYED.iter().chain(&["x-hop"]) {
             assert!(replayed.get(*name).is_none(), "{name} replayed");
         }
     }

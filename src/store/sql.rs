@@ -34,7 +34,7 @@ where
     for<'t> bool: Encode<'t, DB> + Type<DB>,
 {
     let (sql, order) = if positional {
-        positional_form(sql)
+        positional_form(sql)?
     } else {
         (sql.to_string(), (0..values.len()).collect())
     };
@@ -81,25 +81,36 @@ macro_rules! numbered {
 
 pub(crate) use numbered;
 
-/// `sql` with each `?N` made a plain `?`, and the N - 1s in the order they stood. The
-/// statements hold no `?` but their parameters.
-fn positional_form(sql: &str) -> (String, Vec<usize>) {
+/// `sql` with each `?N` made a plain `?`, and the N - 1s in the order they stood. A `?`
+/// inside a quoted string or name is text; a `?` with no number (or `?0`) is an error.
+fn positional_form(sql: &str) -> Result<(String, Vec<usize>), sqlx::Error> {
     let mut out = String::with_capacity(sql.len());
     let mut order = Vec::new();
+    let mut quote = None;
     let mut chars = sql.chars().peekable();
     while let Some(c) = chars.next() {
         out.push(c);
-        if c != '?' {
-            continue;
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"' | '`') => quote = Some(c),
+            (None, '?') => {
+                let mut n = 0usize;
+                while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                    n = n.saturating_mul(10).saturating_add(d as usize);
+                    chars.next();
+                }
+                if n == 0 {
+                    return Err(sqlx::Error::Protocol(format!(
+                        "a parameter without its number in {sql:?}"
+                    )));
+                }
+                order.push(n - 1);
+            }
+            (None, _) => {}
         }
-        let mut n = 0usize;
-        while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
-            n = n * 10 + d as usize;
-            chars.next();
-        }
-        order.push(n.saturating_sub(1));
     }
-    (out, order)
+    Ok((out, order))
 }
 
 #[cfg(test)]
@@ -108,8 +119,11 @@ mod tests {
 
     #[test]
     fn numbered_parameters_become_positional_in_the_order_they_stand() {
-        let (sql, order) = positional_form("SET a = ?3, b = ?1 WHERE c = ?12 AND d = ?3");
-        assert_eq!(sql, "SET a = ?, b = ? WHERE c = ? AND d = ?");
+        let (sql, order) =
+            positional_form("SET a = ?3, b = ?1 WHERE c = ?12 AND d = ?3 AND e = 'x?1'").unwrap();
+        assert_eq!(sql, "SET a = ?, b = ? WHERE c = ? AND d = ? AND e = 'x?1'");
         assert_eq!(order, [2, 0, 11, 2]);
+        assert!(positional_form("a = ?").is_err());
+        assert!(positional_form("a = ?0").is_err());
     }
 }
