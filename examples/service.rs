@@ -1,0 +1,774 @@
+//! An order and payment service, the shape of what orderly's users build: axum, the
+//! Idempotency-Key layer, flows, transitions and metrics, on embedded SQLite by default
+//! (PostgreSQL or MariaDB by URL).
+//!
+//! ```sh
+//! cargo run --example service --features http,metrics            # 127.0.0.1:3000, SQLite
+//! cargo run --example service --features http,metrics,postgres -- --db postgres://127.0.0.1/test
+//! ```
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /orders` `{"sku": "sku-1", "qty": 1}` | creates an order, reserving its stock (a flow); `Idempotency-Key` required |
+//! | `POST /orders/{id}/pay` `{"card": "4242"}` | charges the order through the fake gateway (a flow: authorize, capture; a declined capture voids the authorization); `Idempotency-Key` required |
+//! | `POST /webhooks/gateway` `{"order_id": 1, "payment_id": "pay_…"}` | the gateway's callback: the order becomes Paid once; a repeat is 200, a second payment 409 naming the winner |
+//! | `POST /orders/{id}/ship` | ships a paid order; `Idempotency-Key` required |
+//! | `GET /orders/{id}` | the order and its history |
+//! | `GET /stock/{sku}` | what is left of a sku |
+//! | `GET /flows/parked`, `POST /flows/{kind}/{key}/resume` `{"how": "retry"}` | parked flows, and an operator's resumption |
+//! | `GET /graph` | the order's state graph (Mermaid) |
+//! | `GET /metrics` | Prometheus text |
+//!
+//! On SIGINT or SIGTERM it stops taking connections, finishes the requests in hand, and
+//! stops its recovery jobs.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Extension, MatchedPath, Path, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use orderly::flow::{Ctx, Definition, FlowConfig, FlowOutcome, Flows, Listing, Resume, StepError};
+use orderly::http::{IdempotencyLayer, IdempotentRequest};
+use orderly::idempotency::{RecordStore, Work};
+use orderly::{Engine, Error, Outcome, Reconciled, Records, ScopeConfig, SqliteStore, Store};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+orderly::state_machine! {
+    /// An order.
+    pub OrderMachine {
+        states: OrderState { Created, Paid, Shipped, Cancelled }
+        events: OrderEvent { Pay, Ship, Cancel }
+        initial: Created;
+        terminal: [Shipped, Cancelled];
+        transitions: {
+            Created + Pay    => Paid,
+            Created + Cancel => Cancelled,
+            Paid    + Ship   => Shipped,
+        }
+    }
+}
+
+orderly::flow! {
+    /// Creating an order: its row, then its stock.
+    pub CreateOrder {
+        kind: "create_order";
+        version: 1;
+        steps: CreateStep { Insert: local + undo, Reserve: local + undo, }
+    }
+}
+
+orderly::flow! {
+    /// Paying an order at the gateway: an authorization, then its capture.
+    pub PayOrder {
+        kind: "pay_order";
+        version: 1;
+        steps: PayStep { Authorize: keyed + undo, Capture: keyed + undo, }
+    }
+}
+
+/// What a backend gives the service beyond orderly: its shop tables and their SQL.
+trait Shop: Store + RecordStore + orderly::flow::FlowStore + Sized {
+    /// Connects, migrates, creates the stock table and seeds `sku-1` and `sku-2`.
+    async fn open(url: &str) -> Result<Self, Error>;
+    /// Takes `qty` of `sku` if there is that much.
+    fn reserve<'c>(
+        conn: &'c mut Self::Conn,
+        sku: &'c str,
+        qty: i64,
+    ) -> Work<'c, Result<bool, sqlx::Error>>;
+    /// What is left of `sku`.
+    fn available(&self, sku: &str) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+    /// Gives `qty` of `sku` back.
+    fn unreserve<'c>(
+        conn: &'c mut Self::Conn,
+        sku: &'c str,
+        qty: i64,
+    ) -> Work<'c, Result<(), sqlx::Error>>;
+}
+
+impl Shop for SqliteStore {
+    async fn available(&self, sku: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT available FROM stock WHERE sku = ?1")
+            .bind(sku)
+            .fetch_one(self.pool())
+            .await
+    }
+    async fn open(url: &str) -> Result<Self, Error> {
+        let store = SqliteStore::connect(url).await?;
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)",
+        )
+        .execute(store.pool())
+        .await?;
+        sqlx::raw_sql(
+            "INSERT INTO stock (sku, available) VALUES ('sku-1', 100), ('sku-2', 5) \
+             ON CONFLICT (sku) DO NOTHING",
+        )
+        .execute(store.pool())
+        .await?;
+        Ok(store)
+    }
+    fn reserve<'c>(
+        conn: &'c mut Self::Conn,
+        sku: &'c str,
+        qty: i64,
+    ) -> Work<'c, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE stock SET available = available - ?1 WHERE sku = ?2 AND available >= ?1",
+            )
+            .bind(qty)
+            .bind(sku)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+    fn unreserve<'c>(
+        conn: &'c mut Self::Conn,
+        sku: &'c str,
+        qty: i64,
+    ) -> Work<'c, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query("UPDATE stock SET available = available + ?1 WHERE sku = ?2")
+                .bind(qty)
+                .bind(sku)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Shop for orderly::PgStore {
+    async fn available(&self, sku: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT available FROM stock WHERE sku = $1")
+            .bind(sku)
+            .fetch_one(self.pool())
+            .await
+    }
+    async fn open(url: &str) -> Result<Self, Error> {
+        let store = orderly::PgStore::connect(url).await?;
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available BIGINT NOT NULL)",
+        )
+        .execute(store.pool())
+        .await?;
+        sqlx::raw_sql(
+            "INSERT INTO stock (sku, available) VALUES ('sku-1', 100), ('sku-2', 5) \
+             ON CONFLICT (sku) DO NOTHING",
+        )
+        .execute(store.pool())
+        .await?;
+        Ok(store)
+    }
+    fn reserve<'c>(
+        conn: &'c mut Self::Conn,
+        sku: &'c str,
+        qty: i64,
+    ) -> Work<'c, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE stock SET available = available - $1 WHERE sku = $2 AND available >= $1",
+            )
+            .bind(qty)
+            .bind(sku)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+    fn unreserve<'c>(
+        conn: &'c mut Self::Conn,
+        sku: &'c str,
+        qty: i64,
+    ) -> Work<'c, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query("UPDATE stock SET available = available + $1 WHERE sku = $2")
+                .bind(qty)
+                .bind(sku)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Shop for orderly::MySqlStore {
+    async fn available(&self, sku: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT available FROM stock WHERE sku = ?")
+            .bind(sku)
+            .fetch_one(self.pool())
+            .await
+    }
+    async fn open(url: &str) -> Result<Self, Error> {
+        let store = orderly::MySqlStore::connect(url).await?;
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS stock (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL)",
+        )
+        .execute(store.pool())
+        .await?;
+        sqlx::raw_sql(
+            "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 100), ('sku-2', 5)",
+        )
+        .execute(store.pool())
+        .await?;
+        Ok(store)
+    }
+    fn reserve<'c>(
+        conn: &'c mut Self::Conn,
+        sku: &'c str,
+        qty: i64,
+    ) -> Work<'c, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE stock SET available = available - ? WHERE sku = ? AND available >= ?",
+            )
+            .bind(qty)
+            .bind(sku)
+            .bind(qty)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+    fn unreserve<'c>(
+        conn: &'c mut Self::Conn,
+        sku: &'c str,
+        qty: i64,
+    ) -> Work<'c, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query("UPDATE stock SET available = available + ? WHERE sku = ?")
+                .bind(qty)
+                .bind(sku)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+}
+
+/// The fake payment gateway: authorizations and captures by the caller's key, so a
+/// repeated call with the same key answers what the first did.
+#[derive(Default)]
+struct Gateway {
+    answers: Mutex<HashMap<String, Result<String, String>>>,
+}
+
+impl Gateway {
+    fn call(
+        &self,
+        key: &str,
+        answer: impl FnOnce() -> Result<String, String>,
+    ) -> Result<String, String> {
+        self.answers
+            .lock()
+            .unwrap()
+            .entry(key.to_string())
+            .or_insert_with(answer)
+            .clone()
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct NewOrder {
+    sku: String,
+    qty: i64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct OrderToCreate {
+    id: i64,
+    sku: String,
+    qty: i64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct Payment {
+    order_id: i64,
+    card: String,
+}
+
+struct App<S: Shop> {
+    store: S,
+    engine: Engine<OrderMachine, S>,
+    flows: Flows<S>,
+}
+
+type Shared<S> = Arc<App<S>>;
+
+fn create_order<S: Shop>(engine: &Engine<OrderMachine, S>) -> Definition<S, OrderToCreate> {
+    let (insert, cancel) = (engine.clone(), engine.clone());
+    Definition::new(CreateOrder)
+        .local(CreateStep::Insert, move |conn, ctx: &Ctx<OrderToCreate>| {
+            let engine = insert.clone();
+            Box::pin(async move {
+                engine
+                    .create(ctx.input().id)
+                    .within(conn)
+                    .await
+                    .map_err(|e| StepError::fail(e.to_string()))?;
+                Ok(ctx.input().id)
+            })
+        })
+        .undo_local(CreateStep::Insert, move |conn, ctx: &Ctx<OrderToCreate>| {
+            let engine = cancel.clone();
+            Box::pin(async move {
+                let reference = format!("{}:cancel", ctx.key());
+                engine
+                    .transition(ctx.input().id, OrderEvent::Cancel, &reference)
+                    .within(conn)
+                    .await
+                    .map_err(|e| StepError::retry(e.to_string()))?;
+                Ok(())
+            })
+        })
+        .local(CreateStep::Reserve, |conn, ctx: &Ctx<OrderToCreate>| {
+            Box::pin(async move {
+                let order = ctx.input();
+                if !S::reserve(conn, &order.sku, order.qty).await? {
+                    return Err(StepError::fail(format!("{}: out of stock", order.sku)));
+                }
+                Ok(order.qty)
+            })
+        })
+        .undo_local(CreateStep::Reserve, |conn, ctx: &Ctx<OrderToCreate>| {
+            Box::pin(async move {
+                S::unreserve(conn, &ctx.input().sku, ctx.input().qty).await?;
+                Ok(())
+            })
+        })
+}
+
+fn pay_order<S: Shop>(gateway: &Arc<Gateway>) -> Definition<S, Payment> {
+    let (authorize, void, capture, refund) = (
+        gateway.clone(),
+        gateway.clone(),
+        gateway.clone(),
+        gateway.clone(),
+    );
+    Definition::new(PayOrder)
+        .call(PayStep::Authorize, move |ctx: &Ctx<Payment>| {
+            let gateway = authorize.clone();
+            Box::pin(async move {
+                let id = format!("auth_{}", short_hash(ctx.key()));
+                gateway.call(ctx.key(), || Ok(id)).map_err(StepError::fail)
+            })
+        })
+        .undo_call(PayStep::Authorize, move |ctx: &Ctx<Payment>| {
+            let gateway = void.clone();
+            Box::pin(async move {
+                gateway
+                    .call(ctx.key(), || Ok("voided".into()))
+                    .map_err(StepError::retry)
+            })
+        })
+        .undo_call(PayStep::Capture, move |ctx: &Ctx<Payment>| {
+            let gateway = refund.clone();
+            Box::pin(async move {
+                gateway
+                    .call(ctx.key(), || Ok("refunded".into()))
+                    .map_err(StepError::retry)
+            })
+        })
+        .call(PayStep::Capture, move |ctx: &Ctx<Payment>| {
+            let gateway = capture.clone();
+            Box::pin(async move {
+                if ctx.input().card.contains("slow") {
+                    tokio::time::sleep(Duration::from_millis(800)).await;
+                }
+                let declined = ctx.input().card.contains("decline");
+                let id = format!("pay_{}", short_hash(ctx.key()));
+                gateway
+                    .call(ctx.key(), || {
+                        if declined {
+                            Err("card declined".into())
+                        } else {
+                            Ok(id)
+                        }
+                    })
+                    .map_err(StepError::fail)
+            })
+        })
+}
+
+fn short_hash(text: &str) -> String {
+    hex::encode(&Sha256::digest(text.as_bytes())[..8])
+}
+
+/// An order id for an idempotency key: the same key, the same order.
+fn order_id(key: &str) -> i64 {
+    let digest = Sha256::digest(key.as_bytes());
+    i64::from_be_bytes(digest[..8].try_into().unwrap()) & 0x001f_ffff_ffff_ffff
+}
+
+/// A JSON answer.
+fn answer(status: StatusCode, body: serde_json::Value) -> Response {
+    (status, Json(body)).into_response()
+}
+
+/// An error's answer: a client's mistake as 4xx (kept by the layer), the rest as 503
+/// (retried).
+fn failed(e: Error) -> Response {
+    let status = match &e {
+        Error::NotFound { .. } => StatusCode::NOT_FOUND,
+        Error::InvalidTransition { .. } | Error::RefConflict { .. } | Error::InFlight { .. } => {
+            StatusCode::CONFLICT
+        }
+        Error::InvalidInput(_) => StatusCode::BAD_REQUEST,
+        Error::PayloadMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    answer(status, json!({ "error": e.to_string() }))
+}
+
+async fn create<S: Shop>(
+    State(app): State<Shared<S>>,
+    Extension(key): Extension<IdempotentRequest<S>>,
+    Json(body): Json<NewOrder>,
+) -> Response {
+    let id = order_id(key.key());
+    let input = OrderToCreate {
+        id,
+        sku: body.sku,
+        qty: body.qty,
+    };
+    match app
+        .flows
+        .start(CreateOrder, &format!("order-{id}"), &input)
+        .await
+    {
+        Ok(started) => match started.outcome {
+            FlowOutcome::Completed(_) => {
+                answer(StatusCode::CREATED, json!({ "id": id, "state": "Created" }))
+            }
+            FlowOutcome::Compensated { error, .. } => {
+                answer(StatusCode::CONFLICT, json!({ "id": id, "error": error }))
+            }
+            other => answer(
+                StatusCode::ACCEPTED,
+                json!({ "id": id, "flow": format!("{other:?}") }),
+            ),
+        },
+        Err(e) => failed(e),
+    }
+}
+
+async fn pay<S: Shop>(
+    State(app): State<Shared<S>>,
+    Path(id): Path<i64>,
+    Extension(key): Extension<IdempotentRequest<S>>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    let card = body
+        .get("card")
+        .and_then(|c| c.as_str())
+        .unwrap_or("4242")
+        .to_string();
+    match app.engine.get(id).await {
+        Ok(order) if order.state == OrderState::Created => {}
+        Ok(order) => {
+            return answer(
+                StatusCode::CONFLICT,
+                json!({ "error": format!("the order is {}", order.state) }),
+            );
+        }
+        Err(e) => return failed(e),
+    }
+    let flow_key = format!("order-{id}:{}", key.key());
+    match app
+        .flows
+        .start(PayOrder, &flow_key, &Payment { order_id: id, card })
+        .await
+    {
+        Ok(started) => match started.outcome {
+            FlowOutcome::Completed(outputs) => {
+                let payment: String = outputs.get(PayStep::Capture).unwrap_or_default();
+                answer(
+                    StatusCode::ACCEPTED,
+                    json!({ "order_id": id, "payment_id": payment }),
+                )
+            }
+            FlowOutcome::Compensated { error, .. } => answer(
+                StatusCode::PAYMENT_REQUIRED,
+                json!({ "order_id": id, "error": error, "voided": true }),
+            ),
+            other => answer(
+                StatusCode::ACCEPTED,
+                json!({ "order_id": id, "flow": format!("{other:?}") }),
+            ),
+        },
+        Err(e) => failed(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct Callback {
+    order_id: i64,
+    payment_id: String,
+}
+
+async fn callback<S: Shop>(State(app): State<Shared<S>>, Json(c): Json<Callback>) -> Response {
+    match app
+        .engine
+        .transition(c.order_id, OrderEvent::Pay, &c.payment_id)
+        .await
+    {
+        Ok(Outcome::Applied { to, .. }) => {
+            answer(StatusCode::OK, json!({ "state": to, "replayed": false }))
+        }
+        Ok(Outcome::Replayed { to, .. }) => {
+            answer(StatusCode::OK, json!({ "state": to, "replayed": true }))
+        }
+        Err(Error::RefConflict { existing_ref, .. }) => answer(
+            StatusCode::CONFLICT,
+            json!({ "error": "the order is paid by another payment: refund this one", "paid_by": existing_ref }),
+        ),
+        Err(e) => failed(e),
+    }
+}
+
+async fn ship<S: Shop>(
+    State(app): State<Shared<S>>,
+    Path(id): Path<i64>,
+    Extension(key): Extension<IdempotentRequest<S>>,
+) -> Response {
+    match app.engine.transition(id, OrderEvent::Ship, key.key()).await {
+        Ok(outcome) => answer(StatusCode::OK, json!({ "state": outcome.state() })),
+        Err(e) => failed(e),
+    }
+}
+
+async fn read<S: Shop>(State(app): State<Shared<S>>, Path(id): Path<i64>) -> Response {
+    let order = match app.engine.get(id).await {
+        Ok(order) => order,
+        Err(e) => return failed(e),
+    };
+    let history = match app.engine.history(id).await {
+        Ok(h) => h,
+        Err(e) => return failed(e),
+    };
+    let history: Vec<_> = history
+        .iter()
+        .map(|r| json!({ "seq": r.seq, "from": r.from, "to": r.to, "event": r.event.to_string(), "ref": r.ref_id }))
+        .collect();
+    answer(
+        StatusCode::OK,
+        json!({ "id": id, "state": order.state, "version": order.version, "history": history }),
+    )
+}
+
+async fn parked<S: Shop>(State(app): State<Shared<S>>) -> Response {
+    match app.flows.list(Listing::Parked, None, 100).await {
+        Ok(list) => {
+            let flows: Vec<_> = list
+                .iter()
+                .map(|l| json!({ "kind": l.flow.kind, "key": l.flow.flow_key, "reason": l.flow.park_reason }))
+                .collect();
+            answer(StatusCode::OK, json!({ "parked": flows }))
+        }
+        Err(e) => failed(e),
+    }
+}
+
+async fn resume<S: Shop>(
+    State(app): State<Shared<S>>,
+    Path((kind, key)): Path<(String, String)>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    let how = match body.get("how") {
+        Some(serde_json::Value::String(s)) if s == "retry" => Resume::Retry,
+        Some(serde_json::Value::String(s)) if s == "compensate" => Resume::Compensate,
+        Some(serde_json::Value::Object(o)) if o.contains_key("applied") => {
+            Resume::Applied(o["applied"].clone())
+        }
+        _ => {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                json!({ "error": "how: \"retry\", \"compensate\" or {\"applied\": …}" }),
+            );
+        }
+    };
+    match app.flows.resume(&kind, &key, how).await {
+        Ok(outcome) => answer(StatusCode::OK, json!({ "outcome": format!("{outcome:?}") })),
+        Err(e) => failed(e),
+    }
+}
+
+async fn stock<S: Shop>(State(app): State<Shared<S>>, Path(sku): Path<String>) -> Response {
+    match app.store.available(&sku).await {
+        Ok(n) => answer(StatusCode::OK, json!({ "sku": sku, "available": n })),
+        Err(e) => failed(e.into()),
+    }
+}
+
+async fn graph() -> String {
+    orderly::machine::mermaid::<OrderMachine>()
+}
+
+struct Args {
+    listen: SocketAddr,
+    db: String,
+    /// How long a request or a flow is held before another may take it over.
+    lease: Duration,
+}
+
+fn args() -> Args {
+    let mut listen: SocketAddr = "127.0.0.1:3000".parse().unwrap();
+    let mut db = format!(
+        "sqlite://{}",
+        std::env::temp_dir().join("orderly-service.db").display()
+    );
+    let mut lease = Duration::from_secs(30);
+    let mut argv = std::env::args().skip(1);
+    while let Some(arg) = argv.next() {
+        match (arg.as_str(), argv.next()) {
+            ("--listen", Some(v)) => {
+                listen = v.parse().expect("--listen ADDR (such as 127.0.0.1:3000)")
+            }
+            ("--db", Some(v)) => db = v,
+            ("--lease-ms", Some(v)) => {
+                lease = Duration::from_millis(v.parse().expect("--lease-ms N"))
+            }
+            _ => panic!("usage: service [--listen ADDR] [--db URL] [--lease-ms N]"),
+        }
+    }
+    Args { listen, db, lease }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = args();
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    if args.db.starts_with("sqlite:") {
+        return serve(SqliteStore::open(&args.db).await?, &args, metrics).await;
+    }
+    #[cfg(feature = "postgres")]
+    if args.db.starts_with("postgres:") || args.db.starts_with("postgresql:") {
+        return serve(orderly::PgStore::open(&args.db).await?, &args, metrics).await;
+    }
+    #[cfg(feature = "mysql")]
+    if args.db.starts_with("mysql:") || args.db.starts_with("mariadb:") {
+        return serve(orderly::MySqlStore::open(&args.db).await?, &args, metrics).await;
+    }
+    Err(format!(
+        "--db {}: a sqlite:, postgres: or mysql: URL (with its cargo feature)",
+        args.db
+    )
+    .into())
+}
+
+async fn serve<S: Shop>(
+    store: S,
+    args: &Args,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let engine: Engine<OrderMachine, S> = Engine::new(store.clone())?;
+    let gateway = Arc::new(Gateway::default());
+    let flow_config = FlowConfig {
+        lease: args.lease,
+        ..FlowConfig::default()
+    };
+    let flows = Flows::new(store.clone(), flow_config)?
+        .register(create_order(&engine))?
+        .register(pay_order::<S>(&gateway))?;
+    let records = Records::new(store).scope(
+        "http",
+        ScopeConfig {
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(24 * 3600),
+        },
+    )?;
+    let layer = IdempotencyLayer::new(records.clone(), "http")?
+        .route_of(|parts| {
+            parts
+                .extensions
+                .get::<MatchedPath>()
+                .map(|m| m.as_str().to_string())
+        })
+        .route(Method::POST, "/webhooks/gateway", None)
+        .route(Method::POST, "/flows/{kind}/{key}/resume", None);
+    let app = Arc::new(App {
+        store: records.store().clone(),
+        engine,
+        flows: flows.clone(),
+    });
+    let router = Router::new()
+        .route("/orders", post(create::<S>))
+        .route("/orders/{id}", get(read::<S>))
+        .route("/stock/{sku}", get(stock::<S>))
+        .route("/orders/{id}/pay", post(pay::<S>))
+        .route("/orders/{id}/ship", post(ship::<S>))
+        .route("/webhooks/gateway", post(callback::<S>))
+        .route("/flows/parked", get(parked::<S>))
+        .route("/flows/{kind}/{key}/resume", post(resume::<S>))
+        .route_layer(layer)
+        .route("/graph", get(graph))
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
+        .with_state(app);
+
+    // The recovery jobs: requests whose server died half way (a request here is a flow,
+    // which its own job finishes, so the record is released to run again), and flows.
+    let (stop, stopped) = watch::channel(false);
+    let until = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let records_job = tokio::spawn({
+        let stopped = until(stopped.clone());
+        async move {
+            records
+                .recovery_loop(
+                    "http",
+                    100,
+                    Duration::from_secs(1),
+                    |_stuck| async { Reconciled::Unknown },
+                    stopped,
+                )
+                .await
+        }
+    });
+    let flows_job = tokio::spawn({
+        let stopped = until(stopped.clone());
+        async move {
+            flows
+                .recovery_loop(100, Duration::from_secs(1), stopped)
+                .await
+        }
+    });
+
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    stop.send(true)?;
+    let (records_done, flows_done) = (records_job.await??, flows_job.await??);
+    println!(
+        "stopped: recovery took over {} requests and {} flows",
+        records_done.taken, flows_done.taken
+    );
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
