@@ -110,7 +110,7 @@ impl Shop for SqliteStore {
         .execute(store.pool())
         .await?;
         sqlx::raw_sql(
-            "INSERT INTO stock (sku, available) VALUES ('sku-1', 100), ('sku-2', 5) \
+            "INSERT INTO stock (sku, available) VALUES ('sku-1', 1000), ('sku-2', 5) \
              ON CONFLICT (sku) DO NOTHING",
         )
         .execute(store.pool())
@@ -165,7 +165,7 @@ impl Shop for orderly::PgStore {
         .execute(store.pool())
         .await?;
         sqlx::raw_sql(
-            "INSERT INTO stock (sku, available) VALUES ('sku-1', 100), ('sku-2', 5) \
+            "INSERT INTO stock (sku, available) VALUES ('sku-1', 1000), ('sku-2', 5) \
              ON CONFLICT (sku) DO NOTHING",
         )
         .execute(store.pool())
@@ -220,7 +220,7 @@ impl Shop for orderly::MySqlStore {
         .execute(store.pool())
         .await?;
         sqlx::raw_sql(
-            "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 100), ('sku-2', 5)",
+            "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 1000), ('sku-2', 5)",
         )
         .execute(store.pool())
         .await?;

@@ -1,0 +1,375 @@
+//! End to end: the example service (`examples/service.rs`) as a real process on
+//! loopback, driven over real HTTP by reqwest, on SQLite and on PostgreSQL (a database
+//! of the test's own): one order for 64 concurrent identical requests, a callback
+//! delivered three times at once, a second payment refused with the winner's id, the
+//! service killed with SIGKILL mid-load and restarted, and a client that hangs up
+//! mid-request.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sqlx::Connection;
+
+/// The example's binary, built with this suite's features.
+fn binary() -> std::path::PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-q", "--example", "service", "--all-features"])
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "the service example does not build");
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    target.join("debug").join("examples").join("service")
+}
+
+/// A running service: its process and address.
+struct Service {
+    child: Child,
+    base: String,
+}
+
+impl Service {
+    /// Starts the service on `db` with a short lease, and waits until it listens.
+    fn start(db: &str) -> Service {
+        let mut child = Command::new(binary())
+            .args(["--listen", "127.0.0.1:0", "--db", db, "--lease-ms", "1500"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the service starts");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let line = lines
+            .next()
+            .expect("the service printed its address")
+            .unwrap();
+        let addr = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        // Keep draining its output so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Service {
+            child,
+            base: addr.to_string(),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// SIGKILL, and wait for it to be gone.
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM: a graceful stop; its exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id() as i32;
+        // SAFETY: sending a signal to a child process this test started.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+    body: Value,
+) -> (StatusCode, bool, Value) {
+    let mut request = client.post(url).json(&body);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    let response = request.send().await.expect("the service answers");
+    let status = response.status();
+    let replayed = response.headers().get("idempotent-replayed").is_some();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, replayed, body)
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> Value {
+    client.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+/// Creates an order under `key`, retrying a 409 in flight, and returns its id.
+async fn create(client: &reqwest::Client, svc: &Service, key: &str, sku: &str) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, _, body) = post(
+            client,
+            &svc.url("/orders"),
+            Some(key),
+            json!({"sku": sku, "qty": 1}),
+        )
+        .await;
+        if status == StatusCode::CREATED {
+            return body["id"].as_i64().unwrap();
+        }
+        assert!(
+            status == StatusCode::CONFLICT && Instant::now() < deadline,
+            "{status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The whole story on one database.
+async fn story(db: &str) {
+    let svc = Service::start(db);
+    let client = reqwest::Client::new();
+    let before = get(&client, &svc.url("/stock/sku-1")).await["available"]
+        .as_i64()
+        .unwrap();
+
+    // 64 concurrent identical POSTs with one key: one order; the others replay (or are
+    // told 409 while it runs, and replay when they retry).
+    let answers = futures_util::future::join_all((0..64).map(|_| {
+        let (client, url) = (client.clone(), svc.url("/orders"));
+        async move {
+            post(
+                &client,
+                &url,
+                Some("storm-1"),
+                json!({"sku": "sku-1", "qty": 1}),
+            )
+            .await
+        }
+    }))
+    .await;
+    let created: Vec<_> = answers
+        .iter()
+        .filter(|(s, _, _)| *s == StatusCode::CREATED)
+        .collect();
+    let fresh = created.iter().filter(|(_, replayed, _)| !replayed).count();
+    assert_eq!(fresh, 1, "one request ran: {answers:?}");
+    for (status, _, body) in &answers {
+        assert!(
+            *status == StatusCode::CREATED || *status == StatusCode::CONFLICT,
+            "{status} {body}"
+        );
+    }
+    let ids: HashSet<_> = created.iter().map(|(_, _, b)| b["id"].clone()).collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let id = create(&client, &svc, "storm-1", "sku-1").await;
+    assert_eq!(
+        get(&client, &svc.url("/stock/sku-1")).await["available"],
+        before - 1,
+        "stock taken once"
+    );
+
+    // Pay, and the gateway's callback delivered three times at once: one Paid.
+    let (status, _, paid) = post(
+        &client,
+        &svc.url(&format!("/orders/{id}/pay")),
+        Some("pay-1"),
+        json!({"card": "4242"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{paid}");
+    let payment = paid["payment_id"].as_str().unwrap().to_string();
+    let callbacks = futures_util::future::join_all((0..3).map(|_| {
+        let (client, url) = (client.clone(), svc.url("/webhooks/gateway"));
+        let payment = payment.clone();
+        async move {
+            post(
+                &client,
+                &url,
+                None,
+                json!({"order_id": id, "payment_id": payment}),
+            )
+            .await
+        }
+    }))
+    .await;
+    let applied = callbacks
+        .iter()
+        .filter(|(s, _, b)| *s == StatusCode::OK && b["replayed"] == false)
+        .count();
+    assert_eq!(applied, 1, "{callbacks:?}");
+    assert!(callbacks.iter().all(|(s, _, _)| *s == StatusCode::OK));
+    // A second payment for the paid order: refused, naming the winner.
+    let (status, _, refused) = post(
+        &client,
+        &svc.url("/webhooks/gateway"),
+        None,
+        json!({"order_id": id, "payment_id": "pay_second"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(refused["paid_by"], payment.as_str());
+    let order = get(&client, &svc.url(&format!("/orders/{id}"))).await;
+    assert_eq!(order["state"], "Paid");
+    assert_eq!(order["history"].as_array().unwrap().len(), 1);
+
+    // A client that hangs up mid-request: the request still finishes, and its repeat is
+    // replayed, not run again.
+    let (target, slow_key) = (
+        create(&client, &svc, "hangup-order", "sku-1").await,
+        "hangup-pay",
+    );
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let cut = impatient
+        .post(svc.url(&format!("/orders/{target}/pay")))
+        .header("Idempotency-Key", slow_key)
+        .json(&json!({"card": "slow-4242"}))
+        .send()
+        .await;
+    assert!(
+        cut.is_err_and(|e| e.is_timeout()),
+        "the client did not hang up"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let again = loop {
+        let answer = post(
+            &client,
+            &svc.url(&format!("/orders/{target}/pay")),
+            Some(slow_key),
+            json!({"card": "slow-4242"}),
+        )
+        .await;
+        if answer.0 != StatusCode::CONFLICT {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "the hung-up request stayed held");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(again.0, StatusCode::ACCEPTED, "{:?}", again.2);
+    assert!(
+        again.1,
+        "the hung-up request ran again instead of replaying"
+    );
+    if db.starts_with("postgres") {
+        // No connection of the running service is left in a transaction.
+        let mut conn = sqlx::PgConnection::connect(db).await.unwrap();
+        let stuck: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+               AND state LIKE 'idle in transaction%'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(stuck, 0, "a connection was left in a transaction");
+    }
+
+    // Killed with SIGKILL mid-load, then restarted: every request answered once
+    // retried, every order created once, the stock taken once per order.
+    let stock = get(&client, &svc.url("/stock/sku-1")).await["available"]
+        .as_i64()
+        .unwrap();
+    let keys: Vec<String> = (0..60).map(|i| format!("load-{i}")).collect();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let load = tokio::spawn({
+        let (client, url, keys) = (client.clone(), svc.url("/orders"), keys.clone());
+        let answered = answered.clone();
+        async move {
+            for key in keys {
+                let sent = client
+                    .post(&url)
+                    .header("Idempotency-Key", &key)
+                    .json(&json!({"sku": "sku-1", "qty": 1}))
+                    .send()
+                    .await;
+                if sent.is_err() {
+                    return;
+                }
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while answered.load(std::sync::atomic::Ordering::SeqCst) < 10 {
+        assert!(Instant::now() < deadline, "the load never got going");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    svc.kill();
+    let _ = load.await;
+    let before_kill = answered.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        before_kill < keys.len(),
+        "the load had finished before the kill: not mid-load"
+    );
+    let svc = Service::start(db);
+    let mut ids = HashSet::new();
+    for key in &keys {
+        ids.insert(create(&client, &svc, key, "sku-1").await);
+    }
+    assert_eq!(ids.len(), keys.len());
+    let after = get(&client, &svc.url("/stock/sku-1")).await["available"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(
+        after,
+        stock - keys.len() as i64,
+        "an order's stock taken twice or never"
+    );
+    for id in &ids {
+        let order = get(&client, &svc.url(&format!("/orders/{id}"))).await;
+        assert_eq!(order["state"], "Created", "{order}");
+        assert_eq!(order["version"], 0, "{order}");
+    }
+    let metrics = client
+        .get(svc.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("orderly_claims_total"), "{metrics}");
+    assert!(svc.stop().success(), "a graceful stop failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("service.db").display());
+    story(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_on_postgres() {
+    let admin = std::env::var("ORDERLY_PG_ADMIN_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let name = format!("orderly_service_{}", std::process::id());
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .expect("PostgreSQL is reachable");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name}"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let db = admin.rsplit_once('/').unwrap().0.to_string() + "/" + &name;
+    story(&db).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+}
