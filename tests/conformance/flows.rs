@@ -727,7 +727,7 @@ async fn sweep_drops<B: Backend>(
         {
             left_at.insert(view.steps.len());
         }
-        settle(&f, lease).await;
+        settle(f, lease).await;
         if let Some(view) = f.get("shop", &key).await.unwrap() {
             assert_eq!(view.flow.status, "COMPLETED", "k = {k}");
             assert_eq!(effects(b, &key, "Insert").await, 1, "k = {k}");
