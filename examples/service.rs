@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Extension, MatchedPath, Path, State};
-use axum::http::{Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -110,7 +110,7 @@ impl Shop for SqliteStore {
         .execute(store.pool())
         .await?;
         sqlx::raw_sql(
-            "INSERT INTO stock (sku, available) VALUES ('sku-1', 1000), ('sku-2', 5) \
+            "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5) \
              ON CONFLICT (sku) DO NOTHING",
         )
         .execute(store.pool())
@@ -165,7 +165,7 @@ impl Shop for orderly::PgStore {
         .execute(store.pool())
         .await?;
         sqlx::raw_sql(
-            "INSERT INTO stock (sku, available) VALUES ('sku-1', 1000), ('sku-2', 5) \
+            "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5) \
              ON CONFLICT (sku) DO NOTHING",
         )
         .execute(store.pool())
@@ -220,7 +220,7 @@ impl Shop for orderly::MySqlStore {
         .execute(store.pool())
         .await?;
         sqlx::raw_sql(
-            "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 1000), ('sku-2', 5)",
+            "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5)",
         )
         .execute(store.pool())
         .await?;
@@ -435,10 +435,20 @@ fn failed(e: Error) -> Response {
 
 async fn create<S: Shop>(
     State(app): State<Shared<S>>,
-    Extension(key): Extension<IdempotentRequest<S>>,
+    key: Option<Extension<IdempotentRequest<S>>>,
+    headers: HeaderMap,
     Json(body): Json<NewOrder>,
 ) -> Response {
-    let id = order_id(key.key());
+    // The layer's key; without the layer (`--no-idempotency-layer`, to measure its
+    // cost), the header itself.
+    let key = match &key {
+        Some(Extension(key)) => key.key().to_string(),
+        None => match headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+            Some(key) => key.to_string(),
+            None => return answer(StatusCode::BAD_REQUEST, json!({ "error": "no key" })),
+        },
+    };
+    let id = order_id(&key);
     let input = OrderToCreate {
         id,
         sku: body.sku,
@@ -622,6 +632,8 @@ struct Args {
     db: String,
     /// How long a request or a flow is held before another may take it over.
     lease: Duration,
+    /// Serve without the Idempotency-Key layer (to measure what it costs).
+    no_layer: bool,
 }
 
 fn args() -> Args {
@@ -631,8 +643,13 @@ fn args() -> Args {
         std::env::temp_dir().join("orderly-service.db").display()
     );
     let mut lease = Duration::from_secs(30);
+    let mut no_layer = false;
     let mut argv = std::env::args().skip(1);
     while let Some(arg) = argv.next() {
+        if arg == "--no-idempotency-layer" {
+            no_layer = true;
+            continue;
+        }
         match (arg.as_str(), argv.next()) {
             ("--listen", Some(v)) => {
                 listen = v.parse().expect("--listen ADDR (such as 127.0.0.1:3000)")
@@ -641,10 +658,17 @@ fn args() -> Args {
             ("--lease-ms", Some(v)) => {
                 lease = Duration::from_millis(v.parse().expect("--lease-ms N"))
             }
-            _ => panic!("usage: service [--listen ADDR] [--db URL] [--lease-ms N]"),
+            _ => panic!(
+                "usage: service [--listen ADDR] [--db URL] [--lease-ms N] [--no-idempotency-layer]"
+            ),
         }
     }
-    Args { listen, db, lease }
+    Args {
+        listen,
+        db,
+        lease,
+        no_layer,
+    }
 }
 
 #[tokio::main]
@@ -712,8 +736,13 @@ async fn serve<S: Shop>(
         .route("/orders/{id}/ship", post(ship::<S>))
         .route("/webhooks/gateway", post(callback::<S>))
         .route("/flows/parked", get(parked::<S>))
-        .route("/flows/{kind}/{key}/resume", post(resume::<S>))
-        .route_layer(layer)
+        .route("/flows/{kind}/{key}/resume", post(resume::<S>));
+    let router = if args.no_layer {
+        router
+    } else {
+        router.route_layer(layer)
+    };
+    let router = router
         .route("/graph", get(graph))
         .route(
             "/metrics",
