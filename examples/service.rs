@@ -16,11 +16,12 @@
 //! | `GET /orders/{id}` | the order and its history |
 //! | `GET /stock/{sku}` | what is left of a sku |
 //! | `GET /flows/parked`, `POST /flows/{kind}/{key}/resume` `{"how": "retry"}` | parked flows, and an operator's resumption |
+//! | `GET /outbox` | the outbox's pending and dead events (the relay prints each event it publishes) |
 //! | `GET /graph` | the order's state graph (Mermaid) |
 //! | `GET /metrics` | Prometheus text |
 //!
 //! On SIGINT or SIGTERM it stops taking connections, finishes the requests in hand, and
-//! stops its recovery jobs.
+//! stops its recovery jobs and its outbox relay (which finishes the batch in hand).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -36,6 +37,7 @@ use axum::{Json, Router};
 use orderly::flow::{Ctx, Definition, FlowConfig, FlowOutcome, Flows, Listing, Resume, StepError};
 use orderly::http::{IdempotencyLayer, IdempotentRequest};
 use orderly::idempotency::{RecordStore, Work};
+use orderly::outbox::{Message, Outbox, Relay, Sink, SinkError};
 use orderly::{Engine, Error, Outcome, Reconciled, Records, ScopeConfig, SqliteStore, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -50,9 +52,9 @@ orderly::state_machine! {
         initial: Created;
         terminal: [Shipped, Cancelled];
         transitions: {
-            Created + Pay    => Paid,
+            Created + Pay    => Paid     emits OrderPaid,
             Created + Cancel => Cancelled,
-            Paid    + Ship   => Shipped,
+            Paid    + Ship   => Shipped  emits OrderShipped,
         }
     }
 }
@@ -76,7 +78,9 @@ orderly::flow! {
 }
 
 /// What a backend gives the service beyond orderly: its shop tables and their SQL.
-trait Shop: Store + RecordStore + orderly::flow::FlowStore + Sized {
+trait Shop:
+    Store + RecordStore + orderly::flow::FlowStore + orderly::outbox::OutboxStore + Sized
+{
     /// Connects, migrates, creates the stock table and seeds `sku-1` and `sku-2`.
     async fn open(url: &str) -> Result<Self, Error>;
     /// Takes `qty` of `sku` if there is that much.
@@ -256,6 +260,20 @@ impl Shop for orderly::MySqlStore {
                 .await
                 .map(drop)
         })
+    }
+}
+
+/// Where the outbox relay publishes: the service's log (a broker in production: the
+/// `nats` and `rabbitmq` features have sinks).
+struct LogSink;
+
+impl Sink for LogSink {
+    async fn publish(&self, m: &Message) -> Result<(), SinkError> {
+        println!(
+            "event {} {} of order {} (v{})",
+            m.id, m.event, m.entity_id, m.version
+        );
+        Ok(())
     }
 }
 
@@ -623,6 +641,16 @@ async fn stock<S: Shop>(State(app): State<Shared<S>>, Path(sku): Path<String>) -
     }
 }
 
+async fn outbox<S: Shop>(State(app): State<Shared<S>>) -> Response {
+    match Outbox::new(app.store.clone()).stats().await {
+        Ok(s) => answer(
+            StatusCode::OK,
+            json!({ "pending": s.pending, "dead": s.dead, "oldest_pending_ms": s.oldest_pending.as_millis() as u64 }),
+        ),
+        Err(e) => failed(e),
+    }
+}
+
 async fn graph() -> String {
     orderly::machine::mermaid::<OrderMachine>()
 }
@@ -744,11 +772,12 @@ async fn serve<S: Shop>(
     };
     let router = router
         .route("/graph", get(graph))
+        .route("/outbox", get(outbox::<S>))
         .route(
             "/metrics",
             get(move || std::future::ready(metrics.render())),
         )
-        .with_state(app);
+        .with_state(app.clone());
 
     // The recovery jobs: requests whose server died half way (a request here is a flow,
     // which its own job finishes, so the record is released to run again), and flows.
@@ -770,6 +799,12 @@ async fn serve<S: Shop>(
                 .await
         }
     });
+    // The outbox relay: the events the order's edges emit, published once each, in order.
+    let relay = Relay::new(app.store.clone(), LogSink);
+    let relay_job = tokio::spawn({
+        let stopped = until(stopped.clone());
+        async move { relay.run(stopped).await }
+    });
     let flows_job = tokio::spawn({
         let stopped = until(stopped.clone());
         async move {
@@ -786,9 +821,10 @@ async fn serve<S: Shop>(
         .await?;
     stop.send(true)?;
     let (records_done, flows_done) = (records_job.await??, flows_job.await??);
+    let relayed = relay_job.await??;
     println!(
-        "stopped: recovery took over {} requests and {} flows",
-        records_done.taken, flows_done.taken
+        "stopped: recovery took over {} requests and {} flows; the relay published {} events",
+        records_done.taken, flows_done.taken, relayed.published
     );
     Ok(())
 }
