@@ -99,169 +99,90 @@ trait Shop:
     ) -> Work<'c, Result<(), sqlx::Error>>;
 }
 
-impl Shop for SqliteStore {
-    async fn available(&self, sku: &str) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar("SELECT available FROM stock WHERE sku = ?1")
-            .bind(sku)
-            .fetch_one(self.pool())
-            .await
-    }
-    async fn open(url: &str) -> Result<Self, Error> {
-        let store = SqliteStore::connect(url).await?;
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)",
-        )
-        .execute(store.pool())
-        .await?;
-        sqlx::raw_sql(
-            "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5) \
-             ON CONFLICT (sku) DO NOTHING",
-        )
-        .execute(store.pool())
-        .await?;
-        Ok(store)
-    }
-    fn reserve<'c>(
-        conn: &'c mut Self::Conn,
-        sku: &'c str,
-        qty: i64,
-    ) -> Work<'c, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            let done = sqlx::query(
-                "UPDATE stock SET available = available - ?1 WHERE sku = ?2 AND available >= ?1",
-            )
-            .bind(qty)
-            .bind(sku)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        })
-    }
-    fn unreserve<'c>(
-        conn: &'c mut Self::Conn,
-        sku: &'c str,
-        qty: i64,
-    ) -> Work<'c, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query("UPDATE stock SET available = available + ?1 WHERE sku = ?2")
-                .bind(qty)
-                .bind(sku)
-                .execute(conn)
-                .await
-                .map(drop)
-        })
-    }
+/// The shop's SQL on a backend: its stock table and seed, and the three statements (the
+/// reservation binds quantity, sku, quantity).
+macro_rules! shop {
+    ($store:ty, table: $table:literal, seed: $seed:literal, reserve: $reserve:literal,
+     unreserve: $unreserve:literal, available: $available:literal) => {
+        impl Shop for $store {
+            async fn open(url: &str) -> Result<Self, Error> {
+                let store = <$store>::connect(url).await?;
+                sqlx::raw_sql($table).execute(store.pool()).await?;
+                sqlx::raw_sql($seed).execute(store.pool()).await?;
+                Ok(store)
+            }
+
+            async fn available(&self, sku: &str) -> Result<i64, sqlx::Error> {
+                sqlx::query_scalar($available)
+                    .bind(sku)
+                    .fetch_one(self.pool())
+                    .await
+            }
+
+            fn reserve<'c>(
+                conn: &'c mut Self::Conn,
+                sku: &'c str,
+                qty: i64,
+            ) -> Work<'c, Result<bool, sqlx::Error>> {
+                Box::pin(async move {
+                    let done = sqlx::query($reserve)
+                        .bind(qty)
+                        .bind(sku)
+                        .bind(qty)
+                        .execute(conn)
+                        .await?;
+                    Ok(done.rows_affected() == 1)
+                })
+            }
+
+            fn unreserve<'c>(
+                conn: &'c mut Self::Conn,
+                sku: &'c str,
+                qty: i64,
+            ) -> Work<'c, Result<(), sqlx::Error>> {
+                Box::pin(async move {
+                    sqlx::query($unreserve)
+                        .bind(qty)
+                        .bind(sku)
+                        .execute(conn)
+                        .await
+                        .map(drop)
+                })
+            }
+        }
+    };
 }
+
+shop!(
+    SqliteStore,
+    table: "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)",
+    seed: "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5) \
+           ON CONFLICT (sku) DO NOTHING",
+    reserve: "UPDATE stock SET available = available - ?1 WHERE sku = ?2 AND available >= ?3",
+    unreserve: "UPDATE stock SET available = available + ?1 WHERE sku = ?2",
+    available: "SELECT available FROM stock WHERE sku = ?1"
+);
 
 #[cfg(feature = "postgres")]
-impl Shop for orderly::PgStore {
-    async fn available(&self, sku: &str) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar("SELECT available FROM stock WHERE sku = $1")
-            .bind(sku)
-            .fetch_one(self.pool())
-            .await
-    }
-    async fn open(url: &str) -> Result<Self, Error> {
-        let store = orderly::PgStore::connect(url).await?;
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available BIGINT NOT NULL)",
-        )
-        .execute(store.pool())
-        .await?;
-        sqlx::raw_sql(
-            "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5) \
-             ON CONFLICT (sku) DO NOTHING",
-        )
-        .execute(store.pool())
-        .await?;
-        Ok(store)
-    }
-    fn reserve<'c>(
-        conn: &'c mut Self::Conn,
-        sku: &'c str,
-        qty: i64,
-    ) -> Work<'c, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            let done = sqlx::query(
-                "UPDATE stock SET available = available - $1 WHERE sku = $2 AND available >= $1",
-            )
-            .bind(qty)
-            .bind(sku)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        })
-    }
-    fn unreserve<'c>(
-        conn: &'c mut Self::Conn,
-        sku: &'c str,
-        qty: i64,
-    ) -> Work<'c, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query("UPDATE stock SET available = available + $1 WHERE sku = $2")
-                .bind(qty)
-                .bind(sku)
-                .execute(conn)
-                .await
-                .map(drop)
-        })
-    }
-}
+shop!(
+    orderly::PgStore,
+    table: "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available BIGINT NOT NULL)",
+    seed: "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5) \
+           ON CONFLICT (sku) DO NOTHING",
+    reserve: "UPDATE stock SET available = available - $1 WHERE sku = $2 AND available >= $3",
+    unreserve: "UPDATE stock SET available = available + $1 WHERE sku = $2",
+    available: "SELECT available FROM stock WHERE sku = $1"
+);
 
 #[cfg(feature = "mysql")]
-impl Shop for orderly::MySqlStore {
-    async fn available(&self, sku: &str) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar("SELECT available FROM stock WHERE sku = ?")
-            .bind(sku)
-            .fetch_one(self.pool())
-            .await
-    }
-    async fn open(url: &str) -> Result<Self, Error> {
-        let store = orderly::MySqlStore::connect(url).await?;
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS stock (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL)",
-        )
-        .execute(store.pool())
-        .await?;
-        sqlx::raw_sql(
-            "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5)",
-        )
-        .execute(store.pool())
-        .await?;
-        Ok(store)
-    }
-    fn reserve<'c>(
-        conn: &'c mut Self::Conn,
-        sku: &'c str,
-        qty: i64,
-    ) -> Work<'c, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            let done = sqlx::query(
-                "UPDATE stock SET available = available - ? WHERE sku = ? AND available >= ?",
-            )
-            .bind(qty)
-            .bind(sku)
-            .bind(qty)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        })
-    }
-    fn unreserve<'c>(
-        conn: &'c mut Self::Conn,
-        sku: &'c str,
-        qty: i64,
-    ) -> Work<'c, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query("UPDATE stock SET available = available + ? WHERE sku = ?")
-                .bind(qty)
-                .bind(sku)
-                .execute(conn)
-                .await
-                .map(drop)
-        })
-    }
-}
+shop!(
+    orderly::MySqlStore,
+    table: "CREATE TABLE IF NOT EXISTS stock (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL)",
+    seed: "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5)",
+    reserve: "UPDATE stock SET available = available - ? WHERE sku = ? AND available >= ?",
+    unreserve: "UPDATE stock SET available = available + ? WHERE sku = ?",
+    available: "SELECT available FROM stock WHERE sku = ?"
+);
 
 /// Where the outbox relay publishes: the service's log (a broker in production: the
 /// `nats` and `rabbitmq` features have sinks).
