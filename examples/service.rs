@@ -253,11 +253,9 @@ fn create_order<S: Shop>(engine: &Engine<OrderMachine, S>) -> Definition<S, Orde
         .local(CreateStep::Insert, move |conn, ctx: &Ctx<OrderToCreate>| {
             let engine = insert.clone();
             Box::pin(async move {
-                engine
-                    .create(ctx.input().id)
-                    .within(conn)
-                    .await
-                    .map_err(|e| StepError::fail(e.to_string()))?;
+                // A retryable error (a deadlock, a lost connection) retries the step;
+                // anything else fails it, and the flow compensates.
+                engine.create(ctx.input().id).within(conn).await?;
                 Ok(ctx.input().id)
             })
         })
@@ -268,8 +266,7 @@ fn create_order<S: Shop>(engine: &Engine<OrderMachine, S>) -> Definition<S, Orde
                 engine
                     .transition(ctx.input().id, OrderEvent::Cancel, &reference)
                     .within(conn)
-                    .await
-                    .map_err(|e| StepError::retry(e.to_string()))?;
+                    .await?;
                 Ok(())
             })
         })
@@ -349,7 +346,7 @@ fn short_hash(text: &str) -> String {
 /// An order id for an idempotency key: the same key, the same order.
 fn order_id(key: &str) -> i64 {
     let digest = Sha256::digest(key.as_bytes());
-    i64::from_be_bytes(digest[..8].try_into().unwrap()) & 0x001f_ffff_ffff_ffff
+    i64::from_be_bytes(digest[..8].try_into().unwrap()) & i64::MAX
 }
 
 /// A JSON answer.
@@ -358,18 +355,32 @@ fn answer(status: StatusCode, body: serde_json::Value) -> Response {
 }
 
 /// An error's answer: a client's mistake as 4xx (kept by the layer), the rest as 503
-/// (retried).
+/// (not kept: a repeat runs again). A flow another runner holds (the recovery job after
+/// a crash) is 503 too: the answer is not known yet.
 fn failed(e: Error) -> Response {
     let status = match &e {
         Error::NotFound { .. } => StatusCode::NOT_FOUND,
-        Error::InvalidTransition { .. } | Error::RefConflict { .. } | Error::InFlight { .. } => {
-            StatusCode::CONFLICT
-        }
+        Error::InvalidTransition { .. } | Error::RefConflict { .. } => StatusCode::CONFLICT,
         Error::InvalidInput(_) => StatusCode::BAD_REQUEST,
         Error::PayloadMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     answer(status, json!({ "error": e.to_string() }))
+}
+
+/// The request's key: the layer's, or without the layer (`--no-idempotency-layer`, to
+/// measure its cost) the header itself.
+fn key_of<S: Shop>(
+    layer: Option<&Extension<IdempotentRequest<S>>>,
+    headers: &HeaderMap,
+) -> Option<String> {
+    match layer {
+        Some(Extension(key)) => Some(key.key().to_string()),
+        None => headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+    }
 }
 
 async fn create<S: Shop>(
@@ -378,15 +389,15 @@ async fn create<S: Shop>(
     headers: HeaderMap,
     Json(body): Json<NewOrder>,
 ) -> Response {
-    // The layer's key; without the layer (`--no-idempotency-layer`, to measure its
-    // cost), the header itself.
-    let key = match &key {
-        Some(Extension(key)) => key.key().to_string(),
-        None => match headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
-            Some(key) => key.to_string(),
-            None => return answer(StatusCode::BAD_REQUEST, json!({ "error": "no key" })),
-        },
+    let Some(key) = key_of(key.as_ref(), &headers) else {
+        return answer(StatusCode::BAD_REQUEST, json!({ "error": "no key" }));
     };
+    if body.qty <= 0 || body.qty > 1000 {
+        return answer(
+            StatusCode::BAD_REQUEST,
+            json!({ "error": "qty must be 1 to 1000" }),
+        );
+    }
     let id = order_id(&key);
     let input = OrderToCreate {
         id,
@@ -417,7 +428,6 @@ async fn create<S: Shop>(
 async fn pay<S: Shop>(
     State(app): State<Shared<S>>,
     Path(id): Path<i64>,
-    Extension(key): Extension<IdempotentRequest<S>>,
     Json(body): Json<serde_json::Value>,
 ) -> Response {
     let card = body
@@ -435,7 +445,10 @@ async fn pay<S: Shop>(
         }
         Err(e) => return failed(e),
     }
-    let flow_key = format!("order-{id}:{}", key.key());
+    // One payment per order and card: a retry under a new Idempotency-Key is the same
+    // payment; another card is another payment, which the callback refuses if the first
+    // one won (naming it, so the gateway refunds the loser).
+    let flow_key = format!("pay-{id}-{}", short_hash(&card));
     match app
         .flows
         .start(PayOrder, &flow_key, &Payment { order_id: id, card })
@@ -491,9 +504,13 @@ async fn callback<S: Shop>(State(app): State<Shared<S>>, Json(c): Json<Callback>
 async fn ship<S: Shop>(
     State(app): State<Shared<S>>,
     Path(id): Path<i64>,
-    Extension(key): Extension<IdempotentRequest<S>>,
+    key: Option<Extension<IdempotentRequest<S>>>,
+    headers: HeaderMap,
 ) -> Response {
-    match app.engine.transition(id, OrderEvent::Ship, key.key()).await {
+    let Some(key) = key_of(key.as_ref(), &headers) else {
+        return answer(StatusCode::BAD_REQUEST, json!({ "error": "no key" }));
+    };
+    match app.engine.transition(id, OrderEvent::Ship, &key).await {
         Ok(outcome) => answer(StatusCode::OK, json!({ "state": outcome.state() })),
         Err(e) => failed(e),
     }
@@ -624,6 +641,14 @@ fn args() -> Args {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = args();
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    // Histograms are drained by this upkeep (or by a scrape).
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
     if args.db.starts_with("sqlite:") {
         return serve(SqliteStore::open(&args.db).await?, &args, metrics).await;
     }
@@ -659,7 +684,7 @@ async fn serve<S: Shop>(
     let records = Records::new(store).scope(
         "http",
         ScopeConfig {
-            lease: Duration::from_secs(30),
+            lease: args.lease,
             retention: Duration::from_secs(24 * 3600),
         },
     )?;

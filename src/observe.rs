@@ -71,7 +71,14 @@ pub(crate) fn rejudge(machine: &'static str, reason: &'static str) {
 pub(crate) fn retryable_db_error(backend: &'static str, class: &'static str, e: &sqlx::Error) {
     let code = e
         .as_database_error()
-        .and_then(|d| d.code().map(|c| c.into_owned()))
+        .and_then(|d| {
+            // MySQL's SQLSTATE is HY000 for most errors: its error number says more.
+            #[cfg(feature = "mysql")]
+            if let Some(my) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                return Some(my.number().to_string());
+            }
+            d.code().map(|c| c.into_owned())
+        })
         .unwrap_or_else(|| match e {
             sqlx::Error::PoolTimedOut => "pool_timeout".into(),
             sqlx::Error::Io(_) => "io".into(),

@@ -206,14 +206,16 @@ pub(super) async fn run<M: StateMachine, S: Store>(
             }
             Step::Lost { error, wrote } => {
                 conn.lost();
-                if wrote {
+                let lost = if wrote {
                     if let Some(answer) = settle(engine, req, error).await {
                         return answer;
                     }
                     ("the write did not land", None)
                 } else {
                     ("connection lost", Some(error))
-                }
+                };
+                crate::observe::rejudge(M::NAME, lost.0);
+                lost
             }
         };
         let key = req.key;

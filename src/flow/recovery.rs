@@ -78,14 +78,19 @@ impl<S: FlowStore> Flows<S> {
             "orderly.recovery",
             job = "flows",
             taken = tracing::field::Empty,
+            outcome = tracing::field::Empty,
         );
         let out = self.recover_round(limit).instrument(span.clone()).await;
         match &out {
             Ok(round) => {
                 span.record("taken", round.taken);
+                span.record("outcome", "ok");
                 crate::observe::recovery_round("flows", round.taken, round.taken, false);
             }
-            Err(_) => crate::observe::recovery_round("flows", 0, 0, true),
+            Err(e) => {
+                span.record("outcome", crate::observe::error_label(e));
+                crate::observe::recovery_round("flows", 0, 0, true);
+            }
         }
         out
     }
@@ -225,6 +230,35 @@ impl<S: FlowStore> Flows<S> {
     /// - [`Resume::Compensate`]: the started step did not take effect and the flow stops:
     ///   the steps before it are compensated. Only for a running flow, before the pivot.
     pub async fn resume(&self, kind: &str, key: &str, how: Resume) -> Result<FlowOutcome> {
+        // A label names only a kind registered here: a caller's unknown one could be
+        // anything.
+        let label = self
+            .defs
+            .keys()
+            .find(|(k, _)| *k == kind)
+            .map_or("unknown", |(k, _)| *k);
+        let span = tracing::info_span!(
+            "orderly.flow.resume",
+            flow.kind = label,
+            outcome = tracing::field::Empty,
+        );
+        let out = self
+            .resume_now(kind, key, how)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &out {
+            Ok(outcome) => outcome.label(),
+            Err(e) => crate::observe::error_label(e),
+        };
+        span.record("outcome", outcome);
+        crate::observe::flow(label, outcome, false);
+        if let Ok(FlowOutcome::Parked { reason, .. }) = &out {
+            crate::observe::flow_parked(label, (*reason).into());
+        }
+        out
+    }
+
+    async fn resume_now(&self, kind: &str, key: &str, how: Resume) -> Result<FlowOutcome> {
         let row = self
             .read_flow(kind, key)
             .await?

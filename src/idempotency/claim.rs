@@ -36,7 +36,14 @@ impl<S: RecordStore> Records<S> {
             Err(e) => crate::observe::error_label(e),
         };
         span.record("outcome", outcome);
-        crate::observe::claim(scope, outcome);
+        // A label names only a scope this instance knows: a caller's unknown one could
+        // be anything.
+        let label = if self.scope_config(scope).is_some() {
+            scope
+        } else {
+            "unknown"
+        };
+        crate::observe::claim(label, outcome);
         out
     }
 

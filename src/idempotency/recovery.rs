@@ -117,6 +117,7 @@ impl<S: RecordStore> Records<S> {
             scope,
             found = tracing::field::Empty,
             taken = tracing::field::Empty,
+            outcome = tracing::field::Empty,
         );
         let out = self
             .recover_round(scope, limit, reconciler)
@@ -126,9 +127,13 @@ impl<S: RecordStore> Records<S> {
             Ok(round) => {
                 span.record("found", round.found);
                 span.record("taken", round.taken);
+                span.record("outcome", "ok");
                 crate::observe::recovery_round("records", round.found, round.taken, false);
             }
-            Err(_) => crate::observe::recovery_round("records", 0, 0, true),
+            Err(e) => {
+                span.record("outcome", crate::observe::error_label(e));
+                crate::observe::recovery_round("records", 0, 0, true);
+            }
         }
         out
     }
@@ -228,8 +233,8 @@ impl<S: RecordStore> Records<S> {
 
     /// How many records of `scope` are held right now, and how long the oldest has been
     /// (from its claim); also set as the `orderly_records_held` and
-    /// `orderly_records_oldest_held_seconds` gauges. [`recovery_loop`](Self::recovery_loop)
-    /// reads it every round.
+    /// `orderly_records_oldest_held_seconds` gauges. With the `metrics` feature,
+    /// [`recovery_loop`](Self::recovery_loop) reads it every round.
     pub async fn held(&self, scope: &str) -> Result<Held> {
         self.config(scope)?;
         let (held, oldest_ms) = {
@@ -268,6 +273,8 @@ impl<S: RecordStore> Records<S> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut total = Recovered::default();
         loop {
+            // The held-records gauges, with the metrics feature (a read every round).
+            #[cfg(feature = "metrics")]
             if let Err(e) = self.held(scope).await {
                 tracing::debug!(error = %e, scope, "reading the held records failed");
             }
