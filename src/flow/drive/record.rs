@@ -15,15 +15,20 @@ use tracing::Instrument;
 use crate::store::{Lease, db_error};
 use crate::{Error, Result};
 
-/// Records a step's outcome on its span.
-fn step_outcome(span: &tracing::Span, out: &Result<Result<(), StepError>>) {
-    let outcome = match out {
+/// Runs a step in `span`, and records its outcome there.
+async fn traced(
+    span: tracing::Span,
+    step: impl std::future::Future<Output = Result<Result<(), StepError>>>,
+) -> Result<Result<(), StepError>> {
+    let out = step.instrument(span.clone()).await;
+    let outcome = match &out {
         Ok(Ok(())) => "succeeded",
         Ok(Err(StepError::Retry(_))) => "retry",
         Ok(Err(StepError::Fail(_))) => "failed",
         Err(e) => crate::observe::error_label(e),
     };
     span.record("outcome", outcome);
+    out
 }
 
 impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
@@ -39,12 +44,7 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
         then: Then,
     ) -> Result<Result<(), StepError>> {
         let span = self.step_span(i, phase);
-        let out = self
-            .local_step(i, phase, f, ctx, then)
-            .instrument(span.clone())
-            .await;
-        step_outcome(&span, &out);
-        out
+        traced(span, self.local_step(i, phase, f, ctx, then)).await
     }
 
     async fn local_step(
@@ -98,12 +98,7 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
         then: Then,
     ) -> Result<Result<(), StepError>> {
         let span = self.step_span(i, phase);
-        let out = self
-            .call_step(i, phase, f, ctx, then)
-            .instrument(span.clone())
-            .await;
-        step_outcome(&span, &out);
-        out
+        traced(span, self.call_step(i, phase, f, ctx, then)).await
     }
 
     /// The span of step `i`'s `phase` (forward or compensation): its outcome is recorded on
