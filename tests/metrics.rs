@@ -1,13 +1,13 @@
 //! The `metrics` feature: a capturing recorder sees the counters move as the outcome
-//! tables say (transitions, claims, flows, recovery rounds), and the gauges of held
-//! records and of the outbox, on SQLite.
+//! tables say (transitions, re-judges and retried database errors, claims, flows and
+//! parks, recovery rounds), and the gauges of held records and of the outbox, on SQLite.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use orderly::flow::{Ctx, Definition, FlowConfig, FlowOutcome, Flows};
+use orderly::flow::{Ctx, Definition, FlowConfig, FlowOutcome, Flows, StepError};
 use orderly::outbox::Outbox;
 use orderly::{
     Claim, Engine, Error, Outcome, Reconciled, Records, ScopeConfig, SqliteStore, Stuck,
@@ -31,6 +31,16 @@ orderly::flow! {
         kind: "note";
         version: 1;
         steps: NoteStep { Write: local, }
+    }
+}
+
+orderly::flow! {
+    /// One step at the pivot that fails for good: the flow parks.
+    pub Fragile {
+        kind: "fragile";
+        version: 1;
+        steps: FragileStep { Boom: local, }
+        pivot: Boom;
     }
 }
 
@@ -67,6 +77,27 @@ impl Seen {
         values
             .get(&format!("{name}{{{}}}", want.join(",")))
             .copied()
+    }
+
+    /// The sum of the counter `name` over every series whose labels include `labels`.
+    fn sum(&self, snap: &Snapshotter, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.value(snap, name, &[]);
+        let values = self.values.borrow();
+        values
+            .iter()
+            .filter(|(id, _)| {
+                id.strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix('{'))
+                    .and_then(|rest| rest.strip_suffix('}'))
+                    .is_some_and(|have| {
+                        let have: Vec<&str> = have.split(',').collect();
+                        labels
+                            .iter()
+                            .all(|(k, v)| have.contains(&format!("{k}={v}").as_str()))
+                    })
+            })
+            .map(|(_, v)| v)
+            .sum()
     }
 }
 
@@ -134,6 +165,57 @@ async fn scenario(snap: &Snapshotter) {
         Some(1.0),
         "one duration recorded for the applied transition"
     );
+
+    // A retried database error and its re-judge: another connection holds SQLite's write
+    // lock, and a store with no busy timeout meets SQLITE_BUSY at once; the transition
+    // retries and applies once the lock is let go.
+    let impatient = SqliteStore::new(
+        sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(
+                orderly::store::sqlite::connect_options(&url)
+                    .unwrap()
+                    .busy_timeout(Duration::ZERO),
+            )
+            .await
+            .unwrap(),
+    );
+    let blocked: Engine<PayMachine, SqliteStore> = Engine::new(impatient).unwrap();
+    blocked.create(2).await.unwrap();
+    let mut holder = store.pool().acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
+    });
+    assert!(matches!(
+        blocked.transition(2, PayEvent::Pay, "pay-3").await,
+        Ok(Outcome::Applied { .. })
+    ));
+    release.await.unwrap();
+    let busy = seen.sum(
+        snap,
+        "orderly_db_retryable_errors_total",
+        &[("backend", "sqlite"), ("class", "retryable")],
+    );
+    assert!(
+        busy >= 1.0,
+        "SQLITE_BUSY counted as a retried error: {busy}"
+    );
+    let rejudged = value(
+        snap,
+        "orderly_transition_rejudge_total",
+        &[
+            ("machine", "PayMachine"),
+            ("reason", "retryable database error"),
+        ],
+    )
+    .unwrap_or(0.0);
+    assert_eq!(rejudged, busy, "each retried error is one re-judge");
+    assert_eq!(transitions("applied"), Some(2.0));
 
     // Claims: claimed, replayed, payload mismatch, in flight; the held gauge.
     let records = Records::new(store.clone())
@@ -239,6 +321,48 @@ async fn scenario(snap: &Snapshotter) {
             Some(1.0)
         );
     }
+
+    // A park: the step at the pivot fails for good.
+    let fragile = Definition::new(Fragile).local(FragileStep::Boom, |_conn, _ctx: &Ctx<i64>| {
+        Box::pin(async move { Err::<i64, _>(StepError::fail("the warehouse said no")) })
+    });
+    let flows = flows.register(fragile).unwrap();
+    let parked = flows.start(Fragile, "f1", &1_i64).await.unwrap();
+    assert!(
+        matches!(parked.outcome, FlowOutcome::Parked { .. }),
+        "{:?}",
+        parked.outcome
+    );
+    assert_eq!(
+        value(
+            snap,
+            "orderly_flows_parked_total",
+            &[("kind", "fragile"), ("reason", "FAILED_PAST_PIVOT")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            snap,
+            "orderly_flows_total",
+            &[
+                ("kind", "fragile"),
+                ("outcome", "parked"),
+                ("replayed", "false")
+            ]
+        ),
+        Some(1.0)
+    );
+    // Its replay is answered parked, and not counted as a second park.
+    flows.start(Fragile, "f1", &1_i64).await.unwrap();
+    assert_eq!(
+        value(
+            snap,
+            "orderly_flows_parked_total",
+            &[("kind", "fragile"), ("reason", "FAILED_PAST_PIVOT")]
+        ),
+        Some(1.0)
+    );
 
     // The outbox's gauges.
     let stats = Outbox::new(store.clone()).stats().await.unwrap();
