@@ -9,7 +9,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `POST /orders` `{"sku": "sku-1", "qty": 1}` | creates an order, reserving its stock (a flow); `Idempotency-Key` required |
+//! | `POST /orders` `{"sku": "sku-1", "qty": 1}` | creates an order, reserving its stock (a flow); `Idempotency-Key` required. `sku-slow` holds the reservation's transaction open for 0.8 s, to watch a client hang up mid-transaction |
 //! | `POST /orders/{id}/pay` `{"card": "4242"}` | charges the order through the fake gateway (a flow: authorize, capture; a declined capture voids the authorization); `Idempotency-Key` required |
 //! | `POST /webhooks/gateway` `{"order_id": 1, "payment_id": "pay_…"}` | the gateway's callback: the order becomes Paid once; a repeat is 200, a second payment 409 naming the winner |
 //! | `POST /orders/{id}/ship` | ships a paid order; `Idempotency-Key` required |
@@ -81,7 +81,8 @@ orderly::flow! {
 trait Shop:
     Store + RecordStore + orderly::flow::FlowStore + orderly::outbox::OutboxStore + Sized
 {
-    /// Connects, migrates, creates the stock table and seeds `sku-1` and `sku-2`.
+    /// Connects, migrates, creates the stock table and seeds `sku-1`, `sku-2` and
+    /// `sku-slow`.
     async fn open(url: &str) -> Result<Self, Error>;
     /// Takes `qty` of `sku` if there is that much.
     fn reserve<'c>(
@@ -156,7 +157,7 @@ macro_rules! shop {
 shop!(
     SqliteStore,
     table: "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)",
-    seed: "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5) \
+    seed: "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5), ('sku-slow', 1000) \
            ON CONFLICT (sku) DO NOTHING",
     reserve: "UPDATE stock SET available = available - ?1 WHERE sku = ?2 AND available >= ?3",
     unreserve: "UPDATE stock SET available = available + ?1 WHERE sku = ?2",
@@ -167,7 +168,7 @@ shop!(
 shop!(
     orderly::PgStore,
     table: "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available BIGINT NOT NULL)",
-    seed: "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5) \
+    seed: "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5), ('sku-slow', 1000) \
            ON CONFLICT (sku) DO NOTHING",
     reserve: "UPDATE stock SET available = available - $1 WHERE sku = $2 AND available >= $3",
     unreserve: "UPDATE stock SET available = available + $1 WHERE sku = $2",
@@ -178,7 +179,7 @@ shop!(
 shop!(
     orderly::MySqlStore,
     table: "CREATE TABLE IF NOT EXISTS stock (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL)",
-    seed: "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5)",
+    seed: "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5), ('sku-slow', 1000)",
     reserve: "UPDATE stock SET available = available - ? WHERE sku = ? AND available >= ?",
     unreserve: "UPDATE stock SET available = available + ? WHERE sku = ?",
     available: "SELECT available FROM stock WHERE sku = ?"
@@ -275,6 +276,9 @@ fn create_order<S: Shop>(engine: &Engine<OrderMachine, S>) -> Definition<S, Orde
                 let order = ctx.input();
                 if !S::reserve(conn, &order.sku, order.qty).await? {
                     return Err(StepError::fail(format!("{}: out of stock", order.sku)));
+                }
+                if order.sku == "sku-slow" {
+                    tokio::time::sleep(Duration::from_millis(800)).await;
                 }
                 Ok(order.qty)
             })

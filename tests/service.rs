@@ -123,6 +123,35 @@ async fn scalar(db: &str, sql: &'static str) -> i64 {
     }
 }
 
+/// How many of the service's connections are inside a transaction: on PostgreSQL, its
+/// database's sessions idle in a transaction; on SQLite, 1 if another connection holds
+/// the write lock (a fresh `BEGIN IMMEDIATE` with no busy timeout fails), else 0.
+async fn open_transactions(db: &str) -> i64 {
+    if db.starts_with("sqlite:") {
+        let options = orderly::store::sqlite::connect_options(db)
+            .unwrap()
+            .busy_timeout(Duration::ZERO);
+        let mut conn = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .unwrap();
+        match sqlx::query("BEGIN IMMEDIATE").execute(&mut conn).await {
+            Ok(_) => {
+                sqlx::query("ROLLBACK").execute(&mut conn).await.unwrap();
+                0
+            }
+            Err(sqlx::Error::Database(e)) if e.message().contains("locked") => 1,
+            Err(e) => panic!("{e}"),
+        }
+    } else {
+        scalar(
+            db,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
+        )
+        .await
+    }
+}
+
 /// Creates an order under `key`, retrying a 409 in flight, and returns its id.
 async fn create(client: &reqwest::Client, svc: &Service, key: &str, sku: &str) -> i64 {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -272,6 +301,55 @@ async fn story(db: &str) {
     assert!(
         again.1,
         "the hung-up request ran again instead of replaying"
+    );
+
+    // A client that hangs up while its request holds a database transaction open
+    // (`sku-slow` sleeps inside the reservation's transaction): the hang-up is seen to
+    // land while a transaction is open, the request still finishes, nothing is left in a
+    // transaction, and the repeat replays the order.
+    let cut = impatient
+        .post(svc.url("/orders"))
+        .header("Idempotency-Key", "hangup-slow")
+        .json(&json!({"sku": "sku-slow", "qty": 1}))
+        .send()
+        .await;
+    assert!(
+        cut.is_err_and(|e| e.is_timeout()),
+        "the client did not hang up"
+    );
+    assert!(
+        open_transactions(db).await > 0,
+        "the hang-up did not land inside the reservation's transaction"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let replay = loop {
+        let answer = post(
+            &client,
+            &svc.url("/orders"),
+            Some("hangup-slow"),
+            json!({"sku": "sku-slow", "qty": 1}),
+        )
+        .await;
+        if answer.0 != StatusCode::CONFLICT {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "the hung-up request stayed held");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(replay.0, StatusCode::CREATED, "{:?}", replay.2);
+    assert!(replay.1, "the hung-up order was created again");
+    for _ in 0..5 {
+        assert_eq!(
+            open_transactions(db).await,
+            0,
+            "a connection stayed in a transaction after the hung-up request"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        get(&client, &svc.url("/stock/sku-slow")).await["available"],
+        999,
+        "the stock taken once"
     );
 
     // Killed with SIGKILL mid-load (four clients sending at once), then restarted:
