@@ -1,11 +1,14 @@
 //! A request's way through the engine: the read-first step, the retry loop, one attempt
 //! (write or read → judge → write), and the read-back of a write left in doubt.
 
+use std::sync::Arc;
+
 use backon::{BackoffBuilder, ExponentialBuilder};
 
 use super::detach::Stage;
 use super::input::{Payload, parse_state};
 use super::judge::{self, Refusal, Verdict};
+use super::writes::{Answer, Slot, Turn};
 use super::{Engine, Outcome};
 use crate::machine::StateMachine;
 use crate::store::{
@@ -22,7 +25,7 @@ pub(super) struct Req<'r, M: StateMachine> {
     /// connection answers `Applied` only for a row that carries it.
     pub(super) write_id: i64,
     /// How far the call got, for the answer if its deadline passes.
-    pub(super) stage: &'r Stage,
+    pub(super) stage: &'r Arc<Stage>,
     /// The request's own event body (JSON text), for the outbox row of an emitting edge.
     pub(super) event_body: Option<&'r str>,
 }
@@ -85,6 +88,16 @@ impl<S: Store> Conn<'_, S> {
         }
     }
 
+    /// Returns a pooled connection to the pool while the request waits for something
+    /// else (its place in a batch); it takes one again when next needed.
+    fn put_back(&mut self) {
+        if let Conn::Pooled(lease) = self {
+            if let Some(lease) = lease.take() {
+                lease.release();
+            }
+        }
+    }
+
     /// The connection failed: closed, and replaced when next needed.
     fn lost(&mut self) {
         if let Conn::Pooled(lease) = self {
@@ -109,7 +122,10 @@ pub(super) async fn pooled<M: StateMachine, S: Store>(
     let mut conn = Conn::Pooled(None);
     let answer = match read_first(engine, &mut conn, req).await {
         Some(answer) => answer,
-        None => run(engine, &mut conn, req).await,
+        None => match first_turn(engine, &mut conn, req).await {
+            Ok(first) => run(engine, &mut conn, req, first).await,
+            Err(answer) => answer,
+        },
     };
     conn.finish();
     engine.first.note(matches!(
@@ -155,6 +171,75 @@ async fn read_first<M: StateMachine, S: Store>(
     Some(judge::replay::<M>(&prior?, req.key, req.event, req.hash()))
 }
 
+/// How a request's first attempt starts.
+pub(super) enum First<'w, S: Store> {
+    /// With its own apply-first write, as every attempt does.
+    Write,
+    /// With its own apply-first write, holding the write turn of a coalescing engine,
+    /// which goes on once the write is done.
+    Alone(Slot<'w, S>),
+    /// Its apply-first write went in a batch, which said it was not applied: the attempt
+    /// starts with the read.
+    NotApplied,
+}
+
+/// A request's place among the coalesced writes of its engine: alone at once if no write
+/// is in flight, else queued for the next batch, whose answer settles it (`Err(answer)`)
+/// or tells the first attempt how to start. Without coalescing, [`First::Write`].
+async fn first_turn<'w, M: StateMachine, S: Store>(
+    engine: &'w Engine<M, S>,
+    conn: &mut Conn<'_, S>,
+    req: &Req<'_, M>,
+) -> std::result::Result<First<'w, S>, Result<Outcome<M::State>>> {
+    let Some(writes) = &engine.writes else {
+        return Ok(First::Write);
+    };
+    let request = request_of(engine, req);
+    let answer = match writes.turn(&request, req.stage) {
+        Turn::Alone(slot) => return Ok(First::Alone(slot)),
+        Turn::Queued(answer) => {
+            // A connection held from a read before must not wait with it: the batch
+            // needs one of the pool's.
+            conn.put_back();
+            answer.await
+        }
+    };
+    match answer {
+        Ok(Answer::Written(FirstWrite::Applied { from, to, version })) => {
+            let key = req.key;
+            Err(parse_state::<M>(key.order_id, &from).and_then(|from| {
+                let to = parse_state::<M>(key.order_id, &to)?;
+                Ok(Outcome::Applied { from, to, version })
+            }))
+        }
+        Ok(Answer::Written(FirstWrite::OutboxTaken)) => Err(Err(outbox_taken(req.key))),
+        Ok(Answer::Written(FirstWrite::NotApplied)) => Ok(First::NotApplied),
+        Ok(Answer::Abandoned) => Err(Err(abandoned(req))),
+        // Not tried by the store, or the batch failed: the request goes its own way, and
+        // its own write finds out whether the batch's landed.
+        Ok(Answer::Written(FirstWrite::NotTried) | Answer::Failed) | Err(_) => Ok(First::Write),
+    }
+}
+
+/// The apply-first unit's view of a request.
+fn request_of<'r, M: StateMachine, S: Store>(
+    engine: &'r Engine<M, S>,
+    req: &'r Req<'r, M>,
+) -> Request<'r> {
+    let edges = engine.edges.get(&req.event);
+    Request {
+        key: req.key,
+        from_states: edges.map_or(&[], |e| &e.from),
+        to_states: edges.map_or(&[], |e| &e.to),
+        payload_hash: req.hash(),
+        payload: req.payload.map(|p| p.json.as_str()),
+        write_id: req.write_id,
+        emits: edges.map_or(&[], |e| &e.emits),
+        machine: M::NAME,
+        event_body: req.event_body,
+    }
+}
+
 /// What the loop does after one attempt.
 enum Step<S> {
     Done(Result<Outcome<S>>),
@@ -174,7 +259,9 @@ pub(super) async fn run<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
     conn: &mut Conn<'_, S>,
     req: &Req<'_, M>,
+    first: First<'_, S>,
 ) -> Result<Outcome<M::State>> {
+    let mut first = Some(first);
     let config = &engine.config;
     let txn = conn.txn();
     let mut delays = ExponentialBuilder::default()
@@ -191,7 +278,7 @@ pub(super) async fn run<M: StateMachine, S: Store>(
         let step = match conn.get(&engine.store).await {
             Ok(c) => {
                 req.stage.connected();
-                attempt(engine, c, txn, req).await
+                attempt(engine, c, txn, req, first.take().unwrap_or(First::Write)).await
             }
             Err(e) => {
                 unreachable = true;
@@ -266,25 +353,24 @@ async fn attempt<M: StateMachine, S: Store>(
     conn: &mut S::Conn,
     txn: Txn,
     req: &Req<'_, M>,
+    given: First<'_, S>,
 ) -> Step<M::State> {
     let store = &engine.store;
     let key = req.key;
     let mut first = FirstWrite::NotTried;
     // Inside a caller's transaction the write goes first too (in a savepoint), unless
-    // replays are common enough for the engine to read first.
-    if txn == Txn::Own || !engine.first.reads_first() {
-        let edges = engine.edges.get(&req.event);
-        let request = Request {
-            key,
-            from_states: edges.map_or(&[], |e| &e.from),
-            to_states: edges.map_or(&[], |e| &e.to),
-            payload_hash: req.hash(),
-            payload: req.payload.map(|p| p.json.as_str()),
-            write_id: req.write_id,
-            emits: edges.map_or(&[], |e| &e.emits),
-            machine: M::NAME,
-            event_body: req.event_body,
-        };
+    // replays are common enough for the engine to read first. A write that went in a
+    // batch is not written again.
+    let slot = match given {
+        First::NotApplied => {
+            first = FirstWrite::NotApplied;
+            None
+        }
+        First::Alone(slot) => Some(slot),
+        First::Write => None,
+    };
+    if first == FirstWrite::NotTried && (txn == Txn::Own || !engine.first.reads_first()) {
+        let request = request_of(engine, req);
         if !req.stage.wrote() {
             return Step::Done(Err(abandoned(req)));
         }
@@ -296,6 +382,8 @@ async fn attempt<M: StateMachine, S: Store>(
             }
             Txn::Caller => store.apply_first_in(conn, &request).await.map(|w| vec![w]),
         };
+        // The write is done: requests queued behind it go in the next batch.
+        drop(slot);
         first = match written.map(|mut w| w.pop()) {
             Ok(Some(FirstWrite::Applied { from, to, version })) => {
                 let applied = parse_state::<M>(key.order_id, &from).and_then(|from| {

@@ -41,6 +41,7 @@ mod input;
 mod judge;
 mod read_first;
 mod request;
+mod writes;
 
 pub(crate) use input::validate_reference;
 pub use input::{MAX_REF_LEN, parse_event};
@@ -151,6 +152,11 @@ pub struct EngineConfig {
     /// answered as the database then says). Inside a caller's transaction the
     /// caller's own timeouts apply. Default 5 s.
     pub deadline: Duration,
+    /// Whether new requests on the engine's own connections that arrive while another's
+    /// write is in flight wait and go together in the next write unit, one commit for
+    /// all (on a store that batches writes). A request that finds no write in flight
+    /// goes at once, alone. No answer changes. Default `true`.
+    pub coalesce_writes: bool,
 }
 
 impl Default for EngineConfig {
@@ -162,6 +168,7 @@ impl Default for EngineConfig {
             in_doubt_timeout: Duration::from_secs(5),
             read_first: ReadFirst::default(),
             deadline: Duration::from_secs(5),
+            coalesce_writes: true,
         }
     }
 }
@@ -175,6 +182,8 @@ pub struct Engine<M: StateMachine, S> {
     first: FirstRound,
     /// Coalesces read-first reads, on a store that batches reads.
     reads: Option<Arc<batch::Reads<S>>>,
+    /// Coalesces apply-first writes, on a store that batches writes.
+    writes: Option<Arc<writes::Writes<S>>>,
 }
 
 /// The rows of the transition table for one event, as names: `from[i]` leads to `to[i]`.
@@ -194,6 +203,7 @@ impl<M: StateMachine, S: Clone> Clone for Engine<M, S> {
             edges: self.edges.clone(),
             first: self.first.clone(),
             reads: self.reads.clone(),
+            writes: self.writes.clone(),
         }
     }
 }
@@ -237,6 +247,8 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         }
         Ok(Engine {
             reads: (S::BATCH_READ_MAX > 1).then(|| batch::Reads::new(store.clone())),
+            writes: (config.coalesce_writes && S::BATCHES_WRITES)
+                .then(|| writes::Writes::new(store.clone(), config.deadline)),
             first: FirstRound::new(config.read_first, S::READ_FIRST_FROM),
             store,
             config,

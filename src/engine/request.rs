@@ -136,7 +136,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             )
             .await;
         };
-        let stage = Stage::default();
+        let stage = Arc::new(Stage::default());
         let req = Req {
             key: Key {
                 order_id: self.order_id,
@@ -149,7 +149,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             stage: &stage,
             event_body: event_body.as_deref(),
         };
-        attempt::run(self.engine, &mut Conn::Caller(conn), &req).await
+        attempt::run(self.engine, &mut Conn::Caller(conn), &req, attempt::First::Write).await
     }
 }
 

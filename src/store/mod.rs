@@ -87,6 +87,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// own row on its own connection.
     const BATCH_READ_MAX: usize = 1;
 
+    /// Whether [`apply_first`](Self::apply_first) writes several requests (of distinct
+    /// entities) at less than the cost of writing them one by one: the engine then
+    /// coalesces the apply-first writes of concurrent callers into one unit.
+    const BATCHES_WRITES: bool = false;
+
     /// Borrows a connection from the pool.
     fn acquire(&self) -> impl Future<Output = Result<Self::Pooled, sqlx::Error>> + Send;
 

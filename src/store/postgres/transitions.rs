@@ -30,6 +30,10 @@ pub(super) struct Sql {
     /// statement.
     apply_first_one_emitting: SqlStr,
     apply_first_many_emitting: SqlStr,
+    /// The apply-first unit for a batch of requests of distinct entities, one statement
+    /// (arrays), without and with outbox rows.
+    apply_first_batch: SqlStr,
+    apply_first_batch_emitting: SqlStr,
     apply: SqlStr,
     apply_emitting: SqlStr,
     history: SqlStr,
@@ -88,7 +92,27 @@ impl Sql {
                  RETURNING {PRIOR_COLUMNS}"
             ))
         };
+        // The apply-first unit for a batch, one statement: the requests (`$1`..`$7`,
+        // parallel arrays, one request per entity) and their edges (`$8`..`$11`, by
+        // entity), the update of every entity whose status is one of its request's
+        // sources and whose request is not recorded yet, and the history rows of those
+        // that moved (each returned with its entity, which names its request). A twin
+        // recorded after the statement's snapshot still meets the unique key, which
+        // aborts the whole statement: the store then writes the batch one request at a
+        // time. The emitting variant adds the outbox rows (`$12`, the machine).
+        let batch = |emitting: bool| {
+            let emitted = if emitting {
+                "emitted AS (                    INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body)                    SELECT $12, u.id, u.seq, u.x, r.event, u.f, u.t, r.ref_id, r.body                    FROM upd AS u JOIN r ON r.order_id = u.id WHERE u.x IS NOT NULL                  ), "
+            } else {
+                ""
+            };
+            sql(format!(
+                "WITH r AS (                    SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[])                      AS r(order_id, event, ref_id, payload_hash, payload, write_id, body)                  ), upd AS (                    UPDATE {o} AS o SET status = e.t, version = o.version + 1                    FROM r JOIN unnest($8::bigint[], $9::text[], $10::text[], $11::text[]) AS e(order_id, f, t, x)                      ON e.order_id = r.order_id                    WHERE o.id = r.order_id AND o.status = e.f                      AND o.version BETWEEN 0 AND 9223372036854775806                      AND NOT EXISTS (SELECT 1 FROM {h} AS h                                      WHERE h.order_id = r.order_id AND h.event = r.event AND h.ref_id = r.ref_id)                    RETURNING o.id, o.version::bigint AS seq, e.f, e.t, e.x                  ), {emitted}ins AS (                    INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id)                    SELECT u.id, u.seq, u.f, u.t, r.event, r.ref_id, r.payload_hash, r.payload::jsonb, r.write_id                    FROM upd AS u JOIN r ON r.order_id = u.id                    RETURNING order_id, seq                  )                  SELECT ins.order_id::bigint AS i, u.f::text AS from_status, u.t::text AS to_status,                         NULL::text AS payload_hash, ins.seq::bigint AS seq                  FROM ins JOIN upd AS u ON u.id = ins.order_id"
+            ))
+        };
         Sql {
+            apply_first_batch: batch(false),
+            apply_first_batch_emitting: batch(true),
             insert_order: sql(format!(
                 "INSERT INTO {o} (id, status, version) VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING"
             )),
@@ -249,6 +273,68 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    /// The apply-first unit for requests of distinct entities, one statement; `None` if
+    /// one of them met the history's or the outbox's unique key (the statement was
+    /// undone as a whole).
+    async fn first_writes(
+        &self,
+        conn: &mut PgConnection,
+        requests: &[Request<'_>],
+    ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
+        let sql = &self.transitions;
+        let emitting = requests.iter().any(Request::emits_any);
+        let statement = if emitting {
+            &sql.apply_first_batch_emitting
+        } else {
+            &sql.apply_first_batch
+        };
+        let mut edges = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for r in requests {
+            for (i, (from, to)) in r.from_states.iter().zip(r.to_states).enumerate() {
+                edges.0.push(r.key.order_id);
+                edges.1.push(*from);
+                edges.2.push(*to);
+                edges.3.push(r.emits.get(i).copied().flatten());
+            }
+        }
+        let query = sqlx::query_as::<_, PositionedPrior>(statement.clone())
+            .bind(requests.iter().map(|r| r.key.order_id).collect::<Vec<i64>>())
+            .bind(requests.iter().map(|r| r.key.event).collect::<Vec<&str>>())
+            .bind(requests.iter().map(|r| r.key.ref_id).collect::<Vec<&str>>())
+            .bind(requests.iter().map(|r| r.payload_hash).collect::<Vec<_>>())
+            .bind(requests.iter().map(|r| r.payload).collect::<Vec<_>>())
+            .bind(requests.iter().map(|r| r.write_id).collect::<Vec<i64>>())
+            .bind(requests.iter().map(|r| r.event_body).collect::<Vec<_>>())
+            .bind(edges.0)
+            .bind(edges.1)
+            .bind(edges.2)
+            .bind(edges.3);
+        let query = if emitting {
+            query.bind(requests.first().map(|r| r.machine))
+        } else {
+            query
+        };
+        let rows = match query.fetch_all(conn).await {
+            Ok(rows) => rows,
+            Err(e) if is_outbox_taken(&e) || is_unique_violation(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut written = vec![FirstWrite::NotApplied; requests.len()];
+        for row in rows {
+            // The row's position is its entity, which names one request of the batch.
+            if let Some(i) = requests.iter().position(|r| r.key.order_id == row.i) {
+                written[i] = FirstWrite::Applied {
+                    from: row.prior.from,
+                    to: row.prior.to,
+                    version: row.prior.seq,
+                };
+            }
+        }
+        Ok(Some(written))
+    }
+}
+
 impl Store for PgStore {
     type Conn = PgConnection;
     type Pooled = sqlx::pool::PoolConnection<Postgres>;
@@ -259,6 +345,7 @@ impl Store for PgStore {
     const BACKEND: &'static str = "postgres";
     const READ_FIRST_FROM: u32 = 384;
     const BATCH_READ_MAX: usize = BATCH_READ_MAX;
+    const BATCHES_WRITES: bool = true;
 
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
         self.pool.acquire().await
@@ -276,7 +363,9 @@ impl Store for PgStore {
     }
 
     /// One statement for one request, any number of source states, atomic on its own.
-    /// For several, one `BEGIN` and one `COMMIT`, each request's statement in a savepoint
+    /// For several of distinct entities, one statement for all. Otherwise, or if one of
+    /// them meets a unique key (a twin, a replay recorded after the statement's
+    /// snapshot), one `BEGIN` and one `COMMIT`, each request's statement in a savepoint
     /// of its own.
     async fn apply_first(
         &self,
@@ -291,6 +380,17 @@ impl Store for PgStore {
                 Err(e) if is_unique_violation(&e) => Ok(vec![FirstWrite::NotApplied]),
                 Err(e) => Err(e),
             };
+        }
+        let distinct = {
+            let mut ids: Vec<i64> = requests.iter().map(|r| r.key.order_id).collect();
+            ids.sort_unstable();
+            ids.windows(2).all(|w| w[0] != w[1])
+        };
+        let one_machine = requests.windows(2).all(|w| w[0].machine == w[1].machine);
+        if distinct && one_machine {
+            if let Some(written) = self.first_writes(conn, requests).await? {
+                return Ok(written);
+            }
         }
         let mut tx = conn.begin().await?;
         let mut written = Vec::with_capacity(requests.len());

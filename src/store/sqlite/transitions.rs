@@ -92,6 +92,7 @@ impl Store for SqliteStore {
     /// one read more, which in-process is cheap.
     const BACKEND: &'static str = "sqlite";
     const READ_FIRST_FROM: u32 = 256;
+    const BATCHES_WRITES: bool = true;
 
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
         self.pool.acquire().await
