@@ -130,7 +130,8 @@ pub mod store;
 pub mod testing;
 
 pub use engine::{
-    CreateRequest, Engine, EngineConfig, Order, Outcome, ReadFirst, Record, TransitionRequest,
+    CoalescedWrites, CreateRequest, Engine, EngineConfig, Order, Outcome, ReadFirst, Record,
+    TransitionRequest,
 };
 pub use error::{Error, Result, TokenRejection};
 pub use flow::{Definition, FlowConfig, FlowOutcome, Flows, Resume, Started, StepError};

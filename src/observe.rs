@@ -90,6 +90,14 @@ pub(crate) fn retryable_db_error(backend: &'static str, class: &'static str, e: 
         .increment(1);
 }
 
+/// A write unit of coalesced requests sent: how many it carried.
+pub(crate) fn write_unit(backend: &'static str, requests: usize) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("orderly_write_unit_requests", "backend" => backend)
+        .record(requests as f64);
+    let _ = (backend, requests);
+}
+
 /// A claim of an idempotency record answered.
 pub(crate) fn claim(scope: &str, outcome: &'static str) {
     tracing::debug!(scope, outcome, "orderly.claim");

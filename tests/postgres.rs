@@ -206,6 +206,15 @@ mod read_first {
     crate::conformance!(super::Pg<super::Always>);
 }
 
+/// `conformance::connection_cut_under_a_unit_answers_each_request`, cut at the text of
+/// the batch statement (sent once per connection, in its `Parse`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_cut_under_a_coalesced_unit() {
+    let b = <Pg>::fresh().await;
+    conformance::connection_cut_under_a_unit_answers_each_request(&b, b"unnest($1::bigint[]").await;
+    b.cleanup().await;
+}
+
 async fn deadlocks(b: &Pg) -> i64 {
     b.scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
         .await

@@ -91,10 +91,10 @@ impl<S: Store> Conn<'_, S> {
     /// Returns a pooled connection to the pool while the request waits for something
     /// else (its place in a batch); it takes one again when next needed.
     fn put_back(&mut self) {
-        if let Conn::Pooled(lease) = self {
-            if let Some(lease) = lease.take() {
-                lease.release();
-            }
+        if let Conn::Pooled(lease) = self
+            && let Some(lease) = lease.take()
+        {
+            lease.release();
         }
     }
 

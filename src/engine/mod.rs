@@ -47,6 +47,7 @@ pub(crate) use input::validate_reference;
 pub use input::{MAX_REF_LEN, parse_event};
 pub use read_first::ReadFirst;
 pub use request::{CreateRequest, TransitionRequest};
+pub use writes::CoalescedWrites;
 
 pub(crate) use detach::{mark_connected, within_deadline};
 use input::{parse_record, parse_state, parse_version};
@@ -300,6 +301,17 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     /// [`Error::AlreadyExists`].
     pub fn create(&self, order_id: i64) -> CreateRequest<'_, M, S> {
         CreateRequest::new(self, order_id)
+    }
+
+    /// How many of this engine's write units (and its clones') carried several requests
+    /// at once, and how many requests they carried: a cheap gauge of how much
+    /// [`EngineConfig::coalesce_writes`] shares. Zero on a store that does not batch
+    /// writes, or with coalescing off.
+    pub fn coalesced_writes(&self) -> CoalescedWrites {
+        self.writes
+            .as_ref()
+            .map(|w| w.coalesced())
+            .unwrap_or_default()
     }
 
     /// The entity's current state.

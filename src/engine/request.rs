@@ -149,7 +149,13 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             stage: &stage,
             event_body: event_body.as_deref(),
         };
-        attempt::run(self.engine, &mut Conn::Caller(conn), &req, attempt::First::Write).await
+        attempt::run(
+            self.engine,
+            &mut Conn::Caller(conn),
+            &req,
+            attempt::First::Write,
+        )
+        .await
     }
 }
 

@@ -22,6 +22,7 @@
 //! is in flight does not cancel the batch for the others: the batch runs on a task of
 //! its own.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -40,6 +41,19 @@ pub(crate) struct Writes<S> {
     /// requests answered "failed".
     limit: Duration,
     state: Mutex<State>,
+    /// Units written for two requests or more, and the requests they carried.
+    units: AtomicU64,
+    carried: AtomicU64,
+}
+
+/// How many write units of an engine carried several requests, and how many requests
+/// they carried in all (see [`Engine::coalesced_writes`](crate::Engine::coalesced_writes)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoalescedWrites {
+    /// Write units that carried two requests or more.
+    pub units: u64,
+    /// The requests those units carried.
+    pub requests: u64,
 }
 
 /// What a queued request is told.
@@ -109,11 +123,25 @@ impl<S: Store> Writes<S> {
             store,
             limit,
             state: Mutex::default(),
+            units: AtomicU64::new(0),
+            carried: AtomicU64::new(0),
         })
     }
 
+    /// The units so far that carried several requests.
+    pub(crate) fn coalesced(&self) -> CoalescedWrites {
+        CoalescedWrites {
+            units: self.units.load(Relaxed),
+            requests: self.carried.load(Relaxed),
+        }
+    }
+
     /// Takes the write turn for `request`, or queues it.
-    pub(crate) fn turn<'w>(self: &'w Arc<Self>, request: &Request<'_>, stage: &Arc<Stage>) -> Turn<'w, S> {
+    pub(crate) fn turn<'w>(
+        self: &'w Arc<Self>,
+        request: &Request<'_>,
+        stage: &Arc<Stage>,
+    ) -> Turn<'w, S> {
         let mut state = self.lock();
         if !state.busy {
             state.busy = true;
@@ -166,8 +194,9 @@ impl<S: Store> Writes<S> {
         batch.sort_by_key(|q| q.key.order_id);
         let unit = async {
             let mut lease = Lease::acquire(&self.store).await?;
-            let (sent, gone): (Vec<Queued>, Vec<Queued>) =
-                std::mem::take(&mut batch).into_iter().partition(|q| q.stage.wrote());
+            let (sent, gone): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut batch)
+                .into_iter()
+                .partition(|q| q.stage.wrote());
             for queued in gone {
                 let _ = queued.reply.send(Answer::Abandoned);
             }
@@ -178,6 +207,11 @@ impl<S: Store> Writes<S> {
             }
             let requests: Vec<Request<'_>> = batch.iter().map(Queued::request).collect();
             let written = self.store.apply_first(lease.conn(), &requests).await;
+            if requests.len() > 1 {
+                self.units.fetch_add(1, Relaxed);
+                self.carried.fetch_add(requests.len() as u64, Relaxed);
+            }
+            crate::observe::write_unit(S::BACKEND, requests.len());
             lease.release_after(&written);
             written
         };
@@ -228,7 +262,9 @@ fn next_batch(queue: &mut Vec<Queued>) -> Vec<Queued> {
     let mut batch: Vec<Queued> = Vec::new();
     let mut rest: Vec<Queued> = Vec::new();
     for queued in queue.drain(..) {
-        let taken = batch.iter().any(|b| same_entity(b.key.as_key(), queued.key.as_key()));
+        let taken = batch
+            .iter()
+            .any(|b| same_entity(b.key.as_key(), queued.key.as_key()));
         if taken || batch.len() == MAX_BATCH {
             rest.push(queued);
         } else {

@@ -2,6 +2,7 @@
 //! Each test gets its own fresh database from its backend's `Backend::fresh`.
 #![allow(dead_code)]
 
+pub mod coalesce;
 pub mod faults;
 pub mod flows;
 pub mod idempotency;
@@ -10,6 +11,8 @@ pub mod records_faults;
 pub mod records_jobs;
 pub mod records_model;
 #[allow(unused_imports)] // used through `conformance!`; a binary without it has no use
+pub use coalesce::*;
+#[allow(unused_imports)]
 pub use faults::*;
 #[allow(unused_imports)]
 pub use flows::*;
@@ -268,6 +271,11 @@ macro_rules! conformance {
             relay_killed_by_sigkill_another_finishes,
             event_body_is_published_as_the_message_body,
             events_commit_with_flow_local_steps,
+            coalesced_writes_answer_each_request,
+            a_failing_request_leaves_its_unit_true,
+            callers_dropped_around_their_unit,
+            one_entity_many_requests_coalesced,
+            coalesced_engine_agrees_with_the_model,
         );
     };
     // The network faults, for a backend that implements `Networked`.

@@ -299,7 +299,12 @@ impl PgStore {
             }
         }
         let query = sqlx::query_as::<_, PositionedPrior>(statement.clone())
-            .bind(requests.iter().map(|r| r.key.order_id).collect::<Vec<i64>>())
+            .bind(
+                requests
+                    .iter()
+                    .map(|r| r.key.order_id)
+                    .collect::<Vec<i64>>(),
+            )
             .bind(requests.iter().map(|r| r.key.event).collect::<Vec<&str>>())
             .bind(requests.iter().map(|r| r.key.ref_id).collect::<Vec<&str>>())
             .bind(requests.iter().map(|r| r.payload_hash).collect::<Vec<_>>())
@@ -387,10 +392,11 @@ impl Store for PgStore {
             ids.windows(2).all(|w| w[0] != w[1])
         };
         let one_machine = requests.windows(2).all(|w| w[0].machine == w[1].machine);
-        if distinct && one_machine {
-            if let Some(written) = self.first_writes(conn, requests).await? {
-                return Ok(written);
-            }
+        if distinct
+            && one_machine
+            && let Some(written) = self.first_writes(conn, requests).await?
+        {
+            return Ok(written);
         }
         let mut tx = conn.begin().await?;
         let mut written = Vec::with_capacity(requests.len());

@@ -1,0 +1,542 @@
+//! Coalesced writes: new requests that arrive while a write is in flight go together in
+//! the next write unit, and each is answered exactly as if it had gone alone. Every body
+//! here checks that batches did form (`Engine::coalesced_writes`) on a store that
+//! batches writes, so that a run where they never did cannot pass for one where they
+//! did.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use orderly::store::{FirstWrite, Key, Request, Store};
+use orderly::{Engine, EngineConfig, Error, Outcome, ReadFirst};
+use proptest::prelude::Rng;
+use proptest::test_runner::{RngAlgorithm, TestRng};
+
+use super::faults::Networked;
+use super::{Backend, Eng, OrderEvent::*, OrderState::*, applied, assert_order, replayed};
+
+/// An engine that always tries to apply first, so that every new request meets the
+/// coalescer.
+async fn writer<B: Backend>(b: &B) -> Eng<B> {
+    super::with_policy(b.store(Duration::from_secs(10)).await, ReadFirst::Never)
+}
+
+/// Asserts that the engine coalesced at least one unit, on a store that batches writes.
+fn assert_coalesced<B: Backend>(e: &Eng<B>, what: &str) {
+    let coalesced = e.coalesced_writes();
+    if <B::S as Store>::BATCHES_WRITES {
+        assert!(
+            coalesced.units > 0 && coalesced.requests >= 2 * coalesced.units,
+            "{what}: no write unit carried several requests ({coalesced:?}): the test shows nothing"
+        );
+    } else {
+        assert_eq!(coalesced.units, 0, "{what}: a store that does not batch");
+    }
+}
+
+/// Twins of one request and requests of other entities, all at once: per entity one
+/// `Applied`, its twins `Replayed` with the same version, one history row.
+pub async fn coalesced_writes_answer_each_request<B: Backend>(b: &B) {
+    const ENTITIES: i64 = 24;
+    const TWINS: usize = 3;
+    let e = writer(b).await;
+    for round in 0..5_i64 {
+        let ids: Vec<i64> = (0..ENTITIES).map(|i| 1000 * round + i).collect();
+        for id in &ids {
+            e.create(*id).await.unwrap();
+        }
+        let calls: Vec<_> = ids
+            .iter()
+            .flat_map(|id| std::iter::repeat_n(*id, TWINS))
+            .map(|id| {
+                let e = e.clone();
+                tokio::spawn(async move { (id, e.transition(id, Pay, "pay").await) })
+            })
+            .collect();
+        let mut answers: HashMap<i64, Vec<Outcome<_>>> = HashMap::new();
+        for call in calls {
+            let (id, answer) = call.await.unwrap();
+            answers.entry(id).or_default().push(answer.unwrap());
+        }
+        for id in ids {
+            let mine = &answers[&id];
+            let applied_ones = mine.iter().filter(|o| o.is_applied()).count();
+            assert_eq!(applied_ones, 1, "order {id}: {mine:?}");
+            for outcome in mine {
+                assert!(
+                    *outcome == applied(Created, Paid, 1) || *outcome == replayed(Created, Paid, 1),
+                    "order {id}: {outcome:?}"
+                );
+            }
+            assert_order(&e, id, Paid, 1, 1).await;
+        }
+        if e.coalesced_writes().units > 0 {
+            break;
+        }
+    }
+    assert_coalesced::<B>(&e, "twins");
+}
+
+/// A request whose write fails in its unit (its entity's version reused behind orderly's
+/// back, so its history row meets the primary key) leaves the unit's other requests
+/// applied: on the store's unit directly, and through the engine with many callers.
+pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
+    let e = writer(b).await;
+    let poison = |id: i64| {
+        format!(
+            "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+             VALUES ({id}, 1, 'Created', 'Refunded', 'Refund', 'ghost')"
+        )
+    };
+    for id in 1..=3 {
+        e.create(id).await.unwrap();
+    }
+    b.exec(&poison(2)).await;
+    let request = |order_id| Request {
+        key: Key {
+            order_id,
+            event: "Pay",
+            ref_id: "pay",
+        },
+        from_states: &["Created"],
+        to_states: &["Paid"],
+        payload_hash: None,
+        payload: None,
+        write_id: order_id,
+        emits: &[None],
+        machine: "OrderMachine",
+        event_body: None,
+    };
+    let store = e.store();
+    let mut conn = store.acquire().await.unwrap();
+    let written = store
+        .apply_first(&mut conn, &[request(1), request(2), request(3)])
+        .await
+        .unwrap();
+    drop(conn);
+    let moved = FirstWrite::Applied {
+        from: "Created".into(),
+        to: "Paid".into(),
+        version: 1,
+    };
+    assert_eq!(written, vec![moved.clone(), FirstWrite::NotApplied, moved]);
+    assert_order(&e, 1, Paid, 1, 1).await;
+    assert_order(&e, 3, Paid, 1, 1).await;
+    let two = e.get(2).await.unwrap();
+    assert_eq!(
+        (two.state, two.version),
+        (Created, 0),
+        "the failed request moved it"
+    );
+
+    // Through the engine: every round has one poisoned entity among 31 sound ones.
+    let config = EngineConfig {
+        max_attempts: 2,
+        read_first: ReadFirst::Never,
+        ..EngineConfig::default()
+    };
+    let e: Eng<B> = Engine::with_config(b.store(Duration::from_secs(10)).await, config).unwrap();
+    for round in 1..=5_i64 {
+        let ids: Vec<i64> = (0..32).map(|i| 100 * round + i).collect();
+        for id in &ids {
+            e.create(*id).await.unwrap();
+        }
+        let poisoned = 100 * round + 16;
+        b.exec(&poison(poisoned)).await;
+        let calls: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let e = e.clone();
+                tokio::spawn(async move { (id, e.transition(id, Pay, "pay").await) })
+            })
+            .collect();
+        for call in calls {
+            let (id, answer) = call.await.unwrap();
+            if id == poisoned {
+                assert!(
+                    !matches!(answer, Ok(Outcome::Applied { .. })),
+                    "the poisoned order {id} answered {answer:?}"
+                );
+                let order = e.get(id).await.unwrap();
+                assert_eq!((order.state, order.version), (Created, 0), "order {id}");
+            } else {
+                assert_eq!(answer.unwrap(), applied(Created, Paid, 1), "order {id}");
+                assert_order(&e, id, Paid, 1, 1).await;
+            }
+        }
+        if e.coalesced_writes().units > 0 {
+            break;
+        }
+    }
+    assert_coalesced::<B>(&e, "a poisoned request among others");
+}
+
+/// Callers that give up at every moment (while queued, while their unit is in flight,
+/// after it committed): every request is applied at most once, a caller told `Applied`
+/// is told `Replayed` on a re-send, and every request re-sent is answered as the
+/// history says.
+pub async fn callers_dropped_around_their_unit<B: Backend>(b: &B) {
+    const CALLERS: i64 = 48;
+    let e = writer(b).await;
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]);
+    let (mut gave_up, mut answered) = (0, 0);
+    for round in 0..6_i64 {
+        let ids: Vec<i64> = (0..CALLERS).map(|i| 1000 * round + i).collect();
+        for id in &ids {
+            e.create(*id).await.unwrap();
+        }
+        let calls: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let e = e.clone();
+                let patience = Duration::from_micros(rng.next_u64() % 4000);
+                tokio::spawn(async move {
+                    (
+                        id,
+                        tokio::time::timeout(patience, e.transition(id, Pay, "pay")).await,
+                    )
+                })
+            })
+            .collect();
+        let mut first = HashMap::new();
+        for call in calls {
+            let (id, answer) = call.await.unwrap();
+            match answer {
+                Ok(answer) => {
+                    answered += 1;
+                    first.insert(id, answer);
+                }
+                Err(_) => gave_up += 1,
+            }
+        }
+        // What the abandoned calls were in the middle of finishes off their tasks.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for id in ids {
+            let again = e.transition(id, Pay, "pay").await.unwrap();
+            match first.get(&id) {
+                Some(Ok(Outcome::Applied { .. })) => {
+                    assert_eq!(again, replayed(Created, Paid, 1), "order {id}")
+                }
+                Some(Err(error)) => assert!(error.is_retryable(), "order {id}: {error:?}"),
+                _ => assert!(
+                    again == applied(Created, Paid, 1) || again == replayed(Created, Paid, 1),
+                    "order {id}: {again:?}"
+                ),
+            }
+            assert_order(&e, id, Paid, 1, 1).await;
+        }
+    }
+    assert!(
+        gave_up > 0 && answered > 0,
+        "every caller {} : the drops did not land among the writes",
+        if gave_up == 0 {
+            "was answered"
+        } else {
+            "gave up"
+        }
+    );
+    assert_coalesced::<B>(&e, "callers giving up");
+}
+
+/// The connection of a unit of several requests is cut as the unit's statement goes
+/// out, or right after it reached the server (which may commit it): every request of
+/// the unit is read back by its own identity and answered truly, once `Applied`.
+pub async fn connection_cut_under_a_unit_answers_each_request<B: Networked>(
+    b: &B,
+    unit_pattern: &'static [u8],
+) {
+    use crate::server::{Cut, Proxy};
+    let direct = writer(b).await;
+    for (n, cut) in [Cut::Forward(unit_pattern), Cut::Request(unit_pattern)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut cut_seen = false;
+        for round in 0..5_i64 {
+            let ids: Vec<i64> = (0..32)
+                .map(|i| 10_000 * n as i64 + 1000 * round + i)
+                .collect();
+            for id in &ids {
+                direct.create(*id).await.unwrap();
+            }
+            let proxy = Proxy::start(b.server(), cut).await;
+            let e: Eng<B> = super::with_policy(b.store_at(proxy.port, 8).await, ReadFirst::Never);
+            let calls: Vec<_> = ids
+                .iter()
+                .map(|&id| {
+                    let e = e.clone();
+                    tokio::spawn(async move { (id, e.transition(id, Pay, "pay").await) })
+                })
+                .collect();
+            for call in calls {
+                let (id, answer) = call.await.unwrap();
+                assert_eq!(
+                    answer.unwrap(),
+                    applied(Created, Paid, 1),
+                    "{cut:?}: order {id}"
+                );
+                assert_order(&direct, id, Paid, 1, 1).await;
+            }
+            for id in &ids {
+                assert_eq!(
+                    e.transition(*id, Pay, "pay").await.unwrap(),
+                    replayed(Created, Paid, 1)
+                );
+            }
+            if proxy.cuts() > 0 {
+                cut_seen = true;
+                break;
+            }
+        }
+        assert!(
+            cut_seen,
+            "{cut:?}: no unit of several requests was cut: the test shows nothing"
+        );
+    }
+}
+
+/// Many requests for one entity at once on a cyclic graph, among requests of others:
+/// at most one per entity goes in a unit, each is judged in order, and the history is a
+/// path through the graph.
+pub async fn one_entity_many_requests_coalesced<B: Backend>(b: &B) {
+    use super::{TicketEvent, TicketState};
+    const TICKETS: i64 = 4;
+    let e: Engine<super::TicketMachine, B::S> =
+        super::with_policy(b.store(Duration::from_secs(10)).await, ReadFirst::Never);
+    for id in 0..TICKETS {
+        e.create(id).await.unwrap();
+        e.transition(id, TicketEvent::Start, "s").await.unwrap();
+    }
+    let calls: Vec<_> = (0..32_u64)
+        .map(|task| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                for n in 0..8_u64 {
+                    let id = (task % TICKETS as u64) as i64;
+                    let event = if n % 2 == 0 {
+                        TicketEvent::Block
+                    } else {
+                        TicketEvent::Unblock
+                    };
+                    let reference = format!("r{task}-{n}");
+                    let answer = e.transition(id, event, &reference).await;
+                    answers.push((id, event, reference, answer));
+                }
+                answers
+            })
+        })
+        .collect();
+    let mut applied_here = HashMap::new();
+    for call in calls {
+        for (id, event, reference, answer) in call.await.unwrap() {
+            match answer {
+                Ok(Outcome::Applied { from, to, version }) => {
+                    applied_here.insert((id, reference), (event, from, to, version));
+                }
+                Ok(replay) => panic!("{id} {reference}: a new request replayed: {replay:?}"),
+                Err(Error::InvalidTransition { .. } | Error::RefConflict { .. }) => {}
+                Err(other) => panic!("{id} {reference}: {other:?}"),
+            }
+        }
+    }
+    let mut rows = 0;
+    for id in 0..TICKETS {
+        let history = e.history(id).await.unwrap();
+        let mut state = TicketState::Open;
+        for (i, row) in history.iter().enumerate() {
+            assert_eq!((row.seq, row.from), (i as i64 + 1, state), "ticket {id}");
+            state = row.to;
+            if row.ref_id != "s" {
+                rows += 1;
+                assert_eq!(
+                    applied_here.get(&(id, row.ref_id.clone())),
+                    Some(&(row.event, row.from, row.to, row.seq)),
+                    "ticket {id}: {row:?} not answered Applied"
+                );
+            }
+        }
+        assert_eq!(e.get(id).await.unwrap().state, state);
+    }
+    assert_eq!(
+        rows,
+        applied_here.len(),
+        "an Applied answer without its row"
+    );
+    assert!(
+        rows > TICKETS as usize,
+        "too little applied to mean anything"
+    );
+    assert_coalesced_any(&e);
+}
+
+/// [`assert_coalesced`] for an engine of another machine.
+fn assert_coalesced_any<M: orderly::StateMachine, S: Store>(e: &Engine<M, S>) {
+    let coalesced = e.coalesced_writes();
+    if S::BATCHES_WRITES {
+        assert!(
+            coalesced.units > 0,
+            "no write unit carried several requests: the test shows nothing"
+        );
+    }
+}
+
+/// Random sets of concurrent requests (waves of up to 16 at once, over 4 tickets of a
+/// graph with a cycle, with repeated references and payloads) through a coalescing
+/// engine, against the reference model: each ticket's new history rows, in order, are
+/// what the model applies; every `Applied` answer is one of those rows; and every other
+/// answer is what the model says at some point of the wave (a request that changed
+/// nothing may take effect anywhere among its ticket's rows).
+pub async fn coalesced_engine_agrees_with_the_model<B: Backend>(b: &B) {
+    use super::{TicketEvent, TicketMachine};
+    use orderly::testing::{Model, steps};
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    let e: Engine<TicketMachine, B::S> =
+        super::with_policy(b.store(Duration::from_secs(10)).await, ReadFirst::Never);
+    let mut runner = TestRunner::new(Config {
+        cases: 12,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicI64::new(0);
+    let handle = tokio::runtime::Handle::current();
+    let result = runner.run(&steps::<TicketMachine>(4, 3, 16..64), |seq| {
+        let first_id = 1000 * (1 + case.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        tokio::task::block_in_place(|| {
+            handle.block_on(async {
+                let ids: Vec<i64> = (0..4).map(|i| first_id + i).collect();
+                for id in &ids {
+                    e.create(*id).await.map_err(|e| e.to_string())?;
+                }
+                let mut model = Model::<TicketMachine>::new(ids.iter().copied());
+                for wave in seq.chunks(16) {
+                    let calls: Vec<_> = wave
+                        .iter()
+                        .map(|step| {
+                            let (e, step) = (e.clone(), step.clone());
+                            tokio::spawn(async move {
+                                let id = first_id + step.order;
+                                let request = e.transition(id, step.event, &step.ref_id);
+                                let answer = match &step.payload {
+                                    Some(p) => request.payload(p).await,
+                                    None => request.await,
+                                };
+                                (step, answer)
+                            })
+                        })
+                        .collect();
+                    let mut answers = Vec::new();
+                    for call in calls {
+                        answers.push(call.await.map_err(|e| e.to_string())?);
+                    }
+                    check_wave(&e, first_id, &ids, &mut model, &answers).await?;
+                }
+                Ok::<(), String>(())
+            })
+        })
+        .map_err(TestCaseError::fail)
+    });
+    if let Err(err) = result {
+        panic!("{err}");
+    }
+    assert_coalesced_any(&e);
+
+    type Answer = (
+        orderly::testing::Step<TicketEvent>,
+        Result<Outcome<super::TicketState>, Error>,
+    );
+    async fn check_wave<S: Store>(
+        e: &Engine<TicketMachine, S>,
+        first_id: i64,
+        ids: &[i64],
+        model: &mut Model<TicketMachine>,
+        answers: &[Answer],
+    ) -> Result<(), String> {
+        for &id in ids {
+            let (_, before) = model.order(id).ok_or("the model lost a ticket")?;
+            let history = e.history(id).await.map_err(|e| e.to_string())?;
+            let mine: Vec<&Answer> = answers
+                .iter()
+                .filter(|(step, _)| first_id + step.order == id)
+                .collect();
+            // The model after each of the wave's rows: where a request that changed
+            // nothing may have been judged.
+            let mut points = vec![model.clone()];
+            let mut rows = 0;
+            for row in history.iter().filter(|r| r.seq > before) {
+                rows += 1;
+                let row_outcome = Outcome::Applied {
+                    from: row.from,
+                    to: row.to,
+                    version: row.seq,
+                };
+                let ours = |(s, _): &&&Answer| s.event == row.event && s.ref_id == row.ref_id;
+                // Twins of the request may be in the wave: one of them, told `Applied`
+                // with the row's values, is the one that wrote it.
+                let told: Vec<&&Answer> = mine
+                    .iter()
+                    .filter(ours)
+                    .filter(|(_, a)| a.as_ref().is_ok_and(|o| o.is_applied()))
+                    .collect();
+                let [(step, answer)] = told[..] else {
+                    return Err(format!(
+                        "ticket {id}: row {row:?} answered Applied {} times",
+                        told.len()
+                    ));
+                };
+                if !matches!(answer, Ok(o) if *o == row_outcome) {
+                    return Err(format!("ticket {id}: row {row:?} answered {answer:?}"));
+                }
+                let expected =
+                    model.apply_with_payload(id, step.event, &step.ref_id, step.payload.as_deref());
+                if !expected.matches(answer) {
+                    return Err(format!(
+                        "ticket {id}: row {row:?}, the model says {expected:?}"
+                    ));
+                }
+                points.push(model.clone());
+            }
+            let applied = mine
+                .iter()
+                .filter(|(_, a)| a.as_ref().is_ok_and(|o| o.is_applied()))
+                .count();
+            if applied != rows {
+                return Err(format!(
+                    "ticket {id}: {applied} Applied answers, {rows} new rows"
+                ));
+            }
+            for (step, answer) in mine
+                .iter()
+                .filter(|(_, a)| !a.as_ref().is_ok_and(|o| o.is_applied()))
+            {
+                let fits = points.iter().any(|point| {
+                    let mut point = point.clone();
+                    let expected = point.apply_with_payload(
+                        id,
+                        step.event,
+                        &step.ref_id,
+                        step.payload.as_deref(),
+                    );
+                    !matches!(expected, orderly::testing::Expected::Applied { .. })
+                        && expected.matches(answer)
+                });
+                if !fits {
+                    return Err(format!(
+                        "ticket {id}: {} {} answered {answer:?}, which no point of the wave gives",
+                        step.event, step.ref_id
+                    ));
+                }
+            }
+        }
+        // Requests for the ticket never created.
+        for (step, answer) in answers
+            .iter()
+            .filter(|(s, _)| !ids.contains(&(first_id + s.order)))
+        {
+            if !matches!(answer, Err(Error::NotFound { .. })) {
+                return Err(format!("missing ticket: {step:?} answered {answer:?}"));
+            }
+        }
+        Ok(())
+    }
+}
