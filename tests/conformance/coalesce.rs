@@ -70,6 +70,17 @@ pub async fn coalesced_writes_answer_each_request<B: Backend>(b: &B) {
             }
             assert_order(&e, id, Paid, 1, 1).await;
         }
+        // Pay emits OrderPaid: one outbox row per entity, at version 1, with its request.
+        let emitted = b
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM outbox WHERE machine = 'OrderMachine' AND event = 'OrderPaid' \
+                 AND version = 1 AND transition = 'Pay' AND ref_id = 'pay' \
+                 AND entity_id BETWEEN {} AND {}",
+                1000 * round,
+                1000 * round + ENTITIES - 1
+            ))
+            .await;
+        assert_eq!(emitted, ENTITIES, "outbox rows of round {round}");
         if e.coalesced_writes().units > 0 {
             break;
         }

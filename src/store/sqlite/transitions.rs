@@ -34,6 +34,10 @@ pub(super) struct Sql {
     /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
     pub(super) emit: SqlStr,
     history: SqlStr,
+    /// The tables' quoted names, for the statements of a batch, whose text depends on
+    /// its size.
+    pub(super) orders: String,
+    pub(super) transitions: String,
 }
 
 impl Sql {
@@ -41,6 +45,8 @@ impl Sql {
         let (o, h) = tables.quoted('"');
         let sql = |s: String| AssertSqlSafe(s).into_sql_str();
         Sql {
+            orders: o.clone(),
+            transitions: h.clone(),
             insert_order: sql(format!(
                 "INSERT INTO {o} (id, status, version) VALUES (?1, ?2, 0) ON CONFLICT (id) DO NOTHING"
             )),
@@ -83,6 +89,13 @@ impl Sql {
     }
 }
 
+/// Whether no two requests are for one entity.
+fn distinct_entities(requests: &[Request<'_>]) -> bool {
+    let mut ids: Vec<i64> = requests.iter().map(|r| r.key.order_id).collect();
+    ids.sort_unstable();
+    ids.windows(2).all(|w| w[0] != w[1])
+}
+
 impl Store for SqliteStore {
     type Conn = SqliteConnection;
     type Pooled = sqlx::pool::PoolConnection<Sqlite>;
@@ -109,10 +122,12 @@ impl Store for SqliteStore {
     }
 
     /// The floor's statements for one request: `BEGIN IMMEDIATE`; the update guarded by the
-    /// status, returning the new version; the history insert; `COMMIT`. For several, one
-    /// `BEGIN IMMEDIATE` and one `COMMIT`, each request in a savepoint of its own. Events
-    /// with several source states are not tried: the recorded `from` would need the
-    /// matched row.
+    /// status, returning the new version; the history insert; `COMMIT`. For several of
+    /// distinct entities, one `BEGIN IMMEDIATE`, one update for all, one multi-row
+    /// history insert (and one of outbox rows), one `COMMIT`; if a row meets a unique
+    /// key, that is undone and each request goes in a savepoint of its own. Events with
+    /// several source states are not tried: the recorded `from` would need the matched
+    /// row.
     async fn apply_first(
         &self,
         conn: &mut SqliteConnection,
@@ -122,6 +137,27 @@ impl Store for SqliteStore {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
         let mut tx = Self::begin(conn, Txn::Own).await?;
+        if requests.len() > 1 && distinct_entities(requests) {
+            match self.first_writes(&mut tx, requests).await {
+                Ok(Some(written)) => {
+                    if written
+                        .iter()
+                        .any(|w| matches!(w, FirstWrite::Applied { .. }))
+                    {
+                        tx.commit().await?;
+                    } else {
+                        tx.rollback().await?;
+                    }
+                    return Ok(written);
+                }
+                // A row met a unique key: undone, and written one request at a time.
+                Ok(None) => {
+                    tx.rollback().await?;
+                    tx = Self::begin(conn, Txn::Own).await?;
+                }
+                Err(e) => return undo(tx, e).await,
+            }
+        }
         let mut written = Vec::with_capacity(requests.len());
         for request in requests {
             let step = match requests {

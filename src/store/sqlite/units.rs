@@ -3,7 +3,7 @@
 //! its commit, and its rollback on every error path).
 
 use sqlx::sqlite::{Sqlite, SqliteConnection};
-use sqlx::{Connection, Transaction};
+use sqlx::{AssertSqlSafe, Connection, Transaction};
 
 use super::SqliteStore;
 use crate::store::{Apply, FirstWrite, Request, Txn, Written, is_unique_violation};
@@ -107,6 +107,123 @@ impl SqliteStore {
         })
     }
 
+    /// The apply-first writes of requests of distinct entities in an open `BEGIN
+    /// IMMEDIATE` transaction, a statement for each kind of row: one update of every
+    /// entity whose status is its request's source and whose request is not recorded
+    /// (exact: the transaction holds the write lock), returning the new versions; one
+    /// insert of their history rows; one of their outbox rows. `None` if a row met a
+    /// unique key (the caller undoes the transaction). A request whose event has several
+    /// source states is not tried.
+    pub(super) async fn first_writes(
+        &self,
+        conn: &mut SqliteConnection,
+        requests: &[Request<'_>],
+    ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
+        let (o, h) = (&self.transitions.orders, &self.transitions.transitions);
+        let tried: Vec<(usize, &Request<'_>, &'static str, &'static str)> = requests
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match (r.from_states, r.to_states) {
+                ([from], [to]) => Some((i, r, *from, *to)),
+                _ => None,
+            })
+            .collect();
+        let mut written = vec![FirstWrite::NotTried; requests.len()];
+        let values = placeholders(tried.len(), 5);
+        let update = format!(
+            "WITH r(order_id, f, t, event, ref_id) AS (VALUES {values}) \
+             UPDATE {o} SET status = r.t, version = {o}.version + 1 FROM r \
+             WHERE {o}.id = r.order_id AND {o}.status = r.f \
+               AND {o}.version BETWEEN 0 AND 9223372036854775806 \
+               AND NOT EXISTS (SELECT 1 FROM {h} AS h \
+                               WHERE h.order_id = r.order_id AND h.event = r.event AND h.ref_id = r.ref_id) \
+             RETURNING id, version"
+        );
+        let mut query = sqlx::query_as::<_, (i64, i64)>(AssertSqlSafe(update));
+        for (_, r, from, to) in &tried {
+            query = query
+                .bind(r.key.order_id)
+                .bind(*from)
+                .bind(*to)
+                .bind(r.key.event)
+                .bind(r.key.ref_id);
+        }
+        let moved = query.fetch_all(&mut *conn).await?;
+        let moved: Vec<(&(usize, &Request<'_>, &str, &str), i64)> = tried
+            .iter()
+            .filter_map(|t| {
+                let version = moved.iter().find(|(id, _)| *id == t.1.key.order_id)?.1;
+                Some((t, version))
+            })
+            .collect();
+        for &(i, _, _, _) in &tried {
+            written[i] = FirstWrite::NotApplied;
+        }
+        if moved.is_empty() {
+            return Ok(Some(written));
+        }
+        let record = format!(
+            "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+             VALUES {}",
+            placeholders(moved.len(), 9)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(record));
+        for ((_, r, from, to), version) in &moved {
+            query = query
+                .bind(r.key.order_id)
+                .bind(*version)
+                .bind(*from)
+                .bind(*to)
+                .bind(r.key.event)
+                .bind(r.key.ref_id)
+                .bind(r.payload_hash)
+                .bind(r.payload)
+                .bind(r.write_id);
+        }
+        match query.execute(&mut *conn).await {
+            Ok(_) => {}
+            Err(e) if is_unique_violation(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let emitting: Vec<_> = moved
+            .iter()
+            .filter_map(|(t, version)| Some((t, version, t.1.emits.first().copied().flatten()?)))
+            .collect();
+        if !emitting.is_empty() {
+            let emit = format!(
+                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                 VALUES {}",
+                placeholders(emitting.len(), 9)
+            );
+            let mut query = sqlx::query(AssertSqlSafe(emit));
+            for ((_, r, from, to), version, event) in &emitting {
+                query = query
+                    .bind(r.machine)
+                    .bind(r.key.order_id)
+                    .bind(**version)
+                    .bind(*event)
+                    .bind(r.key.event)
+                    .bind(*from)
+                    .bind(*to)
+                    .bind(r.key.ref_id)
+                    .bind(r.event_body);
+            }
+            match query.execute(&mut *conn).await {
+                Ok(_) => {}
+                Err(e) if is_unique_violation(&e) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        for ((i, _, from, to), version) in moved {
+            written[*i] = FirstWrite::Applied {
+                from: (*from).to_string(),
+                to: (*to).to_string(),
+                version,
+            };
+        }
+        Ok(Some(written))
+    }
+
     /// [`first_write`](Self::first_write) in a savepoint of its own, undone on any error.
     pub(super) async fn first_write_in_savepoint(
         &self,
@@ -139,6 +256,17 @@ impl SqliteStore {
             Err(e) => undo(tx, e).await,
         }
     }
+}
+
+/// `rows` groups of `width` numbered parameters, `(?1, ?2), (?3, ?4)`, in order.
+fn placeholders(rows: usize, width: usize) -> String {
+    (0..rows)
+        .map(|r| {
+            let group: Vec<String> = (1..=width).map(|c| format!("?{}", r * width + c)).collect();
+            format!("({})", group.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Rolls a write unit back after `error`, and returns the error. A rollback that fails
