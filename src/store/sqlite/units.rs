@@ -120,7 +120,7 @@ impl SqliteStore {
         requests: &[Request<'_>],
     ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
         let (o, h) = (&self.transitions.orders, &self.transitions.transitions);
-        let tried: Vec<(usize, &Request<'_>, &'static str, &'static str)> = requests
+        let tried: Vec<Tried<'_, '_>> = requests
             .iter()
             .enumerate()
             .filter_map(|(i, r)| match (r.from_states, r.to_states) {
@@ -149,7 +149,7 @@ impl SqliteStore {
                 .bind(r.key.ref_id);
         }
         let moved = query.fetch_all(&mut *conn).await?;
-        let moved: Vec<(&(usize, &Request<'_>, &str, &str), i64)> = tried
+        let moved: Vec<(&Tried<'_, '_>, i64)> = tried
             .iter()
             .filter_map(|t| {
                 let version = moved.iter().find(|(id, _)| *id == t.1.key.order_id)?.1;
@@ -257,6 +257,9 @@ impl SqliteStore {
         }
     }
 }
+
+/// A request a batch tries: its place in the batch, the request, its one edge.
+type Tried<'a, 'r> = (usize, &'a Request<'r>, &'static str, &'static str);
 
 /// `rows` groups of `width` numbered parameters, `(?1, ?2), (?3, ?4)`, in order.
 fn placeholders(rows: usize, width: usize) -> String {
