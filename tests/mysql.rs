@@ -230,6 +230,19 @@ async fn deadlocks(b: &My) -> i64 {
     row.1.parse().unwrap()
 }
 
+/// `conformance::connection_cut_under_a_unit_answers_each_request`, cut at the text of
+/// a unit's multi-row history insert (sent once per connection, in its prepare).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_cut_under_a_coalesced_unit() {
+    let b = <My>::fresh().await;
+    conformance::connection_cut_under_a_unit_answers_each_request(
+        &b,
+        b"write_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?), (",
+    )
+    .await;
+    b.cleanup().await;
+}
+
 /// `conformance::deadlock_scenario`, with InnoDB's evidence. InnoDB rolls back the lighter
 /// transaction; the ballast makes the rival heavier, so the engine is the victim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -20,18 +20,11 @@ const BACKENDS: [(&str, &str, bool); 3] = [
 ];
 
 /// Bodies that apply to some backends only, and why.
-const NOT_ON: [(&str, &str, &str); 2] = [
-    (
-        "deadlock_scenario",
-        "sqlite",
-        "one writer at a time: SQLite has no deadlocks",
-    ),
-    (
-        "connection_cut_under_a_unit_answers_each_request",
-        "mysql",
-        "the MySQL/MariaDB store does not batch writes (`BATCHES_WRITES` is false)",
-    ),
-];
+const NOT_ON: [(&str, &str, &str); 1] = [(
+    "deadlock_scenario",
+    "sqlite",
+    "one writer at a time: SQLite has no deadlocks",
+)];
 
 /// `(name, bound)` of every `pub async fn name<B: Bound>` in the suite.
 fn bodies() -> Vec<(String, String)> {

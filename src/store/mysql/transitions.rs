@@ -16,7 +16,7 @@ use crate::store::{
 };
 
 /// Makes a read wait, on a Galera node, for the write sets certified before it.
-const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
+pub(super) const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
 
 /// Every statement of the layer, for one pair of tables; plain or causal reads. The
 /// reads that a caller's transaction also makes are pairs `[Txn::Own, Txn::Caller]`.
@@ -45,6 +45,11 @@ pub(super) struct Sql {
     pub(super) emit: SqlStr,
     history: SqlStr,
     batch_reads: BatchReads,
+    /// The tables' quoted names, for the statements of a batch, whose text depends on
+    /// its size, and whether reads are causal.
+    pub(super) orders: String,
+    pub(super) transitions: String,
+    pub(super) causal: bool,
 }
 
 fn at(txn: Txn) -> usize {
@@ -64,6 +69,9 @@ impl Sql {
         };
         let locking = |f: &dyn Fn(&str) -> String, lock: &str| [read(f("")), read(f(lock))];
         Sql {
+            orders: o.clone(),
+            transitions: h.clone(),
+            causal,
             insert_order: sql(format!(
                 "INSERT INTO {o} (id, status, version) VALUES (?, ?, 0) ON DUPLICATE KEY UPDATE id = id"
             )),
@@ -170,6 +178,7 @@ impl Store for MySqlStore {
     const BACKEND: &'static str = "mysql";
     const READ_FIRST_FROM: u32 = 256;
     const BATCH_READ_MAX: usize = BATCH_READ_MAX;
+    const BATCHES_WRITES: bool = true;
 
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
         let conn = self.pool.acquire().await?;
@@ -195,10 +204,12 @@ impl Store for MySqlStore {
     }
 
     /// The floor's statements for one request: `BEGIN`; the update guarded by the
-    /// status, returning the new version; the history insert; `COMMIT`. For several, one
-    /// `BEGIN` and one `COMMIT`, each request in a savepoint of its own. Events
-    /// with several source states are not tried: the recorded `from` would need the
-    /// matched row.
+    /// status, returning the new version; the history insert; `COMMIT`. For several of
+    /// distinct entities, one `BEGIN`, a locking read of the entities and a read of
+    /// their requests' history rows, one update, one multi-row history insert (and one
+    /// of outbox rows), one `COMMIT`; if a row meets a unique key, that is undone and
+    /// each request goes in a savepoint of its own. Events with several source states
+    /// are not tried: the recorded `from` would need the matched row.
     async fn apply_first(
         &self,
         conn: &mut MySqlConnection,
@@ -208,6 +219,27 @@ impl Store for MySqlStore {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
         let mut tx = conn.begin().await?;
+        if requests.len() > 1 && crate::store::distinct_entities(requests) {
+            match self.first_writes(&mut tx, requests).await {
+                Ok(Some(written)) => {
+                    if written
+                        .iter()
+                        .any(|w| matches!(w, FirstWrite::Applied { .. }))
+                    {
+                        tx.commit().await?;
+                    } else {
+                        tx.rollback().await?;
+                    }
+                    return Ok(written);
+                }
+                // A row met a unique key: undone, and written one request at a time.
+                Ok(None) => {
+                    tx.rollback().await?;
+                    tx = conn.begin().await?;
+                }
+                Err(e) => return undo(tx, e).await,
+            }
+        }
         let mut written = Vec::with_capacity(requests.len());
         for request in requests {
             let step = match requests {

@@ -3,10 +3,11 @@
 //! its commit, and its rollback on every error path).
 
 use sqlx::mysql::{MySql, MySqlConnection};
-use sqlx::{Connection, Transaction};
+use sqlx::{AssertSqlSafe, Connection, Transaction};
 
 use super::MySqlStore;
-use crate::store::{Apply, FirstWrite, Request, Written, is_unique_violation};
+use super::transitions::CAUSAL;
+use crate::store::{Apply, FirstWrite, Request, Tried, Written, is_unique_violation};
 
 impl MySqlStore {
     /// The history insert for `a`, `seq = version + 1`, and the outbox row if its edge
@@ -91,6 +92,132 @@ impl MySqlStore {
             to: (*to).to_string(),
             version,
         })
+    }
+
+    /// The apply-first writes of requests of distinct entities in an open transaction: a
+    /// locking read of the entities (in the order of their ids), a read of their
+    /// requests' history rows (exact: a request is recorded only with its entity's
+    /// update, which waits for these locks; on Galera a rival node's write set fails
+    /// certification instead), then for those whose entity is at the request's source
+    /// state and whose request is not recorded, one update, one multi-row insert of their
+    /// history rows and one of their outbox rows. `None` if a row met a unique key (the
+    /// caller undoes the transaction). A request whose event has several source states
+    /// is not tried.
+    pub(super) async fn first_writes(
+        &self,
+        conn: &mut MySqlConnection,
+        requests: &[Request<'_>],
+    ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
+        let sql = self.sql();
+        let (o, h) = (&sql.orders, &sql.transitions);
+        let causal = if sql.causal { CAUSAL } else { "" };
+        let mut written = vec![FirstWrite::NotTried; requests.len()];
+        let tried = crate::store::tried(requests);
+        for t in &tried {
+            written[t.0] = FirstWrite::NotApplied;
+        }
+        let list = vec!["?"; tried.len()].join(", ");
+        let mut lock = sqlx::query_as::<_, (i64, String, i64)>(AssertSqlSafe(format!(
+            "SELECT id, status, CAST(version AS SIGNED) FROM {o} WHERE id IN ({list}) ORDER BY id FOR UPDATE"
+        )));
+        for t in &tried {
+            lock = lock.bind(t.1.key.order_id);
+        }
+        let entities = lock.fetch_all(&mut *conn).await?;
+        let asked = vec!["(order_id = ? AND event = ? AND ref_id = ?)"; tried.len()].join(" OR ");
+        let mut recorded = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+            "{causal}SELECT order_id FROM {h} WHERE {asked}"
+        )));
+        for t in &tried {
+            recorded = recorded
+                .bind(t.1.key.order_id)
+                .bind(t.1.key.event)
+                .bind(t.1.key.ref_id);
+        }
+        let recorded = recorded.fetch_all(&mut *conn).await?;
+        // Those that move, with their new versions.
+        let moving: Vec<(&Tried<'_, '_>, i64)> = tried
+            .iter()
+            .filter(|t| !recorded.contains(&t.1.key.order_id))
+            .filter_map(|t| {
+                let (_, status, version) = entities.iter().find(|e| e.0 == t.1.key.order_id)?;
+                let movable = status == t.2 && (0..i64::MAX).contains(version);
+                movable.then_some((t, version + 1))
+            })
+            .collect();
+        if moving.is_empty() {
+            return Ok(Some(written));
+        }
+        let cases = vec!["WHEN ? THEN ?"; moving.len()].join(" ");
+        let ids = vec!["?"; moving.len()].join(", ");
+        let mut update = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {o} SET status = CASE id {cases} END, version = version + 1 WHERE id IN ({ids})"
+        )));
+        for ((_, r, _, to), _) in &moving {
+            update = update.bind(r.key.order_id).bind(*to);
+        }
+        for ((_, r, _, _), _) in &moving {
+            update = update.bind(r.key.order_id);
+        }
+        update.execute(&mut *conn).await?;
+        let rows = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; moving.len()].join(", ");
+        let mut record = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+             VALUES {rows}"
+        )));
+        for ((_, r, from, to), version) in &moving {
+            record = record
+                .bind(r.key.order_id)
+                .bind(*version)
+                .bind(*from)
+                .bind(*to)
+                .bind(r.key.event)
+                .bind(r.key.ref_id)
+                .bind(r.payload_hash)
+                .bind(r.payload)
+                .bind(r.write_id);
+        }
+        match record.execute(&mut *conn).await {
+            Ok(_) => {}
+            Err(e) if is_unique_violation(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let emitting: Vec<_> = moving
+            .iter()
+            .filter_map(|(t, version)| Some((t, version, t.1.emits.first().copied().flatten()?)))
+            .collect();
+        if !emitting.is_empty() {
+            let rows = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; emitting.len()].join(", ");
+            let mut emit = sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                 VALUES {rows}"
+            )));
+            for ((_, r, from, to), version, event) in &emitting {
+                emit = emit
+                    .bind(r.machine)
+                    .bind(r.key.order_id)
+                    .bind(**version)
+                    .bind(*event)
+                    .bind(r.key.event)
+                    .bind(*from)
+                    .bind(*to)
+                    .bind(r.key.ref_id)
+                    .bind(r.event_body);
+            }
+            match emit.execute(&mut *conn).await {
+                Ok(_) => {}
+                Err(e) if is_unique_violation(&e) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        for ((i, _, from, to), version) in moving {
+            written[*i] = FirstWrite::Applied {
+                from: (*from).to_string(),
+                to: (*to).to_string(),
+                version,
+            };
+        }
+        Ok(Some(written))
     }
 
     /// [`first_write`](Self::first_write) in a savepoint of its own, undone on any error.

@@ -386,11 +386,7 @@ impl Store for PgStore {
                 Err(e) => Err(e),
             };
         }
-        let distinct = {
-            let mut ids: Vec<i64> = requests.iter().map(|r| r.key.order_id).collect();
-            ids.sort_unstable();
-            ids.windows(2).all(|w| w[0] != w[1])
-        };
+        let distinct = crate::store::distinct_entities(requests);
         let one_machine = requests.windows(2).all(|w| w[0].machine == w[1].machine);
         if distinct
             && one_machine

@@ -89,13 +89,6 @@ impl Sql {
     }
 }
 
-/// Whether no two requests are for one entity.
-fn distinct_entities(requests: &[Request<'_>]) -> bool {
-    let mut ids: Vec<i64> = requests.iter().map(|r| r.key.order_id).collect();
-    ids.sort_unstable();
-    ids.windows(2).all(|w| w[0] != w[1])
-}
-
 impl Store for SqliteStore {
     type Conn = SqliteConnection;
     type Pooled = sqlx::pool::PoolConnection<Sqlite>;
@@ -137,7 +130,7 @@ impl Store for SqliteStore {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
         let mut tx = Self::begin(conn, Txn::Own).await?;
-        if requests.len() > 1 && distinct_entities(requests) {
+        if requests.len() > 1 && crate::store::distinct_entities(requests) {
             match self.first_writes(&mut tx, requests).await {
                 Ok(Some(written)) => {
                     if written

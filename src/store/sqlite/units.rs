@@ -6,7 +6,7 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{AssertSqlSafe, Connection, Transaction};
 
 use super::SqliteStore;
-use crate::store::{Apply, FirstWrite, Request, Txn, Written, is_unique_violation};
+use crate::store::{Apply, FirstWrite, Request, Tried, Txn, Written, is_unique_violation};
 
 impl SqliteStore {
     /// A write unit: `BEGIN IMMEDIATE` on the engine's connection, a savepoint inside the
@@ -120,14 +120,7 @@ impl SqliteStore {
         requests: &[Request<'_>],
     ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
         let (o, h) = (&self.transitions.orders, &self.transitions.transitions);
-        let tried: Vec<Tried<'_, '_>> = requests
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| match (r.from_states, r.to_states) {
-                ([from], [to]) => Some((i, r, *from, *to)),
-                _ => None,
-            })
-            .collect();
+        let tried = crate::store::tried(requests);
         let mut written = vec![FirstWrite::NotTried; requests.len()];
         let values = placeholders(tried.len(), 5);
         let update = format!(
@@ -257,9 +250,6 @@ impl SqliteStore {
         }
     }
 }
-
-/// A request a batch tries: its place in the batch, the request, its one edge.
-type Tried<'a, 'r> = (usize, &'a Request<'r>, &'static str, &'static str);
 
 /// `rows` groups of `width` numbered parameters, `(?1, ?2), (?3, ?4)`, in order.
 fn placeholders(rows: usize, width: usize) -> String {
