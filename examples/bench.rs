@@ -81,7 +81,7 @@ use orderly::flow::{Definition, FlowConfig, FlowOutcome, FlowStore, Flows};
 use orderly::idempotency::RecordStore;
 use orderly::outbox::{ChannelSink, EventRow, Message, OutboxStore, Relay, RelayConfig, Sink};
 use orderly::store::Store;
-use orderly::{Done, Engine, Outcome, ReadFirst, Records, ScopeConfig};
+use orderly::{Done, Engine, EngineConfig, Outcome, ReadFirst, Records, ScopeConfig};
 
 orderly::state_machine! {
     /// The order graph.
@@ -195,6 +195,19 @@ trait BenchDb: Send + Sync + 'static {
     ) -> impl Future<Output = Result<usize, BoxError>> + Send;
     fn engine(&self) -> Engine<OrderMachine, Self::S>;
     fn floor(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// The floor's statements for every one of `ids` in one transaction on one
+    /// connection: the floor of coalescing `ids.len()` requests into one write unit.
+    fn floor_batch(&self, ids: &[i64]) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// SQLite only (`None` elsewhere): the floor's statements for each of `ids`, one
+    /// transaction each, in a plain loop on a connection of its own (no pool, no
+    /// engine); each request's latency in microseconds.
+    fn driver_limit(
+        &self,
+        ids: &[i64],
+    ) -> impl Future<Output = Result<Option<Vec<u32>>, BoxError>> + Send {
+        let _ = ids;
+        async { Ok(None) }
+    }
     fn naive(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
     /// Reads the history row of `(id, Pay, pay-id)`; it must exist.
     fn read(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
@@ -645,6 +658,50 @@ impl Lane {
         .await
     }
 
+    /// One worker calls `op(ids)` with `k` ids at a time for `seconds`, or until `span`
+    /// ids are used; each request's latency is its call's. `op` answers the latencies
+    /// itself if it measured them per request (`Some`), else `None`.
+    async fn batch_slice<F, Fut>(
+        &mut self,
+        k: usize,
+        seconds: f64,
+        span: i64,
+        op: F,
+    ) -> Result<(), BoxError>
+    where
+        F: Fn(Vec<i64>) -> Fut,
+        Fut: Future<Output = Result<Option<Vec<u32>>, BoxError>>,
+    {
+        if span < 1 {
+            return Ok(());
+        }
+        let deadline = Duration::from_secs_f64(seconds);
+        let (client0, machine0) = (process_cpu_micros(), machine_cpu_micros());
+        let start = Instant::now();
+        let mut slice = Stats::default();
+        while start.elapsed() < deadline {
+            let n = self.cursor.load(Ordering::Relaxed);
+            let take = (k as i64).min(span - n);
+            if take < 1 {
+                break;
+            }
+            self.cursor.store(n + take, Ordering::Relaxed);
+            let ids: Vec<i64> = (n..n + take).map(|i| self.first + i).collect();
+            let t = Instant::now();
+            let micros = op(ids).await?;
+            let took = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+            slice
+                .micros
+                .extend(micros.unwrap_or_else(|| vec![took; take as usize]));
+        }
+        slice.secs = start.elapsed().as_secs_f64();
+        slice.ops = slice.micros.len() as u64;
+        slice.client_cpu = process_cpu_micros() - client0;
+        slice.machine_cpu = machine_cpu_micros() - machine0;
+        self.stats.absorb(slice);
+        Ok(())
+    }
+
     /// `c` workers call `op(id)` for `seconds`, or until `span` ids are used (unless
     /// `cycle`). A failed operation aborts the bench.
     async fn slice<F, Fut>(
@@ -723,28 +780,40 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         );
     }
     println!(
-        "{:>3}  {:<8} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "{:>3}  {:<12} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10}",
         "c", "mode", "ops", "ops/s", "p50 ms", "p99 ms", "vs floor", "client us", "other us"
     );
     let mut ratios = Vec::new();
     let mut scales = Vec::new();
-    // Each write mode owns a third of the orders; the modes alternate in short slices,
+    // Each write mode owns a sixth of the orders; the modes alternate in short slices,
     // round after round, so that all of them see the same background load.
-    let third = args.orders / 3;
+    let share = args.orders / 6;
+    let alone_engine = Engine::<OrderMachine, B::S>::with_config(
+        engine.store().clone(),
+        EngineConfig {
+            coalesce_writes: false,
+            ..EngineConfig::default()
+        },
+    )?;
     let slice = args.seconds / args.rounds as f64;
     for &c in &args.concurrency {
         db.reset().await?;
         if let Some(big) = &big {
             big.reset().await?;
         }
-        let mut big_lane = Lane::new(1 + 2 * third);
+        let mut big_lane = Lane::new(1 + 2 * share);
         let (mut floor, mut naive, mut applied) =
-            (Lane::new(1), Lane::new(1 + third), Lane::new(1 + 2 * third));
-        let (mut replay, mut read) = (Lane::new(1 + 2 * third), Lane::new(1 + 2 * third));
+            (Lane::new(1), Lane::new(1 + share), Lane::new(1 + 2 * share));
+        let (mut replay, mut read) = (Lane::new(1 + 2 * share), Lane::new(1 + 2 * share));
+        let (mut alone, mut floor_batch, mut driver) = (
+            Lane::new(1 + 3 * share),
+            Lane::new(1 + 4 * share),
+            Lane::new(1 + 5 * share),
+        );
         for round in 1..=i64::from(args.rounds) {
             // Each round may use its share of a write mode's orders, so that a fast mode
             // does not run out early and miss the later rounds' background load.
-            let quota = third * round / i64::from(args.rounds);
+            let quota = share * round / i64::from(args.rounds);
             let d = db.clone();
             floor
                 .slice(c, slice, quota, false, move |id| {
@@ -760,6 +829,22 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
                 })
                 .await?;
             applied.engine_slice(&engine, c, slice, quota).await?;
+            alone.engine_slice(&alone_engine, c, slice, quota).await?;
+            let d = db.clone();
+            floor_batch
+                .batch_slice(c, slice, quota, move |ids| {
+                    let d = d.clone();
+                    async move { d.floor_batch(&ids).await.map(|()| None) }
+                })
+                .await?;
+            let d = db.clone();
+            driver
+                .batch_slice(256, slice, quota, move |ids| {
+                    let d = d.clone();
+                    // Elsewhere than on SQLite: no requests, no row.
+                    async move { Ok(Some(d.driver_limit(&ids).await?.unwrap_or_default())) }
+                })
+                .await?;
             if let Some(e) = &big_engine {
                 big_lane.engine_slice(e, c, slice, quota).await?;
             }
@@ -782,16 +867,41 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             })
             .await?;
         }
-        let [floor, naive, applied, replay, read, big_applied] =
-            [floor, naive, applied, replay, read, big_lane].map(|lane| lane.stats.finish());
+        let [
+            floor,
+            naive,
+            applied,
+            replay,
+            read,
+            big_applied,
+            alone,
+            floor_batch,
+            driver,
+        ] = [
+            floor,
+            naive,
+            applied,
+            replay,
+            read,
+            big_lane,
+            alone,
+            floor_batch,
+            driver,
+        ]
+        .map(|lane| lane.stats.finish());
         let f = floor.throughput();
         let mut rows = vec![
             ("floor", &floor),
             ("naive", &naive),
             ("engine", &applied),
+            ("alone", &alone),
+            ("floor-batch", &floor_batch),
             ("replay", &replay),
             ("read", &read),
         ];
+        if driver.ops > 0 {
+            rows.push(("driver-limit", &driver));
+        }
         if let Some(rows_b) = args.compare_history {
             rows.push(("engine-b", &big_applied));
             scales.push(format!(
@@ -806,7 +916,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         for (mode, s) in rows {
             let (client, other) = s.cpu_per_op();
             println!(
-                "{c:>3}  {mode:<8} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
+                "{c:>3}  {mode:<12} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
                 s.ops,
                 s.throughput(),
                 s.percentile(0.5),
@@ -820,6 +930,19 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             applied.throughput() / f,
             applied.throughput() / naive.throughput(),
             replay.throughput() / applied.throughput()
+        ));
+        ratios.push(format!(
+            "coalesce backend={} c={c} engine_vs_alone={:.2} engine_vs_floor_batch={:.2} engine_p99_ms={:.2} alone_p99_ms={:.2}{}",
+            args.backend,
+            applied.throughput() / alone.throughput(),
+            applied.throughput() / floor_batch.throughput(),
+            applied.percentile(0.99),
+            alone.percentile(0.99),
+            if driver.ops > 0 {
+                format!(" engine_vs_driver={:.2}", applied.throughput() / driver.throughput())
+            } else {
+                String::new()
+            }
         ));
         ratios.push(records_pass(&db, &engine, &records, c, args).await?);
         ratios.push(flows_pass(&db, &flows, c, args).await?);
@@ -1136,7 +1259,7 @@ where
     for (mode, s) in names.iter().zip([&run, &by_hand, &again]) {
         let (client, other) = s.cpu_per_op();
         println!(
-            "{c:>3}  {mode:<8} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
+            "{c:>3}  {mode:<12} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
             s.ops,
             s.throughput(),
             s.percentile(0.5),
@@ -1293,7 +1416,7 @@ async fn storm_pass<S: RecordStore>(
         for (mode, s) in [("storm", &plain), ("storm-r", &fronted)] {
             let (client, other) = s.cpu_per_op();
             println!(
-                " 64  {mode:<8} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
+                " 64  {mode:<12} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.2} {client:>10.0} {other:>10.0}",
                 s.ops,
                 s.throughput(),
                 s.percentile(0.5),
@@ -1406,8 +1529,8 @@ mod sqlite {
     use super::*;
     use orderly::SqliteStore;
     use orderly::store::sqlite::{connect_options, migrate};
-    use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
-    use sqlx::{AssertSqlSafe, Row};
+    use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions};
+    use sqlx::{AssertSqlSafe, Connection, Row};
 
     pub struct Db {
         pool: SqlitePool,
@@ -1443,6 +1566,21 @@ mod sqlite {
             sqlx::raw_sql("ANALYZE").execute(&pool).await?;
             Ok(Db { pool, _dir: dir })
         }
+    }
+
+    /// The floor's two statements for `id`, in an open transaction.
+    async fn sqlite_floor_statements(
+        conn: &mut SqliteConnection,
+        id: i64,
+    ) -> Result<(), BoxError> {
+        let n = sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
+            .bind("Paid").bind(id).bind("Created").bind(0_i64)
+            .execute(&mut *conn).await?.rows_affected();
+        ensure(n == 1, "floor", id)?;
+        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+            .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
+            .execute(conn).await?;
+        Ok(())
     }
 
     impl BenchDb for Db {
@@ -1488,6 +1626,30 @@ mod sqlite {
                 .execute(&mut *tx).await?;
             tx.commit().await?;
             Ok(())
+        }
+
+        async fn floor_batch(&self, ids: &[i64]) -> Result<(), BoxError> {
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            for &id in ids {
+                sqlite_floor_statements(&mut tx, id).await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        }
+
+        async fn driver_limit(&self, ids: &[i64]) -> Result<Option<Vec<u32>>, BoxError> {
+            let mut conn =
+                SqliteConnection::connect_with(self.pool.connect_options().as_ref()).await?;
+            let mut micros = Vec::with_capacity(ids.len());
+            for &id in ids {
+                let t = Instant::now();
+                sqlx::query("BEGIN IMMEDIATE").execute(&mut conn).await?;
+                sqlite_floor_statements(&mut conn, id).await?;
+                sqlx::query("COMMIT").execute(&mut conn).await?;
+                micros.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            }
+            conn.close().await?;
+            Ok(Some(micros))
         }
 
         async fn outbox_hand(&self, id: i64) -> Result<(), BoxError> {
@@ -1700,6 +1862,23 @@ mod postgres {
             .bind(id).bind("Paid").bind("Created").bind(0_i64).bind("Pay").bind(bench_ref(id))
             .execute(&self.pool).await?.rows_affected();
             ensure(n == 1, "floor", id)
+        }
+
+        async fn floor_batch(&self, ids: &[i64]) -> Result<(), BoxError> {
+            let mut tx = self.pool.begin().await?;
+            for &id in ids {
+                let n = sqlx::query(
+                    "WITH u AS (UPDATE orders SET status = $2, version = version + 1 \
+                       WHERE id = $1 AND status = $3 AND version = $4 RETURNING version) \
+                     INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+                     SELECT $1, version, $3, $2, $5, $6 FROM u",
+                )
+                .bind(id).bind("Paid").bind("Created").bind(0_i64).bind("Pay").bind(bench_ref(id))
+                .execute(&mut *tx).await?.rows_affected();
+                ensure(n == 1, "floor-batch", id)?;
+            }
+            tx.commit().await?;
+            Ok(())
         }
 
         async fn outbox_hand(&self, id: i64) -> Result<(), BoxError> {
@@ -1991,6 +2170,21 @@ mod mysql {
             sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
                 .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
                 .execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
+        async fn floor_batch(&self, ids: &[i64]) -> Result<(), BoxError> {
+            let mut tx = self.pool.begin().await?;
+            for &id in ids {
+                let n = sqlx::query("UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?")
+                    .bind("Paid").bind(id).bind("Created").bind(0_i64)
+                    .execute(&mut *tx).await?.rows_affected();
+                ensure(n == 1, "floor-batch", id)?;
+                sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+                    .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
+                    .execute(&mut *tx).await?;
+            }
             tx.commit().await?;
             Ok(())
         }

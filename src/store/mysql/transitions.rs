@@ -218,8 +218,12 @@ impl Store for MySqlStore {
         if !requests.iter().any(Request::has_one_edge) {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
-        let mut tx = conn.begin().await?;
         if requests.len() > 1 && crate::store::distinct_entities(requests) {
+            // READ COMMITTED: the unit's reads see the latest commits, and its locking
+            // read keeps no lock on a row it did not match.
+            let mut tx = conn
+                .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+                .await?;
             match self.first_writes(&mut tx, requests).await {
                 Ok(Some(written)) => {
                     if written
@@ -233,13 +237,11 @@ impl Store for MySqlStore {
                     return Ok(written);
                 }
                 // A row met a unique key: undone, and written one request at a time.
-                Ok(None) => {
-                    tx.rollback().await?;
-                    tx = conn.begin().await?;
-                }
+                Ok(None) => tx.rollback().await?,
                 Err(e) => return undo(tx, e).await,
             }
         }
+        let mut tx = conn.begin().await?;
         let mut written = Vec::with_capacity(requests.len());
         for request in requests {
             let step = match requests {

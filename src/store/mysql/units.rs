@@ -95,7 +95,8 @@ impl MySqlStore {
     }
 
     /// The apply-first writes of requests of distinct entities in an open transaction: a
-    /// locking read of the entities (in the order of their ids), a read of their
+    /// locking read of the entities (in the order of their ids, by the primary key, so
+    /// that no other row is locked), a read of their
     /// requests' history rows (exact: a request is recorded only with its entity's
     /// update, which waits for these locks; on Galera a rival node's write set fails
     /// certification instead), then for those whose entity is at the request's source
@@ -118,7 +119,8 @@ impl MySqlStore {
         }
         let list = vec!["?"; tried.len()].join(", ");
         let mut lock = sqlx::query_as::<_, (i64, String, i64)>(AssertSqlSafe(format!(
-            "SELECT id, status, CAST(version AS SIGNED) FROM {o} WHERE id IN ({list}) ORDER BY id FOR UPDATE"
+            "SELECT id, status, CAST(version AS SIGNED) FROM {o} FORCE INDEX (PRIMARY) \
+             WHERE id IN ({list}) ORDER BY id FOR UPDATE"
         )));
         for t in &tried {
             lock = lock.bind(t.1.key.order_id);
