@@ -27,6 +27,11 @@
 //! - naive: BEGIN; SELECT … FOR UPDATE; UPDATE; INSERT; COMMIT (SQLite has no FOR UPDATE:
 //!   BEGIN IMMEDIATE takes the lock);
 //! - engine: `Engine::transition` on the Applied path;
+//! - alone: the same through an engine with coalescing off (`coalesce_writes: false`);
+//! - floor-batch: the floor's statements for `c` requests in one transaction on one
+//!   connection, the hand-written floor of coalescing;
+//! - driver-limit (SQLite only): the floor's statements in a plain loop on a connection
+//!   of its own, one transaction per request, no pool, no engine;
 //! - replay: `Engine::transition` repeating requests the engine pass applied;
 //! - read: the cheapest conceivable replay, a bare `SELECT` of the history row by its
 //!   unique key, as a reference for what one read round trip costs here.
@@ -67,7 +72,9 @@
 //! line is `relay backend=… relay_vs_hand=…`.
 //!
 //! The last lines are one `ratio backend=… c=… engine_vs_floor=… engine_vs_naive=…
-//! replay_vs_engine=…` and one `records backend=… c=… records_vs_hand=…
+//! replay_vs_engine=…`, one `coalesce backend=… c=… engine_vs_alone=…
+//! engine_vs_floor_batch=… engine_p99_ms=… alone_p99_ms=…` (and `engine_vs_driver=…` on
+//! SQLite) and one `records backend=… c=… records_vs_hand=…
 //! replay_vs_records=…` and one `flows backend=… c=… flow_vs_hand=… replay_vs_flow=…` and
 //! one `outbox backend=… c=… outbox_vs_hand=… replay_vs_outbox=…` per
 //! concurrency, and the `relay …` line, for scripts.
@@ -1569,10 +1576,7 @@ mod sqlite {
     }
 
     /// The floor's two statements for `id`, in an open transaction.
-    async fn sqlite_floor_statements(
-        conn: &mut SqliteConnection,
-        id: i64,
-    ) -> Result<(), BoxError> {
+    async fn sqlite_floor_statements(conn: &mut SqliteConnection, id: i64) -> Result<(), BoxError> {
         let n = sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
             .bind("Paid").bind(id).bind("Created").bind(0_i64)
             .execute(&mut *conn).await?.rows_affected();
