@@ -282,6 +282,11 @@ pub(super) async fn run<M: StateMachine, S: Store>(
             }
             Err(e) => {
                 unreachable = true;
+                // No write goes out while no connection is to be had: the write turn,
+                // if this request holds it, goes on to the requests queued behind it.
+                if let Some(First::Alone(_)) = first {
+                    first = Some(First::Write);
+                }
                 retry_or_fail::<M, S>(e, txn, false)
             }
         };

@@ -41,9 +41,11 @@ pub(crate) struct Writes<S> {
     /// requests answered "failed".
     limit: Duration,
     state: Mutex<State>,
-    /// Units written for two requests or more, and the requests they carried.
+    /// Units written for two requests or more, the requests they carried, and the units
+    /// that failed.
     units: AtomicU64,
     carried: AtomicU64,
+    failed: AtomicU64,
 }
 
 /// How many write units of an engine carried several requests, and how many requests
@@ -54,6 +56,9 @@ pub struct CoalescedWrites {
     pub units: u64,
     /// The requests those units carried.
     pub requests: u64,
+    /// Units of queued requests that failed (a lost connection, a deadlock, a timeout),
+    /// whose requests each went their own way.
+    pub failed: u64,
 }
 
 /// What a queued request is told.
@@ -125,6 +130,7 @@ impl<S: Store> Writes<S> {
             state: Mutex::default(),
             units: AtomicU64::new(0),
             carried: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
         })
     }
 
@@ -133,6 +139,7 @@ impl<S: Store> Writes<S> {
         CoalescedWrites {
             units: self.units.load(Relaxed),
             requests: self.carried.load(Relaxed),
+            failed: self.failed.load(Relaxed),
         }
     }
 
@@ -169,12 +176,17 @@ impl<S: Store> Writes<S> {
 
     /// Writes the queue in batches until it is empty, then frees the turn.
     async fn drain(self: Arc<Self>) {
+        let mut turn = Turned {
+            writes: &self,
+            held: true,
+        };
         loop {
             let batch = {
                 let mut state = self.lock();
                 let batch = next_batch(&mut state.queue);
                 if batch.is_empty() && state.queue.is_empty() {
                     state.busy = false;
+                    turn.held = false;
                     return;
                 }
                 batch
@@ -207,11 +219,13 @@ impl<S: Store> Writes<S> {
             }
             let requests: Vec<Request<'_>> = batch.iter().map(Queued::request).collect();
             let written = self.store.apply_first(lease.conn(), &requests).await;
-            if requests.len() > 1 {
-                self.units.fetch_add(1, Relaxed);
-                self.carried.fetch_add(requests.len() as u64, Relaxed);
+            if written.is_ok() {
+                if requests.len() > 1 {
+                    self.units.fetch_add(1, Relaxed);
+                    self.carried.fetch_add(requests.len() as u64, Relaxed);
+                }
+                crate::observe::write_unit(S::BACKEND, requests.len());
             }
-            crate::observe::write_unit(S::BACKEND, requests.len());
             lease.release_after(&written);
             written
         };
@@ -242,6 +256,7 @@ impl<S: Store> Writes<S> {
                 }
             }
             None => {
+                self.failed.fetch_add(1, Relaxed);
                 for queued in batch {
                     let _ = queued.reply.send(Answer::Failed);
                 }
@@ -253,6 +268,25 @@ impl<S: Store> Writes<S> {
         // The state is a queue and a flag, consistent after every statement that holds
         // the lock, so a panic elsewhere while it was held leaves it usable.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The write turn, held by a drain: if the drain ends any other way than by emptying the
+/// queue (a panic, its runtime shutting down, its task dropped), the turn is freed and
+/// the requests still queued are answered "failed" (their senders dropped), so that no
+/// later request waits behind a turn nobody holds.
+struct Turned<'w, S> {
+    writes: &'w Writes<S>,
+    held: bool,
+}
+
+impl<S> Drop for Turned<'_, S> {
+    fn drop(&mut self) {
+        if self.held {
+            let mut state = self.writes.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.queue.clear();
+            state.busy = false;
+        }
     }
 }
 

@@ -26,8 +26,12 @@ fn assert_coalesced<B: Backend>(e: &Eng<B>, what: &str) {
     let coalesced = e.coalesced_writes();
     if <B::S as Store>::BATCHES_WRITES {
         assert!(
-            coalesced.units > 0 && coalesced.requests >= 2 * coalesced.units,
+            coalesced.units > 0,
             "{what}: no write unit carried several requests ({coalesced:?}): the test shows nothing"
+        );
+        assert_eq!(
+            coalesced.failed, 0,
+            "{what}: units failed and their requests went alone ({coalesced:?})"
         );
     } else {
         assert_eq!(coalesced.units, 0, "{what}: a store that does not batch");
@@ -114,9 +118,9 @@ pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
         payload_hash: None,
         payload: None,
         write_id: order_id,
-        emits: &[None],
+        emits: &[Some("OrderPaid")],
         machine: "OrderMachine",
-        event_body: None,
+        event_body: Some("{\"paid\":true}"),
     };
     let store = e.store();
     let mut conn = store.acquire().await.unwrap();
@@ -138,6 +142,35 @@ pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
         (two.state, two.version),
         (Created, 0),
         "the failed request moved it"
+    );
+    // A unit with no failing request, whose edges emit: every request's outbox row.
+    for id in 4..=6 {
+        e.create(id).await.unwrap();
+    }
+    let mut conn = store.acquire().await.unwrap();
+    let written = store
+        .apply_first(&mut conn, &[request(4), request(5), request(6)])
+        .await
+        .unwrap();
+    drop(conn);
+    let moved = FirstWrite::Applied {
+        from: "Created".into(),
+        to: "Paid".into(),
+        version: 1,
+    };
+    assert_eq!(written, vec![moved.clone(), moved.clone(), moved]);
+    let outbox = |ids: &str| {
+        format!(
+            "SELECT COUNT(*) FROM outbox WHERE machine = 'OrderMachine' AND event = 'OrderPaid' \
+             AND transition = 'Pay' AND version = 1 AND ref_id = 'pay' AND from_status = 'Created' \
+             AND to_status = 'Paid' AND body = '{{\"paid\":true}}' AND entity_id IN ({ids})"
+        )
+    };
+    assert_eq!(b.scalar(&outbox("1, 3, 4, 5, 6")).await, 5);
+    assert_eq!(
+        b.scalar(&outbox("2")).await,
+        0,
+        "the failed request's event"
     );
 
     // Through the engine: every round has one poisoned entity among 31 sound ones.
@@ -247,6 +280,69 @@ pub async fn callers_dropped_around_their_unit<B: Backend>(b: &B) {
         }
     );
     assert_coalesced::<B>(&e, "callers giving up");
+
+    // Callers answered at their deadline: one told that nothing was sent (`Unavailable`,
+    // `DeadlineExceeded` not in doubt) never has its write sent later, even from a
+    // queue: its re-send applies.
+    let (mut not_sent, mut applied_in_time) = (0, 0);
+    for (round, millis) in [1_u64, 2, 4, 8].into_iter().enumerate() {
+        let config = EngineConfig {
+            deadline: Duration::from_millis(millis),
+            read_first: ReadFirst::Never,
+            ..EngineConfig::default()
+        };
+        let hurried: Eng<B> =
+            Engine::with_config(b.store(Duration::from_secs(10)).await, config).unwrap();
+        let ids: Vec<i64> = (0..CALLERS)
+            .map(|i| 100_000 + 1000 * round as i64 + i)
+            .collect();
+        for id in &ids {
+            e.create(*id).await.unwrap();
+        }
+        let calls: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let hurried = hurried.clone();
+                tokio::spawn(async move { (id, hurried.transition(id, Pay, "pay").await) })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for call in calls {
+            answers.push(call.await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for (id, answer) in answers {
+            let again = e.transition(id, Pay, "pay").await.unwrap();
+            match answer {
+                Ok(Outcome::Applied { .. }) => {
+                    applied_in_time += 1;
+                    assert_eq!(again, replayed(Created, Paid, 1), "order {id}");
+                }
+                Err(
+                    Error::Unavailable { .. }
+                    | Error::DeadlineExceeded {
+                        in_doubt: false, ..
+                    },
+                ) => {
+                    not_sent += 1;
+                    assert_eq!(
+                        again,
+                        applied(Created, Paid, 1),
+                        "order {id}: told nothing was sent, but its write landed"
+                    );
+                }
+                Err(Error::DeadlineExceeded { in_doubt: true, .. }) => assert!(
+                    again == applied(Created, Paid, 1) || again == replayed(Created, Paid, 1)
+                ),
+                other => panic!("order {id}: {other:?}"),
+            }
+            assert_order(&e, id, Paid, 1, 1).await;
+        }
+    }
+    assert!(
+        not_sent > 0 && applied_in_time > 0,
+        "deadlines: {not_sent} not sent, {applied_in_time} applied in time: the test shows nothing"
+    );
 }
 
 /// The connection of a unit of several requests is cut as the unit's statement goes
@@ -389,6 +485,7 @@ fn assert_coalesced_any<M: orderly::StateMachine, S: Store>(e: &Engine<M, S>) {
             coalesced.units > 0,
             "no write unit carried several requests: the test shows nothing"
         );
+        assert_eq!(coalesced.failed, 0, "units failed: {coalesced:?}");
     }
 }
 
