@@ -1,0 +1,91 @@
+//! The deadline storm: client timeouts over new orders.
+
+use super::*;
+
+/// Client timeouts: twice as many callers as the pool has connections, every
+/// transition awaited under a deadline of `--deadline-ms` (a client that gives up), over
+/// new orders, for `--seconds`. A call the caller stops waiting for is finished off its
+/// task, so its connection goes back to the pool warm. Then every request told
+/// `Applied` must be recorded (a connection handed on inside a transaction nobody began
+/// would lose it), and every request re-sent is answered as the history says. Returns
+/// the `deadline …` line: the share of calls answered in time.
+pub(crate) async fn deadline_pass<B: BenchDb>(
+    db: &Arc<B>,
+    engine: &Engine<OrderMachine, B::S>,
+    args: &Args,
+) -> Result<String, BoxError> {
+    db.reset().await?;
+    let pool = *args.concurrency.iter().max().unwrap_or(&1);
+    let callers = 2 * pool;
+    let limit = Duration::from_millis(args.deadline_ms);
+    let run_for = Duration::from_secs_f64(args.seconds);
+    let next = Arc::new(AtomicI64::new(1));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..callers)
+        .map(|_| {
+            let (e, next, orders) = (engine.clone(), next.clone(), args.orders);
+            tokio::spawn(async move {
+                // (order, told Applied in time)
+                let mut calls = Vec::new();
+                while start.elapsed() < run_for {
+                    let id = next.fetch_add(1, Ordering::Relaxed);
+                    if id > orders {
+                        break;
+                    }
+                    let r = bench_ref(id);
+                    let call = e.transition(id, OrderEvent::Pay, &r).into_future();
+                    let applied = match tokio::time::timeout(limit, call).await {
+                        Ok(Ok(out)) => Some(out.is_applied()),
+                        Ok(Err(e)) if e.is_retryable() => Some(false),
+                        Ok(Err(e)) => return Err(BoxError::from(format!("order {id}: {e}"))),
+                        Err(_) => None,
+                    };
+                    calls.push((id, applied));
+                }
+                Ok(calls)
+            })
+        })
+        .collect();
+    let mut calls = Vec::new();
+    for w in workers {
+        calls.extend(w.await??);
+    }
+    let in_time = calls.iter().filter(|(_, a)| a.is_some()).count();
+    let applied = calls.iter().filter(|(_, a)| *a == Some(true)).count();
+    // The calls given up on finish off their callers' tasks; then the history decides.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (id, told) in &calls {
+        let again = engine
+            .transition(*id, OrderEvent::Pay, &bench_ref(*id))
+            .await?;
+        if *told == Some(true) {
+            ensure(
+                matches!(again, Outcome::Replayed { .. }),
+                "an acknowledged write lost",
+                *id,
+            )?;
+        }
+        ensure(
+            engine.get(*id).await?.version == 1,
+            "a request applied twice",
+            *id,
+        )?;
+    }
+    let share = |n: usize| n as f64 / calls.len().max(1) as f64;
+    println!(
+        "#    deadline storm: {callers} callers, pool {pool}, {} ms deadlines: {} calls, {} answered in time ({:.1} %), {} of them Applied",
+        args.deadline_ms,
+        calls.len(),
+        in_time,
+        100.0 * share(in_time),
+        applied
+    );
+    Ok(format!(
+        "deadline backend={} callers={callers} pool={pool} deadline_ms={} calls={} in_time={:.3} applied_in_time={:.3}",
+        args.backend,
+        args.deadline_ms,
+        calls.len(),
+        share(in_time),
+        share(applied)
+    ))
+}

@@ -1,0 +1,323 @@
+//! The bench on PostgreSQL: its own database, the floor and naive modes by hand, the plans.
+
+use super::*;
+use orderly::store::OwnedKey;
+use orderly::store::postgres::migrate;
+use orderly::{EngineConfig, PgStore, ReadFirst};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Row};
+use std::str::FromStr;
+
+pub struct Db {
+    pool: PgPool,
+}
+
+impl Db {
+    pub async fn setup(
+        args: &Args,
+        pool_size: u32,
+        name: &str,
+        history_rows: i64,
+    ) -> Result<Self, BoxError> {
+        let url = std::env::var("ORDERLY_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let admin = PgConnectOptions::from_str(&url)?;
+        let mut conn = PgConnection::connect_with(&admin).await?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut conn)
+        .await?;
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size)
+            .min_connections(pool_size)
+            // No ping round trip on every acquire, for every mode alike (see docs/benchmarks.md).
+            .test_before_acquire(false)
+            .connect_with(admin.database(name))
+            .await?;
+        migrate(&pool).await?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "INSERT INTO orders (id, status, version) SELECT g, 'Created', 0 FROM generate_series(1, {}) g",
+            args.orders
+        )))
+        .execute(&pool)
+        .await?;
+        if history_rows > 0 {
+            // Other orders' history (negative ids), four transitions per order.
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+                 SELECT -1 - g / 4, g % 4 + 1, 'Created', 'Paid', 'Pay', 'pre-' || g FROM generate_series(0, {} - 1) g",
+                history_rows
+            )))
+            .execute(&pool)
+            .await?;
+        }
+        sqlx::raw_sql("VACUUM ANALYZE").execute(&pool).await?;
+        Ok(Db { pool })
+    }
+}
+
+impl BenchDb for Db {
+    type S = PgStore;
+
+    async fn exec(&self, sql: String) -> Result<(), BoxError> {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn relay_hand<K: Sink>(&self, batch: i64, sink: &K) -> Result<usize, BoxError> {
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<EventRow> = sqlx::query_as(
+            "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, 0::bigint AS age_ms FROM outbox WHERE status = 'PENDING' \
+             LIMIT $1 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        publish_all(sink, &rows).await?;
+        let machines: Vec<&str> = rows.iter().map(|r| r.machine.as_str()).collect();
+        let entities: Vec<i64> = rows.iter().map(|r| r.entity_id).collect();
+        let versions: Vec<i64> = rows.iter().map(|r| r.version).collect();
+        sqlx::query(
+            "UPDATE outbox SET status = 'PUBLISHED', published_at = 0 \
+             WHERE (machine, entity_id, version) IN (SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bigint[]))",
+        )
+        .bind(machines).bind(entities).bind(versions)
+        .execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    fn engine(&self) -> Engine<OrderMachine, PgStore> {
+        Engine::new(PgStore::new(self.pool.clone())).expect("valid machine")
+    }
+
+    async fn floor(&self, id: i64) -> Result<(), BoxError> {
+        let n = sqlx::query(
+            "WITH u AS (UPDATE orders SET status = $2, version = version + 1 \
+               WHERE id = $1 AND status = $3 AND version = $4 RETURNING version) \
+             INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+             SELECT $1, version, $3, $2, $5, $6 FROM u",
+        )
+        .bind(id)
+        .bind("Paid")
+        .bind("Created")
+        .bind(0_i64)
+        .bind("Pay")
+        .bind(bench_ref(id))
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        ensure(n == 1, "floor", id)
+    }
+
+    async fn floor_batch(&self, ids: &[i64]) -> Result<(), BoxError> {
+        let mut tx = self.pool.begin().await?;
+        for &id in ids {
+            let n = sqlx::query(
+                "WITH u AS (UPDATE orders SET status = $2, version = version + 1 \
+                   WHERE id = $1 AND status = $3 AND version = $4 RETURNING version) \
+                 INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+                 SELECT $1, version, $3, $2, $5, $6 FROM u",
+            )
+            .bind(id).bind("Paid").bind("Created").bind(0_i64).bind("Pay").bind(bench_ref(id))
+            .execute(&mut *tx).await?.rows_affected();
+            ensure(n == 1, "floor-batch", id)?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn outbox_hand(&self, id: i64) -> Result<(), BoxError> {
+        let n = sqlx::query(
+            "WITH u AS (UPDATE orders SET status = $2, version = version + 1 \
+               WHERE id = $1 AND status = $3 AND version = $4 RETURNING version), \
+             h AS (INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+               SELECT $1, version, $3, $2, $5, $6 FROM u) \
+             INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+             SELECT 'EmitMachine', $1, version, 'OrderPaid', $5, $3, $2, $6 FROM u",
+        )
+        .bind(id).bind("Paid").bind("Created").bind(0_i64).bind("Pay").bind(bench_ref(id))
+        .execute(&self.pool).await?.rows_affected();
+        ensure(n == 1, "out-hand", id)
+    }
+
+    async fn naive(&self, id: i64) -> Result<(), BoxError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query("SELECT status, version FROM orders WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let (status, version): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+        ensure(status == "Created", "naive", id)?;
+        sqlx::query("UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 AND version = $4")
+            .bind("Paid").bind(id).bind(&status).bind(version)
+            .execute(&mut *tx).await?;
+        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)")
+            .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
+            .execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn read(&self, id: i64) -> Result<(), BoxError> {
+        let seq: Option<i64> = sqlx::query_scalar(
+            "SELECT seq FROM order_transitions WHERE order_id = $1 AND event = $2 AND ref_id = $3",
+        )
+        .bind(id)
+        .bind("Pay")
+        .bind(bench_ref(id))
+        .fetch_optional(&self.pool)
+        .await?;
+        ensure(seq.is_some(), "read", id)
+    }
+
+    async fn records_hand(&self, id: i64) -> Result<(), BoxError> {
+        records_hand!(
+            &self.pool,
+            self.pool.begin(),
+            id,
+            &HandSql {
+                claim: "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                        attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+                    SELECT 'hand', $1, $2, 'PROCESSING', $3, 1, ms + 30000, ms + 86400000, NULL, FALSE, ms, ms \
+                    FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now \
+                    ON CONFLICT DO NOTHING",
+                update: "UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 AND version = $4",
+                insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)",
+                complete: "UPDATE idempotency_records SET status = 'SUCCEEDED', result = $1, \
+                           updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+                       WHERE scope = 'hand' AND idem_key = $2 AND owner_token = $3 AND status = 'PROCESSING'",
+            }
+        )
+    }
+
+    async fn flow_hand(&self, id: i64) -> Result<(), BoxError> {
+        flow_hand!(
+            &self.pool,
+            self.pool.begin(),
+            id,
+            &FlowSql {
+                claim: "INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) SELECT 'hand', $1, 1, $2, $3, 'RUNNING', NULL, 0, $4, 1, ms + 30000, NULL, NULL, ms, ms FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now ON CONFLICT DO NOTHING",
+                update: "UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 AND version = $4",
+                insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)",
+                step: "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) SELECT 'hand', $1, $2, 'F', $3, 'SUCCEEDED', 1, NULL, $4, $5, NULL, ms, ms FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now",
+                touch: "UPDATE flows SET step_at = $1, status = $2, output = COALESCE($3, output), attempt = 1, lease_until = (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 30000, updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint WHERE kind = 'hand' AND flow_key = $4 AND owner_token = $5 AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
+            }
+        )
+    }
+
+    async fn reset(&self) -> Result<(), BoxError> {
+        sqlx::raw_sql(
+            "DELETE FROM order_transitions WHERE order_id > 0; \
+             UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0; \
+             DELETE FROM idempotency_records; \
+             DELETE FROM flows; \
+             DELETE FROM flow_steps; \
+             DELETE FROM outbox;",
+        )
+        .execute(&self.pool)
+        .await?;
+        sqlx::raw_sql(
+            "VACUUM ANALYZE orders, order_transitions, idempotency_records, flows, flow_steps, outbox",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn explain(&self) -> Result<String, BoxError> {
+        // The plans of the statements the engine itself prepared, found by their text in
+        // `pg_prepared_statements` on a pool of one connection: the statement for a new
+        // request (executed by EXPLAIN ANALYZE, so in a transaction rolled back), the
+        // read that answers a replay when the engine reads first, and the batched read
+        // for 8 requests in its generic plan (the one a prepared statement keeps).
+        self.reset().await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(self.pool.connect_options().as_ref().clone())
+            .await?;
+        let store = PgStore::new(pool.clone());
+        let config = |read_first| EngineConfig {
+            read_first,
+            ..EngineConfig::default()
+        };
+        let writer =
+            Engine::<OrderMachine, _>::with_config(store.clone(), config(ReadFirst::Never))?;
+        let reader =
+            Engine::<OrderMachine, _>::with_config(store.clone(), config(ReadFirst::Always))?;
+        writer.transition(1, OrderEvent::Pay, &bench_ref(1)).await?;
+        reader.transition(1, OrderEvent::Pay, &bench_ref(1)).await?;
+        let mut conn = pool.acquire().await?;
+        let keys: Vec<OwnedKey> = (1..=8)
+            .map(|id| OwnedKey {
+                order_id: id,
+                event: "Pay",
+                ref_id: bench_ref(id),
+            })
+            .collect();
+        store.priors(&mut conn, &keys).await?;
+        let prepared: Vec<(String, String)> =
+            sqlx::query_as("SELECT name, statement FROM pg_prepared_statements")
+                .fetch_all(&mut *conn)
+                .await?;
+        let named = |what: &str, test: &dyn Fn(&str) -> bool| {
+            prepared
+                .iter()
+                .find(|(_, sql)| test(sql))
+                .map(|(name, _)| name.clone())
+                .ok_or_else(|| format!("the engine prepared no {what}"))
+        };
+        let write = named("apply-first statement", &|sql| {
+            sql.starts_with("WITH upd") && sql.contains("$6::text, $7::text")
+        })?;
+        let read = named("read", &|sql| sql.starts_with("SELECT from_status"))?;
+        let batch = named("batched read", &|sql| sql.contains("(VALUES"))?;
+        async fn explain(conn: &mut PgConnection, sql: String) -> Result<String, BoxError> {
+            let rows = sqlx::raw_sql(AssertSqlSafe(format!(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {sql}"
+            )))
+            .fetch_all(conn)
+            .await?;
+            let lines: Result<Vec<String>, _> = rows.iter().map(|r| r.try_get(0)).collect();
+            Ok(lines?.join("\n"))
+        }
+        let ref2 = bench_ref(2);
+        sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
+        let applied = explain(
+            &mut conn,
+            format!("EXECUTE {write}(2, 'Pay', '{ref2}', NULL, NULL, 'Created', 'Paid', 42)"),
+        )
+        .await;
+        sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await?;
+        let replay = explain(
+            &mut conn,
+            format!("EXECUTE {read}(1, 'Pay', '{}')", bench_ref(1)),
+        )
+        .await?;
+        sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+            .execute(&mut *conn)
+            .await?;
+        let args: Vec<String> = (1..=8)
+            .map(|id| format!("{id}, 'Pay', '{}'", bench_ref(id)))
+            .collect();
+        let batched = explain(&mut conn, format!("EXECUTE {batch}({})", args.join(", "))).await?;
+        drop(conn);
+        pool.close().await;
+        Ok(format!(
+            "-- the statement, for a new request (applied, then rolled back):\n{}\n\
+             -- the read that answers a replay when the engine reads first:\n{replay}\n\
+             -- the same read for a batch of 8 concurrent requests (generic plan):\n{batched}",
+            applied?
+        ))
+    }
+
+    fn describe(&self) -> String {
+        "PostgreSQL, default settings (synchronous_commit=on), one pool for every mode".into()
+    }
+}

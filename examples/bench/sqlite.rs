@@ -1,0 +1,228 @@
+//! The bench on SQLite: a temporary file, the floor and naive modes by hand.
+
+use super::*;
+use orderly::SqliteStore;
+use orderly::store::sqlite::{connect_options, migrate};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Row};
+
+pub struct Db {
+    pool: SqlitePool,
+    _dir: tempfile::TempDir,
+}
+
+impl Db {
+    pub async fn setup(
+        args: &Args,
+        pool_size: u32,
+        name: &str,
+        history_rows: i64,
+    ) -> Result<Self, BoxError> {
+        let dir = tempfile::tempdir()?;
+        let url = format!(
+            "sqlite://{}",
+            dir.path().join(format!("{name}.db")).display()
+        );
+        let pool = SqlitePoolOptions::new()
+            .max_connections(pool_size)
+            .min_connections(pool_size)
+            // No ping round trip on every acquire, for every mode alike (see docs/benchmarks.md).
+            .test_before_acquire(false)
+            .connect_with(connect_options(&url)?)
+            .await?;
+        migrate(&pool).await?;
+        for sql in order_inserts(args.orders) {
+            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
+        }
+        for sql in history_inserts(history_rows) {
+            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
+        }
+        sqlx::raw_sql("ANALYZE").execute(&pool).await?;
+        Ok(Db { pool, _dir: dir })
+    }
+}
+
+/// The floor's two statements for `id`, in an open transaction.
+async fn sqlite_floor_statements(conn: &mut SqliteConnection, id: i64) -> Result<(), BoxError> {
+    let n = sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
+        .bind("Paid").bind(id).bind("Created").bind(0_i64)
+        .execute(&mut *conn).await?.rows_affected();
+    ensure(n == 1, "floor", id)?;
+    sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+        .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
+        .execute(conn).await?;
+    Ok(())
+}
+
+impl BenchDb for Db {
+    type S = SqliteStore;
+
+    async fn exec(&self, sql: String) -> Result<(), BoxError> {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn relay_hand<K: Sink>(&self, batch: i64, sink: &K) -> Result<usize, BoxError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let rows: Vec<EventRow> = sqlx::query_as(
+            "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, 0 AS age_ms FROM outbox WHERE status = 'PENDING' LIMIT ?1",
+        )
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        publish_all(sink, &rows).await?;
+        for row in &rows {
+            sqlx::query("UPDATE outbox SET status = 'PUBLISHED', published_at = 0 WHERE machine = ?1 AND entity_id = ?2 AND version = ?3")
+                .bind(&row.machine).bind(row.entity_id).bind(row.version)
+                .execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    fn engine(&self) -> Engine<OrderMachine, SqliteStore> {
+        Engine::new(SqliteStore::new(self.pool.clone())).expect("valid machine")
+    }
+
+    async fn floor(&self, id: i64) -> Result<(), BoxError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let n = sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
+            .bind("Paid").bind(id).bind("Created").bind(0_i64)
+            .execute(&mut *tx).await?.rows_affected();
+        ensure(n == 1, "floor", id)?;
+        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+            .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
+            .execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn floor_batch(&self, ids: &[i64]) -> Result<(), BoxError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        for &id in ids {
+            sqlite_floor_statements(&mut tx, id).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn driver_limit(&self, ids: &[i64]) -> Result<Option<Vec<u32>>, BoxError> {
+        let mut conn = SqliteConnection::connect_with(self.pool.connect_options().as_ref()).await?;
+        let mut micros = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let t = Instant::now();
+            sqlx::query("BEGIN IMMEDIATE").execute(&mut conn).await?;
+            sqlite_floor_statements(&mut conn, id).await?;
+            sqlx::query("COMMIT").execute(&mut conn).await?;
+            micros.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+        }
+        conn.close().await?;
+        Ok(Some(micros))
+    }
+
+    async fn outbox_hand(&self, id: i64) -> Result<(), BoxError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let n = sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
+            .bind("Paid").bind(id).bind("Created").bind(0_i64)
+            .execute(&mut *tx).await?.rows_affected();
+        ensure(n == 1, "out-hand", id)?;
+        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+            .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
+            .execute(&mut *tx).await?;
+        sqlx::query("INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")
+            .bind("EmitMachine").bind(id).bind(1_i64).bind("OrderPaid").bind("Pay").bind("Created").bind("Paid").bind(bench_ref(id))
+            .execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn naive(&self, id: i64) -> Result<(), BoxError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let row = sqlx::query("SELECT status, version FROM orders WHERE id = ?1")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let (status, version): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+        ensure(status == "Created", "naive", id)?;
+        sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
+            .bind("Paid").bind(id).bind(&status).bind(version)
+            .execute(&mut *tx).await?;
+        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+            .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
+            .execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn read(&self, id: i64) -> Result<(), BoxError> {
+        let seq: Option<i64> = sqlx::query_scalar(
+            "SELECT seq FROM order_transitions WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3",
+        )
+        .bind(id)
+        .bind("Pay")
+        .bind(bench_ref(id))
+        .fetch_optional(&self.pool)
+        .await?;
+        ensure(seq.is_some(), "read", id)
+    }
+
+    async fn records_hand(&self, id: i64) -> Result<(), BoxError> {
+        records_hand!(
+            &self.pool,
+            self.pool.begin_with("BEGIN IMMEDIATE"),
+            id,
+            &HandSql {
+                claim: "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                        attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+                    SELECT 'hand', ?1, ?2, 'PROCESSING', ?3, 1, ms + 30000, ms + 86400000, NULL, 0, ms, ms \
+                    FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms) WHERE true \
+                    ON CONFLICT DO NOTHING",
+                update: "UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4",
+                insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                complete: "UPDATE idempotency_records SET status = 'SUCCEEDED', result = ?1, \
+                           updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+                       WHERE scope = 'hand' AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'",
+            }
+        )
+    }
+
+    async fn flow_hand(&self, id: i64) -> Result<(), BoxError> {
+        flow_hand!(
+            &self.pool,
+            self.pool.begin_with("BEGIN IMMEDIATE"),
+            id,
+            &FlowSql {
+                claim: "INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) SELECT 'hand', ?1, 1, ?2, ?3, 'RUNNING', NULL, 0, ?4, 1, ms + 30000, NULL, NULL, ms, ms FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms) WHERE true ON CONFLICT DO NOTHING",
+                update: "UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4",
+                insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                step: "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) SELECT 'hand', ?1, ?2, 'F', ?3, 'SUCCEEDED', 1, NULL, ?4, ?5, NULL, ms, ms FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)",
+                touch: "UPDATE flows SET step_at = ?1, status = ?2, output = COALESCE(?3, output), attempt = 1, lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + 30000, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) WHERE kind = 'hand' AND flow_key = ?4 AND owner_token = ?5 AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
+            }
+        )
+    }
+
+    async fn reset(&self) -> Result<(), BoxError> {
+        sqlx::raw_sql(
+            "DELETE FROM order_transitions WHERE order_id > 0; \
+             UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0; \
+             DELETE FROM idempotency_records; \
+             DELETE FROM flows; \
+             DELETE FROM flow_steps; \
+             DELETE FROM outbox; \
+             PRAGMA wal_checkpoint(TRUNCATE);",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn explain(&self) -> Result<String, BoxError> {
+        Ok("(--explain is implemented for PostgreSQL)".into())
+    }
+
+    fn describe(&self) -> String {
+        "SQLite file in WAL mode, synchronous=NORMAL, one pool for every mode".into()
+    }
+}
