@@ -237,7 +237,7 @@ async fn connection_cut_under_a_coalesced_unit() {
     let b = <My>::fresh().await;
     conformance::connection_cut_under_a_unit_answers_each_request(
         &b,
-        b"write_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?), (",
+        b"payload, write_id) SELECT x.c0",
     )
     .await;
     b.cleanup().await;

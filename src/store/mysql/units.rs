@@ -117,7 +117,13 @@ impl MySqlStore {
         for t in &tried {
             written[t.0] = FirstWrite::NotApplied;
         }
-        let list = vec!["?"; tried.len()].join(", ");
+        // Statement texts come in size classes (powers of two, the unused places bound as
+        // NULL, which matches nothing), so that a connection's statement cache holds
+        // every unit's statements: an evicted statement is closed with a message that
+        // has no reply, after which the next request can wait on the server's delayed
+        // acknowledgement (sqlx leaves Nagle's algorithm on).
+        let class = |n: usize| n.next_power_of_two().max(2);
+        let list = vec!["?"; class(tried.len())].join(", ");
         let mut lock = sqlx::query_as::<_, (i64, String, i64)>(AssertSqlSafe(format!(
             "SELECT id, status, CAST(version AS SIGNED) FROM {o} FORCE INDEX (PRIMARY) \
              WHERE id IN ({list}) ORDER BY id FOR UPDATE"
@@ -125,8 +131,12 @@ impl MySqlStore {
         for t in &tried {
             lock = lock.bind(t.1.key.order_id);
         }
+        for _ in tried.len()..class(tried.len()) {
+            lock = lock.bind(None::<i64>);
+        }
         let entities = lock.fetch_all(&mut *conn).await?;
-        let asked = vec!["(order_id = ? AND event = ? AND ref_id = ?)"; tried.len()].join(" OR ");
+        let asked =
+            vec!["(order_id = ? AND event = ? AND ref_id = ?)"; class(tried.len())].join(" OR ");
         let mut recorded = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
             "{causal}SELECT order_id FROM {h} WHERE {asked}"
         )));
@@ -135,6 +145,12 @@ impl MySqlStore {
                 .bind(t.1.key.order_id)
                 .bind(t.1.key.event)
                 .bind(t.1.key.ref_id);
+        }
+        for _ in tried.len()..class(tried.len()) {
+            recorded = recorded
+                .bind(None::<i64>)
+                .bind(None::<&str>)
+                .bind(None::<&str>);
         }
         let recorded = recorded.fetch_all(&mut *conn).await?;
         // Those that move, with their new versions.
@@ -150,22 +166,29 @@ impl MySqlStore {
         if moving.is_empty() {
             return Ok(Some(written));
         }
-        let cases = vec!["WHEN ? THEN ?"; moving.len()].join(" ");
-        let ids = vec!["?"; moving.len()].join(", ");
+        let size = class(moving.len());
+        let cases = vec!["WHEN ? THEN ?"; size].join(" ");
+        let ids = vec!["?"; size].join(", ");
         let mut update = sqlx::query(AssertSqlSafe(format!(
             "UPDATE {o} SET status = CASE id {cases} END, version = version + 1 WHERE id IN ({ids})"
         )));
         for ((_, r, _, to), _) in &moving {
             update = update.bind(r.key.order_id).bind(*to);
         }
+        for _ in moving.len()..size {
+            update = update.bind(None::<i64>).bind(None::<&str>);
+        }
         for ((_, r, _, _), _) in &moving {
             update = update.bind(r.key.order_id);
         }
+        for _ in moving.len()..size {
+            update = update.bind(None::<i64>);
+        }
         update.execute(&mut *conn).await?;
-        let rows = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; moving.len()].join(", ");
+        let rows = padded_rows(9, size);
         let mut record = sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
-             VALUES {rows}"
+             {rows}"
         )));
         for ((_, r, from, to), version) in &moving {
             record = record
@@ -179,6 +202,18 @@ impl MySqlStore {
                 .bind(r.payload)
                 .bind(r.write_id);
         }
+        for _ in moving.len()..size {
+            record = record
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<i64>);
+        }
         match record.execute(&mut *conn).await {
             Ok(_) => {}
             Err(e) if is_unique_violation(&e) => return Ok(None),
@@ -189,10 +224,11 @@ impl MySqlStore {
             .filter_map(|(t, version)| Some((t, version, t.1.emits.first().copied().flatten()?)))
             .collect();
         if !emitting.is_empty() {
-            let rows = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; emitting.len()].join(", ");
+            let size = class(emitting.len());
+            let rows = padded_rows(9, size);
             let mut emit = sqlx::query(AssertSqlSafe(format!(
                 "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
-                 VALUES {rows}"
+                 {rows}"
             )));
             for ((_, r, from, to), version, event) in &emitting {
                 emit = emit
@@ -205,6 +241,18 @@ impl MySqlStore {
                     .bind(*to)
                     .bind(r.key.ref_id)
                     .bind(r.event_body);
+            }
+            for _ in emitting.len()..size {
+                emit = emit
+                    .bind(None::<&str>)
+                    .bind(None::<i64>)
+                    .bind(None::<i64>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>);
             }
             match emit.execute(&mut *conn).await {
                 Ok(_) => {}
@@ -254,6 +302,23 @@ impl MySqlStore {
             Err(e) => undo(tx, e).await,
         }
     }
+}
+
+/// The rows of a multi-row insert as a `SELECT` of `rows` rows of `width` parameters,
+/// `UNION ALL`ed, keeping only those whose first value is not NULL (the padding of a
+/// size class).
+fn padded_rows(width: usize, rows: usize) -> String {
+    let first: Vec<String> = (0..width).map(|c| format!("? AS c{c}")).collect();
+    let rest = vec!["?"; width].join(", ");
+    let mut union = format!("SELECT {}", first.join(", "));
+    for _ in 1..rows {
+        union.push_str(&format!(" UNION ALL SELECT {rest}"));
+    }
+    let columns: Vec<String> = (0..width).map(|c| format!("x.c{c}")).collect();
+    format!(
+        "SELECT {} FROM ({union}) AS x WHERE x.c0 IS NOT NULL",
+        columns.join(", ")
+    )
 }
 
 /// Rolls a write unit back after `error`, and returns the error. A rollback that fails
