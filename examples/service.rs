@@ -20,8 +20,9 @@
 //! | `GET /graph` | the order's state graph (Mermaid) |
 //! | `GET /metrics` | Prometheus text |
 //!
-//! On SIGINT or SIGTERM it stops taking connections, finishes the requests in hand, and
-//! stops its recovery jobs and its outbox relay (which finishes the batch in hand).
+//! On SIGINT or SIGTERM it stops taking connections, finishes the requests in hand (also
+//! those whose clients hung up), and stops its recovery jobs and its outbox relay (which
+//! finishes the batch in hand).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -718,7 +719,7 @@ async fn serve<S: Shop>(
     let router = if args.no_layer {
         router
     } else {
-        router.route_layer(layer)
+        router.route_layer(layer.clone())
     };
     let router = router
         .route("/graph", get(graph))
@@ -769,6 +770,9 @@ async fn serve<S: Shop>(
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    // Handlers whose clients hung up run on after their connections closed: they finish
+    // and keep their responses before the jobs stop.
+    layer.handlers_finished().await;
     stop.send(true)?;
     let (records_done, flows_done) = (records_job.await??, flows_job.await??);
     let relayed = relay_job.await??;

@@ -445,6 +445,28 @@ async fn a_request_dropped_mid_handler_still_keeps_its_response() {
     assert_eq!(again.status, StatusCode::CREATED);
     assert!(again.replayed(), "the dropped request's handler ran again");
     assert_eq!(rig.runs(), 1);
+
+    // A server shutting down waits for such a handler: once `handlers_finished` returns,
+    // the dropped request's response is kept (its repeat replays at once).
+    let layer = rig.layer();
+    let svc = rig.service(layer.clone());
+    let gone = tokio::spawn({
+        let svc = svc.clone();
+        async move { send(&svc, post("/slow", Some("gone-2"), "{}")).await }
+    });
+    rig.started.notified().await;
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    assert_eq!(
+        send(&svc, post("/slow", Some("gone-2"), "{}")).await.status,
+        StatusCode::CONFLICT,
+        "the handler had already finished: the wait below shows nothing"
+    );
+    layer.handlers_finished().await;
+    let again = send(&svc, post("/slow", Some("gone-2"), "{}")).await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert!(again.replayed());
+    assert_eq!(rig.runs(), 2);
 }
 
 /// A handler that fails (the service's error): the record is released, and a repeat

@@ -143,6 +143,8 @@ struct Config<S> {
     max_request_body: usize,
     max_response_body: usize,
     in_flight: InFlight,
+    /// The handler tasks the layer started.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl<S: RecordStore> IdempotencyLayer<S> {
@@ -170,6 +172,7 @@ impl<S: RecordStore> IdempotencyLayer<S> {
                 max_request_body: 1 << 20,
                 max_response_body: 1 << 20,
                 in_flight: InFlight::Conflict,
+                tasks: tokio_util::task::TaskTracker::new(),
             }),
         })
     }
@@ -248,6 +251,18 @@ impl<S: RecordStore> IdempotencyLayer<S> {
             return Err(Error::InvalidInput("in_flight wait over a minute".into()));
         }
         Ok(self.with(|c| c.in_flight = in_flight))
+    }
+
+    /// Waits until every handler this layer (or a clone of it) started has ended and its
+    /// record was kept or released. A handler runs on a task of its own, so a request
+    /// whose client hung up goes on after its connection closed, and a server's graceful
+    /// shutdown (which waits for connections) can end before it: await this after the
+    /// server stopped taking requests and before the runtime ends, so that no handler is
+    /// cut off half way (its record held until its lease runs out). Handlers started
+    /// after the call are waited for too.
+    pub async fn handlers_finished(&self) {
+        self.config.tasks.close();
+        self.config.tasks.wait().await;
     }
 }
 

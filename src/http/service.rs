@@ -177,7 +177,7 @@ where
     // The handler and the keeping of its response run on their own task: a request
     // dropped part way (its client gone) still ends with its record completed or
     // released, never held until its lease runs out.
-    let work = tokio::spawn(async move {
+    let work = config.tasks.clone().spawn(async move {
         let records = config.records.clone();
         let released = held.clone();
         let run = std::panic::AssertUnwindSafe(async move {
