@@ -191,7 +191,11 @@ async fn first_turn<'w, M: StateMachine, S: Store>(
     conn: &mut Conn<'_, S>,
     req: &Req<'_, M>,
 ) -> std::result::Result<First<'w, S>, Result<Outcome<M::State>>> {
-    let Some(writes) = &engine.writes else {
+    let Some(writes) = engine
+        .writes
+        .as_ref()
+        .filter(|_| engine.store.batches_writes())
+    else {
         return Ok(First::Write);
     };
     let request = request_of(engine, req);

@@ -92,6 +92,12 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// coalesces the apply-first writes of concurrent callers into one unit.
     const BATCHES_WRITES: bool = false;
 
+    /// Whether this store, as it is now, batches writes ([`BATCHES_WRITES`](Self::BATCHES_WRITES)
+    /// unless a store knows better: MySQL/MariaDB does not on a Galera node).
+    fn batches_writes(&self) -> bool {
+        Self::BATCHES_WRITES
+    }
+
     /// Borrows a connection from the pool.
     fn acquire(&self) -> impl Future<Output = Result<Self::Pooled, sqlx::Error>> + Send;
 

@@ -180,6 +180,13 @@ impl Store for MySqlStore {
     const BATCH_READ_MAX: usize = BATCH_READ_MAX;
     const BATCHES_WRITES: bool = true;
 
+    /// Not on a Galera node: a unit's locking read is local to the node, and coalesced
+    /// units there are not yet proven. (Before the store knows, a unit may form; on a
+    /// Galera node it is then written request by request.)
+    fn batches_writes(&self) -> bool {
+        self.causal_reads() != Some(true)
+    }
+
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
         let conn = self.pool.acquire().await?;
         if self.causal_reads().is_some() {
@@ -218,7 +225,10 @@ impl Store for MySqlStore {
         if !requests.iter().any(Request::has_one_edge) {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
-        if requests.len() > 1 && crate::store::distinct_entities(requests) {
+        if requests.len() > 1
+            && self.causal_reads() == Some(false)
+            && crate::store::distinct_entities(requests)
+        {
             // READ COMMITTED: the unit's reads see the latest commits, and its locking
             // read keeps no lock on a row it did not match.
             let mut tx = conn
