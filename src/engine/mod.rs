@@ -142,8 +142,8 @@ pub struct EngineConfig {
     /// How long to keep trying to read a request back after the connection failed at or
     /// after its write was sent, before answering [`Error::InDoubt`]. Default 5 s.
     pub in_doubt_timeout: Duration,
-    /// Which round trip a transition starts with (inside a caller's transaction too: the
-    /// write there goes in a savepoint). Default [`ReadFirst::Adaptive`].
+    /// Which round trip a transition starts with (inside a caller's transaction too).
+    /// Default [`ReadFirst::Adaptive`].
     pub read_first: ReadFirst,
     /// Every transition on the engine's own connections is answered within this,
     /// retries and the read-back of an in-doubt write included: past it, the answer is

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-/// Which round trip a transition starts with (inside a caller's transaction the write is
-/// in a savepoint). The outcome is the same either way; only the cost differs.
+/// Which round trip a transition starts with (inside a caller's transaction too). The
+/// outcome is the same either way; only the cost differs.
 ///
 /// Trying to apply first answers a new request with the floor's statements (on PostgreSQL
 /// one statement; on MySQL/MariaDB and SQLite `BEGIN; UPDATE; INSERT; COMMIT`, for an

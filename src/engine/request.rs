@@ -99,11 +99,16 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
     }
 
     /// Runs the transition inside the caller's transaction, so the caller's own writes
-    /// and the state change commit or roll back together. The write runs in a savepoint,
-    /// so a lost race is undone without aborting the caller's transaction.
+    /// and the state change commit or roll back together. A lost race (a request
+    /// recorded before, a twin that committed first) is undone without aborting the
+    /// caller's transaction: on PostgreSQL its one statement changes nothing then; on
+    /// MySQL/MariaDB and SQLite, where a failed statement undoes only itself, the update
+    /// before the refused history row is restored; a request whose edge emits an event
+    /// writes in a savepoint. Any other error may leave the transaction unusable (on
+    /// PostgreSQL it is aborted): roll it back.
     ///
-    /// The engine writes first (in the savepoint) and reads only if that did not settle
-    /// it, unless replays are common enough for it to read first. On SQLite, begin the
+    /// The engine writes first and reads only if that did not settle it, unless
+    /// replays are common enough for it to read first. On SQLite, begin the
     /// transaction with `BEGIN IMMEDIATE`; on MySQL/MariaDB the reads take row locks,
     /// since a plain read would see the transaction's snapshot.
     ///

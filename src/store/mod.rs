@@ -125,12 +125,12 @@ pub trait Store: Clone + Send + Sync + 'static {
         requests: &[Request<'_>],
     ) -> impl Future<Output = Result<Vec<FirstWrite>, sqlx::Error>> + Send;
 
-    /// The apply-first write of one request inside the caller's transaction, in a
-    /// savepoint: as [`apply_first`](Self::apply_first), the update along the event's
-    /// edge judged on the latest committed row (which it locks) and the history row, with
-    /// no read before. A request recorded before is stopped by the history's unique key
-    /// and the savepoint undone ([`FirstWrite::NotApplied`]), leaving the caller's
-    /// transaction as it was. By default [`FirstWrite::NotTried`]: the engine then reads
+    /// The apply-first write of one request inside the caller's transaction: as
+    /// [`apply_first`](Self::apply_first), the update along the event's edge judged on
+    /// the latest committed row (which it locks) and the history row, with no read
+    /// before. A request recorded before changes nothing ([`FirstWrite::NotApplied`])
+    /// and leaves the caller's transaction usable: a statement that raises no error
+    /// for it, a failed statement's own undo and a restoring update, or a savepoint. By default [`FirstWrite::NotTried`]: the engine then reads
     /// and judges.
     fn apply_first_in(
         &self,

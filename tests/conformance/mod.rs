@@ -1059,9 +1059,9 @@ pub async fn cycle_replays_by_ref_not_by_state<B: Backend>(b: &B) {
 
 /// Inside a caller's transaction a request recorded before, on a cycle that brought the
 /// ticket back to the event's source state, goes first (the engine writes first there
-/// while replays are rare) and is stopped by the history's unique key: its savepoint is
-/// undone, it is answered `Replayed`, and the caller's transaction goes on, writes, and
-/// commits.
+/// while replays are rare) and is stopped by the history's unique key: what it wrote is
+/// undone (the entity's version shows it), it is answered `Replayed`, and the caller's
+/// transaction goes on, writes, and commits.
 pub async fn caller_transaction_replays_a_recorded_twin<B: Backend>(b: &B) {
     use TicketEvent::*;
     use TicketState::*;

@@ -30,6 +30,11 @@ pub(super) struct Sql {
     /// statement.
     apply_first_one_emitting: SqlStr,
     apply_first_many_emitting: SqlStr,
+    /// The apply-first unit inside a caller's transaction, for a request whose edges
+    /// emit nothing: a request recorded before inserts and updates nothing, with no
+    /// error, so the unit needs no savepoint.
+    apply_first_in_one: SqlStr,
+    apply_first_in_many: SqlStr,
     /// The apply-first unit for a batch of requests of distinct entities, one statement
     /// (arrays), without and with outbox rows.
     apply_first_batch: SqlStr,
@@ -92,6 +97,32 @@ impl Sql {
                  RETURNING {PRIOR_COLUMNS}"
             ))
         };
+        // The same inside a caller's transaction, where an error would abort the
+        // caller's transaction: the entity's row locked at its latest version if it is
+        // at a source state of the event (under READ COMMITTED a row lock waits for a
+        // rival and re-checks the predicate on the row it committed); its history row
+        // inserted unless the request is recorded (a twin's row committed before stops
+        // it without an error); the entity moved only if the history row went in. A
+        // request recorded before changes nothing and returns nothing.
+        let apply_first_in = |edge: &str, edge_cond: &str| {
+            sql(format!(
+                "WITH cur AS ( \
+                   SELECT o.version + 1 AS seq, e.f, e.t FROM {o} AS o, {edge} AS e(f, t) \
+                   WHERE o.id = $1 AND {edge_cond} AND o.version BETWEEN 0 AND 9223372036854775806 \
+                   FOR UPDATE OF o \
+                 ), ins AS ( \
+                   INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+                   SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8 FROM cur \
+                   ON CONFLICT DO NOTHING \
+                   RETURNING {PRIOR_COLUMNS} \
+                 ), upd AS ( \
+                   UPDATE {o} AS o SET status = ins.to_status, version = ins.seq \
+                   FROM ins WHERE o.id = $1 \
+                   RETURNING o.version \
+                 ) \
+                 SELECT ins.* FROM ins JOIN upd ON upd.version = ins.seq"
+            ))
+        };
         // The apply-first unit for a batch, one statement: the requests (`$1`..`$7`,
         // parallel arrays, one request per entity) and their edges (`$8`..`$11`, by
         // entity), the update of every entity whose status is one of its request's
@@ -139,6 +170,8 @@ impl Sql {
                 "(SELECT $6::text, $7::text, $9::text)",
                 "o.status = $6",
             ),
+            apply_first_in_one: apply_first_in("(SELECT $6::text, $7::text)", "o.status = $6"),
+            apply_first_in_many: apply_first_in("unnest($6::text[], $7::text[])", "o.status = e.f"),
             apply_first_many_emitting: apply_first_emitting(
                 "unnest($6::text[], $7::text[], $9::text[])",
                 "o.status = e.f",
@@ -208,16 +241,17 @@ impl PgStore {
         &self,
         conn: &mut PgConnection,
         request: &Request<'_>,
+        txn: Txn,
     ) -> Result<FirstWrite, sqlx::Error> {
         let sql = &self.transitions;
         let key = request.key;
         let emitting = request.emits_any();
         let query = match (request.from_states, request.to_states) {
             ([from], [to]) => {
-                let statement = if emitting {
-                    &sql.apply_first_one_emitting
-                } else {
-                    &sql.apply_first_one
+                let statement = match (emitting, txn) {
+                    (true, _) => &sql.apply_first_one_emitting,
+                    (false, Txn::Own) => &sql.apply_first_one,
+                    (false, Txn::Caller) => &sql.apply_first_in_one,
                 };
                 let query = sqlx::query_as(statement.clone())
                     .bind(key.order_id)
@@ -238,10 +272,10 @@ impl PgStore {
                 }
             }
             (from, to) => {
-                let statement = if emitting {
-                    &sql.apply_first_many_emitting
-                } else {
-                    &sql.apply_first_many
+                let statement = match (emitting, txn) {
+                    (true, _) => &sql.apply_first_many_emitting,
+                    (false, Txn::Own) => &sql.apply_first_many,
+                    (false, Txn::Caller) => &sql.apply_first_in_many,
                 };
                 let query = sqlx::query_as(statement.clone())
                     .bind(key.order_id)
@@ -378,7 +412,7 @@ impl Store for PgStore {
         requests: &[Request<'_>],
     ) -> Result<Vec<FirstWrite>, sqlx::Error> {
         if let [request] = requests {
-            return match self.first_write(conn, request).await {
+            return match self.first_write(conn, request, Txn::Own).await {
                 Ok(write) => Ok(vec![write]),
                 // Recorded before: the statement was undone as a whole.
                 Err(e) if is_outbox_taken(&e) => Ok(vec![FirstWrite::OutboxTaken]),
@@ -399,7 +433,7 @@ impl Store for PgStore {
         for request in requests {
             let step = async {
                 let mut savepoint = (*tx).begin().await?;
-                match self.first_write(&mut savepoint, request).await {
+                match self.first_write(&mut savepoint, request, Txn::Own).await {
                     Ok(write) => savepoint.commit().await.map(|()| write),
                     Err(e) => {
                         let _ = savepoint.rollback().await;
@@ -449,10 +483,15 @@ impl Store for PgStore {
         conn: &mut PgConnection,
         request: &Request<'_>,
     ) -> Result<FirstWrite, sqlx::Error> {
-        // One statement, in a savepoint so that a twin's unique key does not abort the
-        // caller's transaction.
+        // A request that emits nothing: one statement, which a request recorded before
+        // leaves without an error.
+        if !request.emits_any() {
+            return self.first_write(conn, request, Txn::Caller).await;
+        }
+        // One that emits: one statement, in a savepoint so that a twin's unique key (the
+        // history's or the outbox's) does not abort the caller's transaction.
         let mut savepoint = conn.begin().await?;
-        match self.first_write(&mut savepoint, request).await {
+        match self.first_write(&mut savepoint, request, Txn::Caller).await {
             Ok(write) => savepoint.commit().await.map(|()| write),
             Err(e) => {
                 savepoint.rollback().await?;

@@ -29,6 +29,9 @@ pub(super) struct Sql {
     pub(super) bump: SqlStr,
     /// The update after a read, guarded by what was read: `(to, id, from, version)`.
     update: SqlStr,
+    /// Undoes this unit's own `bump` inside a caller's transaction (whose row lock it
+    /// still holds), guarded by what the bump wrote: `(from, version, id, to, bumped)`.
+    pub(super) restore: SqlStr,
     pub(super) record: SqlStr,
     /// The outbox row of an edge that emits an event, in the history row's unit:
     /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
@@ -71,6 +74,9 @@ impl Sql {
             update: sql(format!(
                 "UPDATE {o} SET status = ?1, version = version + 1 \
                  WHERE id = ?2 AND status = ?3 AND version = ?4"
+            )),
+            restore: sql(format!(
+                "UPDATE {o} SET status = ?1, version = ?2 WHERE id = ?3 AND status = ?4 AND version = ?5"
             )),
             record: sql(format!(
                 "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
@@ -198,7 +204,7 @@ impl Store for SqliteStore {
         if !request.has_one_edge() {
             return Ok(FirstWrite::NotTried);
         }
-        match self.first_write_in_savepoint(conn, request).await {
+        match self.first_write_in_place(conn, request).await {
             // Recorded before: its savepoint is undone.
             Err(e) if is_unique_violation(&e) => Ok(FirstWrite::NotApplied),
             other => other,

@@ -76,13 +76,7 @@ impl SqliteStore {
         let ([from], [to]) = (request.from_states, request.to_states) else {
             return Ok(FirstWrite::NotTried);
         };
-        let bumped: Option<i64> = sqlx::query_scalar(self.transitions.bump.clone())
-            .bind(*to)
-            .bind(request.key.order_id)
-            .bind(*from)
-            .fetch_optional(&mut *conn)
-            .await?;
-        let Some(version) = bumped else {
+        let Some(version) = self.bump(conn, request.key.order_id, from, to).await? else {
             return Ok(FirstWrite::NotApplied);
         };
         let apply = Apply {
@@ -215,6 +209,78 @@ impl SqliteStore {
             };
         }
         Ok(Some(written))
+    }
+
+    /// The apply-first update: the entity's new version if it was at `from`.
+    async fn bump(
+        &self,
+        conn: &mut SqliteConnection,
+        id: i64,
+        from: &str,
+        to: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(self.transitions.bump.clone())
+            .bind(to)
+            .bind(id)
+            .bind(from)
+            .fetch_optional(&mut *conn)
+            .await
+    }
+
+    /// One request's apply-first writes inside a caller's transaction, for a request
+    /// that emits nothing, without a savepoint: a statement stopped by a constraint
+    /// undoes only itself, so a history insert stopped by the unique key (recorded
+    /// before) leaves the caller's transaction usable, and the update before it is
+    /// undone by the statement that restores what it changed (the caller's transaction
+    /// holds the write lock). Two statements, where a savepoint adds two more.
+    pub(super) async fn first_write_in_place(
+        &self,
+        conn: &mut SqliteConnection,
+        request: &Request<'_>,
+    ) -> Result<FirstWrite, sqlx::Error> {
+        let ([from], [to], false) = (request.from_states, request.to_states, request.emits_any())
+        else {
+            return self.first_write_in_savepoint(conn, request).await;
+        };
+        let id = request.key.order_id;
+        let Some(version) = self.bump(conn, id, from, to).await? else {
+            return Ok(FirstWrite::NotApplied);
+        };
+        let apply = Apply {
+            key: request.key,
+            from,
+            to,
+            version: version - 1,
+            payload_hash: request.payload_hash,
+            payload: request.payload,
+            write_id: request.write_id,
+            emits: None,
+            machine: request.machine,
+            event_body: request.event_body,
+        };
+        let Err(e) = self.record(conn, &apply).await else {
+            return Ok(FirstWrite::Applied {
+                from: (*from).to_string(),
+                to: (*to).to_string(),
+                version,
+            });
+        };
+        // Guarded by what the update wrote: after an error that rolled the caller's
+        // transaction back, it matches nothing.
+        let restored = sqlx::query(self.transitions.restore.clone())
+            .bind(*from)
+            .bind(version - 1)
+            .bind(id)
+            .bind(*to)
+            .bind(version)
+            .execute(&mut *conn)
+            .await;
+        match restored {
+            Ok(done) if done.rows_affected() == 1 && is_unique_violation(&e) => {
+                Ok(FirstWrite::NotApplied)
+            }
+            _ => Err(e),
+        }
     }
 
     /// [`first_write`](Self::first_write) in a savepoint of its own, undone on any error.
