@@ -128,11 +128,20 @@ pub(super) async fn pooled<M: StateMachine, S: Store>(
         },
     };
     conn.finish();
+    note_answer(engine, &answer);
+    answer
+}
+
+/// Counts a request's answer for [`ReadFirst::Adaptive`](super::ReadFirst::Adaptive):
+/// whether it had been recorded before.
+pub(super) fn note_answer<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    answer: &Result<Outcome<M::State>>,
+) {
     engine.first.note(matches!(
         answer,
         Ok(Outcome::Replayed { .. }) | Err(Error::PayloadMismatch { .. })
     ));
-    answer
 }
 
 /// The read-first step: the request's history row, batched with concurrent callers'

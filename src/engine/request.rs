@@ -154,13 +154,18 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             stage: &stage,
             event_body: event_body.as_deref(),
         };
-        attempt::run(
+        let answer = attempt::run(
             self.engine,
             &mut Conn::Caller(conn),
             &req,
             attempt::First::Write,
         )
-        .await
+        .await;
+        // Counted for `ReadFirst::Adaptive` as on the engine's own connections: else an
+        // engine whose requests all run inside callers' transactions would keep reading
+        // first after a storm of replays had passed.
+        attempt::note_answer(self.engine, &answer);
+        answer
     }
 }
 

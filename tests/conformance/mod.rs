@@ -1186,7 +1186,7 @@ pub async fn cycle_storm_answers_match_the_history<B: Backend>(b: &B) {
 }
 
 /// A storm of replays switches `ReadFirst::Adaptive` to reading first, and new requests
-/// switch it back. Seen from outside through a lock that `blocker` takes in a held
+/// (inside callers' transactions) switch it back. Seen from outside through a lock that `blocker` takes in a held
 /// transaction: one that the store's apply-first attempt waits for and a plain read does
 /// not (the point of reading first in a storm: replays do not queue behind writers).
 pub async fn adaptive_reads_first_in_a_replay_storm<B: Backend>(b: &B, blocker: &str) {
@@ -1222,13 +1222,17 @@ pub async fn adaptive_reads_first_in_a_replay_storm<B: Backend>(b: &B, blocker: 
     );
     B::rollback(held).await;
 
-    // New requests: each applied once; the share of replays falls, and the store tries to
-    // apply first again, so a replay waits for the lock once more.
+    // New requests, each inside a caller's transaction (whose answers count as the
+    // engine's own do): each applied once; the share of replays falls, and the store
+    // tries to apply first again, so a replay waits for the lock once more.
     for id in 2..=40 {
+        let mut tx = b.begin().await;
         let outcome = adaptive
             .transition(id, Pay, &format!("p-{id}"))
+            .within(&mut tx)
             .await
             .unwrap();
+        B::commit(tx).await;
         assert!(
             outcome.is_applied() && outcome.version() == 1,
             "{outcome:?}"
