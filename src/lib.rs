@@ -147,7 +147,7 @@ pub use store::mysql::MySqlStore;
 pub use store::postgres::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::SqliteStore;
-pub use store::{Store, Tables};
+pub use store::{Store, Tables, WriteTurn};
 
 #[doc(hidden)]
 pub mod __private {

@@ -264,3 +264,64 @@ async fn transition_futures_are_send_for_any_payload() {
         Some(serde_json::json!(4200))
     );
 }
+
+/// The idempotency records' writers on one store take turns at SQLite's write lock in
+/// the process, in order, instead of retrying it in the busy handler: with a busy timeout
+/// of zero, 16 concurrent `Records::run` calls, whose work holds the transaction a few
+/// milliseconds, all complete, each run once. The premise: the same calls on two stores
+/// over the same file (each with its own turns) meet the lock as before, and some of
+/// them are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn records_writers_take_turns_at_the_write_lock() {
+    use orderly::{Done, Records, ScopeConfig};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let b = <Sqlite3>::fresh().await;
+    let config = ScopeConfig {
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+    };
+    let records = |store| Records::new(store).scope("s", config).unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    // 16 calls on `stores` (round robin): how many failed.
+    let storm = |stores: Vec<Records<SqliteStore>>, tag: &'static str| {
+        let ran = ran.clone();
+        async move {
+            let calls: Vec<_> = (0..16)
+                .map(|i| {
+                    let (r, ran) = (stores[i % stores.len()].clone(), ran.clone());
+                    tokio::spawn(async move {
+                        r.run("s", &format!("{tag}-{i}"), &i, move |_tx| {
+                            Box::pin(async move {
+                                ran.fetch_add(1, Ordering::Relaxed);
+                                tokio::time::sleep(Duration::from_millis(3)).await;
+                                Ok::<_, orderly::Error>(Done::<usize, ()>::Succeeded(i))
+                            })
+                        })
+                        .await
+                    })
+                })
+                .collect();
+            let mut failed = 0;
+            for (i, call) in calls.into_iter().enumerate() {
+                match call.await.unwrap() {
+                    Ok(ran) => assert_eq!((ran.outcome, ran.replayed), (Ok(i), false)),
+                    Err(_) => failed += 1,
+                }
+            }
+            failed
+        }
+    };
+    let one = records(b.store(Duration::ZERO).await);
+    assert_eq!(storm(vec![one], "one").await, 0);
+    assert_eq!(ran.load(Ordering::Relaxed), 16, "each request ran once");
+    let two = vec![
+        records(b.store(Duration::ZERO).await),
+        records(b.store(Duration::ZERO).await),
+    ];
+    let failed = storm(two, "two").await;
+    assert!(
+        failed > 0,
+        "two stores never met the write lock: the test shows nothing"
+    );
+}

@@ -281,7 +281,7 @@ impl<S: FlowStore> Flows<S> {
                 lease_ms,
             };
             let started = async {
-                let mut lease = Lease::acquire(&self.store).await?;
+                let mut lease = Lease::acquire_for_write(&self.store).await?;
                 let out = self.store.start_flow(lease.conn(), &new).await;
                 lease.release_after(&out);
                 out

@@ -140,7 +140,7 @@ impl<S: RecordStore> Records<S> {
     /// The claim statement on a pooled connection (closed unless the statement ran to its
     /// end, as for every statement below).
     async fn claim_once(&self, claim: &NewClaim<'_>) -> Result<Option<i32>, sqlx::Error> {
-        let mut lease = Lease::acquire(&self.store).await?;
+        let mut lease = Lease::acquire_for_write(&self.store).await?;
         let out = self.store.claim(lease.conn(), claim).await;
         lease.release_after(&out);
         out

@@ -129,7 +129,7 @@ impl<S: RecordStore> Records<S> {
     async fn fenced_now(&self, held: &Claimed, finish: &Finish<'_>) -> Result<()> {
         const SENDS: u32 = 3;
         let write = || async {
-            let mut lease = Lease::acquire(&self.store).await?;
+            let mut lease = Lease::acquire_for_write(&self.store).await?;
             let out = self.store.finish(lease.conn(), finish, Txn::Own).await;
             lease.release_after(&out);
             out

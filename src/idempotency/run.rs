@@ -90,7 +90,9 @@ impl<S: RecordStore> Records<S> {
         W: for<'c> FnOnce(&'c mut S::Conn) -> Work<'c, Result<Done<R, F>, E>>,
     {
         let orderly = |e: sqlx::Error| Failed::Orderly(db_error::<S>(e));
-        let mut lease = Lease::acquire(&self.store).await.map_err(orderly)?;
+        let mut lease = Lease::acquire_for_write(&self.store)
+            .await
+            .map_err(orderly)?;
         let mut tx = S::begin(lease.conn()).await.map_err(orderly)?;
         let decided = match work(&mut tx).await {
             Ok(decided) => decided,

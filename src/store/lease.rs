@@ -18,6 +18,8 @@ use super::{ErrorClass, Store};
 /// A connection borrowed from a store's pool: closed on drop unless released.
 pub(crate) struct Lease<S: Store> {
     conn: Option<S::Pooled>,
+    /// The writer's turn a write lease holds (dropped after the connection).
+    _turn: Option<super::WriteTurn>,
 }
 
 impl<S: Store> Lease<S> {
@@ -25,13 +27,31 @@ impl<S: Store> Lease<S> {
     pub(crate) async fn acquire(store: &S) -> Result<Self, sqlx::Error> {
         let conn = store.acquire().await?;
         crate::engine::mark_connected();
-        Ok(Lease { conn: Some(conn) })
+        Ok(Lease {
+            conn: Some(conn),
+            _turn: None,
+        })
+    }
+
+    /// Borrows a connection for a write, after taking the store's writer's turn (if it
+    /// hands them out), which it holds until it is released or dropped.
+    pub(crate) async fn acquire_for_write(store: &S) -> Result<Self, sqlx::Error> {
+        let turn = store.write_turn().await;
+        let conn = store.acquire().await?;
+        crate::engine::mark_connected();
+        Ok(Lease {
+            conn: Some(conn),
+            _turn: turn,
+        })
     }
 
     /// Holds a connection already borrowed (by a store, before its first statement).
     #[cfg(feature = "mysql")]
     pub(crate) fn held(conn: S::Pooled) -> Self {
-        Lease { conn: Some(conn) }
+        Lease {
+            conn: Some(conn),
+            _turn: None,
+        }
     }
 
     /// Hands the connection on, its conversation finished.

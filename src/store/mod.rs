@@ -101,6 +101,17 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Borrows a connection from the pool.
     fn acquire(&self) -> impl Future<Output = Result<Self::Pooled, sqlx::Error>> + Send;
 
+    /// A turn at writing, taken before the connection of one of the idempotency
+    /// records' or the flows' write transactions (or writing statements) and held until
+    /// it is done, on a database that has one writer at a time: its writers then queue
+    /// in order in the process instead of retrying the database's lock. `None` (the
+    /// default) where writers do not wait on one lock; SQLite hands turns out in order,
+    /// and past its busy timeout lets the writer go on without one (to meet the lock
+    /// as before: a write nested inside another's transaction fails as it always did).
+    fn write_turn(&self) -> impl Future<Output = Option<WriteTurn>> + Send {
+        std::future::ready(None)
+    }
+
     /// Closes a pooled connection instead of returning it to the pool, for a connection
     /// whose state is unknown: a conversation on it was interrupted (its caller dropped
     /// the future) or it failed. Closing the socket makes the server roll back whatever
@@ -223,6 +234,24 @@ pub trait Store: Clone + Send + Sync + 'static {
         conn: &mut Self::Conn,
         order_id: i64,
     ) -> impl Future<Output = Result<Vec<RawTransition>, sqlx::Error>> + Send;
+}
+
+/// A writer's turn on a database with one writer at a time ([`Store::write_turn`]): the
+/// next writer's begins when this is dropped.
+#[derive(Debug)]
+pub struct WriteTurn(#[allow(dead_code)] tokio::sync::OwnedMutexGuard<()>);
+
+impl WriteTurn {
+    /// Waits for the turn of `gate`, at most `patience`; `None` past it.
+    pub async fn take(
+        gate: &std::sync::Arc<tokio::sync::Mutex<()>>,
+        patience: std::time::Duration,
+    ) -> Option<Self> {
+        tokio::time::timeout(patience, gate.clone().lock_owned())
+            .await
+            .ok()
+            .map(WriteTurn)
+    }
 }
 
 /// Where an operation runs.

@@ -57,7 +57,9 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
     ) -> Result<Result<(), StepError>> {
         let flows = self.flows;
         let store = &flows.store;
-        let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
+        let mut lease = Lease::acquire_for_write(store)
+            .await
+            .map_err(db_error::<S>)?;
         let mut tx = S::begin(lease.conn()).await.map_err(db_error::<S>)?;
         let out = match f.run(&mut tx, ctx).await {
             Ok(out) => out,
@@ -410,7 +412,9 @@ pub(crate) async fn write<S: FlowStore>(
     });
     let step = step.as_ref();
     let store = &flows.store;
-    let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
+    let mut lease = Lease::acquire_for_write(store)
+        .await
+        .map_err(db_error::<S>)?;
     let mut tx = S::begin(lease.conn()).await.map_err(db_error::<S>)?;
     if !store.touch(&mut tx, touch).await.map_err(db_error::<S>)? {
         tx.rollback().await.map_err(db_error::<S>)?;

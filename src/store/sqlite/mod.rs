@@ -34,14 +34,20 @@ pub fn connect_options(url: &str) -> Result<SqliteConnectOptions, Error> {
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
-        .busy_timeout(Duration::from_secs(5)))
+        .busy_timeout(BUSY_TIMEOUT))
 }
+
+/// The busy timeout of [`connect_options`], and how long a writer waits for its turn in
+/// the process ([`Store::write_turn`](crate::Store::write_turn)).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The SQLite store.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
     transitions: Arc<transitions::Sql>,
+    /// The writers' turns of this store and its clones (one writer at a time).
+    writers: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl SqliteStore {
@@ -68,6 +74,7 @@ impl SqliteStore {
         SqliteStore {
             pool,
             transitions: Arc::new(transitions::Sql::new(&tables)),
+            writers: Arc::default(),
         }
     }
 

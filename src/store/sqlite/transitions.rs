@@ -110,6 +110,10 @@ impl Store for SqliteStore {
         self.pool.acquire().await
     }
 
+    async fn write_turn(&self) -> Option<crate::store::WriteTurn> {
+        crate::store::WriteTurn::take(&self.writers, super::BUSY_TIMEOUT).await
+    }
+
     fn discard(conn: Self::Pooled) {
         // Detached and dropped: the connection is closed, and whatever it held open is
         // rolled back.
