@@ -136,7 +136,8 @@ pub use engine::{
 pub use error::{Error, Result, TokenRejection};
 pub use flow::{Definition, FlowConfig, FlowOutcome, Flows, Resume, Started, StepError};
 pub use idempotency::{
-    Claim, Claimed, Done, Failure, Ran, Reconciled, Records, Recovered, ScopeConfig, Stored, Stuck,
+    Claim, Claimed, CoalescedClaims, Done, Failure, Ran, Reconciled, Records, Recovered,
+    ScopeConfig, Stored, Stuck,
 };
 #[cfg(feature = "redis")]
 pub use idempotency::{FrontConfig, RedisFront};

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tracing::Instrument;
 
+use super::claims::Turn;
 use super::{
     CLAIM_ROUNDS, Claim, Claimed, NewClaim, RecordRow, RecordStore, Records, Stored, millis,
 };
@@ -110,8 +111,21 @@ impl<S: RecordStore> Records<S> {
                 Err(e) => return repeat(Err(e)),
             }
         }
-        for _ in 0..CLAIM_ROUNDS {
-            match self.claim_once(claim).await {
+        for round in 0..CLAIM_ROUNDS {
+            let once = match (round, &self.claims) {
+                (0, Some(claims)) => match claims.turn(claim) {
+                    Turn::Alone(slot) => {
+                        let once = self.claim_once(claim).await;
+                        slot.hand_on();
+                        once
+                    }
+                    // Held by the batch's statement; or nothing written for it, or the
+                    // batch failed (the sender dropped): the read below tells which.
+                    Turn::Queued(answer) => Ok(answer.await.ok().flatten()),
+                },
+                _ => self.claim_once(claim).await,
+            };
+            match once {
                 Ok(Some(attempt)) => {
                     self.first.note(false);
                     return Ok(claimed(attempt));

@@ -29,6 +29,7 @@ use crate::store::Lease;
 use crate::{Error, Result};
 
 mod claim;
+mod claims;
 mod finish;
 #[cfg(feature = "redis")]
 mod front;
@@ -37,6 +38,7 @@ mod run;
 mod seam;
 mod tokens;
 
+pub use claims::CoalescedClaims;
 #[cfg(feature = "redis")]
 pub use front::{FrontConfig, RedisFront};
 pub use recovery::{Held, Reconciled, Reconciler, Recovered, Stuck};
@@ -76,6 +78,8 @@ pub struct Records<S> {
     first: FirstRound,
     /// Every claim and every holder's write is answered within this.
     deadline: Duration,
+    /// The queue of concurrent claims, on a store that batches them (shared by clones).
+    claims: Option<Arc<claims::Claims<S>>>,
     #[cfg(feature = "redis")]
     front: Option<Arc<RedisFront>>,
 }
@@ -155,14 +159,35 @@ pub enum Failure {
 impl<S: RecordStore> Records<S> {
     /// Records on `store` with no scopes yet; add them with [`scope`](Self::scope).
     pub fn new(store: S) -> Self {
+        let claims =
+            S::BATCHES_CLAIMS.then(|| claims::Claims::new(store.clone(), DEFAULT_DEADLINE));
         Records {
             store,
             scopes: Arc::default(),
             first: FirstRound::new(ReadFirst::Adaptive, S::READ_FIRST_FROM),
             deadline: DEFAULT_DEADLINE,
+            claims,
             #[cfg(feature = "redis")]
             front: None,
         }
+    }
+
+    /// Whether concurrent claims are coalesced: while one claim statement is in flight,
+    /// the new claims that arrive go together in the next, one statement and one commit
+    /// (on a store that can: PostgreSQL and SQLite). A lone claim goes at once, as
+    /// without. Every claim is answered as if it had gone alone. Default on.
+    pub fn coalesce_claims(mut self, on: bool) -> Self {
+        self.claims = (on && S::BATCHES_CLAIMS)
+            .then(|| claims::Claims::new(self.store.clone(), DEFAULT_DEADLINE));
+        self
+    }
+
+    /// How many claims went in statements of two or more.
+    pub fn coalesced_claims(&self) -> CoalescedClaims {
+        self.claims
+            .as_ref()
+            .map(|c| c.coalesced())
+            .unwrap_or_default()
     }
 
     /// Every claim, and every holder's write (`complete`, `fail`, `release`, `extend`),

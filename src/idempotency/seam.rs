@@ -29,6 +29,32 @@ pub trait RecordStore: Store<Conn: sqlx::Connection> {
         claim: &NewClaim<'_>,
     ) -> impl Future<Output = Result<Option<i32>, sqlx::Error>> + Send;
 
+    /// Whether [`claim_new`](Self::claim_new) writes several claims in one statement:
+    /// [`Records`](crate::Records) then coalesces concurrent claims.
+    const BATCHES_CLAIMS: bool = false;
+
+    /// Several claims, in one statement and one commit where the store can: each
+    /// inserted as PROCESSING under its token, unless a record with its key exists
+    /// (then nothing is written for it, whatever its state, and the caller claims it
+    /// alone). The tokens of the claims that hold their records now, with their attempt
+    /// numbers; two claims of one key in one call hold it at most once. By default,
+    /// each claim's own [`claim`](Self::claim) in turn.
+    fn claim_new(
+        &self,
+        conn: &mut Self::Conn,
+        claims: &[NewClaim<'_>],
+    ) -> impl Future<Output = Result<Vec<(String, i32)>, sqlx::Error>> + Send {
+        async move {
+            let mut held = Vec::new();
+            for claim in claims {
+                if let Some(attempt) = self.claim(conn, claim).await? {
+                    held.push((claim.token.to_string(), attempt));
+                }
+            }
+            Ok(held)
+        }
+    }
+
     /// The record as it is now, judged on the database's clock.
     fn read(
         &self,

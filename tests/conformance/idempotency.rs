@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use orderly::idempotency::RecordStore;
 use orderly::{Claim, Claimed, Error, Failure, Records, ScopeConfig, Stored};
 
 use super::Backend;
@@ -329,4 +330,183 @@ pub async fn records_impossible_rows_are_reported_not_replayed<B: Backend>(b: &B
         r.claim("payments", "worn-out", &1).await.unwrap(),
         Claim::Replayed(Stored::Succeeded(r#""done""#.into()))
     );
+}
+
+/// Concurrent claims go together in one statement while another is in flight (on a
+/// store that batches claims), and each is answered exactly as if it had gone alone: a
+/// new key is claimed (attempt 1) under the claimant's own token; of four twins of a new
+/// key one claims and three are in flight; a completed key is replayed; a held key is in
+/// flight; another payload under a held key is a mismatch; a key whose lease ran out is
+/// taken over (attempt 2). Rounds of such storms run until batches were seen (bounded);
+/// a store that does not batch claims shows none.
+pub async fn coalesced_claims_answer_each_claim_truly<B: Backend>(b: &B) {
+    let r = records(b, Duration::from_millis(200)).await;
+    let batches = B::S::BATCHES_CLAIMS;
+    let mut round = 0;
+    loop {
+        round += 1;
+        let tag = format!("c{round}");
+        let done = claimed(
+            r.claim("payments", &format!("{tag}-done"), &"p")
+                .await
+                .unwrap(),
+        );
+        r.complete(&done, &"ok").await.unwrap();
+        let stale = claimed(
+            r.claim("payments", &format!("{tag}-stale"), &"p")
+                .await
+                .unwrap(),
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        // Claimed after the sleep: its lease (200 ms) is live through the storm below.
+        let live = claimed(
+            r.claim("payments", &format!("{tag}-held"), &"p")
+                .await
+                .unwrap(),
+        );
+        // (key, payload) of every claim in the storm.
+        let mut asks: Vec<(String, &str)> =
+            (0..24).map(|i| (format!("{tag}-new-{i}"), "p")).collect();
+        asks.extend((0..4).map(|_| (format!("{tag}-twin"), "p")));
+        asks.push((format!("{tag}-done"), "p"));
+        asks.push((format!("{tag}-held"), "p"));
+        asks.push((format!("{tag}-held"), "other"));
+        asks.push((format!("{tag}-stale"), "p"));
+        let barrier = Arc::new(tokio::sync::Barrier::new(asks.len()));
+        let tasks: Vec<_> = asks
+            .iter()
+            .cloned()
+            .map(|(key, payload)| {
+                let (r, barrier) = (r.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    r.claim("payments", &key, &payload).await
+                })
+            })
+            .collect();
+        let mut twins_held = 0;
+        for ((key, payload), task) in asks.iter().zip(tasks) {
+            let answer = task.await.unwrap();
+            let kind = key.rsplit_once('-').map_or(key.as_str(), |(_, k)| k);
+            match (kind, *payload, answer) {
+                ("twin", _, Ok(Claim::Claimed(held))) => {
+                    assert_eq!(held.attempt(), 1);
+                    twins_held += 1;
+                    let token = b
+                        .scalar(&format!(
+                            "SELECT count(*) FROM idempotency_records WHERE idem_key = '{key}' \
+                             AND owner_token = '{}'",
+                            held.token()
+                        ))
+                        .await;
+                    assert_eq!(
+                        token, 1,
+                        "{key}: the record is not under its holder's token"
+                    );
+                }
+                ("twin", _, Err(Error::InFlight { .. })) => {}
+                ("done", _, Ok(Claim::Replayed(stored))) => {
+                    assert_eq!(stored, Stored::Succeeded(r#""ok""#.into()))
+                }
+                ("held", "p", Err(Error::InFlight { .. })) => {}
+                ("held", "other", Err(Error::PayloadMismatch { .. })) => {}
+                ("stale", _, Ok(Claim::Claimed(held))) => assert_eq!(held.attempt(), 2),
+                (_, _, Ok(Claim::Claimed(held))) if key.contains("-new-") => {
+                    assert_eq!(held.attempt(), 1);
+                    let token = b
+                        .scalar(&format!(
+                            "SELECT count(*) FROM idempotency_records WHERE idem_key = '{key}' \
+                             AND owner_token = '{}' AND status = 'PROCESSING'",
+                            held.token()
+                        ))
+                        .await;
+                    assert_eq!(
+                        token, 1,
+                        "{key}: the record is not under its holder's token"
+                    );
+                }
+                (_, _, other) => panic!("{key} ({payload}): {other:?}"),
+            }
+        }
+        assert_eq!(twins_held, 1, "twins of one key: exactly one holds it");
+        assert!(matches!(
+            r.complete(&stale, &"late").await,
+            Err(Error::LeaseLost { .. })
+        ));
+        drop(live);
+        let seen = r.coalesced_claims();
+        if !batches {
+            assert_eq!(
+                seen.batches, 0,
+                "a store that does not batch claims batched"
+            );
+            break;
+        }
+        if seen.batches > 0 {
+            assert!(seen.claims >= 2 * seen.batches);
+            break;
+        }
+        assert!(
+            round < 20,
+            "no claims were ever coalesced: the test shows nothing"
+        );
+    }
+}
+
+/// A claim whose caller stops waiting while it is queued behind another claim's
+/// statement is never sent, and the claims queued with it are still made. The first
+/// claim's statement waits on a record that a held transaction inserted (the same key),
+/// so the claims sent meanwhile queue behind it for 100 ms (on SQLite the held
+/// transaction holds the write lock). On a store that does not batch claims, nothing
+/// queues: the claim of another key is made at once.
+pub async fn claims_dropped_while_queued_are_never_sent<B: Backend>(b: &B) {
+    let r = records(b, Duration::from_secs(30)).await;
+    let mut blocker = b.begin().await;
+    B::exec_in(
+        &mut blocker,
+        "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+         attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+         VALUES ('payments', 'slow', NULL, 'PROCESSING', 'blocker', 1, 0, 0, NULL, FALSE, 0, 0)",
+    )
+    .await;
+    let slow = {
+        let r = r.clone();
+        tokio::spawn(async move { r.claim("payments", "slow", &"p").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let kept = {
+        let r = r.clone();
+        tokio::spawn(async move { r.claim("payments", "kept", &"p").await })
+    };
+    let gone = tokio::time::timeout(
+        Duration::from_millis(100),
+        r.claim("payments", "gone", &"p"),
+    )
+    .await;
+    if !B::S::BATCHES_CLAIMS {
+        assert!(
+            matches!(gone, Ok(Ok(Claim::Claimed(_)))),
+            "a claim waited for another key's: {gone:?}"
+        );
+        B::rollback(blocker).await;
+        claimed(slow.await.unwrap().unwrap());
+        claimed(kept.await.unwrap().unwrap());
+        return;
+    }
+    assert!(gone.is_err(), "the claim did not queue: {gone:?}");
+    B::rollback(blocker).await;
+    let slow = claimed(slow.await.unwrap().unwrap());
+    let kept = claimed(kept.await.unwrap().unwrap());
+    assert_eq!((slow.attempt(), kept.attempt()), (1, 1));
+    let count = "SELECT count(*) FROM idempotency_records WHERE idem_key = ";
+    assert_eq!(
+        b.scalar(&format!("{count}'gone'")).await,
+        0,
+        "an abandoned queued claim was sent"
+    );
+    assert_eq!(b.scalar(&format!("{count}'kept'")).await, 1);
+    assert!(matches!(
+        r.claim("payments", "gone", &"p").await.unwrap(),
+        Claim::Claimed(_)
+    ));
 }

@@ -229,6 +229,8 @@ macro_rules! conformance {
             claim_follows_the_outcome_table,
             expired_lease_is_taken_over_and_the_late_holder_fenced,
             identical_claims_storm_one_runs,
+            coalesced_claims_answer_each_claim_truly,
+            claims_dropped_while_queued_are_never_sent,
             complete_in_commits_with_the_callers_writes,
             expired_records_count_as_absent,
             recovery_applies_the_reconcilers_verdict,

@@ -6,7 +6,7 @@ use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{Connection, Transaction};
 
 use super::PgStore;
-use crate::idempotency::RecordStore;
+use crate::idempotency::{NewClaim, RecordStore};
 use crate::store::records_sql::{
     OneStatementRecordClaims, RecordSql, one_statement_record_claims, shared_record_statements,
 };
@@ -25,6 +25,41 @@ impl RecordStore for PgStore {
 
     async fn begin(conn: &mut PgConnection) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
         conn.begin().await
+    }
+
+    const BATCHES_CLAIMS: bool = true;
+
+    /// One statement: the claims as arrays, inserted `ON CONFLICT DO NOTHING`.
+    async fn claim_new(
+        &self,
+        conn: &mut PgConnection,
+        claims: &[NewClaim<'_>],
+    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+        let scopes: Vec<&str> = claims.iter().map(|c| c.scope).collect();
+        let keys: Vec<&str> = claims.iter().map(|c| c.key).collect();
+        let hashes: Vec<Option<&str>> = claims.iter().map(|c| c.payload_hash).collect();
+        let tokens: Vec<&str> = claims.iter().map(|c| c.token).collect();
+        let leases: Vec<i64> = claims.iter().map(|c| c.lease_ms).collect();
+        let retentions: Vec<i64> = claims.iter().map(|c| c.retention_ms).collect();
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "WITH now AS {NOW} \
+             INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                 attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+             SELECT c.scope, c.idem_key, c.payload_hash, 'PROCESSING', c.owner_token, 1, \
+                    ms + c.lease_ms, ms + c.retention_ms, NULL, FALSE, ms, ms \
+             FROM now, unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) \
+                  AS c(scope, idem_key, payload_hash, owner_token, lease_ms, retention_ms) \
+             ON CONFLICT (scope, idem_key) DO NOTHING \
+             RETURNING owner_token::text, attempt::int"
+        )))
+        .bind(scopes)
+        .bind(keys)
+        .bind(hashes)
+        .bind(tokens)
+        .bind(leases)
+        .bind(retentions)
+        .fetch_all(conn)
+        .await
     }
 }
 

@@ -113,7 +113,7 @@ impl Sql {
                  ), ins AS ( \
                    INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
                    SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8 FROM cur \
-                   ON CONFLICT DO NOTHING \
+                   ON CONFLICT (order_id, event, ref_id) DO NOTHING \
                    RETURNING {PRIOR_COLUMNS} \
                  ), upd AS ( \
                    UPDATE {o} AS o SET status = ins.to_status, version = ins.seq \

@@ -6,7 +6,7 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{Connection, Transaction};
 
 use super::SqliteStore;
-use crate::idempotency::RecordStore;
+use crate::idempotency::{NewClaim, RecordStore};
 use crate::store::records_sql::{
     OneStatementRecordClaims, RecordSql, one_statement_record_claims, shared_record_statements,
 };
@@ -25,6 +25,38 @@ impl RecordStore for SqliteStore {
 
     async fn begin(conn: &mut SqliteConnection) -> Result<Transaction<'_, Sqlite>, sqlx::Error> {
         conn.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    const BATCHES_CLAIMS: bool = true;
+
+    /// One statement: a row of values for each claim, inserted `ON CONFLICT DO NOTHING`.
+    async fn claim_new(
+        &self,
+        conn: &mut SqliteConnection,
+        claims: &[NewClaim<'_>],
+    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+        let rows = vec!["(?, ?, ?, ?, ?, ?)"; claims.len()].join(", ");
+        let sql = format!(
+            "WITH now AS {NOW} \
+             INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                 attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+             SELECT c.column1, c.column2, c.column3, 'PROCESSING', c.column4, 1, \
+                    ms + c.column5, ms + c.column6, NULL, 0, ms, ms \
+             FROM now, (VALUES {rows}) AS c WHERE true \
+             ON CONFLICT (scope, idem_key) DO NOTHING \
+             RETURNING owner_token, attempt"
+        );
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for c in claims {
+            query = query
+                .bind(c.scope)
+                .bind(c.key)
+                .bind(c.payload_hash)
+                .bind(c.token)
+                .bind(c.lease_ms)
+                .bind(c.retention_ms);
+        }
+        query.fetch_all(conn).await
     }
 }
 
