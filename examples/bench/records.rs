@@ -138,7 +138,8 @@ pub(crate) async fn records_pass<B: BenchDb>(
     };
     let names = ["records", "rec-hand", "replay-r"];
     let ratios = ["records_vs_hand", "replay_vs_records"];
-    layer_pass(
+    let before = records.coalesced_claims().claims;
+    let line = layer_pass(
         db,
         c,
         args,
@@ -147,7 +148,10 @@ pub(crate) async fn records_pass<B: BenchDb>(
         ratios,
         (run(false), hand, run(true)),
     )
-    .await
+    .await?;
+    // How many of the pass's claims went in statements of two or more.
+    let coalesced = records.coalesced_claims().claims - before;
+    Ok(format!("{line} claims_coalesced={coalesced}"))
 }
 
 /// Storms of identical claims (as a double-click or a retrying gateway makes), one storm
