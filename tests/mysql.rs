@@ -230,6 +230,20 @@ async fn deadlocks(b: &My) -> i64 {
     row.1.parse().unwrap()
 }
 
+/// `conformance::connection_cut_under_coalesced_claims_answers_each_claim`: MariaDB
+/// does not batch claims, so no statement carries the pattern (PostgreSQL's batch of
+/// claims), and every claim is made on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_cut_under_coalesced_claims() {
+    let b = <My>::fresh().await;
+    conformance::connection_cut_under_coalesced_claims_answers_each_claim(
+        &b,
+        b"unnest($1::text[], $2::text[], $3::text[], $4::text[]",
+    )
+    .await;
+    b.cleanup().await;
+}
+
 /// `conformance::connection_cut_under_a_unit_answers_each_request`, cut at the text of
 /// a unit's multi-row history insert (sent once per connection, in its prepare).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

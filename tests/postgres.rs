@@ -215,6 +215,19 @@ async fn connection_cut_under_a_coalesced_unit() {
     b.cleanup().await;
 }
 
+/// `conformance::connection_cut_under_coalesced_claims_answers_each_claim`, cut at the
+/// text of the batch of claims (sent once per connection, in its `Parse`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_cut_under_coalesced_claims() {
+    let b = <Pg>::fresh().await;
+    conformance::connection_cut_under_coalesced_claims_answers_each_claim(
+        &b,
+        b"unnest($1::text[], $2::text[], $3::text[], $4::text[]",
+    )
+    .await;
+    b.cleanup().await;
+}
+
 async fn deadlocks(b: &Pg) -> i64 {
     b.scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
         .await

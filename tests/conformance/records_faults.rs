@@ -290,3 +290,65 @@ pub async fn records_dead_database_answers_within_the_deadline<B: Networked>(b: 
     proxy.thaw();
     direct.complete(&held, &"done").await.unwrap();
 }
+
+/// The connection of a batch of coalesced claims is cut as the batch's statement goes
+/// out, or right after it reached the server (which may commit it): every claim of the
+/// batch is read back by its own token and answered truly, `Claimed` at attempt 1 with
+/// the record under its own token (a batch that committed is never taken for another's
+/// claim, nor claimed twice). On a store that does not batch claims no batch is sent.
+pub async fn connection_cut_under_coalesced_claims_answers_each_claim<B: Networked>(
+    b: &B,
+    batch_pattern: &'static [u8],
+) {
+    use orderly::idempotency::RecordStore;
+    for (n, cut) in [Cut::Forward(batch_pattern), Cut::Request(batch_pattern)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut cut_seen = false;
+        for round in 0..5 {
+            let proxy = Proxy::start(b.server(), cut).await;
+            let r = orders(b.store_at(proxy.port, 8).await, orderly::ReadFirst::Never);
+            let keys: Vec<String> = (0..32).map(|i| format!("cut-{n}-{round}-{i}")).collect();
+            let calls: Vec<_> = keys
+                .iter()
+                .cloned()
+                .map(|key| {
+                    let r = r.clone();
+                    tokio::spawn(async move {
+                        let answer = r.claim("orders", &key, &1).await;
+                        (key, answer)
+                    })
+                })
+                .collect();
+            for call in calls {
+                let (key, answer) = call.await.unwrap();
+                let held = claimed(answer.unwrap());
+                assert_eq!(held.attempt(), 1, "{cut:?}: {key}");
+                let mine = b
+                    .scalar(&format!(
+                        "SELECT count(*) FROM idempotency_records WHERE idem_key = '{key}' \
+                         AND owner_token = '{}' AND status = 'PROCESSING' AND attempt = 1",
+                        held.token()
+                    ))
+                    .await;
+                assert_eq!(mine, 1, "{cut:?}: {key} is not under its claim's token");
+            }
+            if proxy.cuts() > 0 {
+                cut_seen = true;
+                break;
+            }
+        }
+        if B::S::BATCHES_CLAIMS {
+            assert!(
+                cut_seen,
+                "{cut:?}: no batch of claims was cut: the test shows nothing"
+            );
+        } else {
+            assert!(
+                !cut_seen,
+                "{cut:?}: a store that does not batch claims sent a batch"
+            );
+        }
+    }
+}
