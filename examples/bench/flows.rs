@@ -170,7 +170,8 @@ pub(crate) async fn flows_pass<B: BenchDb>(
     };
     let names = ["flow", "flow-hand", "replay-f"];
     let ratios = ["flow_vs_hand", "replay_vs_flow"];
-    layer_pass(
+    let before = flows.coalesced_starts().claims;
+    let line = layer_pass(
         db,
         c,
         args,
@@ -179,5 +180,8 @@ pub(crate) async fn flows_pass<B: BenchDb>(
         ratios,
         (run(false), hand, run(true)),
     )
-    .await
+    .await?;
+    // How many of the pass's starts went in statements of two or more.
+    let coalesced = flows.coalesced_starts().claims - before;
+    Ok(format!("{line} starts_coalesced={coalesced}"))
 }

@@ -20,6 +20,7 @@ mod outcome;
 mod recovery;
 mod run;
 mod seam;
+mod starts;
 mod steps;
 
 pub use def::{Flow, FlowStep, StepClass, StepSpec, Undo};

@@ -17,11 +17,16 @@ use super::steps::Definition;
 use super::{Flow, FlowRow, FlowStore, StepRow, StepSpec};
 use crate::ReadFirst;
 use crate::engine::{FirstRound, fingerprint_of, validate_reference};
+use crate::store::claims::{Claims, CoalescedClaims, Turn};
 use crate::store::{ErrorClass, Lease, db_error};
 use crate::{Error, Result};
 
 /// How many times a start reads and tries again when the flow changes under it.
 const START_ROUNDS: u32 = 8;
+
+/// A batch of coalesced starts that takes longer than this is dropped, and its starts go
+/// the ordinary way.
+const START_LIMIT: Duration = Duration::from_secs(5);
 
 /// How flows run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +111,8 @@ pub struct Flows<S: FlowStore> {
     pub(super) rounds: Arc<AtomicUsize>,
     /// Whether a start reads the flow before its write (shared by clones).
     first: FirstRound,
+    /// The queue of concurrent starts, on a store that batches them (shared by clones).
+    starts: Option<Arc<Claims<S, super::starts::Owned>>>,
 }
 
 impl<S: FlowStore> std::fmt::Debug for Flows<S> {
@@ -136,12 +143,31 @@ impl<S: FlowStore> Flows<S> {
             )));
         }
         Ok(Flows {
-            store,
             config,
             defs: Arc::default(),
             rounds: Arc::default(),
             first: FirstRound::new(ReadFirst::Adaptive, S::READ_FIRST_FROM),
+            starts: S::BATCHES_STARTS.then(|| Claims::new(store.clone(), START_LIMIT)),
+            store,
         })
+    }
+
+    /// Whether concurrent starts are coalesced: while one start statement is in flight,
+    /// the new flows that arrive are inserted together by the next, one statement and
+    /// one commit (on a store that can: PostgreSQL and SQLite). A lone start goes at
+    /// once, as without. Every start is answered as if it had gone alone. Default on.
+    pub fn coalesce_starts(mut self, on: bool) -> Self {
+        self.starts =
+            (on && S::BATCHES_STARTS).then(|| Claims::new(self.store.clone(), START_LIMIT));
+        self
+    }
+
+    /// How many starts went in statements of two or more.
+    pub fn coalesced_starts(&self) -> CoalescedClaims {
+        self.starts
+            .as_ref()
+            .map(|s| s.coalesced())
+            .unwrap_or_default()
     }
 
     /// Registers a flow's actions. A definition with a step lacking its action, a
@@ -269,7 +295,7 @@ impl<S: FlowStore> Flows<S> {
                 return answer;
             }
         }
-        for _ in 0..START_ROUNDS {
+        for round in 0..START_ROUNDS {
             let token = uuid::Uuid::new_v4().simple().to_string();
             let new = super::NewFlow {
                 kind: D::KIND,
@@ -280,11 +306,26 @@ impl<S: FlowStore> Flows<S> {
                 token: &token,
                 lease_ms,
             };
-            let started = async {
+            let alone = async {
                 let mut lease = Lease::acquire_for_write(&self.store).await?;
                 let out = self.store.start_flow(lease.conn(), &new).await;
                 lease.release_after(&out);
                 out
+            };
+            let started = async {
+                match (round, &self.starts) {
+                    (0, Some(starts)) => match starts.turn(|| super::starts::Owned::new(&new)) {
+                        Turn::Alone(slot) => {
+                            let out = alone.await;
+                            slot.hand_on();
+                            out
+                        }
+                        // Held by the batch's statement; or nothing written for it, or
+                        // the batch failed (the sender dropped): the read below tells.
+                        Turn::Queued(answer) => Ok(answer.await.ok().flatten()),
+                    },
+                    _ => alone.await,
+                }
             };
             let held = |attempt| Held {
                 kind: D::KIND.to_string(),

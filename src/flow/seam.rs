@@ -21,6 +21,32 @@ pub trait FlowStore: RecordStore {
         start: &NewFlow<'_>,
     ) -> impl Future<Output = Result<Option<i32>, sqlx::Error>> + Send;
 
+    /// Whether [`start_flows`](Self::start_flows) writes several starts in one statement:
+    /// [`Flows`](crate::Flows) then coalesces concurrent starts.
+    const BATCHES_STARTS: bool = false;
+
+    /// Several starts, in one statement and one commit where the store can: each flow
+    /// inserted RUNNING under its start's token, unless a flow with its key exists (then
+    /// nothing is written for it, whatever its state, and the caller starts it alone).
+    /// The tokens of the starts that hold their flows now, with their attempt numbers;
+    /// two starts of one key in one call hold it at most once. By default, each start's
+    /// own [`start_flow`](Self::start_flow) in turn.
+    fn start_flows(
+        &self,
+        conn: &mut Self::Conn,
+        starts: &[NewFlow<'_>],
+    ) -> impl Future<Output = Result<Vec<(String, i32)>, sqlx::Error>> + Send {
+        async move {
+            let mut held = Vec::new();
+            for start in starts {
+                if let Some(attempt) = self.start_flow(conn, start).await? {
+                    held.push((start.token.to_string(), attempt));
+                }
+            }
+            Ok(held)
+        }
+    }
+
     /// The flow record, judged on the database's clock.
     fn read_flow(
         &self,

@@ -6,11 +6,12 @@ use std::time::Duration;
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::claims::Turn;
+use super::claims::Owned;
 use super::{
     CLAIM_ROUNDS, Claim, Claimed, NewClaim, RecordRow, RecordStore, Records, Stored, millis,
 };
 use crate::engine::{fingerprint_of, validate_reference};
+use crate::store::claims::Turn;
 use crate::store::{ErrorClass, Lease, db_error};
 use crate::{Error, Result};
 
@@ -113,7 +114,7 @@ impl<S: RecordStore> Records<S> {
         }
         for round in 0..CLAIM_ROUNDS {
             let once = match (round, &self.claims) {
-                (0, Some(claims)) => match claims.turn(claim) {
+                (0, Some(claims)) => match claims.turn(|| Owned::new(claim)) {
                     Turn::Alone(slot) => {
                         let once = self.claim_once(claim).await;
                         slot.hand_on();

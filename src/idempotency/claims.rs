@@ -1,82 +1,11 @@
-//! Coalesced claims: while one claim statement is in flight, the new claims that arrive
-//! wait and go together in the next, one statement and one commit for all, as the
-//! engine's writes do (docs/design.md, "Why coalesce writes, and why without a timer?").
-//!
-//! Nothing waits on purpose: a claim that finds no statement in flight goes at once, with
-//! the ordinary claim statement, on its own task, exactly as without coalescing. A queued
-//! claim goes in the next batch, whose one statement inserts the records that do not
-//! exist yet. A claim whose record exists (done, in flight, past its lease or retention,
-//! another payload's), and every claim of a batch that failed, goes on along the ordinary
-//! path: the record's read and the outcome table, then its own claim statement if the
-//! record can be taken. A batch that committed after all is found by that read: the
-//! record is under the claim's own token.
-//!
-//! A caller that stops waiting while its claim is queued is left out of the batch (its
-//! claim is never sent). Once its batch is in flight, the batch runs for the others on
-//! a task of its own, and the claim may commit: its record then stays held until its
-//! lease runs out, as the record of any claim whose caller went away does.
-
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
-
-use tokio::sync::oneshot;
+//! An idempotency record's claim as it waits in the queue of coalesced claims
+//! (`crate::store::claims`).
 
 use super::{NewClaim, RecordStore};
-use crate::store::Lease;
+use crate::store::claims::Queued;
 
-/// The most claims in one batch.
-const MAX_BATCH: usize = 64;
-
-/// The claims of one [`Records`](super::Records) and its clones.
-pub(crate) struct Claims<S> {
-    store: S,
-    /// A batch's statement that takes longer than this is dropped (its connection
-    /// closed), and its claims go the ordinary way.
-    limit: Duration,
-    state: Mutex<State>,
-    /// Batches of two claims or more, and the claims they carried.
-    batches: AtomicU64,
-    carried: AtomicU64,
-}
-
-impl<S> std::fmt::Debug for Claims<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Claims")
-            .field("batches", &self.batches.load(Relaxed))
-            .field("carried", &self.carried.load(Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
-/// How many claims of a [`Records`](super::Records) went in batches of two or more (see
-/// [`Records::coalesced_claims`](super::Records::coalesced_claims)).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CoalescedClaims {
-    /// Statements that carried two claims or more.
-    pub batches: u64,
-    /// The claims those statements carried.
-    pub claims: u64,
-}
-
-/// One statement in flight at a time (`busy`); the claims that arrive meanwhile queue for
-/// the next.
-#[derive(Default)]
-struct State {
-    queue: Vec<Waiting>,
-    busy: bool,
-}
-
-/// A queued claim. Its answer: `Some(attempt)` if the batch's statement made it the
-/// record's holder, `None` if it wrote nothing for it; the sender dropped if the batch
-/// failed.
-struct Waiting {
-    claim: Owned,
-    reply: oneshot::Sender<Option<i32>>,
-}
-
-/// A [`NewClaim`] that owns its strings, to wait in the queue.
-struct Owned {
+/// A [`NewClaim`] that owns its strings.
+pub(crate) struct Owned {
     scope: String,
     key: String,
     payload_hash: Option<String>,
@@ -86,7 +15,7 @@ struct Owned {
 }
 
 impl Owned {
-    fn new(c: &NewClaim<'_>) -> Self {
+    pub(crate) fn new(c: &NewClaim<'_>) -> Self {
         Owned {
             scope: c.scope.to_string(),
             key: c.key.to_string(),
@@ -109,151 +38,17 @@ impl Owned {
     }
 }
 
-/// A claim's turn.
-pub(crate) enum Turn<'c, S: RecordStore> {
-    /// No statement was in flight: this claim goes at once, alone, and hands the turn on
-    /// when its statement is done.
-    Alone(Slot<'c, S>),
-    /// Queued for the next batch: its answer comes here.
-    Queued(oneshot::Receiver<Option<i32>>),
-}
-
-impl<S: RecordStore> Claims<S> {
-    pub(crate) fn new(store: S, limit: Duration) -> Arc<Self> {
-        Arc::new(Claims {
-            store,
-            limit,
-            state: Mutex::default(),
-            batches: AtomicU64::new(0),
-            carried: AtomicU64::new(0),
-        })
+impl<S: RecordStore> Queued<S> for Owned {
+    fn token(&self) -> &str {
+        &self.token
     }
 
-    pub(crate) fn coalesced(&self) -> CoalescedClaims {
-        CoalescedClaims {
-            batches: self.batches.load(Relaxed),
-            claims: self.carried.load(Relaxed),
-        }
-    }
-
-    /// Takes the turn if no statement is in flight, else queues `claim` for the next.
-    pub(crate) fn turn<'c>(self: &'c Arc<Self>, claim: &NewClaim<'_>) -> Turn<'c, S> {
-        let mut state = self.lock();
-        if state.busy {
-            let (reply, answer) = oneshot::channel();
-            state.queue.push(Waiting {
-                claim: Owned::new(claim),
-                reply,
-            });
-            Turn::Queued(answer)
-        } else {
-            state.busy = true;
-            Turn::Alone(Slot {
-                claims: self,
-                held: true,
-            })
-        }
-    }
-
-    /// Writes the queue in batches until it is empty, then frees the turn.
-    async fn drain(self: Arc<Self>) {
-        let slot = Slot {
-            claims: &self,
-            held: true,
-        };
-        loop {
-            let batch: Vec<Waiting> = {
-                let mut state = self.lock();
-                // A caller that stopped waiting has dropped its receiver: its claim is
-                // left out, never sent.
-                state.queue.retain(|w| !w.reply.is_closed());
-                if state.queue.is_empty() {
-                    state.busy = false;
-                    slot.release();
-                    return;
-                }
-                let n = state.queue.len().min(MAX_BATCH);
-                state.queue.drain(..n).collect()
-            };
-            let claims: Vec<NewClaim<'_>> = batch.iter().map(|w| w.claim.as_claim()).collect();
-            let write = async {
-                let mut lease = Lease::acquire_for_write(&self.store).await?;
-                let out = self.store.claim_new(lease.conn(), &claims).await;
-                lease.release_after(&out);
-                out
-            };
-            match tokio::time::timeout(self.limit, write).await {
-                Ok(Ok(held)) => {
-                    if batch.len() > 1 {
-                        self.batches.fetch_add(1, Relaxed);
-                        self.carried.fetch_add(batch.len() as u64, Relaxed);
-                    }
-                    for waiting in batch {
-                        let attempt = held
-                            .iter()
-                            .find(|(token, _)| *token == waiting.claim.token)
-                            .map(|(_, attempt)| *attempt);
-                        // A caller that has given up has dropped its receiver.
-                        let _ = waiting.reply.send(attempt);
-                    }
-                }
-                // The batch's senders are dropped with it: each of its claims goes on
-                // along the ordinary path, whose read finds a record this batch wrote.
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, size = batch.len(), "coalesced claims failed");
-                }
-                Err(_) => {
-                    tracing::debug!(size = batch.len(), "coalesced claims timed out");
-                }
-            }
-            // The callers just answered come back with their next claims once they run;
-            // letting them run first makes the next batch theirs too.
-            tokio::task::yield_now().await;
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is a queue and a flag, consistent after every statement that holds
-        // the lock, so a panic elsewhere while it was held leaves it usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// The turn (`State::busy`), held by one task at a time. If its holder ends without
-/// handing it on (a caller that gives up mid-claim, a panic), it is freed here, and the
-/// claims queued behind it are answered "failed" (their senders dropped): each goes on
-/// along the ordinary path.
-pub(crate) struct Slot<'c, S: RecordStore> {
-    claims: &'c Arc<Claims<S>>,
-    held: bool,
-}
-
-impl<S: RecordStore> Slot<'_, S> {
-    /// After a lone claim: to a drain for the claims that queued meanwhile, if any.
-    pub(crate) fn hand_on(mut self) {
-        let mut state = self.claims.lock();
-        if state.queue.is_empty() {
-            state.busy = false;
-        } else {
-            // Spawned, not run here: this caller's answer must not wait for theirs, and a
-            // caller that gives up must not strand them.
-            tokio::spawn(Arc::clone(self.claims).drain());
-        }
-        self.held = false;
-    }
-
-    /// Freed by its holder, with the state's lock held.
-    fn release(mut self) {
-        self.held = false;
-    }
-}
-
-impl<S: RecordStore> Drop for Slot<'_, S> {
-    fn drop(&mut self) {
-        if self.held {
-            let mut state = self.claims.lock();
-            state.busy = false;
-            state.queue.clear();
-        }
+    async fn write(
+        store: &S,
+        conn: &mut S::Conn,
+        batch: &[Self],
+    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+        let claims: Vec<NewClaim<'_>> = batch.iter().map(Owned::as_claim).collect();
+        store.claim_new(conn, &claims).await
     }
 }

@@ -34,6 +34,7 @@ use std::ops::DerefMut;
 use crate::Error;
 
 mod batched;
+pub(crate) mod claims;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod flow_sql;
 mod lease;

@@ -1733,3 +1733,75 @@ pub async fn flow_attempt_counter_at_its_limit_parks<B: Backend>(b: &B) {
     );
     assert_eq!(world.calls(), calls, "the step was called again");
 }
+
+/// Concurrent starts go together in one statement while another is in flight (on a
+/// store that batches starts), and each is answered as if it had gone alone: every new
+/// flow runs once to completion under its own start, and of four twins of one new flow
+/// one runs it and the others are told it is in flight or replayed. Rounds run until
+/// batches were seen (bounded); a store that does not batch starts shows none.
+pub async fn flow_coalesced_starts_each_run_once<B: Backend>(b: &B) {
+    use orderly::flow::FlowStore;
+    let world = Arc::new(World::default());
+    let f = flows(b, &world, Duration::from_secs(30)).await;
+    let mut round = 0;
+    loop {
+        round += 1;
+        let mut keys: Vec<String> = (0..16).map(|i| format!("c{round}-{i}")).collect();
+        keys.extend((0..4).map(|_| format!("c{round}-twin")));
+        let barrier = Arc::new(tokio::sync::Barrier::new(keys.len()));
+        let tasks: Vec<_> = keys
+            .iter()
+            .cloned()
+            .map(|key| {
+                let (f, barrier) = (f.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let answer = f.start(Shop, &key, &order(7)).await;
+                    (key, answer)
+                })
+            })
+            .collect();
+        let mut twins_ran = 0;
+        for task in tasks {
+            let (key, answer) = task.await.unwrap();
+            match answer {
+                Ok(s) if !s.replayed => {
+                    assert!(
+                        matches!(s.outcome, FlowOutcome::Completed(_)),
+                        "{key}: {:?}",
+                        s.outcome
+                    );
+                    if key.ends_with("twin") {
+                        twins_ran += 1;
+                    }
+                }
+                Ok(s) if key.ends_with("twin") => {
+                    assert!(matches!(s.outcome, FlowOutcome::Completed(_)))
+                }
+                Err(Error::InFlight { .. }) if key.ends_with("twin") => {}
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+        assert_eq!(twins_ran, 1, "twins of one flow: exactly one runs it");
+        for key in keys.iter().take(16).chain([&format!("c{round}-twin")]) {
+            assert_eq!(effects(b, key, "Insert").await, 1, "{key}");
+            assert_eq!(effects(b, key, "Coupon").await, 1, "{key}");
+        }
+        let seen = f.coalesced_starts();
+        if !B::S::BATCHES_STARTS {
+            assert_eq!(
+                seen.batches, 0,
+                "a store that does not batch starts batched"
+            );
+            break;
+        }
+        if seen.batches > 0 {
+            assert!(seen.claims >= 2 * seen.batches);
+            break;
+        }
+        assert!(
+            round < 20,
+            "no starts were ever coalesced: the test shows nothing"
+        );
+    }
+}

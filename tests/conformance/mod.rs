@@ -246,6 +246,7 @@ macro_rules! conformance {
             flow_compensation_is_retried,
             flow_failing_compensation_parks_until_resumed,
             flow_concurrent_starts_run_once,
+            flow_coalesced_starts_each_run_once,
             flow_crash_at_every_point_is_recovered,
             flow_dropped_at_every_await_point_is_resumed,
             flow_recovery_jobs_race,

@@ -25,6 +25,39 @@ impl FlowStore for SqliteStore {
     shared_flow_statements!(SqliteConnection, sqlx::Sqlite);
     purge_flows_by_keys!(SqliteConnection, sqlx::Sqlite);
     one_statement_flow_claims!(SqliteConnection, sqlx::Sqlite);
+
+    const BATCHES_STARTS: bool = true;
+
+    /// One statement: a row of values for each start, inserted `ON CONFLICT DO NOTHING`.
+    async fn start_flows(
+        &self,
+        conn: &mut SqliteConnection,
+        starts: &[crate::flow::NewFlow<'_>],
+    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+        let rows = vec!["(?, ?, ?, ?, ?, ?, ?)"; starts.len()].join(", ");
+        let sql = format!(
+            "WITH now AS {NOW} \
+             INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
+                 step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
+             SELECT s.column1, s.column2, s.column3, s.column4, s.column5, 'RUNNING', NULL, 0, \
+                    s.column6, 1, ms + s.column7, NULL, NULL, ms, ms \
+             FROM now, (VALUES {rows}) AS s WHERE true \
+             ON CONFLICT (kind, flow_key) DO NOTHING \
+             RETURNING owner_token, attempt"
+        );
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for s in starts {
+            query = query
+                .bind(s.kind)
+                .bind(s.key)
+                .bind(s.version)
+                .bind(s.input_hash)
+                .bind(s.input)
+                .bind(s.token)
+                .bind(s.lease_ms);
+        }
+        query.fetch_all(conn).await
+    }
 }
 
 impl FlowSql for SqliteStore {
