@@ -105,7 +105,8 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
     /// MySQL/MariaDB and SQLite, where a failed statement undoes only itself, the update
     /// before the refused history row is restored; a request whose edge emits an event
     /// writes in a savepoint. Any other error may leave the transaction unusable (on
-    /// PostgreSQL it is aborted): roll it back.
+    /// PostgreSQL it is aborted) or holding part of the transition's writes: roll it
+    /// back.
     ///
     /// The engine writes first and reads only if that did not settle it, unless
     /// replays are common enough for it to read first. On SQLite, begin the
@@ -113,7 +114,8 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
     /// since a plain read would see the transaction's snapshot.
     ///
     /// If you drop this future before it completes (a timeout, `select!`), your
-    /// connection may be in the middle of a statement: do not commit; roll back by closing
+    /// connection may be in the middle of a statement, and your transaction may hold
+    /// part of the transition's writes: do not commit; roll back by closing
     /// the connection (`PoolConnection::detach`, then drop it). A retryable error here
     /// means your whole transaction is gone: run it again from its `BEGIN`.
     pub fn within(mut self, conn: &'a mut S::Conn) -> Self {

@@ -295,8 +295,11 @@ impl<S: FlowStore> Flows<S> {
                 return answer;
             }
         }
+        // One token for every round of this start: a round's write that committed after
+        // its read (a batch that timed out, an acknowledgement lost) is recognised by a
+        // later round's read as this start's own.
+        let token = uuid::Uuid::new_v4().simple().to_string();
         for round in 0..START_ROUNDS {
-            let token = uuid::Uuid::new_v4().simple().to_string();
             let new = super::NewFlow {
                 kind: D::KIND,
                 key,

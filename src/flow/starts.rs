@@ -50,7 +50,10 @@ impl<S: FlowStore> Queued<S> for Owned {
         conn: &mut S::Conn,
         batch: &[Self],
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-        let starts: Vec<NewFlow<'_>> = batch.iter().map(Owned::as_start).collect();
+        // In the order of their keys, as every batch: two batches of the same keys never
+        // wait on each other's rows in opposite orders.
+        let mut starts: Vec<NewFlow<'_>> = batch.iter().map(Owned::as_start).collect();
+        starts.sort_unstable_by(|a, b| (a.kind, a.key).cmp(&(b.kind, b.key)));
         store.start_flows(conn, &starts).await
     }
 }

@@ -48,7 +48,10 @@ impl<S: RecordStore> Queued<S> for Owned {
         conn: &mut S::Conn,
         batch: &[Self],
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-        let claims: Vec<NewClaim<'_>> = batch.iter().map(Owned::as_claim).collect();
+        // In the order of their keys, as every batch: two batches of the same keys never
+        // wait on each other's rows in opposite orders.
+        let mut claims: Vec<NewClaim<'_>> = batch.iter().map(Owned::as_claim).collect();
+        claims.sort_unstable_by(|a, b| (a.scope, a.key).cmp(&(b.scope, b.key)));
         store.claim_new(conn, &claims).await
     }
 }

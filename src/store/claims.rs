@@ -102,10 +102,10 @@ struct Waiting<Q> {
 }
 
 /// A claim's turn.
-pub(crate) enum Turn<'c, S: Store, Q: Queued<S>> {
+pub(crate) enum Turn<S: Store, Q: Queued<S>> {
     /// No statement was in flight: this claim goes at once, alone, and hands the turn on
     /// when its statement is done.
-    Alone(Slot<'c, S, Q>),
+    Alone(Slot<S, Q>),
     /// Queued for the next batch: its answer comes here.
     Queued(oneshot::Receiver<Option<i32>>),
 }
@@ -130,7 +130,7 @@ impl<S: Store, Q: Queued<S>> Claims<S, Q> {
 
     /// Takes the turn if no statement is in flight, else queues the claim (`claim()`) for
     /// the next.
-    pub(crate) fn turn<'c>(self: &'c Arc<Self>, claim: impl FnOnce() -> Q) -> Turn<'c, S, Q> {
+    pub(crate) fn turn(self: &Arc<Self>, claim: impl FnOnce() -> Q) -> Turn<S, Q> {
         let mut state = self.lock();
         if state.busy {
             let (reply, answer) = oneshot::channel();
@@ -142,18 +142,15 @@ impl<S: Store, Q: Queued<S>> Claims<S, Q> {
         } else {
             state.busy = true;
             Turn::Alone(Slot {
-                claims: self,
+                claims: Arc::clone(self),
                 held: true,
             })
         }
     }
 
-    /// Writes the queue in batches until it is empty, then frees the turn.
-    async fn drain(self: Arc<Self>) {
-        let slot = Slot {
-            claims: &self,
-            held: true,
-        };
+    /// Writes the queue in batches until it is empty, then frees the turn (`slot`, made
+    /// before the task was spawned: a task dropped before it first ran frees it too).
+    async fn drain(self: Arc<Self>, slot: Slot<S, Q>) {
         loop {
             let batch: Vec<Waiting<Q>> = {
                 let mut state = self.lock();
@@ -217,23 +214,28 @@ impl<S: Store, Q: Queued<S>> Claims<S, Q> {
 /// handing it on (a caller that gives up mid-claim, a panic), it is freed here, and the
 /// claims queued behind it are answered "failed" (their senders dropped): each goes on
 /// along the ordinary path.
-pub(crate) struct Slot<'c, S: Store, Q: Queued<S>> {
-    claims: &'c Arc<Claims<S, Q>>,
+pub(crate) struct Slot<S: Store, Q: Queued<S>> {
+    claims: Arc<Claims<S, Q>>,
     held: bool,
 }
 
-impl<S: Store, Q: Queued<S>> Slot<'_, S, Q> {
+impl<S: Store, Q: Queued<S>> Slot<S, Q> {
     /// After a lone claim: to a drain for the claims that queued meanwhile, if any.
     pub(crate) fn hand_on(mut self) {
-        let mut state = self.claims.lock();
+        self.held = false;
+        let claims = Arc::clone(&self.claims);
+        let mut state = claims.lock();
         if state.queue.is_empty() {
             state.busy = false;
         } else {
             // Spawned, not run here: this caller's answer must not wait for theirs, and a
-            // caller that gives up must not strand them.
-            tokio::spawn(Arc::clone(self.claims).drain());
+            // caller that gives up must not strand them. The turn goes with the task.
+            let slot = Slot {
+                claims: Arc::clone(&claims),
+                held: true,
+            };
+            tokio::spawn(Arc::clone(&claims).drain(slot));
         }
-        self.held = false;
     }
 
     /// Freed by its holder, with the state's lock held.
@@ -242,7 +244,7 @@ impl<S: Store, Q: Queued<S>> Slot<'_, S, Q> {
     }
 }
 
-impl<S: Store, Q: Queued<S>> Drop for Slot<'_, S, Q> {
+impl<S: Store, Q: Queued<S>> Drop for Slot<S, Q> {
     fn drop(&mut self) {
         if self.held {
             let mut state = self.claims.lock();

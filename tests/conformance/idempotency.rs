@@ -340,7 +340,7 @@ pub async fn records_impossible_rows_are_reported_not_replayed<B: Backend>(b: &B
 /// taken over (attempt 2). Rounds of such storms run until batches were seen (bounded);
 /// a store that does not batch claims shows none.
 pub async fn coalesced_claims_answer_each_claim_truly<B: Backend>(b: &B) {
-    let r = records(b, Duration::from_millis(200)).await;
+    let r = records(b, Duration::from_secs(30)).await;
     let batches = B::S::BATCHES_CLAIMS;
     let mut round = 0;
     loop {
@@ -357,8 +357,11 @@ pub async fn coalesced_claims_answer_each_claim_truly<B: Backend>(b: &B) {
                 .await
                 .unwrap(),
         );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        // Claimed after the sleep: its lease (200 ms) is live through the storm below.
+        // Its lease run out (the database's clock is past it), its retention not.
+        b.exec(&format!(
+            "UPDATE idempotency_records SET lease_until = 0 WHERE idem_key = '{tag}-stale'"
+        ))
+        .await;
         let live = claimed(
             r.claim("payments", &format!("{tag}-held"), &"p")
                 .await

@@ -233,6 +233,8 @@ impl SqliteStore {
     /// before) leaves the caller's transaction usable, and the update before it is
     /// undone by the statement that restores what it changed (the caller's transaction
     /// holds the write lock). Two statements, where a savepoint adds two more.
+    /// Any other error is returned as it is, the update not undone: the caller rolls
+    /// its transaction back.
     pub(super) async fn first_write_in_place(
         &self,
         conn: &mut SqliteConnection,
@@ -265,8 +267,15 @@ impl SqliteStore {
                 version,
             });
         };
-        // Guarded by what the update wrote: after an error that rolled the caller's
-        // transaction back, it matches nothing.
+        // Only a refused history row leaves the transaction as it was, the row lock (or
+        // the write lock) still held: after any other error (a deadlock rolls the whole
+        // transaction back and frees the lock, and a rival may since have moved the
+        // entity the same way) nothing is restored, and the error tells the caller to
+        // roll back.
+        if !is_unique_violation(&e) {
+            return Err(e);
+        }
+        // Guarded by what the update wrote.
         let restored = sqlx::query(self.transitions.restore.clone())
             .bind(*from)
             .bind(version - 1)
@@ -274,13 +283,14 @@ impl SqliteStore {
             .bind(*to)
             .bind(version)
             .execute(&mut *conn)
-            .await;
-        match restored {
-            Ok(done) if done.rows_affected() == 1 && is_unique_violation(&e) => {
-                Ok(FirstWrite::NotApplied)
-            }
-            _ => Err(e),
+            .await?;
+        if restored.rows_affected() != 1 {
+            // Not a unique violation, which would read as "nothing written".
+            return Err(sqlx::Error::Protocol(format!(
+                "the update of entity {id} could not be undone after its request was found recorded"
+            )));
         }
+        Ok(FirstWrite::NotApplied)
     }
 
     /// [`first_write`](Self::first_write) in a savepoint of its own, undone on any error.
