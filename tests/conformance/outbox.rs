@@ -446,7 +446,20 @@ pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backen
     // Then every await point: k = 0, 1, 2, … polls until a round completes.
     for k in 0.. {
         assert_pool_clean(b, &store).await;
-        assert_eq!(b.open_transactions().await, 0);
+        // A dropped round's connection was closed; the server rolls back what it held
+        // once it sees the socket closed, which on a loaded machine can take a moment.
+        let mut open = b.open_transactions().await;
+        for _ in 0..100 {
+            if open == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            open = b.open_transactions().await;
+        }
+        assert_eq!(
+            open, 0,
+            "a session is still in a transaction 2 s after the drop"
+        );
         // Whatever the dropped round claimed comes free when its lease runs out.
         tokio::time::sleep(lease + Duration::from_millis(50)).await;
         let held_until = b
