@@ -294,8 +294,10 @@ pub async fn callers_dropped_around_their_unit<B: Backend>(b: &B) {
     let hurried: Eng<B> =
         Engine::with_config(b.store(Duration::from_secs(10)).await, config).unwrap();
     let ids: Vec<i64> = (0..CALLERS).map(|i| 100_000 + i).collect();
+    // Created through the hurried engine's own store, so that it knows before the storm
+    // whether it batches (a store learns it is on a Galera node at its first connection).
     for id in &ids {
-        e.create(*id).await.unwrap();
+        hurried.create(*id).await.unwrap();
     }
     let mut blocker = b.begin().await;
     B::exec_in(
@@ -361,10 +363,13 @@ pub async fn callers_dropped_around_their_unit<B: Backend>(b: &B) {
         );
     } else {
         // Nothing queues on a store that does not batch writes (a Galera node): every
-        // request but the blocked one went its own way and applied in time.
+        // request but the blocked one goes its own way. On a loaded machine some still
+        // wait past their deadline for one of the pool's connections, and are told
+        // nothing was sent; each answer is checked above against what the database holds.
         assert_eq!(
-            not_sent, 0,
-            "a store that does not batch left requests unsent"
+            hurried.coalesced_writes().units,
+            0,
+            "a store that does not batch wrote a unit of several requests"
         );
     }
     let again = e.transition(ids[0], Pay, "pay").await.unwrap();
