@@ -74,7 +74,7 @@ impl<S: Store> Reads<S> {
         }
         // Nothing in flight: read this request alone, at once, on this task.
         let slot = Slot {
-            reads: self,
+            reads: Arc::clone(self),
             held: true,
         };
         let read = self.read(&[OwnedKey::from(key)]).await;
@@ -124,12 +124,9 @@ impl<S: Store> Reads<S> {
         Ok(priors)
     }
 
-    /// Reads the queue in batches until it is empty, then frees the slot.
-    async fn drain(self: Arc<Self>) {
-        let slot = Slot {
-            reads: &self,
-            held: true,
-        };
+    /// Reads the queue in batches until it is empty, then frees the slot (`slot`, made
+    /// before the task was spawned: a task dropped before it first ran frees it too).
+    async fn drain(self: Arc<Self>, slot: Slot<S>) {
         loop {
             let batch: Vec<Waiting> = {
                 let mut state = self.lock();
@@ -169,23 +166,27 @@ impl<S: Store> Reads<S> {
 /// without handing it on (a caller that gives up mid-read, a panic, the runtime shutting
 /// down), it is freed here, and the requests queued behind it are answered "not read"
 /// (their senders dropped) rather than left waiting for a read that will not come.
-struct Slot<'a, S: Store> {
-    reads: &'a Arc<Reads<S>>,
+struct Slot<S: Store> {
+    reads: Arc<Reads<S>>,
     held: bool,
 }
 
-impl<S: Store> Slot<'_, S> {
+impl<S: Store> Slot<S> {
     /// After a lone read: to a drain for the requests that queued meanwhile, if any.
     fn hand_on(mut self) {
-        let mut state = self.reads.lock();
-        if state.queue.is_empty() {
-            state.busy = false;
-        } else {
-            // Spawned, not run here: this caller's answer must not wait for theirs, and
-            // a caller that gives up must not strand them.
-            tokio::spawn(Arc::clone(self.reads).drain());
+        {
+            let mut state = self.reads.lock();
+            if state.queue.is_empty() {
+                state.busy = false;
+                self.held = false;
+                return;
+            }
         }
-        self.held = false;
+        // Spawned, not run here: this caller's answer must not wait for theirs, and a
+        // caller that gives up must not strand them. The slot goes with the task, outside
+        // the state's lock (a task dropped unpolled frees it as it drops).
+        let reads = Arc::clone(&self.reads);
+        tokio::spawn(reads.drain(self));
     }
 
     /// Freed by its holder, with the state's lock held.
@@ -194,12 +195,60 @@ impl<S: Store> Slot<'_, S> {
     }
 }
 
-impl<S: Store> Drop for Slot<'_, S> {
+impl<S: Store> Drop for Slot<S> {
     fn drop(&mut self) {
         if self.held {
             let mut state = self.reads.lock();
             state.busy = false;
             state.queue.clear();
         }
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use tokio::sync::oneshot;
+
+    use super::{Reads, Slot, Waiting};
+    use crate::SqliteStore;
+    use crate::store::OwnedKey;
+
+    /// As for the coalesced writes: a drain dropped before it first ran (its runtime shut
+    /// down) frees the read slot and answers the queued read "not read".
+    #[test]
+    fn a_drain_dropped_before_it_ran_frees_the_slot() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = runtime.block_on(async {
+            SqliteStore::new(sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap())
+        });
+        let reads = Reads::new(store);
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut state = reads.lock();
+            state.busy = true;
+            state.queue.push(Waiting {
+                key: OwnedKey {
+                    order_id: 2,
+                    event: "Pay",
+                    ref_id: "pay".into(),
+                },
+                reply,
+            });
+        }
+        let slot = Slot {
+            reads: reads.clone(),
+            held: true,
+        };
+        runtime.block_on(async { slot.hand_on() });
+        assert!(reads.lock().busy, "the drain did not take the slot");
+        drop(runtime);
+        assert!(!reads.lock().busy, "the slot stayed taken");
+        assert!(
+            answer.blocking_recv().is_err(),
+            "the queued read was answered"
+        );
     }
 }

@@ -174,12 +174,9 @@ impl<S: Store> Writes<S> {
         Turn::Queued(answer)
     }
 
-    /// Writes the queue in batches until it is empty, then frees the turn.
-    async fn drain(self: Arc<Self>) {
-        let mut turn = Turned {
-            writes: &self,
-            held: true,
-        };
+    /// Writes the queue in batches until it is empty, then frees the turn (`turn`, made
+    /// before the task was spawned: a task dropped before it first ran frees it too).
+    async fn drain(self: Arc<Self>, mut turn: Turned<S>) {
         loop {
             let batch = {
                 let mut state = self.lock();
@@ -275,12 +272,12 @@ impl<S: Store> Writes<S> {
 /// queue (a panic, its runtime shutting down, its task dropped), the turn is freed and
 /// the requests still queued are answered "failed" (their senders dropped), so that no
 /// later request waits behind a turn nobody holds.
-struct Turned<'w, S> {
-    writes: &'w Writes<S>,
+struct Turned<S> {
+    writes: Arc<Writes<S>>,
     held: bool,
 }
 
-impl<S> Drop for Turned<'_, S> {
+impl<S> Drop for Turned<S> {
     fn drop(&mut self) {
         if self.held {
             let mut state = self.writes.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -328,21 +325,26 @@ impl<S: Store> Slot<'_, S> {
             return;
         }
         self.held = false;
-        let mut state = self.writes.lock();
-        if state.queue.is_empty() {
-            state.busy = false;
-            return;
+        {
+            let mut state = self.writes.lock();
+            if state.queue.is_empty() {
+                state.busy = false;
+                return;
+            }
         }
+        // The turn goes with the task, made before it is spawned and outside the state's
+        // lock: a task dropped unpolled (its runtime shutting down) frees the turn as it
+        // drops, and answers the queued requests "failed" (their senders dropped).
+        let turn = Turned {
+            writes: Arc::clone(self.writes),
+            held: true,
+        };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(Arc::clone(self.writes).drain());
+                runtime.spawn(Arc::clone(self.writes).drain(turn));
             }
-            // No runtime to run them on (it is shutting down): each queued request is
-            // answered "failed" (its sender dropped).
-            Err(_) => {
-                state.queue.clear();
-                state.busy = false;
-            }
+            // No runtime to run them on: the same.
+            Err(_) => drop(turn),
         }
     }
 }
@@ -350,5 +352,67 @@ impl<S: Store> Slot<'_, S> {
 impl<S: Store> Drop for Slot<'_, S> {
     fn drop(&mut self) {
         self.pass();
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{Turn, Writes};
+    use crate::SqliteStore;
+    use crate::engine::detach::Stage;
+    use crate::store::{Key, Request};
+
+    fn request(order_id: i64) -> Request<'static> {
+        Request {
+            key: Key {
+                order_id,
+                event: "Pay",
+                ref_id: "pay",
+            },
+            from_states: &["CREATED"],
+            to_states: &["PAID"],
+            payload_hash: None,
+            payload: None,
+            write_id: order_id,
+            emits: &[None],
+            machine: "order",
+            event_body: None,
+        }
+    }
+
+    /// The drain for the requests queued behind a lone write is spawned when that write
+    /// hands its turn on. A runtime that shuts down before the drain first ran drops it
+    /// unpolled: the turn must come free, and the queued request be answered "failed",
+    /// or every later request of the engine would queue behind a turn nobody holds.
+    #[test]
+    fn a_drain_dropped_before_it_ran_frees_the_turn() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = runtime.block_on(async {
+            SqliteStore::new(sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap())
+        });
+        let writes = Writes::new(store, Duration::from_secs(1));
+        let stage = Arc::new(Stage::default());
+        let Turn::Alone(slot) = writes.turn(&request(1), &stage) else {
+            panic!("a lone request queued");
+        };
+        let Turn::Queued(answer) = writes.turn(&request(2), &stage) else {
+            panic!("a request took the turn while it was held");
+        };
+        // Handing the turn on spawns the drain; the future returns before it can run.
+        runtime.block_on(async { drop(slot) });
+        assert!(writes.lock().busy, "the drain did not take the turn");
+        drop(runtime);
+        assert!(!writes.lock().busy, "the turn stayed taken");
+        assert!(
+            answer.blocking_recv().is_err(),
+            "the queued request was answered"
+        );
+        assert!(matches!(writes.turn(&request(3), &stage), Turn::Alone(_)));
     }
 }

@@ -222,20 +222,19 @@ pub(crate) struct Slot<S: Store, Q: Queued<S>> {
 impl<S: Store, Q: Queued<S>> Slot<S, Q> {
     /// After a lone claim: to a drain for the claims that queued meanwhile, if any.
     pub(crate) fn hand_on(mut self) {
-        self.held = false;
-        let claims = Arc::clone(&self.claims);
-        let mut state = claims.lock();
-        if state.queue.is_empty() {
-            state.busy = false;
-        } else {
-            // Spawned, not run here: this caller's answer must not wait for theirs, and a
-            // caller that gives up must not strand them. The turn goes with the task.
-            let slot = Slot {
-                claims: Arc::clone(&claims),
-                held: true,
-            };
-            tokio::spawn(Arc::clone(&claims).drain(slot));
+        {
+            let mut state = self.claims.lock();
+            if state.queue.is_empty() {
+                state.busy = false;
+                self.held = false;
+                return;
+            }
         }
+        // Spawned, not run here: this caller's answer must not wait for theirs, and a
+        // caller that gives up must not strand them. The turn goes with the task, outside
+        // the state's lock (a task dropped unpolled frees it as it drops).
+        let claims = Arc::clone(&self.claims);
+        tokio::spawn(claims.drain(self));
     }
 
     /// Freed by its holder, with the state's lock held.
