@@ -25,8 +25,10 @@
 //!
 //! Each backend lives in its own folder (`postgres/`, `mysql/`, `sqlite/`): the store
 //! type, its connection handling and error codes in `mod.rs`, and its SQL, one file per
-//! layer it serves (`transitions.rs`, `idempotency.rs`), with the transaction control of
-//! multi-statement write units in `units.rs`. See `docs/backends.md`, "Adding a backend".
+//! layer it serves (`transitions.rs`, `idempotency.rs`), with the statements of
+//! multi-statement write units in `units.rs`; the units made of them, where each
+//! statement stands alone (MySQL/MariaDB, SQLite), are written once in `stepwise.rs`.
+//! See `docs/backends.md`, "Adding a backend".
 
 use std::future::Future;
 use std::ops::DerefMut;
@@ -45,6 +47,8 @@ pub(crate) mod records_sql;
 mod rows;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) mod stepwise;
 mod tables;
 
 #[cfg(feature = "mysql")]
@@ -347,6 +351,28 @@ impl Request<'_> {
     /// the row it matched can record `from` only then.
     pub fn has_one_edge(&self) -> bool {
         matches!((self.from_states, self.to_states), ([_], [_]))
+    }
+
+    /// The write of this request along the edge `from` → `to`, from `version`.
+    pub fn apply(
+        &self,
+        from: &'static str,
+        to: &'static str,
+        version: i64,
+        emits: Option<&'static str>,
+    ) -> Apply<'_> {
+        Apply {
+            key: self.key,
+            from,
+            to,
+            version,
+            payload_hash: self.payload_hash,
+            payload: self.payload,
+            write_id: self.write_id,
+            emits,
+            machine: self.machine,
+            event_body: self.event_body,
+        }
     }
 }
 

@@ -8,11 +8,11 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
-use super::units::undo;
+use crate::store::stepwise::{Stepwise, end_unit, undo};
 use crate::store::{
     Apply, BATCH_READ_MAX, BatchReads, Entity, ErrorClass, FirstWrite, Key, Lease, Observed,
     ObservedRow, OwnedKey, PositionedPrior, Prior, RawTransition, Request, Store, Tables, Txn,
-    Written, in_place, is_unique_violation,
+    Written, in_place,
 };
 
 /// Makes a read wait, on a Galera node, for the write sets certified before it.
@@ -38,7 +38,7 @@ pub(super) struct Sql {
     /// the judge to report.
     pub(super) bump: SqlStr,
     /// The update after a read, guarded by what was read: `(to, id, from, version)`.
-    update: SqlStr,
+    pub(super) update: SqlStr,
     /// Undoes this unit's own `bump` inside a caller's transaction (whose row lock it
     /// still holds), guarded by what the bump wrote: `(from, version, id, to, bumped)`.
     pub(super) restore: SqlStr,
@@ -241,45 +241,14 @@ impl Store for MySqlStore {
                 .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
                 .await?;
             match self.first_writes(&mut tx, requests).await {
-                Ok(Some(written)) => {
-                    if written
-                        .iter()
-                        .any(|w| matches!(w, FirstWrite::Applied { .. }))
-                    {
-                        tx.commit().await?;
-                    } else {
-                        tx.rollback().await?;
-                    }
-                    return Ok(written);
-                }
+                Ok(Some(written)) => return end_unit(tx, written).await,
                 // A row met a unique key: undone, and written one request at a time.
                 Ok(None) => tx.rollback().await?,
                 Err(e) => return undo(tx, e).await,
             }
         }
-        let mut tx = conn.begin().await?;
-        let mut written = Vec::with_capacity(requests.len());
-        for request in requests {
-            let step = match requests {
-                [_] => self.first_write(&mut tx, request).await,
-                _ => self.first_write_in_savepoint(&mut tx, request).await,
-            };
-            match step {
-                Ok(write) => written.push(write),
-                // Recorded before: its writes are undone (its savepoint, or below).
-                Err(e) if is_unique_violation(&e) => written.push(FirstWrite::NotApplied),
-                Err(e) => return undo(tx, e).await,
-            }
-        }
-        if written
-            .iter()
-            .any(|w| matches!(w, FirstWrite::Applied { .. }))
-        {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
-        }
-        Ok(written)
+        self.first_writes_one_by_one(conn.begin().await?, requests)
+            .await
     }
 
     async fn observe(
@@ -297,21 +266,12 @@ impl Store for MySqlStore {
         Ok(row.map(Observed::from))
     }
 
-    /// `BEGIN` (a savepoint inside the caller's transaction); the guarded update; the
-    /// history insert; `COMMIT`.
     async fn apply_first_in(
         &self,
         conn: &mut MySqlConnection,
         request: &Request<'_>,
     ) -> Result<FirstWrite, sqlx::Error> {
-        if !request.has_one_edge() {
-            return Ok(FirstWrite::NotTried);
-        }
-        match self.first_write_in_place(conn, request).await {
-            // Recorded before: its savepoint is undone.
-            Err(e) if is_unique_violation(&e) => Ok(FirstWrite::NotApplied),
-            other => other,
-        }
+        self.first_write_in_place(conn, request).await
     }
 
     async fn apply(
@@ -320,23 +280,7 @@ impl Store for MySqlStore {
         a: &Apply<'_>,
         _txn: Txn,
     ) -> Result<Written, sqlx::Error> {
-        let mut tx = conn.begin().await?;
-        let updated = sqlx::query(self.sql().update.clone())
-            .bind(a.to)
-            .bind(a.key.order_id)
-            .bind(a.from)
-            .bind(a.version)
-            .execute(&mut *tx)
-            .await;
-        let updated = match updated {
-            Ok(updated) => updated,
-            Err(e) => return undo(tx, e).await,
-        };
-        if updated.rows_affected() != 1 {
-            tx.rollback().await?;
-            return Ok(Written::Lost);
-        }
-        self.record_and_commit(tx, a).await
+        self.apply_in(conn.begin().await?, a).await
     }
 
     async fn latest_ref(

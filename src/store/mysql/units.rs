@@ -1,91 +1,17 @@
-//! The write units of the transition layer on MySQL/MariaDB: the transaction
-//! control around the statements of `transitions.rs` (a unit's writes, its savepoints,
-//! its commit, and its rollback on every error path).
+//! The write units of the transition layer on MySQL/MariaDB: the unit of several
+//! requests' apply-first writes, and the statements the one-request units of
+//! `store/stepwise.rs` are made of (the update, the history and outbox rows, the
+//! restore).
 
+use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySql, MySqlConnection};
-use sqlx::{AssertSqlSafe, Connection, Transaction};
 
 use super::MySqlStore;
 use super::transitions::CAUSAL;
-use crate::store::{Apply, FirstWrite, Request, Tried, Written, is_unique_violation};
+use crate::store::stepwise::Stepwise;
+use crate::store::{Apply, FirstWrite, Request, Tried, is_unique_violation};
 
 impl MySqlStore {
-    /// The history insert for `a`, `seq = version + 1`, and the outbox row if its edge
-    /// emits an event. `false` if the outbox already holds that row (the unit is then to
-    /// be undone).
-    async fn record(&self, conn: &mut MySqlConnection, a: &Apply<'_>) -> Result<bool, sqlx::Error> {
-        sqlx::query(self.sql().record.clone())
-            .bind(a.key.order_id)
-            .bind(a.version + 1)
-            .bind(a.from)
-            .bind(a.to)
-            .bind(a.key.event)
-            .bind(a.key.ref_id)
-            .bind(a.payload_hash)
-            .bind(a.payload)
-            .bind(a.write_id)
-            .execute(&mut *conn)
-            .await?;
-        if let Some(event) = a.emits {
-            let emitted = sqlx::query(self.sql().emit.clone())
-                .bind(a.machine)
-                .bind(a.key.order_id)
-                .bind(a.version + 1)
-                .bind(event)
-                .bind(a.key.event)
-                .bind(a.from)
-                .bind(a.to)
-                .bind(a.key.ref_id)
-                .bind(a.event_body)
-                .execute(conn)
-                .await;
-            // The statement's own unique key is the outbox's: the row is there already.
-            return match emitted {
-                Ok(_) => Ok(true),
-                Err(e) if is_unique_violation(&e) => Ok(false),
-                Err(e) => Err(e),
-            };
-        }
-        Ok(true)
-    }
-
-    /// One request's apply-first writes, in an open transaction: the update guarded by
-    /// the status, then the history insert. `NotApplied` if nothing matched (nothing
-    /// written); a request recorded before comes back as the unique violation it is, for
-    /// the caller to undo the update.
-    pub(super) async fn first_write(
-        &self,
-        conn: &mut MySqlConnection,
-        request: &Request<'_>,
-    ) -> Result<FirstWrite, sqlx::Error> {
-        let ([from], [to]) = (request.from_states, request.to_states) else {
-            return Ok(FirstWrite::NotTried);
-        };
-        let Some(version) = self.bump(conn, request.key.order_id, from, to).await? else {
-            return Ok(FirstWrite::NotApplied);
-        };
-        let apply = Apply {
-            key: request.key,
-            from,
-            to,
-            version: version - 1,
-            payload_hash: request.payload_hash,
-            payload: request.payload,
-            write_id: request.write_id,
-            emits: request.emits.first().copied().flatten(),
-            machine: request.machine,
-            event_body: request.event_body,
-        };
-        if !self.record(conn, &apply).await? {
-            return Ok(FirstWrite::OutboxTaken);
-        }
-        Ok(FirstWrite::Applied {
-            from: (*from).to_string(),
-            to: (*to).to_string(),
-            version,
-        })
-    }
-
     /// The apply-first writes of requests of distinct entities in an open transaction: a
     /// locking read of the entities (in the order of their ids, by the primary key, so
     /// that no other row is locked), a read of their
@@ -261,8 +187,11 @@ impl MySqlStore {
         }
         Ok(Some(written))
     }
+}
 
-    /// The apply-first update: the entity's new version if it was at `from`.
+impl Stepwise for MySqlStore {
+    type Db = MySql;
+
     async fn bump(
         &self,
         conn: &mut MySqlConnection,
@@ -284,103 +213,70 @@ impl MySqlStore {
             .map_err(|e| sqlx::Error::Decode(Box::new(e)))
     }
 
-    /// One request's apply-first writes inside a caller's transaction, for a request
-    /// that emits nothing, without a savepoint: a statement that fails undoes only
-    /// itself here, so a history insert stopped by the unique key (recorded before)
-    /// leaves the caller's transaction usable, and the update before it is undone by
-    /// the statement that restores what it changed (under the row lock the update
-    /// took). One round trip for each statement, where a savepoint adds two.
-    /// Any other error is returned as it is, the update not undone: the caller rolls
-    /// its transaction back.
-    pub(super) async fn first_write_in_place(
-        &self,
-        conn: &mut MySqlConnection,
-        request: &Request<'_>,
-    ) -> Result<FirstWrite, sqlx::Error> {
-        let ([from], [to], false) = (request.from_states, request.to_states, request.emits_any())
-        else {
-            return self.first_write_in_savepoint(conn, request).await;
-        };
-        let id = request.key.order_id;
-        let Some(version) = self.bump(conn, id, from, to).await? else {
-            return Ok(FirstWrite::NotApplied);
-        };
-        let apply = Apply {
-            key: request.key,
-            from,
-            to,
-            version: version - 1,
-            payload_hash: request.payload_hash,
-            payload: request.payload,
-            write_id: request.write_id,
-            emits: None,
-            machine: request.machine,
-            event_body: request.event_body,
-        };
-        let Err(e) = self.record(conn, &apply).await else {
-            return Ok(FirstWrite::Applied {
-                from: (*from).to_string(),
-                to: (*to).to_string(),
-                version,
-            });
-        };
-        // Only a refused history row leaves the transaction as it was, the row lock (or
-        // the write lock) still held: after any other error (a deadlock rolls the whole
-        // transaction back and frees the lock, and a rival may since have moved the
-        // entity the same way) nothing is restored, and the error tells the caller to
-        // roll back.
-        if !is_unique_violation(&e) {
-            return Err(e);
-        }
-        // Guarded by what the update wrote.
-        let restored = sqlx::query(self.sql().restore.clone())
-            .bind(*from)
-            .bind(version - 1)
-            .bind(id)
-            .bind(*to)
-            .bind(version)
+    async fn record(&self, conn: &mut MySqlConnection, a: &Apply<'_>) -> Result<bool, sqlx::Error> {
+        sqlx::query(self.sql().record.clone())
+            .bind(a.key.order_id)
+            .bind(a.version + 1)
+            .bind(a.from)
+            .bind(a.to)
+            .bind(a.key.event)
+            .bind(a.key.ref_id)
+            .bind(a.payload_hash)
+            .bind(a.payload)
+            .bind(a.write_id)
             .execute(&mut *conn)
             .await?;
-        if restored.rows_affected() != 1 {
-            // Not a unique violation, which would read as "nothing written".
-            return Err(sqlx::Error::Protocol(format!(
-                "the update of entity {id} could not be undone after its request was found recorded"
-            )));
+        if let Some(event) = a.emits {
+            let emitted = sqlx::query(self.sql().emit.clone())
+                .bind(a.machine)
+                .bind(a.key.order_id)
+                .bind(a.version + 1)
+                .bind(event)
+                .bind(a.key.event)
+                .bind(a.from)
+                .bind(a.to)
+                .bind(a.key.ref_id)
+                .bind(a.event_body)
+                .execute(conn)
+                .await;
+            // The statement's own unique key is the outbox's: the row is there already.
+            return match emitted {
+                Ok(_) => Ok(true),
+                Err(e) if is_unique_violation(&e) => Ok(false),
+                Err(e) => Err(e),
+            };
         }
-        Ok(FirstWrite::NotApplied)
+        Ok(true)
     }
 
-    /// [`first_write`](Self::first_write) in a savepoint of its own, undone on any error.
-    pub(super) async fn first_write_in_savepoint(
+    async fn restore(
         &self,
         conn: &mut MySqlConnection,
-        request: &Request<'_>,
-    ) -> Result<FirstWrite, sqlx::Error> {
-        let mut savepoint = conn.begin().await?;
-        match self.first_write(&mut savepoint, request).await {
-            Ok(FirstWrite::OutboxTaken) => {
-                savepoint.rollback().await.map(|()| FirstWrite::OutboxTaken)
-            }
-            Ok(write) => savepoint.commit().await.map(|()| write),
-            Err(e) => undo(savepoint, e).await,
-        }
+        id: i64,
+        from: &str,
+        to: &str,
+        version: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let restored = sqlx::query(self.sql().restore.clone())
+            .bind(from)
+            .bind(version - 1)
+            .bind(id)
+            .bind(to)
+            .bind(version)
+            .execute(conn)
+            .await?;
+        Ok(restored.rows_affected())
     }
 
-    /// Ends a write unit whose update matched: the history insert for `a` (and its outbox
-    /// row), then `COMMIT`. [`Written::Lost`] if the history's unique key holds the
-    /// request already (recorded before, or a twin's row), [`Written::OutboxTaken`] if
-    /// the outbox holds the row: the unit is rolled back.
-    pub(super) async fn record_and_commit(
-        &self,
-        mut tx: Transaction<'_, MySql>,
-        a: &Apply<'_>,
-    ) -> Result<Written, sqlx::Error> {
-        match self.record(&mut tx, a).await {
-            Ok(true) => tx.commit().await.map(|()| Written::Applied),
-            Ok(false) => tx.rollback().await.map(|()| Written::OutboxTaken),
-            Err(e) if is_unique_violation(&e) => tx.rollback().await.map(|()| Written::Lost),
-            Err(e) => undo(tx, e).await,
-        }
+    async fn update(&self, conn: &mut MySqlConnection, a: &Apply<'_>) -> Result<u64, sqlx::Error> {
+        let updated = sqlx::query(self.sql().update.clone())
+            .bind(a.to)
+            .bind(a.key.order_id)
+            .bind(a.from)
+            .bind(a.version)
+            .execute(conn)
+            .await?;
+        Ok(updated.rows_affected())
     }
 }
 
@@ -399,14 +295,4 @@ fn padded_rows(width: usize, rows: usize) -> String {
         "SELECT {} FROM ({union}) AS x WHERE x.c0 IS NOT NULL",
         columns.join(", ")
     )
-}
-
-/// Rolls a write unit back after `error`, and returns the error. A rollback that fails
-/// too (on a connection already lost) adds nothing to what `error` says.
-pub(super) async fn undo<T>(
-    tx: Transaction<'_, MySql>,
-    error: sqlx::Error,
-) -> Result<T, sqlx::Error> {
-    let _ = tx.rollback().await;
-    Err(error)
 }

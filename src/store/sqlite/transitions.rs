@@ -8,10 +8,10 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::SqliteStore;
-use super::units::undo;
+use crate::store::stepwise::{Stepwise, end_unit, undo};
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, Prior, RawTransition,
-    Request, Store, Tables, Txn, Written, is_unique_violation,
+    Request, Store, Tables, Txn, Written,
 };
 
 /// Every statement of the layer, for one pair of tables.
@@ -28,7 +28,7 @@ pub(super) struct Sql {
     /// for the judge to report.
     pub(super) bump: SqlStr,
     /// The update after a read, guarded by what was read: `(to, id, from, version)`.
-    update: SqlStr,
+    pub(super) update: SqlStr,
     /// Undoes this unit's own `bump` inside a caller's transaction (whose row lock it
     /// still holds), guarded by what the bump wrote: `(from, version, id, to, bumped)`.
     pub(super) restore: SqlStr,
@@ -142,17 +142,7 @@ impl Store for SqliteStore {
         let mut tx = Self::begin(conn, Txn::Own).await?;
         if requests.len() > 1 && crate::store::distinct_entities(requests) {
             match self.first_writes(&mut tx, requests).await {
-                Ok(Some(written)) => {
-                    if written
-                        .iter()
-                        .any(|w| matches!(w, FirstWrite::Applied { .. }))
-                    {
-                        tx.commit().await?;
-                    } else {
-                        tx.rollback().await?;
-                    }
-                    return Ok(written);
-                }
+                Ok(Some(written)) => return end_unit(tx, written).await,
                 // A row met a unique key: undone, and written one request at a time.
                 Ok(None) => {
                     tx.rollback().await?;
@@ -161,28 +151,7 @@ impl Store for SqliteStore {
                 Err(e) => return undo(tx, e).await,
             }
         }
-        let mut written = Vec::with_capacity(requests.len());
-        for request in requests {
-            let step = match requests {
-                [_] => self.first_write(&mut tx, request).await,
-                _ => self.first_write_in_savepoint(&mut tx, request).await,
-            };
-            match step {
-                Ok(write) => written.push(write),
-                // Recorded before: its writes are undone (its savepoint, or below).
-                Err(e) if is_unique_violation(&e) => written.push(FirstWrite::NotApplied),
-                Err(e) => return undo(tx, e).await,
-            }
-        }
-        if written
-            .iter()
-            .any(|w| matches!(w, FirstWrite::Applied { .. }))
-        {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
-        }
-        Ok(written)
+        self.first_writes_one_by_one(tx, requests).await
     }
 
     async fn observe(
@@ -205,14 +174,7 @@ impl Store for SqliteStore {
         conn: &mut SqliteConnection,
         request: &Request<'_>,
     ) -> Result<FirstWrite, sqlx::Error> {
-        if !request.has_one_edge() {
-            return Ok(FirstWrite::NotTried);
-        }
-        match self.first_write_in_place(conn, request).await {
-            // Recorded before: its savepoint is undone.
-            Err(e) if is_unique_violation(&e) => Ok(FirstWrite::NotApplied),
-            other => other,
-        }
+        self.first_write_in_place(conn, request).await
     }
 
     async fn apply(
@@ -221,23 +183,7 @@ impl Store for SqliteStore {
         a: &Apply<'_>,
         txn: Txn,
     ) -> Result<Written, sqlx::Error> {
-        let mut tx = Self::begin(conn, txn).await?;
-        let updated = sqlx::query(self.transitions.update.clone())
-            .bind(a.to)
-            .bind(a.key.order_id)
-            .bind(a.from)
-            .bind(a.version)
-            .execute(&mut *tx)
-            .await;
-        let updated = match updated {
-            Ok(updated) => updated,
-            Err(e) => return undo(tx, e).await,
-        };
-        if updated.rows_affected() != 1 {
-            tx.rollback().await?;
-            return Ok(Written::Lost);
-        }
-        self.record_and_commit(tx, a).await
+        self.apply_in(Self::begin(conn, txn).await?, a).await
     }
 
     async fn latest_ref(
