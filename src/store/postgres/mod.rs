@@ -11,6 +11,7 @@ use crate::Error;
 mod flows;
 mod idempotency;
 mod outbox;
+mod transition_sql;
 mod transitions;
 
 /// Applies the embedded migrations in `migrations/postgres/` (idempotent).
@@ -23,7 +24,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
-    transitions: Arc<transitions::Sql>,
+    transitions: Arc<transition_sql::Sql>,
 }
 
 impl PgStore {
@@ -48,7 +49,7 @@ impl PgStore {
     pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
         PgStore {
             pool,
-            transitions: Arc::new(transitions::Sql::new(&tables)),
+            transitions: Arc::new(transition_sql::Sql::new(&tables)),
         }
     }
 
