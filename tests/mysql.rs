@@ -333,3 +333,39 @@ async fn create_within_an_old_snapshot_sees_the_committed_row() {
     <My>::rollback(tx).await;
     b.cleanup().await;
 }
+
+/// `conformance::caller_transaction_cut_at_each_statement`: inside a caller's
+/// transaction a request's unit is the update (its text prepared on the connection's
+/// first use), the history insert (its execution carries the request's reference) and,
+/// for a request found recorded, the restore of the update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn caller_transaction_cut_at_each_statement() {
+    use server::Cut;
+    let b = <My>::fresh().await;
+    let bump: &[u8] = b"LAST_INSERT_ID(version + 1)";
+    let restore: &[u8] = b"SET status = ?, version = ? WHERE";
+    conformance::caller_transaction_cut_at_each_statement(
+        &b,
+        &[
+            ("before the update", Cut::Request(bump), "b-2"),
+            ("after the update's prepare", Cut::Forward(bump), "b-2"),
+            ("before the history insert", Cut::Request(b"b-2"), "b-2"),
+            ("after the history insert", Cut::Forward(b"b-2"), "b-2"),
+            ("before the update", Cut::Request(bump), "b-1"),
+            (
+                "before the refused history insert",
+                Cut::Request(b"b-1"),
+                "b-1",
+            ),
+            (
+                "after the refused history insert",
+                Cut::Forward(b"b-1"),
+                "b-1",
+            ),
+            ("before the restore", Cut::Request(restore), "b-1"),
+            ("after the restore's prepare", Cut::Forward(restore), "b-1"),
+        ],
+    )
+    .await;
+    b.cleanup().await;
+}

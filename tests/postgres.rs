@@ -412,3 +412,23 @@ async fn a_caller_giving_up_mid_read_strands_no_one() {
     assert_eq!(b.scalar("SELECT count(*) FROM order_transitions").await, 1);
     b.cleanup().await;
 }
+
+/// `conformance::caller_transaction_cut_at_each_statement`: inside a caller's
+/// transaction a request's unit is one statement, whose execution carries the request's
+/// reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn caller_transaction_cut_at_each_statement() {
+    use server::Cut;
+    let b = <Pg>::fresh().await;
+    conformance::caller_transaction_cut_at_each_statement(
+        &b,
+        &[
+            ("before the statement", Cut::Request(b"b-2"), "b-2"),
+            ("after the statement", Cut::Forward(b"b-2"), "b-2"),
+            ("before the statement", Cut::Request(b"b-1"), "b-1"),
+            ("after the statement", Cut::Forward(b"b-1"), "b-1"),
+        ],
+    )
+    .await;
+    b.cleanup().await;
+}

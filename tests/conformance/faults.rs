@@ -1013,3 +1013,74 @@ pub async fn version_at_its_limit_is_corrupt_state<B: Backend>(b: &B) {
         );
     }
 }
+
+/// A request inside a caller's transaction, on a connection cut at each of the
+/// statements its unit sends there (`cuts`: a name, where the proxy cuts, before the
+/// statement reaches the server or right after, and the request): a new request
+/// (`Block`, "b-2"), or one recorded before on a cycle that brought the ticket back to
+/// its source state (`Block`, "b-1", whose unit writes, is refused by the history's
+/// unique key and restores what it wrote). The server rolls the caller's transaction
+/// back with its connection: the call is answered with a retryable error, the ticket is
+/// as it was, and the request re-sent is answered as the history says.
+pub async fn caller_transaction_cut_at_each_statement<B: Networked>(
+    b: &B,
+    cuts: &[(&'static str, Cut, &'static str)],
+) {
+    use TicketEvent::*;
+    use TicketState::*;
+    let direct: Engine<TicketMachine, B::S> =
+        with_policy(b.store(Duration::from_secs(10)).await, ReadFirst::Never);
+    for (id, &(what, cut, reference)) in (1..).zip(cuts) {
+        direct.create(id).await.unwrap();
+        direct.transition(id, Start, "s").await.unwrap();
+        direct.transition(id, Block, "b-1").await.unwrap();
+        direct.transition(id, Unblock, "u-1").await.unwrap();
+        // A connection of its own, so that every statement's text goes out (prepared on
+        // the connection's first use of it).
+        let proxy = crate::server::Proxy::start(b.server(), cut).await;
+        let store = b.store_at(proxy.port, 1).await;
+        let e: Engine<TicketMachine, B::S> = with_policy(store.clone(), ReadFirst::Never);
+        let mut conn = store.acquire().await.unwrap();
+        let answer = {
+            let mut tx = B::begin_on(&mut conn).await;
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                e.transition(id, Block, reference).within(&mut tx),
+            )
+            .await
+            .expect("no answer")
+        };
+        let case = format!("cut {what}, request {reference}");
+        assert_eq!(
+            proxy.cuts(),
+            1,
+            "{case}: the proxy never cut, the test shows nothing"
+        );
+        let error = answer.expect_err(&case);
+        assert!(error.is_retryable(), "{case}: {error:?}");
+        <B::S as Store>::discard(conn);
+        // The server rolls back the dead connection's transaction.
+        let as_it_was = eventually(Duration::from_secs(5), || async {
+            let t = direct.get(id).await.unwrap();
+            (t.state, t.version) == (Working, 3)
+        })
+        .await;
+        assert!(as_it_was, "{case}: {:?}", direct.get(id).await);
+        assert_eq!(direct.history(id).await.unwrap().len(), 3, "{case}");
+        let again = direct.transition(id, Block, reference).await.unwrap();
+        let expected = if reference == "b-1" {
+            Outcome::Replayed {
+                from: Working,
+                to: Blocked,
+                version: 2,
+            }
+        } else {
+            Outcome::Applied {
+                from: Working,
+                to: Blocked,
+                version: 4,
+            }
+        };
+        assert_eq!(again, expected, "{case}");
+    }
+}
