@@ -125,6 +125,7 @@ pub mod idempotency;
 pub mod machine;
 mod observe;
 pub mod outbox;
+mod queue;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

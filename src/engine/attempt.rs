@@ -8,9 +8,10 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use super::detach::Stage;
 use super::input::{Payload, parse_state};
 use super::judge::{self, Refusal, Verdict};
-use super::writes::{Answer, Slot, Turn};
+use super::writes::{Answer, Slot};
 use super::{Engine, Outcome};
 use crate::machine::StateMachine;
+use crate::queue::Entered;
 use crate::store::{
     Apply, ErrorClass, FirstWrite, Key, Lease, Request, Store, Txn, Written, db_error,
 };
@@ -181,12 +182,12 @@ async fn read_first<M: StateMachine, S: Store>(
 }
 
 /// How a request's first attempt starts.
-pub(super) enum First<'w, S: Store> {
+pub(super) enum First<S: Store> {
     /// With its own apply-first write, as every attempt does.
     Write,
     /// With its own apply-first write, holding the write turn of a coalescing engine,
     /// which goes on once the write is done.
-    Alone(Slot<'w, S>),
+    Alone(Slot<S>),
     /// Its apply-first write went in a batch, which said it was not applied: the attempt
     /// starts with the read.
     NotApplied,
@@ -195,11 +196,11 @@ pub(super) enum First<'w, S: Store> {
 /// A request's place among the coalesced writes of its engine: alone at once if no write
 /// is in flight, else queued for the next batch, whose answer settles it (`Err(answer)`)
 /// or tells the first attempt how to start. Without coalescing, [`First::Write`].
-async fn first_turn<'w, M: StateMachine, S: Store>(
-    engine: &'w Engine<M, S>,
+async fn first_turn<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
     conn: &mut Conn<'_, S>,
     req: &Req<'_, M>,
-) -> std::result::Result<First<'w, S>, Result<Outcome<M::State>>> {
+) -> std::result::Result<First<S>, Result<Outcome<M::State>>> {
     let Some(writes) = engine
         .writes
         .as_ref()
@@ -209,8 +210,8 @@ async fn first_turn<'w, M: StateMachine, S: Store>(
     };
     let request = request_of(engine, req);
     let answer = match writes.turn(&request, req.stage) {
-        Turn::Alone(slot) => return Ok(First::Alone(slot)),
-        Turn::Queued(answer) => {
+        Entered::Alone(slot) => return Ok(First::Alone(slot)),
+        Entered::Queued(answer) => {
             // A connection held from a read before must not wait with it: the batch
             // needs one of the pool's.
             conn.put_back();
@@ -272,7 +273,7 @@ pub(super) async fn run<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
     conn: &mut Conn<'_, S>,
     req: &Req<'_, M>,
-    first: First<'_, S>,
+    first: First<S>,
 ) -> Result<Outcome<M::State>> {
     let mut first = Some(first);
     let config = &engine.config;
@@ -371,7 +372,7 @@ async fn attempt<M: StateMachine, S: Store>(
     conn: &mut S::Conn,
     txn: Txn,
     req: &Req<'_, M>,
-    given: First<'_, S>,
+    given: First<S>,
 ) -> Step<M::State> {
     let store = &engine.store;
     let key = req.key;

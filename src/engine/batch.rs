@@ -14,71 +14,53 @@
 //! it with "not read", and each goes on along the ordinary path (the apply-first write,
 //! then a read if that settled nothing), which reports its own errors.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use crate::queue::{self, Drain, Entered, Queue, Turn};
 use crate::store::{Key, Lease, OwnedKey, Prior, Store, Txn};
 
 /// The most requests one batch takes from the queue; the store may read them in several
 /// statements (at most `Store::BATCH_READ_MAX` in one).
 const MAX_BATCH: usize = 128;
 
-/// The read-first reads of one engine and its clones.
+/// The read-first reads of one engine and its clones. One read is in flight at a time,
+/// and the requests that arrive meanwhile queue for the next. One at a time makes the
+/// batches as large as the concurrency allows; measured on PostgreSQL at 8 and 32
+/// callers, two in flight were slower.
 pub(crate) struct Reads<S> {
     store: S,
-    state: Mutex<State>,
+    queue: Queue<Waiting>,
 }
 
-struct Waiting {
+pub(crate) struct Waiting {
     key: OwnedKey,
     reply: oneshot::Sender<Option<Prior>>,
-}
-
-/// One read is in flight at a time (`busy`), and the requests that arrive meanwhile
-/// queue for the next. One at a time makes the batches as large as the concurrency
-/// allows; measured on PostgreSQL at 8 and 32 callers, two in flight were slower.
-#[derive(Default)]
-struct State {
-    queue: Vec<Waiting>,
-    busy: bool,
 }
 
 impl<S: Store> Reads<S> {
     pub(crate) fn new(store: S) -> Arc<Self> {
         Arc::new(Reads {
             store,
-            state: Mutex::default(),
+            queue: Queue::default(),
         })
     }
 
     /// The request's history row: `Some(prior)` if it was read (`prior` is `None` for a
     /// request never recorded), `None` if it could not be.
     pub(crate) async fn prior(self: &Arc<Self>, key: Key<'_>) -> Option<Option<Prior>> {
-        let queued = {
-            let mut state = self.lock();
-            if state.busy {
-                let (reply, answer) = oneshot::channel();
-                state.queue.push(Waiting {
-                    key: OwnedKey::from(key),
-                    reply,
-                });
-                Some(answer)
-            } else {
-                state.busy = true;
-                None
-            }
+        let turn = match Queue::enter(self, || {
+            let (reply, answer) = oneshot::channel();
+            let key = OwnedKey::from(key);
+            (Waiting { key, reply }, answer)
+        }) {
+            Entered::Queued(answer) => return answer.await.ok(),
+            Entered::Alone(turn) => turn,
         };
-        if let Some(answer) = queued {
-            return answer.await.ok();
-        }
         // Nothing in flight: read this request alone, at once, on this task.
-        let slot = Slot {
-            reads: Arc::clone(self),
-            held: true,
-        };
         let read = self.read(&[OwnedKey::from(key)]).await;
-        slot.hand_on();
+        turn.hand_on();
         read.and_then(|mut priors| priors.pop())
     }
 
@@ -123,21 +105,21 @@ impl<S: Store> Reads<S> {
         }
         Ok(priors)
     }
+}
 
-    /// Reads the queue in batches until it is empty, then frees the slot (`slot`, made
-    /// before the task was spawned: a task dropped before it first ran frees it too).
-    async fn drain(self: Arc<Self>, slot: Slot<S>) {
-        loop {
-            let batch: Vec<Waiting> = {
-                let mut state = self.lock();
-                if state.queue.is_empty() {
-                    state.busy = false;
-                    slot.release();
-                    return;
-                }
-                let n = state.queue.len().min(MAX_BATCH);
-                state.queue.drain(..n).collect()
-            };
+impl<S: Store> Drain for Reads<S> {
+    type Item = Waiting;
+
+    fn queue(&self) -> &Queue<Waiting> {
+        &self.queue
+    }
+
+    /// Reads the queue in batches until it is empty.
+    async fn drain(self: Arc<Self>, mut turn: Turn<Self>) {
+        // A caller that stopped waiting has dropped its receiver: its read is left out.
+        while let Some(batch) = Queue::next(&mut turn, |waiting| {
+            queue::first(waiting, MAX_BATCH, |w: &Waiting| !w.reply.is_closed())
+        }) {
             let keys: Vec<OwnedKey> = batch.iter().map(|w| w.key.clone()).collect();
             if let Some(priors) = self.read(&keys).await {
                 for (waiting, prior) in batch.into_iter().zip(priors) {
@@ -153,102 +135,5 @@ impl<S: Store> Reads<S> {
             // splitting the callers into two alternating halves.
             tokio::task::yield_now().await;
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is a queue and a flag, consistent after every statement that holds
-        // the lock, so a panic elsewhere while it was held leaves it usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// The right to read (`State::busy`), held by one task at a time. If its holder ends
-/// without handing it on (a caller that gives up mid-read, a panic, the runtime shutting
-/// down), it is freed here, and the requests queued behind it are answered "not read"
-/// (their senders dropped) rather than left waiting for a read that will not come.
-struct Slot<S: Store> {
-    reads: Arc<Reads<S>>,
-    held: bool,
-}
-
-impl<S: Store> Slot<S> {
-    /// After a lone read: to a drain for the requests that queued meanwhile, if any.
-    fn hand_on(mut self) {
-        {
-            let mut state = self.reads.lock();
-            if state.queue.is_empty() {
-                state.busy = false;
-                self.held = false;
-                return;
-            }
-        }
-        // Spawned, not run here: this caller's answer must not wait for theirs, and a
-        // caller that gives up must not strand them. The slot goes with the task, outside
-        // the state's lock (a task dropped unpolled frees it as it drops).
-        let reads = Arc::clone(&self.reads);
-        tokio::spawn(reads.drain(self));
-    }
-
-    /// Freed by its holder, with the state's lock held.
-    fn release(mut self) {
-        self.held = false;
-    }
-}
-
-impl<S: Store> Drop for Slot<S> {
-    fn drop(&mut self) {
-        if self.held {
-            let mut state = self.reads.lock();
-            state.busy = false;
-            state.queue.clear();
-        }
-    }
-}
-
-#[cfg(all(test, feature = "sqlite"))]
-mod tests {
-    use tokio::sync::oneshot;
-
-    use super::{Reads, Slot, Waiting};
-    use crate::SqliteStore;
-    use crate::store::OwnedKey;
-
-    /// As for the coalesced writes: a drain dropped before it first ran (its runtime shut
-    /// down) frees the read slot and answers the queued read "not read".
-    #[test]
-    fn a_drain_dropped_before_it_ran_frees_the_slot() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let store = runtime.block_on(async {
-            SqliteStore::new(sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap())
-        });
-        let reads = Reads::new(store);
-        let (reply, answer) = oneshot::channel();
-        {
-            let mut state = reads.lock();
-            state.busy = true;
-            state.queue.push(Waiting {
-                key: OwnedKey {
-                    order_id: 2,
-                    event: "Pay",
-                    ref_id: "pay".into(),
-                },
-                reply,
-            });
-        }
-        let slot = Slot {
-            reads: reads.clone(),
-            held: true,
-        };
-        runtime.block_on(async { slot.hand_on() });
-        assert!(reads.lock().busy, "the drain did not take the slot");
-        drop(runtime);
-        assert!(!reads.lock().busy, "the slot stayed taken");
-        assert!(
-            answer.blocking_recv().is_err(),
-            "the queued read was answered"
-        );
     }
 }

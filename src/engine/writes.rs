@@ -22,13 +22,14 @@
 //! is in flight does not cancel the batch for the others: the batch runs on a task of
 //! its own.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use super::detach::Stage;
+use crate::queue::{Drain, Entered, Queue, Turn};
 use crate::store::{FirstWrite, Key, Lease, OwnedKey, Request, Store};
 
 /// The most requests in one batch.
@@ -40,7 +41,7 @@ pub(crate) struct Writes<S> {
     /// A batch that takes longer than this is dropped (its connection closed) and its
     /// requests answered "failed".
     limit: Duration,
-    state: Mutex<State>,
+    queue: Queue<Queued>,
     /// Units written for two requests or more, the requests they carried, and the units
     /// that failed.
     units: AtomicU64,
@@ -74,7 +75,7 @@ pub(crate) enum Answer {
 }
 
 /// A request waiting for the next batch, with what it owns of its [`Request`].
-struct Queued {
+pub(crate) struct Queued {
     key: OwnedKey,
     from_states: Vec<&'static str>,
     to_states: Vec<&'static str>,
@@ -104,30 +105,21 @@ impl Queued {
     }
 }
 
-/// One write unit in flight at a time (`busy`); the requests that arrive meanwhile queue
-/// for the next.
-#[derive(Default)]
-struct State {
-    queue: Vec<Queued>,
-    busy: bool,
-}
+/// A request's place: the write turn (no write was in flight: it writes at once, alone,
+/// on its own connection, and hands the turn on when its write is done, or it gives
+/// up), or queued for the next batch, whose answer comes on the receiver. A dropped
+/// sender (the batch's task ended without answering) means [`Answer::Failed`].
+pub(crate) type Place<S> = Entered<Writes<S>, oneshot::Receiver<Answer>>;
 
-/// A request's turn.
-pub(crate) enum Turn<'w, S: Store> {
-    /// No write was in flight: this request writes at once, alone, on its own connection,
-    /// and hands the turn on when its write is done (or it gives up).
-    Alone(Slot<'w, S>),
-    /// Queued for the next batch: the answer comes here. A dropped sender (the batch's
-    /// task ended without answering) means [`Answer::Failed`].
-    Queued(oneshot::Receiver<Answer>),
-}
+/// The write turn of a request that writes alone.
+pub(crate) type Slot<S> = Turn<Writes<S>>;
 
 impl<S: Store> Writes<S> {
     pub(crate) fn new(store: S, limit: Duration) -> Arc<Self> {
         Arc::new(Writes {
             store,
             limit,
-            state: Mutex::default(),
+            queue: Queue::default(),
             units: AtomicU64::new(0),
             carried: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -144,55 +136,24 @@ impl<S: Store> Writes<S> {
     }
 
     /// Takes the write turn for `request`, or queues it.
-    pub(crate) fn turn<'w>(
-        self: &'w Arc<Self>,
-        request: &Request<'_>,
-        stage: &Arc<Stage>,
-    ) -> Turn<'w, S> {
-        let mut state = self.lock();
-        if !state.busy {
-            state.busy = true;
-            return Turn::Alone(Slot {
-                writes: self,
-                held: true,
-            });
-        }
-        let (reply, answer) = oneshot::channel();
-        state.queue.push(Queued {
-            key: OwnedKey::from(request.key),
-            from_states: request.from_states.to_vec(),
-            to_states: request.to_states.to_vec(),
-            emits: request.emits.to_vec(),
-            payload_hash: request.payload_hash.map(str::to_string),
-            payload: request.payload.map(str::to_string),
-            write_id: request.write_id,
-            machine: request.machine,
-            event_body: request.event_body.map(str::to_string),
-            stage: stage.clone(),
-            reply,
-        });
-        Turn::Queued(answer)
-    }
-
-    /// Writes the queue in batches until it is empty, then frees the turn (`turn`, made
-    /// before the task was spawned: a task dropped before it first ran frees it too).
-    async fn drain(self: Arc<Self>, mut turn: Turned<S>) {
-        loop {
-            let batch = {
-                let mut state = self.lock();
-                let batch = next_batch(&mut state.queue);
-                if batch.is_empty() && state.queue.is_empty() {
-                    state.busy = false;
-                    turn.held = false;
-                    return;
-                }
-                batch
+    pub(crate) fn turn(self: &Arc<Self>, request: &Request<'_>, stage: &Arc<Stage>) -> Place<S> {
+        Queue::enter(self, || {
+            let (reply, answer) = oneshot::channel();
+            let queued = Queued {
+                key: OwnedKey::from(request.key),
+                from_states: request.from_states.to_vec(),
+                to_states: request.to_states.to_vec(),
+                emits: request.emits.to_vec(),
+                payload_hash: request.payload_hash.map(str::to_string),
+                payload: request.payload.map(str::to_string),
+                write_id: request.write_id,
+                machine: request.machine,
+                event_body: request.event_body.map(str::to_string),
+                stage: stage.clone(),
+                reply,
             };
-            self.write(batch).await;
-            // The callers just answered come back with their next requests once they
-            // run; letting them run first makes the next batch theirs too.
-            tokio::task::yield_now().await;
-        }
+            (queued, answer)
+        })
     }
 
     /// One unit for `batch` (its requests in the order of their entities, so that two
@@ -260,29 +221,22 @@ impl<S: Store> Writes<S> {
             }
         }
     }
+}
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is a queue and a flag, consistent after every statement that holds
-        // the lock, so a panic elsewhere while it was held leaves it usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+impl<S: Store> Drain for Writes<S> {
+    type Item = Queued;
+
+    fn queue(&self) -> &Queue<Queued> {
+        &self.queue
     }
-}
 
-/// The write turn, held by a drain: if the drain ends any other way than by emptying the
-/// queue (a panic, its runtime shutting down, its task dropped), the turn is freed and
-/// the requests still queued are answered "failed" (their senders dropped), so that no
-/// later request waits behind a turn nobody holds.
-struct Turned<S> {
-    writes: Arc<Writes<S>>,
-    held: bool,
-}
-
-impl<S> Drop for Turned<S> {
-    fn drop(&mut self) {
-        if self.held {
-            let mut state = self.writes.state.lock().unwrap_or_else(|e| e.into_inner());
-            state.queue.clear();
-            state.busy = false;
+    /// Writes the queue in batches until it is empty.
+    async fn drain(self: Arc<Self>, mut turn: Turn<Self>) {
+        while let Some(batch) = Queue::next(&mut turn, next_batch) {
+            self.write(batch).await;
+            // The callers just answered come back with their next requests once they
+            // run; letting them run first makes the next batch theirs too.
+            tokio::task::yield_now().await;
         }
     }
 }
@@ -308,111 +262,4 @@ fn next_batch(queue: &mut Vec<Queued>) -> Vec<Queued> {
 
 fn same_entity(a: Key<'_>, b: Key<'_>) -> bool {
     a.order_id == b.order_id
-}
-
-/// The write turn (`State::busy`), held by one request's caller at a time. Whenever it
-/// ends (its write done, an error, the caller gone), the requests queued meanwhile are
-/// handed to a task of their own, so that no caller's answer waits for theirs and no
-/// caller that gives up strands them.
-pub(crate) struct Slot<'w, S: Store> {
-    writes: &'w Arc<Writes<S>>,
-    held: bool,
-}
-
-impl<S: Store> Slot<'_, S> {
-    fn pass(&mut self) {
-        if !self.held {
-            return;
-        }
-        self.held = false;
-        {
-            let mut state = self.writes.lock();
-            if state.queue.is_empty() {
-                state.busy = false;
-                return;
-            }
-        }
-        // The turn goes with the task, made before it is spawned and outside the state's
-        // lock: a task dropped unpolled (its runtime shutting down) frees the turn as it
-        // drops, and answers the queued requests "failed" (their senders dropped).
-        let turn = Turned {
-            writes: Arc::clone(self.writes),
-            held: true,
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(Arc::clone(self.writes).drain(turn));
-            }
-            // No runtime to run them on: the same.
-            Err(_) => drop(turn),
-        }
-    }
-}
-
-impl<S: Store> Drop for Slot<'_, S> {
-    fn drop(&mut self) {
-        self.pass();
-    }
-}
-
-#[cfg(all(test, feature = "sqlite"))]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use super::{Turn, Writes};
-    use crate::SqliteStore;
-    use crate::engine::detach::Stage;
-    use crate::store::{Key, Request};
-
-    fn request(order_id: i64) -> Request<'static> {
-        Request {
-            key: Key {
-                order_id,
-                event: "Pay",
-                ref_id: "pay",
-            },
-            from_states: &["CREATED"],
-            to_states: &["PAID"],
-            payload_hash: None,
-            payload: None,
-            write_id: order_id,
-            emits: &[None],
-            machine: "order",
-            event_body: None,
-        }
-    }
-
-    /// The drain for the requests queued behind a lone write is spawned when that write
-    /// hands its turn on. A runtime that shuts down before the drain first ran drops it
-    /// unpolled: the turn must come free, and the queued request be answered "failed",
-    /// or every later request of the engine would queue behind a turn nobody holds.
-    #[test]
-    fn a_drain_dropped_before_it_ran_frees_the_turn() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let store = runtime.block_on(async {
-            SqliteStore::new(sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap())
-        });
-        let writes = Writes::new(store, Duration::from_secs(1));
-        let stage = Arc::new(Stage::default());
-        let Turn::Alone(slot) = writes.turn(&request(1), &stage) else {
-            panic!("a lone request queued");
-        };
-        let Turn::Queued(answer) = writes.turn(&request(2), &stage) else {
-            panic!("a request took the turn while it was held");
-        };
-        // Handing the turn on spawns the drain; the future returns before it can run.
-        runtime.block_on(async { drop(slot) });
-        assert!(writes.lock().busy, "the drain did not take the turn");
-        drop(runtime);
-        assert!(!writes.lock().busy, "the turn stayed taken");
-        assert!(
-            answer.blocking_recv().is_err(),
-            "the queued request was answered"
-        );
-        assert!(matches!(writes.turn(&request(3), &stage), Turn::Alone(_)));
-    }
 }

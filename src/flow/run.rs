@@ -17,7 +17,8 @@ use super::steps::Definition;
 use super::{Flow, FlowRow, FlowStore, StepRow, StepSpec};
 use crate::ReadFirst;
 use crate::engine::{FirstRound, fingerprint_of, validate_reference};
-use crate::store::claims::{Claims, CoalescedClaims, Turn};
+use crate::queue::Entered;
+use crate::store::claims::{Claims, CoalescedClaims};
 use crate::store::{ErrorClass, Lease, db_error};
 use crate::{Error, Result};
 
@@ -318,14 +319,14 @@ impl<S: FlowStore> Flows<S> {
             let started = async {
                 match (round, &self.starts) {
                     (0, Some(starts)) => match starts.turn(|| super::starts::Owned::new(&new)) {
-                        Turn::Alone(slot) => {
+                        Entered::Alone(slot) => {
                             let out = alone.await;
                             slot.hand_on();
                             out
                         }
                         // Held by the batch's statement; or nothing written for it, or
                         // the batch failed (the sender dropped): the read below tells.
-                        Turn::Queued(answer) => Ok(answer.await.ok().flatten()),
+                        Entered::Queued(answer) => Ok(answer.await.ok().flatten()),
                     },
                     _ => alone.await,
                 }

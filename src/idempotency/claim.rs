@@ -11,7 +11,7 @@ use super::{
     CLAIM_ROUNDS, Claim, Claimed, NewClaim, RecordRow, RecordStore, Records, Stored, millis,
 };
 use crate::engine::{fingerprint_of, validate_reference};
-use crate::store::claims::Turn;
+use crate::queue::Entered;
 use crate::store::{ErrorClass, Lease, db_error};
 use crate::{Error, Result};
 
@@ -115,14 +115,14 @@ impl<S: RecordStore> Records<S> {
         for round in 0..CLAIM_ROUNDS {
             let once = match (round, &self.claims) {
                 (0, Some(claims)) => match claims.turn(|| Owned::new(claim)) {
-                    Turn::Alone(slot) => {
+                    Entered::Alone(slot) => {
                         let once = self.claim_once(claim).await;
                         slot.hand_on();
                         once
                     }
                     // Held by the batch's statement; or nothing written for it, or the
                     // batch failed (the sender dropped): the read below tells which.
-                    Turn::Queued(answer) => Ok(answer.await.ok().flatten()),
+                    Entered::Queued(answer) => Ok(answer.await.ok().flatten()),
                 },
                 _ => self.claim_once(claim).await,
             };

@@ -17,15 +17,15 @@
 //! a task of its own, and the claim may commit: its record then stays held until its
 //! lease runs out, as the record of any claim whose caller went away does.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use std::future::Future;
-
 use super::{Lease, Store};
+use crate::queue::{self, Drain, Entered, Queue, Turn};
 
 /// The most claims in one batch.
 const MAX_BATCH: usize = 64;
@@ -51,7 +51,7 @@ pub(crate) struct Claims<S, Q> {
     /// A batch's statement that takes longer than this is dropped (its connection
     /// closed), and its claims go the ordinary way.
     limit: Duration,
-    state: Mutex<State<Q>>,
+    queue: Queue<Waiting<Q>>,
     /// Batches of two claims or more, and the claims they carried.
     batches: AtomicU64,
     carried: AtomicU64,
@@ -77,45 +77,25 @@ pub struct CoalescedClaims {
     pub claims: u64,
 }
 
-/// One statement in flight at a time (`busy`); the claims that arrive meanwhile queue for
-/// the next.
-struct State<Q> {
-    queue: Vec<Waiting<Q>>,
-    busy: bool,
-}
-
-impl<Q> Default for State<Q> {
-    fn default() -> Self {
-        State {
-            queue: Vec::new(),
-            busy: false,
-        }
-    }
-}
-
 /// A queued claim. Its answer: `Some(attempt)` if the batch's statement made it the
 /// record's holder, `None` if it wrote nothing for it; the sender dropped if the batch
 /// failed.
-struct Waiting<Q> {
+pub(crate) struct Waiting<Q> {
     claim: Q,
     reply: oneshot::Sender<Option<i32>>,
 }
 
-/// A claim's turn.
-pub(crate) enum Turn<S: Store, Q: Queued<S>> {
-    /// No statement was in flight: this claim goes at once, alone, and hands the turn on
-    /// when its statement is done.
-    Alone(Slot<S, Q>),
-    /// Queued for the next batch: its answer comes here.
-    Queued(oneshot::Receiver<Option<i32>>),
-}
+/// A claim's place: the turn (no statement was in flight: this claim goes at once,
+/// alone, and hands the turn on when its statement is done), or queued for the next
+/// batch, whose answer comes on the receiver.
+pub(crate) type Place<S, Q> = Entered<Claims<S, Q>, oneshot::Receiver<Option<i32>>>;
 
 impl<S: Store, Q: Queued<S>> Claims<S, Q> {
     pub(crate) fn new(store: S, limit: Duration) -> Arc<Self> {
         Arc::new(Claims {
             store,
             limit,
-            state: Mutex::default(),
+            queue: Queue::default(),
             batches: AtomicU64::new(0),
             carried: AtomicU64::new(0),
         })
@@ -130,41 +110,29 @@ impl<S: Store, Q: Queued<S>> Claims<S, Q> {
 
     /// Takes the turn if no statement is in flight, else queues the claim (`claim()`) for
     /// the next.
-    pub(crate) fn turn(self: &Arc<Self>, claim: impl FnOnce() -> Q) -> Turn<S, Q> {
-        let mut state = self.lock();
-        if state.busy {
+    pub(crate) fn turn(self: &Arc<Self>, claim: impl FnOnce() -> Q) -> Place<S, Q> {
+        Queue::enter(self, || {
             let (reply, answer) = oneshot::channel();
-            state.queue.push(Waiting {
-                claim: claim(),
-                reply,
-            });
-            Turn::Queued(answer)
-        } else {
-            state.busy = true;
-            Turn::Alone(Slot {
-                claims: Arc::clone(self),
-                held: true,
-            })
-        }
+            let claim = claim();
+            (Waiting { claim, reply }, answer)
+        })
+    }
+}
+
+impl<S: Store, Q: Queued<S>> Drain for Claims<S, Q> {
+    type Item = Waiting<Q>;
+
+    fn queue(&self) -> &Queue<Waiting<Q>> {
+        &self.queue
     }
 
-    /// Writes the queue in batches until it is empty, then frees the turn (`slot`, made
-    /// before the task was spawned: a task dropped before it first ran frees it too).
-    async fn drain(self: Arc<Self>, slot: Slot<S, Q>) {
-        loop {
-            let batch: Vec<Waiting<Q>> = {
-                let mut state = self.lock();
-                // A caller that stopped waiting has dropped its receiver: its claim is
-                // left out, never sent.
-                state.queue.retain(|w| !w.reply.is_closed());
-                if state.queue.is_empty() {
-                    state.busy = false;
-                    slot.release();
-                    return;
-                }
-                let n = state.queue.len().min(MAX_BATCH);
-                state.queue.drain(..n).collect()
-            };
+    /// Writes the queue in batches until it is empty.
+    async fn drain(self: Arc<Self>, mut turn: Turn<Self>) {
+        // A caller that stopped waiting has dropped its receiver: its claim is left out,
+        // never sent.
+        while let Some(batch) = Queue::next(&mut turn, |waiting| {
+            queue::first(waiting, MAX_BATCH, |w: &Waiting<Q>| !w.reply.is_closed())
+        }) {
             let (claims, replies): (Vec<Q>, Vec<_>) =
                 batch.into_iter().map(|w| (w.claim, w.reply)).unzip();
             let write = async {
@@ -200,55 +168,6 @@ impl<S: Store, Q: Queued<S>> Claims<S, Q> {
             // The callers just answered come back with their next claims once they run;
             // letting them run first makes the next batch theirs too.
             tokio::task::yield_now().await;
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State<Q>> {
-        // The state is a queue and a flag, consistent after every statement that holds
-        // the lock, so a panic elsewhere while it was held leaves it usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// The turn (`State::busy`), held by one task at a time. If its holder ends without
-/// handing it on (a caller that gives up mid-claim, a panic), it is freed here, and the
-/// claims queued behind it are answered "failed" (their senders dropped): each goes on
-/// along the ordinary path.
-pub(crate) struct Slot<S: Store, Q: Queued<S>> {
-    claims: Arc<Claims<S, Q>>,
-    held: bool,
-}
-
-impl<S: Store, Q: Queued<S>> Slot<S, Q> {
-    /// After a lone claim: to a drain for the claims that queued meanwhile, if any.
-    pub(crate) fn hand_on(mut self) {
-        {
-            let mut state = self.claims.lock();
-            if state.queue.is_empty() {
-                state.busy = false;
-                self.held = false;
-                return;
-            }
-        }
-        // Spawned, not run here: this caller's answer must not wait for theirs, and a
-        // caller that gives up must not strand them. The turn goes with the task, outside
-        // the state's lock (a task dropped unpolled frees it as it drops).
-        let claims = Arc::clone(&self.claims);
-        tokio::spawn(claims.drain(self));
-    }
-
-    /// Freed by its holder, with the state's lock held.
-    fn release(mut self) {
-        self.held = false;
-    }
-}
-
-impl<S: Store, Q: Queued<S>> Drop for Slot<S, Q> {
-    fn drop(&mut self) {
-        if self.held {
-            let mut state = self.claims.lock();
-            state.busy = false;
-            state.queue.clear();
         }
     }
 }
