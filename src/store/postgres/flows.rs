@@ -4,14 +4,11 @@
 
 use sqlx::postgres::PgConnection;
 
-use super::PgStore;
+use super::{MS, NOW, PgStore};
 use crate::flow::{FlowStore, Listing};
 use crate::store::flow_sql::{
     FlowSql, OneStatementClaims, one_statement_flow_claims, shared_flow_statements,
 };
-
-/// The database clock, in milliseconds since the epoch.
-const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)";
 
 /// A flow record's columns, with the clock applied.
 const FLOW_COLUMNS: &str = "f.kind, f.flow_key, f.version, f.input_hash, f.input, f.status, \
@@ -111,12 +108,11 @@ impl FlowSql for PgStore {
     fn touch_sql(&self) -> String {
         format!(
             "WITH now AS {NOW} \
-             UPDATE flows AS f SET lease_until = now.ms + $4, \
+             UPDATE flows AS f SET lease_until = {MS} + $4, \
                  attempt = CASE WHEN $5 THEN 1 ELSE f.attempt END, \
                  step_at = COALESCE($6, f.step_at), status = COALESCE($7, f.status), \
                  park_reason = $8, output = COALESCE($9, f.output), \
-                 last_error = COALESCE($10, f.last_error), updated_at = now.ms \
-             FROM now \
+                 last_error = COALESCE($10, f.last_error), updated_at = {MS} \
              WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $3 AND {LIVE}"
         )
     }
@@ -148,8 +144,8 @@ impl FlowSql for PgStore {
         format!(
             "WITH now AS {NOW} \
              UPDATE flows AS f SET park_reason = NULL, owner_token = $3, attempt = 1, \
-                 lease_until = now.ms + $4, updated_at = now.ms \
-             FROM now WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $5 \
+                 lease_until = {MS} + $4, updated_at = {MS} \
+             WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $5 \
                AND f.park_reason IS NOT NULL"
         )
     }
@@ -198,9 +194,9 @@ impl OneStatementClaims for PgStore {
                  ORDER BY f.lease_until LIMIT $5 FOR UPDATE OF f SKIP LOCKED) \
              UPDATE flows AS f SET owner_token = $3, \
                  attempt = LEAST(GREATEST(f.attempt, 0)::bigint + 1, 2147483647)::int, \
-                 lease_until = now.ms + $4, updated_at = now.ms \
-             FROM due, now \
-             WHERE f.kind = due.kind AND f.flow_key = due.flow_key AND f.lease_until <= now.ms \
+                 lease_until = {MS} + $4, updated_at = {MS} \
+             FROM due \
+             WHERE f.kind = due.kind AND f.flow_key = due.flow_key AND f.lease_until <= {MS} \
              RETURNING f.flow_key, f.attempt"
         )
     }

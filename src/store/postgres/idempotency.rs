@@ -5,17 +5,22 @@
 use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{Connection, Transaction};
 
-use super::PgStore;
+use super::{MS, NOW, PgStore};
 use crate::idempotency::{NewClaim, RecordStore};
 use crate::store::records_sql::{
     OneStatementRecordClaims, RecordSql, one_statement_record_claims, shared_record_statements,
 };
 
-/// The database clock, in milliseconds since the epoch.
-const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)";
 /// A claim's next attempt number, bounded to the column's range: a counter edited to its
 /// largest value stays there, so the statement never fails after it took the record.
 const NEXT_ATTEMPT: &str = "LEAST(GREATEST(r.attempt, 0)::bigint + 1, 2147483647)::int";
+
+/// A record held (`PROCESSING`), in a statement that names the record by its key. An
+/// expression, not the column: the planner cannot answer it from the stuck index
+/// (`status, lease_until`), which it chose over the primary key once the statistics said
+/// almost every record is finished, and which holds an entry for every record claimed
+/// since the last vacuum (the finished ones' dead), so that each update read them all.
+const BY_KEY_PROCESSING: &str = "(r.status || '') = 'PROCESSING'";
 
 impl RecordStore for PgStore {
     type Db = Postgres;
@@ -81,11 +86,10 @@ impl RecordSql for PgStore {
         format!(
             "WITH now AS {NOW} \
              UPDATE idempotency_records AS r SET status = $4, result = $5, terminal = $6, \
-                 lease_until = CASE WHEN $4 = 'PROCESSING' THEN now.ms + $7 ELSE r.lease_until END, \
-                 expires_at = now.ms + $8, \
-                 updated_at = now.ms \
-             FROM now \
-             WHERE r.scope = $1 AND r.idem_key = $2 AND r.owner_token = $3 AND r.status = 'PROCESSING'"
+                 lease_until = CASE WHEN $4 = 'PROCESSING' THEN {MS} + $7 ELSE r.lease_until END, \
+                 expires_at = {MS} + $8, \
+                 updated_at = {MS} \
+             WHERE r.scope = $1 AND r.idem_key = $2 AND r.owner_token = $3 AND {BY_KEY_PROCESSING}"
         )
     }
 
@@ -138,8 +142,8 @@ impl RecordSql for PgStore {
     fn consume_token_sql(&self) -> String {
         format!(
             "WITH now AS {NOW} \
-             UPDATE one_time_tokens AS t SET used_at = now.ms FROM now \
-             WHERE t.scope = $1 AND t.token = $2 AND t.used_at IS NULL AND t.expires_at > now.ms"
+             UPDATE one_time_tokens AS t SET used_at = {MS} \
+             WHERE t.scope = $1 AND t.token = $2 AND t.used_at IS NULL AND t.expires_at > {MS}"
         )
     }
 
@@ -181,10 +185,9 @@ impl OneStatementRecordClaims for PgStore {
         format!(
             "WITH now AS {NOW} \
              UPDATE idempotency_records AS r SET owner_token = $4, attempt = {NEXT_ATTEMPT}, \
-                 lease_until = now.ms + $5, expires_at = now.ms + $6, updated_at = now.ms \
-             FROM now \
+                 lease_until = {MS} + $5, expires_at = {MS} + $6, updated_at = {MS} \
              WHERE r.scope = $1 AND r.idem_key = $2 AND r.owner_token = $3 \
-               AND r.status = 'PROCESSING' AND r.lease_until <= now.ms AND r.expires_at > now.ms \
+               AND {BY_KEY_PROCESSING} AND r.lease_until <= {MS} AND r.expires_at > {MS} \
              RETURNING r.attempt"
         )
     }

@@ -14,6 +14,16 @@ mod outbox;
 mod transition_sql;
 mod transitions;
 
+/// The database clock, in milliseconds since the epoch: a statement's `WITH now AS {NOW}`.
+const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)";
+
+/// That clock as a value, in an `UPDATE` of a table keyed by parameters. Not `FROM now`:
+/// joined in an update, `now` made PostgreSQL choose a sequential scan for a prepared
+/// statement's generic plan made while the table looked empty (just created or
+/// truncated), and the connection kept that plan while the table grew, so every update
+/// read the whole table.
+const MS: &str = "(SELECT ms FROM now)";
+
 /// Applies the embedded migrations in `migrations/postgres/` (idempotent).
 pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
     sqlx::migrate!("migrations/postgres").run(pool).await?;

@@ -5,12 +5,9 @@
 
 use sqlx::postgres::PgConnection;
 
-use super::PgStore;
+use super::{MS, NOW, PgStore};
 use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
 use crate::store::outbox_sql::{numbered, shared_outbox_statements};
-
-/// The database clock, in milliseconds since the epoch.
-const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)";
 
 /// An event's columns, its age on the database's clock.
 const EVENT_COLUMNS: &str = "o.machine, o.entity_id, o.version, o.event, o.transition, \
@@ -39,9 +36,9 @@ impl OutboxStore for PgStore {
                  SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
                  WHERE o.status = 'PENDING' AND o.next_at <= now.ms AND o.lease_until <= now.ms AND {HEAD} \
                  LIMIT $3 FOR UPDATE OF o SKIP LOCKED) \
-             UPDATE outbox AS o SET owner_token = $1, lease_until = now.ms + $2, \
+             UPDATE outbox AS o SET owner_token = $1, lease_until = {MS} + $2, \
                  attempts = LEAST(GREATEST(o.attempts, 0)::bigint + 1, 2147483647)::int \
-             FROM chosen, now \
+             FROM chosen \
              WHERE o.machine = chosen.machine AND o.entity_id = chosen.entity_id AND o.version = chosen.version \
              RETURNING {EVENT_COLUMNS}"
         );
