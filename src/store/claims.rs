@@ -15,7 +15,9 @@
 //! A caller that stops waiting while its claim is queued is left out of the batch (its
 //! claim is never sent). Once its batch is in flight, the batch runs for the others on
 //! a task of its own, and the claim may commit: its record then stays held until its
-//! lease runs out, as the record of any claim whose caller went away does.
+//! lease runs out, as the record of any claim whose caller went away does. A caller
+//! that stops waiting while its claim goes alone hands the claims queued behind it on
+//! to a drain of their own (`src/queue.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
