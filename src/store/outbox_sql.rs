@@ -1,10 +1,12 @@
-//! The outbox statements whose shape every backend shares (a list of keys as `OR`ed
-//! groups), written once with `?` parameters: each backend's `outbox.rs` brings its
-//! clock, its event columns and its parameter style (PostgreSQL numbers them, see
-//! [`numbered`]), and its own claim, stats, purge and inbox statements.
+//! The outbox statements whose shape every backend shares, written once with `?`
+//! parameters (and the list of a batch's keys as `OR`ed groups, for the backends that
+//! take it): each backend's `outbox.rs` brings its clock, its event columns and its
+//! parameter style (PostgreSQL numbers them, see [`numbered`]), and its own claim,
+//! stats, purge and inbox statements.
 
 /// `({alias}machine = ? AND {alias}entity_id = ? AND {alias}version = ?) OR …`, one group
 /// per key; `alias` is a table alias with its dot (`"o."`), or `""`.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn keys_in(alias: &str, n: usize) -> String {
     let one = format!("({alias}machine = ? AND {alias}entity_id = ? AND {alias}version = ?)");
     format!("({})", vec![one; n.max(1)].join(" OR "))
@@ -39,32 +41,6 @@ pub(crate) fn numbered(sql: &str) -> String {
 /// and its parameter style `$params` ([`as_written`] or [`numbered`]).
 macro_rules! shared_outbox_statements {
     ($conn:ty, now = $now:expr, columns = $columns:expr, params = $params:path) => {
-        async fn mark_published(
-            &self,
-            conn: &mut $conn,
-            token: &str,
-            keys: &[$crate::outbox::EventKey],
-        ) -> Result<u64, sqlx::Error> {
-            if keys.is_empty() {
-                return Ok(0);
-            }
-            let sql = $params(&format!(
-                "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-                     last_error = NULL, published_at = {now} \
-                 WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
-                now = $now,
-                keys = $crate::store::outbox_sql::keys_in("", keys.len())
-            ));
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
-            for key in keys {
-                query = query
-                    .bind(key.machine.as_str())
-                    .bind(key.entity_id)
-                    .bind(key.version);
-            }
-            Ok(query.execute(conn).await?.rows_affected())
-        }
-
         async fn mark_failed(
             &self,
             conn: &mut $conn,
@@ -130,3 +106,41 @@ macro_rules! shared_outbox_statements {
 }
 
 pub(crate) use shared_outbox_statements;
+
+/// [`OutboxStore::mark_published`](crate::outbox::OutboxStore::mark_published) with the
+/// batch's keys as `OR`ed groups (MySQL/MariaDB, SQLite; PostgreSQL matches them against
+/// arrays, which it plans cheaper), for the backend's connection type `$conn`, its clock
+/// `$now` and its parameter style `$params`.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+macro_rules! or_keys_mark_published {
+    ($conn:ty, now = $now:expr, params = $params:path) => {
+        async fn mark_published(
+            &self,
+            conn: &mut $conn,
+            token: &str,
+            keys: &[$crate::outbox::EventKey],
+        ) -> Result<u64, sqlx::Error> {
+            if keys.is_empty() {
+                return Ok(0);
+            }
+            let sql = $params(&format!(
+                "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+                     last_error = NULL, published_at = {now} \
+                 WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
+                now = $now,
+                keys = $crate::store::outbox_sql::keys_in("", keys.len())
+            ));
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
+            for key in keys {
+                query = query
+                    .bind(key.machine.as_str())
+                    .bind(key.entity_id)
+                    .bind(key.version);
+            }
+            Ok(query.execute(conn).await?.rows_affected())
+        }
+    };
+}
+
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) use or_keys_mark_published;

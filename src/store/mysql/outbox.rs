@@ -15,7 +15,9 @@ use sqlx::mysql::MySqlConnection;
 use super::MySqlStore;
 use crate::idempotency::RecordStore;
 use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
-use crate::store::outbox_sql::{as_written, keys_in, shared_outbox_statements};
+use crate::store::outbox_sql::{
+    as_written, keys_in, or_keys_mark_published, shared_outbox_statements,
+};
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).
@@ -37,6 +39,7 @@ impl OutboxStore for MySqlStore {
         columns = EVENT_COLUMNS,
         params = as_written
     );
+    or_keys_mark_published!(MySqlConnection, now = NOW, params = as_written);
 
     async fn claim_events(
         &self,

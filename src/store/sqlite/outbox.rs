@@ -6,7 +6,7 @@ use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
 use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
-use crate::store::outbox_sql::{as_written, shared_outbox_statements};
+use crate::store::outbox_sql::{as_written, or_keys_mark_published, shared_outbox_statements};
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -23,6 +23,7 @@ impl OutboxStore for SqliteStore {
         columns = EVENT_COLUMNS,
         params = as_written
     );
+    or_keys_mark_published!(SqliteConnection, now = NOW, params = as_written);
 
     async fn claim_events(
         &self,
