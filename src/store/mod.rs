@@ -50,6 +50,8 @@ pub(crate) mod sql;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) mod stepwise;
 mod tables;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod units;
 
 #[cfg(feature = "mysql")]
 pub mod mysql;

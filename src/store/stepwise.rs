@@ -10,6 +10,7 @@ use std::future::Future;
 
 use sqlx::{Connection, Database, Transaction};
 
+use super::units::{end_unit, undo};
 use super::{Apply, FirstWrite, Request, Written, is_unique_violation};
 
 /// A backend's connection.
@@ -211,31 +212,4 @@ fn applied(from: &str, to: &str, version: i64) -> FirstWrite {
         to: to.to_string(),
         version,
     }
-}
-
-/// Ends a unit of apply-first writes: committed if one of them applied, else rolled
-/// back (it wrote nothing).
-pub(crate) async fn end_unit<DB: Database>(
-    tx: Transaction<'_, DB>,
-    written: Vec<FirstWrite>,
-) -> Result<Vec<FirstWrite>, sqlx::Error> {
-    if written
-        .iter()
-        .any(|w| matches!(w, FirstWrite::Applied { .. }))
-    {
-        tx.commit().await?;
-    } else {
-        tx.rollback().await?;
-    }
-    Ok(written)
-}
-
-/// Rolls a write unit back after `error`, and returns the error. A rollback that fails
-/// too (on a connection already lost) adds nothing to what `error` says.
-pub(crate) async fn undo<DB: Database, T>(
-    tx: Transaction<'_, DB>,
-    error: sqlx::Error,
-) -> Result<T, sqlx::Error> {
-    let _ = tx.rollback().await;
-    Err(error)
 }

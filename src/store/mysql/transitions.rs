@@ -8,7 +8,8 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
-use crate::store::stepwise::{Stepwise, end_unit, undo};
+use crate::store::stepwise::Stepwise;
+use crate::store::units::{end_unit, undo};
 use crate::store::{
     Apply, BATCH_READ_MAX, BatchReads, Entity, ErrorClass, FirstWrite, Key, Lease, Observed,
     ObservedRow, OwnedKey, PositionedPrior, Prior, RawTransition, Request, Store, Tables, Txn,

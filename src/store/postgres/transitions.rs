@@ -8,6 +8,7 @@ use sqlx::Connection;
 use sqlx::postgres::{PgConnection, Postgres};
 
 use super::PgStore;
+use crate::store::units::{end_unit, undo};
 use crate::store::{
     Apply, BATCH_READ_MAX, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, OwnedKey,
     PositionedPrior, Prior, RawTransition, Request, Store, Txn, Written, in_place,
@@ -215,10 +216,7 @@ impl Store for PgStore {
                 let mut savepoint = (*tx).begin().await?;
                 match self.first_write(&mut savepoint, request, Txn::Own).await {
                     Ok(write) => savepoint.commit().await.map(|()| write),
-                    Err(e) => {
-                        let _ = savepoint.rollback().await;
-                        Err(e)
-                    }
+                    Err(e) => undo(savepoint, e).await,
                 }
             };
             match step.await {
@@ -226,21 +224,10 @@ impl Store for PgStore {
                 // Recorded before: its savepoint is undone.
                 Err(e) if is_outbox_taken(&e) => written.push(FirstWrite::OutboxTaken),
                 Err(e) if is_unique_violation(&e) => written.push(FirstWrite::NotApplied),
-                Err(e) => {
-                    let _ = tx.rollback().await;
-                    return Err(e);
-                }
+                Err(e) => return undo(tx, e).await,
             }
         }
-        if written
-            .iter()
-            .any(|w| matches!(w, FirstWrite::Applied { .. }))
-        {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
-        }
-        Ok(written)
+        end_unit(tx, written).await
     }
 
     async fn observe(

@@ -8,7 +8,8 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::SqliteStore;
-use crate::store::stepwise::{Stepwise, end_unit, undo};
+use crate::store::stepwise::Stepwise;
+use crate::store::units::{end_unit, undo};
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, Prior, RawTransition,
     Request, Store, Tables, Txn, Written,
