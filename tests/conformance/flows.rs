@@ -140,7 +140,8 @@ impl World {
                 .append(true)
                 .open(log)
                 .unwrap();
-            writeln!(file, "{key}").unwrap();
+            // One write call per line, so a kill never leaves half a line.
+            file.write_all(format!("{key}\n").as_bytes()).unwrap();
         }
     }
 

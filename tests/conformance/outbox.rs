@@ -785,7 +785,9 @@ pub async fn relay_killed_by_sigkill_another_finishes<B: Backend>(b: &B) {
         .unwrap()
         .lines()
         .map(|l| {
-            let (e, v) = l.split_once(' ').unwrap();
+            let (e, v) = l
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("a partial line in the child's log: {l:?}"));
             (e.parse().unwrap(), v.parse().unwrap())
         })
         .collect();
@@ -869,7 +871,11 @@ impl Sink for FileSink {
             .append(true)
             .open(self.dir.join("published"))
             .unwrap();
-        writeln!(log, "{} {}", m.entity_id, m.version).unwrap();
+        // One write call per line: publishes run concurrently, and the child is killed
+        // while some of them are writing. `writeln!` on a `File` writes each piece of
+        // the line with a call of its own, so a kill between two left a partial line.
+        let line = format!("{} {}\n", m.entity_id, m.version);
+        log.write_all(line.as_bytes()).unwrap();
         log.sync_all().unwrap();
         if n >= 25 {
             std::fs::write(self.dir.join("hung"), b"").unwrap();
