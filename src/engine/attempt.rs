@@ -1,5 +1,6 @@
-//! A request's way through the engine: the read-first step, the retry loop, one attempt
-//! (write or read → judge → write), and the read-back of a write left in doubt.
+//! A request's way through the engine: the read-first step, the retry loop, and one
+//! attempt (write or read → judge → write). A write left in doubt is read back in
+//! `settle.rs`; a request's turn among coalesced writes is taken in `writes.rs`.
 
 use std::sync::Arc;
 
@@ -8,13 +9,11 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use super::detach::Stage;
 use super::input::{Payload, parse_state};
 use super::judge::{self, Refusal, Verdict};
-use super::writes::{Answer, Slot};
+use super::settle::{own_write, settle};
+use super::writes::{First, first_turn, request_of};
 use super::{Engine, Outcome};
 use crate::machine::StateMachine;
-use crate::queue::Entered;
-use crate::store::{
-    Apply, ErrorClass, FirstWrite, Key, Lease, Request, Store, Txn, Written, db_error,
-};
+use crate::store::{Apply, ErrorClass, FirstWrite, Key, Lease, Store, Txn, Written, db_error};
 use crate::{Error, Result};
 
 /// A validated request.
@@ -41,7 +40,7 @@ pub(super) fn write_id() -> i64 {
 
 /// The answer of a call whose caller stopped waiting before it sent a write: nobody
 /// receives it, and nothing is written.
-fn abandoned<M: StateMachine>(req: &Req<'_, M>) -> Error {
+pub(super) fn abandoned<M: StateMachine>(req: &Req<'_, M>) -> Error {
     tracing::debug!(
         order_id = req.key.order_id,
         event = req.key.event,
@@ -54,7 +53,7 @@ fn abandoned<M: StateMachine>(req: &Req<'_, M>) -> Error {
 }
 
 impl<M: StateMachine> Req<'_, M> {
-    fn hash(&self) -> Option<&str> {
+    pub(super) fn hash(&self) -> Option<&str> {
         self.payload.map(|p| p.hash.as_str())
     }
 }
@@ -91,7 +90,7 @@ impl<S: Store> Conn<'_, S> {
 
     /// Returns a pooled connection to the pool while the request waits for something
     /// else (its place in a batch); it takes one again when next needed.
-    fn put_back(&mut self) {
+    pub(super) fn put_back(&mut self) {
         if let Conn::Pooled(lease) = self
             && let Some(lease) = lease.take()
         {
@@ -179,79 +178,6 @@ async fn read_first<M: StateMachine, S: Store>(
         }
     };
     Some(judge::replay::<M>(&prior?, req.key, req.event, req.hash()))
-}
-
-/// How a request's first attempt starts.
-pub(super) enum First<S: Store> {
-    /// With its own apply-first write, as every attempt does.
-    Write,
-    /// With its own apply-first write, holding the write turn of a coalescing engine,
-    /// which goes on once the write is done.
-    Alone(Slot<S>),
-    /// Its apply-first write went in a batch, which said it was not applied: the attempt
-    /// starts with the read.
-    NotApplied,
-}
-
-/// A request's place among the coalesced writes of its engine: alone at once if no write
-/// is in flight, else queued for the next batch, whose answer settles it (`Err(answer)`)
-/// or tells the first attempt how to start. Without coalescing, [`First::Write`].
-async fn first_turn<M: StateMachine, S: Store>(
-    engine: &Engine<M, S>,
-    conn: &mut Conn<'_, S>,
-    req: &Req<'_, M>,
-) -> std::result::Result<First<S>, Result<Outcome<M::State>>> {
-    let Some(writes) = engine
-        .writes
-        .as_ref()
-        .filter(|_| engine.store.batches_writes())
-    else {
-        return Ok(First::Write);
-    };
-    let request = request_of(engine, req);
-    let answer = match writes.turn(&request, req.stage) {
-        Entered::Alone(slot) => return Ok(First::Alone(slot)),
-        Entered::Queued(answer) => {
-            // A connection held from a read before must not wait with it: the batch
-            // needs one of the pool's.
-            conn.put_back();
-            answer.await
-        }
-    };
-    match answer {
-        Ok(Answer::Written(FirstWrite::Applied { from, to, version })) => {
-            let key = req.key;
-            Err(parse_state::<M>(key.order_id, &from).and_then(|from| {
-                let to = parse_state::<M>(key.order_id, &to)?;
-                Ok(Outcome::Applied { from, to, version })
-            }))
-        }
-        Ok(Answer::Written(FirstWrite::OutboxTaken)) => Err(Err(outbox_taken(req.key))),
-        Ok(Answer::Written(FirstWrite::NotApplied)) => Ok(First::NotApplied),
-        Ok(Answer::Abandoned) => Err(Err(abandoned(req))),
-        // Not tried by the store, or the batch failed: the request goes its own way, and
-        // its own write finds out whether the batch's landed.
-        Ok(Answer::Written(FirstWrite::NotTried) | Answer::Failed) | Err(_) => Ok(First::Write),
-    }
-}
-
-/// The apply-first unit's view of a request.
-fn request_of<'r, M: StateMachine, S: Store>(
-    engine: &'r Engine<M, S>,
-    req: &'r Req<'r, M>,
-) -> Request<'r> {
-    let edges = engine.edges.get(&req.event);
-    Request {
-        key: req.key,
-        from_states: edges.map_or(&[], |e| &e.from),
-        to_states: edges.map_or(&[], |e| &e.to),
-        payload_hash: req.hash(),
-        payload: req.payload.map(|p| p.json.as_str()),
-        write_id: req.write_id,
-        emits: edges.map_or(&[], |e| &e.emits),
-        machine: M::NAME,
-        event_body: req.event_body,
-    }
 }
 
 /// What the loop does after one attempt.
@@ -499,78 +425,10 @@ fn retry_or_fail<M: StateMachine, S: Store>(
     }
 }
 
-/// Settles a request whose connection failed at or after its write was sent: reads the
-/// request back by its identity on fresh connections, for at most
-/// `EngineConfig::in_doubt_timeout`. Recorded by this call (the row carries its write
-/// id): `Applied`; recorded by an earlier call: `Replayed` (see docs/design.md, "What
-/// happens when the connection fails at or after a write?"); `PayloadMismatch` if the
-/// recorded payload is another. `None`: not recorded, so the write did not land; judge
-/// afresh. Unreadable: [`Error::InDoubt`].
-async fn settle<M: StateMachine, S: Store>(
-    engine: &Engine<M, S>,
-    req: &Req<'_, M>,
-    error: sqlx::Error,
-) -> Option<Result<Outcome<M::State>>> {
-    let (key, config) = (req.key, &engine.config);
-    tracing::debug!(order_id = key.order_id, event = key.event, %error, "write in doubt: reading it back");
-    let read_back = async {
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(config.min_backoff)
-            .with_max_delay(config.max_backoff)
-            .without_max_times()
-            .build();
-        loop {
-            let read = async {
-                let mut lease = Lease::acquire(&engine.store).await?;
-                let prior = engine.store.prior(lease.conn(), key, Txn::Own).await;
-                lease.release_after(&prior);
-                prior
-            };
-            match read.await {
-                Ok(prior) => return prior,
-                Err(e) => {
-                    tracing::debug!(error = %e, "reading an in-doubt write back failed");
-                    tokio::time::sleep(delays.next().unwrap_or(config.max_backoff)).await;
-                }
-            }
-        }
-    };
-    let prior = match tokio::time::timeout(config.in_doubt_timeout, read_back).await {
-        Ok(prior) => prior?,
-        Err(_) => {
-            return Some(Err(Error::InDoubt {
-                order_id: key.order_id,
-                event: key.event,
-                ref_id: key.ref_id.to_string(),
-                source: error,
-            }));
-        }
-    };
-    let answer = judge::replay::<M>(&prior, key, req.event, req.hash());
-    Some(own_write(answer, Some(&prior), req))
-}
-
-/// A replay of a history row that carries this call's write id is this call's own
-/// write: `Applied`. Any other answer stands.
-fn own_write<M: StateMachine>(
-    answer: Result<Outcome<M::State>>,
-    prior: Option<&crate::store::Prior>,
-    req: &Req<'_, M>,
-) -> Result<Outcome<M::State>> {
-    match answer {
-        Ok(Outcome::Replayed { from, to, version })
-            if prior.is_some_and(|p| p.write_id == Some(req.write_id)) =>
-        {
-            Ok(Outcome::Applied { from, to, version })
-        }
-        other => other,
-    }
-}
-
 /// The outbox already holds an event of the entity at the version the write would make:
 /// its version was reused (its history deleted, or two entity tables under one machine
 /// name). Nothing was written; a person must look.
-fn outbox_taken(key: Key<'_>) -> Error {
+pub(super) fn outbox_taken(key: Key<'_>) -> Error {
     Error::CorruptState {
         order_id: key.order_id,
         value: "an outbox row at the next version already exists".into(),

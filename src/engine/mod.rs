@@ -10,9 +10,12 @@
 //! | `mod.rs` | [`Engine`], [`EngineConfig`], the outcome types, create/get/history |
 //! | `request.rs` | [`TransitionRequest`] and [`CreateRequest`]: a request, its options, and its way in |
 //! | `judge.rs` | the outcome table as a pure function of what was read (no I/O) |
-//! | `attempt.rs` | the retry loop, one attempt, and the read-back of an in-doubt write |
+//! | `attempt.rs` | the retry loop and one attempt |
+//! | `settle.rs` | the read-back of an in-doubt write |
 //! | `read_first.rs` | [`ReadFirst`]: when a request starts with a read |
 //! | `batch.rs` | read-first reads of concurrent callers coalesced into one statement |
+//! | `writes.rs` | apply-first writes of concurrent callers coalesced into one unit, and a request's turn among them |
+//! | `detach.rs` | a call finished off its caller's task when the caller stops waiting |
 //! | `input.rs` | references, payload fingerprints, names read from the database |
 //!
 //! Two guarantees hold whatever the driver does:
@@ -41,6 +44,7 @@ mod input;
 mod judge;
 mod read_first;
 mod request;
+mod settle;
 mod writes;
 
 pub(crate) use input::validate_reference;

@@ -160,7 +160,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             self.engine,
             &mut Conn::Caller(conn),
             &req,
-            attempt::First::Write,
+            super::writes::First::Write,
         )
         .await;
         // Counted for `ReadFirst::Adaptive` as on the engine's own connections: else an
