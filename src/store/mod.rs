@@ -19,24 +19,24 @@
 //!
 //! The two write units ([`Store::apply_first`] and [`Store::apply`]) are the only places
 //! a transition's rows are written; whatever must commit with a transition joins there.
-//! The apply-first unit already takes several requests at once (one commit, each request
-//! answered for itself), so concurrent new requests can later be coalesced into one
-//! statement without changing the seam.
+//! The apply-first unit takes several requests at once (one commit, each request
+//! answered for itself): the engine's coalesced writes (`engine/writes.rs`) reach the
+//! store through it.
 //!
 //! Each backend lives in its own folder (`postgres/`, `mysql/`, `sqlite/`): the store
 //! type, its connection handling and error codes in `mod.rs`, and its SQL, one file per
 //! layer it serves (`transitions.rs`, `idempotency.rs`), with the statements of
 //! multi-statement write units in `units.rs`; the units made of them, where each
-//! statement stands alone (MySQL/MariaDB, SQLite), are written once in `stepwise.rs`.
-//! See `docs/backends.md`, "Adding a backend".
+//! statement stands alone (MySQL/MariaDB, SQLite), are written once in `stepwise.rs`,
+//! and what every unit shares (its end, the requests a batch writes together) in
+//! `units.rs`. Error classes are in `errors.rs`. See `docs/backends.md`, "Adding a backend".
 
 use std::future::Future;
 use std::ops::DerefMut;
 
-use crate::Error;
-
 mod batched;
 pub(crate) mod claims;
+mod errors;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod flow_sql;
 mod lease;
@@ -52,6 +52,10 @@ pub(crate) mod stepwise;
 mod tables;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod units;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) use units::distinct_entities;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) use units::{Tried, tried};
 
 #[cfg(feature = "mysql")]
 pub mod mysql;
@@ -62,6 +66,10 @@ pub mod sqlite;
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use batched::{BATCH_READ_MAX, BatchReads, in_place};
+pub use errors::ErrorClass;
+pub(crate) use errors::{classify_any, db_error};
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) use errors::{classify_common, is_unique_violation};
 pub(crate) use lease::Lease;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) use rows::ObservedRow;
@@ -445,112 +453,4 @@ pub struct Observed {
     pub entity: Entity,
     /// The history row of this exact `(order, event, ref)`, if any.
     pub prior: Option<Prior>,
-}
-
-/// How a store classifies a database error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// Serialization failure, deadlock, busy, lock or pool timeout: try again.
-    Retryable,
-    /// The connection failed or was closed under the statement (an I/O error, a session
-    /// killed or terminated by an administrator, the server shutting down or crashing).
-    /// The connection is discarded. A write sent on it may or may not have committed:
-    /// the engine re-reads the request on a fresh connection before it answers.
-    ConnectionLost,
-    /// Anything else.
-    Fatal,
-}
-
-/// Wraps a driver error with the store's classification.
-pub(crate) fn db_error<S: Store>(source: sqlx::Error) -> Error {
-    let retryable = S::classify(&source) != ErrorClass::Fatal;
-    Error::Database { source, retryable }
-}
-
-/// Classifies a driver error by the backend it came from: the shared classes of
-/// [`classify_common`], then the codes of whichever compiled backend's error type the
-/// database error is. Fatal when no backend claims it.
-pub(crate) fn classify_any(err: &sqlx::Error) -> ErrorClass {
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    if let Some(class) = classify_common(err) {
-        return class;
-    }
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    if let sqlx::Error::Database(db) = err {
-        #[cfg(feature = "postgres")]
-        if db
-            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
-            .is_some()
-        {
-            return postgres::classify(err);
-        }
-        #[cfg(feature = "mysql")]
-        if db
-            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .is_some()
-        {
-            return mysql::classify(err);
-        }
-        #[cfg(feature = "sqlite")]
-        if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
-            return sqlite::classify(err);
-        }
-    }
-    let _ = err;
-    ErrorClass::Fatal
-}
-
-/// Classification shared by all drivers: errors about the pool or the connection rather
-/// than the statement. `None` for a database error, which each backend classifies by its
-/// codes.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) fn classify_common(err: &sqlx::Error) -> Option<ErrorClass> {
-    match err {
-        sqlx::Error::PoolTimedOut => Some(ErrorClass::Retryable),
-        // The socket failed or closed (a killed session, a crashed server, a reset), the
-        // server's reply could not be read (a stream cut mid-message), or SQLite's worker
-        // thread is gone: the connection cannot be trusted again.
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::WorkerCrashed => Some(ErrorClass::ConnectionLost),
-        sqlx::Error::Database(_) => None,
-        _ => Some(ErrorClass::Fatal),
-    }
-}
-
-/// Whether no two requests are for one entity (a batch's write unit can then write them
-/// all with one statement per kind of row).
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) fn distinct_entities(requests: &[Request<'_>]) -> bool {
-    let mut ids: Vec<i64> = requests.iter().map(|r| r.key.order_id).collect();
-    ids.sort_unstable();
-    ids.windows(2).all(|w| w[0] != w[1])
-}
-
-/// A request a batch's unit tries in multi-row statements: its place in the batch, the
-/// request, and its one edge.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) type Tried<'a, 'r> = (usize, &'a Request<'r>, &'static str, &'static str);
-
-/// The requests of a batch with one source state (a store whose update cannot return the
-/// row it matched tries only those), in the order of their entities.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn tried<'a, 'r>(requests: &'a [Request<'r>]) -> Vec<Tried<'a, 'r>> {
-    let mut tried: Vec<Tried<'a, 'r>> = requests
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| match (r.from_states, r.to_states) {
-            ([from], [to]) => Some((i, r, *from, *to)),
-            _ => None,
-        })
-        .collect();
-    tried.sort_by_key(|t| t.1.key.order_id);
-    tried
-}
-
-/// Whether `err` is a unique-key violation (a twin request's history row).
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
-    matches!(err, sqlx::Error::Database(e) if e.is_unique_violation())
 }

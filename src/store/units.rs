@@ -1,9 +1,10 @@
-//! How every SQL backend ends a write unit: committed if it applied something, rolled
-//! back otherwise, and rolled back after an error.
+//! What the write units of every SQL backend share: how a unit ends (committed if it
+//! applied something, rolled back otherwise, and rolled back after an error), and which
+//! requests of a batch it writes together.
 
 use sqlx::{Database, Transaction};
 
-use super::FirstWrite;
+use super::{FirstWrite, Request};
 
 /// Ends a unit of apply-first writes: committed if one of them applied, else rolled
 /// back (it wrote nothing).
@@ -30,4 +31,34 @@ pub(crate) async fn undo<DB: Database, T>(
 ) -> Result<T, sqlx::Error> {
     let _ = tx.rollback().await;
     Err(error)
+}
+
+/// Whether no two requests are for one entity (a batch's write unit can then write them
+/// all with one statement per kind of row).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn distinct_entities(requests: &[Request<'_>]) -> bool {
+    let mut ids: Vec<i64> = requests.iter().map(|r| r.key.order_id).collect();
+    ids.sort_unstable();
+    ids.windows(2).all(|w| w[0] != w[1])
+}
+
+/// A request a batch's unit tries in multi-row statements: its place in the batch, the
+/// request, and its one edge.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) type Tried<'a, 'r> = (usize, &'a Request<'r>, &'static str, &'static str);
+
+/// The requests of a batch with one source state (a store whose update cannot return the
+/// row it matched tries only those), in the order of their entities.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn tried<'a, 'r>(requests: &'a [Request<'r>]) -> Vec<Tried<'a, 'r>> {
+    let mut tried: Vec<Tried<'a, 'r>> = requests
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match (r.from_states, r.to_states) {
+            ([from], [to]) => Some((i, r, *from, *to)),
+            _ => None,
+        })
+        .collect();
+    tried.sort_by_key(|t| t.1.key.order_id);
+    tried
 }

@@ -1,0 +1,90 @@
+//! How a store's errors are classified: retryable, connection lost, or fatal. Each
+//! backend classifies its own codes (`classify` in its `mod.rs`); the classes that do
+//! not depend on the backend are here.
+
+use super::Store;
+#[cfg(feature = "mysql")]
+use super::mysql;
+#[cfg(feature = "postgres")]
+use super::postgres;
+#[cfg(feature = "sqlite")]
+use super::sqlite;
+use crate::Error;
+
+/// How a store classifies a database error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Serialization failure, deadlock, busy, lock or pool timeout: try again.
+    Retryable,
+    /// The connection failed or was closed under the statement (an I/O error, a session
+    /// killed or terminated by an administrator, the server shutting down or crashing).
+    /// The connection is discarded. A write sent on it may or may not have committed:
+    /// the engine re-reads the request on a fresh connection before it answers.
+    ConnectionLost,
+    /// Anything else.
+    Fatal,
+}
+
+/// Wraps a driver error with the store's classification.
+pub(crate) fn db_error<S: Store>(source: sqlx::Error) -> Error {
+    let retryable = S::classify(&source) != ErrorClass::Fatal;
+    Error::Database { source, retryable }
+}
+
+/// Classifies a driver error by the backend it came from: the shared classes of
+/// [`classify_common`], then the codes of whichever compiled backend's error type the
+/// database error is. Fatal when no backend claims it.
+pub(crate) fn classify_any(err: &sqlx::Error) -> ErrorClass {
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    if let Some(class) = classify_common(err) {
+        return class;
+    }
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    if let sqlx::Error::Database(db) = err {
+        #[cfg(feature = "postgres")]
+        if db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .is_some()
+        {
+            return postgres::classify(err);
+        }
+        #[cfg(feature = "mysql")]
+        if db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some()
+        {
+            return mysql::classify(err);
+        }
+        #[cfg(feature = "sqlite")]
+        if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+            return sqlite::classify(err);
+        }
+    }
+    let _ = err;
+    ErrorClass::Fatal
+}
+
+/// Classification shared by all drivers: errors about the pool or the connection rather
+/// than the statement. `None` for a database error, which each backend classifies by its
+/// codes.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn classify_common(err: &sqlx::Error) -> Option<ErrorClass> {
+    match err {
+        sqlx::Error::PoolTimedOut => Some(ErrorClass::Retryable),
+        // The socket failed or closed (a killed session, a crashed server, a reset), the
+        // server's reply could not be read (a stream cut mid-message), or SQLite's worker
+        // thread is gone: the connection cannot be trusted again.
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => Some(ErrorClass::ConnectionLost),
+        sqlx::Error::Database(_) => None,
+        _ => Some(ErrorClass::Fatal),
+    }
+}
+
+/// Whether `err` is a unique-key violation (a twin request's history row).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(e) if e.is_unique_violation())
+}
