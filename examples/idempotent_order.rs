@@ -172,7 +172,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             create_order(&records, &engine, "req-44", &crash, Duration::from_secs(60)).await
         })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Its work stalls for a minute after writing; half a second is ample for the claim
+    // and the writes before the stall, even on a loaded machine.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     dying.abort(); // mid-request: its transaction rolls back, its record stays held
     let _ = dying.await;
     println!("  req-44 claimed, order created and stock reserved, then the task died");

@@ -246,7 +246,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The coupon service takes its `hang` flag when the call reaches it.
+    let reached = std::time::Instant::now();
+    while *coupons.hang.lock().unwrap() {
+        if reached.elapsed() > Duration::from_secs(10) {
+            return Err("the runner never reached the coupon call".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     dying.abort();
     let _ = dying.await;
     show(&flows, "order-3").await?;

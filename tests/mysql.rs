@@ -125,6 +125,15 @@ impl<P: Policy> Backend for My<P> {
         .await
     }
 
+    async fn lock_waits(&self) -> i64 {
+        self.scalar(
+            "SELECT COUNT(*) FROM information_schema.innodb_trx t \
+             JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+             WHERE p.db = DATABASE() AND t.trx_state = 'LOCK WAIT'",
+        )
+        .await
+    }
+
     async fn begin(&self) -> Self::Tx {
         self.pool.begin().await.unwrap()
     }
@@ -261,33 +270,39 @@ async fn connection_cut_under_a_coalesced_unit() {
 /// transaction; the ballast makes the rival heavier, so the engine is the victim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deadlock_is_retried_and_rejudged() {
-    let b = <My>::fresh().await;
-    b.exec("CREATE TABLE ballast (n INT)").await;
-    let before = deadlocks(&b).await;
-    conformance::deadlock_scenario(
-        &b,
-        &["INSERT INTO ballast VALUES (1),(2),(3),(4),(5),(6),(7),(8),(9),(10)"],
-    )
-    .await;
-    assert!(
-        deadlocks(&b).await > before,
-        "no deadlock was recorded: the test did not provoke what it claims"
-    );
-    // The counter is server-wide; the latest deadlock report names this test's database.
-    let status: (String, String, String) = sqlx::query_as("SHOW ENGINE INNODB STATUS")
-        .fetch_one(&b.pool)
-        .await
-        .unwrap();
-    let latest = status
-        .2
-        .split("LATEST DETECTED DEADLOCK")
-        .nth(1)
-        .expect("a deadlock report");
-    assert!(
-        latest.contains(&b.name),
-        "the latest deadlock is not this test's: {latest}"
-    );
-    b.cleanup().await;
+    // InnoDB keeps one deadlock report for the whole server, and other tests of this
+    // suite (racing relays) deadlock too: when another's report came after this one's,
+    // the scenario runs again on a fresh database, at most three times.
+    for _ in 0..3 {
+        let b = <My>::fresh().await;
+        b.exec("CREATE TABLE ballast (n INT)").await;
+        let before = deadlocks(&b).await;
+        conformance::deadlock_scenario(
+            &b,
+            &["INSERT INTO ballast VALUES (1),(2),(3),(4),(5),(6),(7),(8),(9),(10)"],
+        )
+        .await;
+        assert!(
+            deadlocks(&b).await > before,
+            "no deadlock was recorded: the test did not provoke what it claims"
+        );
+        let status: (String, String, String) = sqlx::query_as("SHOW ENGINE INNODB STATUS")
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+        let latest = status
+            .2
+            .split("LATEST DETECTED DEADLOCK")
+            .nth(1)
+            .expect("a deadlock report")
+            .to_string();
+        let ours = latest.contains(&b.name);
+        b.cleanup().await;
+        if ours {
+            return;
+        }
+    }
+    panic!("in three runs the latest deadlock report never named this test's database");
 }
 
 /// The attempt's `UPDATE` of the order's row waits for a row lock; the plain read is a

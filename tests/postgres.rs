@@ -120,6 +120,14 @@ impl<P: Policy> Backend for Pg<P> {
         .await
     }
 
+    async fn lock_waits(&self) -> i64 {
+        self.scalar(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE NOT l.granted AND a.datname = current_database()",
+        )
+        .await
+    }
+
     async fn begin(&self) -> Self::Tx {
         self.pool.begin().await.unwrap()
     }

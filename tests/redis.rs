@@ -14,13 +14,22 @@ use orderly::{
 
 const LEASE: Duration = Duration::from_secs(30);
 const FRONT_TTL: Duration = Duration::from_secs(2);
+/// The front's timeout where the test needs a live front's answers.
+const LIVE: Duration = Duration::from_secs(1);
 
 fn redis_url() -> String {
     server::url("ORDERLY_REDIS_URL", "redis://127.0.0.1:6379/")
 }
 
-/// A fresh SQLite database with the records of scope `scope` behind a front on `url`.
-async fn records(url: &str) -> (tempfile::TempDir, Records<SqliteStore>, String) {
+/// A fresh SQLite database with the records of scope `scope` behind a front on `url`
+/// that waits at most `timeout` on Redis. Tests that need the front to answer give it a
+/// second (a loaded machine can take longer than the default 20 ms to connect and load
+/// the scripts, and the front then stands aside for a second); tests of a silent or dead
+/// Redis give it less and bound the wait.
+async fn records(
+    url: &str,
+    timeout: Duration,
+) -> (tempfile::TempDir, Records<SqliteStore>, String) {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("records.db").display());
     let store = SqliteStore::connect(&db).await.unwrap();
@@ -28,6 +37,7 @@ async fn records(url: &str) -> (tempfile::TempDir, Records<SqliteStore>, String)
     let scope = format!("pay-{}", uuid_like());
     let config = FrontConfig {
         ttl: FRONT_TTL,
+        timeout,
         ..FrontConfig::default()
     };
     let r = Records::new(store)
@@ -76,7 +86,7 @@ fn claimed(claim: Claim) -> Claimed {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs a Redis server and redis-server; run with --ignored"]
 async fn a_storm_is_shed_by_redis_and_replayed_by_the_database() {
-    let (_dir, r, scope) = records(&redis_url()).await;
+    let (_dir, r, scope) = records(&redis_url(), LIVE).await;
     let wave = |r: &Records<SqliteStore>| {
         let barrier = Arc::new(tokio::sync::Barrier::new(64));
         (0..64)
@@ -131,7 +141,7 @@ async fn a_storm_is_shed_by_redis_and_replayed_by_the_database() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Redis server and redis-server; run with --ignored"]
 async fn only_identical_requests_are_shed() {
-    let (_dir, r, scope) = records(&redis_url()).await;
+    let (_dir, r, scope) = records(&redis_url(), LIVE).await;
     let held = claimed(r.claim(&scope, "k", &"a").await.unwrap());
     assert!(matches!(
         r.claim(&scope, "k", &"b").await,
@@ -184,7 +194,11 @@ async fn a_silent_redis_costs_at_most_its_timeout() {
             }
         }
     });
-    let (_dir, r, scope) = records(&format!("redis://127.0.0.1:{port}/")).await;
+    let (_dir, r, scope) = records(
+        &format!("redis://127.0.0.1:{port}/"),
+        Duration::from_millis(100),
+    )
+    .await;
     let start = Instant::now();
     let held = claimed(r.claim(&scope, "k", &"a").await.unwrap());
     assert!(
@@ -231,7 +245,7 @@ async fn a_redis_killed_mid_request_changes_no_answer() {
     })
     .await;
     assert!(up, "the test's own redis-server did not start");
-    let (_dir, r, scope) = records(&url).await;
+    let (_dir, r, scope) = records(&url, Duration::from_millis(250)).await;
 
     let held = claimed(r.claim(&scope, "k", &"a").await.unwrap());
     match r.claim(&scope, "k", &"a").await {

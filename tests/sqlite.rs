@@ -106,6 +106,10 @@ impl<P: Policy> Backend for Sqlite3<P> {
         held
     }
 
+    async fn lock_waits(&self) -> i64 {
+        0
+    }
+
     async fn begin(&self) -> Self::Tx {
         self.pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
     }

@@ -109,6 +109,9 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// How many sessions on this database hold a transaction open while idle (on SQLite:
     /// whether another connection holds the write lock).
     async fn open_transactions(&self) -> i64;
+    /// How many sessions on this database wait for a lock another holds (SQLite has no
+    /// row locks: 0).
+    async fn lock_waits(&self) -> i64;
     /// What a child process needs to reach this database: [`child_store`](Self::child_store)
     /// turns it into a store.
     fn child_handle(&self) -> String;
@@ -633,6 +636,25 @@ pub async fn lost_race_is_rejudged_not_reapplied<B: Backend>(b: &B) {
     }
 }
 
+/// Waits until a connection of `store`'s pool is in use (a request that takes its
+/// write turn before its connection then holds the turn), or `finished()`; panics after
+/// 5 s. What the test sends next queues behind that request, however long a loaded
+/// machine took to get it there.
+pub async fn until_a_connection_is_taken<B: Backend>(store: &B::S, finished: impl Fn() -> bool) {
+    let waited = std::time::Instant::now();
+    loop {
+        let (open, idle) = B::pool_counts(store);
+        if open as usize > idle || finished() {
+            return;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "the request never took a connection"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// A genuine deadlock, for the backends that detect them: the rival holds the history key
 /// of `(1, Pay, p-1)` and then wants the order row; the engine holds the order row and
 /// wants the history key. The database aborts the engine's attempt; the engine re-reads
@@ -655,7 +677,16 @@ pub async fn deadlock_scenario<B: Backend>(b: &B, ballast: &[&str]) {
         let e = e.clone();
         tokio::spawn(async move { e.transition(1, Pay, "p-1").await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The engine waits on the rival's history row (its unique key) while it holds the
+    // order's row: seen, not assumed after a sleep.
+    let waited = std::time::Instant::now();
+    while b.lock_waits().await == 0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the engine never waited on the rival's lock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     // Closes the cycle: blocks on the engine's row lock until the detector aborts the engine.
     B::exec_in(
         &mut rival,

@@ -9,16 +9,14 @@ use std::time::Duration;
 use orderly::idempotency::Work;
 use orderly::{Claim, Done, Error, Failure, Reconciled, Records, Stored, Stuck, TokenRejection};
 
-use super::idempotency::{claimed, records};
+use super::idempotency::{SHORT_RETENTION, claimed, records};
 use super::{Backend, OrderEvent, OrderState, engine};
 
-/// Claims `n` records in `payments` and leaves them held, to be stuck once `lease` (the
-/// scope's) runs out.
-async fn stuck_records<S: orderly::idempotency::RecordStore>(
-    r: &Records<S>,
-    n: usize,
-    lease: Duration,
-) {
+/// Claims `n` records in `payments` and leaves them held, then makes them stuck: their
+/// leases are run out by SQL. The scope's lease (30 s) is what the recovery job's own
+/// takeovers get, so no takeover runs out while a test looks on, however slow the
+/// machine.
+async fn stuck_records<B: Backend>(b: &B, r: &Records<B::S>, n: usize) {
     for i in 0..n {
         claimed(
             r.claim("payments", &format!("stuck-{i}"), &i)
@@ -26,19 +24,20 @@ async fn stuck_records<S: orderly::idempotency::RecordStore>(
                 .unwrap(),
         );
     }
-    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    b.exec("UPDATE idempotency_records SET lease_until = 0 WHERE idem_key LIKE 'stuck-%'")
+        .await;
 }
+
+/// The lease of the `payments` scope in the recovery tests.
+const LEASE: Duration = Duration::from_secs(30);
 
 /// The recovery job takes over only records whose lease ran out, asks the reconciler,
 /// and applies its verdict: completed records replay the reconciled result, failed ones
 /// their failure, released ones are claimed again; `Later` leaves the record held, and so
 /// does a reconciler that panics, counted as an error without stopping the round.
 pub async fn recovery_applies_the_reconcilers_verdict<B: Backend>(b: &B) {
-    // A lease long enough for the live record and the job's own takeovers to outlast
-    // the whole body, on a slow server (a Galera node) too.
-    let lease = Duration::from_millis(1500);
-    let r = records(b, lease).await;
-    stuck_records(&r, 5, lease).await;
+    let r = records(b, LEASE).await;
+    stuck_records(b, &r, 5).await;
     // A live one, claimed after the others' leases ran out: not stuck.
     let live = claimed(r.claim("payments", "live", &"p").await.unwrap());
     let reconciler = |stuck: Stuck| async move {
@@ -99,8 +98,8 @@ pub async fn recovery_applies_the_reconcilers_verdict<B: Backend>(b: &B) {
 /// once, and every one replays its result afterwards. Both jobs read the stuck records
 /// before either finished taking them (the reconciler is slow), so they raced.
 pub async fn recovery_jobs_race_each_record_once<B: Backend>(b: &B) {
-    let r = records(b, Duration::from_millis(300)).await;
-    stuck_records(&r, 200, Duration::from_millis(300)).await;
+    let r = records(b, LEASE).await;
+    stuck_records(b, &r, 200).await;
     let calls = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
     let barrier = Arc::new(tokio::sync::Barrier::new(2));
     let jobs: Vec<_> = (0..2)
@@ -160,8 +159,8 @@ pub async fn recovery_jobs_race_each_record_once<B: Backend>(b: &B) {
 
 /// The recovery loop runs rounds until its shutdown signal, then returns its totals.
 pub async fn recovery_loop_stops_on_shutdown<B: Backend>(b: &B) {
-    let r = records(b, Duration::from_millis(300)).await;
-    stuck_records(&r, 5, Duration::from_millis(300)).await;
+    let r = records(b, LEASE).await;
+    stuck_records(b, &r, 5).await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let job = {
         let r = r.clone();
@@ -218,7 +217,7 @@ pub async fn purge_removes_only_expired_records<B: Backend>(b: &B) {
     let kept = claimed(r.claim("payments", "kept", &0).await.unwrap());
     r.complete(&kept, &"kept").await.unwrap();
     let old_token = r.issue("short", Duration::from_millis(100)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(SHORT_RETENTION + Duration::from_millis(100)).await;
     let live_token = r.issue("short", Duration::from_secs(60)).await.unwrap();
     let fresh = claimed(r.claim("short", "fresh", &0).await.unwrap());
     r.complete(&fresh, &"fresh").await.unwrap();
