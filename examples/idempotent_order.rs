@@ -172,9 +172,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             create_order(&records, &engine, "req-44", &crash, Duration::from_secs(60)).await
         })
     };
-    // Its work stalls for a minute after writing; half a second is ample for the claim
-    // and the writes before the stall, even on a loaded machine.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Its claim commits first; its work then writes and stalls for a minute, and it dies
+    // a moment after the claim is seen (well inside the 500 ms lease).
+    let claimed = "SELECT COUNT(*) FROM idempotency_records WHERE idem_key = 'req-44'";
+    let waited = std::time::Instant::now();
+    while sqlx::query_scalar::<_, i64>(claimed)
+        .fetch_one(store.pool())
+        .await?
+        == 0
+    {
+        if waited.elapsed() > Duration::from_secs(5) {
+            return Err("req-44 was never claimed".into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
     dying.abort(); // mid-request: its transaction rolls back, its record stays held
     let _ = dying.await;
     println!("  req-44 claimed, order created and stock reserved, then the task died");
