@@ -3,7 +3,7 @@
 //! `store/stepwise.rs` are made of (the update, the history and outbox rows, the
 //! restore).
 
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Connection};
 use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
@@ -102,7 +102,10 @@ impl MySqlStore {
         for _ in moving.len()..size {
             update = update.bind(None::<i64>);
         }
-        update.execute(&mut *conn).await?;
+        let updated = update.execute(&mut *conn).await?.rows_affected();
+        if updated != moving.len() as u64 {
+            return not_given(conn, "update", updated, moving.len()).await;
+        }
         let rows = padded_rows(9, size);
         let mut record = sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
@@ -133,6 +136,9 @@ impl MySqlStore {
                 .bind(None::<i64>);
         }
         match record.execute(&mut *conn).await {
+            Ok(done) if done.rows_affected() != moving.len() as u64 => {
+                return not_given(conn, "history insert", done.rows_affected(), moving.len()).await;
+            }
             Ok(_) => {}
             Err(e) if is_unique_violation(&e) => return Ok(None),
             Err(e) => return Err(e),
@@ -173,6 +179,10 @@ impl MySqlStore {
                     .bind(None::<&str>);
             }
             match emit.execute(&mut *conn).await {
+                Ok(done) if done.rows_affected() != emitting.len() as u64 => {
+                    return not_given(conn, "outbox insert", done.rows_affected(), emitting.len())
+                        .await;
+                }
                 Ok(_) => {}
                 Err(e) if is_unique_violation(&e) => return Ok(None),
                 Err(e) => return Err(e),
@@ -278,6 +288,28 @@ impl Stepwise for MySqlStore {
             .await?;
         Ok(updated.rows_affected())
     }
+}
+
+/// A statement of a unit changed another number of rows than the unit gave it: the unit
+/// is to be undone and its requests written one at a time (`None`, as after a unique
+/// key), and the connection's statements are prepared afresh. Seen on a Galera node with
+/// units forced on: after a brute-force abort cut a unit's padded insert off, the next
+/// execution of that prepared statement inserted its padding row, NULLs turned into
+/// zeros and empty strings.
+async fn not_given<T>(
+    conn: &mut MySqlConnection,
+    what: &str,
+    changed: u64,
+    given: usize,
+) -> Result<Option<T>, sqlx::Error> {
+    tracing::warn!(
+        statement = what,
+        changed,
+        given,
+        "a coalesced unit's statement changed rows it was not given; the unit is undone"
+    );
+    conn.clear_cached_statements().await?;
+    Ok(None)
 }
 
 /// The rows of a multi-row insert as a `SELECT` of `rows` rows of `width` parameters,
