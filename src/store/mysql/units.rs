@@ -3,8 +3,8 @@
 //! `store/stepwise.rs` are made of (the update, the history and outbox rows, the
 //! restore).
 
-use sqlx::{AssertSqlSafe, Connection};
 use sqlx::mysql::{MySql, MySqlConnection};
+use sqlx::{AssertSqlSafe, Connection};
 
 use super::MySqlStore;
 use super::transitions::CAUSAL;
