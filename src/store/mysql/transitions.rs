@@ -193,8 +193,8 @@ impl Store for MySqlStore {
     /// prepared statement on the connection inserted its padding row. Units now prepare
     /// their statements afresh after a failure and check every statement's row count,
     /// and with both `hot_rows_on_a_cycle_across_nodes` passed 20 runs of 20 with units
-    /// forced on; but one run of the Galera suite in nine then published an event twice,
-    /// not understood (docs/design.md, "Why coalesce writes"). (Before the store knows,
+    /// forced on; but two runs of the Galera suite in seven then failed (an event
+    /// published twice; acknowledged writes read on other nodes), not understood (docs/design.md, "Why coalesce writes"). (Before the store knows,
     /// a unit may form; on a Galera node it is then written request by request.)
     fn batches_writes(&self) -> bool {
         self.causal_reads() != Some(true)
