@@ -125,8 +125,9 @@ impl<P: Policy> Backend for My<P> {
         .await
     }
 
-    /// Statements of this database's other sessions that have run for more than 50 ms:
-    /// in a test's quiet database, a statement waiting on a lock. (MariaDB's
+    /// Statements of this database's other sessions that have run for more than 50 ms
+    /// (`time_ms`, a MariaDB column): in a test's quiet database, a statement waiting on
+    /// a lock. (MariaDB's
     /// `innodb_trx` does not list a transaction whose insert waits on another's
     /// uncommitted duplicate key, nor does `innodb_lock_waits` show the wait.)
     async fn lock_waits(&self) -> i64 {

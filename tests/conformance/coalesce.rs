@@ -318,6 +318,7 @@ pub async fn callers_dropped_around_their_unit<B: Backend>(b: &B) {
         &format!("UPDATE orders SET version = version WHERE id = {}", ids[0]),
     )
     .await;
+    super::until_the_pool_is_idle::<B>(hurried.store()).await;
     let first = tokio::spawn({
         let hurried = hurried.clone();
         let id = ids[0];

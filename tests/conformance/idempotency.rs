@@ -10,13 +10,13 @@ use orderly::{Claim, Claimed, Error, Failure, Records, ScopeConfig, Stored};
 
 use super::Backend;
 
-/// Records with scope `payments` (lease `lease`, retention one hour) and `short`
-/// (lease 100 ms, retention 300 ms).
 /// The retention of scope `short`: long enough for a test's few round trips after a
 /// completion (under load, on a Galera node) to see the record kept; the tests that need
 /// it gone sleep past it.
 pub(crate) const SHORT_RETENTION: Duration = Duration::from_millis(1000);
 
+/// Records with scope `payments` (lease `lease`, retention one hour) and `short`
+/// (lease 100 ms, retention [`SHORT_RETENTION`]).
 pub(crate) async fn records<B: Backend>(b: &B, lease: Duration) -> Records<B::S> {
     Records::new(b.store(Duration::from_secs(10)).await)
         .read_first(B::POLICY)
@@ -477,6 +477,7 @@ pub async fn claims_dropped_while_queued_are_never_sent<B: Backend>(b: &B) {
          VALUES ('payments', 'slow', NULL, 'PROCESSING', 'blocker', 1, 0, 0, NULL, FALSE, 0, 0)",
     )
     .await;
+    super::until_the_pool_is_idle::<B>(r.store()).await;
     let slow = {
         let r = r.clone();
         tokio::spawn(async move { r.claim("payments", "slow", &"p").await })

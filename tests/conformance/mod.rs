@@ -636,11 +636,31 @@ pub async fn lost_race_is_rejudged_not_reapplied<B: Backend>(b: &B) {
     }
 }
 
+/// Waits until every open connection of `store`'s pool is idle (a connection given back
+/// is returned by a task of its own, a moment later); panics after 5 s.
+pub(crate) async fn until_the_pool_is_idle<B: Backend>(store: &B::S) {
+    let waited = std::time::Instant::now();
+    loop {
+        let (open, idle) = B::pool_counts(store);
+        if open as usize == idle {
+            return;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "the pool's connections never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// Waits until a connection of `store`'s pool is in use (a request that takes its
 /// write turn before its connection then holds the turn), or `finished()`; panics after
 /// 5 s. What the test sends next queues behind that request, however long a loaded
-/// machine took to get it there.
-pub async fn until_a_connection_is_taken<B: Backend>(store: &B::S, finished: impl Fn() -> bool) {
+/// machine took to get it there. Call [`until_the_pool_is_idle`] before the request.
+pub(crate) async fn until_a_connection_is_taken<B: Backend>(
+    store: &B::S,
+    finished: impl Fn() -> bool,
+) {
     let waited = std::time::Instant::now();
     loop {
         let (open, idle) = B::pool_counts(store);

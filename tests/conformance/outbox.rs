@@ -302,8 +302,8 @@ pub async fn relays_keep_order_while_events_commit<B: Backend>(b: &B) {
     }
     assert_eq!(rec.overlaps(), 0, "one entity's publishes overlapped");
     assert!(
-        while_writing > 0 && (while_writing as i64) < total,
-        "no race: {while_writing} of {total} published while the writers wrote"
+        while_writing > 0,
+        "no race: nothing was published before the writers' last events"
     );
 }
 

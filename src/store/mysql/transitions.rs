@@ -176,6 +176,18 @@ impl MySqlStore {
     }
 }
 
+/// Closes the connection's prepared statements after a unit that did not complete: a
+/// unit's statements are prepared once per connection, and after one was cut off
+/// mid-way (seen on Galera: a deadlock from a brute-force abort), the next execution of
+/// the padded insert on that connection inserted its padding row, NULLs turned into
+/// zeros and empty strings; prepared afresh, it did not. Closing them needs the
+/// connection: if it cannot be done, the connection is lost, and that is the answer.
+async fn prepare_afresh(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    conn.clear_cached_statements().await.inspect_err(|e| {
+        tracing::warn!(error = %e, "closing a failed unit's prepared statements failed");
+    })
+}
+
 impl Store for MySqlStore {
     type Conn = MySqlConnection;
     type Pooled = sqlx::pool::PoolConnection<MySql>;
@@ -194,8 +206,9 @@ impl Store for MySqlStore {
     /// their statements afresh after a failure and check every statement's row count,
     /// and with both `hot_rows_on_a_cycle_across_nodes` passed 20 runs of 20 with units
     /// forced on; but two runs of the Galera suite in seven then failed (an event
-    /// published twice; acknowledged writes read on other nodes), not understood (docs/design.md, "Why coalesce writes"). (Before the store knows,
-    /// a unit may form; on a Galera node it is then written request by request.)
+    /// published twice; acknowledged writes read on other nodes), not understood
+    /// (docs/design.md, "Why coalesce writes"). (Before the store knows, a unit may
+    /// form; on a Galera node it is then written request by request.)
     fn batches_writes(&self) -> bool {
         self.causal_reads() != Some(true)
     }
@@ -227,9 +240,10 @@ impl Store for MySqlStore {
     /// status, returning the new version; the history insert; `COMMIT`. For several of
     /// distinct entities, one `BEGIN`, a locking read of the entities and a read of
     /// their requests' history rows, one update, one multi-row history insert (and one
-    /// of outbox rows), one `COMMIT`; if a row meets a unique key, that is undone and
-    /// each request goes in a savepoint of its own. Events with several source states
-    /// are not tried: the recorded `from` would need the matched row.
+    /// of outbox rows), one `COMMIT`; if a row meets a unique key, or a statement changes
+    /// another number of rows than it was given, that is undone and each request goes in
+    /// a savepoint of its own. Events with several source states are not tried: the
+    /// recorded `from` would need the matched row.
     async fn apply_first(
         &self,
         conn: &mut MySqlConnection,
@@ -249,17 +263,20 @@ impl Store for MySqlStore {
                 .await?;
             match self.first_writes(&mut tx, requests).await {
                 Ok(Some(written)) => return end_unit(tx, written).await,
-                // A row met a unique key: undone, and written one request at a time.
-                Ok(None) => tx.rollback().await?,
+                // A row met a unique key, or a statement changed rows it was not given:
+                // undone, and written one request at a time.
+                Ok(None) => {
+                    tx.rollback().await?;
+                    prepare_afresh(conn).await?;
+                }
                 Err(e) => {
                     let out = undo(tx, e).await;
-                    // A unit's statements are prepared once per connection; after one was
-                    // cut off mid-way (seen on Galera: a deadlock from a brute-force
-                    // abort), the next execution of the padded insert on that connection
-                    // inserted its padding row, NULLs turned into zeros and empty strings.
-                    // Prepared afresh, they did not. (The units' row counts are checked
-                    // too: see `first_writes`.)
-                    conn.clear_cached_statements().await?;
+                    if let Err(lost) = prepare_afresh(conn).await {
+                        if let Err(e) = &out {
+                            tracing::warn!(error = %e, "the failed unit's own error");
+                        }
+                        return Err(lost);
+                    }
                     return out;
                 }
             }

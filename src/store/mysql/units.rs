@@ -3,8 +3,8 @@
 //! `store/stepwise.rs` are made of (the update, the history and outbox rows, the
 //! restore).
 
+use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySql, MySqlConnection};
-use sqlx::{AssertSqlSafe, Connection};
 
 use super::MySqlStore;
 use super::transitions::CAUSAL;
@@ -19,9 +19,9 @@ impl MySqlStore {
     /// update, which waits for these locks; on Galera a rival node's write set fails
     /// certification instead), then for those whose entity is at the request's source
     /// state and whose request is not recorded, one update, one multi-row insert of their
-    /// history rows and one of their outbox rows. `None` if a row met a unique key (the
-    /// caller undoes the transaction). A request whose event has several source states
-    /// is not tried.
+    /// history rows and one of their outbox rows. `None` if a row met a unique key, or a
+    /// statement changed another number of rows than it was given (the caller undoes the
+    /// transaction). A request whose event has several source states is not tried.
     pub(super) async fn first_writes(
         &self,
         conn: &mut MySqlConnection,
@@ -104,7 +104,7 @@ impl MySqlStore {
         }
         let updated = update.execute(&mut *conn).await?.rows_affected();
         if updated != moving.len() as u64 {
-            return not_given(conn, "update", updated, moving.len()).await;
+            return Ok(not_given("update", updated, moving.len()));
         }
         let rows = padded_rows(9, size);
         let mut record = sqlx::query(AssertSqlSafe(format!(
@@ -137,7 +137,11 @@ impl MySqlStore {
         }
         match record.execute(&mut *conn).await {
             Ok(done) if done.rows_affected() != moving.len() as u64 => {
-                return not_given(conn, "history insert", done.rows_affected(), moving.len()).await;
+                return Ok(not_given(
+                    "history insert",
+                    done.rows_affected(),
+                    moving.len(),
+                ));
             }
             Ok(_) => {}
             Err(e) if is_unique_violation(&e) => return Ok(None),
@@ -180,8 +184,11 @@ impl MySqlStore {
             }
             match emit.execute(&mut *conn).await {
                 Ok(done) if done.rows_affected() != emitting.len() as u64 => {
-                    return not_given(conn, "outbox insert", done.rows_affected(), emitting.len())
-                        .await;
+                    return Ok(not_given(
+                        "outbox insert",
+                        done.rows_affected(),
+                        emitting.len(),
+                    ));
                 }
                 Ok(_) => {}
                 Err(e) if is_unique_violation(&e) => return Ok(None),
@@ -292,24 +299,17 @@ impl Stepwise for MySqlStore {
 
 /// A statement of a unit changed another number of rows than the unit gave it: the unit
 /// is to be undone and its requests written one at a time (`None`, as after a unique
-/// key), and the connection's statements are prepared afresh. Seen on a Galera node with
-/// units forced on: after a brute-force abort cut a unit's padded insert off, the next
-/// execution of that prepared statement inserted its padding row, NULLs turned into
-/// zeros and empty strings.
-async fn not_given<T>(
-    conn: &mut MySqlConnection,
-    what: &str,
-    changed: u64,
-    given: usize,
-) -> Result<Option<T>, sqlx::Error> {
+/// key). Seen on a Galera node with units forced on: after a brute-force abort cut a
+/// unit's padded insert off, the next execution of that prepared statement inserted its
+/// padding row, NULLs turned into zeros and empty strings.
+fn not_given<T>(what: &str, changed: u64, given: usize) -> Option<T> {
     tracing::warn!(
         statement = what,
         changed,
         given,
         "a coalesced unit's statement changed rows it was not given; the unit is undone"
     );
-    conn.clear_cached_statements().await?;
-    Ok(None)
+    None
 }
 
 /// The rows of a multi-row insert as a `SELECT` of `rows` rows of `width` parameters,
