@@ -197,13 +197,15 @@ pub async fn claim_follows_the_outcome_table<B: Backend>(b: &B) {
 /// `complete` gets `LeaseLost` and changes nothing; the new holder's result is the one
 /// replayed.
 pub async fn expired_lease_is_taken_over_and_the_late_holder_fenced<B: Backend>(b: &B) {
-    let r = records(b, Duration::from_millis(300)).await;
+    // A lease that outlasts the in-flight check on a loaded machine, and runs out by time.
+    let lease = Duration::from_secs(1);
+    let r = records(b, lease).await;
     let first = claimed(r.claim("payments", "k", &"p").await.unwrap());
     assert!(matches!(
         r.claim("payments", "k", &"p").await,
         Err(Error::InFlight { .. })
     ));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
     let second = claimed(r.claim("payments", "k", &"p").await.unwrap());
     assert_eq!(second.attempt(), 2);
     assert!(matches!(
