@@ -360,17 +360,41 @@ fn answer(status: StatusCode, body: serde_json::Value) -> Response {
 }
 
 /// An error's answer: a client's mistake as 4xx (kept by the layer), the rest as 503
-/// (not kept: a repeat runs again). A flow another runner holds (the recovery job after
-/// a crash) is 503 too: the answer is not known yet.
+/// (not kept: a repeat runs again). A flow another runner holds is 409 with
+/// `Retry-After`: the client sent the same payment again (under another key) while the
+/// first still runs; the layer does not keep an answer that carries `Retry-After`, so
+/// the client's retry runs again and gets the first payment's answer.
 fn failed(e: Error) -> Response {
     let status = match &e {
         Error::NotFound { .. } => StatusCode::NOT_FOUND,
         Error::InvalidTransition { .. } | Error::RefConflict { .. } => StatusCode::CONFLICT,
         Error::InvalidInput(_) => StatusCode::BAD_REQUEST,
         Error::PayloadMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        Error::InFlight { retry_after, .. } => {
+            // The flow's lease is the latest it can still run; a payment is done in about
+            // a second.
+            let after = retry_after.min(&Duration::from_secs(1)).as_secs().max(1);
+            let body = json!({
+                "error": "the same request is already being processed; retry after the delay in Retry-After",
+                "conflict": "in-flight",
+            });
+            return (
+                StatusCode::CONFLICT,
+                [(axum::http::header::RETRY_AFTER, after.to_string())],
+                Json(body),
+            )
+                .into_response();
+        }
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
-    answer(status, json!({ "error": e.to_string() }))
+    let mut response = answer(status, json!({ "error": e.to_string() }));
+    if status == StatusCode::SERVICE_UNAVAILABLE && e.is_retryable() {
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+    }
+    response
 }
 
 /// The request's key: the layer's, or without the layer (`--no-idempotency-layer`, to

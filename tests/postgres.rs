@@ -440,3 +440,77 @@ async fn caller_transaction_cut_at_each_statement() {
     .await;
     b.cleanup().await;
 }
+
+/// A database that refuses new connections (`ALLOW_CONNECTIONS false`: SQLSTATE 55000
+/// at connect) cannot serve now: every layer answers a retryable
+/// [`orderly::Error::Unavailable`], never a fatal database error, and serves again once
+/// the database takes connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_are_unavailable() {
+    use orderly::{Error, Records, ScopeConfig};
+    let b = <Pg>::fresh().await;
+    let store = b.store(Duration::from_secs(10)).await;
+    let engine = Engine::<OrderMachine, _>::with_config(
+        store.clone(),
+        EngineConfig {
+            deadline: Duration::from_secs(2),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    engine.create(1).await.unwrap();
+    let records = Records::new(store.clone())
+        .deadline(Duration::from_secs(2))
+        .unwrap()
+        .scope(
+            "s",
+            ScopeConfig {
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(3600),
+            },
+        )
+        .unwrap();
+    let refuse = |allow: bool| {
+        let name = b.name.clone();
+        let admin = b.admin.clone();
+        async move {
+            let mut conn = PgConnection::connect_with(&admin).await.unwrap();
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "ALTER DATABASE {name} ALLOW_CONNECTIONS {allow}"
+            )))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+    };
+    refuse(false).await;
+    assert!(
+        conformance::faults::Networked::kill_sessions(&b).await > 0,
+        "no session of the store's was cut"
+    );
+    // The refusal is what the server says at connect.
+    let direct = PgConnection::connect_with(&b.options).await.map(|_| ());
+    let code = match &direct {
+        Err(sqlx::Error::Database(db)) => db.code().map(|c| c.to_string()),
+        _ => None,
+    };
+    assert_eq!(code.as_deref(), Some("55000"), "{direct:?}");
+
+    let unavailable = |what: &str, e: Error| {
+        assert!(
+            matches!(e, Error::Unavailable { .. }) && e.is_retryable(),
+            "{what}: {e:?}"
+        );
+    };
+    let transition = engine.transition(1, OrderEvent::Pay, "p-1").await;
+    unavailable("a transition", transition.unwrap_err());
+    let claim = records.claim("s", "k-1", &"body").await;
+    unavailable("a claim", claim.unwrap_err());
+    let read = engine.get(1).await;
+    unavailable("a read", read.unwrap_err());
+
+    refuse(true).await;
+    assert!(engine.transition(1, OrderEvent::Pay, "p-1").await.is_ok());
+    assert!(records.claim("s", "k-1", &"body").await.is_ok());
+    b.cleanup().await;
+}

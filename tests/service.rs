@@ -5,155 +5,14 @@
 //! service killed with SIGKILL mid-load and restarted, and a client that hangs up
 //! mid-request.
 
+mod example_service;
+
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use example_service::{Service, get, open_transactions, post, scalar};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
-use sqlx::Connection;
-
-/// The example's binary, built with this suite's features (once per run).
-fn binary() -> std::path::PathBuf {
-    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(build).clone()
-}
-
-fn build() -> std::path::PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "-q", "--example", "service", "--all-features"])
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "the service example does not build");
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
-    target.join("debug").join("examples").join("service")
-}
-
-/// A running service: its process and address.
-struct Service {
-    child: Child,
-    base: String,
-}
-
-impl Service {
-    /// Starts the service on `db` with a short lease, and waits until it listens.
-    fn start(db: &str) -> Service {
-        let mut child = Command::new(binary())
-            .args(["--listen", "127.0.0.1:0", "--db", db, "--lease-ms", "1500"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the service starts");
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        // Its relay may print events it publishes before the address.
-        let addr = loop {
-            let line = lines
-                .next()
-                .expect("the service printed its address")
-                .unwrap();
-            if let Some(addr) = line.strip_prefix("listening on ") {
-                break addr.to_string();
-            }
-        };
-        // Keep draining its output so it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Service { child, base: addr }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// SIGKILL, and wait for it to be gone.
-    fn kill(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// SIGTERM: a graceful stop; its exit status.
-    fn stop(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id() as i32;
-        // SAFETY: sending a signal to a child process this test started.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn post(
-    client: &reqwest::Client,
-    url: &str,
-    key: Option<&str>,
-    body: Value,
-) -> (StatusCode, bool, Value) {
-    let mut request = client.post(url).json(&body);
-    if let Some(key) = key {
-        request = request.header("Idempotency-Key", key);
-    }
-    let response = request.send().await.expect("the service answers");
-    let status = response.status();
-    let replayed = response.headers().get("idempotent-replayed").is_some();
-    let body = response.json().await.unwrap_or(Value::Null);
-    (status, replayed, body)
-}
-
-async fn get(client: &reqwest::Client, url: &str) -> Value {
-    client.get(url).send().await.unwrap().json().await.unwrap()
-}
-
-/// One integer from the service's database, read directly.
-async fn scalar(db: &str, sql: &'static str) -> i64 {
-    if db.starts_with("sqlite:") {
-        let mut conn = sqlx::SqliteConnection::connect(db).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    } else {
-        let mut conn = sqlx::PgConnection::connect(db).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    }
-}
-
-/// How many of the service's connections are inside a transaction: on PostgreSQL, its
-/// database's sessions idle in a transaction; on SQLite, 1 if another connection holds
-/// the write lock for more than 150 ms (a fresh `BEGIN IMMEDIATE` waits that long and
-/// fails), else 0. The service's own jobs (the relay's claims, the flows' due reads)
-/// take the write lock for a moment now and then; a transaction held open by a request
-/// (`sku-slow` holds one for 800 ms) outlasts the wait.
-async fn open_transactions(db: &str) -> i64 {
-    if db.starts_with("sqlite:") {
-        let options = orderly::store::sqlite::connect_options(db)
-            .unwrap()
-            .busy_timeout(Duration::from_millis(150));
-        let mut conn = sqlx::SqliteConnection::connect_with(&options)
-            .await
-            .unwrap();
-        match sqlx::query("BEGIN IMMEDIATE").execute(&mut conn).await {
-            Ok(_) => {
-                sqlx::query("ROLLBACK").execute(&mut conn).await.unwrap();
-                0
-            }
-            Err(sqlx::Error::Database(e)) if e.message().contains("locked") => 1,
-            Err(e) => panic!("{e}"),
-        }
-    } else {
-        scalar(
-            db,
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
-        )
-        .await
-    }
-}
+use serde_json::json;
 
 /// Creates an order under `key`, retrying a 409 in flight, and returns its id.
 async fn create(client: &reqwest::Client, svc: &Service, key: &str, sku: &str) -> i64 {
@@ -454,28 +313,8 @@ async fn the_service_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_on_postgres() {
-    let admin = std::env::var("ORDERLY_PG_ADMIN_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let name = format!("orderly_service_{}", std::process::id());
-    let mut conn = sqlx::PgConnection::connect(&admin)
-        .await
-        .expect("PostgreSQL is reachable");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {name}"
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let db = admin.rsplit_once('/').unwrap().0.to_string() + "/" + &name;
+    let db = example_service::pg_db(&name).await;
     story(&db).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    example_service::drop_pg_db(&name).await;
 }

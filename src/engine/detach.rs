@@ -40,14 +40,25 @@ pub(crate) fn mark_connected() {
 /// Runs `call` within `deadline`. Past it the call is dropped (its connection closed)
 /// and the answer is [`Error::Unavailable`](crate::Error::Unavailable) if it never got a
 /// connection, else [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded), in doubt
-/// if the call `writes` (whatever it sent may have landed).
+/// if the call `writes` (whatever it sent may have landed). A call that ends, without a
+/// connection of its own, on the pool's timeout or the server's refusal to connect is
+/// [`Error::Unavailable`] too.
 pub(crate) async fn within_deadline<T>(
     deadline: Duration,
     writes: bool,
     call: impl Future<Output = crate::Result<T>>,
 ) -> crate::Result<T> {
     let stage = Arc::new(Stage::default());
+    let started = tokio::time::Instant::now();
     match tokio::time::timeout(deadline, CALL.scope(stage.clone(), call)).await {
+        Ok(Err(crate::Error::Database {
+            source,
+            retryable: true,
+        })) if stage.never_connected() && crate::store::errors::no_connection(&source) => {
+            Err(crate::Error::Unavailable {
+                waited: started.elapsed(),
+            })
+        }
         Ok(answer) => answer,
         Err(_) if stage.never_connected() => Err(crate::Error::Unavailable { waited: deadline }),
         Err(_) => Err(crate::Error::DeadlineExceeded {

@@ -13,7 +13,7 @@
 //! | a new key | the handler runs; its response kept (see [`RoutePolicy`]) |
 //! | the key of a finished request, the same request | its response again, `Idempotent-Replayed: true` |
 //! | the key of another request (method, path, query or body differ) | 422 |
-//! | the key of a request still running | 409 with `Retry-After`, or wait for it ([`InFlight::Wait`]) |
+//! | the key of a request still running | 409 with `Retry-After` (when the route's handler is likely done), or wait for it ([`InFlight::Wait`]) |
 //! | a finished request whose response was too large or streamed to keep | 409, `response-not-replayable` |
 //! | a response that broke off while it was read (or carried trailers) | 502, `response-broken` |
 //! | the records unreachable | 503 with `Retry-After`; the handler did not run |
@@ -40,6 +40,7 @@ mod key;
 mod problem;
 mod service;
 mod stored;
+mod timing;
 
 pub use key::{IDEMPOTENCY_KEY, MAX_CLIENT_KEY};
 pub use service::{Idempotent, IdempotentRequest};
@@ -63,7 +64,9 @@ pub enum KeyRule {
     Optional,
 }
 
-/// How a checked route treats keys and which responses it keeps.
+/// How a checked route treats keys and which responses it keeps. A response that
+/// carries `Retry-After` (a handler's "busy, come back later": 409, 429 or 503) is never
+/// kept, whatever its status: the record is released and a repeat runs again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoutePolicy {
     /// Whether the key is required.
@@ -145,6 +148,8 @@ struct Config<S> {
     in_flight: InFlight,
     /// The handler tasks the layer started.
     tasks: tokio_util::task::TaskTracker,
+    /// How long each route's handler takes: what a repeat in flight is told to wait.
+    timings: timing::Timings,
 }
 
 impl<S: RecordStore> IdempotencyLayer<S> {
@@ -173,6 +178,7 @@ impl<S: RecordStore> IdempotencyLayer<S> {
                 max_response_body: 1 << 20,
                 in_flight: InFlight::Conflict,
                 tasks: tokio_util::task::TaskTracker::new(),
+                timings: timing::Timings::default(),
             }),
         })
     }

@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, HeaderValue};
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::header::{CONTENT_LENGTH, HeaderValue, RETRY_AFTER};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use serde::Serialize;
@@ -102,9 +102,9 @@ where
 /// What the claim is judged on besides the key: a different request under the same key
 /// (another method, path, query or body) is a mismatch.
 #[derive(Serialize)]
-struct Fingerprint<'a> {
-    method: &'a str,
-    target: &'a str,
+struct Fingerprint {
+    method: String,
+    target: String,
     body_sha256: String,
 }
 
@@ -143,7 +143,7 @@ where
         Err(p) => return Ok(problem(p)),
     };
     let principal = (config.principal)(&parts).unwrap_or_default();
-    let method = parts.method.as_str().to_string();
+    let method = parts.method.clone();
     let record_key = key::record_key(
         &principal,
         config
@@ -157,35 +157,39 @@ where
         .map_or(parts.uri.path(), |t| t.as_str())
         .to_string();
     let fingerprint = Fingerprint {
-        method: &method,
-        target: &target,
+        method: method.as_str().to_string(),
+        target,
         body_sha256: hex::encode(Sha256::digest(&bytes)),
     };
-    let held = match claim(&config, &record_key, &fingerprint).await {
-        Ok(Claim::Claimed(held)) => held,
-        Ok(Claim::Replayed(stored)) => return Ok(replay(&stored)),
-        Err(e) => return Ok(problem(problem_of(&e))),
-    };
-    let handle = IdempotentRequest {
-        records: config.records.clone(),
-        held: held.clone(),
-        client_key,
-        completed: Arc::new(AtomicBool::new(false)),
-    };
-    parts.extensions.insert(handle.clone());
-    let request = Request::from_parts(parts, ReqB::from(bytes));
-    // The handler and the keeping of its response run on their own task: a request
-    // dropped part way (its client gone) still ends with its record completed or
-    // released, never held until its lease runs out.
+    // From the claim on, the request runs on a task of its own: a request dropped part
+    // way (its client gone, even before the claim's answer came back) still ends with
+    // its record completed or released, never held until its lease runs out.
     let work = config.tasks.clone().spawn(async move {
+        let held = match claim(&config, &record_key, &fingerprint).await {
+            Ok(Claim::Claimed(held)) => held,
+            Ok(Claim::Replayed(stored)) => return Ok(replay(&stored)),
+            Err(e) => return Ok(problem(problem_of(&e, &config, &method, &route))),
+        };
+        let handle = IdempotentRequest {
+            records: config.records.clone(),
+            held: held.clone(),
+            client_key,
+            completed: Arc::new(AtomicBool::new(false)),
+        };
+        parts.extensions.insert(handle.clone());
+        let request = Request::from_parts(parts, ReqB::from(bytes));
         let records = config.records.clone();
         let released = held.clone();
-        let run = std::panic::AssertUnwindSafe(async move {
+        let started = Instant::now();
+        let run = std::panic::AssertUnwindSafe(async {
             let response = inner.call(request).await;
             keep(&config, &held, &handle, policy, response).await
         });
         match futures_util::FutureExt::catch_unwind(run).await {
-            Ok(answer) => answer,
+            Ok(answer) => {
+                config.timings.record(&method, &route, started.elapsed());
+                answer
+            }
             Err(panic) => {
                 release(&records, &released).await;
                 std::panic::resume_unwind(panic)
@@ -232,7 +236,9 @@ where
         return Ok(response.map(Either::Left));
     }
     let status = response.status();
-    if !policy.keeps(status) {
+    // An answer that says when to come back ("busy, retry after") is not the request's
+    // answer: a repeat runs the request again.
+    if !policy.keeps(status) || response.headers().contains_key(RETRY_AFTER) {
         release(&config.records, held).await;
         return Ok(response.map(Either::Left));
     }
@@ -297,7 +303,7 @@ where
 async fn claim<S: RecordStore>(
     config: &Config<S>,
     key: &str,
-    fingerprint: &Fingerprint<'_>,
+    fingerprint: &Fingerprint,
 ) -> Result<Claim> {
     let until = match config.in_flight {
         InFlight::Conflict => None,
@@ -344,9 +350,24 @@ fn problem<B>(p: Problem) -> Response<LayerBody<B>> {
     p.response().map(Either::Right)
 }
 
-fn problem_of(e: &Error) -> Problem {
+fn problem_of<S: RecordStore>(
+    e: &Error,
+    config: &Config<S>,
+    method: &Method,
+    route: &str,
+) -> Problem {
     match e {
-        Error::InFlight { retry_after, .. } => Problem::InFlight(*retry_after),
+        Error::InFlight { retry_after, .. } => {
+            let lease = config
+                .records
+                .scope_config(&config.scope)
+                .map_or(*retry_after, |c| c.lease);
+            Problem::InFlight(
+                config
+                    .timings
+                    .retry_after(method, route, lease, *retry_after),
+            )
+        }
         Error::PayloadMismatch { .. } => Problem::KeyReused,
         Error::InvalidInput(_) => Problem::Internal,
         Error::CorruptRecord { .. } => Problem::CorruptRecord,

@@ -83,6 +83,38 @@ pub(crate) fn classify_common(err: &sqlx::Error) -> Option<ErrorClass> {
     }
 }
 
+/// A server's refusal to open a connection (PostgreSQL's "database is not accepting
+/// connections", "the database system is starting up", too many connections; MySQL's
+/// too many connections, server shutting down), told apart by `refusal`, becomes an I/O
+/// error: like a connection that failed, it is [`ErrorClass::ConnectionLost`]
+/// (retryable), and a call that met it with no connection of its own answers
+/// [`Error::Unavailable`]. The same code from a statement on an open connection (55000
+/// on PostgreSQL is also "object not in prerequisite state") is not converted, as it
+/// never passes here. The server's error stays the I/O error's source.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn refused(
+    err: sqlx::Error,
+    refusal: impl Fn(&dyn sqlx::error::DatabaseError) -> bool,
+) -> sqlx::Error {
+    match &err {
+        sqlx::Error::Database(db) if refusal(db.as_ref()) => sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            err,
+        )),
+        _ => err,
+    }
+}
+
+/// Whether `err` means that no connection was to be had: the pool's timeout, or a
+/// server's refusal (see [`refused`]).
+pub(crate) fn no_connection(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
+        _ => false,
+    }
+}
+
 /// Whether `err` is a unique-key violation (a twin request's history row).
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {

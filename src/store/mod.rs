@@ -36,7 +36,7 @@ use std::ops::DerefMut;
 
 mod batched;
 pub(crate) mod claims;
-mod errors;
+pub(crate) mod errors;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod flow_sql;
 mod lease;

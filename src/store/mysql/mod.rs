@@ -108,6 +108,16 @@ impl MySqlStore {
 /// read/write errors, 2006 server gone away, 2013 connection lost during a query;
 /// besides the I/O errors every backend shares (sqlx reports a socket that a `KILL`
 /// closed as an I/O error).
+/// A connection the server would not open now: too many connections (1040, 1203), the
+/// server shutting down (1053), a Galera node not ready (1047), a host blocked after
+/// failed connects (1129).
+pub(crate) fn refused(err: sqlx::Error) -> sqlx::Error {
+    crate::store::errors::refused(err, |db| {
+        db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|e| matches!(e.number(), 1040 | 1203 | 1053 | 1047 | 1129))
+    })
+}
+
 pub(crate) fn classify(err: &sqlx::Error) -> ErrorClass {
     if let Some(class) = classify_common(err) {
         return class;

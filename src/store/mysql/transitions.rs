@@ -214,7 +214,7 @@ impl Store for MySqlStore {
     }
 
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
-        let conn = self.pool.acquire().await?;
+        let conn = self.pool.acquire().await.map_err(super::refused)?;
         if self.causal_reads().is_some() {
             return Ok(conn);
         }

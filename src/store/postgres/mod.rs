@@ -75,6 +75,18 @@ impl PgStore {
 /// ended by `pg_terminate_backend` or a fast shutdown), 57P02 `crash_shutdown`, 57P03
 /// `cannot_connect_now`, and 40003 `statement_completion_unknown` (the server lost track
 /// of whether the statement finished); besides the I/O errors every backend shares.
+/// A connection the server would not open now: the database not accepting connections
+/// (55000, `ALLOW_CONNECTIONS false`), starting up or shutting down (57P03, 57P01,
+/// 57P02), too many connections (53300), a connection failure (class 08).
+pub(crate) fn refused(err: sqlx::Error) -> sqlx::Error {
+    crate::store::errors::refused(err, |db| {
+        db.code().is_some_and(|code| {
+            matches!(&*code, "55000" | "57P01" | "57P02" | "57P03" | "53300")
+                || code.starts_with("08")
+        })
+    })
+}
+
 pub(crate) fn classify(err: &sqlx::Error) -> ErrorClass {
     if let Some(class) = classify_common(err) {
         return class;

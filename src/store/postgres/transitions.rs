@@ -168,7 +168,7 @@ impl Store for PgStore {
     const BATCHES_WRITES: bool = true;
 
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
-        self.pool.acquire().await
+        self.pool.acquire().await.map_err(super::refused)
     }
 
     fn discard(conn: Self::Pooled) {

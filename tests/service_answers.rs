@@ -1,0 +1,346 @@
+//! The example service's answers at the edges, over real sockets: a client that resets
+//! its connection in the first milliseconds never holds its key; a database refusing
+//! connections is 503 with `Retry-After`; a key in flight is told when its request is
+//! likely done; the same payment sent under a second key while the first runs is a 409
+//! with `Retry-After`, and its retry gets the first payment's answer.
+
+mod example_service;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use example_service::{Service, get, post};
+use reqwest::StatusCode;
+use serde_json::json;
+use sqlx::Connection;
+use tokio::io::AsyncWriteExt;
+
+/// Sends a whole `POST /orders` with `key` on a raw socket, waits `after`, and resets the
+/// connection (SO_LINGER 0: an RST, not a FIN), without reading a byte of the answer.
+async fn post_and_reset(svc: &Service, key: &str, after: Duration) {
+    let addr = svc.base.trim_start_matches("http://");
+    let body = json!({"sku": "sku-1", "qty": 1}).to_string();
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Idempotency-Key: {key}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(after).await;
+    socket_reset(&stream);
+    drop(stream);
+}
+
+#[allow(deprecated)]
+fn socket_reset(stream: &tokio::net::TcpStream) {
+    stream.set_linger(Some(Duration::ZERO)).unwrap();
+}
+
+/// Clients reset their connections 0–5 ms after sending, one key each, while four others
+/// post orders: each key's repeat is answered (201) within 5 s, far inside the 30 s
+/// lease the service runs with, so no key was left held by a request nobody runs. The
+/// stock shows every order taken once. Evidence that resets landed after a claim:
+/// repeats answered as replays (the reset request ran to its end without its client).
+async fn resets_never_hold_a_key(db: &str) {
+    let svc = Service::start_with(db, &["--lease-ms", "30000"]);
+    let client = reqwest::Client::new();
+    let stock = |client: reqwest::Client, url: String| async move {
+        get(&client, &url).await["available"].as_i64().unwrap()
+    };
+    let before = stock(client.clone(), svc.url("/stock/sku-1")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load_created = Arc::new(AtomicU64::new(0));
+    let load: Vec<_> = (0..4)
+        .map(|t| {
+            let (client, url, stop, created) = (
+                client.clone(),
+                svc.url("/orders"),
+                stop.clone(),
+                load_created.clone(),
+            );
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    let key = format!("load-{t}-{n}");
+                    let (status, _, body) =
+                        post(&client, &url, Some(&key), json!({"sku": "sku-1", "qty": 1})).await;
+                    assert_eq!(status, StatusCode::CREATED, "load {key}: {body}");
+                    created.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+
+    const KEYS: usize = 48;
+    let (mut replayed, mut fresh, mut held_once) = (0, 0, 0);
+    let mut longest = Duration::ZERO;
+    for i in 0..KEYS {
+        let key = format!("reset-{i}");
+        // 0 to 5 ms, spread over the keys.
+        let after = Duration::from_micros(((i * 1777) % 5001) as u64);
+        post_and_reset(&svc, &key, after).await;
+        let asked = Instant::now();
+        let mut seen_held = false;
+        let answer = loop {
+            let answer = post(
+                &client,
+                &svc.url("/orders"),
+                Some(&key),
+                json!({"sku": "sku-1", "qty": 1}),
+            )
+            .await;
+            if answer.0 != StatusCode::CONFLICT {
+                break answer;
+            }
+            seen_held = true;
+            assert!(
+                asked.elapsed() < Duration::from_secs(5),
+                "{key} (reset after {after:?}) is still held {:?} after the reset: {}",
+                asked.elapsed(),
+                answer.2
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        longest = longest.max(asked.elapsed());
+        assert_eq!(answer.0, StatusCode::CREATED, "{key}: {}", answer.2);
+        if answer.1 {
+            replayed += 1;
+        } else {
+            fresh += 1;
+        }
+        held_once += usize::from(seen_held);
+    }
+    stop.store(true, Ordering::SeqCst);
+    for task in load {
+        task.await.unwrap();
+    }
+    let created = load_created.load(Ordering::SeqCst) as i64;
+    let after = stock(client.clone(), svc.url("/stock/sku-1")).await;
+    println!(
+        "{db}: {KEYS} resets: {replayed} replayed (ran without their client), {fresh} ran on \
+         their repeat, {held_once} seen in flight; longest wait {longest:?}; {created} load orders"
+    );
+    assert!(
+        replayed > 0,
+        "no reset landed after its claim: the race was not run"
+    );
+    assert_eq!(
+        before - after,
+        created + KEYS as i64,
+        "stock taken other than once per order"
+    );
+    assert!(svc.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_never_hold_a_key_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("service.db").display());
+    resets_never_hold_a_key(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_never_hold_a_key_on_postgres() {
+    let name = format!("orderly_resets_{}", std::process::id());
+    let db = example_service::pg_db(&name).await;
+    resets_never_hold_a_key(&db).await;
+    example_service::drop_pg_db(&name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_never_hold_a_key_on_mariadb() {
+    let name = format!("orderly_resets_{}", std::process::id());
+    let db = example_service::mysql_db(&name).await;
+    resets_never_hold_a_key(&db).await;
+    example_service::drop_mysql_db(&name).await;
+}
+
+/// PostgreSQL refusing the service's database (`ALLOW_CONNECTIONS false`, its sessions
+/// ended): a new key is answered 503 `idempotency-unavailable` with `Retry-After`, and
+/// once the database takes connections again the same key runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_refusing_connections_is_503_with_retry_after() {
+    let name = format!("orderly_refusing_{}", std::process::id());
+    let db = example_service::pg_db(&name).await;
+    let svc = Service::start(&db);
+    let client = reqwest::Client::new();
+    let mut admin = sqlx::PgConnection::connect(&example_service::pg_admin())
+        .await
+        .unwrap();
+    let refuse = |allow: bool| {
+        sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE {name} ALLOW_CONNECTIONS {allow}; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+        ))
+    };
+    sqlx::raw_sql(refuse(false))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let response = client
+        .post(svc.url("/orders"))
+        .header("Idempotency-Key", "refused-1")
+        .json(&json!({"sku": "sku-1", "qty": 1}))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let retry_after = response.headers().get("retry-after").cloned();
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(
+        body["type"], "urn:orderly:problem:idempotency-unavailable",
+        "{body}"
+    );
+    assert_eq!(retry_after.as_ref().map(|v| v.to_str().unwrap()), Some("1"));
+
+    sqlx::raw_sql(refuse(true))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let (status, replayed, body) = post(
+        &client,
+        &svc.url("/orders"),
+        Some("refused-1"),
+        json!({"sku": "sku-1", "qty": 1}),
+    )
+    .await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false), "{body}");
+    drop(svc);
+    example_service::drop_pg_db(&name).await;
+}
+
+/// With a 30 s lease, a repeat of a request that takes about 0.8 s (`sku-slow`) is told
+/// to come back in a second or two, not in the rest of the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_of_a_key_in_flight_is_when_it_is_likely_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("service.db").display());
+    let svc = Service::start_with(&db, &["--lease-ms", "30000"]);
+    let client = reqwest::Client::new();
+    // The route's handler times, as the service sees them: two slow orders.
+    for key in ["slow-a", "slow-b"] {
+        let (status, _, body) = post(
+            &client,
+            &svc.url("/orders"),
+            Some(key),
+            json!({"sku": "sku-slow", "qty": 1}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    // The repeat is sent 200 ms after the first; on a loaded machine the first may not
+    // have reached the service by then (the repeat then runs, and the first replays):
+    // another key is tried.
+    for attempt in 0..5 {
+        let key = format!("slow-c-{attempt}");
+        let first = {
+            let (client, url, key) = (client.clone(), svc.url("/orders"), key.clone());
+            tokio::spawn(async move {
+                post(
+                    &client,
+                    &url,
+                    Some(&key),
+                    json!({"sku": "sku-slow", "qty": 1}),
+                )
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let repeat = client
+            .post(svc.url("/orders"))
+            .header("Idempotency-Key", &key)
+            .json(&json!({"sku": "sku-slow", "qty": 1}))
+            .send()
+            .await
+            .unwrap();
+        let status = repeat.status();
+        let after = repeat.headers().get("retry-after").cloned();
+        assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+        if status != StatusCode::CONFLICT {
+            continue;
+        }
+        let after: u64 = after
+            .expect("Retry-After")
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (1..=2).contains(&after),
+            "Retry-After: {after} (lease 30 s, handler 0.8 s)"
+        );
+        return;
+    }
+    panic!("no repeat met its first request in flight in 5 tries");
+}
+
+/// The same payment (order and card) under a second key while the first still runs (the
+/// capture of `slow-4242` takes 0.8 s): 409 naming the conflict, with `Retry-After`; the
+/// retry under that second key, once the first is done, is the first payment's answer,
+/// and the order was charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_payment_under_a_second_key_is_409_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("service.db").display());
+    let svc = Service::start_with(&db, &["--lease-ms", "30000"]);
+    let client = reqwest::Client::new();
+    let (status, _, order) = post(
+        &client,
+        &svc.url("/orders"),
+        Some("dup-order"),
+        json!({"sku": "sku-1", "qty": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let pay = svc.url(&format!("/orders/{}/pay", order["id"]));
+    let first = {
+        let (client, pay) = (client.clone(), pay.clone());
+        tokio::spawn(async move {
+            post(
+                &client,
+                &pay,
+                Some("pay-key-1"),
+                json!({"card": "slow-4242"}),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = client
+        .post(&pay)
+        .header("Idempotency-Key", "pay-key-2")
+        .json(&json!({"card": "slow-4242"}))
+        .send()
+        .await
+        .unwrap();
+    let status = second.status();
+    let after = second.headers().get("retry-after").cloned();
+    let body: serde_json::Value = second.json().await.unwrap();
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["conflict"], "in-flight", "{body}");
+    let after: u64 = after
+        .expect("Retry-After")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&after), "Retry-After: {after}");
+
+    let (status, _, paid) = first.await.unwrap();
+    assert_eq!(status, StatusCode::ACCEPTED, "{paid}");
+    let (status, replayed, again) = post(
+        &client,
+        &pay,
+        Some("pay-key-2"),
+        json!({"card": "slow-4242"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{again}");
+    assert!(!replayed, "the 409 was kept and replayed");
+    assert_eq!(again["payment_id"], paid["payment_id"]);
+}
