@@ -160,29 +160,37 @@ pub(crate) fn recovery_round(job: &'static str, found: usize, taken: usize, fail
 }
 
 /// One round of an outbox relay.
-pub(crate) fn relay_round(published: usize, retried: usize, dead: usize, lost: usize) {
+pub(crate) fn relay_round(
+    published: usize,
+    retried: usize,
+    dead: usize,
+    lost: usize,
+    corrupt: usize,
+) {
     #[cfg(feature = "metrics")]
     for (outcome, n) in [
         ("published", published),
         ("retried", retried),
         ("dead", dead),
         ("lost", lost),
+        ("corrupt", corrupt),
     ] {
         if n > 0 {
             metrics::counter!("orderly_relay_events_total", "outcome" => outcome)
                 .increment(n as u64);
         }
     }
-    let _ = (published, retried, dead, lost);
+    let _ = (published, retried, dead, lost, corrupt);
 }
 
 /// The outbox as it is now.
-pub(crate) fn outbox(pending: u64, dead: u64, oldest: Duration) {
+pub(crate) fn outbox(pending: u64, dead: u64, oldest: Duration, corrupt: u64) {
     #[cfg(feature = "metrics")]
     {
         metrics::gauge!("orderly_outbox_pending").set(pending as f64);
         metrics::gauge!("orderly_outbox_dead").set(dead as f64);
         metrics::gauge!("orderly_outbox_oldest_pending_seconds").set(oldest.as_secs_f64());
+        metrics::gauge!("orderly_outbox_corrupt").set(corrupt as f64);
     }
-    let _ = (pending, dead, oldest);
+    let _ = (pending, dead, oldest, corrupt);
 }

@@ -31,7 +31,10 @@ pub use nats::NatsSink;
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::RabbitSink;
 pub use relay::{Outbox, OutboxStats, Relay, RelayConfig, RelayRound};
-pub use seam::{ClaimEvents, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow};
+pub use seam::{
+    ClaimEvents, ClaimedEvent, CorruptEvent, CorruptRow, EventKey, EventRow, FailedEvent,
+    OutboxStore, StatsRow,
+};
 
 /// Where the relay publishes: a broker, or anything that takes a message and says when it
 /// holds it.

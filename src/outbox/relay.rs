@@ -8,7 +8,10 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::future::join_all;
 
-use super::{EventKey, EventRow, FailedEvent, Message, OutboxStore, Sink, SinkError};
+use super::{
+    ClaimedEvent, CorruptRow, EventKey, EventRow, FailedEvent, Message, OutboxStore, Sink,
+    SinkError,
+};
 use crate::flow::bounded;
 use crate::store::{Lease, db_error};
 use crate::{Error, Result};
@@ -27,6 +30,9 @@ macro_rules! leased {
         out.map_err(db_error::<S>)
     }};
 }
+
+/// The longest lease a relay may take: a claim running past it was made by no relay.
+const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 
 /// The largest batch a relay claims: its keys are bound three parameters each, well
 /// inside every backend's limit.
@@ -86,7 +92,7 @@ impl RelayConfig {
         if self.lease < self.publish_timeout.saturating_mul(2) {
             problems.push("lease must be at least twice publish_timeout");
         }
-        if self.lease > DAY {
+        if self.lease > MAX_LEASE {
             problems.push("lease must be at most a day");
         }
         if self.min_backoff > self.max_backoff {
@@ -124,6 +130,11 @@ pub struct RelayRound {
     /// here or not, the other relay publishes it again: the broker or the consumer
     /// dedupes by [`Message::id`]).
     pub lost: usize,
+    /// Rows orderly never writes (a column that does not read, a version below 1, a
+    /// `created_at` that is no time, a body that is not JSON): never published, moved to
+    /// the dead state with the reason (so they hold back only their own entity), and
+    /// logged.
+    pub corrupt: usize,
 }
 
 impl RelayRound {
@@ -133,6 +144,7 @@ impl RelayRound {
         self.retried += other.retried;
         self.dead += other.dead;
         self.lost += other.lost;
+        self.corrupt += other.corrupt;
     }
 }
 
@@ -145,6 +157,11 @@ pub struct OutboxStats {
     pub dead: u64,
     /// How long the oldest pending event has waited (zero if none).
     pub oldest_pending: Duration,
+    /// Rows orderly never writes, which no relay publishes: a status other than
+    /// `PENDING`, `PUBLISHED` and `DEAD` (it holds back its entity's later events), a
+    /// claim whose lease runs past the longest a relay takes, on SQLite a key or column
+    /// of the wrong type. [`Outbox::corrupt`] lists them.
+    pub corrupt: u64,
 }
 
 /// The outbox of one store: what waits, what died, requeue and purge.
@@ -166,16 +183,41 @@ impl<S: OutboxStore> Outbox<S> {
 
     /// Pending and dead counts, and the oldest pending event's age.
     pub async fn stats(&self) -> Result<OutboxStats> {
-        let row = leased!(&self.store, |c| self.store.outbox_stats(c))?;
+        let max_lease = millis(MAX_LEASE);
+        let row = leased!(&self.store, |c| self.store.outbox_stats(c, max_lease))?;
         let stats = OutboxStats {
             pending: u64::try_from(row.pending).unwrap_or(0),
             dead: u64::try_from(row.dead).unwrap_or(0),
             oldest_pending: Duration::from_millis(
                 u64::try_from(row.oldest_pending_ms).unwrap_or(0),
             ),
+            corrupt: u64::try_from(row.corrupt).unwrap_or(0),
         };
-        crate::observe::outbox(stats.pending, stats.dead, stats.oldest_pending);
+        crate::observe::outbox(
+            stats.pending,
+            stats.dead,
+            stats.oldest_pending,
+            stats.corrupt,
+        );
+        if stats.corrupt > 0 {
+            tracing::error!(
+                corrupt = stats.corrupt,
+                "the outbox holds rows orderly never writes; no relay publishes them (Outbox::corrupt lists them)"
+            );
+        }
         Ok(stats)
+    }
+
+    /// Up to `limit` rows orderly never writes, as text, each with why (see
+    /// [`OutboxStats::corrupt`]). A row the relay claimed and could not publish is
+    /// moved to the dead state with its reason, and listed by [`dead`](Self::dead).
+    pub async fn corrupt(&self, limit: u32) -> Result<Vec<CorruptRow>> {
+        let max_lease = millis(MAX_LEASE);
+        leased!(&self.store, |c| self.store.list_corrupt(
+            c,
+            max_lease,
+            i64::from(limit)
+        ))
     }
 
     /// Up to `limit` events in the dead state, with their last errors.
@@ -262,7 +304,7 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
     pub async fn relay_once(&self) -> Result<RelayRound> {
         let out = self.relay_round().await;
         if let Ok(r) = &out {
-            crate::observe::relay_round(r.published, r.retried, r.dead, r.lost);
+            crate::observe::relay_round(r.published, r.retried, r.dead, r.lost, r.corrupt);
         }
         out
     }
@@ -275,13 +317,17 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
             lease_ms: millis(self.config.lease),
             limit: i64::from(self.config.batch),
         };
-        let rows = leased!(store, |c| store.claim_events(c, &claim))?;
+        let claimed = leased!(store, |c| store.claim_events(c, &claim))?;
         let mut round = RelayRound {
-            claimed: rows.len(),
+            claimed: claimed.len(),
             ..RelayRound::default()
         };
-        if rows.is_empty() {
+        if claimed.is_empty() {
             return Ok(round);
+        }
+        let (rows, corrupt) = sort_out(claimed);
+        for (key, reason) in corrupt {
+            self.set_aside(key, &reason, &token, &mut round).await;
         }
         let outcomes = join_all(rows.iter().map(|row| self.publish(row))).await;
         let mut published = Vec::new();
@@ -334,6 +380,39 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
         match unrecorded {
             Some(e) if round.published + round.retried + round.dead == 0 => Err(e),
             _ => Ok(round),
+        }
+    }
+
+    /// A claimed row that must not be published: dead, with the reason, under the
+    /// claim's token. One whose key did not read is left to its lease (and logged).
+    async fn set_aside(
+        &self,
+        key: Option<EventKey>,
+        reason: &str,
+        token: &str,
+        round: &mut RelayRound,
+    ) {
+        let store = &self.outbox.store;
+        round.corrupt += 1;
+        tracing::error!(
+            ?key,
+            reason,
+            "a corrupt outbox row is set aside, not published"
+        );
+        let Some(key) = key else { return };
+        let error = bounded(format!("corrupt row: {reason}"));
+        let failure = FailedEvent {
+            key: &key,
+            token,
+            error: &error,
+            retry_in_ms: 0,
+            dead: true,
+        };
+        let mark = async { leased!(store, |c| store.mark_failed(c, &failure)) };
+        match mark.await {
+            Ok(true) => {}
+            Ok(false) => round.lost += 1,
+            Err(e) => tracing::warn!(error = %e, ?key, "setting a corrupt outbox row aside failed"),
         }
     }
 
@@ -394,6 +473,46 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
             // The jitter is added after the cap: cap again.
             .min(self.config.max_backoff)
     }
+}
+
+/// The claimed rows to publish, and the ones to set aside (key, reason): rows that did not
+/// read, and rows that read but are nothing orderly writes.
+fn sort_out(claimed: Vec<ClaimedEvent>) -> (Vec<EventRow>, Vec<(Option<EventKey>, String)>) {
+    let mut rows = Vec::with_capacity(claimed.len());
+    let mut corrupt = Vec::new();
+    for row in claimed {
+        match row {
+            Ok(row) => match corrupt_reason(&row) {
+                None => rows.push(row),
+                Some(reason) => corrupt.push((
+                    Some(EventKey {
+                        machine: row.machine,
+                        entity_id: row.entity_id,
+                        version: row.version,
+                    }),
+                    reason,
+                )),
+            },
+            Err(c) => corrupt.push((c.key, c.reason)),
+        }
+    }
+    (rows, corrupt)
+}
+
+/// Why an event row that read is still nothing orderly writes, if it is not.
+fn corrupt_reason(row: &EventRow) -> Option<String> {
+    if row.version < 1 {
+        return Some(format!("version {} (versions start at 1)", row.version));
+    }
+    if row.age_ms.is_none() {
+        return Some("created_at is no time (infinity, or a zero date)".into());
+    }
+    if let Some(body) = &row.body
+        && serde_json::from_str::<serde::de::IgnoredAny>(body).is_err()
+    {
+        return Some("the body is not JSON".into());
+    }
+    None
 }
 
 fn millis(d: Duration) -> i64 {

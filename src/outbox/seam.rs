@@ -17,11 +17,15 @@ pub trait OutboxStore: Store {
     /// version order, and never two of them at once. Each claim counts an attempt.
     /// Rows another relay is claiming at this moment are skipped, never waited for
     /// (`SKIP LOCKED` where the backend has it).
+    ///
+    /// Each row is decoded on its own: a row that cannot be read as an [`EventRow`] (a
+    /// column of the wrong type) is claimed all the same and answered as a
+    /// [`CorruptEvent`], so that the relay sets it aside and publishes the others.
     fn claim_events(
         &self,
         conn: &mut Self::Conn,
         claim: &ClaimEvents<'_>,
-    ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<ClaimedEvent>, sqlx::Error>> + Send;
 
     /// Marks the events of `keys` still claimed under `token` `PUBLISHED`, in one
     /// statement: how many it marked (an event whose claim was taken over is not).
@@ -58,11 +62,24 @@ pub trait OutboxStore: Store {
         limit: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
-    /// Counts of the outbox as it is now.
+    /// Counts of the outbox as it is now; the corrupt rows as
+    /// [`list_corrupt`](Self::list_corrupt) finds them.
     fn outbox_stats(
         &self,
         conn: &mut Self::Conn,
+        max_lease_ms: i64,
     ) -> impl Future<Output = Result<StatsRow, sqlx::Error>> + Send;
+
+    /// Up to `limit` rows orderly never writes, by machine, entity and version: a status
+    /// other than `PENDING`, `PUBLISHED` and `DEAD`; a claim whose lease runs past
+    /// `now + max_lease_ms` (no relay takes one that long); on SQLite, an entity id or
+    /// version that is not an integer. Each with why.
+    fn list_corrupt(
+        &self,
+        conn: &mut Self::Conn,
+        max_lease_ms: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<CorruptRow>, sqlx::Error>> + Send;
 
     /// Up to `limit` events in `status`, by machine, entity and version.
     fn list_events(
@@ -154,8 +171,36 @@ pub struct EventRow {
     pub attempts: i32,
     /// The last publish error.
     pub last_error: Option<String>,
-    /// Milliseconds since the event was written.
-    pub age_ms: i64,
+    /// Milliseconds since the event was written; `None` if its `created_at` is no time
+    /// the database can count from (PostgreSQL's `infinity`, MariaDB's zero date).
+    pub age_ms: Option<i64>,
+}
+
+/// A claimed row the relay cannot publish: its key if that much could be read, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorruptEvent {
+    /// The event's identity; `None` if even that could not be read.
+    pub key: Option<EventKey>,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// A claimed row: an event to publish, or one to set aside.
+pub type ClaimedEvent = std::result::Result<EventRow, CorruptEvent>;
+
+/// A row orderly never writes, as text, for an operator to read.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct CorruptRow {
+    /// The machine's name.
+    pub machine: String,
+    /// The entity, as stored.
+    pub entity_id: String,
+    /// The version, as stored.
+    pub version: String,
+    /// The status, as stored.
+    pub status: String,
+    /// What is wrong with it.
+    pub reason: String,
 }
 
 /// Counts of the outbox.
@@ -167,4 +212,6 @@ pub struct StatsRow {
     pub dead: i64,
     /// Milliseconds since the oldest pending event was written (0 if none).
     pub oldest_pending_ms: i64,
+    /// Rows orderly never writes (see [`OutboxStore::list_corrupt`]).
+    pub corrupt: i64,
 }

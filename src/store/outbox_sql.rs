@@ -4,6 +4,44 @@
 //! parameter style (PostgreSQL numbers them, see [`numbered`]), and its own claim,
 //! stats, purge and inbox statements.
 
+use crate::outbox::{ClaimedEvent, CorruptEvent, EventKey, EventRow};
+
+/// One claimed row, decoded on its own: a row whose columns do not read as an
+/// [`EventRow`] is a [`CorruptEvent`] (with its key, if that much reads), so that one bad
+/// row never fails the claim of the others.
+pub(crate) fn claimed<'r, R>(row: &'r R) -> ClaimedEvent
+where
+    R: sqlx::Row,
+    EventRow: sqlx::FromRow<'r, R>,
+    &'static str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    <EventRow as sqlx::FromRow<'r, R>>::from_row(row).map_err(|e| {
+        let key = match (
+            row.try_get::<String, _>("machine"),
+            row.try_get::<i64, _>("entity_id"),
+            row.try_get::<i64, _>("version"),
+        ) {
+            (Ok(machine), Ok(entity_id), Ok(version)) => Some(EventKey {
+                machine,
+                entity_id,
+                version,
+            }),
+            _ => None,
+        };
+        CorruptEvent {
+            key,
+            reason: format!("unreadable row: {e}"),
+        }
+    })
+}
+
+/// A status orderly never writes, as index ranges around the three it does (a `NOT IN`
+/// would read every published row).
+pub(crate) const UNKNOWN_STATUS: &str = "(o.status < 'DEAD' OR (o.status > 'DEAD' AND o.status < 'PENDING') \
+    OR (o.status > 'PENDING' AND o.status < 'PUBLISHED') OR o.status > 'PUBLISHED')";
+
 /// `({alias}machine = ? AND {alias}entity_id = ? AND {alias}version = ?) OR …`, one group
 /// per key; `alias` is a table alias with its dot (`"o."`), or `""`.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
@@ -96,11 +134,23 @@ macro_rules! shared_outbox_statements {
                  ORDER BY o.machine, o.entity_id, o.version LIMIT ?",
                 columns = $columns
             ));
-            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(status)
                 .bind(limit)
                 .fetch_all(conn)
-                .await
+                .await?;
+            // A row that does not read as an event is left out of the list (and named in
+            // the log): `list_corrupt` shows it.
+            Ok(rows
+                .iter()
+                .filter_map(|row| match $crate::store::outbox_sql::claimed(row) {
+                    Ok(event) => Some(event),
+                    Err(corrupt) => {
+                        tracing::warn!(key = ?corrupt.key, reason = %corrupt.reason, "an outbox row does not read as an event");
+                        None
+                    }
+                })
+                .collect())
         }
     };
 }

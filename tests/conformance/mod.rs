@@ -269,6 +269,7 @@ macro_rules! conformance {
             relays_race_each_event_once_in_order,
             relays_keep_order_while_events_commit,
             poison_event_dies_without_holding_back_others,
+            corrupt_rows_are_set_aside_and_hold_back_only_their_entity,
             relay_dropped_at_every_await_point_leaves_nothing_claimed,
             relay_shutdown_finishes_the_batch_in_hand,
             outbox_purge_and_stats,

@@ -398,6 +398,159 @@ pub async fn poison_event_dies_without_holding_back_others<B: Backend>(b: &B) {
     assert_eq!((stats.pending, stats.dead), (0, 0));
 }
 
+/// Rows orderly never writes, each on its own entity, among healthy ones: a `created_at`
+/// that is no time (PostgreSQL's `infinity`, MariaDB's zero date, on SQLite text that is
+/// no date), a body that is not JSON, a version below 1, on SQLite a BLOB body and a
+/// text version, a status orderly never writes, a claim by an unknown owner with a lease
+/// of centuries. The relay publishes every healthy entity in order; no corrupt row is
+/// published; the ones it claims go dead at their first claim with the reason (their
+/// attempts never climb); each holds back only its own entity; `stats` counts and
+/// `corrupt` lists the ones no relay claims; `pending` and `dead` still answer.
+pub async fn corrupt_rows_are_set_aside_and_hold_back_only_their_entity<B: Backend>(b: &B) {
+    let backend = std::any::type_name::<B::S>();
+    let sqlite = backend.contains("Sqlite");
+    seed(b, 8, 3).await;
+    let at =
+        |entity: i64, version: i64| format!("WHERE entity_id = {entity} AND version = {version}");
+    // 1: a created_at the database cannot count from.
+    let no_time = if backend.contains("Pg") {
+        "'infinity'"
+    } else if backend.contains("MySql") {
+        "'0000-00-00 00:00:00'"
+    } else {
+        "'not a date'"
+    };
+    b.exec(&format!(
+        "UPDATE outbox SET created_at = {no_time} {}",
+        at(1, 1)
+    ))
+    .await;
+    // 2: a status orderly never writes.
+    b.exec(&format!("UPDATE outbox SET status = 'WEIRD' {}", at(2, 1)))
+        .await;
+    // 3: a body that is not JSON.
+    b.exec(&format!(
+        "UPDATE outbox SET body = 'not json {{' {}",
+        at(3, 1)
+    ))
+    .await;
+    // 5: a version below 1, before the entity's first.
+    b.exec(&format!("UPDATE outbox SET version = -5 {}", at(5, 1)))
+        .await;
+    // 6: claimed by no relay of ours, for centuries.
+    b.exec(&format!(
+        "UPDATE outbox SET owner_token = 'ghost', lease_until = 9000000000000000 {}",
+        at(6, 1)
+    ))
+    .await;
+    if sqlite {
+        // 7: a BLOB body; 8: a text version.
+        b.exec(&format!("UPDATE outbox SET body = X'00FF' {}", at(7, 1)))
+            .await;
+        b.exec(&format!("UPDATE outbox SET version = 'v1' {}", at(8, 1)))
+            .await;
+    }
+    let rec = Arc::new(Recorder::default());
+    let store = b.store(Duration::from_secs(10)).await;
+    let relay = Relay::new(
+        store,
+        RecordingSink {
+            rec: rec.clone(),
+            relay: 0,
+        },
+    )
+    .with_config(fast(4))
+    .unwrap();
+    let mut corrupt_seen = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut empty = 0;
+    while empty < 50 {
+        let round = relay.relay_once().await.expect("a round fails on no row");
+        corrupt_seen += round.corrupt;
+        empty = if round.claimed == 0 { empty + 1 } else { 0 };
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay never went quiet"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let seen = rec.by_entity();
+    assert_eq!(
+        seen.get(&4),
+        Some(&vec![1, 2, 3]),
+        "a healthy entity is published"
+    );
+    if !sqlite {
+        assert_eq!(seen.get(&7), Some(&vec![1, 2, 3]));
+        assert_eq!(seen.get(&8), Some(&vec![1, 2, 3]));
+    }
+    for entity in [1, 2, 3, 5, 6] {
+        assert_eq!(
+            seen.get(&entity),
+            None,
+            "entity {entity}: held back by its corrupt row"
+        );
+    }
+    if sqlite {
+        assert_eq!(seen.get(&7), None, "a BLOB body is not published");
+        // The text version sorts after every integer: its entity's events go out, the
+        // row itself never.
+        assert_eq!(seen.get(&8), Some(&vec![2, 3]));
+    }
+    let set_aside = if sqlite { 4 } else { 3 };
+    assert_eq!(corrupt_seen, set_aside, "rows set aside by the relay");
+    let dead_corrupt = b
+        .scalar(
+            "SELECT count(*) FROM outbox WHERE status = 'DEAD' AND attempts = 1 \
+             AND last_error LIKE 'corrupt row: %'",
+        )
+        .await;
+    assert_eq!(
+        dead_corrupt, set_aside as i64,
+        "dead at the first claim, with the reason"
+    );
+    let outbox = relay.outbox();
+    let stats = outbox.stats().await.unwrap();
+    // Entities 1, 3, 5 (and 7) wait behind their dead row; 2 and 6 behind theirs.
+    let (pending, dead, unclaimed) = if sqlite { (14, 4, 4) } else { (11, 3, 2) };
+    assert_eq!(
+        (stats.pending, stats.dead, stats.corrupt),
+        (pending, dead, unclaimed),
+        "{stats:?}"
+    );
+    let corrupt = outbox.corrupt(10).await.unwrap();
+    let listed: Vec<_> = corrupt
+        .iter()
+        .map(|c| (c.entity_id.as_str(), c.version.as_str(), c.reason.as_str()))
+        .collect();
+    assert!(
+        listed.contains(&("2", "1", "a status orderly never writes")),
+        "{listed:?}"
+    );
+    assert!(
+        listed
+            .iter()
+            .any(|(e, v, why)| (*e, *v) == ("6", "1") && why.starts_with("claimed by ghost")),
+        "{listed:?}"
+    );
+    if sqlite {
+        assert!(
+            listed.contains(&("8", "v1", "an entity id or version that is not an integer")),
+            "{listed:?}"
+        );
+        assert!(
+            listed.contains(&("7", "1", "a column of the wrong type")),
+            "{listed:?}"
+        );
+    }
+    assert!(outbox.pending(100).await.is_ok());
+    let dead = outbox.dead(100).await.unwrap();
+    let mut dead_keys: Vec<_> = dead.iter().map(|d| (d.entity_id, d.version)).collect();
+    dead_keys.sort();
+    // The BLOB body does not read as an event: `corrupt` lists it, `dead` leaves it out.
+    assert_eq!(dead_keys, [(1, 1), (3, 1), (5, -5)]);
+}
+
 /// A relay round dropped at every await point leaves no connection in a transaction and
 /// no event claimed past its lease: once the lease runs out, another relay publishes
 /// everything, in order per entity. Events the dropped round published without recording

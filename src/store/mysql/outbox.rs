@@ -14,9 +14,9 @@ use sqlx::mysql::MySqlConnection;
 
 use super::MySqlStore;
 use crate::idempotency::RecordStore;
-use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
+use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, EventKey, OutboxStore, StatsRow};
 use crate::store::outbox_sql::{
-    as_written, keys_in, or_keys_mark_published, shared_outbox_statements,
+    UNKNOWN_STATUS, as_written, claimed, keys_in, or_keys_mark_published, shared_outbox_statements,
 };
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
@@ -28,9 +28,16 @@ const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, fro
     to_status, ref_id, body, status, attempts, last_error, \
     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) DIV 1000 AS SIGNED) AS age_ms";
 
-/// No earlier event of `o`'s entity is unpublished.
+/// No earlier event of `o`'s entity is unpublished (pending, dead, or in a status
+/// orderly never writes).
 const HEAD: &str = "NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
-    AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') AND p.version < o.version)";
+    AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' AND p.version < o.version)";
+
+/// A row orderly never writes (see `OutboxStore::list_corrupt`); its one parameter is the
+/// longest lease a relay takes, in milliseconds.
+fn corrupt() -> String {
+    format!("({UNKNOWN_STATUS} OR (o.status = 'PENDING' AND o.lease_until > {NOW} + ?))")
+}
 
 impl OutboxStore for MySqlStore {
     shared_outbox_statements!(
@@ -45,7 +52,7 @@ impl OutboxStore for MySqlStore {
         &self,
         conn: &mut MySqlConnection,
         c: &ClaimEvents<'_>,
-    ) -> Result<Vec<EventRow>, sqlx::Error> {
+    ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
         let mut tx = Self::begin(conn).await?;
         let choose = format!(
             "SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
@@ -62,58 +69,103 @@ impl OutboxStore for MySqlStore {
         }
         // The earlier-event test again, on a snapshot that sees every event committed
         // before the ones the locking read found; the survivors' rows, as they are (they
-        // are locked).
+        // are locked), each decoded on its own.
         let recheck = format!(
             "SELECT {EVENT_COLUMNS} FROM outbox AS o WHERE {} AND {HEAD}",
             keys_in("o.", locked.len())
         );
-        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(recheck));
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(recheck));
         for (machine, entity_id, version) in &locked {
             query = query.bind(machine).bind(entity_id).bind(version);
         }
-        let mut rows: Vec<EventRow> = query.fetch_all(&mut *tx).await?;
+        let mut rows: Vec<ClaimedEvent> = query
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(claimed)
+            .collect();
+        // A row whose key does not read cannot be handed over (nor set aside): it is left
+        // as it is. (The key's columns are typed; it does not happen.)
+        rows.retain(|row| row.as_ref().map_or_else(|c| c.key.is_some(), |_| true));
         if rows.is_empty() {
             tx.commit().await?;
             return Ok(rows);
         }
+        let keys: Vec<EventKey> = rows
+            .iter()
+            .filter_map(|row| match row {
+                Ok(e) => Some(EventKey {
+                    machine: e.machine.clone(),
+                    entity_id: e.entity_id,
+                    version: e.version,
+                }),
+                Err(c) => c.key.clone(),
+            })
+            .collect();
         let hand_over = format!(
             "UPDATE outbox SET owner_token = ?, lease_until = {NOW} + ?, \
                  attempts = LEAST(GREATEST(attempts, 0) + 1, 2147483647) \
              WHERE status = 'PENDING' AND lease_until <= {NOW} AND {}",
-            keys_in("", rows.len())
+            keys_in("", keys.len())
         );
         let mut update = sqlx::query(sqlx::AssertSqlSafe(hand_over))
             .bind(c.token)
             .bind(c.lease_ms);
-        for row in &rows {
+        for key in &keys {
             update = update
-                .bind(&row.machine)
-                .bind(row.entity_id)
-                .bind(row.version);
+                .bind(&key.machine)
+                .bind(key.entity_id)
+                .bind(key.version);
         }
         let handed = update.execute(&mut *tx).await?.rows_affected();
-        if handed != rows.len() as u64 {
+        if handed != keys.len() as u64 {
             // Locked rows cannot change under the claim; if they did, the claim answers
             // what it holds, read back by its token.
             let taken = format!(
                 "SELECT {EVENT_COLUMNS} FROM outbox WHERE owner_token = ? AND {}",
-                keys_in("", rows.len())
+                keys_in("", keys.len())
             );
-            let mut read = sqlx::query_as(sqlx::AssertSqlSafe(taken)).bind(c.token);
-            for row in &rows {
+            let mut read = sqlx::query(sqlx::AssertSqlSafe(taken)).bind(c.token);
+            for key in &keys {
                 read = read
-                    .bind(&row.machine)
-                    .bind(row.entity_id)
-                    .bind(row.version);
+                    .bind(&key.machine)
+                    .bind(key.entity_id)
+                    .bind(key.version);
             }
-            rows = read.fetch_all(&mut *tx).await?;
+            rows = read
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(claimed)
+                .collect();
         } else {
-            for row in &mut rows {
+            for row in rows.iter_mut().flatten() {
                 row.attempts = row.attempts.max(0).saturating_add(1);
             }
         }
         tx.commit().await?;
         Ok(rows)
+    }
+
+    async fn list_corrupt(
+        &self,
+        conn: &mut MySqlConnection,
+        max_lease_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<CorruptRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT o.machine, CAST(o.entity_id AS CHAR) AS entity_id, CAST(o.version AS CHAR) AS version, o.status, \
+                 CASE WHEN {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
+                      ELSE CONCAT('claimed by ', COALESCE(o.owner_token, '?'), ' with a lease past the longest a relay takes') END AS reason \
+             FROM outbox AS o WHERE {corrupt} \
+             ORDER BY o.machine, o.entity_id, o.version LIMIT ?",
+            corrupt = corrupt()
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(max_lease_ms)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
     }
 
     async fn purge_published(
@@ -133,17 +185,26 @@ impl OutboxStore for MySqlStore {
         Ok(done.rows_affected())
     }
 
-    async fn outbox_stats(&self, conn: &mut MySqlConnection) -> Result<StatsRow, sqlx::Error> {
-        sqlx::query_as(
+    async fn outbox_stats(
+        &self,
+        conn: &mut MySqlConnection,
+        max_lease_ms: i64,
+    ) -> Result<StatsRow, sqlx::Error> {
+        // A zero date (which the default `sql_mode` accepts) is no time to count from.
+        let sql = format!(
             "SELECT CAST(COALESCE(SUM(status = 'PENDING'), 0) AS SIGNED) AS pending, \
                     CAST(COALESCE(SUM(status = 'DEAD'), 0) AS SIGNED) AS dead, \
                     CAST(COALESCE(TIMESTAMPDIFF(MICROSECOND, \
-                        MIN(CASE WHEN status = 'PENDING' THEN created_at END), NOW(6)) DIV 1000, 0) AS SIGNED) \
-                        AS oldest_pending_ms \
+                        MIN(CASE WHEN status = 'PENDING' AND YEAR(created_at) > 0 THEN created_at END), \
+                        NOW(6)) DIV 1000, 0) AS SIGNED) AS oldest_pending_ms, \
+                    (SELECT CAST(COUNT(*) AS SIGNED) FROM outbox AS o WHERE {corrupt}) AS corrupt \
              FROM outbox WHERE status IN ('PENDING', 'DEAD')",
-        )
-        .fetch_one(conn)
-        .await
+            corrupt = corrupt()
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(max_lease_ms)
+            .fetch_one(conn)
+            .await
     }
 
     /// `INSERT IGNORE` (the inbox layer checks the lengths first, so the only error it

@@ -6,17 +6,29 @@
 use sqlx::postgres::PgConnection;
 
 use super::{MS, NOW, PgStore};
-use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
-use crate::store::outbox_sql::{numbered, shared_outbox_statements};
+use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, OutboxStore, StatsRow};
+use crate::store::outbox_sql::{UNKNOWN_STATUS, claimed, numbered, shared_outbox_statements};
 
 /// An event's columns, its age on the database's clock.
+/// (`NULL` for an infinite `created_at`: the subtraction would fail the statement.)
 const EVENT_COLUMNS: &str = "o.machine, o.entity_id, o.version, o.event, o.transition, \
     o.from_status, o.to_status, o.ref_id, o.body, o.status, o.attempts, o.last_error, \
-    (extract(epoch FROM clock_timestamp() - o.created_at) * 1000)::bigint AS age_ms";
+    CASE WHEN isfinite(o.created_at) \
+        THEN (extract(epoch FROM clock_timestamp() - o.created_at) * 1000)::bigint END AS age_ms";
 
-/// No earlier event of `o`'s entity is unpublished.
+/// No earlier event of `o`'s entity is unpublished (pending, dead, or in a status
+/// orderly never writes).
 const HEAD: &str = "NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
-    AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') AND p.version < o.version)";
+    AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' AND p.version < o.version)";
+
+/// A row orderly never writes (see `OutboxStore::list_corrupt`); `$1` is the longest lease
+/// a relay takes, in milliseconds.
+fn corrupt() -> String {
+    format!(
+        "({UNKNOWN_STATUS} OR (o.status = 'PENDING' AND o.lease_until > {clock} + $1))",
+        clock = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    )
+}
 
 impl OutboxStore for PgStore {
     shared_outbox_statements!(
@@ -61,7 +73,7 @@ impl OutboxStore for PgStore {
         &self,
         conn: &mut PgConnection,
         c: &ClaimEvents<'_>,
-    ) -> Result<Vec<EventRow>, sqlx::Error> {
+    ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
         let sql = format!(
             "WITH now AS {NOW}, chosen AS ( \
                  SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
@@ -73,10 +85,32 @@ impl OutboxStore for PgStore {
              WHERE o.machine = chosen.machine AND o.entity_id = chosen.entity_id AND o.version = chosen.version \
              RETURNING {EVENT_COLUMNS}"
         );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(c.token)
             .bind(c.lease_ms)
             .bind(c.limit)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows.iter().map(claimed).collect())
+    }
+
+    async fn list_corrupt(
+        &self,
+        conn: &mut PgConnection,
+        max_lease_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<CorruptRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT o.machine, o.entity_id::text AS entity_id, o.version::text AS version, o.status, \
+                 CASE WHEN {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
+                      ELSE 'claimed by ' || COALESCE(o.owner_token, '?') || ' with a lease past the longest a relay takes' END AS reason \
+             FROM outbox AS o WHERE {corrupt} \
+             ORDER BY o.machine, o.entity_id, o.version LIMIT $2",
+            corrupt = corrupt()
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(max_lease_ms)
+            .bind(limit)
             .fetch_all(conn)
             .await
     }
@@ -103,16 +137,25 @@ impl OutboxStore for PgStore {
         Ok(done.rows_affected())
     }
 
-    async fn outbox_stats(&self, conn: &mut PgConnection) -> Result<StatsRow, sqlx::Error> {
-        sqlx::query_as(
+    async fn outbox_stats(
+        &self,
+        conn: &mut PgConnection,
+        max_lease_ms: i64,
+    ) -> Result<StatsRow, sqlx::Error> {
+        let sql = format!(
             "SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, \
                     count(*) FILTER (WHERE status = 'DEAD') AS dead, \
                     COALESCE((extract(epoch FROM clock_timestamp() - \
-                        min(created_at) FILTER (WHERE status = 'PENDING')) * 1000)::bigint, 0) AS oldest_pending_ms \
+                        min(created_at) FILTER (WHERE status = 'PENDING' AND isfinite(created_at))) \
+                        * 1000)::bigint, 0) AS oldest_pending_ms, \
+                    (SELECT count(*) FROM outbox AS o WHERE {corrupt}) AS corrupt \
              FROM outbox WHERE status IN ('PENDING', 'DEAD')",
-        )
-        .fetch_one(conn)
-        .await
+            corrupt = corrupt()
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(max_lease_ms)
+            .fetch_one(conn)
+            .await
     }
 
     async fn inbox_insert(

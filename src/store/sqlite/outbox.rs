@@ -5,8 +5,10 @@
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
-use crate::outbox::{ClaimEvents, EventRow, OutboxStore, StatsRow};
-use crate::store::outbox_sql::{as_written, or_keys_mark_published, shared_outbox_statements};
+use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, OutboxStore, StatsRow};
+use crate::store::outbox_sql::{
+    UNKNOWN_STATUS, as_written, claimed, or_keys_mark_published, shared_outbox_statements,
+};
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -15,6 +17,29 @@ const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, from_status, \
     to_status, ref_id, body, status, attempts, last_error, \
     CAST((julianday('now') - julianday(created_at)) * 86400000 AS INTEGER) AS age_ms";
+
+/// An event's key as SQLite holds it: integers (a column's type is only a hint in SQLite;
+/// a row with a text version could be neither ordered nor named).
+const INTEGER_KEY: &str = "typeof(o.entity_id) = 'integer' AND typeof(o.version) = 'integer'";
+
+/// A row orderly never writes (see `OutboxStore::list_corrupt`), and why; `?1` is the
+/// longest lease a relay takes, in milliseconds.
+fn corrupt() -> (String, String) {
+    let lease = format!("(o.status = 'PENDING' AND o.lease_until > {NOW} + ?1)");
+    let keys = format!("(o.status <> 'PUBLISHED' AND NOT ({INTEGER_KEY}))");
+    let types = "(o.status <> 'PUBLISHED' AND (typeof(o.body) NOT IN ('text', 'null') \
+        OR typeof(o.attempts) <> 'integer'))";
+    let reason = format!(
+        "CASE WHEN typeof(o.status) <> 'text' OR {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
+              WHEN {keys} THEN 'an entity id or version that is not an integer' \
+              WHEN {types} THEN 'a column of the wrong type' \
+              ELSE 'claimed by ' || COALESCE(o.owner_token, '?') || ' with a lease past the longest a relay takes' END"
+    );
+    (
+        format!("(typeof(o.status) <> 'text' OR {UNKNOWN_STATUS} OR {lease} OR {keys} OR {types})"),
+        reason,
+    )
+}
 
 impl OutboxStore for SqliteStore {
     shared_outbox_statements!(
@@ -29,23 +54,45 @@ impl OutboxStore for SqliteStore {
         &self,
         conn: &mut SqliteConnection,
         c: &ClaimEvents<'_>,
-    ) -> Result<Vec<EventRow>, sqlx::Error> {
+    ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
         let sql = format!(
             "UPDATE outbox SET owner_token = ?1, lease_until = {NOW} + ?2, \
                  attempts = MIN(MAX(attempts, 0) + 1, 2147483647) \
              WHERE (machine, entity_id, version) IN ( \
                  SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
                  WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} \
+                   AND {INTEGER_KEY} \
                    AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
-                       AND p.entity_id = o.entity_id AND p.status IN ('PENDING', 'DEAD') \
+                       AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' \
                        AND p.version < o.version) \
                  LIMIT ?3) \
              RETURNING {EVENT_COLUMNS}"
         );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(c.token)
             .bind(c.lease_ms)
             .bind(c.limit)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows.iter().map(claimed).collect())
+    }
+
+    async fn list_corrupt(
+        &self,
+        conn: &mut SqliteConnection,
+        max_lease_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<CorruptRow>, sqlx::Error> {
+        let (corrupt, reason) = corrupt();
+        let sql = format!(
+            "SELECT CAST(o.machine AS TEXT) AS machine, CAST(o.entity_id AS TEXT) AS entity_id, \
+                    CAST(o.version AS TEXT) AS version, CAST(o.status AS TEXT) AS status, {reason} AS reason \
+             FROM outbox AS o WHERE {corrupt} \
+             ORDER BY o.machine, o.entity_id, o.version LIMIT ?2"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(max_lease_ms)
+            .bind(limit)
             .fetch_all(conn)
             .await
     }
@@ -69,17 +116,26 @@ impl OutboxStore for SqliteStore {
         Ok(done.rows_affected())
     }
 
-    async fn outbox_stats(&self, conn: &mut SqliteConnection) -> Result<StatsRow, sqlx::Error> {
-        sqlx::query_as(
+    async fn outbox_stats(
+        &self,
+        conn: &mut SqliteConnection,
+        max_lease_ms: i64,
+    ) -> Result<StatsRow, sqlx::Error> {
+        let (corrupt, _) = corrupt();
+        let sql = format!(
             "SELECT COALESCE(SUM(status = 'PENDING'), 0) AS pending, \
                     COALESCE(SUM(status = 'DEAD'), 0) AS dead, \
                     COALESCE(CAST((julianday('now') - julianday( \
-                        MIN(CASE WHEN status = 'PENDING' THEN created_at END))) * 86400000 AS INTEGER), 0) \
-                        AS oldest_pending_ms \
-             FROM outbox WHERE status IN ('PENDING', 'DEAD')",
-        )
-        .fetch_one(conn)
-        .await
+                        MIN(CASE WHEN status = 'PENDING' AND julianday(created_at) IS NOT NULL \
+                            THEN created_at END))) * 86400000 AS INTEGER), 0) \
+                        AS oldest_pending_ms, \
+                    (SELECT count(*) FROM outbox AS o WHERE {corrupt}) AS corrupt \
+             FROM outbox WHERE status IN ('PENDING', 'DEAD')"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(max_lease_ms)
+            .fetch_one(conn)
+            .await
     }
 
     async fn inbox_insert(
