@@ -128,6 +128,21 @@ pub enum Error {
         value: String,
     },
 
+    /// A table orderly drives lacks a column this version needs: a table of your own,
+    /// made before an upgrade (the default tables are upgraded by the migrations).
+    /// Nothing was written. Run `fix`, then retry.
+    #[error(
+        "table {table} has no column {column}, which this version of orderly needs; add it with: {fix}"
+    )]
+    MissingColumn {
+        /// The table, as configured.
+        table: String,
+        /// The missing column.
+        column: String,
+        /// The statement that adds it, in the backend's dialect.
+        fix: String,
+    },
+
     /// Lost the race too many times in a row, or the database kept reporting a
     /// serialization failure, deadlock or busy lock. Retry later; nothing of this request
     /// was applied.

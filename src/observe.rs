@@ -23,6 +23,7 @@ pub(crate) fn error_label(e: &Error) -> &'static str {
         Error::FlowVersion { .. } => "flow_version",
         Error::CorruptRecord { .. } => "corrupt_record",
         Error::CorruptState { .. } => "corrupt_state",
+        Error::MissingColumn { .. } => "missing_column",
         Error::Contention { .. } => "contention",
         Error::InDoubt { .. } => "in_doubt",
         Error::Unavailable { .. } => "unavailable",

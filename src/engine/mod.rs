@@ -44,6 +44,7 @@ mod input;
 mod judge;
 mod read_first;
 mod request;
+mod schema;
 mod settle;
 mod writes;
 

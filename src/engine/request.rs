@@ -261,7 +261,11 @@ impl<'a, M: StateMachine, S: Store> IntoFuture for TransitionRequest<'a, M, S> {
         let started = std::time::Instant::now();
         Box::pin(
             async move {
-                let out = self.run().await;
+                let engine = self.engine;
+                let out = match self.run().await {
+                    Err(e) => Err(engine.explain(e).await),
+                    ok => ok,
+                };
                 let outcome = match &out {
                     Ok(Outcome::Applied { .. }) => "applied",
                     Ok(Outcome::Replayed { .. }) => "replayed",
@@ -329,6 +333,12 @@ impl<'a, M: StateMachine, S: Store> IntoFuture for CreateRequest<'a, M, S> {
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'a>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
+        let engine = self.engine;
+        Box::pin(async move {
+            match self.run().await {
+                Err(e) => Err(engine.explain(e).await),
+                ok => ok,
+            }
+        })
     }
 }

@@ -116,6 +116,33 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Borrows a connection from the pool.
     fn acquire(&self) -> impl Future<Output = Result<Self::Pooled, sqlx::Error>> + Send;
 
+    /// Selects `columns` of the entity table (or, with `history`, the history table)
+    /// from no row: an error if the table lacks one (see
+    /// [`Engine::check_tables`](crate::Engine::check_tables)). The default checks
+    /// nothing.
+    fn probe_columns(
+        &self,
+        conn: &mut Self::Conn,
+        history: bool,
+        columns: &[&'static str],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let _ = (conn, history, columns);
+        std::future::ready(Ok(()))
+    }
+
+    /// The entity table's name (or, with `history`, the history table's), as configured.
+    fn table_name(&self, history: bool) -> String {
+        let _ = history;
+        String::new()
+    }
+
+    /// The statement that adds `column` (one orderly needs) to the entity table (or, with
+    /// `history`, the history table), in this backend's dialect.
+    fn add_column_sql(&self, history: bool, column: &str) -> String {
+        let _ = (history, column);
+        String::new()
+    }
+
     /// A turn at writing, taken before the connection of one of the idempotency
     /// records' or the flows' write transactions (or writing statements) and held until
     /// it is done, on a database that has one writer at a time: its writers then queue

@@ -10,6 +10,7 @@ pub mod outbox;
 pub mod records_faults;
 pub mod records_jobs;
 pub mod records_model;
+pub mod schema;
 #[allow(unused_imports)] // used through `conformance!`; a binary without it has no use
 pub use coalesce::*;
 #[allow(unused_imports)]
@@ -26,6 +27,8 @@ pub use records_faults::*;
 pub use records_jobs::*;
 #[allow(unused_imports)]
 pub use records_model::*;
+#[allow(unused_imports)]
+pub use schema::*;
 
 use std::collections::HashMap;
 use std::ops::DerefMut;
@@ -270,6 +273,7 @@ macro_rules! conformance {
             relays_keep_order_while_events_commit,
             poison_event_dies_without_holding_back_others,
             corrupt_rows_are_set_aside_and_hold_back_only_their_entity,
+            a_table_without_write_id_is_refused_with_its_fix,
             relay_dropped_at_every_await_point_leaves_nothing_claimed,
             relay_shutdown_finishes_the_batch_in_hand,
             outbox_purge_and_stats,

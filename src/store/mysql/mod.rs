@@ -38,6 +38,8 @@ pub async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
+    /// The tables it drives, as configured.
+    tables: Arc<Tables>,
     /// The transition layer's SQL, `[plain, causal]`; see [`MySqlStore::causal_reads`].
     transitions: Arc<[transitions::Sql; 2]>,
     /// Whether the server is a Galera node, once known.
@@ -68,6 +70,7 @@ impl MySqlStore {
     pub fn with_tables(pool: MySqlPool, tables: Tables) -> Self {
         MySqlStore {
             pool,
+            tables: Arc::new(tables.clone()),
             transitions: Arc::new(
                 [false, true].map(|causal| transitions::Sql::new(&tables, causal)),
             ),

@@ -213,6 +213,38 @@ impl Store for MySqlStore {
         self.causal_reads() != Some(true)
     }
 
+    fn probe_columns(
+        &self,
+        conn: &mut Self::Conn,
+        history: bool,
+        columns: &[&'static str],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let sql = self.tables.probe_sql('`', history, columns);
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(conn)
+                .await
+                .map(|_| ())
+        }
+    }
+
+    fn table_name(&self, history: bool) -> String {
+        self.tables.name(history)
+    }
+
+    fn add_column_sql(&self, history: bool, column: &str) -> String {
+        let ty = match column {
+            "id" | "version" | "order_id" | "seq" => "BIGINT NOT NULL",
+            "payload" => "JSON NULL",
+            "write_id" => "BIGINT NULL",
+            "payload_hash" => "CHAR(64) NULL",
+            "ref_id" => "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL",
+            "created_at" => "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
+            _ => "VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL",
+        };
+        self.tables.add_column_sql('`', history, column, ty)
+    }
+
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
         let conn = self.pool.acquire().await.map_err(super::refused)?;
         if self.causal_reads().is_some() {

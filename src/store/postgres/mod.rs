@@ -34,6 +34,8 @@ pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The tables it drives, as configured.
+    tables: Arc<Tables>,
     transitions: Arc<transition_sql::Sql>,
 }
 
@@ -59,6 +61,7 @@ impl PgStore {
     pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
         PgStore {
             pool,
+            tables: Arc::new(tables.clone()),
             transitions: Arc::new(transition_sql::Sql::new(&tables)),
         }
     }

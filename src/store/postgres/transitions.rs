@@ -171,6 +171,37 @@ impl Store for PgStore {
         self.pool.acquire().await.map_err(super::refused)
     }
 
+    fn probe_columns(
+        &self,
+        conn: &mut Self::Conn,
+        history: bool,
+        columns: &[&'static str],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let sql = self.tables.probe_sql('"', history, columns);
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(conn)
+                .await
+                .map(|_| ())
+        }
+    }
+
+    fn table_name(&self, history: bool) -> String {
+        self.tables.name(history)
+    }
+
+    fn add_column_sql(&self, history: bool, column: &str) -> String {
+        let ty = match column {
+            "id" | "version" | "order_id" | "seq" => "BIGINT NOT NULL",
+            "payload" => "JSONB NULL",
+            "write_id" => "BIGINT NULL",
+            "payload_hash" => "TEXT NULL",
+            "created_at" => "TIMESTAMPTZ NOT NULL DEFAULT now()",
+            _ => "TEXT NOT NULL",
+        };
+        self.tables.add_column_sql('"', history, column, ty)
+    }
+
     fn discard(conn: Self::Pooled) {
         // Detached, the connection no longer counts against the pool; dropped, its socket
         // closes at once, without a goodbye that could wait on a stream left in the

@@ -45,6 +45,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// The tables it drives, as configured.
+    tables: Arc<Tables>,
     transitions: Arc<transitions::Sql>,
     /// The writers' turns of this store and its clones (one writer at a time).
     writers: Arc<tokio::sync::Mutex<()>>,
@@ -73,6 +75,7 @@ impl SqliteStore {
     pub fn with_tables(pool: SqlitePool, tables: Tables) -> Self {
         SqliteStore {
             pool,
+            tables: Arc::new(tables.clone()),
             transitions: Arc::new(transitions::Sql::new(&tables)),
             writers: Arc::default(),
         }

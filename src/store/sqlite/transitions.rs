@@ -111,6 +111,37 @@ impl Store for SqliteStore {
         self.pool.acquire().await
     }
 
+    fn probe_columns(
+        &self,
+        conn: &mut Self::Conn,
+        history: bool,
+        columns: &[&'static str],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        // Backquoted: a double-quoted name that is no column is read as a string.
+        let sql = self.tables.probe_sql('`', history, columns);
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(conn)
+                .await
+                .map(|_| ())
+        }
+    }
+
+    fn table_name(&self, history: bool) -> String {
+        self.tables.name(history)
+    }
+
+    fn add_column_sql(&self, history: bool, column: &str) -> String {
+        let ty = match column {
+            "id" | "version" | "order_id" | "seq" => "INTEGER NOT NULL DEFAULT 0",
+            "write_id" => "INTEGER NULL",
+            "payload" | "payload_hash" => "TEXT NULL",
+            "created_at" => "TEXT NOT NULL DEFAULT ''",
+            _ => "TEXT NOT NULL DEFAULT ''",
+        };
+        self.tables.add_column_sql('"', history, column, ty)
+    }
+
     async fn write_turn(&self) -> Option<crate::store::WriteTurn> {
         crate::store::WriteTurn::take(&self.writers, super::BUSY_TIMEOUT).await
     }

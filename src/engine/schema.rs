@@ -1,0 +1,90 @@
+//! The columns this version of orderly needs in the tables it drives, checked against
+//! the database: a table of the user's own, made before an upgrade, that lacks one is
+//! refused with one error naming the table, the column and the statement that adds it,
+//! instead of a database error on every call.
+
+use super::Engine;
+use crate::machine::StateMachine;
+use crate::store::{ErrorClass, Lease, Store, db_error};
+use crate::{Error, Result};
+
+/// The entity table's columns orderly reads and writes.
+const ORDERS: &[&str] = &["id", "status", "version"];
+
+/// The history table's columns (`write_id` came with the read-back of in-doubt writes).
+const HISTORY: &[&str] = &[
+    "order_id",
+    "seq",
+    "from_status",
+    "to_status",
+    "event",
+    "ref_id",
+    "payload_hash",
+    "payload",
+    "write_id",
+    "created_at",
+];
+
+impl<M: StateMachine, S: Store> Engine<M, S> {
+    /// Checks that the entity and history tables have every column this version of
+    /// orderly needs; [`Error::MissingColumn`] names the first one missing, with the
+    /// statement that adds it. Call it at startup where the tables are your own (made
+    /// by copying a migration, or before an upgrade): the default tables are created and
+    /// upgraded by the store's migrations. A transition that fails on a missing column
+    /// answers the same error.
+    pub async fn check_tables(&self) -> Result<()> {
+        super::within_deadline(self.config.deadline, false, async {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let out = missing(&self.store, lease.conn()).await;
+            lease.release_after(&out);
+            match out.map_err(db_error::<S>)? {
+                None => Ok(()),
+                Some((history, column)) => Err(Error::MissingColumn {
+                    table: self.store.table_name(history),
+                    column: column.to_string(),
+                    fix: self.store.add_column_sql(history, column),
+                }),
+            }
+        })
+        .await
+    }
+
+    /// `error` as the call that met it should answer: [`Error::MissingColumn`] if it
+    /// was a fatal database error and a table lacks a column, else `error` itself.
+    pub(super) async fn explain(&self, error: Error) -> Error {
+        match &error {
+            Error::Database {
+                retryable: false, ..
+            } => match self.check_tables().await {
+                Err(missing @ Error::MissingColumn { .. }) => missing,
+                _ => error,
+            },
+            _ => error,
+        }
+    }
+}
+
+/// The first column missing: `(in the history table, its name)`.
+async fn missing<S: Store>(
+    store: &S,
+    conn: &mut S::Conn,
+) -> Result<Option<(bool, &'static str)>, sqlx::Error> {
+    for (history, columns) in [(false, ORDERS), (true, HISTORY)] {
+        match store.probe_columns(conn, history, columns).await {
+            Ok(()) => continue,
+            Err(e) if S::classify(&e) != ErrorClass::Fatal => return Err(e),
+            Err(e) => {
+                // One of them: which.
+                for column in columns {
+                    match store.probe_columns(conn, history, &[column]).await {
+                        Ok(()) => {}
+                        Err(e) if S::classify(&e) != ErrorClass::Fatal => return Err(e),
+                        Err(_) => return Ok(Some((history, column))),
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(None)
+}
