@@ -131,8 +131,8 @@ pub mod store;
 pub mod testing;
 
 pub use engine::{
-    CoalescedWrites, CreateRequest, Engine, EngineConfig, Order, Outcome, ReadFirst, Record,
-    TransitionRequest,
+    CoalescedWrites, CreateRequest, DEFAULT_MAX_EVENT_BODY, Engine, EngineConfig, Order, Outcome,
+    ReadFirst, Record, TransitionRequest,
 };
 pub use error::{Error, Result, TokenRejection};
 pub use flow::{Definition, FlowConfig, FlowOutcome, Flows, Resume, Started, StepError};

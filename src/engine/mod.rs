@@ -163,7 +163,20 @@ pub struct EngineConfig {
     /// all (on a store that batches writes). A request that finds no write in flight
     /// goes at once, alone. No answer changes. Default `true`.
     pub coalesce_writes: bool,
+    /// The largest event body ([`TransitionRequest::event_body`]), in bytes of JSON: a
+    /// larger one is [`Error::InvalidInput`] and nothing is written. Set it to what your
+    /// sink can carry ([`Sink::max_message_bytes`](crate::outbox::Sink::max_message_bytes),
+    /// less room for the headers): a body the broker refuses would go dead at its first
+    /// publish. Default 1 MiB less 16 KiB (NATS's default `max_payload` is 1 MiB, headers
+    /// included); 1 byte to 64 MiB.
+    pub max_event_body: usize,
 }
+
+/// The default [`EngineConfig::max_event_body`].
+pub const DEFAULT_MAX_EVENT_BODY: usize = (1 << 20) - (16 << 10);
+
+/// The largest [`EngineConfig::max_event_body`].
+const MAX_EVENT_BODY: usize = 64 << 20;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -175,6 +188,7 @@ impl Default for EngineConfig {
             read_first: ReadFirst::default(),
             deadline: Duration::from_secs(5),
             coalesce_writes: true,
+            max_event_body: DEFAULT_MAX_EVENT_BODY,
         }
     }
 }
@@ -242,6 +256,11 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         if config.deadline.is_zero() || config.deadline > Duration::from_secs(365 * 24 * 3600) {
             return Err(Error::InvalidInput(
                 "deadline must be more than 0 and at most a year".into(),
+            ));
+        }
+        if config.max_event_body == 0 || config.max_event_body > MAX_EVENT_BODY {
+            return Err(Error::InvalidInput(
+                "max_event_body must be 1 byte to 64 MiB".into(),
             ));
         }
         let mut edges: HashMap<M::Event, Edges> = HashMap::new();

@@ -80,8 +80,9 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
     /// along an edge that emits nothing. It is not part of the request's identity: a
     /// replay writes no event, whatever body it carries (put what must match in the
     /// [`payload`](Self::payload)). A body that does not serialize, or whose JSON is
-    /// larger than 1 MiB, is
-    /// [`Error::InvalidInput`](crate::Error::InvalidInput) when awaited.
+    /// larger than [`EngineConfig::max_event_body`](super::EngineConfig::max_event_body),
+    /// is [`Error::InvalidInput`](crate::Error::InvalidInput) when awaited, and nothing is
+    /// written (also along an edge that emits nothing).
     pub fn event_body<B: Serialize + ?Sized>(mut self, body: &B) -> Self {
         self.event_body = Some(event_body(body));
         self
@@ -128,6 +129,15 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
         validate_ref(self.ref_id)?;
         let payload = self.payload.transpose()?;
         let event_body = self.event_body.transpose()?;
+        let limit = self.engine.config.max_event_body;
+        if let Some(body) = &event_body
+            && body.len() > limit
+        {
+            return Err(crate::Error::InvalidInput(format!(
+                "the event body is {} bytes, more than max_event_body ({limit})",
+                body.len()
+            )));
+        }
         let write_id = attempt::write_id();
         let Some(conn) = self.conn else {
             return pooled(
@@ -171,21 +181,10 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
     }
 }
 
-/// The largest event body, in bytes of JSON.
-const MAX_EVENT_BODY: usize = 1024 * 1024;
-
-/// An event body as the outbox stores it: JSON text, bounded.
+/// An event body as the outbox stores it: JSON text (bounded when the request runs).
 fn event_body<B: Serialize + ?Sized>(body: &B) -> Result<String> {
-    let json = serde_json::to_string(body).map_err(|e| {
-        crate::Error::InvalidInput(format!("the event body does not serialize: {e}"))
-    })?;
-    if json.len() > MAX_EVENT_BODY {
-        return Err(crate::Error::InvalidInput(format!(
-            "the event body is {} bytes, more than {MAX_EVENT_BODY}",
-            json.len()
-        )));
-    }
-    Ok(json)
+    serde_json::to_string(body)
+        .map_err(|e| crate::Error::InvalidInput(format!("the event body does not serialize: {e}")))
 }
 
 /// What a pooled call owns.

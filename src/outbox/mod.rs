@@ -46,6 +46,14 @@ pub use seam::{
 pub trait Sink: Send + Sync + 'static {
     /// Publishes one message.
     fn publish(&self, message: &Message) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// The largest message the destination takes, headers included, if it has a limit
+    /// (NATS: the server's `max_payload`). Event bodies are checked when they are written,
+    /// against [`EngineConfig::max_event_body`](crate::EngineConfig::max_event_body): set
+    /// that below this, with room for the headers. `None` (the default): no known limit.
+    fn max_message_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A publish that did not take.

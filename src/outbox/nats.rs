@@ -74,6 +74,12 @@ fn is_token(token: &str) -> bool {
 }
 
 impl Sink for NatsSink {
+    /// The server's `max_payload` (1 MiB by default), as it announced it on connect
+    /// (`None` before the client heard from it).
+    fn max_message_bytes(&self) -> Option<usize> {
+        Some(self.js.client().server_info().max_payload).filter(|n| *n > 0)
+    }
+
     async fn publish(&self, message: &Message) -> Result<(), SinkError> {
         if !is_token(&message.machine) || !is_token(&message.event) {
             return Err(SinkError::permanent(format!(

@@ -274,6 +274,7 @@ macro_rules! conformance {
             poison_event_dies_without_holding_back_others,
             corrupt_rows_are_set_aside_and_hold_back_only_their_entity,
             a_table_without_write_id_is_refused_with_its_fix,
+            event_bodies_are_bounded_when_written,
             relay_dropped_at_every_await_point_leaves_nothing_claimed,
             relay_shutdown_finishes_the_batch_in_hand,
             outbox_purge_and_stats,

@@ -551,6 +551,69 @@ pub async fn corrupt_rows_are_set_aside_and_hold_back_only_their_entity<B: Backe
     assert_eq!(dead_keys, [(1, 1), (3, 1), (5, -5)]);
 }
 
+/// Event bodies are bounded by `EngineConfig::max_event_body` when they are written: a
+/// larger one is `InvalidInput` and nothing is written (no state change, no history, no
+/// outbox row), along an emitting edge or not; one within it is stored. A body along an
+/// edge that emits nothing is ignored: the transition applies, and no outbox row is
+/// written.
+pub async fn event_bodies_are_bounded_when_written<B: Backend>(b: &B) {
+    use super::{OrderEvent, OrderState};
+    let config = orderly::EngineConfig {
+        max_event_body: 1000,
+        ..super::config(B::POLICY)
+    };
+    let e = orderly::Engine::<super::OrderMachine, _>::with_config(
+        b.store(Duration::from_secs(10)).await,
+        config,
+    )
+    .unwrap();
+    let too_big = serde_json::json!({ "note": "x".repeat(2000) });
+    let fits = serde_json::json!({ "note": "y".repeat(500) });
+    for id in [1, 2] {
+        e.create(id).await.unwrap();
+    }
+    // Pay emits OrderPaid; Cancel emits nothing.
+    for (id, event) in [(1, OrderEvent::Pay), (2, OrderEvent::Cancel)] {
+        let refused = e.transition(id, event, "r-1").event_body(&too_big).await;
+        assert!(
+            matches!(&refused, Err(Error::InvalidInput(why)) if why.contains("max_event_body")),
+            "{refused:?}"
+        );
+        assert_eq!(e.get(id).await.unwrap().state, OrderState::Created);
+    }
+    assert_eq!(b.scalar("SELECT count(*) FROM order_transitions").await, 0);
+    assert_eq!(b.scalar("SELECT count(*) FROM outbox").await, 0);
+    let paid = e
+        .transition(1, OrderEvent::Pay, "r-1")
+        .event_body(&fits)
+        .await;
+    assert!(paid.is_ok(), "{paid:?}");
+    let cancelled = e
+        .transition(2, OrderEvent::Cancel, "r-1")
+        .event_body(&fits)
+        .await;
+    assert!(
+        cancelled.is_ok(),
+        "a body along an edge that emits nothing: {cancelled:?}"
+    );
+    assert_eq!(e.get(2).await.unwrap().state, OrderState::Cancelled);
+    let pending = Outbox::new(b.store(Duration::from_secs(10)).await)
+        .pending(10)
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 1, "one row, of the emitting edge");
+    assert_eq!(pending[0].entity_id, 1);
+    assert_eq!(pending[0].body.as_deref(), Some(fits.to_string().as_str()));
+    let bad = orderly::Engine::<super::OrderMachine, _>::with_config(
+        b.store(Duration::from_secs(10)).await,
+        orderly::EngineConfig {
+            max_event_body: 0,
+            ..super::config(B::POLICY)
+        },
+    );
+    assert!(matches!(bad, Err(Error::InvalidInput(_))));
+}
+
 /// A relay round dropped at every await point leaves no connection in a transaction and
 /// no event claimed past its lease: once the lease runs out, another relay publishes
 /// everything, in order per entity. Events the dropped round published without recording
