@@ -9,7 +9,7 @@ mod server;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cluster::{Cluster, galera_script};
 use conformance::{OrderEvent, OrderMachine};
@@ -41,13 +41,13 @@ async fn node_killed_mid_load_rejoins_and_nodes_agree() {
                     } else {
                         (Ship, "s-1")
                     };
-                    let started = std::time::Instant::now();
+                    let started = Instant::now();
                     let answer = e.transition(id, event, r).await;
                     let took = started.elapsed();
                     if t % 3 == 2 && answer.is_ok() {
                         done_on_3.fetch_add(1, Ordering::Relaxed);
                     }
-                    answers.push((t % 3, id, event, answer, took));
+                    answers.push((t % 3, id, event, answer, took, started));
                     i += 6;
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
@@ -65,10 +65,12 @@ async fn node_killed_mid_load_rejoins_and_nodes_agree() {
     tokio::task::spawn_blocking(|| galera_script("kill", "3"))
         .await
         .unwrap();
+    let killed = Instant::now();
     tokio::time::sleep(Duration::from_secs(2)).await;
     tokio::task::spawn_blocking(|| galera_script("restart", "3"))
         .await
         .unwrap();
+    let rejoined = Instant::now();
     stop.store(true, Ordering::SeqCst);
     let mut answers = Vec::new();
     for t in tasks {
@@ -79,7 +81,7 @@ async fn node_killed_mid_load_rejoins_and_nodes_agree() {
     // A call to the killed node is answered within its deadline (plus slack for a loaded
     // machine), never after minutes of pool timeouts.
     let deadline = orderly::EngineConfig::default().deadline;
-    for (node, id, event, answer, took) in &answers {
+    for (node, id, event, answer, took, _) in &answers {
         assert!(
             *took < 3 * deadline,
             "node {node}, order {id} {event:?}: answered after {took:?}: {answer:?}"
@@ -104,6 +106,24 @@ async fn node_killed_mid_load_rejoins_and_nodes_agree() {
         served_on[0] > 0 && served_on[1] > 0,
         "the surviving nodes did not serve: {served_on:?}"
     );
+    // The bound was exercised: a call to node 3 ran while it was down (sent before it
+    // rejoined, answered after it was killed) and was cut off by its deadline.
+    let cut_off: Vec<_> = answers
+        .iter()
+        .filter(|(node, _, _, _, took, sent)| {
+            *node == 2 && *sent < rejoined && *sent + *took > killed
+        })
+        .filter(|a| {
+            matches!(
+                a.3,
+                Err(Error::Unavailable { .. } | Error::DeadlineExceeded { .. })
+            )
+        })
+        .collect();
+    assert!(
+        !cut_off.is_empty(),
+        "no call to node 3 was cut off by its deadline while it was down"
+    );
     // Re-send everything through the rejoined node: the history answers.
     for id in 0..ORDERS {
         let pay = e[2].transition(id, Pay, "p-1").await.unwrap();
@@ -111,7 +131,7 @@ async fn node_killed_mid_load_rejoins_and_nodes_agree() {
         let ship = e[2].transition(id, Ship, "s-1").await.unwrap();
         assert_eq!(ship.version(), 2);
     }
-    for (_, id, _, answer, _) in &answers {
+    for (_, id, _, answer, _, _) in &answers {
         if let Ok(Outcome::Applied { version, to, .. }) = answer {
             let h = e[0].history(*id).await.unwrap();
             assert_eq!(h[*version as usize - 1].to, *to, "order {id}");

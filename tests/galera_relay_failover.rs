@@ -30,6 +30,8 @@ async fn node_killed_mid_relay_others_finish_in_order() {
     }
     let rec = Arc::new(Recorder::default());
     let stop = Arc::new(AtomicBool::new(false));
+    // Set once node 3 is killed.
+    let killed = Arc::new(AtomicBool::new(false));
     let relays: Vec<_> = c
         .stores
         .iter()
@@ -44,18 +46,28 @@ async fn node_killed_mid_relay_others_finish_in_order() {
                     ..RelayConfig::default()
                 })
                 .unwrap();
-            let stop = stop.clone();
+            let (stop, killed) = (stop.clone(), killed.clone());
             tokio::spawn(async move {
-                let mut errors = 0;
+                // Rounds after the kill that published something, and errors.
+                let (mut published_after_kill, mut errors) = (0, Vec::new());
                 while !stop.load(Ordering::SeqCst) {
-                    // Errors are expected on the killed node (and collisions anywhere).
-                    if relay.relay_once().await.is_err() {
-                        errors += 1;
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    let after_kill = killed.load(Ordering::SeqCst);
+                    match relay.relay_once().await {
+                        Ok(round) => {
+                            if after_kill && round.published > 0 {
+                                published_after_kill += 1;
+                            }
+                        }
+                        // Errors are expected on the killed node, and collisions in
+                        // certification anywhere.
+                        Err(err) => {
+                            errors.push(err);
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
                     }
                     tokio::time::sleep(Duration::from_millis(3)).await;
                 }
-                errors
+                (published_after_kill, errors)
             })
         })
         .collect();
@@ -69,6 +81,7 @@ async fn node_killed_mid_relay_others_finish_in_order() {
     tokio::task::spawn_blocking(|| galera_script("kill", "3"))
         .await
         .unwrap();
+    killed.store(true, Ordering::SeqCst);
     let at_kill = rec.received().len();
     // The two others go on once they have evicted the dead node (Galera's suspect
     // timeout, a few seconds, during which commits wait).
@@ -100,8 +113,28 @@ async fn node_killed_mid_relay_others_finish_in_order() {
     );
     stop.store(true, Ordering::SeqCst);
     let mut errors = Vec::new();
-    for r in relays {
-        errors.push(r.await.unwrap());
+    for (n, r) in relays.into_iter().enumerate() {
+        let (published_after_kill, mine) = r.await.unwrap();
+        // The surviving nodes' relays went on publishing, each of them, and failed
+        // only where Galera's certification settled a collision with another node's.
+        if n < 2 {
+            assert!(
+                published_after_kill > 0,
+                "node {}'s relay published nothing after node 3 died",
+                n + 1
+            );
+            for err in &mine {
+                assert!(
+                    cluster::certification_collision(err),
+                    "node {}'s relay failed: {err:?}",
+                    n + 1
+                );
+            }
+        }
+        for err in &mine {
+            assert!(err.is_retryable(), "node {}'s relay failed: {err:?}", n + 1);
+        }
+        errors.push(mine.len());
     }
     // Each event's first receipt in version order per entity; a second receipt only of an
     // event the killed node's relay had published first.

@@ -7,10 +7,12 @@ mod server;
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
-use orderly::outbox::{Message, NatsSink, Outbox, Relay, RelayConfig, Sink};
+use orderly::outbox::{Message, NatsSink, Outbox, Relay, RelayConfig, Sink, SinkError};
 use orderly::{PgStore, SqliteStore};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions};
@@ -100,6 +102,20 @@ fn assert_in_order(events: &[(i64, i64)], entities: i64, per_entity: i64) {
     }
 }
 
+/// Runs `relay` until the outbox is drained.
+fn drain<K: Sink>(relay: Relay<PgStore, K>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let round = relay.relay_once().await.unwrap();
+            if round.claimed == 0 && relay.outbox().stats().await.unwrap().pending == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the outbox never drained");
+        }
+    })
+}
+
 fn config(batch: u32) -> RelayConfig {
     RelayConfig {
         batch,
@@ -112,12 +128,38 @@ fn config(batch: u32) -> RelayConfig {
     }
 }
 
+/// A sink that publishes through NATS until `hold` is set; a publish after that reaches
+/// the stream and then never returns, so its relay is stuck holding its claim (published,
+/// not recorded). The ids it held are kept, and `stuck` is told.
+struct Stalling {
+    inner: NatsSink,
+    hold: Arc<AtomicBool>,
+    stuck: Arc<tokio::sync::Notify>,
+    held: Arc<Mutex<Vec<String>>>,
+}
+
+impl Sink for Stalling {
+    async fn publish(&self, message: &Message) -> Result<(), SinkError> {
+        let out = self.inner.publish(message).await;
+        if self.hold.load(Ordering::SeqCst) {
+            self.held.lock().unwrap().push(message.id.clone());
+            self.stuck.notify_one();
+            std::future::pending::<()>().await;
+        }
+        out
+    }
+
+    fn max_message_bytes(&self) -> Option<usize> {
+        self.inner.max_message_bytes()
+    }
+}
+
 /// Eight relays (each its own pool and NATS connection) race over 10,000 events of 200
 /// entities on PostgreSQL: the stream holds every event once, each entity's in version
 /// order, and the outbox ends with everything published. One relay is dropped after
-/// 300 ms (what it held then is published by the others once its lease runs out; a
-/// message the stream had already taken is dropped by its duplicate window, so the exact
-/// count shows none was stored twice).
+/// 300 ms, mid-publish, holding a claim on events the stream already took: the others
+/// publish them again once its lease runs out (each was claimed twice), and the stream's
+/// duplicate window drops them, so the exact count shows none was stored twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs NATS with JetStream; .ci/run runs it"]
 async fn eight_relays_publish_10000_events_in_order() {
@@ -150,33 +192,66 @@ async fn eight_relays_publish_10000_events_in_order() {
     let prefix = format!("o{name}");
     let js = connect(&nats_url()).await;
     let mut stream = stream_for(&js, &prefix).await;
+    let (hold, stuck, held) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(Mutex::new(Vec::new())),
+    );
     let mut relays = Vec::new();
-    for _ in 0..8 {
+    for n in 0..8 {
         let pool = PgPoolOptions::new()
             .max_connections(2)
             .connect_with(options.clone())
             .await
             .unwrap();
+        let store = PgStore::new(pool);
         let sink = NatsSink::connect(&nats_url(), &prefix).await.unwrap();
-        let relay = Relay::new(PgStore::new(pool), sink)
-            .with_config(config(32))
-            .unwrap();
-        relays.push(tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(300);
-            loop {
-                let round = relay.relay_once().await.unwrap();
-                if round.claimed == 0 && relay.outbox().stats().await.unwrap().pending == 0 {
-                    return;
-                }
-                assert!(Instant::now() < deadline, "the outbox never drained");
-            }
-        }));
+        let task = if n == 0 {
+            let sink = Stalling {
+                inner: sink,
+                hold: hold.clone(),
+                stuck: stuck.clone(),
+                held: held.clone(),
+            };
+            drain(Relay::new(store, sink).with_config(config(32)).unwrap())
+        } else {
+            drain(Relay::new(store, sink).with_config(config(32)).unwrap())
+        };
+        relays.push(task);
     }
-    // One relay dropped part-way: whatever it held is published by the others once its
-    // lease runs out.
+    // One relay dropped part-way, stuck in a publish (its claim held): whatever it held
+    // is published by the others once its lease runs out.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    relays[0].abort();
-    for relay in relays.drain(1..) {
+    hold.store(true, Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(60), stuck.notified())
+        .await
+        .expect("the first relay published nothing after 300 ms");
+    let dropped = relays.remove(0);
+    dropped.abort();
+    let ended = dropped.await;
+    assert!(
+        ended.as_ref().is_err_and(|e| e.is_cancelled()),
+        "the dropped relay ended on its own: {ended:?}"
+    );
+    let held = held.lock().unwrap().clone();
+    let held_keys = held
+        .iter()
+        .map(|id| {
+            let (_, rest) = id.split_once(':').unwrap();
+            format!("({})", rest.replace(':', ", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    // Claimed by the dropped relay and not recorded: still pending under its claim.
+    let still_held: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM outbox WHERE status = 'PENDING' AND owner_token IS NOT NULL \
+         AND (entity_id, version) IN ({held_keys})"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(still_held > 0, "the dropped relay held no claim: {held:?}");
+    for relay in relays {
         relay.await.unwrap();
     }
     let outbox = Outbox::new(PgStore::new(pool.clone()));
@@ -184,6 +259,19 @@ async fn eight_relays_publish_10000_events_in_order() {
     assert_eq!((stats.pending, stats.dead), (0, 0));
     let events = stream_events(&mut stream).await;
     assert_in_order(&events, entities, per_entity);
+    // What the dropped relay held was taken over: claimed again by another relay.
+    let taken_over: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM outbox WHERE status = 'PUBLISHED' AND attempts >= 2 \
+         AND (entity_id, version) IN ({held_keys})"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        taken_over,
+        held.len() as i64,
+        "the dropped relay's claims were not taken over: {held:?}"
+    );
     js.delete_stream(&prefix).await.unwrap();
     pool.close().await;
     sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
@@ -363,4 +451,77 @@ async fn the_relay_waits_through_a_broker_outage() {
     assert_in_order(&events, entities, per_entity);
     broker.kill().unwrap();
     broker.wait().unwrap();
+}
+
+orderly::state_machine! {
+    /// A payment, for the body-size test.
+    pub PaymentMachine {
+        states: PaymentState { Pending, Settled }
+        events: PaymentEvent { Settle }
+        initial: Pending;
+        terminal: [Settled];
+        transitions: {
+            Pending + Settle => Settled emits PaymentSettled,
+        }
+    }
+}
+
+/// The sink states the server's limit (`max_payload`, 1 MiB on a default server), and an
+/// engine whose `max_event_body` is set from it (less room for the headers) refuses a
+/// larger body when it is written (nothing written) and writes one of the largest size it
+/// allows, which the relay publishes to the stream: it does not go dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs NATS with JetStream; .ci/run runs it"]
+async fn event_bodies_fit_the_servers_max_payload() {
+    let prefix = format!("o{}", server::unique_db_name());
+    let js = connect(&nats_url()).await;
+    let mut stream = stream_for(&js, &prefix).await;
+    let sink = NatsSink::connect(&nats_url(), &prefix).await.unwrap();
+    let max = sink
+        .max_message_bytes()
+        .expect("the server announced max_payload");
+    assert_eq!(max, 1 << 20, "a default server's max_payload");
+    let max_event_body = max - 16 * 1024;
+    assert_eq!(max_event_body, orderly::DEFAULT_MAX_EVENT_BODY);
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::connect(&format!("sqlite://{}", dir.path().join("o.db").display()))
+        .await
+        .unwrap();
+    let engine = orderly::Engine::<PaymentMachine, _>::with_config(
+        store.clone(),
+        orderly::EngineConfig {
+            max_event_body,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // A JSON string of n bytes: n - 2 characters between its quotes.
+    let body_of = |n: usize| "x".repeat(n - 2);
+    engine.create(1).await.unwrap();
+    let refused = engine
+        .transition(1, PaymentEvent::Settle, "s-1")
+        .event_body(&body_of(max_event_body + 1))
+        .await;
+    assert!(
+        matches!(refused, Err(orderly::Error::InvalidInput(_))),
+        "{refused:?}"
+    );
+    assert_eq!(engine.get(1).await.unwrap().version, 0, "nothing written");
+    engine
+        .transition(1, PaymentEvent::Settle, "s-1")
+        .event_body(&body_of(max_event_body))
+        .await
+        .unwrap();
+    let relay = Relay::new(store, sink)
+        .with_config(RelayConfig {
+            max_attempts: 1,
+            ..RelayConfig::default()
+        })
+        .unwrap();
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.published, round.dead), (1, 0), "{round:?}");
+    let stored = stream.get_raw_message(1).await.unwrap();
+    assert_eq!(stored.payload.len(), max_event_body);
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+    js.delete_stream(&prefix).await.unwrap();
 }

@@ -6,6 +6,8 @@
 mod server;
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lapin::options::{
@@ -110,9 +112,13 @@ fn config() -> RelayConfig {
     }
 }
 
-/// Four relays over 300 events of 30 entities: the queue receives each event once
-/// (no relay died), each entity's in version order, persistent, with its message id and
-/// `Orderly-*` headers; every publish was confirmed before it was marked published.
+/// Four relays race over 300 events of 30 entities into a queue that holds at most 20
+/// messages and refuses (negatively confirms) a publish beyond that; nothing is taken off
+/// it until it has refused one. The queue receives each event once (no relay died, none
+/// refused was taken for published), each entity's in version order, persistent, with
+/// its message id and `Orderly-*` headers. Every publish was confirmed before it was
+/// marked published: some were refused and retried. The relays raced: two or more ran a
+/// round at once, and two or more published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs RabbitMQ; .ci/run runs it"]
 async fn relays_publish_with_confirms_in_order() {
@@ -121,36 +127,107 @@ async fn relays_publish_with_confirms_in_order() {
     let store = store_with(&dir, entities, per_entity).await;
     let name = format!("orderly_t_{}", server::unique_db_name());
     let (_conn, channel) = channel().await;
-    exchange(&channel, &name, true).await;
+    exchange(&channel, &name, false).await;
+    let mut bounded = FieldTable::default();
+    bounded.insert("x-max-length".into(), AMQPValue::LongInt(20));
+    bounded.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    channel
+        .queue_declare(
+            name.as_str().into(),
+            QueueDeclareOptions::default(),
+            bounded,
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            name.as_str().into(),
+            name.as_str().into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let (in_round, most_in_round) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let mut relays = Vec::new();
     for _ in 0..4 {
         let sink = RabbitSink::connect(&amqp_url(), &name).await.unwrap();
         let relay = Relay::new(store.clone(), sink)
             .with_config(config())
             .unwrap();
+        let (refused, in_round, most_in_round) =
+            (refused.clone(), in_round.clone(), most_in_round.clone());
         relays.push(tokio::spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(120);
+            let mut published = 0;
             loop {
+                let now = in_round.fetch_add(1, Ordering::SeqCst) + 1;
+                most_in_round.fetch_max(now, Ordering::SeqCst);
                 let round = relay.relay_once().await.unwrap();
+                in_round.fetch_sub(1, Ordering::SeqCst);
+                published += round.published;
+                refused.fetch_add(round.retried, Ordering::SeqCst);
                 if round.claimed == 0 && relay.outbox().stats().await.unwrap().pending == 0 {
-                    return;
+                    return published;
                 }
                 assert!(Instant::now() < deadline, "the outbox never drained");
             }
         }));
     }
+    // The consumer: waits until the full queue refused a publish, then takes everything.
+    let done = Arc::new(AtomicBool::new(false));
+    let consumer = tokio::spawn({
+        let (channel, name, refused, done) =
+            (channel.clone(), name.clone(), refused.clone(), done.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while refused.load(Ordering::SeqCst) == 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "the full queue refused no publish: confirms were never checked"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let mut deliveries = Vec::new();
+            loop {
+                let finished = done.load(Ordering::SeqCst);
+                match channel
+                    .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
+                    .await
+                    .unwrap()
+                {
+                    Some(got) => deliveries.push(got.delivery),
+                    None if finished => return deliveries,
+                    None => tokio::time::sleep(Duration::from_millis(2)).await,
+                }
+            }
+        }
+    });
+    let mut published = Vec::new();
     for relay in relays {
-        relay.await.unwrap();
+        published.push(relay.await.unwrap());
     }
+    done.store(true, Ordering::SeqCst);
+    let deliveries = consumer.await.unwrap();
+    assert!(refused.load(Ordering::SeqCst) > 0);
+    assert!(
+        most_in_round.load(Ordering::SeqCst) >= 2,
+        "the relays never ran a round at once"
+    );
+    assert!(
+        published.iter().filter(|n| **n > 0).count() >= 2,
+        "one relay published everything: {published:?}"
+    );
     let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
     let mut count = 0;
-    while let Some(got) = channel
-        .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
-        .await
-        .unwrap()
-    {
+    for delivery in &deliveries {
         count += 1;
-        let props = &got.delivery.properties;
+        let props = &delivery.properties;
         assert_eq!(*props.delivery_mode(), Some(2), "persistent");
         let headers = props.headers().as_ref().expect("headers").inner();
         let header = |name: &str| match headers.get(name) {
@@ -166,7 +243,7 @@ async fn relays_publish_with_confirms_in_order() {
             Some(format!("OrderMachine:{entity}:{version}"))
         );
         assert_eq!(header("Orderly-Event"), "OrderPaid");
-        assert_eq!(got.delivery.routing_key.as_str(), "OrderMachine.OrderPaid");
+        assert_eq!(delivery.routing_key.as_str(), "OrderMachine.OrderPaid");
         seen.entry(entity).or_default().push(version);
     }
     assert_eq!(count, entities * per_entity, "each event once");

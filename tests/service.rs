@@ -36,6 +36,36 @@ async fn create(client: &reqwest::Client, svc: &Service, key: &str, sku: &str) -
     }
 }
 
+/// When a request was sent and when its answer came.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    sent: Instant,
+    answered: Instant,
+}
+
+/// Runs `call`, noting when it was sent and when it was answered.
+async fn timed<T>(call: impl std::future::Future<Output = T>) -> (T, Span) {
+    let sent = Instant::now();
+    let out = call.await;
+    (
+        out,
+        Span {
+            sent,
+            answered: Instant::now(),
+        },
+    )
+}
+
+/// How many requests `counts` picks out that ran while request `first` ran (sent before
+/// it was answered, answered after it was sent).
+fn raced(spans: &[Span], first: usize, counts: impl Fn(usize) -> bool) -> usize {
+    let f = spans[first];
+    (0..spans.len())
+        .filter(|&i| i != first && counts(i))
+        .filter(|&i| spans[i].sent < f.answered && f.sent < spans[i].answered)
+        .count()
+}
+
 /// The whole story on one database.
 async fn story(db: &str) {
     let svc = Service::start(db);
@@ -46,9 +76,9 @@ async fn story(db: &str) {
 
     // 64 concurrent identical POSTs with one key: one order; the others replay (or are
     // told 409 while it runs, and replay when they retry).
-    let answers = futures_util::future::join_all((0..64).map(|_| {
+    let (answers, spans): (Vec<_>, Vec<_>) = futures_util::future::join_all((0..64).map(|_| {
         let (client, url) = (client.clone(), svc.url("/orders"));
-        async move {
+        timed(async move {
             post(
                 &client,
                 &url,
@@ -56,9 +86,11 @@ async fn story(db: &str) {
                 json!({"sku": "sku-1", "qty": 1}),
             )
             .await
-        }
+        })
     }))
-    .await;
+    .await
+    .into_iter()
+    .unzip();
     let created: Vec<_> = answers
         .iter()
         .filter(|(s, _, _)| *s == StatusCode::CREATED)
@@ -73,6 +105,21 @@ async fn story(db: &str) {
     }
     let ids: HashSet<_> = created.iter().map(|(_, _, b)| b["id"].clone()).collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
+    // The race happened: a request found the first one in flight (409), or was sent
+    // while it ran and was answered with its replay.
+    let first = answers
+        .iter()
+        .position(|(s, replayed, _)| *s == StatusCode::CREATED && !replayed)
+        .unwrap();
+    let in_flight = answers
+        .iter()
+        .filter(|(s, _, _)| *s == StatusCode::CONFLICT)
+        .count();
+    let replayed_while_running = raced(&spans, first, |i| answers[i].1);
+    assert!(
+        in_flight + replayed_while_running > 0,
+        "no request of the storm overlapped the one that ran: no race"
+    );
     let id = create(&client, &svc, "storm-1", "sku-1").await;
     assert_eq!(
         get(&client, &svc.url("/stock/sku-1")).await["available"],
@@ -90,10 +137,10 @@ async fn story(db: &str) {
     .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{paid}");
     let payment = paid["payment_id"].as_str().unwrap().to_string();
-    let callbacks = futures_util::future::join_all((0..3).map(|_| {
+    let (callbacks, spans): (Vec<_>, Vec<_>) = futures_util::future::join_all((0..3).map(|_| {
         let (client, url) = (client.clone(), svc.url("/webhooks/gateway"));
         let payment = payment.clone();
-        async move {
+        timed(async move {
             post(
                 &client,
                 &url,
@@ -101,15 +148,28 @@ async fn story(db: &str) {
                 json!({"order_id": id, "payment_id": payment}),
             )
             .await
-        }
+        })
     }))
-    .await;
+    .await
+    .into_iter()
+    .unzip();
     let applied = callbacks
         .iter()
         .filter(|(s, _, b)| *s == StatusCode::OK && b["replayed"] == false)
         .count();
     assert_eq!(applied, 1, "{callbacks:?}");
     assert!(callbacks.iter().all(|(s, _, _)| *s == StatusCode::OK));
+    // The race happened: a callback answered as a replay was sent while the one that
+    // applied was still running.
+    let first = callbacks
+        .iter()
+        .position(|(_, _, b)| b["replayed"] == false)
+        .unwrap();
+    let replayed_while_running = raced(&spans, first, |i| callbacks[i].2["replayed"] == true);
+    assert!(
+        replayed_while_running > 0,
+        "no callback was sent while the one that applied ran: no race"
+    );
     // A second payment for the paid order: refused, naming the winner.
     let (status, _, refused) = post(
         &client,

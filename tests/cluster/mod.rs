@@ -124,3 +124,17 @@ pub fn galera_script(command: &str, node: &str) {
         .unwrap();
     assert!(status.success(), ".ci/galera.sh {command} {node} failed");
 }
+
+/// Whether `err` is a write set that lost in Galera's certification to another node's:
+/// error 1213 (Galera reports a certification failure as a deadlock), retryable.
+pub fn certification_collision(err: &orderly::Error) -> bool {
+    match err {
+        orderly::Error::Database {
+            source: sqlx::Error::Database(db),
+            retryable: true,
+        } => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|e| e.number() == 1213),
+        _ => false,
+    }
+}
