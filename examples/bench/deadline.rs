@@ -12,6 +12,7 @@ use super::*;
 pub(crate) async fn deadline_pass<B: BenchDb>(
     db: &Arc<B>,
     engine: &Engine<OrderMachine, B::S>,
+    records: &Records<B::S>,
     args: &Args,
 ) -> Result<String, BoxError> {
     db.reset().await?;
@@ -71,7 +72,13 @@ pub(crate) async fn deadline_pass<B: BenchDb>(
             *id,
         )?;
     }
+    let (records_calls, records_in_time) = records_storm(records, callers, args).await?;
     let share = |n: usize| n as f64 / calls.len().max(1) as f64;
+    println!(
+        "#    deadline storm, records: {callers} callers, {} ms deadlines: {records_calls} runs, {records_in_time} answered in time ({:.1} %)",
+        args.deadline_ms,
+        100.0 * records_in_time as f64 / records_calls.max(1) as f64,
+    );
     println!(
         "#    deadline storm: {callers} callers, pool {pool}, {} ms deadlines: {} calls, {} answered in time ({:.1} %), {} of them Applied",
         args.deadline_ms,
@@ -81,11 +88,79 @@ pub(crate) async fn deadline_pass<B: BenchDb>(
         applied
     );
     Ok(format!(
-        "deadline backend={} callers={callers} pool={pool} deadline_ms={} calls={} in_time={:.3} applied_in_time={:.3}",
+        "deadline backend={} callers={callers} pool={pool} deadline_ms={} calls={} in_time={:.3} applied_in_time={:.3} records_calls={records_calls} records_in_time={:.3}",
         args.backend,
         args.deadline_ms,
         calls.len(),
         share(in_time),
-        share(applied)
+        share(applied),
+        records_in_time as f64 / records_calls.max(1) as f64,
     ))
+}
+
+/// The same storm over `Records::run` (a claim, empty work, the completion in the
+/// work's transaction), new keys, for `--seconds`: how many runs, and how many were
+/// answered in time. A run its caller stops waiting for finishes off the caller's task
+/// (or is released), so afterwards no record is left held, and every run told it
+/// succeeded replays.
+async fn records_storm<S: FlowStore>(
+    records: &Records<S>,
+    callers: usize,
+    args: &Args,
+) -> Result<(usize, usize), BoxError> {
+    let limit = Duration::from_millis(args.deadline_ms);
+    let run_for = Duration::from_secs_f64(args.seconds);
+    let next = Arc::new(AtomicI64::new(1));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..callers)
+        .map(|_| {
+            let (r, next) = (records.clone(), next.clone());
+            tokio::spawn(async move {
+                // (key, told it succeeded in time)
+                let mut calls = Vec::new();
+                while start.elapsed() < run_for {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let key = format!("storm-{n}");
+                    let run = r.run(SCOPE, &key, &n, |_| {
+                        Box::pin(
+                            async move { Ok::<_, orderly::Error>(Done::<i64, ()>::Succeeded(n)) },
+                        )
+                    });
+                    let told = match tokio::time::timeout(limit, run).await {
+                        Ok(Ok(ran)) => Some(ran.outcome.is_ok()),
+                        Ok(Err(e)) if e.is_retryable() => Some(false),
+                        Ok(Err(e)) => return Err(BoxError::from(format!("run {key}: {e}"))),
+                        Err(_) => None,
+                    };
+                    calls.push((key, n, told));
+                }
+                Ok(calls)
+            })
+        })
+        .collect();
+    let mut calls = Vec::new();
+    for w in workers {
+        calls.extend(w.await??);
+    }
+    let in_time = calls.iter().filter(|c| c.2.is_some()).count();
+    // The runs given up on finish (or are released) off their callers' tasks.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let mut held = 0;
+    for (key, n, told) in &calls {
+        match records.claim(SCOPE, key, n).await {
+            Ok(orderly::Claim::Replayed(_)) => {}
+            Ok(orderly::Claim::Claimed(again)) => {
+                ensure(*told != Some(true), "a run told it succeeded was lost", *n)?;
+                records.release(&again).await?;
+            }
+            // Left held by a run its caller gave up on (its release failed): counted.
+            Err(orderly::Error::InFlight { .. }) => held += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    println!(
+        "#    records left held by a run given up on: {held} of {}",
+        calls.len()
+    );
+    Ok((calls.len(), in_time))
 }

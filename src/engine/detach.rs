@@ -68,6 +68,93 @@ pub(crate) async fn within_deadline<T>(
     }
 }
 
+/// Runs `call` within `deadline` as [`within_deadline`] does, but as a [`Detached`]
+/// unit: a caller that stops waiting (drops this future, or the deadline passes) leaves
+/// it to finish what it is in the middle of off the caller's task, for at most `deadline`
+/// more, so that its connection goes back to the pool warm instead of being closed. It
+/// sends no write it had not sent by then ([`abandoned`] says so). What it answers then
+/// goes to `abandoned`, which undoes what nobody will use (a claim granted to a caller
+/// that left is released).
+pub(crate) async fn finished_off_task<T, A, U>(
+    deadline: Duration,
+    writes: bool,
+    call: impl Future<Output = crate::Result<T>> + Send + 'static,
+    abandoned: A,
+) -> crate::Result<T>
+where
+    T: Send + 'static,
+    A: FnOnce(crate::Result<T>) -> U + Send + 'static,
+    U: Future<Output = ()> + Send + 'static,
+{
+    let stage = Arc::new(Stage::default());
+    let seen = stage.clone();
+    let started = tokio::time::Instant::now();
+    let work = CALL.scope(stage.clone(), async move {
+        let out = call.await;
+        if seen.0.load(Ordering::Acquire) & Stage::ABANDONED != 0 {
+            abandoned(out).await;
+            return None;
+        }
+        Some(out)
+    });
+    let detached = Detached::new(work, deadline, stage.clone());
+    match tokio::time::timeout(deadline, detached).await {
+        Ok(Some(Err(crate::Error::Database {
+            source,
+            retryable: true,
+        }))) if stage.never_connected() && crate::store::errors::no_connection(&source) => {
+            Err(crate::Error::Unavailable {
+                waited: started.elapsed(),
+            })
+        }
+        Ok(Some(answer)) => answer,
+        // Abandoned while it was being polled here: it cannot be (the caller is here).
+        Ok(None) => Err(crate::Error::DeadlineExceeded {
+            deadline,
+            in_doubt: writes,
+        }),
+        Err(_) => Err(past_deadline(&stage, deadline, writes)),
+    }
+}
+
+/// A handle on the call running on this task (see [`finished_off_task`]): whether its
+/// caller stopped waiting, for work done for it on another task (a queued claim).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Caller(Option<Arc<Stage>>);
+
+impl Caller {
+    /// The call running on this task, if any.
+    pub(crate) fn current() -> Self {
+        Caller(CALL.try_with(Arc::clone).ok())
+    }
+
+    /// Whether its caller stopped waiting.
+    pub(crate) fn left(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|s| s.0.load(Ordering::Acquire) & Stage::ABANDONED != 0)
+    }
+}
+
+/// Whether the caller of the call running on this task stopped waiting (see
+/// [`finished_off_task`]): it then sends no further write.
+pub(crate) fn abandoned() -> bool {
+    CALL.try_with(|stage| stage.0.load(Ordering::Acquire) & Stage::ABANDONED != 0)
+        .unwrap_or(false)
+}
+
+/// The answer of a call whose deadline passed, by how far it got.
+fn past_deadline(stage: &Stage, deadline: Duration, writes: bool) -> crate::Error {
+    if stage.never_connected() {
+        crate::Error::Unavailable { waited: deadline }
+    } else {
+        crate::Error::DeadlineExceeded {
+            deadline,
+            in_doubt: writes,
+        }
+    }
+}
+
 impl Stage {
     const WAITING: u8 = 0;
     const CONNECTED: u8 = 1;

@@ -54,7 +54,7 @@ pub use read_first::ReadFirst;
 pub use request::{CreateRequest, TransitionRequest};
 pub use writes::CoalescedWrites;
 
-pub(crate) use detach::{mark_connected, within_deadline};
+pub(crate) use detach::{Caller, abandoned, finished_off_task, mark_connected, within_deadline};
 use input::{parse_record, parse_state, parse_version};
 pub(crate) use read_first::FirstRound;
 

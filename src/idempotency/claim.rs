@@ -25,13 +25,29 @@ impl<S: RecordStore> Records<S> {
         payload: &P,
     ) -> Result<Claim> {
         let span = tracing::info_span!("orderly.claim", scope, outcome = tracing::field::Empty);
-        let out = crate::engine::within_deadline(
-            self.deadline,
-            true,
-            self.claim_now(scope, key, payload),
-        )
-        .instrument(span.clone())
-        .await;
+        let out = match fingerprint_of(payload) {
+            Ok(hash) => {
+                // A caller that stops waiting leaves the claim to finish off its task (its
+                // connection goes back warm); a claim granted to nobody is released.
+                let (records, scope, key) = (self.clone(), scope.to_string(), key.to_string());
+                let releaser = self.clone();
+                crate::engine::finished_off_task(
+                    self.deadline,
+                    true,
+                    async move { records.claim_now(&scope, &key, &hash).await },
+                    move |answer| async move {
+                        if let Ok(Claim::Claimed(held)) = answer
+                            && let Err(e) = releaser.release(&held).await
+                        {
+                            tracing::warn!(error = %e, key = held.key, "releasing a claim its caller left failed; it is claimable again when its lease runs out");
+                        }
+                    },
+                )
+                .instrument(span.clone())
+                .await
+            }
+            Err(e) => Err(e),
+        };
         let outcome = match &out {
             Ok(Claim::Claimed(_)) => "claimed",
             Ok(Claim::Replayed(_)) => "replayed",
@@ -49,15 +65,10 @@ impl<S: RecordStore> Records<S> {
         out
     }
 
-    async fn claim_now<P: Serialize + ?Sized>(
-        &self,
-        scope: &str,
-        key: &str,
-        payload: &P,
-    ) -> Result<Claim> {
+    async fn claim_now(&self, scope: &str, key: &str, hash: &str) -> Result<Claim> {
         let config = self.config(scope)?;
         validate_reference("an idempotency key", key)?;
-        let hash = fingerprint_of(payload)?;
+        let hash = hash.to_string();
         let token = uuid::Uuid::new_v4().simple().to_string();
         let claim = NewClaim {
             scope,
@@ -113,6 +124,13 @@ impl<S: RecordStore> Records<S> {
             }
         }
         for round in 0..CLAIM_ROUNDS {
+            if crate::engine::abandoned() {
+                // Its caller left before this round's claim was sent: it never is.
+                return Err(Error::DeadlineExceeded {
+                    deadline: self.deadline,
+                    in_doubt: round > 0,
+                });
+            }
             let once = match (round, &self.claims) {
                 (0, Some(claims)) => match claims.turn(|| Owned::new(claim)) {
                     Entered::Alone(slot) => {
@@ -121,7 +139,9 @@ impl<S: RecordStore> Records<S> {
                         once
                     }
                     // Held by the batch's statement; or nothing written for it, or the
-                    // batch failed (the sender dropped): the read below tells which.
+                    // batch failed (the sender dropped): the read below tells which. (A
+                    // caller that leaves while queued is left out of the next batch, or,
+                    // if its batch was on its way, its claim is released by the batch.)
                     Entered::Queued(answer) => Ok(answer.await.ok().flatten()),
                 },
                 _ => self.claim_once(claim).await,
@@ -156,6 +176,11 @@ impl<S: RecordStore> Records<S> {
     /// end, as for every statement below).
     async fn claim_once(&self, claim: &NewClaim<'_>) -> Result<Option<i32>, sqlx::Error> {
         let mut lease = Lease::acquire_for_write(&self.store).await?;
+        if crate::engine::abandoned() {
+            // Its caller left while it waited for the connection: nothing is sent.
+            lease.release();
+            return Ok(None);
+        }
         let out = self.store.claim(lease.conn(), claim).await;
         lease.release_after(&out);
         out

@@ -12,6 +12,8 @@ pub(crate) struct Owned {
     token: String,
     lease_ms: i64,
     retention_ms: i64,
+    /// The call the claim is made for.
+    caller: crate::engine::Caller,
 }
 
 impl Owned {
@@ -23,6 +25,7 @@ impl Owned {
             token: c.token.to_string(),
             lease_ms: c.lease_ms,
             retention_ms: c.retention_ms,
+            caller: crate::engine::Caller::current(),
         }
     }
 
@@ -43,6 +46,10 @@ impl<S: RecordStore> Queued<S> for Owned {
         &self.token
     }
 
+    fn left(&self) -> bool {
+        self.caller.left()
+    }
+
     async fn write(
         store: &S,
         conn: &mut S::Conn,
@@ -53,5 +60,22 @@ impl<S: RecordStore> Queued<S> for Owned {
         let mut claims: Vec<NewClaim<'_>> = batch.iter().map(Owned::as_claim).collect();
         claims.sort_unstable_by(|a, b| (a.scope, a.key).cmp(&(b.scope, b.key)));
         store.claim_new(conn, &claims).await
+    }
+
+    async fn release(store: &S, conn: &mut S::Conn, claim: &Self) -> Result<(), sqlx::Error> {
+        let finish = super::Finish {
+            scope: &claim.scope,
+            key: &claim.key,
+            token: &claim.token,
+            status: "FAILED",
+            result: None,
+            terminal: false,
+            lease_ms: claim.lease_ms,
+            retention_ms: claim.retention_ms,
+        };
+        store
+            .finish(conn, &finish, crate::store::Txn::Own)
+            .await
+            .map(|_| ())
     }
 }

@@ -16,8 +16,7 @@ impl<S: RecordStore> Records<S> {
     /// again; a retryable error means the record is still held: call again.
     pub async fn complete<R: Serialize + ?Sized>(&self, held: &Claimed, result: &R) -> Result<()> {
         let json = to_json(result)?;
-        let finish = self.finish(held, "SUCCEEDED", Some(&json), false)?;
-        self.fenced(held, &finish).await
+        self.fenced(held, "SUCCEEDED", Some(json), false).await
     }
 
     /// [`complete`](Self::complete) inside the caller's transaction: the record commits
@@ -64,20 +63,18 @@ impl<S: RecordStore> Records<S> {
         kind: Failure,
     ) -> Result<()> {
         let json = to_json(failure)?;
-        let finish = self.finish(held, "FAILED", Some(&json), kind == Failure::Terminal)?;
-        self.fenced(held, &finish).await
+        self.fenced(held, "FAILED", Some(json), kind == Failure::Terminal)
+            .await
     }
 
     /// Gives the held record up, storing nothing: the next claim runs the request again.
     pub async fn release(&self, held: &Claimed) -> Result<()> {
-        let finish = self.finish(held, "FAILED", None, false)?;
-        self.fenced(held, &finish).await
+        self.fenced(held, "FAILED", None, false).await
     }
 
     /// Extends the held record's lease by the scope's lease, from now.
     pub async fn extend(&self, held: &Claimed) -> Result<()> {
-        let finish = self.finish(held, "PROCESSING", None, false)?;
-        self.fenced(held, &finish).await
+        self.fenced(held, "PROCESSING", None, false).await
     }
 
     fn finish<'a>(
@@ -106,10 +103,29 @@ impl<S: RecordStore> Records<S> {
     /// written), it landed; still held by this holder, it did not land, and it is sent
     /// again on a fresh connection (a few times; then a retryable error, the record
     /// still held); held by another token or finished otherwise, [`Error::LeaseLost`].
-    async fn fenced(&self, held: &Claimed, finish: &Finish<'_>) -> Result<()> {
-        let out =
-            crate::engine::within_deadline(self.deadline, true, self.fenced_now(held, finish))
-                .await;
+    ///
+    /// A caller that stops waiting leaves the write to finish off its task (its
+    /// connection goes back to the pool warm); one not sent by then is never sent.
+    async fn fenced(
+        &self,
+        held: &Claimed,
+        status: &'static str,
+        result: Option<String>,
+        terminal: bool,
+    ) -> Result<()> {
+        // The scope is known (checked here, before anything is sent).
+        self.finish(held, status, None, terminal)?;
+        let (records, owned) = (self.clone(), held.clone());
+        let out = crate::engine::finished_off_task(
+            self.deadline,
+            true,
+            async move {
+                let finish = records.finish(&owned, status, result.as_deref(), terminal)?;
+                records.fenced_now(&owned, &finish).await
+            },
+            |_| async {},
+        )
+        .await;
         // Finished (by this holder or, if the lease was lost, by another): the request
         // is no longer running, and the front's marker goes, outside the deadline, so that
         // a deadline passing as the write lands cannot leave the marker shedding repeats.
@@ -120,7 +136,7 @@ impl<S: RecordStore> Records<S> {
                 | Error::Unavailable { .. }
                 | Error::DeadlineExceeded { .. })
         );
-        if finish.status != "PROCESSING" && !unsure {
+        if status != "PROCESSING" && !unsure {
             self.unmark_held(held).await;
         }
         out
@@ -130,6 +146,12 @@ impl<S: RecordStore> Records<S> {
         const SENDS: u32 = 3;
         let write = || async {
             let mut lease = Lease::acquire_for_write(&self.store).await?;
+            if crate::engine::abandoned() {
+                // Its caller left before it was sent: it never is (the record stays held,
+                // as the caller was told).
+                lease.release();
+                return Err(sqlx::Error::PoolTimedOut);
+            }
             let out = self.store.finish(lease.conn(), finish, Txn::Own).await;
             lease.release_after(&out);
             out

@@ -48,8 +48,11 @@ impl<S: RecordStore> Records<S> {
     /// The claim's answers ([`Error::InFlight`], [`Error::PayloadMismatch`], bad input)
     /// come back as `E`. [`Error::LeaseLost`] means the lease ran out while the work ran
     /// and another request took the record over: the work was rolled back. If this
-    /// future is dropped part way, the transaction rolls back and the record stays held
-    /// until its lease runs out, for the next claim or the recovery job.
+    /// future is dropped part way, the claim (if it was in the middle of it) finishes off
+    /// the caller's task and a record it granted is released; dropped during the work,
+    /// the transaction rolls back (its connection is closed) and the record is released
+    /// by a task of its own, so the next claim runs the request again at once (if that
+    /// release cannot be written, the record is held until its lease runs out).
     pub async fn run<P, R, F, E, W>(
         &self,
         scope: &str,
@@ -68,7 +71,13 @@ impl<S: RecordStore> Records<S> {
             Claim::Replayed(stored) => return Ok(replay(&stored)?),
             Claim::Claimed(held) => held,
         };
-        match self.run_held(&held, work).await {
+        let guard = ReleaseOnDrop {
+            records: Some(self.clone()),
+            held: held.clone(),
+        };
+        let ran = self.run_held(&held, work).await;
+        guard.disarm();
+        match ran {
             Ok(ran) => Ok(ran),
             Err(Failed::Work(e)) => {
                 self.release_quietly(&held).await;
@@ -149,6 +158,32 @@ impl<S: RecordStore> Records<S> {
     async fn release_quietly(&self, held: &Claimed) {
         if let Err(e) = self.release(held).await {
             tracing::warn!(error = %e, scope = held.scope, key = held.key, "release after a failed request");
+        }
+    }
+}
+
+/// Releases a held record, on a task of its own, if the future that holds it is dropped
+/// before it is disarmed: a request dropped during its work leaves nothing held.
+struct ReleaseOnDrop<S: RecordStore> {
+    records: Option<Records<S>>,
+    held: Claimed,
+}
+
+impl<S: RecordStore> ReleaseOnDrop<S> {
+    fn disarm(mut self) {
+        self.records = None;
+    }
+}
+
+impl<S: RecordStore> Drop for ReleaseOnDrop<S> {
+    fn drop(&mut self) {
+        let Some(records) = self.records.take() else {
+            return;
+        };
+        let held = self.held.clone();
+        // Without a runtime (it is shutting down) the lease runs out instead.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { records.release_quietly(&held).await });
         }
     }
 }

@@ -37,6 +37,10 @@ const MAX_BATCH: usize = 64;
 pub(crate) trait Queued<S: Store>: Send + Sync + Sized + 'static {
     /// The owner token the claim minted.
     fn token(&self) -> &str;
+    /// Whether its caller stopped waiting: it is left out of the next batch, never sent.
+    fn left(&self) -> bool {
+        false
+    }
     /// Inserts the claims whose records do not exist yet, in one statement where the
     /// store can: the tokens of those that hold their records now, with their attempts.
     fn write(
@@ -44,6 +48,18 @@ pub(crate) trait Queued<S: Store>: Send + Sync + Sized + 'static {
         conn: &mut S::Conn,
         batch: &[Self],
     ) -> impl Future<Output = Result<Vec<(String, i32)>, sqlx::Error>> + Send;
+
+    /// Gives up a claim this batch granted to a caller that had left (its receiver
+    /// dropped while the batch was on its way), so its record is not held until its
+    /// lease runs out. The default leaves it to the lease.
+    fn release(
+        store: &S,
+        conn: &mut S::Conn,
+        claim: &Self,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let _ = (store, conn, claim);
+        std::future::ready(Ok(()))
+    }
 }
 
 /// The claims of one [`Records`](crate::Records) or [`Flows`](crate::Flows) and its
@@ -133,7 +149,9 @@ impl<S: Store, Q: Queued<S>> Drain for Claims<S, Q> {
         // A caller that stopped waiting has dropped its receiver: its claim is left out,
         // never sent.
         while let Some(batch) = Queue::next(&mut turn, |waiting| {
-            queue::first(waiting, MAX_BATCH, |w: &Waiting<Q>| !w.reply.is_closed())
+            queue::first(waiting, MAX_BATCH, |w: &Waiting<Q>| {
+                !w.reply.is_closed() && !w.claim.left()
+            })
         }) {
             let (claims, replies): (Vec<Q>, Vec<_>) =
                 batch.into_iter().map(|w| (w.claim, w.reply)).unzip();
@@ -149,13 +167,37 @@ impl<S: Store, Q: Queued<S>> Drain for Claims<S, Q> {
                         self.batches.fetch_add(1, Relaxed);
                         self.carried.fetch_add(claims.len() as u64, Relaxed);
                     }
+                    let mut left = Vec::new();
                     for (claim, reply) in claims.iter().zip(replies) {
                         let attempt = held
                             .iter()
                             .find(|(token, _)| token == claim.token())
                             .map(|(_, attempt)| *attempt);
-                        // A caller that has given up has dropped its receiver.
-                        let _ = reply.send(attempt);
+                        // A caller that has given up has dropped its receiver: a claim
+                        // granted to it is given up.
+                        if reply.send(attempt).is_err() && attempt.is_some() {
+                            left.push(claim);
+                        }
+                    }
+                    if !left.is_empty() {
+                        let release = async {
+                            let mut lease = Lease::acquire_for_write(&self.store).await?;
+                            let mut out = Ok(());
+                            for claim in left {
+                                out = Q::release(&self.store, lease.conn(), claim).await;
+                                if out.is_err() {
+                                    break;
+                                }
+                            }
+                            lease.release_after(&out);
+                            out
+                        };
+                        if let Ok(Err(e)) | Err(e) = tokio::time::timeout(self.limit, release)
+                            .await
+                            .map_err(|_| sqlx::Error::PoolTimedOut)
+                        {
+                            tracing::warn!(error = %e, "releasing claims granted to callers that left failed; they are claimable again when their leases run out");
+                        }
                     }
                 }
                 // The batch's senders are dropped with it: each of its claims goes on

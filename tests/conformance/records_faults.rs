@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use orderly::{Claim, Error, Failure, Reconciled, Records, ScopeConfig, Stored, Stuck};
+use orderly::{Claim, Error, Failure, Records, ScopeConfig, Stored};
 
 use super::faults::{Networked, assert_pool_clean, poll_at_most};
 use super::idempotency::claimed;
@@ -36,32 +36,41 @@ fn orders<S: orderly::idempotency::RecordStore>(
 /// `claim`, `complete` and `run` dropped at every await point they reach, on a pool of
 /// one connection (a connection handed back dirty is certainly the next caller's). After
 /// each drop the pool still serves a claim and a completion that another connection
-/// sees. Afterwards the pool is full and idle, no session sits in a transaction, and
-/// each record is absent, completed, or PROCESSING until its lease runs out; the
-/// recovery job then takes every held one over, and for `run` an order exists exactly
-/// when its record completed.
+/// sees, and the dropped call's key is never left held: within the lease, a claim of it
+/// is granted (a claim granted to nobody, or a `run` dropped during its work, was
+/// released) or replays what completed (a `complete` finished off the caller's task),
+/// never `InFlight`; for `run` an order exists exactly when its record completed.
+/// Afterwards the pool is full and idle and no session sits in a transaction. Evidence
+/// that drops landed after a write: claims granted again (attempt 2) and completions
+/// replayed.
 pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
     let store = b.small_store(1).await;
     let r = orders(store.clone(), B::POLICY);
     let e = engine(b).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let mut dropped: HashMap<&str, usize> = HashMap::new();
-    let mut keys = Vec::new();
+    // Per kind: drops whose key was granted again after a release, and drops that
+    // replayed what the dropped call completed.
+    let mut released: HashMap<&str, usize> = HashMap::new();
+    let mut completed: HashMap<&str, usize> = HashMap::new();
     let mut next = 0i64;
     for kind in ["claim", "complete", "run"] {
         let (mut k, mut restarts) = (0, 0);
         while k < 200 {
             next += 1;
             let key = format!("{kind}-{next}");
+            let mut holder = None;
             let done = match kind {
                 "claim" => poll_at_most(r.claim("orders", &key, &next), k)
                     .await
                     .map(|c| drop(claimed(c.unwrap()))),
                 "complete" => {
                     let held = claimed(r.claim("orders", &key, &next).await.unwrap());
-                    poll_at_most(r.complete(&held, &"done"), k)
+                    let done = poll_at_most(r.complete(&held, &"done"), k)
                         .await
-                        .map(|c| c.unwrap())
+                        .map(|c| c.unwrap());
+                    holder = Some(held);
+                    done
                 }
                 _ => {
                     let work = place::<B>(e.clone(), runs.clone(), next, "ok");
@@ -70,7 +79,62 @@ pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
                         .map(|ran| assert_eq!(ran.unwrap().outcome, Ok(next)))
                 }
             };
-            keys.push((kind, key, next));
+            if done.is_none()
+                && let Some(held) = &holder
+            {
+                // The caller still holds the record: the dropped completion finished off
+                // its task, or was never sent and the record is still the caller's, who
+                // completes it again.
+                *dropped.entry(kind).or_insert(0) += 1;
+                let landed = format!(
+                    "SELECT COUNT(*) FROM idempotency_records \
+                     WHERE idem_key = '{key}' AND status = 'SUCCEEDED'"
+                );
+                let asked = std::time::Instant::now();
+                while b.scalar(&landed).await == 0 && asked.elapsed() < Duration::from_millis(50) {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                if b.scalar(&landed).await == 1 {
+                    *completed.entry(kind).or_insert(0) += 1;
+                }
+                r.complete(held, &"done").await.unwrap();
+            } else if done.is_none() {
+                *dropped.entry(kind).or_insert(0) += 1;
+                // The dropped call's key, well inside its lease.
+                let asked = std::time::Instant::now();
+                let answer = loop {
+                    match r.claim("orders", &key, &next).await {
+                        Err(Error::InFlight { .. }) => {
+                            assert!(
+                                asked.elapsed() < LEASE / 2,
+                                "{kind} dropped after {k} polls left {key} held"
+                            );
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        other => break other.unwrap(),
+                    }
+                };
+                let order = e.get(next).await;
+                match (kind, &answer) {
+                    (_, Claim::Claimed(held)) => {
+                        if kind == "run" {
+                            assert!(order.is_err(), "{key}: an order without its record");
+                        }
+                        if held.attempt() > 1 {
+                            *released.entry(kind).or_insert(0) += 1;
+                        }
+                        r.release(held).await.unwrap();
+                    }
+                    ("complete", Claim::Replayed(Stored::Succeeded(_))) => {
+                        *completed.entry(kind).or_insert(0) += 1;
+                    }
+                    ("run", Claim::Replayed(Stored::Succeeded(_))) => {
+                        assert_eq!(order.unwrap().state, OrderState::Paid, "{key}");
+                        *completed.entry(kind).or_insert(0) += 1;
+                    }
+                    _ => panic!("{key}: {answer:?}"),
+                }
+            }
             // Whatever was dropped, the pool's next claim and completion commit.
             let probe = format!("probe-{next}");
             let held = claimed(r.claim("orders", &probe, &0).await.unwrap());
@@ -91,7 +155,6 @@ pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
                 }
                 break;
             }
-            *dropped.entry(kind).or_insert(0) += 1;
             k += 1;
         }
     }
@@ -100,42 +163,88 @@ pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
         3,
         "some call was never dropped, so the test shows nothing for it: {dropped:?}"
     );
-    assert_pool_clean(b, &store).await;
-
-    // Held records are stuck once their lease runs out; the recovery job takes each over.
-    let held = b
-        .scalar("SELECT COUNT(*) FROM idempotency_records WHERE status = 'PROCESSING'")
-        .await;
+    // (A claim or completion dropped with its statement in flight is the next test's.)
     assert!(
-        held > 0,
-        "no drop left a record held: the recovery part shows nothing"
+        released.contains_key("run"),
+        "no run dropped during its work was released: released {released:?}, \
+         completed {completed:?}, dropped {dropped:?}"
     );
-    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
-    let round = r
-        .recover("orders", 1000, &|_: Stuck| async { Reconciled::Unknown })
-        .await
+    assert_pool_clean(b, &store).await;
+}
+
+/// A claim and a completion dropped while their statements wait on a lock the test
+/// holds (an uncommitted insert of the same record; a locked record, on SQLite the
+/// write lock): each finishes off the caller's task once the lock goes. The claim,
+/// granted to nobody, is released at once (the next claim is granted, attempt 2, long
+/// before the 30 s lease), and the completion lands (the record replays). The pool gets
+/// its connections back.
+pub async fn records_calls_dropped_in_flight_finish_off_task<B: Backend>(b: &B) {
+    let store = b.store(Duration::from_secs(10)).await;
+    let r = Records::new(store.clone())
+        .read_first(orderly::ReadFirst::Never)
+        .scope(
+            "orders",
+            ScopeConfig {
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(3600),
+            },
+        )
         .unwrap();
+    // The claim, behind an uncommitted insert of its record.
+    let mut tx = b.begin().await;
+    B::exec_in(
+        &mut tx,
+        "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+         attempt, lease_until, expires_at, result, created_at, updated_at) \
+         VALUES ('orders', 'k-1', 'x', 'PROCESSING', 'blocker', 1, 0, 0, NULL, 0, 0)",
+    )
+    .await;
+    let cut = tokio::time::timeout(Duration::from_millis(300), r.claim("orders", "k-1", &1)).await;
+    assert!(cut.is_err(), "the claim did not wait on the lock: {cut:?}");
+    B::rollback(tx).await;
+    let asked = std::time::Instant::now();
+    let again = loop {
+        match r.claim("orders", "k-1", &1).await {
+            Err(Error::InFlight { .. }) => {
+                assert!(
+                    asked.elapsed() < Duration::from_secs(5),
+                    "the dropped claim holds its record"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => break claimed(other.unwrap()),
+        }
+    };
     assert_eq!(
-        (round.found, round.released),
-        (held as usize, held as usize)
+        again.attempt(),
+        2,
+        "the dropped claim was never granted: the race did not happen"
     );
-    for (kind, key, id) in keys {
-        let answer = r.claim("orders", &key, &id).await.unwrap();
-        let order = e.get(id).await;
-        match (kind, &answer) {
-            (_, Claim::Claimed(held)) => {
-                if kind == "run" {
-                    assert!(order.is_err(), "{key}: an order without its record");
-                }
-                r.release(held).await.unwrap();
+
+    // The completion, behind a lock on its record.
+    let mut tx = b.begin().await;
+    B::exec_in(
+        &mut tx,
+        "UPDATE idempotency_records SET updated_at = updated_at WHERE idem_key = 'k-1'",
+    )
+    .await;
+    let cut = tokio::time::timeout(Duration::from_millis(300), r.complete(&again, &"done")).await;
+    assert!(
+        cut.is_err(),
+        "the completion did not wait on the lock: {cut:?}"
+    );
+    B::rollback(tx).await;
+    let asked = std::time::Instant::now();
+    loop {
+        match r.claim("orders", "k-1", &1).await {
+            Ok(Claim::Replayed(Stored::Succeeded(_))) => break,
+            Err(Error::InFlight { .. }) if asked.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            ("complete", Claim::Replayed(Stored::Succeeded(_))) => {}
-            ("run", Claim::Replayed(Stored::Succeeded(_))) => {
-                assert_eq!(order.unwrap().state, OrderState::Paid, "{key}");
-            }
-            _ => panic!("{key}: {answer:?}"),
+            other => panic!("the dropped completion did not land: {other:?}"),
         }
     }
+    assert_pool_clean(b, &store).await;
 }
 
 /// Acknowledgements lost after the server committed (a proxy drops the reply): a claim
@@ -291,17 +400,18 @@ pub async fn records_dead_database_answers_within_the_deadline<B: Networked>(b: 
     direct.complete(&held, &"done").await.unwrap();
 }
 
-/// The connection of a batch of coalesced claims is cut as the batch's statement goes
-/// out, or right after it reached the server (which may commit it): every claim of the
-/// batch is read back by its own token and answered truly, `Claimed` at attempt 1 with
-/// the record under its own token (a batch that committed is never taken for another's
-/// claim, nor claimed twice). On a store that does not batch claims no batch is sent.
+/// Under 32 claims at once, a connection is cut as the request holding `pattern` goes
+/// out, or right after it reached the server (which may commit it). On a store that
+/// coalesces claims `pattern` is the batch's statement; on one that claims one at a time
+/// it is what a single claim sends (every key here starts `cut-`). Every claim is read
+/// back by its own token and answered truly, `Claimed` at attempt 1 with the record under
+/// its own token (a claim that committed is never taken for another's, nor claimed
+/// twice). A round in which nothing was cut shows nothing: after five, the test fails.
 pub async fn connection_cut_under_coalesced_claims_answers_each_claim<B: Networked>(
     b: &B,
-    batch_pattern: &'static [u8],
+    pattern: &'static [u8],
 ) {
-    use orderly::idempotency::RecordStore;
-    for (n, cut) in [Cut::Forward(batch_pattern), Cut::Request(batch_pattern)]
+    for (n, cut) in [Cut::Forward(pattern), Cut::Request(pattern)]
         .into_iter()
         .enumerate()
     {
@@ -339,16 +449,9 @@ pub async fn connection_cut_under_coalesced_claims_answers_each_claim<B: Network
                 break;
             }
         }
-        if B::S::BATCHES_CLAIMS {
-            assert!(
-                cut_seen,
-                "{cut:?}: no batch of claims was cut: the test shows nothing"
-            );
-        } else {
-            assert!(
-                !cut_seen,
-                "{cut:?}: a store that does not batch claims sent a batch"
-            );
-        }
+        assert!(
+            cut_seen,
+            "{cut:?}: no claim's request was cut: the test shows nothing"
+        );
     }
 }
