@@ -102,8 +102,43 @@ fn show(what: &str, answer: &Result<orderly::Ran<Created, String>, Error>) {
     println!("  {what:<46} {text}");
 }
 
+/// The environment variable that makes this example the server that dies: it runs
+/// request `req-44` on the database at its value, and is killed half way.
+const DYING: &str = "ORDERLY_EXAMPLE_DYING_SERVER";
+
+fn records_of(store: &SqliteStore) -> Result<Records<SqliteStore>, Error> {
+    Records::new(store.clone()).scope(
+        "create-order",
+        ScopeConfig {
+            lease: Duration::from_millis(500),
+            retention: Duration::from_secs(3 * 24 * 3600),
+        },
+    )
+}
+
+const ORDER_44: CreateOrder = CreateOrder {
+    order_id: 44,
+    sku: "sku-1",
+    qty: 1,
+};
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if let Ok(url) = std::env::var(DYING) {
+        // The server that dies: its claim commits, its work writes and stalls.
+        let store = SqliteStore::connect(&url).await?;
+        let engine: Orders = Engine::new(store.clone())?;
+        let records = records_of(&store)?;
+        let _ = create_order(
+            &records,
+            &engine,
+            "req-44",
+            &ORDER_44,
+            Duration::from_secs(60),
+        )
+        .await;
+        return Ok(());
+    }
     let dir = std::env::temp_dir().join(format!("orderly-idempotent-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let url = format!("sqlite://{}", dir.join("shop.db").display());
@@ -116,13 +151,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .execute(store.pool())
     .await?;
     let engine: Orders = Engine::new(store.clone())?;
-    let records = Records::new(store.clone()).scope(
-        "create-order",
-        ScopeConfig {
-            lease: Duration::from_millis(500),
-            retention: Duration::from_secs(3 * 24 * 3600),
-        },
-    )?;
+    let records = records_of(&store)?;
     let stock = || async {
         sqlx::query_scalar::<_, i64>("SELECT available FROM stock WHERE sku = 'sku-1'")
             .fetch_one(store.pool())
@@ -156,24 +185,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!("\nOrder 44: the server dies half way through the request");
-    let crash = CreateOrder {
-        order_id: 44,
-        sku: "sku-1",
-        qty: 1,
-    };
-    let dying = {
-        let (records, engine) = (records.clone(), engine.clone());
-        tokio::spawn(async move {
-            let crash = CreateOrder {
-                order_id: 44,
-                sku: "sku-1",
-                qty: 1,
-            };
-            create_order(&records, &engine, "req-44", &crash, Duration::from_secs(60)).await
-        })
-    };
-    // Its claim commits first; its work then writes and stalls for a minute, and it dies
-    // a moment after the claim is seen (well inside the 500 ms lease).
+    let crash = ORDER_44;
+    // The server is a process of its own (this example again), killed with SIGKILL: its
+    // claim commits first, its work then writes and stalls, and it dies a moment after
+    // the claim is seen (well inside the 500 ms lease). (A request whose client merely
+    // goes away is released at once: see docs/idempotency.md.)
+    let mut dying = std::process::Command::new(std::env::current_exe()?)
+        .env(DYING, &url)
+        .spawn()?;
     let claimed = "SELECT COUNT(*) FROM idempotency_records WHERE idem_key = 'req-44'";
     let waited = std::time::Instant::now();
     while sqlx::query_scalar::<_, i64>(claimed)
@@ -182,14 +201,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         == 0
     {
         if waited.elapsed() > Duration::from_secs(5) {
+            let _ = dying.kill();
             return Err("req-44 was never claimed".into());
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
-    dying.abort(); // mid-request: its transaction rolls back, its record stays held
-    let _ = dying.await;
-    println!("  req-44 claimed, order created and stock reserved, then the task died");
+    dying.kill()?; // SIGKILL mid-request: its transaction rolls back, its record stays held
+    dying.wait()?;
+    println!("  req-44 claimed, order created and stock reserved, then the server died");
     println!(
         "  stock of sku-1: {} (the reservation rolled back)",
         stock().await?

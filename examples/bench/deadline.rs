@@ -13,6 +13,7 @@ pub(crate) async fn deadline_pass<B: BenchDb>(
     db: &Arc<B>,
     engine: &Engine<OrderMachine, B::S>,
     records: &Records<B::S>,
+    flows: &Flows<B::S>,
     args: &Args,
 ) -> Result<String, BoxError> {
     db.reset().await?;
@@ -73,6 +74,13 @@ pub(crate) async fn deadline_pass<B: BenchDb>(
         )?;
     }
     let (records_calls, records_in_time) = records_storm(records, callers, args).await?;
+    db.reset().await?;
+    let (flow_calls, flow_in_time) = flows_storm(flows, callers, args).await?;
+    println!(
+        "#    deadline storm, flows: {callers} callers, {} ms deadlines: {flow_calls} starts, {flow_in_time} answered in time ({:.1} %)",
+        args.deadline_ms,
+        100.0 * flow_in_time as f64 / flow_calls.max(1) as f64,
+    );
     let share = |n: usize| n as f64 / calls.len().max(1) as f64;
     println!(
         "#    deadline storm, records: {callers} callers, {} ms deadlines: {records_calls} runs, {records_in_time} answered in time ({:.1} %)",
@@ -88,13 +96,14 @@ pub(crate) async fn deadline_pass<B: BenchDb>(
         applied
     );
     Ok(format!(
-        "deadline backend={} callers={callers} pool={pool} deadline_ms={} calls={} in_time={:.3} applied_in_time={:.3} records_calls={records_calls} records_in_time={:.3}",
+        "deadline backend={} callers={callers} pool={pool} deadline_ms={} calls={} in_time={:.3} applied_in_time={:.3} records_calls={records_calls} records_in_time={:.3} flow_calls={flow_calls} flow_in_time={:.3}",
         args.backend,
         args.deadline_ms,
         calls.len(),
         share(in_time),
         share(applied),
         records_in_time as f64 / records_calls.max(1) as f64,
+        flow_in_time as f64 / flow_calls.max(1) as f64,
     ))
 }
 
@@ -162,5 +171,66 @@ async fn records_storm<S: FlowStore>(
         "#    records left held by a run given up on: {held} of {}",
         calls.len()
     );
+    Ok((calls.len(), in_time))
+}
+
+/// The same storm over `Flows::start` of the bench's flow (two local steps, each a
+/// transition), over new orders, for `--seconds`: how many starts, and how many were
+/// answered in time. A start its caller stops waiting for runs on to its end, so
+/// afterwards every flow started is completed (replayed), none left running.
+async fn flows_storm<S: FlowStore>(
+    flows: &Flows<S>,
+    callers: usize,
+    args: &Args,
+) -> Result<(usize, usize), BoxError> {
+    let limit = Duration::from_millis(args.deadline_ms);
+    let run_for = Duration::from_secs_f64(args.seconds);
+    let next = Arc::new(AtomicI64::new(1));
+    let start = Instant::now();
+    let orders = args.orders;
+    let workers: Vec<_> = (0..callers)
+        .map(|_| {
+            let (f, next) = (flows.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut calls = Vec::new();
+                while start.elapsed() < run_for {
+                    let id = next.fetch_add(1, Ordering::Relaxed);
+                    if id > orders {
+                        break;
+                    }
+                    let key = format!("flow-{id}");
+                    let started = f.start(PayShip, &key, &id);
+                    let in_time = match tokio::time::timeout(limit, started).await {
+                        Ok(Ok(_)) => true,
+                        Ok(Err(e)) if e.is_retryable() => true,
+                        Ok(Err(e)) => return Err(BoxError::from(format!("flow {id}: {e}"))),
+                        Err(_) => false,
+                    };
+                    calls.push((id, in_time));
+                }
+                Ok::<_, BoxError>(calls)
+            })
+        })
+        .collect();
+    let mut calls = Vec::new();
+    for w in workers {
+        calls.extend(w.await??);
+    }
+    let in_time = calls.iter().filter(|c| c.1).count();
+    // The starts given up on run to their ends off their callers' tasks.
+    let settle = Instant::now() + Duration::from_secs(10);
+    for (id, _) in &calls {
+        loop {
+            match flows.start(PayShip, &format!("flow-{id}"), id).await {
+                Err(e) if e.is_retryable() && Instant::now() < settle => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(started) if matches!(started.outcome, FlowOutcome::Completed(_)) => break,
+                other => {
+                    return Err(format!("flow {id} after the storm: {other:?}").into());
+                }
+            }
+        }
+    }
     Ok((calls.len(), in_time))
 }

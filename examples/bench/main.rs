@@ -507,7 +507,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     if let Some(url) = &args.redis {
         storm_pass(&records, url, args, &mut ratios).await?;
     }
-    ratios.push(deadline_pass(&db, &engine, &records, args).await?);
+    ratios.push(deadline_pass(&db, &engine, &records, &flows, args).await?);
     ratios.push(match &args.nats {
         Some(url) => relay_nats(&db, url, args).await?,
         None => {

@@ -229,6 +229,9 @@ impl<S: FlowStore> Flows<S> {
     ///   output; the flow goes on after it.
     /// - [`Resume::Compensate`]: the started step did not take effect and the flow stops:
     ///   the steps before it are compensated. Only for a running flow, before the pivot.
+    ///
+    /// Like a start, it runs on a task of its own, answered within
+    /// [`FlowConfig::deadline`](super::FlowConfig::deadline).
     pub async fn resume(&self, kind: &str, key: &str, how: Resume) -> Result<FlowOutcome> {
         // A label names only a kind registered here: a caller's unknown one could be
         // anything.
@@ -242,10 +245,10 @@ impl<S: FlowStore> Flows<S> {
             flow.kind = label,
             outcome = tracing::field::Empty,
         );
-        let out = self
-            .resume_now(kind, key, how)
-            .instrument(span.clone())
-            .await;
+        let (flows, owned_kind, owned_key) = (self.clone(), kind.to_string(), key.to_string());
+        let work = async move { flows.resume_now(&owned_kind, &owned_key, how).await }
+            .instrument(span.clone());
+        let out = super::run::off_task(self.config.deadline, work).await;
         let outcome = match &out {
             Ok(outcome) => outcome.label(),
             Err(e) => crate::observe::error_label(e),

@@ -43,6 +43,12 @@ pub struct FlowConfig {
     pub backoff: Duration,
     /// The longest wait between retries.
     pub max_backoff: Duration,
+    /// How long [`Flows::start`] and [`Flows::resume`] wait for the flow before they
+    /// answer [`Error::DeadlineExceeded`] (`in_doubt`: the flow goes on). A flow runs on a
+    /// task of its own: a caller that stops waiting (this deadline, a client timeout, a
+    /// dropped future) leaves it to run to its end, and a re-send is answered
+    /// [`Error::InFlight`] while it runs, then its recorded outcome. Default 30 s.
+    pub deadline: Duration,
 }
 
 impl Default for FlowConfig {
@@ -52,6 +58,7 @@ impl Default for FlowConfig {
             attempts: 5,
             backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(300),
+            deadline: Duration::from_secs(30),
         }
     }
 }
@@ -137,6 +144,8 @@ impl<S: FlowStore> Flows<S> {
             || config.backoff.is_zero()
             || config.backoff > config.max_backoff
             || config.max_backoff > span
+            || config.deadline.is_zero()
+            || config.deadline > span
         {
             return Err(Error::InvalidInput(format!(
                 "flow config {config:?}: the lease must be from 1 ms to 100 years, attempts \
@@ -229,8 +238,11 @@ impl<S: FlowStore> Flows<S> {
     /// [`Error::FlowVersion`]. A flow whose runner died (its lease ran out) is taken
     /// over and resumed.
     ///
-    /// If this future is dropped part way, or a step panics, the flow stays held until
-    /// its lease runs out; then the recovery job (or the next start) resumes it.
+    /// The flow runs on a task of its own: if this future is dropped part way, or
+    /// [`FlowConfig::deadline`] passes ([`Error::DeadlineExceeded`]), the flow goes on to
+    /// its end; a re-send meanwhile is [`Error::InFlight`]. If a step panics (or the
+    /// runtime shuts down under it), the flow stays held until its lease runs out; then
+    /// the recovery job (or the next start) resumes it.
     pub async fn start<D: Flow, P: Serialize + ?Sized>(
         &self,
         flow: D,
@@ -243,10 +255,20 @@ impl<S: FlowStore> Flows<S> {
             outcome = tracing::field::Empty,
             replayed = tracing::field::Empty,
         );
-        let out = self
-            .start_now(flow, key, input)
-            .instrument(span.clone())
-            .await;
+        let out = match serde_json::to_string(input) {
+            Err(e) => Err(Error::InvalidInput(format!(
+                "the input does not serialize: {e}"
+            ))),
+            Ok(json) => match fingerprint_of(input) {
+                Err(e) => Err(e),
+                Ok(hash) => {
+                    let (flows, key) = (self.clone(), key.to_string());
+                    let work = async move { flows.start_now(flow, &key, json, hash).await }
+                        .instrument(span.clone());
+                    off_task(self.config.deadline, work).await
+                }
+            },
+        };
         let (outcome, replayed) = match &out {
             Ok(started) => (started.outcome.label(), started.replayed),
             Err(e) => (crate::observe::error_label(e), false),
@@ -264,11 +286,12 @@ impl<S: FlowStore> Flows<S> {
         out
     }
 
-    async fn start_now<D: Flow, P: Serialize + ?Sized>(
+    async fn start_now<D: Flow>(
         &self,
         _flow: D,
         key: &str,
-        input: &P,
+        json: String,
+        hash: String,
     ) -> Result<Started> {
         let version = i32::try_from(D::VERSION)
             .map_err(|_| Error::InvalidInput(format!("flow {} version too large", D::KIND)))?;
@@ -280,10 +303,7 @@ impl<S: FlowStore> Flows<S> {
             ))
         })?;
         validate_reference("a flow key", key)?;
-        let json = serde_json::to_string(input)
-            .map_err(|e| Error::InvalidInput(format!("the input does not serialize: {e}")))?;
         def.check_input(&json)?;
-        let hash = fingerprint_of(input)?;
         let lease_ms = millis(self.config.lease);
         if self.first.reads_first() {
             // A read that fails leaves the start's write to settle it.
@@ -434,4 +454,25 @@ fn judge(row: &FlowRow, hash: &str, version: i32, specs: &[StepSpec]) -> Option<
 
 pub(super) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Runs `work` on a task of its own and waits for it at most `deadline`: past it, or if
+/// the caller stops waiting, the work goes on to its end. A panic in it is the caller's
+/// again (the task's is caught). Without a runtime to spawn on, it runs here.
+pub(super) async fn off_task<T: Send + 'static>(
+    deadline: Duration,
+    work: impl Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return work.await;
+    };
+    match tokio::time::timeout(deadline, runtime.spawn(work)).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down: the flow stays held until its lease runs out.
+        Ok(Err(_)) | Err(_) => Err(Error::DeadlineExceeded {
+            deadline,
+            in_doubt: true,
+        }),
+    }
 }

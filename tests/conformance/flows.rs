@@ -265,6 +265,7 @@ pub fn config(lease: Duration) -> FlowConfig {
         attempts: 4,
         backoff: Duration::from_millis(1),
         max_backoff: Duration::from_millis(20),
+        ..FlowConfig::default()
     }
 }
 
@@ -673,32 +674,34 @@ pub async fn flow_crash_at_every_point_is_recovered<B: Backend>(b: &B) {
     }
 }
 
-/// A start dropped at every await point it reaches (k = 0, 1, 2, … polls): the flow is
-/// left resumable and the recovery job completes it, every local effect exactly once.
-pub async fn flow_dropped_at_every_await_point_is_resumed<B: Backend>(b: &B) {
+/// A start dropped at every await point it reaches (k = 0, 1, 2, … polls): the flow runs
+/// to its end off the caller's task (no recovery job, long before its lease runs out),
+/// every local effect exactly once. Evidence: a flow found unfinished (not yet recorded,
+/// or running) right after its caller left.
+pub async fn flow_dropped_by_its_caller_runs_to_its_end<B: Backend>(b: &B) {
     let world = Arc::new(World::default());
     let lease = Duration::from_millis(200);
     let f = flows(b, &world, lease).await;
-    // The distinct points (steps recorded so far) at which a drop left a flow running.
+    // The distinct points (steps recorded so far) at which a flow was found still running
+    // after its caller dropped the start.
     let mut left_at = HashSet::new();
     // Sweeps again (new keys) while the drops have not yet cut it at enough points: on
     // a loaded machine one sweep can miss a point.
     for sweep in 0..3 {
-        if left_at.len() >= 3 {
+        if !left_at.is_empty() {
             break;
         }
         sweep_drops(b, &f, &world, lease, sweep, &mut left_at).await;
     }
-    // The drops cut the flow at several points between its recorded steps, not only
-    // before or after the whole of it.
+    // Some caller left before its flow had ended (the flow ran on without it).
     assert!(
-        left_at.len() >= 3,
-        "drops left flows running only at {left_at:?}"
+        !left_at.is_empty(),
+        "no drop left a flow unfinished: the test shows nothing"
     );
     super::faults::assert_pool_clean(b, f.store()).await;
 }
 
-/// One sweep of [`flow_dropped_at_every_await_point_is_resumed`]: a start dropped after
+/// One sweep of [`flow_dropped_by_its_caller_runs_to_its_end`]: a start dropped after
 /// k = 0, 1, 2, … polls until one completes; the distinct points at which a drop left a
 /// flow running go into `left_at`.
 async fn sweep_drops<B: Backend>(
@@ -720,15 +723,33 @@ async fn sweep_drops<B: Backend>(
             ));
             break;
         }
-        // A statement the drop cut off may still land (SQLite runs it on a thread of its
-        // own): wait until any lease it took ran out, then recover.
-        tokio::time::sleep(lease + Duration::from_millis(50)).await;
-        if let Some(view) = f.get("shop", &key).await.unwrap()
-            && view.flow.status == "RUNNING"
-        {
-            left_at.insert(view.steps.len());
+        // The flow goes on without its caller: found running, then completed, well
+        // inside its lease, with no recovery job.
+        match f.get("shop", &key).await.unwrap() {
+            Some(view) if view.flow.status == "RUNNING" => {
+                left_at.insert(view.steps.len());
+            }
+            // Not written yet: its caller left before its start was recorded.
+            None => {
+                left_at.insert(usize::MAX);
+            }
+            Some(_) => {}
         }
-        settle(f, lease).await;
+        // (A start dropped before its record was written may still write it: absent,
+        // it is looked for again a while.)
+        let asked = std::time::Instant::now();
+        loop {
+            match f.get("shop", &key).await.unwrap() {
+                Some(view) if view.flow.status == "RUNNING" => assert!(
+                    asked.elapsed() < lease * 10,
+                    "k = {k}: the dropped flow stopped at {} steps",
+                    view.steps.len()
+                ),
+                None if asked.elapsed() < Duration::from_millis(200) => {}
+                _ => break,
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         if let Some(view) = f.get("shop", &key).await.unwrap() {
             assert_eq!(view.flow.status, "COMPLETED", "k = {k}");
             assert_eq!(effects(b, &key, "Insert").await, 1, "k = {k}");

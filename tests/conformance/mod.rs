@@ -4,6 +4,7 @@
 
 pub mod coalesce;
 pub mod faults;
+pub mod flow_deadline;
 pub mod flows;
 pub mod idempotency;
 pub mod outbox;
@@ -15,6 +16,8 @@ pub mod schema;
 pub use coalesce::*;
 #[allow(unused_imports)]
 pub use faults::*;
+#[allow(unused_imports)]
+pub use flow_deadline::*;
 #[allow(unused_imports)]
 pub use flows::*;
 #[allow(unused_imports)] // the Galera suites share the harness, not these bodies
@@ -254,7 +257,7 @@ macro_rules! conformance {
             flow_concurrent_starts_run_once,
             flow_coalesced_starts_each_run_once,
             flow_crash_at_every_point_is_recovered,
-            flow_dropped_at_every_await_point_is_resumed,
+            flow_dropped_by_its_caller_runs_to_its_end,
             flow_recovery_jobs_race,
             flow_unsafe_step_parks_for_reconciliation,
             flow_attempt_cap_parks_a_crashing_step,
@@ -276,6 +279,7 @@ macro_rules! conformance {
             a_table_without_write_id_is_refused_with_its_fix,
             event_bodies_are_bounded_when_written,
             records_calls_dropped_in_flight_finish_off_task,
+            a_flow_whose_caller_stops_waiting_runs_to_its_end,
             relay_dropped_at_every_await_point_leaves_nothing_claimed,
             relay_shutdown_finishes_the_batch_in_hand,
             outbox_purge_and_stats,
