@@ -91,7 +91,7 @@ pub(crate) fn classify_common(err: &sqlx::Error) -> Option<ErrorClass> {
 /// [`Error::Unavailable`]. The same code from a statement on an open connection (55000
 /// on PostgreSQL is also "object not in prerequisite state") is not converted, as it
 /// never passes here. The server's error stays the I/O error's source.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn refused(
     err: sqlx::Error,
     refusal: impl Fn(&dyn sqlx::error::DatabaseError) -> bool,

@@ -69,6 +69,7 @@ impl Tables {
     }
 
     /// One table's name, as configured.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     pub(crate) fn name(&self, history: bool) -> String {
         if history {
             self.history.clone()
