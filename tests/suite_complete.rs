@@ -2,16 +2,18 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 9] = [
+const BODIES: [&str; 11] = [
     include_str!("conformance/mod.rs"),
     include_str!("conformance/coalesce.rs"),
     include_str!("conformance/faults.rs"),
+    include_str!("conformance/flow_deadline.rs"),
     include_str!("conformance/flows.rs"),
     include_str!("conformance/idempotency.rs"),
     include_str!("conformance/outbox.rs"),
     include_str!("conformance/records_faults.rs"),
     include_str!("conformance/records_jobs.rs"),
     include_str!("conformance/records_model.rs"),
+    include_str!("conformance/schema.rs"),
 ];
 const BACKENDS: [(&str, &str, bool); 3] = [
     ("sqlite", include_str!("sqlite.rs"), false),
