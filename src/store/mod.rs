@@ -41,6 +41,8 @@ pub(crate) mod errors;
 pub(crate) mod flow_sql;
 mod lease;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod migrations;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod outbox_sql;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod records_sql;
@@ -71,6 +73,8 @@ pub(crate) use errors::{classify_any, db_error};
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) use errors::{classify_common, is_unique_violation};
 pub(crate) use lease::Lease;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub use migrations::MIGRATIONS_TABLE;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) use rows::ObservedRow;
 pub use rows::{Entity, PositionedPrior, Prior, RawTransition};

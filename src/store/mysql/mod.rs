@@ -5,8 +5,10 @@ use std::sync::{Arc, OnceLock};
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 
+use super::migrations;
 use super::{ErrorClass, Store, Tables, classify_common, db_error};
 use crate::Error;
+use sqlx::migrate::Migrator;
 
 mod flows;
 mod idempotency;
@@ -14,11 +16,70 @@ mod outbox;
 mod transitions;
 mod units;
 
-/// Applies the embedded migrations in `migrations/mysql/` (idempotent).
+/// Applies orderly's migrations (`migrations/mysql/`), recorded in
+/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE) beside the application's own
+/// `_sqlx_migrations`, so the two may run in either order. Rows an earlier orderly left
+/// in `_sqlx_migrations` are moved over first. Idempotent.
 pub async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
-    sqlx::migrate!("migrations/mysql").run(pool).await?;
+    let mut conn = pool.acquire().await.map_err(db_error::<MySqlStore>)?;
+    // The session's named lock goes with the connection, whatever fails below.
+    conn.close_on_drop();
+    let locked = lock_migrations(&mut conn).await?;
+    let ours = migrator();
+    migrations::adopt::<sqlx::MySql>(&mut conn, &ours, SHARED_MIGRATIONS_EXIST).await?;
+    ours.run(&mut *conn).await?;
+    if locked {
+        sqlx::query(RELEASE_MIGRATIONS)
+            .execute(&mut *conn)
+            .await
+            .map_err(db_error::<MySqlStore>)?;
+    }
     Ok(())
 }
+
+/// The named lock [`migrate`] holds: one per database, waited for at most 60 s.
+const LOCK_MIGRATIONS: &str =
+    "SELECT GET_LOCK(CONCAT('orderly_migrate.', SHA1(IFNULL(DATABASE(), ''))), 60)";
+const RELEASE_MIGRATIONS: &str =
+    "SELECT RELEASE_LOCK(CONCAT('orderly_migrate.', SHA1(IFNULL(DATABASE(), ''))))";
+
+/// Takes [`LOCK_MIGRATIONS`]; whether it holds it. sqlx's own migration lock asks
+/// `GET_LOCK(name, -1)`, which MariaDB answers `NULL` at once without locking, so two
+/// nodes starting together would both apply a migration. A server without named locks
+/// (error 1235 on Galera, or `NULL`) is migrated unlocked, as sqlx would.
+async fn lock_migrations(conn: &mut MySqlConnection) -> Result<bool, Error> {
+    match sqlx::query_scalar::<_, Option<i64>>(LOCK_MIGRATIONS)
+        .fetch_one(&mut *conn)
+        .await
+    {
+        Ok(Some(1)) => Ok(true),
+        Ok(Some(_)) => Err(Error::Database {
+            source: sqlx::Error::Protocol(
+                "another process held orderly's migration lock for 60 s".into(),
+            ),
+            retryable: true,
+        }),
+        Ok(None) => Ok(false),
+        Err(sqlx::Error::Database(e))
+            if e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|e| e.number() == 1235) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(db_error::<MySqlStore>(e)),
+    }
+}
+
+/// orderly's migrations for this backend, recorded in
+/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE): for an application that runs
+/// them itself, for example up to a version ([`Migrator::run_to`]). [`migrate`] also
+/// moves an earlier orderly's rows out of `_sqlx_migrations`.
+pub fn migrator() -> Migrator {
+    migrations::own_table(sqlx::migrate!("migrations/mysql"))
+}
+
+/// A row when the database has sqlx's default migrations table.
+const SHARED_MIGRATIONS_EXIST: &str = "SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '_sqlx_migrations'";
 
 /// The MySQL/MariaDB store.
 ///

@@ -5,8 +5,10 @@ use std::sync::Arc;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+use super::migrations;
 use super::{ErrorClass, Tables, classify_common, db_error};
 use crate::Error;
+use sqlx::migrate::{Migrate, Migrator};
 
 mod flows;
 mod idempotency;
@@ -24,11 +26,32 @@ const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigin
 /// read the whole table.
 const MS: &str = "(SELECT ms FROM now)";
 
-/// Applies the embedded migrations in `migrations/postgres/` (idempotent).
+/// Applies orderly's migrations (`migrations/postgres/`), recorded in
+/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE) beside the application's own
+/// `_sqlx_migrations`, so the two may run in either order. Rows an earlier orderly left
+/// in `_sqlx_migrations` are moved over first. Idempotent.
 pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
-    sqlx::migrate!("migrations/postgres").run(pool).await?;
+    let mut conn = pool.acquire().await.map_err(db_error::<PgStore>)?;
+    // The session's advisory lock goes with the connection, whatever fails below.
+    conn.close_on_drop();
+    let ours = migrator();
+    conn.lock().await?;
+    migrations::adopt::<sqlx::Postgres>(&mut conn, &ours, SHARED_MIGRATIONS_EXIST).await?;
+    ours.run(&mut *conn).await?;
+    conn.unlock().await?;
     Ok(())
 }
+
+/// orderly's migrations for this backend, recorded in
+/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE): for an application that runs
+/// them itself, for example up to a version ([`Migrator::run_to`]). [`migrate`] also
+/// moves an earlier orderly's rows out of `_sqlx_migrations`.
+pub fn migrator() -> Migrator {
+    migrations::own_table(sqlx::migrate!("migrations/postgres"))
+}
+
+/// A row when the database has sqlx's default migrations table.
+const SHARED_MIGRATIONS_EXIST: &str = "SELECT 1 WHERE to_regclass('_sqlx_migrations') IS NOT NULL";
 
 /// The PostgreSQL store.
 #[derive(Debug, Clone)]

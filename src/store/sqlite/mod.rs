@@ -8,8 +8,10 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use super::migrations;
 use super::{ErrorClass, Tables, classify_common, db_error};
 use crate::Error;
+use sqlx::migrate::Migrator;
 
 mod flows;
 mod idempotency;
@@ -17,11 +19,33 @@ mod outbox;
 mod transitions;
 mod units;
 
-/// Applies the embedded migrations in `migrations/sqlite/` (idempotent).
+/// Applies orderly's migrations (`migrations/sqlite/`), recorded in
+/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE) beside the application's own
+/// `_sqlx_migrations`, so the two may run in either order. Rows an earlier orderly left
+/// in `_sqlx_migrations` are moved over first. Idempotent.
 pub async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
-    sqlx::migrate!("migrations/sqlite").run(pool).await?;
+    // SQLite has no advisory lock (sqlx's migration lock does nothing there): calls in
+    // one process take turns.
+    static MIGRATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = MIGRATING.lock().await;
+    let mut conn = pool.acquire().await.map_err(db_error::<SqliteStore>)?;
+    let ours = migrator();
+    migrations::adopt::<sqlx::Sqlite>(&mut conn, &ours, SHARED_MIGRATIONS_EXIST).await?;
+    ours.run(&mut *conn).await?;
     Ok(())
 }
+
+/// orderly's migrations for this backend, recorded in
+/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE): for an application that runs
+/// them itself, for example up to a version ([`Migrator::run_to`]). [`migrate`] also
+/// moves an earlier orderly's rows out of `_sqlx_migrations`.
+pub fn migrator() -> Migrator {
+    migrations::own_table(sqlx::migrate!("migrations/sqlite"))
+}
+
+/// A row when the database has sqlx's default migrations table.
+const SHARED_MIGRATIONS_EXIST: &str =
+    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'";
 
 /// Connection options orderly expects: create the file if missing, WAL journal,
 /// `synchronous = NORMAL` (durable at checkpoints in WAL mode), a 5 s busy timeout.

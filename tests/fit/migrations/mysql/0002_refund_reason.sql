@@ -1,0 +1,2 @@
+-- The application's second migration.
+ALTER TABLE refunds ADD COLUMN reason TEXT;
