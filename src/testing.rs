@@ -5,7 +5,9 @@
 //!   duplicates with another payload, are the rule.
 //! - [`Model`]: a pure reference model of the outcome table, with no database.
 //! - [`check_engine`]: runs a sequence through an [`Engine`] and the model side by side
-//!   and checks the invariants listed on it.
+//!   and checks the invariants listed on [`check_entities`], which does the same over
+//!   entities you created yourself (a table with business columns), with ids from
+//!   [`unique_ids`] that no other test or run uses.
 //!
 //! ```no_run
 //! # orderly::state_machine! {
@@ -231,13 +233,11 @@ impl<M: StateMachine> Model<M> {
     }
 }
 
-/// Runs `steps` through `engine` (entity index `i` is id `first_id + i`) and through a
-/// [`Model`], and checks, returning the first violation:
-/// - every answer is the one the model expects, `PayloadMismatch` included;
-/// - every `Replayed` reports what the first application of that request reported;
-/// - afterwards, for every entity: same final state as the model; version = number of
-///   `Applied`; history rows = number of `Applied`; no `(order, event, ref)` twice in the
-///   history.
+/// Runs `steps` through `engine` (entity index `i` is id `first_id + i`, index `orders`
+/// the id `first_id + orders`, never created) and through a [`Model`], creating the
+/// entities first; see [`check_entities`] for what it checks. For an entity table with
+/// business columns, or a database other tests share, create the entities yourself and
+/// call [`check_entities`] with ids from [`unique_ids`].
 pub async fn check_engine<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
     first_id: i64,
@@ -251,11 +251,70 @@ pub async fn check_engine<M: StateMachine, S: Store>(
             .await
             .map_err(|e| format!("create {id}: {e}"))?;
     }
+    check_entities(engine, &ids, first_id + orders, steps).await
+}
+
+/// `count` ids no other run uses: not an earlier one, not one running at the same time
+/// in another process (they start from the clock in microseconds, times 1,000, plus the
+/// process id modulo 1,000), not another call in this process (they are counted on).
+/// For entities created on a database that other tests or earlier runs share.
+pub fn unique_ids(count: usize) -> Vec<i64> {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicI64, Ordering};
+    static NEXT: OnceLock<AtomicI64> = OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        let micros = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        AtomicI64::new(micros * 1000 + i64::from(std::process::id() % 1000))
+    });
+    let count = count as i64;
+    // Spaced by 1,000 so another process's ids (offset by its pid) never meet these.
+    let first = next.fetch_add(1000 * count, Ordering::Relaxed);
+    (0..count).map(|i| first + 1000 * i).collect()
+}
+
+/// Runs `steps` through `engine` and through a [`Model`]: entity index `i` is `ids[i]`,
+/// which must exist at the initial state with version 0 (created by you, with your
+/// business columns), and index `ids.len()` is `missing`, which must not exist. Checks,
+/// returning the first violation:
+/// - every answer is the one the model expects, `PayloadMismatch` included;
+/// - every `Replayed` reports what the first application of that request reported;
+/// - afterwards, for every entity: same final state as the model; version = number of
+///   `Applied`; history rows = number of `Applied`; no `(order, event, ref)` twice in the
+///   history.
+pub async fn check_entities<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    ids: &[i64],
+    missing: i64,
+    steps: &[Step<M::Event>],
+) -> Result<(), String> {
+    for &id in ids {
+        let order = engine.get(id).await.map_err(|e| format!("get {id}: {e}"))?;
+        if order.state != M::INITIAL || order.version != 0 {
+            return Err(format!(
+                "entity {id} is at {:?}/v{}, not the initial state at version 0",
+                order.state, order.version
+            ));
+        }
+    }
+    match engine.get(missing).await {
+        Err(Error::NotFound { .. }) => {}
+        other => return Err(format!("entity {missing} should not exist: {other:?}")),
+    }
+    let id_of = |index: i64| match usize::try_from(index) {
+        Ok(i) if i < ids.len() => Ok(ids[i]),
+        Ok(i) if i == ids.len() => Ok(missing),
+        _ => Err(format!(
+            "a step names entity index {index}, beyond the {} given",
+            ids.len()
+        )),
+    };
     let mut model = Model::<M>::new(ids.iter().copied());
     let mut first_report: HashMap<RequestKey<M>, Outcome<M::State>> = HashMap::new();
     let mut applied_by_order: HashMap<i64, i64> = HashMap::new();
     for (n, step) in steps.iter().enumerate() {
-        let id = first_id + step.order;
+        let id = id_of(step.order)?;
         let expected =
             model.apply_with_payload(id, step.event, &step.ref_id, step.payload.as_deref());
         let request = engine.transition(id, step.event, &step.ref_id);
@@ -286,7 +345,7 @@ pub async fn check_engine<M: StateMachine, S: Store>(
             Err(_) => {}
         }
     }
-    for &id in &ids {
+    for &id in ids {
         let order = engine.get(id).await.map_err(|e| format!("get {id}: {e}"))?;
         let applied = applied_by_order.get(&id).copied().unwrap_or(0);
         let (state, version) = model.order(id).ok_or("model lost an order")?;

@@ -11,8 +11,8 @@ mod server;
 
 use std::str::FromStr;
 
-use orderly::Engine;
 use orderly::store::MIGRATIONS_TABLE;
+use orderly::{Engine, Tables};
 use sqlx::{AssertSqlSafe, Connection};
 
 orderly::state_machine! {
@@ -108,6 +108,142 @@ macro_rules! fit_suite {
                 assert_eq!(now.last(), Some(last));
                 assert_eq!(now, all);
                 works(&pool).await;
+            }
+
+            /// The application's own `refunds` (business columns `NOT NULL`) driven with a
+            /// history table of its own name that the library creates, a refund created
+            /// inside the application's transaction after its own insert, and the
+            /// history table upgraded by the library when it lacks a column.
+            #[tokio::test]
+            async fn the_applications_own_tables_made_and_upgraded_by_the_library() {
+                let (pool, _keep) = $fresh().await;
+                APP.run(&pool).await.unwrap();
+                migrate(&pool).await.unwrap();
+                let tables = Tables::new("refunds", "refund_log").unwrap();
+                let engine: Engine<RefundMachine, $Store> =
+                    Engine::new(<$Store>::with_tables(pool.clone(), tables)).unwrap();
+                let statements = engine.tables_sql();
+                assert!(
+                    statements.iter().any(|s| s.contains("refund_log")),
+                    "{statements:?}"
+                );
+                engine.create_tables().await.unwrap();
+                engine.create_tables().await.expect("idempotent");
+                engine.check_tables().await.unwrap();
+
+                // A refund the application inserts with its business columns, at the
+                // initial state's stored form and version 0, then created in the same
+                // transaction: committed together, or rolled back together.
+                let insert = |id: i64| {
+                    format!(
+                        "INSERT INTO refunds (id, payment_ref, amount_cents, currency, status, version) \
+                         VALUES ({id}, 'pay_{id}', 1250, 'EUR', '{}', 0)",
+                        RefundState::Requested.as_ref()
+                    )
+                };
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::raw_sql(AssertSqlSafe(insert(7)))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                let created = engine.create(7).within(&mut tx).await.unwrap();
+                assert_eq!((created.state, created.version), (RefundState::Requested, 0));
+                tx.commit().await.unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::raw_sql(AssertSqlSafe(insert(8)))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                engine.create(8).within(&mut tx).await.unwrap();
+                tx.rollback().await.unwrap();
+                assert!(matches!(
+                    engine.get(8).await,
+                    Err(orderly::Error::NotFound { .. })
+                ));
+
+                let approved = engine
+                    .transition(7, RefundEvent::Approve, "ticket-7")
+                    .await
+                    .unwrap();
+                assert!(approved.is_applied(), "{approved:?}");
+                assert_eq!(engine.history(7).await.unwrap().len(), 1);
+                let amount: i64 =
+                    sqlx::query_scalar("SELECT amount_cents FROM refunds WHERE id = 7")
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                assert_eq!(amount, 1250, "business columns left alone");
+
+                // A history table made before a column existed: refused, then upgraded.
+                sqlx::raw_sql("ALTER TABLE refund_log DROP COLUMN write_id")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                assert!(matches!(
+                    engine.check_tables().await,
+                    Err(orderly::Error::MissingColumn { ref column, .. }) if column == "write_id"
+                ));
+                engine.create_tables().await.expect("the missing column added");
+                engine.check_tables().await.unwrap();
+                sqlx::raw_sql(AssertSqlSafe(insert(9)))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let rejected = engine
+                    .transition(9, RefundEvent::Reject, "ticket-9")
+                    .await
+                    .unwrap();
+                assert!(rejected.is_applied(), "{rejected:?}");
+                assert_eq!(engine.history(7).await.unwrap().len(), 1);
+            }
+
+            /// The property-testing kit over the application's own table: random
+            /// duplicate-heavy sequences over refunds the application inserted (with
+            /// its business columns), ids that no other test or run uses.
+            #[test]
+            fn the_testing_kit_runs_on_the_applications_table() {
+                use orderly::testing::{check_entities, steps, unique_ids};
+                use proptest::test_runner::{Config, TestCaseError, TestRunner};
+                let rt = tokio::runtime::Runtime::new().unwrap();
+                let (pool, _keep, engine) = rt.block_on(async {
+                    let (pool, keep) = $fresh().await;
+                    APP.run(&pool).await.unwrap();
+                    migrate(&pool).await.unwrap();
+                    let tables = Tables::new("refunds", "refund_log").unwrap();
+                    let engine: Engine<RefundMachine, $Store> =
+                        Engine::new(<$Store>::with_tables(pool.clone(), tables)).unwrap();
+                    engine.create_tables().await.unwrap();
+                    (pool, keep, engine)
+                });
+                let mut runner = TestRunner::new(Config {
+                    cases: 12,
+                    failure_persistence: None,
+                    ..Config::default()
+                });
+                let cases = std::sync::atomic::AtomicUsize::new(0);
+                runner
+                    .run(&steps::<RefundMachine>(3, 3, 1..40), |seq| {
+                        cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        rt.block_on(async {
+                            let mut ids = unique_ids(4);
+                            let missing = ids.pop().unwrap();
+                            for &id in &ids {
+                                let sql = format!(
+                                    "INSERT INTO refunds (id, payment_ref, amount_cents, currency, status, version) \
+                                     VALUES ({id}, 'pay_{id}', 500, 'EUR', '{}', 0)",
+                                    RefundState::Requested.as_ref()
+                                );
+                                sqlx::raw_sql(AssertSqlSafe(sql))
+                                    .execute(&pool)
+                                    .await
+                                    .unwrap();
+                            }
+                            check_entities(&engine, &ids, missing, &seq).await
+                        })
+                        .map_err(TestCaseError::fail)
+                    })
+                    .unwrap();
+                assert!(cases.into_inner() >= 12, "every case ran");
             }
 
             /// A database an earlier orderly migrated through `_sqlx_migrations`: three

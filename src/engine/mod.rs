@@ -322,7 +322,10 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     /// Creates the entity at the initial state: await the returned request, or run it
     /// inside your transaction with [`within`](CreateRequest::within). Creating one that
     /// already exists at the initial state is not an error; one that has moved on is
-    /// [`Error::AlreadyExists`].
+    /// [`Error::AlreadyExists`]. A row is inserted (`id`, `status`, `version` 0) only when
+    /// none has the id, so an entity table with `NOT NULL` business columns takes its row
+    /// from your own insert, made first in the same transaction, at the initial state's
+    /// stored form (its variant name, `M::INITIAL.as_ref()`) and version 0.
     pub fn create(&self, order_id: i64) -> CreateRequest<'_, M, S> {
         CreateRequest::new(self, order_id)
     }

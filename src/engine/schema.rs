@@ -49,6 +49,36 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         .await
     }
 
+    /// Creates the entity and history tables under their configured names where they
+    /// do not exist, adds every column this version needs to a table that lacks one (an
+    /// upgrade: `write_id` to a history table made before it), then
+    /// [checks](Self::check_tables) them. Idempotent: call it at startup, or take
+    /// [`tables_sql`](Self::tables_sql) into a migration of your own. An entity table
+    /// of your own with business columns is left as it is, and only checked. Another
+    /// process creating the same tables at once is fine: a statement that fails is
+    /// forgiven if the tables then pass the check.
+    pub async fn create_tables(&self) -> Result<()> {
+        let made = super::within_deadline(self.config.deadline, false, async {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let out = create(&self.store, lease.conn()).await;
+            lease.release_after(&out);
+            out.map_err(db_error::<S>)
+        })
+        .await;
+        match (made, self.check_tables().await) {
+            (_, Ok(())) => Ok(()),
+            (Err(e), Err(_)) => Err(e),
+            (Ok(()), Err(e)) => Err(e),
+        }
+    }
+
+    /// The statements [`create_tables`](Self::create_tables) runs to create the tables
+    /// under their configured names (`CREATE TABLE IF NOT EXISTS`, in this version's
+    /// layout and the backend's dialect), for a migration of your own.
+    pub fn tables_sql(&self) -> Vec<String> {
+        self.store.create_tables_sql()
+    }
+
     /// `error` as the call that met it should answer: [`Error::MissingColumn`] if it
     /// was a fatal database error and a table lacks a column, else `error` itself.
     pub(super) async fn explain(&self, error: Error) -> Error {
@@ -62,6 +92,24 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             _ => error,
         }
     }
+}
+
+/// Creates the tables where missing, then adds the columns missing, one at a time.
+async fn create<S: Store>(store: &S, conn: &mut S::Conn) -> Result<(), sqlx::Error> {
+    for sql in store.create_tables_sql() {
+        store.run_sql(conn, sql).await?;
+    }
+    for _ in 0..ORDERS.len() + HISTORY.len() {
+        match missing(store, conn).await? {
+            None => break,
+            Some((history, column)) => {
+                store
+                    .run_sql(conn, store.add_column_sql(history, column))
+                    .await?
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The first column missing: `(in the history table, its name)`.

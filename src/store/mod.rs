@@ -134,6 +134,24 @@ pub trait Store: Clone + Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
+    /// Runs one statement that returns no rows (the DDL of
+    /// [`Engine::create_tables`](crate::Engine::create_tables)). The default runs nothing.
+    fn run_sql(
+        &self,
+        conn: &mut Self::Conn,
+        sql: String,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let _ = (conn, sql);
+        std::future::ready(Ok(()))
+    }
+
+    /// The statements that create the entity and history tables under their configured
+    /// names, in this version's layout, where they do not exist (see
+    /// [`Engine::create_tables`](crate::Engine::create_tables)). The default has none.
+    fn create_tables_sql(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// The entity table's name (or, with `history`, the history table's), as configured.
     fn table_name(&self, history: bool) -> String {
         let _ = history;

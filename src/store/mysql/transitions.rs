@@ -232,9 +232,41 @@ impl Store for MySqlStore {
         self.tables.name(history)
     }
 
+    async fn run_sql(&self, conn: &mut Self::Conn, sql: String) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(conn)
+            .await
+            .map(|_| ())
+    }
+
+    fn create_tables_sql(&self) -> Vec<String> {
+        let (orders, history) = self.tables.quoted('`');
+        let text = |n: u32| {
+            format!("VARCHAR({n}) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL")
+        };
+        let (short, long) = (text(64), text(255));
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {orders} (id BIGINT NOT NULL PRIMARY KEY, status {short}, \
+                 version BIGINT NOT NULL DEFAULT 0, \
+                 created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) \
+                 ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {history} (order_id BIGINT NOT NULL, seq BIGINT NOT NULL, \
+                 from_status {short}, to_status {short}, event {short}, ref_id {long}, \
+                 payload_hash CHAR(64) NULL, payload JSON NULL, write_id BIGINT NULL, \
+                 created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+                 PRIMARY KEY (order_id, seq), UNIQUE KEY (order_id, event, ref_id)) \
+                 ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
+            ),
+        ]
+    }
+
     fn add_column_sql(&self, history: bool, column: &str) -> String {
         let ty = match column {
-            "id" | "version" | "order_id" | "seq" => "BIGINT NOT NULL",
+            "version" => "BIGINT NOT NULL DEFAULT 0",
+            "id" | "order_id" | "seq" => "BIGINT NOT NULL",
             "payload" => "JSON NULL",
             "write_id" => "BIGINT NULL",
             "payload_hash" => "CHAR(64) NULL",
@@ -403,11 +435,22 @@ impl Store for MySqlStore {
         initial: &'static str,
         txn: Txn,
     ) -> Result<Entity, sqlx::Error> {
-        sqlx::query(self.sql().insert_order.clone())
+        // An entity the caller inserted (with business columns) is not inserted again:
+        // the insert would fail on those columns before meeting the key. A read first,
+        // not `INSERT … SELECT … WHERE NOT EXISTS`, whose shared gap locks deadlock two
+        // creates of neighbouring ids.
+        let exists = sqlx::query(self.sql().get.clone())
             .bind(order_id)
-            .bind(initial)
-            .execute(&mut *conn)
-            .await?;
+            .fetch_optional(&mut *conn)
+            .await?
+            .is_some();
+        if !exists {
+            sqlx::query(self.sql().insert_order.clone())
+                .bind(order_id)
+                .bind(initial)
+                .execute(&mut *conn)
+                .await?;
+        }
         sqlx::query_as(self.sql().created[at(txn)].clone())
             .bind(order_id)
             .fetch_one(conn)

@@ -137,7 +137,8 @@ impl Sql {
             apply_first_batch: batch(false),
             apply_first_batch_emitting: batch(true),
             insert_order: sql(format!(
-                "INSERT INTO {o} (id, status, version) VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING"
+                "INSERT INTO {o} (id, status, version) SELECT $1, $2, 0 \
+                 WHERE NOT EXISTS (SELECT 1 FROM {o} WHERE id = $1) ON CONFLICT (id) DO NOTHING"
             )),
             get: sql(format!(
                 "SELECT status::text AS status, version::bigint AS version FROM {o} WHERE id = $1"

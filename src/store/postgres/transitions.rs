@@ -190,9 +190,34 @@ impl Store for PgStore {
         self.tables.name(history)
     }
 
+    async fn run_sql(&self, conn: &mut Self::Conn, sql: String) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(conn)
+            .await
+            .map(|_| ())
+    }
+
+    fn create_tables_sql(&self) -> Vec<String> {
+        let (orders, history) = self.tables.quoted('"');
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {orders} (id BIGINT PRIMARY KEY, status TEXT NOT NULL, \
+                 version BIGINT NOT NULL DEFAULT 0, created_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {history} (order_id BIGINT NOT NULL, seq BIGINT NOT NULL, \
+                 from_status TEXT NOT NULL, to_status TEXT NOT NULL, event TEXT NOT NULL, \
+                 ref_id TEXT NOT NULL, payload_hash TEXT NULL, payload JSONB NULL, \
+                 write_id BIGINT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now(), \
+                 PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))"
+            ),
+        ]
+    }
+
     fn add_column_sql(&self, history: bool, column: &str) -> String {
         let ty = match column {
-            "id" | "version" | "order_id" | "seq" => "BIGINT NOT NULL",
+            "version" => "BIGINT NOT NULL DEFAULT 0",
+            "id" | "order_id" | "seq" => "BIGINT NOT NULL",
             "payload" => "JSONB NULL",
             "write_id" => "BIGINT NULL",
             "payload_hash" => "TEXT NULL",

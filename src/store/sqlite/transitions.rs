@@ -52,7 +52,8 @@ impl Sql {
             orders: o.clone(),
             transitions: h.clone(),
             insert_order: sql(format!(
-                "INSERT INTO {o} (id, status, version) VALUES (?1, ?2, 0) ON CONFLICT (id) DO NOTHING"
+                "INSERT INTO {o} (id, status, version) SELECT ?1, ?2, 0 \
+                 WHERE NOT EXISTS (SELECT 1 FROM {o} WHERE id = ?1) ON CONFLICT (id) DO NOTHING"
             )),
             get: sql(format!("SELECT status, version FROM {o} WHERE id = ?1")),
             observe: sql(format!(
@@ -129,6 +130,31 @@ impl Store for SqliteStore {
 
     fn table_name(&self, history: bool) -> String {
         self.tables.name(history)
+    }
+
+    async fn run_sql(&self, conn: &mut Self::Conn, sql: String) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(conn)
+            .await
+            .map(|_| ())
+    }
+
+    fn create_tables_sql(&self) -> Vec<String> {
+        let (orders, history) = self.tables.quoted('"');
+        let now = "(strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))";
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {orders} (id INTEGER PRIMARY KEY, status TEXT NOT NULL, \
+                 version INTEGER NOT NULL DEFAULT 0, created_at TEXT NOT NULL DEFAULT {now})"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {history} (order_id INTEGER NOT NULL, seq INTEGER NOT NULL, \
+                 from_status TEXT NOT NULL, to_status TEXT NOT NULL, event TEXT NOT NULL, \
+                 ref_id TEXT NOT NULL, payload_hash TEXT NULL, payload TEXT NULL, \
+                 write_id INTEGER NULL, created_at TEXT NOT NULL DEFAULT {now}, \
+                 PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))"
+            ),
+        ]
     }
 
     fn add_column_sql(&self, history: bool, column: &str) -> String {
