@@ -40,9 +40,14 @@ use crate::store::{Key, Lease, Store, Txn, db_error};
 ///     .payload(&callback)
 ///     .await?;
 ///
-/// // Inside your own transaction, with your own writes:
+/// // Inside your own transaction, with your own writes. On SQLite, begin it with
+/// // `BEGIN IMMEDIATE` (it takes the write lock at once); on PostgreSQL and
+/// // MySQL/MariaDB, `pool.begin()`.
 /// let mut tx = engine.store().pool().begin_with("BEGIN IMMEDIATE").await?;
-/// engine.transition(43, OrderEvent::Pay, "pay-7782").within(&mut tx).await?;
+/// let outcome = engine.transition(43, OrderEvent::Pay, "pay-7782").within(&mut tx).await?;
+/// if outcome.is_applied() {
+///     // Your own write, once: a repeat of this request is `Replayed` and skips it.
+/// }
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```
