@@ -163,10 +163,17 @@ macro_rules! fit_suite {
 
                 let approved = engine
                     .transition(7, RefundEvent::Approve, "ticket-7")
+                    .actor("agent:ana")
+                    .reason("within the captured amount")
                     .await
                     .unwrap();
                 assert!(approved.is_applied(), "{approved:?}");
-                assert_eq!(engine.history(7).await.unwrap().len(), 1);
+                let history = engine.history(7).await.unwrap();
+                assert_eq!(history.len(), 1);
+                assert_eq!(
+                    (history[0].actor.as_deref(), history[0].reason.as_deref()),
+                    (Some("agent:ana"), Some("within the captured amount"))
+                );
                 let amount: i64 =
                     sqlx::query_scalar("SELECT amount_cents FROM refunds WHERE id = 7")
                         .fetch_one(&pool)

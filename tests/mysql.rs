@@ -94,7 +94,7 @@ impl<P: Policy> Backend for My<P> {
         self.exec(
             "CREATE TABLE shop_order_log (order_id BIGINT NOT NULL, seq BIGINT NOT NULL, from_status VARCHAR(64) NOT NULL, \
              to_status VARCHAR(64) NOT NULL, event VARCHAR(64) NOT NULL, ref_id VARCHAR(255) NOT NULL, payload_hash CHAR(64), \
-             payload JSON, write_id BIGINT, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+             payload JSON, write_id BIGINT, actor VARCHAR(255), reason TEXT, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
              PRIMARY KEY (order_id, seq), UNIQUE KEY (order_id, event, ref_id)) COLLATE utf8mb4_bin",
         )
         .await;
@@ -262,7 +262,7 @@ async fn connection_cut_under_a_coalesced_unit() {
     let b = <My>::fresh().await;
     conformance::connection_cut_under_a_unit_answers_each_request(
         &b,
-        b"payload, write_id) SELECT x.c0",
+        b"write_id, actor, reason) SELECT x.c0",
     )
     .await;
     b.cleanup().await;

@@ -90,7 +90,7 @@ impl<P: Policy> Backend for Pg<P> {
         .await;
         self.exec(
             "CREATE TABLE shop_order_log (order_id BIGINT NOT NULL, seq BIGINT NOT NULL, from_status TEXT NOT NULL, \
-             to_status TEXT NOT NULL, event TEXT NOT NULL, ref_id TEXT NOT NULL, payload_hash TEXT, payload JSONB, write_id BIGINT, \
+             to_status TEXT NOT NULL, event TEXT NOT NULL, ref_id TEXT NOT NULL, payload_hash TEXT, payload JSONB, write_id BIGINT, actor TEXT, reason TEXT, \
              created_at TIMESTAMPTZ NOT NULL DEFAULT now(), \
              PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))",
         )

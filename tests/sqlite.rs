@@ -66,7 +66,7 @@ impl<P: Policy> Backend for Sqlite3<P> {
         .await;
         self.exec(
             "CREATE TABLE shop_order_log (order_id INTEGER NOT NULL, seq INTEGER NOT NULL, from_status TEXT NOT NULL, \
-             to_status TEXT NOT NULL, event TEXT NOT NULL, ref_id TEXT NOT NULL, payload_hash TEXT, payload TEXT, write_id INTEGER, \
+             to_status TEXT NOT NULL, event TEXT NOT NULL, ref_id TEXT NOT NULL, payload_hash TEXT, payload TEXT, write_id INTEGER, actor TEXT, reason TEXT, \
              created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')), \
              PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))",
         )

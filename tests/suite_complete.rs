@@ -2,8 +2,9 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 11] = [
+const BODIES: [&str; 12] = [
     include_str!("conformance/mod.rs"),
+    include_str!("conformance/audit.rs"),
     include_str!("conformance/coalesce.rs"),
     include_str!("conformance/faults.rs"),
     include_str!("conformance/flow_deadline.rs"),

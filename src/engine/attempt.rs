@@ -13,7 +13,9 @@ use super::settle::{own_write, settle};
 use super::writes::{First, first_turn, request_of};
 use super::{Engine, Outcome};
 use crate::machine::StateMachine;
-use crate::store::{Apply, ErrorClass, FirstWrite, Key, Lease, Store, Txn, Written, db_error};
+use crate::store::{
+    Apply, Audit, ErrorClass, FirstWrite, Key, Lease, Store, Txn, Written, db_error,
+};
 use crate::{Error, Result};
 
 /// A validated request.
@@ -24,6 +26,8 @@ pub(super) struct Req<'r, M: StateMachine> {
     /// Stored with every history row this call writes: the read-back after a lost
     /// connection answers `Applied` only for a row that carries it.
     pub(super) write_id: i64,
+    /// Who asked and why, stored with the history row.
+    pub(super) audit: Audit<'r>,
     /// How far the call got, for the answer if its deadline passes.
     pub(super) stage: &'r Arc<Stage>,
     /// The request's own event body (JSON text), for the outbox row of an emitting edge.
@@ -382,6 +386,7 @@ async fn attempt<M: StateMachine, S: Store>(
         payload_hash: req.hash(),
         payload: req.payload.map(|p| p.json.as_str()),
         write_id: req.write_id,
+        audit: req.audit,
         emits: M::emits(from, req.event),
         machine: M::NAME,
         event_body: req.event_body,

@@ -48,6 +48,36 @@ pub(crate) fn validate_reference(what: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// The longest reason a request may carry, in characters.
+pub(super) const MAX_REASON_LEN: usize = 1000;
+
+/// Who asked and why: the actor is checked as a reference is ("actor", 1 to 255
+/// characters, no control characters, no padding); the reason is free text (line
+/// breaks allowed) of 1 to [`MAX_REASON_LEN`] characters, without NUL, which no backend
+/// stores in text.
+pub(super) fn validate_audit(audit: &crate::store::Audit<'_>) -> Result<()> {
+    if let Some(actor) = audit.actor {
+        validate_reference("actor", actor)?;
+    }
+    if let Some(reason) = audit.reason {
+        let len = reason.chars().count();
+        if reason.trim().is_empty() {
+            return Err(Error::InvalidInput("reason must not be empty".into()));
+        }
+        if len > MAX_REASON_LEN {
+            return Err(Error::InvalidInput(format!(
+                "reason is {len} characters long; the limit is {MAX_REASON_LEN}"
+            )));
+        }
+        if reason.contains('\0') {
+            return Err(Error::InvalidInput(
+                "reason must not contain NUL characters".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A payload's fingerprint and JSON text.
 #[derive(Debug, Clone)]
 pub(super) struct Payload {
@@ -169,6 +199,8 @@ pub(super) fn parse_record<M: StateMachine>(
         ref_id: raw.ref_id,
         payload_hash: raw.payload_hash,
         payload,
+        actor: raw.actor,
+        reason: raw.reason,
         created_at: raw.created_at,
     })
 }

@@ -131,6 +131,10 @@ pub struct Record<M: StateMachine> {
     pub payload_hash: Option<String>,
     /// The payload, if one was given.
     pub payload: Option<serde_json::Value>,
+    /// Who asked for it ([`TransitionRequest::actor`]), if the request said.
+    pub actor: Option<String>,
+    /// Why ([`TransitionRequest::reason`]), if the request said.
+    pub reason: Option<String>,
     /// When it was recorded (database clock).
     pub created_at: chrono::DateTime<chrono::Utc>,
 }

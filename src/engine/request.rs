@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use super::attempt::{self, Conn, Req};
 use super::detach::{Detached, Stage};
-use super::input::{Payload, fingerprint, validate_ref};
+use super::input::{Payload, fingerprint, validate_audit, validate_ref};
 use super::{Engine, Order, Outcome, created};
 use crate::Result;
 use crate::machine::StateMachine;
-use crate::store::{Key, Lease, Store, Txn, db_error};
+use crate::store::{Audit, Key, Lease, Store, Txn, db_error};
 
 /// A transition request, from [`Engine::transition`] or [`Engine::transition_named`].
 /// Nothing happens until it is awaited; the options below may be set first.
@@ -59,6 +59,7 @@ pub struct TransitionRequest<'a, M: StateMachine, S: Store> {
     ref_id: &'a str,
     payload: Option<Result<Payload>>,
     event_body: Option<Result<String>>,
+    audit: Audit<'a>,
     conn: Option<&'a mut S::Conn>,
 }
 
@@ -76,8 +77,27 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             ref_id,
             payload: None,
             event_body: None,
+            audit: Audit::default(),
             conn: None,
         }
+    }
+
+    /// Who asks for this transition (a user, an operator, a service), stored with the
+    /// history row it writes and returned by [`history`](Engine::history): 1 to 255
+    /// characters, no control characters, no spaces at either end, else
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) when awaited. Not part of the
+    /// request's identity: a repeat by someone else is still a replay, and the row keeps
+    /// the first call's actor.
+    pub fn actor(mut self, actor: &'a str) -> Self {
+        self.audit.actor = Some(actor);
+        self
+    }
+
+    /// Why (free text, line breaks allowed, 1 to 1,000 characters, no NUL), stored and
+    /// returned with the actor, and like it not part of the request's identity.
+    pub fn reason(mut self, reason: &'a str) -> Self {
+        self.audit.reason = Some(reason);
+        self
     }
 
     /// Attaches the body of the event the transition emits: stored, as JSON, in the
@@ -143,6 +163,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
                 body.len()
             )));
         }
+        validate_audit(&self.audit)?;
         let write_id = attempt::write_id();
         let Some(conn) = self.conn else {
             return pooled(
@@ -154,6 +175,8 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
                     payload,
                     event_body,
                     write_id,
+                    actor: self.audit.actor.map(str::to_string),
+                    reason: self.audit.reason.map(str::to_string),
                 },
             )
             .await;
@@ -168,6 +191,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             event,
             payload: payload.as_ref(),
             write_id,
+            audit: self.audit,
             stage: &stage,
             event_body: event_body.as_deref(),
         };
@@ -200,6 +224,8 @@ struct Call<E> {
     payload: Option<Payload>,
     event_body: Option<String>,
     write_id: i64,
+    actor: Option<String>,
+    reason: Option<String>,
 }
 
 /// A request on the engine's own connections, answered within the engine's deadline.
@@ -223,6 +249,10 @@ async fn pooled<M: StateMachine, S: Store>(
                 event: call.event,
                 payload: call.payload.as_ref(),
                 write_id: call.write_id,
+                audit: Audit {
+                    actor: call.actor.as_deref(),
+                    reason: call.reason.as_deref(),
+                },
                 stage: &stage,
                 event_body: call.event_body.as_deref(),
             };

@@ -11,7 +11,8 @@ use crate::{Error, Result};
 /// The entity table's columns orderly reads and writes.
 const ORDERS: &[&str] = &["id", "status", "version"];
 
-/// The history table's columns (`write_id` came with the read-back of in-doubt writes).
+/// The history table's columns (`write_id` came with the read-back of in-doubt writes,
+/// `actor` and `reason` with who asked and why).
 const HISTORY: &[&str] = &[
     "order_id",
     "seq",
@@ -22,6 +23,8 @@ const HISTORY: &[&str] = &[
     "payload_hash",
     "payload",
     "write_id",
+    "actor",
+    "reason",
     "created_at",
 ];
 

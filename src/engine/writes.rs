@@ -35,7 +35,7 @@ use super::{Engine, Outcome};
 use crate::Result;
 use crate::machine::StateMachine;
 use crate::queue::{Drain, Entered, Queue, Turn};
-use crate::store::{FirstWrite, Key, Lease, OwnedKey, Request, Store};
+use crate::store::{Audit, FirstWrite, Key, Lease, OwnedKey, Request, Store};
 
 /// The most requests in one batch.
 const MAX_BATCH: usize = 64;
@@ -88,6 +88,8 @@ pub(crate) struct Queued {
     payload_hash: Option<String>,
     payload: Option<String>,
     write_id: i64,
+    actor: Option<String>,
+    reason: Option<String>,
     machine: &'static str,
     event_body: Option<String>,
     stage: Arc<Stage>,
@@ -103,6 +105,10 @@ impl Queued {
             payload_hash: self.payload_hash.as_deref(),
             payload: self.payload.as_deref(),
             write_id: self.write_id,
+            audit: Audit {
+                actor: self.actor.as_deref(),
+                reason: self.reason.as_deref(),
+            },
             emits: &self.emits,
             machine: self.machine,
             event_body: self.event_body.as_deref(),
@@ -152,6 +158,8 @@ impl<S: Store> Writes<S> {
                 payload_hash: request.payload_hash.map(str::to_string),
                 payload: request.payload.map(str::to_string),
                 write_id: request.write_id,
+                actor: request.audit.actor.map(str::to_string),
+                reason: request.audit.reason.map(str::to_string),
                 machine: request.machine,
                 event_body: request.event_body.map(str::to_string),
                 stage: stage.clone(),
@@ -336,6 +344,7 @@ pub(super) fn request_of<'r, M: StateMachine, S: Store>(
         payload_hash: req.hash(),
         payload: req.payload.map(|p| p.json.as_str()),
         write_id: req.write_id,
+        audit: req.audit,
         emits: edges.map_or(&[], |e| &e.emits),
         machine: M::NAME,
         event_body: req.event_body,

@@ -372,6 +372,17 @@ impl From<Key<'_>> for OwnedKey {
     }
 }
 
+/// Who asked for a transition and why, stored with the history row it writes (for
+/// support and audit); not part of the request's identity, so a repeat carrying another
+/// actor or reason is still a replay, and the row keeps the first call's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Audit<'a> {
+    /// Who asked: a user, an operator, a service (at most 255 characters).
+    pub actor: Option<&'a str>,
+    /// Why (at most 1,000 characters).
+    pub reason: Option<&'a str>,
+}
+
 /// A transition request as the apply-first unit sees it: the key, the edges its event
 /// may take, and the payload.
 #[derive(Debug, Clone, Copy)]
@@ -389,6 +400,8 @@ pub struct Request<'a> {
     /// The call's write id, stored with the history row it writes, so that a read-back
     /// after a lost connection tells this call's own write from an earlier one.
     pub write_id: i64,
+    /// Who asked and why, stored with the history row.
+    pub audit: Audit<'a>,
     /// The domain event each edge emits (parallel to `from_states`): an outbox row is
     /// written, in the same unit, for an edge that names one.
     pub emits: &'a [Option<&'static str>],
@@ -428,6 +441,7 @@ impl Request<'_> {
             payload_hash: self.payload_hash,
             payload: self.payload,
             write_id: self.write_id,
+            audit: self.audit,
             emits,
             machine: self.machine,
             event_body: self.event_body,
@@ -474,6 +488,8 @@ pub struct Apply<'a> {
     pub payload: Option<&'a str>,
     /// The call's write id (see [`Request::write_id`]).
     pub write_id: i64,
+    /// Who asked and why, stored with the history row.
+    pub audit: Audit<'a>,
     /// The domain event the edge emits: an outbox row is written with the history row.
     pub emits: Option<&'static str>,
     /// The machine's name, the outbox row's first key.

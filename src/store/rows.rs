@@ -97,6 +97,10 @@ pub struct RawTransition {
     pub payload_hash: Option<String>,
     /// The payload as JSON text, if one was given.
     pub payload: Option<String>,
+    /// Who asked for it, if the request said.
+    pub actor: Option<String>,
+    /// Why, if the request said.
+    pub reason: Option<String>,
     /// When it was recorded.
     pub created_at: chrono::DateTime<chrono::Utc>,
 }

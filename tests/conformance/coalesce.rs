@@ -118,6 +118,7 @@ pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
         payload_hash: None,
         payload: None,
         write_id: order_id,
+        audit: Default::default(),
         emits: &[Some("OrderPaid")],
         machine: "OrderMachine",
         event_body: Some("{\"paid\":true}"),

@@ -2,6 +2,7 @@
 //! Each test gets its own fresh database from its backend's `Backend::fresh`.
 #![allow(dead_code)]
 
+pub mod audit;
 pub mod coalesce;
 pub mod faults;
 pub mod flow_deadline;
@@ -12,6 +13,8 @@ pub mod records_faults;
 pub mod records_jobs;
 pub mod records_model;
 pub mod schema;
+#[allow(unused_imports)]
+pub use audit::*;
 #[allow(unused_imports)] // used through `conformance!`; a binary without it has no use
 pub use coalesce::*;
 #[allow(unused_imports)]
@@ -277,6 +280,7 @@ macro_rules! conformance {
             poison_event_dies_without_holding_back_others,
             corrupt_rows_are_set_aside_and_hold_back_only_their_entity,
             a_table_without_write_id_is_refused_with_its_fix,
+            who_and_why_are_stored_with_the_history_row,
             event_bodies_are_bounded_when_written,
             records_calls_dropped_in_flight_finish_off_task,
             a_flow_whose_caller_stops_waiting_runs_to_its_end,
@@ -1630,6 +1634,7 @@ pub async fn write_unit_carries_several_requests<B: Backend>(b: &B) {
             payload_hash: None,
             payload: None,
             write_id: order_id,
+            audit: Default::default(),
             emits: &[],
             machine: "TicketMachine",
             event_body: None,

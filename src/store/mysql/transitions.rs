@@ -134,8 +134,8 @@ impl Sql {
                 "UPDATE {o} SET status = ?, version = ? WHERE id = ? AND status = ? AND version = ?"
             )),
             record: sql(format!(
-                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             )),
             emit: sql(
                 "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
@@ -144,7 +144,7 @@ impl Sql {
             ),
             history: read(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \
-                        CAST(payload AS CHAR) AS payload, created_at \
+                        CAST(payload AS CHAR) AS payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ? ORDER BY seq"
             )),
             batch_reads: BatchReads::new(|n| priors_sql(&h, n, causal)),
@@ -256,6 +256,7 @@ impl Store for MySqlStore {
                 "CREATE TABLE IF NOT EXISTS {history} (order_id BIGINT NOT NULL, seq BIGINT NOT NULL, \
                  from_status {short}, to_status {short}, event {short}, ref_id {long}, \
                  payload_hash CHAR(64) NULL, payload JSON NULL, write_id BIGINT NULL, \
+                 actor VARCHAR(255) NULL, reason TEXT NULL, \
                  created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
                  PRIMARY KEY (order_id, seq), UNIQUE KEY (order_id, event, ref_id)) \
                  ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
@@ -270,6 +271,8 @@ impl Store for MySqlStore {
             "payload" => "JSON NULL",
             "write_id" => "BIGINT NULL",
             "payload_hash" => "CHAR(64) NULL",
+            "actor" => "VARCHAR(255) NULL",
+            "reason" => "TEXT NULL",
             "ref_id" => "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL",
             "created_at" => "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
             _ => "VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL",

@@ -106,9 +106,9 @@ impl MySqlStore {
         if updated != moving.len() as u64 {
             return Ok(not_given("update", updated, moving.len()));
         }
-        let rows = padded_rows(9, size);
+        let rows = padded_rows(11, size);
         let mut record = sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+            "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
              {rows}"
         )));
         for ((_, r, from, to), version) in &moving {
@@ -121,7 +121,9 @@ impl MySqlStore {
                 .bind(r.key.ref_id)
                 .bind(r.payload_hash)
                 .bind(r.payload)
-                .bind(r.write_id);
+                .bind(r.write_id)
+                .bind(r.audit.actor)
+                .bind(r.audit.reason);
         }
         for _ in moving.len()..size {
             record = record
@@ -133,7 +135,9 @@ impl MySqlStore {
                 .bind(None::<&str>)
                 .bind(None::<&str>)
                 .bind(None::<&str>)
-                .bind(None::<i64>);
+                .bind(None::<i64>)
+                .bind(None::<&str>)
+                .bind(None::<&str>);
         }
         match record.execute(&mut *conn).await {
             Ok(done) if done.rows_affected() != moving.len() as u64 => {
@@ -241,6 +245,8 @@ impl Stepwise for MySqlStore {
             .bind(a.payload_hash)
             .bind(a.payload)
             .bind(a.write_id)
+            .bind(a.audit.actor)
+            .bind(a.audit.reason)
             .execute(&mut *conn)
             .await?;
         if let Some(event) = a.emits {

@@ -56,6 +56,8 @@ impl Sql {
         // insert, which aborts the whole statement. A version below 0 or at
         // the largest (which has no next) leaves a corrupt row
         // alone for the judge to report.
+        // Who asked and why (`actor`, `reason`) are the statement's last two parameters:
+        // `$9, $10` without an event, `$12, $13` with one.
         let apply_first = |edge: &str, edge_cond: &str| {
             sql(format!(
                 "WITH upd AS ( \
@@ -64,8 +66,8 @@ impl Sql {
                    WHERE o.id = $1 AND {edge_cond} AND o.version BETWEEN 0 AND 9223372036854775806 \
                    RETURNING o.version::bigint AS seq, e.f, e.t \
                  ) \
-                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
-                 SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8 FROM upd \
+                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                 SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8, $9, $10 FROM upd \
                  RETURNING {PRIOR_COLUMNS}"
             ))
         };
@@ -84,8 +86,8 @@ impl Sql {
                    INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
                    SELECT $10, $1, seq, x, $2, f, t, $3, $11 FROM upd WHERE x IS NOT NULL \
                  ) \
-                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
-                 SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8 FROM upd \
+                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                 SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8, $12, $13 FROM upd \
                  RETURNING {PRIOR_COLUMNS}"
             ))
         };
@@ -103,8 +105,8 @@ impl Sql {
                    WHERE o.id = $1 AND {edge_cond} AND o.version BETWEEN 0 AND 9223372036854775806 \
                    FOR UPDATE OF o \
                  ), ins AS ( \
-                   INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
-                   SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8 FROM cur \
+                   INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                   SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8, $9, $10 FROM cur \
                    ON CONFLICT (order_id, event, ref_id) DO NOTHING \
                    RETURNING {PRIOR_COLUMNS} \
                  ), upd AS ( \
@@ -129,8 +131,14 @@ impl Sql {
             } else {
                 ""
             };
+            // Who asked and why: the last two arrays.
+            let (actor, reason) = if emitting {
+                ("$13", "$14")
+            } else {
+                ("$12", "$13")
+            };
             sql(format!(
-                "WITH r AS (                    SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[])                      AS r(order_id, event, ref_id, payload_hash, payload, write_id, body)                  ), upd AS (                    UPDATE {o} AS o SET status = e.t, version = o.version + 1                    FROM r JOIN unnest($8::bigint[], $9::text[], $10::text[], $11::text[]) AS e(order_id, f, t, x)                      ON e.order_id = r.order_id                    WHERE o.id = r.order_id AND o.status = e.f                      AND o.version BETWEEN 0 AND 9223372036854775806                      AND NOT EXISTS (SELECT 1 FROM {h} AS h                                      WHERE h.order_id = r.order_id AND h.event = r.event AND h.ref_id = r.ref_id)                    RETURNING o.id, o.version::bigint AS seq, e.f, e.t, e.x                  ), {emitted}ins AS (                    INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id)                    SELECT u.id, u.seq, u.f, u.t, r.event, r.ref_id, r.payload_hash, r.payload::jsonb, r.write_id                    FROM upd AS u JOIN r ON r.order_id = u.id                    RETURNING order_id, seq                  )                  SELECT ins.order_id::bigint AS i, u.f::text AS from_status, u.t::text AS to_status,                         NULL::text AS payload_hash, ins.seq::bigint AS seq                  FROM ins JOIN upd AS u ON u.id = ins.order_id"
+                "WITH r AS (                    SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], {actor}::text[], {reason}::text[])                      AS r(order_id, event, ref_id, payload_hash, payload, write_id, body, actor, reason)                  ), upd AS (                    UPDATE {o} AS o SET status = e.t, version = o.version + 1                    FROM r JOIN unnest($8::bigint[], $9::text[], $10::text[], $11::text[]) AS e(order_id, f, t, x)                      ON e.order_id = r.order_id                    WHERE o.id = r.order_id AND o.status = e.f                      AND o.version BETWEEN 0 AND 9223372036854775806                      AND NOT EXISTS (SELECT 1 FROM {h} AS h                                      WHERE h.order_id = r.order_id AND h.event = r.event AND h.ref_id = r.ref_id)                    RETURNING o.id, o.version::bigint AS seq, e.f, e.t, e.x                  ), {emitted}ins AS (                    INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason)                    SELECT u.id, u.seq, u.f, u.t, r.event, r.ref_id, r.payload_hash, r.payload::jsonb, r.write_id, r.actor, r.reason                    FROM upd AS u JOIN r ON r.order_id = u.id                    RETURNING order_id, seq                  )                  SELECT ins.order_id::bigint AS i, u.f::text AS from_status, u.t::text AS to_status,                         NULL::text AS payload_hash, ins.seq::bigint AS seq                  FROM ins JOIN upd AS u ON u.id = ins.order_id"
             ))
         };
         Sql {
@@ -174,8 +182,8 @@ impl Sql {
                    UPDATE {o} SET status = $1, version = version + 1 \
                    WHERE id = $2 AND status = $3 AND version = $4 RETURNING id \
                  ), ins AS ( \
-                   INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
-                   SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb, $9 FROM upd RETURNING seq \
+                   INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                   SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb, $9, $13, $14 FROM upd RETURNING seq \
                  ) \
                  INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
                  SELECT $10, $2, seq, $11, $5, $3, $1, $6, $12 FROM ins"
@@ -187,13 +195,13 @@ impl Sql {
                    UPDATE {o} SET status = $1, version = version + 1 \
                    WHERE id = $2 AND status = $3 AND version = $4 RETURNING id \
                  ) \
-                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
-                 SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb, $9 FROM upd"
+                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                 SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb, $9, $10, $11 FROM upd"
             )),
             history: sql(format!(
                 "SELECT seq::bigint AS seq, from_status::text AS from_status, to_status::text AS to_status, \
                         event::text AS event, ref_id::text AS ref_id, payload_hash::text AS payload_hash, \
-                        payload::text AS payload, created_at \
+                        payload::text AS payload, actor::text AS actor, reason::text AS reason, created_at \
                  FROM {h} WHERE order_id = $1 ORDER BY seq"
             )),
             batch_reads: BatchReads::new(|n| priors_sql(&h, n)),

@@ -51,6 +51,8 @@ impl PgStore {
                 } else {
                     query
                 }
+                .bind(request.audit.actor)
+                .bind(request.audit.reason)
             }
             (from, to) => {
                 let statement = match (emitting, txn) {
@@ -75,6 +77,8 @@ impl PgStore {
                 } else {
                     query
                 }
+                .bind(request.audit.actor)
+                .bind(request.audit.reason)
             }
         };
         Ok(match query.fetch_optional(conn).await? {
@@ -134,7 +138,9 @@ impl PgStore {
             query.bind(requests.first().map(|r| r.machine))
         } else {
             query
-        };
+        }
+        .bind(requests.iter().map(|r| r.audit.actor).collect::<Vec<_>>())
+        .bind(requests.iter().map(|r| r.audit.reason).collect::<Vec<_>>());
         let rows = match query.fetch_all(conn).await {
             Ok(rows) => rows,
             Err(e) if is_outbox_taken(&e) || is_unique_violation(&e) => return Ok(None),
@@ -208,7 +214,8 @@ impl Store for PgStore {
                 "CREATE TABLE IF NOT EXISTS {history} (order_id BIGINT NOT NULL, seq BIGINT NOT NULL, \
                  from_status TEXT NOT NULL, to_status TEXT NOT NULL, event TEXT NOT NULL, \
                  ref_id TEXT NOT NULL, payload_hash TEXT NULL, payload JSONB NULL, \
-                 write_id BIGINT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now(), \
+                 write_id BIGINT NULL, actor TEXT NULL, reason TEXT NULL, \
+                 created_at TIMESTAMPTZ NOT NULL DEFAULT now(), \
                  PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))"
             ),
         ]
@@ -220,7 +227,7 @@ impl Store for PgStore {
             "id" | "order_id" | "seq" => "BIGINT NOT NULL",
             "payload" => "JSONB NULL",
             "write_id" => "BIGINT NULL",
-            "payload_hash" => "TEXT NULL",
+            "payload_hash" | "actor" | "reason" => "TEXT NULL",
             "created_at" => "TIMESTAMPTZ NOT NULL DEFAULT now()",
             _ => "TEXT NOT NULL",
         };
@@ -354,7 +361,9 @@ impl Store for PgStore {
         let statement = match a.emits {
             Some(event) => statement.bind(a.machine).bind(event).bind(a.event_body),
             None => statement,
-        };
+        }
+        .bind(a.audit.actor)
+        .bind(a.audit.reason);
         // One statement is atomic on its own; inside the caller's transaction it runs in a
         // savepoint, so that a twin's unique key does not abort the caller's transaction.
         let outcome = match txn {

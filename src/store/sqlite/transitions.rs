@@ -81,8 +81,8 @@ impl Sql {
                 "UPDATE {o} SET status = ?1, version = ?2 WHERE id = ?3 AND status = ?4 AND version = ?5"
             )),
             record: sql(format!(
-                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
             )),
             emit: sql(
                 "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
@@ -90,7 +90,7 @@ impl Sql {
                     .to_string(),
             ),
             history: sql(format!(
-                "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, created_at \
+                "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ?1 ORDER BY seq"
             )),
         }
@@ -151,7 +151,8 @@ impl Store for SqliteStore {
                 "CREATE TABLE IF NOT EXISTS {history} (order_id INTEGER NOT NULL, seq INTEGER NOT NULL, \
                  from_status TEXT NOT NULL, to_status TEXT NOT NULL, event TEXT NOT NULL, \
                  ref_id TEXT NOT NULL, payload_hash TEXT NULL, payload TEXT NULL, \
-                 write_id INTEGER NULL, created_at TEXT NOT NULL DEFAULT {now}, \
+                 write_id INTEGER NULL, actor TEXT NULL, reason TEXT NULL, \
+                 created_at TEXT NOT NULL DEFAULT {now}, \
                  PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))"
             ),
         ]
@@ -161,7 +162,7 @@ impl Store for SqliteStore {
         let ty = match column {
             "id" | "version" | "order_id" | "seq" => "INTEGER NOT NULL DEFAULT 0",
             "write_id" => "INTEGER NULL",
-            "payload" | "payload_hash" => "TEXT NULL",
+            "payload" | "payload_hash" | "actor" | "reason" => "TEXT NULL",
             "created_at" => "TEXT NOT NULL DEFAULT ''",
             _ => "TEXT NOT NULL DEFAULT ''",
         };

@@ -72,9 +72,9 @@ impl SqliteStore {
             return Ok(Some(written));
         }
         let record = format!(
-            "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id) \
+            "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
              VALUES {}",
-            placeholders(moved.len(), 9)
+            placeholders(moved.len(), 11)
         );
         let mut query = sqlx::query(AssertSqlSafe(record));
         for ((_, r, from, to), version) in &moved {
@@ -87,7 +87,9 @@ impl SqliteStore {
                 .bind(r.key.ref_id)
                 .bind(r.payload_hash)
                 .bind(r.payload)
-                .bind(r.write_id);
+                .bind(r.write_id)
+                .bind(r.audit.actor)
+                .bind(r.audit.reason);
         }
         match query.execute(&mut *conn).await {
             Ok(_) => {}
@@ -167,6 +169,8 @@ impl Stepwise for SqliteStore {
             .bind(a.payload_hash)
             .bind(a.payload)
             .bind(a.write_id)
+            .bind(a.audit.actor)
+            .bind(a.audit.reason)
             .execute(&mut *conn)
             .await?;
         if let Some(event) = a.emits {

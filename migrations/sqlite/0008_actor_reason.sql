@@ -1,0 +1,4 @@
+-- Who asked for a transition and why (support and audit), stored with its history row;
+-- not part of the request's identity. NULL when the request did not say.
+ALTER TABLE order_transitions ADD COLUMN actor TEXT NULL;
+ALTER TABLE order_transitions ADD COLUMN reason TEXT NULL;
