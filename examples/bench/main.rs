@@ -206,7 +206,11 @@ fn parse_args() -> Result<Args, BoxError> {
             "--deadline-ms" => args.deadline_ms = value()?.parse()?,
             "--relay-events" => args.relay_events = value()?.parse()?,
             "--nats" => args.nats = Some(value()?),
-            other => return Err(format!("unknown option {other}").into()),
+            "--help" | "-h" => {
+                print!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown option {other} (see --help)").into()),
         }
     }
     if args.orders < 3 || args.rounds == 0 || args.concurrency.contains(&0) || args.seconds <= 0.0 {
@@ -214,6 +218,31 @@ fn parse_args() -> Result<Args, BoxError> {
     }
     Ok(args)
 }
+
+/// What `--help` prints.
+const USAGE: &str = "\
+usage: bench [options]   (cargo run --release --all-features --example bench -- [options])
+
+  --backend sqlite|postgres|mysql   the database [sqlite]; servers from ORDERLY_PG_URL,
+                                    ORDERLY_MYSQL_URL (as for the test suites)
+  --orders N                        orders created per pass [100000]
+  --concurrency C1,C2,...           callers per pass [1,8,32]
+  --seconds S                       time per mode and concurrency [5]
+  --rounds R                        slices each mode's time is cut into, interleaved [5]
+  --history-rows N                  history rows of other orders loaded first [10000]
+  --compare-history N               also run the engine on orderly_bench_b with N rows
+                                    (a `scale` line)
+  --explain                         print the plans of the engine's statements (PostgreSQL)
+  --redis URL                       storms of identical claims, database alone and behind
+                                    the Redis front (a `front` line)
+  --deadline-ms MS                  the client deadline of the deadline storm [10]
+  --relay-events N                  events drained by the relays and the hand loops [20000]
+  --nats URL                        relay to NATS JetStream instead of an in-process sink
+  --help                            this text
+
+It prints a table per concurrency and `ratio`, `coalesce`, `records`, `flows`, `outbox`,
+`relay`, `deadline` (and `front`, `scale`) lines; docs/benchmarks.md reads them.
+";
 
 /// What a backend provides to the bench: the raw patterns, and a reset between passes.
 trait BenchDb: Send + Sync + 'static {
