@@ -108,9 +108,11 @@
 //!
 //! The migrations create `orders(id, status, version, created_at)` and
 //! `order_transitions(order_id, seq, from_status, to_status, event, ref_id, payload_hash,
-//! payload, write_id, created_at)` with `PRIMARY KEY (order_id, seq)` and
-//! `UNIQUE (order_id, event, ref_id)`. [`Tables`] points the engine at an existing entity
-//! table of yours: it needs `id`, `status` and `version` columns and leaves the rest alone.
+//! payload, write_id, actor, reason, created_at)` with `PRIMARY KEY (order_id, seq)` and
+//! `UNIQUE (order_id, event, ref_id)`, and record themselves in `_orderly_migrations`.
+//! [`Tables`] points the engine at an existing entity table of yours: it needs `id`,
+//! `status` and `version` columns and leaves the rest alone;
+//! [`Engine::create_tables`] makes or upgrades a history table under a name of yours.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -254,10 +254,12 @@ pub async fn check_engine<M: StateMachine, S: Store>(
     check_entities(engine, &ids, first_id + orders, steps).await
 }
 
-/// `count` ids no other run uses: not an earlier one, not one running at the same time
-/// in another process (they start from the clock in microseconds, times 1,000, plus the
-/// process id modulo 1,000), not another call in this process (they are counted on).
-/// For entities created on a database that other tests or earlier runs share.
+/// `count` ids that other runs almost surely do not use: they start from the clock in
+/// microseconds, times 1,000, plus the process id modulo 1,000, and are counted on in
+/// steps of 1,000 within the process. An earlier run's ids are below them unless it
+/// used more than 1,000 ids a microsecond; a run started in the same microsecond by a
+/// process whose id is equal modulo 1,000 could meet them. For entities created on a
+/// database that other tests or earlier runs share.
 pub fn unique_ids(count: usize) -> Vec<i64> {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicI64, Ordering};

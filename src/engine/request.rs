@@ -93,7 +93,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
         self
     }
 
-    /// Why (free text, line breaks allowed, 1 to 1,000 characters, no NUL), stored and
+    /// Why (free text, line breaks allowed, 1 to 1,000 characters, not blank, no NUL), stored and
     /// returned with the actor, and like it not part of the request's identity.
     pub fn reason(mut self, reason: &'a str) -> Self {
         self.audit.reason = Some(reason);

@@ -53,8 +53,8 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     }
 
     /// Creates the entity and history tables under their configured names where they
-    /// do not exist, adds every column this version needs to a table that lacks one (an
-    /// upgrade: `write_id` to a history table made before it), then
+    /// do not exist, adds every column this version needs to a history table that lacks
+    /// one (an upgrade: `write_id` to a history table made before it), then
     /// [checks](Self::check_tables) them. Idempotent: call it at startup, or take
     /// [`tables_sql`](Self::tables_sql) into a migration of your own. An entity table
     /// of your own with business columns is left as it is, and only checked. Another
@@ -97,19 +97,21 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     }
 }
 
-/// Creates the tables where missing, then adds the columns missing, one at a time.
+/// Creates the tables where missing, then adds the history table's missing columns, one
+/// at a time. An entity table that lacks one of its three is left to the check: adding
+/// `id` or `status` to a table of the user's would only hide a wrong table name.
 async fn create<S: Store>(store: &S, conn: &mut S::Conn) -> Result<(), sqlx::Error> {
     for sql in store.create_tables_sql() {
         store.run_sql(conn, sql).await?;
     }
-    for _ in 0..ORDERS.len() + HISTORY.len() {
+    for _ in 0..HISTORY.len() {
         match missing(store, conn).await? {
-            None => break,
-            Some((history, column)) => {
+            Some((true, column)) => {
                 store
-                    .run_sql(conn, store.add_column_sql(history, column))
+                    .run_sql(conn, store.add_column_sql(true, column))
                     .await?
             }
+            _ => break,
         }
     }
     Ok(())

@@ -37,8 +37,10 @@ pub async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
 
 /// orderly's migrations for this backend, recorded in
 /// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE): for an application that runs
-/// them itself, for example up to a version ([`Migrator::run_to`]). [`migrate`] also
-/// moves an earlier orderly's rows out of `_sqlx_migrations`.
+/// them itself, for example up to a version ([`Migrator::run_to`]). Only [`migrate`]
+/// moves an earlier orderly's rows out of `_sqlx_migrations`: on a database an earlier
+/// orderly migrated, call [`migrate`] once first, or this migrator applies everything
+/// again (and fails on the first column that exists).
 pub fn migrator() -> Migrator {
     migrations::own_table(sqlx::migrate!("migrations/sqlite"))
 }
