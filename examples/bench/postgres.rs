@@ -320,7 +320,9 @@ impl BenchDb for Db {
         sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
         let applied = explain(
             &mut conn,
-            format!("EXECUTE {write}(2, 'Pay', '{ref2}', NULL, NULL, 'Created', 'Paid', 42)"),
+            format!(
+                "EXECUTE {write}(2, 'Pay', '{ref2}', NULL, NULL, 'Created', 'Paid', 42, NULL, NULL)"
+            ),
         )
         .await;
         sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await?;
