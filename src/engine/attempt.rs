@@ -2,120 +2,17 @@
 //! attempt (write or read → judge → write). A write left in doubt is read back in
 //! `settle.rs`; a request's turn among coalesced writes is taken in `writes.rs`.
 
-use std::sync::Arc;
-
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-use super::detach::Stage;
-use super::input::{Payload, parse_state};
+use super::input::parse_state;
 use super::judge::{self, Refusal, Verdict};
+use super::req::{Conn, Req, abandoned, outbox_taken};
 use super::settle::{own_write, settle};
 use super::writes::{First, first_turn, request_of};
 use super::{Engine, Outcome};
 use crate::machine::StateMachine;
-use crate::store::{
-    Apply, Audit, ErrorClass, FirstWrite, Key, Lease, Store, Txn, Written, db_error,
-};
+use crate::store::{Apply, ErrorClass, FirstWrite, Store, Txn, Written, db_error};
 use crate::{Error, Result};
-
-/// A validated request.
-pub(super) struct Req<'r, M: StateMachine> {
-    pub(super) key: Key<'r>,
-    pub(super) event: M::Event,
-    pub(super) payload: Option<&'r Payload>,
-    /// Stored with every history row this call writes: the read-back after a lost
-    /// connection answers `Applied` only for a row that carries it.
-    pub(super) write_id: i64,
-    /// Who asked and why, stored with the history row.
-    pub(super) audit: Audit<'r>,
-    /// How far the call got, for the answer if its deadline passes.
-    pub(super) stage: &'r Arc<Stage>,
-    /// The request's own event body (JSON text), for the outbox row of an emitting edge.
-    pub(super) event_body: Option<&'r str>,
-}
-
-/// A fresh write id: 64 random bits (the two halves of a random UUID folded, so that
-/// its fixed version bits are mixed with random ones). Two calls of one request sharing
-/// one would need a collision of two random 64-bit numbers.
-pub(super) fn write_id() -> i64 {
-    let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
-    (high ^ low) as i64
-}
-
-/// The answer of a call whose caller stopped waiting before it sent a write: nobody
-/// receives it, and nothing is written.
-pub(super) fn abandoned<M: StateMachine>(req: &Req<'_, M>) -> Error {
-    tracing::debug!(
-        order_id = req.key.order_id,
-        event = req.key.event,
-        "caller gone before the write: not sent"
-    );
-    Error::DeadlineExceeded {
-        deadline: std::time::Duration::ZERO,
-        in_doubt: false,
-    }
-}
-
-impl<M: StateMachine> Req<'_, M> {
-    pub(super) fn hash(&self) -> Option<&str> {
-        self.payload.map(|p| p.hash.as_str())
-    }
-}
-
-/// Where a request's connection comes from.
-pub(super) enum Conn<'c, S: Store> {
-    /// The engine's own, from the pool, taken when first needed and replaced after a
-    /// failure that lost it. Dropped mid-request, it is closed (see [`Lease`]).
-    Pooled(Option<Lease<S>>),
-    /// The caller's transaction.
-    Caller(&'c mut S::Conn),
-}
-
-impl<S: Store> Conn<'_, S> {
-    fn txn(&self) -> Txn {
-        match self {
-            Conn::Pooled(_) => Txn::Own,
-            Conn::Caller(_) => Txn::Caller,
-        }
-    }
-
-    async fn get(&mut self, store: &S) -> Result<&mut S::Conn, sqlx::Error> {
-        match self {
-            Conn::Caller(conn) => Ok(conn),
-            Conn::Pooled(lease) => {
-                let held = match lease.take() {
-                    Some(held) => held,
-                    None => Lease::acquire(store).await?,
-                };
-                Ok(lease.insert(held).conn())
-            }
-        }
-    }
-
-    /// Returns a pooled connection to the pool while the request waits for something
-    /// else (its place in a batch); it takes one again when next needed.
-    pub(super) fn put_back(&mut self) {
-        if let Conn::Pooled(lease) = self
-            && let Some(lease) = lease.take()
-        {
-            lease.release();
-        }
-    }
-
-    /// The connection failed: closed, and replaced when next needed.
-    fn lost(&mut self) {
-        if let Conn::Pooled(lease) = self {
-            *lease = None;
-        }
-    }
-
-    /// The request ran to its end: a pooled connection goes back to the pool.
-    fn finish(self) {
-        if let Conn::Pooled(Some(lease)) = self {
-            lease.release();
-        }
-    }
-}
 
 /// A request on the engine's own connections: read first if the policy says so, then
 /// the retry loop; counted once for [`ReadFirst::Adaptive`](super::ReadFirst::Adaptive).
@@ -427,15 +324,5 @@ fn retry_or_fail<M: StateMachine, S: Store>(
             Step::Lost { error: e, wrote }
         }
         ErrorClass::Fatal => Step::Done(Err(db_error::<S>(e))),
-    }
-}
-
-/// The outbox already holds an event of the entity at the version the write would make:
-/// its version was reused (its history deleted, or two entity tables under one machine
-/// name). Nothing was written; a person must look.
-pub(super) fn outbox_taken(key: Key<'_>) -> Error {
-    Error::CorruptState {
-        order_id: key.order_id,
-        value: "an outbox row at the next version already exists".into(),
     }
 }

@@ -10,6 +10,7 @@
 //! | `mod.rs` | [`Engine`], [`EngineConfig`], the outcome types, create/get/history |
 //! | `request.rs` | [`TransitionRequest`] and [`CreateRequest`]: a request, its options, and its way in |
 //! | `judge.rs` | the outcome table as a pure function of what was read (no I/O) |
+//! | `req.rs` | what a request's way shares: the validated request, its connection, the answers without a write |
 //! | `attempt.rs` | the retry loop and one attempt |
 //! | `settle.rs` | the read-back of an in-doubt write |
 //! | `read_first.rs` | [`ReadFirst`]: when a request starts with a read |
@@ -43,6 +44,7 @@ mod detach;
 mod input;
 mod judge;
 mod read_first;
+mod req;
 mod request;
 mod schema;
 mod settle;

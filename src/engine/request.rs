@@ -9,9 +9,10 @@ use tracing::Instrument;
 
 use std::sync::Arc;
 
-use super::attempt::{self, Conn, Req};
+use super::attempt;
 use super::detach::{Detached, Stage};
 use super::input::{Payload, fingerprint, validate_audit, validate_ref};
+use super::req::{Conn, Req, write_id};
 use super::{Engine, Order, Outcome, created};
 use crate::Result;
 use crate::machine::StateMachine;
@@ -164,7 +165,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             )));
         }
         validate_audit(&self.audit)?;
-        let write_id = attempt::write_id();
+        let write_id = write_id();
         let Some(conn) = self.conn else {
             return pooled(
                 self.engine,

@@ -5,8 +5,8 @@
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-use super::attempt::Req;
 use super::judge;
+use super::req::Req;
 use super::{Engine, Outcome};
 use crate::machine::StateMachine;
 use crate::store::{Lease, Store, Txn};

@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::attempt::{Conn, Req, abandoned, outbox_taken};
 use super::detach::Stage;
 use super::input::parse_state;
+use super::req::{Conn, Req, abandoned, outbox_taken};
 use super::{Engine, Outcome};
 use crate::Result;
 use crate::machine::StateMachine;

@@ -5,30 +5,19 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
 
+use super::flows::{Drive, Flows, Held};
 use super::outcome::{Failure, FlowOutcome, ParkReason, is_live};
-use super::run::Flows;
 use super::steps::{Action, Definition, StepError};
-use super::{FlowStore, StepClass, StepRow, Touch, Undo};
+use super::{FlowStore, StepClass, StepRow, StepSpec, Touch, Undo};
 use crate::{Error, Result};
 
 mod record;
 
 use record::missing;
 pub(crate) use record::{fence, lease_lost, to_i32, write};
-
-/// A flow this runner holds: its claim minted `token`.
-#[derive(Debug, Clone)]
-pub(crate) struct Held {
-    pub(crate) kind: String,
-    pub(crate) key: String,
-    pub(crate) token: String,
-    /// Claims since the flow last made progress, this one included.
-    pub(crate) attempt: i32,
-    /// The input (JSON), when the claim knows it; otherwise read with the record.
-    pub(crate) input: Option<String>,
-}
 
 const FORWARD: &str = "F";
 const UNDO: &str = "C";
@@ -349,5 +338,34 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
         };
         self.write(&touch, None, None).await?;
         Ok(FlowOutcome::Completed(outputs))
+    }
+}
+
+/// The engine behind a registered definition.
+impl<S: FlowStore, I: DeserializeOwned + Send + Sync + 'static> Drive<S> for Definition<S, I> {
+    fn specs(&self) -> &'static [StepSpec] {
+        self.specs
+    }
+
+    fn pivot(&self) -> Option<usize> {
+        self.pivot
+    }
+
+    fn check_input(&self, input: &str) -> Result<()> {
+        serde_json::from_str::<I>(input).map(drop).map_err(|e| {
+            Error::InvalidInput(format!(
+                "the input of flow {} does not parse: {e}",
+                self.kind
+            ))
+        })
+    }
+
+    fn drive<'a>(
+        &'a self,
+        flows: &'a Flows<S>,
+        held: Held,
+        fresh: bool,
+    ) -> BoxFuture<'a, Result<FlowOutcome>> {
+        Box::pin(drive(flows, self, held, fresh))
     }
 }

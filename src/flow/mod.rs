@@ -15,6 +15,7 @@
 
 mod def;
 mod drive;
+mod flows;
 mod macros;
 mod outcome;
 mod recovery;
@@ -24,9 +25,9 @@ mod starts;
 mod steps;
 
 pub use def::{Flow, FlowStep, StepClass, StepSpec, Undo};
+pub use flows::{FlowConfig, Flows};
 pub use outcome::{FlowOutcome, FlowView, Listed, Outputs, ParkReason, Resume, Started};
 pub use recovery::FlowsRecovered;
-pub use run::{FlowConfig, Flows};
 pub use seam::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
 pub(crate) use steps::bounded;
 pub use steps::{Ctx, Definition, MAX_ERROR_BYTES, StepError};

@@ -10,9 +10,9 @@ use tracing::Instrument;
 
 use futures_util::FutureExt;
 
-use super::drive::{Held, lease_lost, to_i32, write};
+use super::drive::{lease_lost, to_i32, write};
+use super::flows::{Flows, Held, millis};
 use super::outcome::{FlowOutcome, FlowView, Listed, Resume, is_live, recorded};
-use super::run::{Flows, millis};
 use super::{FlowStore, Listing, StepWrite, TakeDue, Touch};
 use crate::store::{Lease, db_error};
 use crate::{Error, Result};

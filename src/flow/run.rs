@@ -1,17 +1,15 @@
-//! The runner: [`Flows`] holds the registered definitions, starts flows (the lock and
-//! the judgement of a flow record), and hands a held flow to the engine in `drive.rs`.
+//! The runner: [`Flows`]' registration, reads and starts (the lock and the judgement of
+//! a flow record); a held flow goes to the engine in `drive.rs`. The type itself, with
+//! what the engine and the recovery job share, is in `flows.rs`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 use tracing::Instrument;
 
-use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::drive::Held;
+use super::flows::{Drive, FlowConfig, Flows, Held, millis};
 use super::outcome::{FlowOutcome, Started, is_live, recorded};
 use super::steps::Definition;
 use super::{Flow, FlowRow, FlowStore, StepRow, StepSpec};
@@ -28,109 +26,6 @@ const START_ROUNDS: u32 = 8;
 /// A batch of coalesced starts that takes longer than this is dropped, and its starts go
 /// the ordinary way.
 const START_LIMIT: Duration = Duration::from_secs(5);
-
-/// How flows run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FlowConfig {
-    /// How long a runner holds a flow (renewed at every recorded point) before the
-    /// recovery job may take it over. Longer than any one step takes.
-    pub lease: Duration,
-    /// How many times a flow is claimed without progress (a step retried, a runner that
-    /// died) before it parks as [`ParkReason::AttemptsExhausted`](super::ParkReason::AttemptsExhausted); for a compensation,
-    /// before that compensation is given up.
-    pub attempts: u32,
-    /// The wait before the first retry of a step; it doubles with each retry.
-    pub backoff: Duration,
-    /// The longest wait between retries.
-    pub max_backoff: Duration,
-    /// How long [`Flows::start`] and [`Flows::resume`] wait for the flow before they
-    /// answer [`Error::DeadlineExceeded`] (`in_doubt`: the flow goes on). A flow runs on a
-    /// task of its own: a caller that stops waiting (this deadline, a client timeout, a
-    /// dropped future) leaves it to run to its end, and a re-send is answered
-    /// [`Error::InFlight`] while it runs, then its recorded outcome. Default 30 s.
-    pub deadline: Duration,
-}
-
-impl Default for FlowConfig {
-    fn default() -> Self {
-        FlowConfig {
-            lease: Duration::from_secs(30),
-            attempts: 5,
-            backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(300),
-            deadline: Duration::from_secs(30),
-        }
-    }
-}
-
-/// A registered definition, its input type erased.
-pub(super) trait Drive<S: FlowStore>: Send + Sync {
-    fn specs(&self) -> &'static [StepSpec];
-    fn pivot(&self) -> Option<usize>;
-    /// Whether the input (JSON) is one this definition's actions take.
-    fn check_input(&self, input: &str) -> Result<()>;
-    /// Runs the held flow as far as it goes.
-    fn drive<'a>(
-        &'a self,
-        flows: &'a Flows<S>,
-        held: Held,
-        fresh: bool,
-    ) -> BoxFuture<'a, Result<FlowOutcome>>;
-}
-
-impl<S: FlowStore, I: DeserializeOwned + Send + Sync + 'static> Drive<S> for Definition<S, I> {
-    fn specs(&self) -> &'static [StepSpec] {
-        self.specs
-    }
-
-    fn pivot(&self) -> Option<usize> {
-        self.pivot
-    }
-
-    fn check_input(&self, input: &str) -> Result<()> {
-        serde_json::from_str::<I>(input).map(drop).map_err(|e| {
-            Error::InvalidInput(format!(
-                "the input of flow {} does not parse: {e}",
-                self.kind
-            ))
-        })
-    }
-
-    fn drive<'a>(
-        &'a self,
-        flows: &'a Flows<S>,
-        held: Held,
-        fresh: bool,
-    ) -> BoxFuture<'a, Result<FlowOutcome>> {
-        Box::pin(super::drive::drive(flows, self, held, fresh))
-    }
-}
-
-/// The registered definitions, by kind and version.
-pub(super) type Registry<S> = HashMap<(&'static str, u32), Arc<dyn Drive<S>>>;
-
-/// The flows of one store: definitions registered by `(kind, version)`. Cheap to clone.
-#[derive(Clone)]
-pub struct Flows<S: FlowStore> {
-    pub(super) store: S,
-    pub(super) config: FlowConfig,
-    pub(super) defs: Arc<Registry<S>>,
-    /// Recovery rounds begun (by every clone): where the next round starts.
-    pub(super) rounds: Arc<AtomicUsize>,
-    /// Whether a start reads the flow before its write (shared by clones).
-    first: FirstRound,
-    /// The queue of concurrent starts, on a store that batches them (shared by clones).
-    starts: Option<Arc<Claims<S, super::starts::Owned>>>,
-}
-
-impl<S: FlowStore> std::fmt::Debug for Flows<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Flows")
-            .field("config", &self.config)
-            .field("defs", &self.defs.keys().collect::<Vec<_>>())
-            .finish()
-    }
-}
 
 impl<S: FlowStore> Flows<S> {
     /// Flows on `store`, none registered yet. A lease under a millisecond or over 100
@@ -450,10 +345,6 @@ fn judge(row: &FlowRow, hash: &str, version: i32, specs: &[StepSpec]) -> Option<
             retry_after: Duration::from_millis(row.lease_left_ms.unsigned_abs()),
         })
     })
-}
-
-pub(super) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Runs `work` on a task of its own and waits for it at most `deadline`: past it, or if

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::super::flows::{Flows, Held, millis};
 use super::super::outcome::{FlowOutcome, Outputs, ParkReason, step_name};
-use super::super::run::{Flows, millis};
 use super::super::steps::{CallAction, Ctx, LocalAction, StepError, bounded_str};
 use super::super::{FlowStore, StepClass, StepWrite, Touch};
-use super::{FORWARD, Held, Run, Seen, Then, UNDO};
+use super::{FORWARD, Run, Seen, Then, UNDO};
 use tracing::Instrument;
 
 use crate::store::{Lease, db_error};
