@@ -129,6 +129,7 @@ mod observe;
 pub mod outbox;
 mod queue;
 pub mod store;
+mod support;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -1,16 +1,12 @@
 //! What comes in from a caller (references, payloads, event names) and from the database
 //! (status names, versions, history rows), checked before it is trusted.
 
-use serde::Serialize;
-use sha2::{Digest, Sha256};
-
 use super::Record;
 use crate::machine::StateMachine;
 use crate::store::RawTransition;
+pub use crate::support::input::MAX_REF_LEN;
+pub(crate) use crate::support::input::{Payload, fingerprint, validate_reference};
 use crate::{Error, Result};
-
-/// Longest accepted `ref_id`, in characters.
-pub const MAX_REF_LEN: usize = 255;
 
 /// Parses an event name as received from a client or a queue.
 pub fn parse_event<M: StateMachine>(name: &str) -> Result<M::Event> {
@@ -20,32 +16,6 @@ pub fn parse_event<M: StateMachine>(name: &str) -> Result<M::Event> {
 
 pub(super) fn validate_ref(ref_id: &str) -> Result<()> {
     validate_reference("ref_id", ref_id)
-}
-
-/// A caller's reference (a transition's `ref_id`, an idempotency key): 1 to
-/// [`MAX_REF_LEN`] characters, no control characters, no whitespace at either end, so a
-/// padded copy can never be taken for another reference. `what` names it in the error.
-pub(crate) fn validate_reference(what: &str, value: &str) -> Result<()> {
-    if value.trim().is_empty() {
-        return Err(Error::InvalidInput(format!("{what} must not be empty")));
-    }
-    if value.trim() != value {
-        return Err(Error::InvalidInput(format!(
-            "{what} must not begin or end with whitespace"
-        )));
-    }
-    let len = value.chars().count();
-    if len > MAX_REF_LEN {
-        return Err(Error::InvalidInput(format!(
-            "{what} is {len} characters long; the limit is {MAX_REF_LEN}"
-        )));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(Error::InvalidInput(format!(
-            "{what} must not contain control characters"
-        )));
-    }
-    Ok(())
 }
 
 /// The longest reason a request may carry, in characters.
@@ -76,88 +46,6 @@ pub(super) fn validate_audit(audit: &crate::store::Audit<'_>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// A payload's fingerprint and JSON text.
-#[derive(Debug, Clone)]
-pub(super) struct Payload {
-    pub(super) hash: String,
-    pub(super) json: String,
-}
-
-/// The payload's identity: two payloads are the same payload when they serialize to
-/// equal JSON values (`serde_json::Value` equality: the same members whatever their
-/// order, the same array elements in the same order, equal strings, and equal numbers of
-/// the same kind, so `1` and `1.0` differ and every digit of a large integer counts). The
-/// fingerprint is the SHA-256 of the value's canonical JSON text (members sorted by
-/// name, no whitespace, numbers as serde_json writes them), which is also the text
-/// stored. A payload that does not serialize to JSON, or that holds a NUL character
-/// (which PostgreSQL cannot store), is [`Error::InvalidInput`] on every backend.
-pub(super) fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<Payload> {
-    let value = serde_json::to_value(payload)
-        .map_err(|e| Error::InvalidInput(format!("payload is not serializable as JSON: {e}")))?;
-    if holds_nul(&value) {
-        return Err(Error::InvalidInput(
-            "payload must not contain a NUL character (U+0000)".into(),
-        ));
-    }
-    let mut json = String::new();
-    write_canonical(&value, &mut json);
-    let hash = hex::encode(Sha256::digest(json.as_bytes()));
-    Ok(Payload { hash, json })
-}
-
-/// Canonical JSON: RFC 8785's shape (members sorted by name, no whitespace) with the
-/// numbers left as they are. RFC 8785 writes every number as an IEEE 754 double, which
-/// would make two integers above 2^53 that differ in their last digits (an id, an amount
-/// in minor units) one payload.
-fn write_canonical(value: &serde_json::Value, out: &mut String) {
-    use serde_json::Value;
-    match value {
-        Value::Object(members) => {
-            let mut sorted: Vec<_> = members.iter().collect();
-            sorted.sort_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
-            for (i, (name, member)) in sorted.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(name.clone()).to_string());
-                out.push(':');
-                write_canonical(member, out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        // `-0.0` equals `0.0` as a value, so it is written as `0.0`.
-        Value::Number(n) if n.as_f64() == Some(0.0) && n.is_f64() => out.push_str("0.0"),
-        // Compact and exact: strings escaped, integers in full, floats in their shortest
-        // form that reads back the same.
-        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
-            out.push_str(&value.to_string())
-        }
-    }
-}
-
-fn holds_nul(value: &serde_json::Value) -> bool {
-    use serde_json::Value;
-    match value {
-        Value::String(s) => s.contains('\0'),
-        Value::Array(items) => items.iter().any(holds_nul),
-        Value::Object(members) => members
-            .iter()
-            .any(|(k, v)| k.contains('\0') || holds_nul(v)),
-        Value::Null | Value::Bool(_) | Value::Number(_) => false,
-    }
 }
 
 pub(super) fn parse_state<M: StateMachine>(order_id: i64, value: &str) -> Result<M::State> {

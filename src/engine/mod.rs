@@ -40,25 +40,23 @@ use crate::{Error, Result};
 
 mod attempt;
 mod batch;
-mod detach;
 mod input;
 mod judge;
-mod read_first;
 mod req;
 mod request;
 mod schema;
 mod settle;
 mod writes;
 
-pub(crate) use input::validate_reference;
+pub use crate::support::read_first::ReadFirst;
+use crate::support::{detach, read_first};
 pub use input::{MAX_REF_LEN, parse_event};
-pub use read_first::ReadFirst;
 pub use request::{CreateRequest, TransitionRequest};
 pub use writes::CoalescedWrites;
 
-pub(crate) use detach::{Caller, abandoned, finished_off_task, mark_connected, within_deadline};
+use detach::within_deadline;
 use input::{parse_record, parse_state, parse_version};
-pub(crate) use read_first::FirstRound;
+use read_first::FirstRound;
 
 /// The result of a transition that did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -378,11 +376,6 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         })
         .await
     }
-}
-
-/// The fingerprint of a payload, as transitions compute it (for the other layers).
-pub(crate) fn fingerprint_of<P: Serialize + ?Sized>(payload: &P) -> Result<String> {
-    input::fingerprint(payload).map(|p| p.hash)
 }
 
 pub(super) fn created<M: StateMachine>(order_id: i64, entity: Entity) -> Result<Order<M::State>> {

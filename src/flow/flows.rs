@@ -12,8 +12,8 @@ use futures_util::future::BoxFuture;
 use super::outcome::FlowOutcome;
 use super::{FlowStore, StepSpec};
 use crate::Result;
-use crate::engine::FirstRound;
 use crate::store::claims::Claims;
+use crate::support::read_first::FirstRound;
 
 /// How flows run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,7 +29,6 @@ pub use flows::{FlowConfig, Flows};
 pub use outcome::{FlowOutcome, FlowView, Listed, Outputs, ParkReason, Resume, Started};
 pub use recovery::FlowsRecovered;
 pub use seam::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
-pub(crate) use steps::bounded;
 pub use steps::{Ctx, Definition, MAX_ERROR_BYTES, StepError};
 
 #[doc(hidden)]

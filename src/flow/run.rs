@@ -14,10 +14,11 @@ use super::outcome::{FlowOutcome, Started, is_live, recorded};
 use super::steps::Definition;
 use super::{Flow, FlowRow, FlowStore, StepRow, StepSpec};
 use crate::ReadFirst;
-use crate::engine::{FirstRound, fingerprint_of, validate_reference};
 use crate::queue::Entered;
 use crate::store::claims::{Claims, CoalescedClaims};
 use crate::store::{ErrorClass, Lease, db_error};
+use crate::support::input::{fingerprint_of, validate_reference};
+use crate::support::read_first::FirstRound;
 use crate::{Error, Result};
 
 /// How many times a start reads and tries again when the flow changes under it.

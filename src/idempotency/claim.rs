@@ -10,9 +10,9 @@ use super::claims::Owned;
 use super::{
     CLAIM_ROUNDS, Claim, Claimed, NewClaim, RecordRow, RecordStore, Records, Stored, millis,
 };
-use crate::engine::{fingerprint_of, validate_reference};
 use crate::queue::Entered;
 use crate::store::{ErrorClass, Lease, db_error};
+use crate::support::input::{fingerprint_of, validate_reference};
 use crate::{Error, Result};
 
 impl<S: RecordStore> Records<S> {
@@ -31,7 +31,7 @@ impl<S: RecordStore> Records<S> {
                 // connection goes back warm); a claim granted to nobody is released.
                 let (records, scope, key) = (self.clone(), scope.to_string(), key.to_string());
                 let releaser = self.clone();
-                crate::engine::finished_off_task(
+                crate::support::detach::finished_off_task(
                     self.deadline,
                     true,
                     async move { records.claim_now(&scope, &key, &hash).await },
@@ -124,7 +124,7 @@ impl<S: RecordStore> Records<S> {
             }
         }
         for round in 0..CLAIM_ROUNDS {
-            if crate::engine::abandoned() {
+            if crate::support::detach::abandoned() {
                 // Its caller left before this round's claim was sent: it never is.
                 return Err(Error::DeadlineExceeded {
                     deadline: self.deadline,
@@ -176,7 +176,7 @@ impl<S: RecordStore> Records<S> {
     /// end, as for every statement below).
     async fn claim_once(&self, claim: &NewClaim<'_>) -> Result<Option<i32>, sqlx::Error> {
         let mut lease = Lease::acquire_for_write(&self.store).await?;
-        if crate::engine::abandoned() {
+        if crate::support::detach::abandoned() {
             // Its caller left while it waited for the connection: nothing is sent.
             lease.release();
             return Ok(None);

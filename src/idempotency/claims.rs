@@ -13,7 +13,7 @@ pub(crate) struct Owned {
     lease_ms: i64,
     retention_ms: i64,
     /// The call the claim is made for.
-    caller: crate::engine::Caller,
+    caller: crate::support::detach::Caller,
 }
 
 impl Owned {
@@ -25,7 +25,7 @@ impl Owned {
             token: c.token.to_string(),
             lease_ms: c.lease_ms,
             retention_ms: c.retention_ms,
-            caller: crate::engine::Caller::current(),
+            caller: crate::support::detach::Caller::current(),
         }
     }
 

@@ -116,7 +116,7 @@ impl<S: RecordStore> Records<S> {
         // The scope is known (checked here, before anything is sent).
         self.finish(held, status, None, terminal)?;
         let (records, owned) = (self.clone(), held.clone());
-        let out = crate::engine::finished_off_task(
+        let out = crate::support::detach::finished_off_task(
             self.deadline,
             true,
             async move {
@@ -146,7 +146,7 @@ impl<S: RecordStore> Records<S> {
         const SENDS: u32 = 3;
         let write = || async {
             let mut lease = Lease::acquire_for_write(&self.store).await?;
-            if crate::engine::abandoned() {
+            if crate::support::detach::abandoned() {
                 // Its caller left before it was sent: it never is (the record stays held,
                 // as the caller was told).
                 lease.release();

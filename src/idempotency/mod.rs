@@ -24,8 +24,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use crate::ReadFirst;
-use crate::engine::FirstRound;
 use crate::store::Lease;
+use crate::support::read_first::FirstRound;
 use crate::{Error, Result};
 
 mod claim;
@@ -46,7 +46,7 @@ pub use run::{Done, Ran, Work};
 pub use seam::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
 
 /// Longest accepted idempotency key, in characters (as for a transition's reference).
-pub const MAX_KEY_LEN: usize = crate::engine::MAX_REF_LEN;
+pub const MAX_KEY_LEN: usize = crate::support::input::MAX_REF_LEN;
 
 /// The longest lease, retention or time to live: the database clock plus it stays far
 /// inside a 64-bit count of milliseconds.

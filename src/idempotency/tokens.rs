@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use super::{MAX_SPAN, RecordStore, Records, millis};
-use crate::engine::validate_reference;
 use crate::error::TokenRejection;
 use crate::store::{Lease, db_error};
+use crate::support::input::validate_reference;
 use crate::{Error, Result};
 
 impl<S: RecordStore> Records<S> {

@@ -12,8 +12,8 @@ use super::{
     ClaimedEvent, CorruptRow, EventKey, EventRow, FailedEvent, Message, OutboxStore, Sink,
     SinkError,
 };
-use crate::flow::bounded;
 use crate::store::{Lease, db_error};
+use crate::support::text::bounded;
 use crate::{Error, Result};
 
 /// Runs one statement of `$store` on a leased connection `$c`: the connection goes back

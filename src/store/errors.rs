@@ -105,16 +105,6 @@ pub(crate) fn refused(
     }
 }
 
-/// Whether `err` means that no connection was to be had: the pool's timeout, or a
-/// server's refusal (see [`refused`]).
-pub(crate) fn no_connection(err: &sqlx::Error) -> bool {
-    match err {
-        sqlx::Error::PoolTimedOut => true,
-        sqlx::Error::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
-        _ => false,
-    }
-}
-
 /// Whether `err` is a unique-key violation (a twin request's history row).
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {

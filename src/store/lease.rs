@@ -26,7 +26,7 @@ impl<S: Store> Lease<S> {
     /// Borrows a connection.
     pub(crate) async fn acquire(store: &S) -> Result<Self, sqlx::Error> {
         let conn = store.acquire().await?;
-        crate::engine::mark_connected();
+        crate::support::detach::mark_connected();
         Ok(Lease {
             conn: Some(conn),
             _turn: None,
@@ -38,7 +38,7 @@ impl<S: Store> Lease<S> {
     pub(crate) async fn acquire_for_write(store: &S) -> Result<Self, sqlx::Error> {
         let turn = store.write_turn().await;
         let conn = store.acquire().await?;
-        crate::engine::mark_connected();
+        crate::support::detach::mark_connected();
         Ok(Lease {
             conn: Some(conn),
             _turn: turn,

@@ -72,7 +72,7 @@ impl FirstRound {
     }
 
     /// The share, between 0 and 1.
-    pub(super) fn share(&self) -> f64 {
+    pub(crate) fn share(&self) -> f64 {
         f64::from(self.replays.get()) / f64::from(ReplayRate::ONE)
     }
 }

@@ -21,6 +21,16 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+/// Whether `err` means that no connection was to be had: the pool's timeout, or a
+/// server's refusal (see `store::errors::refused`).
+pub(crate) fn no_connection(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
+        _ => false,
+    }
+}
+
 /// How far a call got, for the answer when its deadline passes.
 #[derive(Debug, Default)]
 pub(crate) struct Stage(AtomicU8);
@@ -54,7 +64,7 @@ pub(crate) async fn within_deadline<T>(
         Ok(Err(crate::Error::Database {
             source,
             retryable: true,
-        })) if stage.never_connected() && crate::store::errors::no_connection(&source) => {
+        })) if stage.never_connected() && no_connection(&source) => {
             Err(crate::Error::Unavailable {
                 waited: started.elapsed(),
             })
@@ -102,7 +112,7 @@ where
         Ok(Some(Err(crate::Error::Database {
             source,
             retryable: true,
-        }))) if stage.never_connected() && crate::store::errors::no_connection(&source) => {
+        }))) if stage.never_connected() && no_connection(&source) => {
             Err(crate::Error::Unavailable {
                 waited: started.elapsed(),
             })
