@@ -149,7 +149,13 @@ pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
                 "{kind} dropped after {k} polls: a completion was acknowledged but not committed"
             );
             if done.is_some() {
-                if !dropped.contains_key(kind) && restarts < 50 {
+                // Under load a statement's answer can be in the socket before its read
+                // is polled, so a call may pass its await points in fewer polls than
+                // usual and skip the drops that show something: go round again until
+                // this kind was dropped (and, for `run`, dropped during its work).
+                let shown =
+                    dropped.contains_key(kind) && (kind != "run" || released.contains_key("run"));
+                if !shown && restarts < 50 {
                     (k, restarts) = (0, restarts + 1);
                     continue;
                 }
