@@ -84,13 +84,32 @@
 //! Each backend implements its seam, [`outbox::OutboxStore`], in
 //! `store/<backend>/outbox.rs`. See `docs/outbox.md`.
 //!
-//! ## What comes next, and where
+//! ## `http`: the `Idempotency-Key` header
 //!
-//! A tower layer `http/`; metrics `observe`. Each is a folder holding its algorithm above a seam trait
-//! of its own, which every backend implements in a file of its folder next to
-//! `transitions.rs` (for example `store/postgres/flows.rs`), with a migration per
-//! backend. What must commit with a transition (an idempotency record's completion,
-//! outbox rows) joins the store's write units.
+//! Cargo feature `http`: `http::IdempotencyLayer`, a tower layer (it works under axum)
+//! over [`Records`]. A request with a key is claimed once; its response is kept and
+//! replayed to every repeat, marked `Idempotent-Replayed: true`; the same key with
+//! another request is 422, a key still in flight 409 with `Retry-After`, a missing or
+//! malformed key 400, records out of reach 503, all as `application/problem+json`.
+//! Routes say whether a key is required and which responses are kept, and a handler can
+//! keep its response in its own transaction (`complete_in`). See `docs/http.md`.
+//!
+//! ## Metrics and spans
+//!
+//! Every transition, claim, flow, flow step and recovery round is a `tracing` span that
+//! carries its outcome. Cargo feature `metrics`: counters, gauges and histograms through
+//! the `metrics` facade (no exporter installed; the application picks one), with
+//! bounded labels only (machine, event, outcome, backend, scope, flow kind), never an id.
+//! The names and labels are in `docs/observability.md`.
+//!
+//! ## Coalescing
+//!
+//! While one statement of a kind is in flight, the calls of that kind that arrive queue
+//! for the next, which carries them all: transitions' writes (one write unit, one
+//! commit; every backend but a Galera node), transitions' reads (PostgreSQL and
+//! MySQL/MariaDB), idempotency claims and flow starts (PostgreSQL and SQLite). Each call
+//! is answered as if it had gone alone; a lone call goes at once. There is no timer: a
+//! queue forms only while a statement is in flight.
 //!
 //! # Errors
 //!
