@@ -1,14 +1,8 @@
-//! How a store's errors are classified: retryable, connection lost, or fatal. Each
-//! backend classifies its own codes (`classify` in its `mod.rs`); the classes that do
-//! not depend on the backend are here.
+//! How a store's errors are classified: retryable, connection lost, or fatal: the classes
+//! that do not depend on the backend, and each dialect's codes (`classify_postgres`,
+//! `classify_mysql`, `classify_sqlite`), which the backends' `Store::classify` call.
 
 use super::Store;
-#[cfg(feature = "mysql")]
-use super::mysql;
-#[cfg(feature = "postgres")]
-use super::postgres;
-#[cfg(feature = "sqlite")]
-use super::sqlite;
 use crate::Error;
 
 /// How a store classifies a database error.
@@ -46,18 +40,18 @@ pub(crate) fn classify_any(err: &sqlx::Error) -> ErrorClass {
             .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
             .is_some()
         {
-            return postgres::classify(err);
+            return classify_postgres(err);
         }
         #[cfg(feature = "mysql")]
         if db
             .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
             .is_some()
         {
-            return mysql::classify(err);
+            return classify_mysql(err);
         }
         #[cfg(feature = "sqlite")]
         if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
-            return sqlite::classify(err);
+            return classify_sqlite(err);
         }
     }
     let _ = err;
@@ -109,4 +103,62 @@ pub(crate) fn refused(
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(e) if e.is_unique_violation())
+}
+
+/// PostgreSQL's SQLSTATEs: serialization failure, deadlock and lock timeout are
+/// retryable; an administrator's shutdown or termination and the connection exceptions
+/// (class 08) lose the connection.
+#[cfg(feature = "postgres")]
+pub(crate) fn classify_postgres(err: &sqlx::Error) -> ErrorClass {
+    if let Some(class) = classify_common(err) {
+        return class;
+    }
+    let code = match err {
+        sqlx::Error::Database(db) => db.code(),
+        _ => None,
+    };
+    match code.as_deref() {
+        Some("40001" | "40P01" | "55P03") => ErrorClass::Retryable,
+        Some("57P01" | "57P02" | "57P03" | "40003") => ErrorClass::ConnectionLost,
+        Some(c) if c.starts_with("08") => ErrorClass::ConnectionLost,
+        _ => ErrorClass::Fatal,
+    }
+}
+
+/// MySQL/MariaDB error numbers: deadlock, lock wait timeout and a Galera node not ready
+/// (1047) are retryable; a killed session, the server shutting down and the lost-link
+/// errors lose the connection.
+#[cfg(feature = "mysql")]
+pub(crate) fn classify_mysql(err: &sqlx::Error) -> ErrorClass {
+    if let Some(class) = classify_common(err) {
+        return class;
+    }
+    let code = match err {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|e| e.number()),
+        _ => None,
+    };
+    match code {
+        Some(1213 | 1205 | 1047) => ErrorClass::Retryable,
+        Some(1927 | 1053 | 1152 | 1158..=1161 | 2006 | 2013) => ErrorClass::ConnectionLost,
+        _ => ErrorClass::Fatal,
+    }
+}
+
+#[cfg(feature = "sqlite")]
+/// SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes such as
+/// SQLITE_BUSY_SNAPSHOT (517), are retryable.
+pub(crate) fn classify_sqlite(err: &sqlx::Error) -> ErrorClass {
+    if let Some(class) = classify_common(err) {
+        return class;
+    }
+    let code = match err {
+        sqlx::Error::Database(db) => db.code().and_then(|c| c.parse::<i32>().ok()),
+        _ => None,
+    };
+    match code.map(|c| c & 0xff) {
+        Some(5 | 6) => ErrorClass::Retryable,
+        _ => ErrorClass::Fatal,
+    }
 }

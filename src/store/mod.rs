@@ -69,9 +69,9 @@ pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use batched::{BATCH_READ_MAX, BatchReads, in_place};
 pub use errors::ErrorClass;
-pub(crate) use errors::{classify_any, db_error};
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) use errors::{classify_common, is_unique_violation};
+pub(crate) use errors::is_unique_violation;
+pub(crate) use errors::{classify_any, db_error};
 pub(crate) use lease::Lease;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use migrations::MIGRATIONS_TABLE;

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 
 use super::migrations;
-use super::{ErrorClass, Store, Tables, classify_common, db_error};
+use super::{Store, Tables, db_error};
 use crate::Error;
 use sqlx::migrate::Migrator;
 
@@ -182,21 +182,4 @@ pub(crate) fn refused(err: sqlx::Error) -> sqlx::Error {
         db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
             .is_some_and(|e| matches!(e.number(), 1040 | 1203 | 1053 | 1047 | 1129))
     })
-}
-
-pub(crate) fn classify(err: &sqlx::Error) -> ErrorClass {
-    if let Some(class) = classify_common(err) {
-        return class;
-    }
-    let code = match err {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .map(|e| e.number()),
-        _ => None,
-    };
-    match code {
-        Some(1213 | 1205 | 1047) => ErrorClass::Retryable,
-        Some(1927 | 1053 | 1152 | 1158..=1161 | 2006 | 2013) => ErrorClass::ConnectionLost,
-        _ => ErrorClass::Fatal,
-    }
 }

@@ -300,7 +300,7 @@ impl Store for MySqlStore {
     }
 
     fn classify(err: &sqlx::Error) -> ErrorClass {
-        super::classify(err)
+        crate::store::errors::classify_mysql(err)
     }
 
     /// The floor's statements for one request: `BEGIN`; the update guarded by the

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use super::migrations;
-use super::{ErrorClass, Tables, classify_common, db_error};
+use super::{Tables, db_error};
 use crate::Error;
 use sqlx::migrate::{Migrate, Migrator};
 
@@ -113,20 +113,4 @@ pub(crate) fn refused(err: sqlx::Error) -> sqlx::Error {
                 || code.starts_with("08")
         })
     })
-}
-
-pub(crate) fn classify(err: &sqlx::Error) -> ErrorClass {
-    if let Some(class) = classify_common(err) {
-        return class;
-    }
-    let code = match err {
-        sqlx::Error::Database(db) => db.code(),
-        _ => None,
-    };
-    match code.as_deref() {
-        Some("40001" | "40P01" | "55P03") => ErrorClass::Retryable,
-        Some("57P01" | "57P02" | "57P03" | "40003") => ErrorClass::ConnectionLost,
-        Some(c) if c.starts_with("08") => ErrorClass::ConnectionLost,
-        _ => ErrorClass::Fatal,
-    }
 }

@@ -242,7 +242,7 @@ impl Store for PgStore {
     }
 
     fn classify(err: &sqlx::Error) -> ErrorClass {
-        super::classify(err)
+        crate::store::errors::classify_postgres(err)
     }
 
     /// One statement for one request, any number of source states, atomic on its own.

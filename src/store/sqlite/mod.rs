@@ -9,7 +9,7 @@ use sqlx::sqlite::{
 };
 
 use super::migrations;
-use super::{ErrorClass, Tables, classify_common, db_error};
+use super::{Tables, db_error};
 use crate::Error;
 use sqlx::migrate::Migrator;
 
@@ -110,21 +110,5 @@ impl SqliteStore {
     /// The pool.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
-    }
-}
-
-/// SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes such as
-/// SQLITE_BUSY_SNAPSHOT (517), are retryable.
-pub(crate) fn classify(err: &sqlx::Error) -> ErrorClass {
-    if let Some(class) = classify_common(err) {
-        return class;
-    }
-    let code = match err {
-        sqlx::Error::Database(db) => db.code().and_then(|c| c.parse::<i32>().ok()),
-        _ => None,
-    };
-    match code.map(|c| c & 0xff) {
-        Some(5 | 6) => ErrorClass::Retryable,
-        _ => ErrorClass::Fatal,
     }
 }

@@ -180,7 +180,7 @@ impl Store for SqliteStore {
     }
 
     fn classify(err: &sqlx::Error) -> ErrorClass {
-        super::classify(err)
+        crate::store::errors::classify_sqlite(err)
     }
 
     /// The floor's statements for one request: `BEGIN IMMEDIATE`; the update guarded by the
