@@ -249,19 +249,6 @@ impl Error {
     }
 }
 
-/// A driver error from your own statements (inside [`Records::run`](crate::Records::run)'s
-/// work, a flow's local step, your own transaction), classified as orderly's stores
-/// classify theirs: a lost connection, a deadlock, a serialization failure or a busy
-/// database is [`Error::Database`] with `retryable: true`; anything else is not. So `?`
-/// on a `sqlx::Error` gives the caller the same [`Error::is_retryable`] answer an
-/// orderly call would.
-impl From<sqlx::Error> for Error {
-    fn from(source: sqlx::Error) -> Self {
-        let retryable = crate::store::classify_any(&source) != crate::store::ErrorClass::Fatal;
-        Error::Database { source, retryable }
-    }
-}
-
 /// Why a one-time token was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::Display)]
 #[strum(serialize_all = "lowercase")]

@@ -26,15 +26,23 @@
 //! task, and its connection returns warm); a write whose connection failed is read back
 //! before it is answered, `Applied` only if the row found is this call's own.
 //!
-//! ## [`store`]: the seam and the backends
+//! ## [`store`]: the seam
 //!
 //! The [`Store`] trait is a handful of coarse operations, each one round trip or one
 //! atomic unit the store owns: the apply-first write, the judge's read, the write after
 //! a read, the refusal's read, the batched read of many requests, create/get/history, and
-//! error classification. One folder per backend behind a cargo feature (`sqlite`,
-//! `postgres`, `mysql`) holds that backend's SQL, one file per layer it serves, with its
-//! migrations in `migrations/<backend>/` (embedded with `sqlx::migrate!`). The two write
-//! units are where anything that must commit with a transition joins it.
+//! error classification. The two write units are where anything that must commit with a
+//! transition joins it. Rows, table names, error classes and leases live here too.
+//!
+//! ## [`backend`]: the dialects
+//!
+//! One folder per backend behind a cargo feature (`sqlite`, `postgres`, `mysql`)
+//! implements every layer's seam from above: [`Store`], the idempotency layer's
+//! `RecordStore`, the flow layer's `FlowStore`, the outbox's `OutboxStore`, one file per
+//! layer, with the migrations in `migrations/<backend>/` (embedded with
+//! `sqlx::migrate!`). What the dialects share (statements written once, the write units
+//! of the dialects that write statement by statement, batched reads) is beside them. No
+//! layer imports a backend.
 //!
 //! ## [`idempotency`]: whole requests, once
 //!
@@ -49,7 +57,7 @@
 //! asks a reconciler what happened; `purge` removes expired records in batches;
 //! `issue`/`consume` are one-time tokens; with the cargo feature `redis`, a Redis
 //! front sheds storms of identical requests. Each backend implements its seam,
-//! [`idempotency::RecordStore`], in `store/<backend>/idempotency.rs`. See
+//! [`idempotency::RecordStore`], in `backend/<backend>/idempotency.rs`. See
 //! `docs/idempotency.md`.
 //!
 //! ## `testing`: your own graph, property-tested
@@ -69,7 +77,7 @@
 //! finished after, compensates the completed steps in reverse when one fails, parks what
 //! needs a person, and resumes flows whose runner died with its recovery job
 //! (`recover`, `recovery_loop`; `SKIP LOCKED` where the backend has it). Each backend
-//! implements its seam, [`flow::FlowStore`], in `store/<backend>/flows.rs`. See
+//! implements its seam, [`flow::FlowStore`], in `backend/<backend>/flows.rs`. See
 //! `docs/flows.md`.
 //!
 //! ## Events on the graph
@@ -82,7 +90,7 @@
 //! features), per entity in version order, under fenced leases, with retries, a dead
 //! state and purge; [`outbox::Inbox`] dedupes a consumer whose work is not a transition.
 //! Each backend implements its seam, [`outbox::OutboxStore`], in
-//! `store/<backend>/outbox.rs`. See `docs/outbox.md`.
+//! `backend/<backend>/outbox.rs`. See `docs/outbox.md`.
 //!
 //! ## `http`: the `Idempotency-Key` header
 //!
@@ -137,6 +145,7 @@
 
 extern crate self as orderly;
 
+pub mod backend;
 pub mod engine;
 pub mod error;
 pub mod flow;
@@ -152,6 +161,12 @@ mod support;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+#[cfg(feature = "mysql")]
+pub use backend::mysql::MySqlStore;
+#[cfg(feature = "postgres")]
+pub use backend::postgres::PgStore;
+#[cfg(feature = "sqlite")]
+pub use backend::sqlite::SqliteStore;
 pub use engine::{
     CoalescedWrites, CreateRequest, DEFAULT_MAX_EVENT_BODY, Engine, EngineConfig, Order, Outcome,
     ReadFirst, Record, TransitionRequest,
@@ -165,12 +180,6 @@ pub use idempotency::{
 #[cfg(feature = "redis")]
 pub use idempotency::{FrontConfig, RedisFront};
 pub use machine::{StateMachine, Transition};
-#[cfg(feature = "mysql")]
-pub use store::mysql::MySqlStore;
-#[cfg(feature = "postgres")]
-pub use store::postgres::PgStore;
-#[cfg(feature = "sqlite")]
-pub use store::sqlite::SqliteStore;
 pub use store::{Store, Tables, WriteTurn};
 
 #[doc(hidden)]

@@ -35,7 +35,7 @@ macro_rules! fit_suite {
     ($backend:ident, $Pool:ty, $Store:ty, $app:literal, $fresh:path) => {
         mod $backend {
             use super::*;
-            use orderly::store::$backend::{migrate, migrator};
+            use orderly::backend::$backend::{migrate, migrator};
             use sqlx::migrate::Migrator;
 
             static APP: Migrator = sqlx::migrate!($app);
@@ -287,7 +287,7 @@ macro_rules! fit_suite {
 async fn fresh_sqlite() -> (sqlx::SqlitePool, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("app.db").display());
-    let options = orderly::store::sqlite::connect_options(&url).unwrap();
+    let options = orderly::backend::sqlite::connect_options(&url).unwrap();
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
         .max_connections(4)
         .connect_with(options)
@@ -347,14 +347,14 @@ fit_suite!(
 fit_suite!(
     postgres,
     sqlx::PgPool,
-    orderly::store::postgres::PgStore,
+    orderly::backend::postgres::PgStore,
     "tests/fit/migrations/postgres",
     fresh_postgres
 );
 fit_suite!(
     mysql,
     sqlx::MySqlPool,
-    orderly::store::mysql::MySqlStore,
+    orderly::backend::mysql::MySqlStore,
     "tests/fit/migrations/mysql",
     fresh_mysql
 );

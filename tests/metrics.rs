@@ -173,7 +173,7 @@ async fn scenario(snap: &Snapshotter) {
         sqlx::sqlite::SqlitePoolOptions::new()
             .max_connections(2)
             .connect_with(
-                orderly::store::sqlite::connect_options(&url)
+                orderly::backend::sqlite::connect_options(&url)
                     .unwrap()
                     .busy_timeout(Duration::ZERO),
             )

@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use conformance::{Adaptive, Always, Backend, Policy};
-use orderly::store::mysql::migrate;
+use orderly::backend::mysql::migrate;
 use orderly::{MySqlStore, ReadFirst, Tables};
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, Transaction};

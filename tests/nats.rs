@@ -181,7 +181,7 @@ async fn eight_relays_publish_10000_events_in_order() {
         .connect_with(options.clone())
         .await
         .unwrap();
-    orderly::store::postgres::migrate(&pool).await.unwrap();
+    orderly::backend::postgres::migrate(&pool).await.unwrap();
     for sql in seed_sql(entities, per_entity) {
         sqlx::raw_sql(AssertSqlSafe(sql))
             .execute(&pool)

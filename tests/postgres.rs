@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use conformance::{Adaptive, Always, Backend, OrderEvent, OrderMachine, Policy};
-use orderly::store::postgres::migrate;
+use orderly::backend::postgres::migrate;
 use orderly::store::{ErrorClass, Store};
 use orderly::{Engine, EngineConfig, PgStore, ReadFirst, Tables};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};

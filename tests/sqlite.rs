@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use conformance::{Adaptive, Always, Backend, Policy};
-use orderly::store::sqlite::{connect_options, migrate};
+use orderly::backend::sqlite::{connect_options, migrate};
 use orderly::{ReadFirst, SqliteStore, Tables};
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, Sqlite, Transaction};

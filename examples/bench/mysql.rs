@@ -2,7 +2,7 @@
 
 use super::*;
 use orderly::MySqlStore;
-use orderly::store::mysql::migrate;
+use orderly::backend::mysql::migrate;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
 use std::str::FromStr;

@@ -1,8 +1,8 @@
 //! The bench on PostgreSQL: its own database, the floor and naive modes by hand, the plans.
 
 use super::*;
+use orderly::backend::postgres::migrate;
 use orderly::store::OwnedKey;
-use orderly::store::postgres::migrate;
 use orderly::{EngineConfig, PgStore, ReadFirst};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};

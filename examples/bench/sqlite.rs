@@ -2,7 +2,7 @@
 
 use super::*;
 use orderly::SqliteStore;
-use orderly::store::sqlite::{connect_options, migrate};
+use orderly::backend::sqlite::{connect_options, migrate};
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
 

@@ -1,6 +1,6 @@
 //! What the flow layer needs from a backend: a few statements, each one round trip (the
 //! claim of due flows, one atomic unit), over the backend's own connection. Each backend
-//! implements [`FlowStore`] in `src/store/<backend>/flows.rs`; transactions are begun
+//! implements [`FlowStore`] in `src/backend/<backend>/flows.rs`; transactions are begun
 //! with [`RecordStore::begin`].
 
 use std::future::Future;

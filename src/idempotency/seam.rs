@@ -1,6 +1,6 @@
 //! What the idempotency layer needs from a backend: a handful of statements, each one
 //! round trip, over the backend's own connection, and a way to begin a transaction.
-//! Each backend implements [`RecordStore`] in `src/store/<backend>/idempotency.rs`.
+//! Each backend implements [`RecordStore`] in `src/backend/<backend>/idempotency.rs`.
 
 use std::future::Future;
 

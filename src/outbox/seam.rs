@@ -1,5 +1,5 @@
 //! What the outbox needs from a backend: a handful of statements over the backend's own
-//! connection. Each backend implements [`OutboxStore`] in `src/store/<backend>/outbox.rs`.
+//! connection. Each backend implements [`OutboxStore`] in `src/backend/<backend>/outbox.rs`.
 //! Every time is the database's clock, in milliseconds since the epoch.
 
 use std::future::Future;

@@ -25,6 +25,19 @@ pub(crate) fn db_error<S: Store>(source: sqlx::Error) -> Error {
     Error::Database { source, retryable }
 }
 
+/// A driver error from your own statements (inside [`Records::run`](crate::Records::run)'s
+/// work, a flow's local step, your own transaction), classified as orderly's stores
+/// classify theirs: a lost connection, a deadlock, a serialization failure or a busy
+/// database is [`Error::Database`] with `retryable: true`; anything else is not. So `?`
+/// on a `sqlx::Error` gives the caller the same [`Error::is_retryable`] answer an
+/// orderly call would.
+impl From<sqlx::Error> for Error {
+    fn from(source: sqlx::Error) -> Self {
+        let retryable = classify_any(&source) != ErrorClass::Fatal;
+        Error::Database { source, retryable }
+    }
+}
+
 /// Classifies a driver error by the backend it came from: the shared classes of
 /// [`classify_common`], then the codes of whichever compiled backend's error type the
 /// database error is. Fatal when no backend claims it.

@@ -1,4 +1,4 @@
-//! Persistence: the seam between the engine and a database, and one folder per backend.
+//! Persistence: the seam between the engine and a database.
 //!
 //! The engine owns every policy: whether to read first, how often to retry, how to judge
 //! what it read. A store owns SQL. It offers a few coarse operations, each one round trip
@@ -23,62 +23,30 @@
 //! answered for itself): the engine's coalesced writes (`engine/writes.rs`) reach the
 //! store through it.
 //!
-//! Each backend lives in its own folder (`postgres/`, `mysql/`, `sqlite/`): the store
-//! type, its connection handling and error codes in `mod.rs`, and its SQL, one file per
-//! layer it serves (`transitions.rs`, `idempotency.rs`), with the statements of
-//! multi-statement write units in `units.rs`; the units made of them, where each
-//! statement stands alone (MySQL/MariaDB, SQLite), are written once in `stepwise.rs`,
-//! and what every unit shares (its end, the requests a batch writes together) in
-//! `units.rs`. Error classes are in `errors.rs`. See `docs/backends.md`, "Adding a backend".
+//! This folder holds the seam only: the [`Store`] trait, the rows it returns
+//! (`rows.rs`), table names (`tables.rs`), error classes and each dialect's codes
+//! (`errors.rs`), pooled connections that go back to the pool only when their conversation
+//! ended (`lease.rs`), and coalesced claims (`claims.rs`). The backends implement it from
+//! above, in [`crate::backend`].
 
 use std::future::Future;
 use std::ops::DerefMut;
 
-mod batched;
 pub(crate) mod claims;
 pub(crate) mod errors;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) mod flow_sql;
 mod lease;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod migrations;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) mod outbox_sql;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) mod records_sql;
 mod rows;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) mod sql;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) mod stepwise;
 mod tables;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) mod units;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) use units::distinct_entities;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) use units::{Tried, tried};
 
-#[cfg(feature = "mysql")]
-pub mod mysql;
-#[cfg(feature = "postgres")]
-pub mod postgres;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use batched::{BATCH_READ_MAX, BatchReads, in_place};
 pub use errors::ErrorClass;
+pub(crate) use errors::db_error;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) use errors::is_unique_violation;
-pub(crate) use errors::{classify_any, db_error};
 pub(crate) use lease::Lease;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub use migrations::MIGRATIONS_TABLE;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) use rows::ObservedRow;
 pub use rows::{Entity, PositionedPrior, Prior, RawTransition};
-pub use tables::Tables;
+pub use tables::{MIGRATIONS_TABLE, Tables};
 
 /// A backend: coarse operations over the backend's own connection type.
 ///

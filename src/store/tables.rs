@@ -2,6 +2,10 @@
 
 use crate::Error;
 
+/// The table orderly records its applied migrations in, beside the application's own
+/// `_sqlx_migrations`.
+pub const MIGRATIONS_TABLE: &str = "_orderly_migrations";
+
 /// Names of the tables orderly reads and writes, so it can drive an existing table.
 ///
 /// The entity table needs the columns `id` (64-bit integer key), `status` (text) and

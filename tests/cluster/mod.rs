@@ -49,7 +49,7 @@ impl Cluster {
                 .await
                 .unwrap();
             if stores.is_empty() {
-                orderly::store::mysql::migrate(&pool).await.unwrap();
+                orderly::backend::mysql::migrate(&pool).await.unwrap();
             }
             let store = MySqlStore::new(pool);
             // Borrowing a connection tells the store it is on Galera.

@@ -134,7 +134,7 @@ pub async fn scalar(db: &str, sql: &'static str) -> i64 {
 /// (`sku-slow` holds one for 800 ms) outlasts the wait.
 pub async fn open_transactions(db: &str) -> i64 {
     if db.starts_with("sqlite:") {
-        let options = orderly::store::sqlite::connect_options(db)
+        let options = orderly::backend::sqlite::connect_options(db)
             .unwrap()
             .busy_timeout(Duration::from_millis(150));
         let mut conn = sqlx::SqliteConnection::connect_with(&options)

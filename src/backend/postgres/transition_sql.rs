@@ -4,7 +4,8 @@
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use crate::store::{BatchReads, Tables};
+use crate::backend::BatchReads;
+use crate::store::Tables;
 
 /// Every statement of the layer, for one pair of tables.
 #[derive(Debug)]

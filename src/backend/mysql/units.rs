@@ -1,6 +1,6 @@
 //! The write units of the transition layer on MySQL/MariaDB: the unit of several
 //! requests' apply-first writes, and the statements the one-request units of
-//! `store/stepwise.rs` are made of (the update, the history and outbox rows, the
+//! `backend/stepwise.rs` are made of (the update, the history and outbox rows, the
 //! restore).
 
 use sqlx::AssertSqlSafe;
@@ -8,8 +8,9 @@ use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
 use super::transitions::CAUSAL;
-use crate::store::stepwise::Stepwise;
-use crate::store::{Apply, FirstWrite, Request, Tried, is_unique_violation};
+use crate::backend::Tried;
+use crate::backend::stepwise::Stepwise;
+use crate::store::{Apply, FirstWrite, Request, is_unique_violation};
 
 impl MySqlStore {
     /// The apply-first writes of requests of distinct entities in an open transaction: a
@@ -31,7 +32,7 @@ impl MySqlStore {
         let (o, h) = (&sql.orders, &sql.transitions);
         let causal = if sql.causal { CAUSAL } else { "" };
         let mut written = vec![FirstWrite::NotTried; requests.len()];
-        let tried = crate::store::tried(requests);
+        let tried = crate::backend::tried(requests);
         for t in &tried {
             written[t.0] = FirstWrite::NotApplied;
         }

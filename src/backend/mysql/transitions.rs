@@ -8,12 +8,12 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
-use crate::store::stepwise::Stepwise;
-use crate::store::units::{end_unit, undo};
+use crate::backend::stepwise::Stepwise;
+use crate::backend::units::{end_unit, undo};
+use crate::backend::{BATCH_READ_MAX, BatchReads, in_place};
 use crate::store::{
-    Apply, BATCH_READ_MAX, BatchReads, Entity, ErrorClass, FirstWrite, Key, Lease, Observed,
-    ObservedRow, OwnedKey, PositionedPrior, Prior, RawTransition, Request, Store, Tables, Txn,
-    Written, in_place,
+    Apply, Entity, ErrorClass, FirstWrite, Key, Lease, Observed, ObservedRow, OwnedKey,
+    PositionedPrior, Prior, RawTransition, Request, Store, Tables, Txn, Written,
 };
 
 /// Makes a read wait, on a Galera node, for the write sets certified before it.
@@ -321,7 +321,7 @@ impl Store for MySqlStore {
         }
         if requests.len() > 1
             && self.causal_reads() == Some(false)
-            && crate::store::distinct_entities(requests)
+            && crate::backend::distinct_entities(requests)
         {
             // READ COMMITTED: the unit's reads see the latest commits, and its locking
             // read keeps no lock on a row it did not match.

@@ -6,10 +6,10 @@ use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{Connection, Transaction};
 
 use super::{MS, NOW, PgStore};
-use crate::idempotency::{NewClaim, RecordStore};
-use crate::store::records_sql::{
+use crate::backend::records_sql::{
     OneStatementRecordClaims, RecordSql, one_statement_record_claims, shared_record_statements,
 };
+use crate::idempotency::{NewClaim, RecordStore};
 
 /// A claim's next attempt number, bounded to the column's range: a counter edited to its
 /// largest value stays there, so the statement never fails after it took the record.

@@ -65,8 +65,8 @@ where
 /// backend takes them (`$positional`: MySQL); `?` on a value that cannot be encoded.
 macro_rules! numbered {
     ($db:ty, $positional:expr, $sql:expr, $values:expr, $run:ident) => {{
-        let (sql, args) = $crate::store::sql::bound::<$db>(&$sql, $positional, $values)?;
-        $crate::store::sql::numbered!(@$run sql, args)
+        let (sql, args) = $crate::backend::sql::bound::<$db>(&$sql, $positional, $values)?;
+        $crate::backend::sql::numbered!(@$run sql, args)
     }};
     (@query $sql:ident, $args:ident) => {
         sqlx::query_with(sqlx::AssertSqlSafe($sql), $args)

@@ -1,14 +1,14 @@
 //! The outbox on SQLite: its SQL, and [`OutboxStore`] over it. The single writer makes
 //! the relay's claim one `UPDATE … RETURNING` of the events its subquery chose. The
-//! statements it shares with MySQL/MariaDB are in `store/outbox_sql.rs`.
+//! statements it shares with MySQL/MariaDB are in `backend/outbox_sql.rs`.
 
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
-use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, OutboxStore, StatsRow};
-use crate::store::outbox_sql::{
+use crate::backend::outbox_sql::{
     UNKNOWN_STATUS, as_written, claimed, or_keys_mark_published, shared_outbox_statements,
 };
+use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, OutboxStore, StatsRow};
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";

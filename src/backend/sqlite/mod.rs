@@ -8,9 +8,9 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::migrations;
-use super::{Tables, db_error};
 use crate::Error;
+use crate::backend::migrations;
+use crate::store::{Tables, db_error};
 use sqlx::migrate::Migrator;
 
 mod flows;

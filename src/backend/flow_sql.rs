@@ -1,15 +1,15 @@
 //! The flow layer's statements whose values every backend binds alike: each backend
-//! writes them in its dialect ([`FlowSql`], numbered parameters as `store/sql.rs` reads
+//! writes them in its dialect ([`FlowSql`], numbered parameters as `backend/sql.rs` reads
 //! them) and [`shared_flow_statements`] writes the methods of
 //! [`FlowStore`](crate::flow::FlowStore) that run them, once. A backend whose flow start
 //! and recovery claim are one statement each (PostgreSQL, SQLite) writes those in
 //! [`OneStatementClaims`] and takes their methods from [`one_statement_flow_claims`];
 //! the others (MySQL) write those two methods themselves.
 
+use crate::backend::sql::Arg;
 use crate::flow::{Listing, StepWrite, Touch};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::flow::{NewFlow, TakeDue};
-use crate::store::sql::Arg;
 
 /// A backend's flow statements, each with the numbered parameters its comment lists.
 pub(crate) trait FlowSql {
@@ -134,9 +134,9 @@ macro_rules! shared_flow_statements {
             kind: &str,
             key: &str,
         ) -> Result<Option<$crate::flow::FlowRow>, sqlx::Error> {
-            use $crate::store::{flow_sql::FlowSql, sql::Arg};
+            use $crate::backend::{flow_sql::FlowSql, sql::Arg};
             let args = [Arg::Str(kind), Arg::Str(key)];
-            $crate::store::sql::numbered!(
+            $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.read_flow_sql(),
@@ -153,9 +153,9 @@ macro_rules! shared_flow_statements {
             kind: &str,
             key: &str,
         ) -> Result<Vec<$crate::flow::StepRow>, sqlx::Error> {
-            use $crate::store::{flow_sql::FlowSql, sql::Arg};
+            use $crate::backend::{flow_sql::FlowSql, sql::Arg};
             let args = [Arg::Str(kind), Arg::Str(key)];
-            $crate::store::sql::numbered!(
+            $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.read_steps_sql(),
@@ -171,8 +171,8 @@ macro_rules! shared_flow_statements {
             conn: &mut $conn,
             t: &$crate::flow::Touch<'_>,
         ) -> Result<bool, sqlx::Error> {
-            use $crate::store::flow_sql::{FlowSql, touch_args};
-            let done = $crate::store::sql::numbered!(
+            use $crate::backend::flow_sql::{FlowSql, touch_args};
+            let done = $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.touch_sql(),
@@ -189,8 +189,8 @@ macro_rules! shared_flow_statements {
             conn: &mut $conn,
             w: &$crate::flow::StepWrite<'_>,
         ) -> Result<(), sqlx::Error> {
-            use $crate::store::flow_sql::{FlowSql, record_step_args};
-            $crate::store::sql::numbered!(
+            use $crate::backend::flow_sql::{FlowSql, record_step_args};
+            $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.record_step_sql(),
@@ -209,9 +209,9 @@ macro_rules! shared_flow_statements {
             key: &str,
             phase: &str,
         ) -> Result<(), sqlx::Error> {
-            use $crate::store::{flow_sql::FlowSql, sql::Arg};
+            use $crate::backend::{flow_sql::FlowSql, sql::Arg};
             let args = [Arg::Str(kind), Arg::Str(key), Arg::Str(phase)];
-            $crate::store::sql::numbered!(
+            $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.retry_steps_sql(),
@@ -232,7 +232,7 @@ macro_rules! shared_flow_statements {
             token: &str,
             lease_ms: i64,
         ) -> Result<bool, sqlx::Error> {
-            use $crate::store::{flow_sql::FlowSql, sql::Arg};
+            use $crate::backend::{flow_sql::FlowSql, sql::Arg};
             let args = [
                 Arg::Str(kind),
                 Arg::Str(key),
@@ -240,7 +240,7 @@ macro_rules! shared_flow_statements {
                 Arg::I64(lease_ms),
                 Arg::Str(from),
             ];
-            let done = $crate::store::sql::numbered!(
+            let done = $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.unpark_sql(),
@@ -259,10 +259,10 @@ macro_rules! shared_flow_statements {
             after: Option<(&str, &str)>,
             limit: i64,
         ) -> Result<Vec<$crate::flow::FlowRow>, sqlx::Error> {
-            use $crate::store::{flow_sql::FlowSql, sql::Arg};
+            use $crate::backend::{flow_sql::FlowSql, sql::Arg};
             let (kind, key) = after.unwrap_or(("", ""));
             let args = [Arg::Str(kind), Arg::Str(key), Arg::I64(limit)];
-            $crate::store::sql::numbered!(
+            $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.list_flows_sql(which),
@@ -286,8 +286,8 @@ macro_rules! one_statement_flow_claims {
             conn: &mut $conn,
             s: &$crate::flow::NewFlow<'_>,
         ) -> Result<Option<i32>, sqlx::Error> {
-            use $crate::store::flow_sql::{OneStatementClaims, start_flow_args};
-            $crate::store::sql::numbered!(
+            use $crate::backend::flow_sql::{OneStatementClaims, start_flow_args};
+            $crate::backend::sql::numbered!(
                 $db,
                 false,
                 self.start_flow_sql(),
@@ -303,8 +303,8 @@ macro_rules! one_statement_flow_claims {
             conn: &mut $conn,
             d: &$crate::flow::TakeDue<'_>,
         ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-            use $crate::store::flow_sql::{OneStatementClaims, take_due_args};
-            $crate::store::sql::numbered!(
+            use $crate::backend::flow_sql::{OneStatementClaims, take_due_args};
+            $crate::backend::sql::numbered!(
                 $db,
                 false,
                 self.take_due_sql(),
@@ -331,9 +331,9 @@ macro_rules! purge_flows_by_keys {
             age_ms: i64,
             limit: i64,
         ) -> Result<u64, sqlx::Error> {
+            use $crate::backend::flow_sql::{FlowSql, PurgeByKeys};
+            use $crate::backend::sql::{Arg, numbered};
             use $crate::idempotency::RecordStore;
-            use $crate::store::flow_sql::{FlowSql, PurgeByKeys};
-            use $crate::store::sql::{Arg, numbered};
             let mut tx = <Self as RecordStore>::begin(conn).await?;
             let chosen = [Arg::I64(age_ms), Arg::I64(limit)];
             let keys: Vec<(String, String)> = numbered!(

@@ -8,16 +8,16 @@
 //! next statement's snapshot sees every event committed before the ones the locking read
 //! found. On Galera, two nodes' claims of one event collide at certification: one of
 //! them fails with a deadlock, which the relay retries. The statements it shares with
-//! SQLite are in `store/outbox_sql.rs`.
+//! SQLite are in `backend/outbox_sql.rs`.
 
 use sqlx::mysql::MySqlConnection;
 
 use super::MySqlStore;
-use crate::idempotency::RecordStore;
-use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, EventKey, OutboxStore, StatsRow};
-use crate::store::outbox_sql::{
+use crate::backend::outbox_sql::{
     UNKNOWN_STATUS, as_written, claimed, keys_in, or_keys_mark_published, shared_outbox_statements,
 };
+use crate::idempotency::RecordStore;
+use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, EventKey, OutboxStore, StatsRow};
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).

@@ -8,8 +8,8 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::SqliteStore;
-use crate::store::stepwise::Stepwise;
-use crate::store::units::{end_unit, undo};
+use crate::backend::stepwise::Stepwise;
+use crate::backend::units::{end_unit, undo};
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, Prior, RawTransition,
     Request, Store, Tables, Txn, Written,
@@ -199,7 +199,7 @@ impl Store for SqliteStore {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
         let mut tx = Self::begin(conn, Txn::Own).await?;
-        if requests.len() > 1 && crate::store::distinct_entities(requests) {
+        if requests.len() > 1 && crate::backend::distinct_entities(requests) {
             match self.first_writes(&mut tx, requests).await {
                 Ok(Some(written)) => return end_unit(tx, written).await,
                 // A row met a unique key: undone, and written one request at a time.

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use super::migrations;
-use super::{Tables, db_error};
 use crate::Error;
+use crate::backend::migrations;
+use crate::store::{Tables, db_error};
 use sqlx::migrate::{Migrate, Migrator};
 
 mod flows;

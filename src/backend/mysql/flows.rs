@@ -8,9 +8,9 @@
 use sqlx::mysql::MySqlConnection;
 
 use super::MySqlStore;
+use crate::backend::flow_sql::{FlowSql, PurgeByKeys, purge_flows_by_keys, shared_flow_statements};
 use crate::flow::{FlowStore, Listing, NewFlow, TakeDue};
 use crate::idempotency::RecordStore;
-use crate::store::flow_sql::{FlowSql, PurgeByKeys, purge_flows_by_keys, shared_flow_statements};
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).

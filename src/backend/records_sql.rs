@@ -1,16 +1,16 @@
 //! The idempotency layer's statements whose values every backend binds alike: each
 //! backend writes them in its dialect ([`RecordSql`], numbered parameters as
-//! `store/sql.rs` reads them) and [`shared_record_statements`] writes the methods of
+//! `backend/sql.rs` reads them) and [`shared_record_statements`] writes the methods of
 //! [`RecordStore`](crate::idempotency::RecordStore) that run them, once. A backend whose
 //! claim and takeover are one statement each (PostgreSQL, SQLite) writes those in
 //! [`OneStatementRecordClaims`] and takes their methods from
 //! [`one_statement_record_claims`]; the others (MySQL) write those two methods
 //! themselves, and every backend its own `begin`.
 
+use crate::backend::sql::Arg;
 use crate::idempotency::Finish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::idempotency::{NewClaim, TakeOver};
-use crate::store::sql::Arg;
 
 /// A backend's idempotency statements, each with the numbered parameters its comment
 /// lists.
@@ -109,9 +109,9 @@ macro_rules! shared_record_statements {
             scope: &str,
             key: &str,
         ) -> Result<Option<$crate::idempotency::RecordRow>, sqlx::Error> {
-            use $crate::store::{records_sql::RecordSql, sql::Arg};
+            use $crate::backend::{records_sql::RecordSql, sql::Arg};
             let args = [Arg::Str(scope), Arg::Str(key)];
-            $crate::store::sql::numbered!($db, Self::POSITIONAL, self.read_sql(), &args, query_as)
+            $crate::backend::sql::numbered!($db, Self::POSITIONAL, self.read_sql(), &args, query_as)
                 .fetch_optional(conn)
                 .await
         }
@@ -123,8 +123,8 @@ macro_rules! shared_record_statements {
             txn: $crate::store::Txn,
         ) -> Result<bool, sqlx::Error> {
             use sqlx::Connection;
-            use $crate::store::records_sql::{RecordSql, finish_args};
-            let statement = $crate::store::sql::numbered!(
+            use $crate::backend::records_sql::{RecordSql, finish_args};
+            let statement = $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.finish_sql(),
@@ -151,16 +151,22 @@ macro_rules! shared_record_statements {
             scope: &str,
             limit: i64,
         ) -> Result<Vec<$crate::idempotency::StuckRow>, sqlx::Error> {
-            use $crate::store::{records_sql::RecordSql, sql::Arg};
+            use $crate::backend::{records_sql::RecordSql, sql::Arg};
             let args = [Arg::Str(scope), Arg::I64(limit)];
-            $crate::store::sql::numbered!($db, Self::POSITIONAL, self.stuck_sql(), &args, query_as)
-                .fetch_all(conn)
-                .await
+            $crate::backend::sql::numbered!(
+                $db,
+                Self::POSITIONAL,
+                self.stuck_sql(),
+                &args,
+                query_as
+            )
+            .fetch_all(conn)
+            .await
         }
 
         async fn held(&self, conn: &mut $conn, scope: &str) -> Result<(i64, i64), sqlx::Error> {
-            use $crate::store::{records_sql::RecordSql, sql::Arg};
-            $crate::store::sql::numbered!(
+            use $crate::backend::{records_sql::RecordSql, sql::Arg};
+            $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.held_sql(),
@@ -172,10 +178,10 @@ macro_rules! shared_record_statements {
         }
 
         async fn purge(&self, conn: &mut $conn, limit: i64) -> Result<u64, sqlx::Error> {
-            use $crate::store::{records_sql::RecordSql, sql::Arg};
+            use $crate::backend::{records_sql::RecordSql, sql::Arg};
             let mut gone = 0;
             for sql in self.purge_sql() {
-                gone += $crate::store::sql::numbered!(
+                gone += $crate::backend::sql::numbered!(
                     $db,
                     Self::POSITIONAL,
                     sql,
@@ -196,9 +202,9 @@ macro_rules! shared_record_statements {
             token: &str,
             ttl_ms: i64,
         ) -> Result<(), sqlx::Error> {
-            use $crate::store::{records_sql::RecordSql, sql::Arg};
+            use $crate::backend::{records_sql::RecordSql, sql::Arg};
             let args = [Arg::Str(scope), Arg::Str(token), Arg::I64(ttl_ms)];
-            $crate::store::sql::numbered!(
+            $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.issue_token_sql(),
@@ -216,9 +222,9 @@ macro_rules! shared_record_statements {
             scope: &str,
             token: &str,
         ) -> Result<bool, sqlx::Error> {
-            use $crate::store::{records_sql::RecordSql, sql::Arg};
+            use $crate::backend::{records_sql::RecordSql, sql::Arg};
             let args = [Arg::Str(scope), Arg::Str(token)];
-            let done = $crate::store::sql::numbered!(
+            let done = $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.consume_token_sql(),
@@ -236,9 +242,9 @@ macro_rules! shared_record_statements {
             scope: &str,
             token: &str,
         ) -> Result<Option<$crate::idempotency::TokenRow>, sqlx::Error> {
-            use $crate::store::{records_sql::RecordSql, sql::Arg};
+            use $crate::backend::{records_sql::RecordSql, sql::Arg};
             let args = [Arg::Str(scope), Arg::Str(token)];
-            $crate::store::sql::numbered!(
+            $crate::backend::sql::numbered!(
                 $db,
                 Self::POSITIONAL,
                 self.read_token_sql(),
@@ -264,8 +270,8 @@ macro_rules! one_statement_record_claims {
             conn: &mut $conn,
             c: &$crate::idempotency::NewClaim<'_>,
         ) -> Result<Option<i32>, sqlx::Error> {
-            use $crate::store::records_sql::{OneStatementRecordClaims, claim_args};
-            $crate::store::sql::numbered!(
+            use $crate::backend::records_sql::{OneStatementRecordClaims, claim_args};
+            $crate::backend::sql::numbered!(
                 $db,
                 false,
                 self.claim_sql(),
@@ -281,8 +287,8 @@ macro_rules! one_statement_record_claims {
             conn: &mut $conn,
             t: &$crate::idempotency::TakeOver<'_>,
         ) -> Result<Option<i32>, sqlx::Error> {
-            use $crate::store::records_sql::{OneStatementRecordClaims, take_over_args};
-            $crate::store::sql::numbered!(
+            use $crate::backend::records_sql::{OneStatementRecordClaims, take_over_args};
+            $crate::backend::sql::numbered!(
                 $db,
                 false,
                 self.take_over_sql(),

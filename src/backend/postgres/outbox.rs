@@ -1,13 +1,13 @@
 //! The outbox on PostgreSQL: its SQL, and [`OutboxStore`] over it. The relay's claim is
 //! one statement: an update of the events a `FOR UPDATE SKIP LOCKED` subquery chose, so
 //! two relays never wait for, or claim, the same event. The statements whose shape it
-//! shares with the other backends are in `store/outbox_sql.rs`.
+//! shares with the other backends are in `backend/outbox_sql.rs`.
 
 use sqlx::postgres::PgConnection;
 
 use super::{MS, NOW, PgStore};
+use crate::backend::outbox_sql::{UNKNOWN_STATUS, claimed, numbered, shared_outbox_statements};
 use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, OutboxStore, StatsRow};
-use crate::store::outbox_sql::{UNKNOWN_STATUS, claimed, numbered, shared_outbox_statements};
 
 /// An event's columns, its age on the database's clock.
 /// (`NULL` for an infinite `created_at`: the subtraction would fail the statement.)

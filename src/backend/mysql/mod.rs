@@ -5,9 +5,9 @@ use std::sync::{Arc, OnceLock};
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 
-use super::migrations;
-use super::{Store, Tables, db_error};
 use crate::Error;
+use crate::backend::migrations;
+use crate::store::{Store, Tables, db_error};
 use sqlx::migrate::Migrator;
 
 mod flows;

@@ -11,8 +11,8 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{Connection, Transaction};
 
 use super::MySqlStore;
+use crate::backend::records_sql::{RecordSql, shared_record_statements};
 use crate::idempotency::{NewClaim, RecordStore, TakeOver};
-use crate::store::records_sql::{RecordSql, shared_record_statements};
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).

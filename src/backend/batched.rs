@@ -2,7 +2,7 @@
 //! answers put back in the order asked.
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use super::{PositionedPrior, Prior};
+use crate::store::{PositionedPrior, Prior};
 
 /// The most requests one batched read of PostgreSQL or MySQL/MariaDB reads.
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -4,11 +4,11 @@
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
-use crate::flow::{FlowStore, Listing};
-use crate::store::flow_sql::{
+use crate::backend::flow_sql::{
     FlowSql, OneStatementClaims, PurgeByKeys, one_statement_flow_claims, purge_flows_by_keys,
     shared_flow_statements,
 };
+use crate::flow::{FlowStore, Listing};
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)";

@@ -8,11 +8,11 @@ use sqlx::Connection;
 use sqlx::postgres::{PgConnection, Postgres};
 
 use super::PgStore;
-use crate::store::units::{end_unit, undo};
+use crate::backend::units::{end_unit, undo};
+use crate::backend::{BATCH_READ_MAX, in_place};
 use crate::store::{
-    Apply, BATCH_READ_MAX, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, OwnedKey,
-    PositionedPrior, Prior, RawTransition, Request, Store, Txn, Written, in_place,
-    is_unique_violation,
+    Apply, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, OwnedKey, PositionedPrior,
+    Prior, RawTransition, Request, Store, Txn, Written, is_unique_violation,
 };
 
 impl PgStore {
@@ -264,7 +264,7 @@ impl Store for PgStore {
                 Err(e) => Err(e),
             };
         }
-        let distinct = crate::store::distinct_entities(requests);
+        let distinct = crate::backend::distinct_entities(requests);
         let one_machine = requests.windows(2).all(|w| w[0].machine == w[1].machine);
         if distinct
             && one_machine

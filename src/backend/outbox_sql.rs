@@ -143,7 +143,7 @@ macro_rules! shared_outbox_statements {
             // the log): `list_corrupt` shows it.
             Ok(rows
                 .iter()
-                .filter_map(|row| match $crate::store::outbox_sql::claimed(row) {
+                .filter_map(|row| match $crate::backend::outbox_sql::claimed(row) {
                     Ok(event) => Some(event),
                     Err(corrupt) => {
                         tracing::warn!(key = ?corrupt.key, reason = %corrupt.reason, "an outbox row does not read as an event");
@@ -178,7 +178,7 @@ macro_rules! or_keys_mark_published {
                      last_error = NULL, published_at = {now} \
                  WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
                 now = $now,
-                keys = $crate::store::outbox_sql::keys_in("", keys.len())
+                keys = $crate::backend::outbox_sql::keys_in("", keys.len())
             ));
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
             for key in keys {

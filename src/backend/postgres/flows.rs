@@ -5,10 +5,10 @@
 use sqlx::postgres::PgConnection;
 
 use super::{MS, NOW, PgStore};
-use crate::flow::{FlowStore, Listing};
-use crate::store::flow_sql::{
+use crate::backend::flow_sql::{
     FlowSql, OneStatementClaims, one_statement_flow_claims, shared_flow_statements,
 };
+use crate::flow::{FlowStore, Listing};
 
 /// A flow record's columns, with the clock applied.
 const FLOW_COLUMNS: &str = "f.kind, f.flow_key, f.version, f.input_hash, f.input, f.status, \

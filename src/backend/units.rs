@@ -4,7 +4,7 @@
 
 use sqlx::{Database, Transaction};
 
-use super::{FirstWrite, Request};
+use crate::store::{FirstWrite, Request};
 
 /// Ends a unit of apply-first writes: committed if one of them applied, else rolled
 /// back (it wrote nothing).

@@ -1,14 +1,15 @@
 //! The write units of the transition layer on SQLite: the unit of several
 //! requests' apply-first writes, and the statements the one-request units of
-//! `store/stepwise.rs` are made of (the update, the history and outbox rows, the
+//! `backend/stepwise.rs` are made of (the update, the history and outbox rows, the
 //! restore).
 
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{AssertSqlSafe, Connection, Transaction};
 
 use super::SqliteStore;
-use crate::store::stepwise::Stepwise;
-use crate::store::{Apply, FirstWrite, Request, Tried, Txn, is_unique_violation};
+use crate::backend::Tried;
+use crate::backend::stepwise::Stepwise;
+use crate::store::{Apply, FirstWrite, Request, Txn, is_unique_violation};
 
 impl SqliteStore {
     /// A write unit: `BEGIN IMMEDIATE` on the engine's connection, a savepoint inside the
@@ -36,7 +37,7 @@ impl SqliteStore {
         requests: &[Request<'_>],
     ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
         let (o, h) = (&self.transitions.orders, &self.transitions.transitions);
-        let tried = crate::store::tried(requests);
+        let tried = crate::backend::tried(requests);
         let mut written = vec![FirstWrite::NotTried; requests.len()];
         let values = placeholders(tried.len(), 5);
         let update = format!(

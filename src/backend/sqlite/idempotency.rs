@@ -6,10 +6,10 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{Connection, Transaction};
 
 use super::SqliteStore;
-use crate::idempotency::{NewClaim, RecordStore};
-use crate::store::records_sql::{
+use crate::backend::records_sql::{
     OneStatementRecordClaims, RecordSql, one_statement_record_claims, shared_record_statements,
 };
+use crate::idempotency::{NewClaim, RecordStore};
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)";

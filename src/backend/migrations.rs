@@ -11,8 +11,7 @@
 use sqlx::migrate::{Migrate, MigrateError, Migrator};
 use sqlx::{AssertSqlSafe, Database, Executor};
 
-/// The table orderly records its applied migrations in.
-pub const MIGRATIONS_TABLE: &str = "_orderly_migrations";
+use crate::store::MIGRATIONS_TABLE;
 
 /// sqlx's default migrations table, where an earlier orderly recorded its own.
 const SHARED_TABLE: &str = "_sqlx_migrations";
