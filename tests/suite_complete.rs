@@ -2,13 +2,17 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 18] = [
+const BODIES: [&str; 22] = [
     include_str!("conformance/mod.rs"),
     include_str!("conformance/audit.rs"),
     include_str!("conformance/coalesce.rs"),
     include_str!("conformance/faults.rs"),
     include_str!("conformance/flow_deadline.rs"),
-    include_str!("conformance/flows.rs"),
+    include_str!("conformance/flows/mod.rs"),
+    include_str!("conformance/flows/definitions.rs"),
+    include_str!("conformance/flows/parking.rs"),
+    include_str!("conformance/flows/recovery.rs"),
+    include_str!("conformance/flows/runs.rs"),
     include_str!("conformance/idempotency.rs"),
     include_str!("conformance/outbox.rs"),
     include_str!("conformance/records_faults.rs"),
