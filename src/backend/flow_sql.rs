@@ -1,72 +1,284 @@
 //! The flow layer's statements whose values every backend binds alike: each backend
-//! writes them in its dialect ([`FlowSql`], numbered parameters as `backend/sql.rs` reads
-//! them) and [`shared_flow_statements`] writes the methods of
-//! [`FlowStore`](crate::flow::FlowStore) that run them, once. A backend whose flow start
-//! and recovery claim are one statement each (PostgreSQL, SQLite) writes those in
-//! [`OneStatementClaims`] and takes their methods from [`one_statement_flow_claims`];
-//! the others (MySQL) write those two methods themselves.
+//! writes them once in its dialect ([`FlowStatements`], numbered parameters as
+//! [`Statement`] reads them), and its methods of [`FlowStore`](crate::flow::FlowStore)
+//! call the functions here, which bind the values and run them. A backend whose flow
+//! start and recovery claim are one statement each (PostgreSQL, SQLite) writes those in
+//! [`FlowClaims`]; the others (MySQL) write those two methods themselves. A backend that
+//! purges by keys (MySQL, SQLite) writes its choice of flows in [`PurgeByKeys`].
 
-use crate::backend::sql::Arg;
-use crate::flow::{Listing, StepWrite, Touch};
+use sqlx::Executor;
+
+use crate::backend::sql::{Arg, Binds, Statement};
+use crate::flow::{FlowRow, Listing, StepRow, StepWrite, Touch};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::flow::{NewFlow, TakeDue};
 
+/// The listings, in the order [`FlowStatements::list`] holds their statements.
+pub(crate) const LISTINGS: [Listing; 5] = [
+    Listing::Parked,
+    Listing::Running,
+    Listing::Stuck,
+    Listing::Finished,
+    Listing::All,
+];
+
 /// A backend's flow statements, each with the numbered parameters its comment lists.
-pub(crate) trait FlowSql {
-    /// The backend takes plain `?`s, bound in the order they stand (MySQL).
-    const POSITIONAL: bool;
-
-    /// A flow's record (a [`FlowRow`](crate::flow::FlowRow)): 1 kind, 2 key.
-    fn read_flow_sql(&self) -> String;
-
-    /// A flow's steps (each a [`StepRow`](crate::flow::StepRow)), by index, the forward
-    /// phase first: 1 kind, 2 key.
-    fn read_steps_sql(&self) -> String;
-
-    /// The fenced update of a flow's record ([`Touch`](crate::flow::Touch)): 1 kind,
-    /// 2 key, 3 token, 4 lease ms, 5 progress, 6 step at, 7 status, 8 park reason,
-    /// 9 output, 10 last error.
-    fn touch_sql(&self) -> String;
-
-    /// The upsert of a step row ([`StepWrite`](crate::flow::StepWrite)): 1 kind, 2 key,
-    /// 3 index, 4 phase, 5 name, 6 status, 7 begins, 8 downstream key, 9 token,
-    /// 10 output, 11 error.
-    fn record_step_sql(&self) -> String;
-
+#[derive(Debug)]
+pub(crate) struct FlowStatements {
+    /// A flow's record (a [`FlowRow`]): 1 kind, 2 key.
+    pub(crate) read_flow: Statement,
+    /// A flow's steps (each a [`StepRow`]), by index, the forward phase first: 1 kind,
+    /// 2 key.
+    pub(crate) read_steps: Statement,
+    /// The fenced update of a flow's record ([`Touch`]): 1 kind, 2 key, 3 token, 4 lease
+    /// ms, 5 progress, 6 step at, 7 status, 8 park reason, 9 output, 10 last error.
+    pub(crate) touch: Statement,
+    /// The upsert of a step row ([`StepWrite`]): 1 kind, 2 key, 3 index, 4 phase, 5 name,
+    /// 6 status, 7 begins, 8 downstream key, 9 token, 10 output, 11 error.
+    pub(crate) record_step: Statement,
     /// A phase's started and failed steps marked for retry: 1 kind, 2 key, 3 phase.
-    fn retry_steps_sql(&self) -> String;
-
-    /// A parked flow handed from token 5 to token 3: 1 kind, 2 key, 3 token, 4 lease
-    /// ms, 5 the parking token.
-    fn unpark_sql(&self) -> String;
-
-    /// A page of `which` flows: 1 kind and 2 key to start after, 3 limit.
-    fn list_flows_sql(&self, which: Listing) -> String;
+    pub(crate) retry_steps: Statement,
+    /// A parked flow handed from token 5 to token 3: 1 kind, 2 key, 3 token, 4 lease ms,
+    /// 5 the parking token.
+    pub(crate) unpark: Statement,
+    /// A page of each listing's flows, in the order of [`LISTINGS`]: 1 kind and 2 key to
+    /// start after, 3 limit.
+    pub(crate) list: [Statement; 5],
 }
 
 /// The flow start and the recovery claim, one statement each.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) trait OneStatementClaims {
+#[derive(Debug)]
+pub(crate) struct FlowClaims {
     /// Inserts a flow or takes a live one over whose lease ran out, returning its
     /// attempt: 1 kind, 2 key, 3 version, 4 input hash, 5 input, 6 token, 7 lease ms.
-    fn start_flow_sql(&self) -> String;
-
+    pub(crate) start_flow: Statement,
     /// Hands the due flows to a token, returning `(key, attempt)`: 1 kind, 2 version,
     /// 3 token, 4 lease ms, 5 limit.
-    fn take_due_sql(&self) -> String;
+    pub(crate) take_due: Statement,
 }
 
 /// The purge of finished flows as a transaction: a statement choosing a batch, then
 /// each flow's steps and record deleted by key.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) trait PurgeByKeys {
+#[derive(Debug)]
+pub(crate) struct PurgeByKeys {
     /// `(kind, key)` of up to 2 limit finished flows untouched for 1 age ms, locked where
     /// the backend locks rows.
-    fn purge_choose_sql(&self) -> String;
+    pub(crate) choose: Statement,
+    /// A flow's steps, then its record: 1 kind, 2 key.
+    pub(crate) delete: [Statement; 2],
 }
 
-/// [`FlowSql::touch_sql`]'s values.
-pub(crate) fn touch_args<'a>(t: &Touch<'a>) -> [Arg<'a>; 10] {
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+impl PurgeByKeys {
+    /// The purge with the backend's choice of flows, `choose`; `positional` as for
+    /// [`Statement::new`].
+    pub(crate) fn new(choose: String, positional: bool) -> Self {
+        let delete = ["flow_steps", "flows"].map(|table| {
+            Statement::new(
+                format!("DELETE FROM {table} WHERE kind = ?1 AND flow_key = ?2"),
+                positional,
+            )
+        });
+        PurgeByKeys {
+            choose: Statement::new(choose, positional),
+            delete,
+        }
+    }
+}
+
+/// [`FlowStore::read_flow`](crate::flow::FlowStore::read_flow).
+pub(crate) async fn read_flow<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowStatements,
+    kind: &str,
+    key: &str,
+) -> Result<Option<FlowRow>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    FlowRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.read_flow
+        .query_as::<DB, FlowRow>(&[Arg::Str(kind), Arg::Str(key)])?
+        .fetch_optional(conn)
+        .await
+}
+
+/// [`FlowStore::read_steps`](crate::flow::FlowStore::read_steps).
+pub(crate) async fn read_steps<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowStatements,
+    kind: &str,
+    key: &str,
+) -> Result<Vec<StepRow>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    StepRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.read_steps
+        .query_as::<DB, StepRow>(&[Arg::Str(kind), Arg::Str(key)])?
+        .fetch_all(conn)
+        .await
+}
+
+/// [`FlowStore::touch`](crate::flow::FlowStore::touch).
+pub(crate) async fn touch<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowStatements,
+    t: &Touch<'_>,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let done = s.touch.query::<DB>(&touch_args(t))?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`FlowStore::record_step`](crate::flow::FlowStore::record_step).
+pub(crate) async fn record_step<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowStatements,
+    w: &StepWrite<'_>,
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    s.record_step
+        .query::<DB>(&record_step_args(w))?
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// [`FlowStore::retry_steps`](crate::flow::FlowStore::retry_steps).
+pub(crate) async fn retry_steps<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowStatements,
+    kind: &str,
+    key: &str,
+    phase: &str,
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [Arg::Str(kind), Arg::Str(key), Arg::Str(phase)];
+    s.retry_steps.query::<DB>(&args)?.execute(conn).await?;
+    Ok(())
+}
+
+/// [`FlowStore::unpark`](crate::flow::FlowStore::unpark).
+pub(crate) async fn unpark<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowStatements,
+    kind: &str,
+    key: &str,
+    from: &str,
+    token: &str,
+    lease_ms: i64,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [
+        Arg::Str(kind),
+        Arg::Str(key),
+        Arg::Str(token),
+        Arg::I64(lease_ms),
+        Arg::Str(from),
+    ];
+    let done = s.unpark.query::<DB>(&args)?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`FlowStore::list_flows`](crate::flow::FlowStore::list_flows).
+pub(crate) async fn list_flows<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowStatements,
+    which: Listing,
+    after: Option<(&str, &str)>,
+    limit: i64,
+) -> Result<Vec<FlowRow>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    FlowRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let (kind, key) = after.unwrap_or(("", ""));
+    let Some(i) = LISTINGS.iter().position(|l| *l == which) else {
+        return Ok(Vec::new());
+    };
+    s.list[i]
+        .query_as::<DB, FlowRow>(&[Arg::Str(kind), Arg::Str(key), Arg::I64(limit)])?
+        .fetch_all(conn)
+        .await
+}
+
+/// [`FlowStore::start_flow`](crate::flow::FlowStore::start_flow) in one statement.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) async fn start_flow<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowClaims,
+    f: &NewFlow<'_>,
+) -> Result<Option<i32>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i32,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.start_flow
+        .query_scalar::<DB, i32>(&start_flow_args(f))?
+        .fetch_optional(conn)
+        .await
+}
+
+/// [`FlowStore::take_due`](crate::flow::FlowStore::take_due) in one statement.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) async fn take_due<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowClaims,
+    d: &TakeDue<'_>,
+) -> Result<Vec<(String, i32)>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (String, i32): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.take_due
+        .query_as::<DB, (String, i32)>(&take_due_args(d))?
+        .fetch_all(conn)
+        .await
+}
+
+/// [`FlowStore::purge_flows`](crate::flow::FlowStore::purge_flows) by keys, inside the
+/// transaction `tx` the backend began (and commits): the flows chosen, then each one's
+/// steps and record deleted. How many flows went.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) async fn purge_by_keys<DB: Binds>(
+    tx: &mut DB::Connection,
+    s: &PurgeByKeys,
+    age_ms: i64,
+    limit: i64,
+) -> Result<u64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (String, String): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let keys = s
+        .choose
+        .query_as::<DB, (String, String)>(&[Arg::I64(age_ms), Arg::I64(limit)])?
+        .fetch_all(&mut *tx)
+        .await?;
+    for (kind, key) in &keys {
+        for delete in &s.delete {
+            delete
+                .query::<DB>(&[Arg::Str(kind), Arg::Str(key)])?
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    Ok(keys.len() as u64)
+}
+
+/// [`FlowStatements::touch`]'s values.
+fn touch_args<'a>(t: &Touch<'a>) -> [Arg<'a>; 10] {
     [
         Arg::Str(t.kind),
         Arg::Str(t.key),
@@ -81,8 +293,8 @@ pub(crate) fn touch_args<'a>(t: &Touch<'a>) -> [Arg<'a>; 10] {
     ]
 }
 
-/// [`FlowSql::record_step_sql`]'s values.
-pub(crate) fn record_step_args<'a>(w: &StepWrite<'a>) -> [Arg<'a>; 11] {
+/// [`FlowStatements::record_step`]'s values.
+fn record_step_args<'a>(w: &StepWrite<'a>) -> [Arg<'a>; 11] {
     [
         Arg::Str(w.kind),
         Arg::Str(w.key),
@@ -98,9 +310,9 @@ pub(crate) fn record_step_args<'a>(w: &StepWrite<'a>) -> [Arg<'a>; 11] {
     ]
 }
 
-/// [`OneStatementClaims::start_flow_sql`]'s values.
+/// [`FlowClaims::start_flow`]'s values.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn start_flow_args<'a>(s: &NewFlow<'a>) -> [Arg<'a>; 7] {
+fn start_flow_args<'a>(s: &NewFlow<'a>) -> [Arg<'a>; 7] {
     [
         Arg::Str(s.kind),
         Arg::Str(s.key),
@@ -112,9 +324,9 @@ pub(crate) fn start_flow_args<'a>(s: &NewFlow<'a>) -> [Arg<'a>; 7] {
     ]
 }
 
-/// [`OneStatementClaims::take_due_sql`]'s values.
+/// [`FlowClaims::take_due`]'s values.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn take_due_args<'a>(d: &TakeDue<'a>) -> [Arg<'a>; 5] {
+fn take_due_args<'a>(d: &TakeDue<'a>) -> [Arg<'a>; 5] {
     [
         Arg::Str(d.kind),
         Arg::I32(d.version),
@@ -123,247 +335,3 @@ pub(crate) fn take_due_args<'a>(d: &TakeDue<'a>) -> [Arg<'a>; 5] {
         Arg::I64(d.limit),
     ]
 }
-
-/// The methods of [`FlowStore`](crate::flow::FlowStore) over [`FlowSql`], for the
-/// backend's connection `$conn` and database `$db`.
-macro_rules! shared_flow_statements {
-    ($conn:ty, $db:ty) => {
-        async fn read_flow(
-            &self,
-            conn: &mut $conn,
-            kind: &str,
-            key: &str,
-        ) -> Result<Option<$crate::flow::FlowRow>, sqlx::Error> {
-            use $crate::backend::{flow_sql::FlowSql, sql::Arg};
-            let args = [Arg::Str(kind), Arg::Str(key)];
-            $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.read_flow_sql(),
-                &args,
-                query_as
-            )
-            .fetch_optional(conn)
-            .await
-        }
-
-        async fn read_steps(
-            &self,
-            conn: &mut $conn,
-            kind: &str,
-            key: &str,
-        ) -> Result<Vec<$crate::flow::StepRow>, sqlx::Error> {
-            use $crate::backend::{flow_sql::FlowSql, sql::Arg};
-            let args = [Arg::Str(kind), Arg::Str(key)];
-            $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.read_steps_sql(),
-                &args,
-                query_as
-            )
-            .fetch_all(conn)
-            .await
-        }
-
-        async fn touch(
-            &self,
-            conn: &mut $conn,
-            t: &$crate::flow::Touch<'_>,
-        ) -> Result<bool, sqlx::Error> {
-            use $crate::backend::flow_sql::{FlowSql, touch_args};
-            let done = $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.touch_sql(),
-                &touch_args(t),
-                query
-            )
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        }
-
-        async fn record_step(
-            &self,
-            conn: &mut $conn,
-            w: &$crate::flow::StepWrite<'_>,
-        ) -> Result<(), sqlx::Error> {
-            use $crate::backend::flow_sql::{FlowSql, record_step_args};
-            $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.record_step_sql(),
-                &record_step_args(w),
-                query
-            )
-            .execute(conn)
-            .await
-            .map(drop)
-        }
-
-        async fn retry_steps(
-            &self,
-            conn: &mut $conn,
-            kind: &str,
-            key: &str,
-            phase: &str,
-        ) -> Result<(), sqlx::Error> {
-            use $crate::backend::{flow_sql::FlowSql, sql::Arg};
-            let args = [Arg::Str(kind), Arg::Str(key), Arg::Str(phase)];
-            $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.retry_steps_sql(),
-                &args,
-                query
-            )
-            .execute(conn)
-            .await
-            .map(drop)
-        }
-
-        async fn unpark(
-            &self,
-            conn: &mut $conn,
-            kind: &str,
-            key: &str,
-            from: &str,
-            token: &str,
-            lease_ms: i64,
-        ) -> Result<bool, sqlx::Error> {
-            use $crate::backend::{flow_sql::FlowSql, sql::Arg};
-            let args = [
-                Arg::Str(kind),
-                Arg::Str(key),
-                Arg::Str(token),
-                Arg::I64(lease_ms),
-                Arg::Str(from),
-            ];
-            let done = $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.unpark_sql(),
-                &args,
-                query
-            )
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        }
-
-        async fn list_flows(
-            &self,
-            conn: &mut $conn,
-            which: $crate::flow::Listing,
-            after: Option<(&str, &str)>,
-            limit: i64,
-        ) -> Result<Vec<$crate::flow::FlowRow>, sqlx::Error> {
-            use $crate::backend::{flow_sql::FlowSql, sql::Arg};
-            let (kind, key) = after.unwrap_or(("", ""));
-            let args = [Arg::Str(kind), Arg::Str(key), Arg::I64(limit)];
-            $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.list_flows_sql(which),
-                &args,
-                query_as
-            )
-            .fetch_all(conn)
-            .await
-        }
-    };
-}
-
-/// [`FlowStore::start_flow`](crate::flow::FlowStore::start_flow) and
-/// [`FlowStore::take_due`](crate::flow::FlowStore::take_due) over
-/// [`OneStatementClaims`], for a backend whose parameters are numbered.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-macro_rules! one_statement_flow_claims {
-    ($conn:ty, $db:ty) => {
-        async fn start_flow(
-            &self,
-            conn: &mut $conn,
-            s: &$crate::flow::NewFlow<'_>,
-        ) -> Result<Option<i32>, sqlx::Error> {
-            use $crate::backend::flow_sql::{OneStatementClaims, start_flow_args};
-            $crate::backend::sql::numbered!(
-                $db,
-                false,
-                self.start_flow_sql(),
-                &start_flow_args(s),
-                query_scalar
-            )
-            .fetch_optional(conn)
-            .await
-        }
-
-        async fn take_due(
-            &self,
-            conn: &mut $conn,
-            d: &$crate::flow::TakeDue<'_>,
-        ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-            use $crate::backend::flow_sql::{OneStatementClaims, take_due_args};
-            $crate::backend::sql::numbered!(
-                $db,
-                false,
-                self.take_due_sql(),
-                &take_due_args(d),
-                query_as
-            )
-            .fetch_all(conn)
-            .await
-        }
-    };
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) use one_statement_flow_claims;
-pub(crate) use shared_flow_statements;
-
-/// [`FlowStore::purge_flows`](crate::flow::FlowStore::purge_flows) over [`PurgeByKeys`].
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-macro_rules! purge_flows_by_keys {
-    ($conn:ty, $db:ty) => {
-        async fn purge_flows(
-            &self,
-            conn: &mut $conn,
-            age_ms: i64,
-            limit: i64,
-        ) -> Result<u64, sqlx::Error> {
-            use $crate::backend::flow_sql::{FlowSql, PurgeByKeys};
-            use $crate::backend::sql::{Arg, numbered};
-            use $crate::idempotency::RecordStore;
-            let mut tx = <Self as RecordStore>::begin(conn).await?;
-            let chosen = [Arg::I64(age_ms), Arg::I64(limit)];
-            let keys: Vec<(String, String)> = numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.purge_choose_sql(),
-                &chosen,
-                query_as
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-            for (kind, key) in &keys {
-                for table in ["flow_steps", "flows"] {
-                    let sql = format!("DELETE FROM {table} WHERE kind = ?1 AND flow_key = ?2");
-                    numbered!(
-                        $db,
-                        Self::POSITIONAL,
-                        sql,
-                        &[Arg::Str(kind), Arg::Str(key)],
-                        query
-                    )
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
-            tx.commit().await?;
-            Ok(keys.len() as u64)
-        }
-    };
-}
-
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) use purge_flows_by_keys;

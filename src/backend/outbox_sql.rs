@@ -1,10 +1,14 @@
-//! The outbox statements whose shape every backend shares, written once with `?`
-//! parameters (and the list of a batch's keys as `OR`ed groups, for the backends that
-//! take it): each backend's `outbox.rs` brings its clock, its event columns and its
-//! parameter style (PostgreSQL numbers them, see [`numbered`]), and its own claim,
+//! The outbox statements whose shape every backend shares, written once with `?N`
+//! parameters ([`OutboxStatements`], and the list of a batch's keys as `OR`ed groups for
+//! the backends that take it): each backend's `outbox.rs` builds them once with its
+//! clock, its event columns and its parameter style, calls the functions here from its
+//! methods of [`OutboxStore`](crate::outbox::OutboxStore), and writes its own claim,
 //! stats, purge and inbox statements.
 
-use crate::outbox::{ClaimedEvent, CorruptEvent, EventKey, EventRow};
+use sqlx::Executor;
+
+use crate::backend::sql::{Arg, Binds, Params, Statement};
+use crate::outbox::{ClaimedEvent, CorruptEvent, EventKey, EventRow, FailedEvent};
 
 /// One claimed row, decoded on its own: a row whose columns do not read as an
 /// [`EventRow`] is a [`CorruptEvent`] (with its key, if that much reads), so that one bad
@@ -50,147 +54,151 @@ pub(crate) fn keys_in(alias: &str, n: usize) -> String {
     format!("({})", vec![one; n.max(1)].join(" OR "))
 }
 
-/// `sql` as written, for a backend whose parameters are `?`.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn as_written(sql: &str) -> String {
-    sql.to_string()
+/// The statements of the methods every backend shares, built once.
+#[derive(Debug)]
+pub(crate) struct OutboxStatements {
+    /// A claimed event back to PENDING (or DEAD), fenced by its claim: 1 dead, 2 retry
+    /// in ms, 3 error, 4 machine, 5 entity id, 6 version, 7 token.
+    mark_failed: Statement,
+    /// A dead event back to PENDING: 1 machine, 2 entity id, 3 version.
+    requeue: Statement,
+    /// Events in a status, in key order: 1 status, 2 limit.
+    list: Statement,
 }
 
-/// `sql` with its `?` parameters numbered `$1`, `$2`, … (PostgreSQL). The statements
-/// here hold no other `?`.
-#[cfg(feature = "postgres")]
-pub(crate) fn numbered(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len() + 16);
-    let mut n = 0;
-    for c in sql.chars() {
-        if c == '?' {
-            n += 1;
-            out.push_str(&format!("${n}"));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// The methods of [`OutboxStore`](crate::outbox::OutboxStore) whose statements have the
-/// same shape on every backend, for the backend's connection type `$conn`, its
-/// millisecond clock `$now`, its event columns `$columns` (SQL text, over `outbox AS o`)
-/// and its parameter style `$params` ([`as_written`] or [`numbered`]).
-macro_rules! shared_outbox_statements {
-    ($conn:ty, now = $now:expr, columns = $columns:expr, params = $params:path) => {
-        async fn mark_failed(
-            &self,
-            conn: &mut $conn,
-            f: &$crate::outbox::FailedEvent<'_>,
-        ) -> Result<bool, sqlx::Error> {
-            let sql = $params(&format!(
-                "UPDATE outbox SET status = CASE WHEN ? THEN 'DEAD' ELSE 'PENDING' END, \
-                     owner_token = NULL, lease_until = 0, next_at = {now} + ?, last_error = ? \
-                 WHERE machine = ? AND entity_id = ? AND version = ? \
-                   AND owner_token = ? AND status = 'PENDING'",
-                now = $now
-            ));
-            let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(f.dead)
-                .bind(f.retry_in_ms)
-                .bind(f.error)
-                .bind(&f.key.machine)
-                .bind(f.key.entity_id)
-                .bind(f.key.version)
-                .bind(f.token)
-                .execute(conn)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        }
-
-        async fn requeue_event(
-            &self,
-            conn: &mut $conn,
-            key: &$crate::outbox::EventKey,
-        ) -> Result<bool, sqlx::Error> {
-            let sql = $params(
+impl OutboxStatements {
+    /// The statements with the backend's millisecond clock `now`, its event columns
+    /// `columns` (SQL text, over `outbox AS o`) and its parameter style.
+    pub(crate) fn new(now: &str, columns: &str, params: Params) -> Self {
+        let s = |sql: String| Statement::shared(sql, params);
+        OutboxStatements {
+            mark_failed: s(format!(
+                "UPDATE outbox SET status = CASE WHEN ?1 THEN 'DEAD' ELSE 'PENDING' END, \
+                     owner_token = NULL, lease_until = 0, next_at = {now} + ?2, last_error = ?3 \
+                 WHERE machine = ?4 AND entity_id = ?5 AND version = ?6 \
+                   AND owner_token = ?7 AND status = 'PENDING'"
+            )),
+            requeue: s(
                 "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, \
                      lease_until = 0, next_at = 0 \
-                 WHERE machine = ? AND entity_id = ? AND version = ? AND status = 'DEAD'",
-            );
-            let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(&key.machine)
-            .bind(key.entity_id)
-            .bind(key.version)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
+                 WHERE machine = ?1 AND entity_id = ?2 AND version = ?3 AND status = 'DEAD'"
+                    .to_string(),
+            ),
+            list: s(format!(
+                "SELECT {columns} FROM outbox AS o WHERE o.status = ?1 \
+                 ORDER BY o.machine, o.entity_id, o.version LIMIT ?2"
+            )),
         }
-
-        async fn list_events(
-            &self,
-            conn: &mut $conn,
-            status: &str,
-            limit: i64,
-        ) -> Result<Vec<$crate::outbox::EventRow>, sqlx::Error> {
-            let sql = $params(&format!(
-                "SELECT {columns} FROM outbox AS o WHERE o.status = ? \
-                 ORDER BY o.machine, o.entity_id, o.version LIMIT ?",
-                columns = $columns
-            ));
-            let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(status)
-                .bind(limit)
-                .fetch_all(conn)
-                .await?;
-            // A row that does not read as an event is left out of the list (and named in
-            // the log): `list_corrupt` shows it.
-            Ok(rows
-                .iter()
-                .filter_map(|row| match $crate::backend::outbox_sql::claimed(row) {
-                    Ok(event) => Some(event),
-                    Err(corrupt) => {
-                        tracing::warn!(key = ?corrupt.key, reason = %corrupt.reason, "an outbox row does not read as an event");
-                        None
-                    }
-                })
-                .collect())
-        }
-    };
+    }
 }
 
-pub(crate) use shared_outbox_statements;
+/// [`OutboxStore::mark_failed`](crate::outbox::OutboxStore::mark_failed).
+pub(crate) async fn mark_failed<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &OutboxStatements,
+    f: &FailedEvent<'_>,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [
+        Arg::Bool(f.dead),
+        Arg::I64(f.retry_in_ms),
+        Arg::Str(f.error),
+        Arg::Str(&f.key.machine),
+        Arg::I64(f.key.entity_id),
+        Arg::I64(f.key.version),
+        Arg::Str(f.token),
+    ];
+    let done = s.mark_failed.query::<DB>(&args)?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`OutboxStore::requeue_event`](crate::outbox::OutboxStore::requeue_event).
+pub(crate) async fn requeue_event<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &OutboxStatements,
+    key: &EventKey,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [
+        Arg::Str(&key.machine),
+        Arg::I64(key.entity_id),
+        Arg::I64(key.version),
+    ];
+    let done = s.requeue.query::<DB>(&args)?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`OutboxStore::list_events`](crate::outbox::OutboxStore::list_events). A row that does
+/// not read as an event is left out of the list (and named in the log): `list_corrupt`
+/// shows it.
+pub(crate) async fn list_events<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &OutboxStatements,
+    status: &str,
+    limit: i64,
+) -> Result<Vec<EventRow>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    EventRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+    &'static str: sqlx::ColumnIndex<DB::Row>,
+    String: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+{
+    let rows = s
+        .list
+        .query::<DB>(&[Arg::Str(status), Arg::I64(limit)])?
+        .fetch_all(conn)
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| match claimed(row) {
+            Ok(event) => Some(event),
+            Err(corrupt) => {
+                tracing::warn!(key = ?corrupt.key, reason = %corrupt.reason, "an outbox row does not read as an event");
+                None
+            }
+        })
+        .collect())
+}
 
 /// [`OutboxStore::mark_published`](crate::outbox::OutboxStore::mark_published) with the
-/// batch's keys as `OR`ed groups (MySQL/MariaDB, SQLite; PostgreSQL matches them against
-/// arrays, which it plans cheaper), for the backend's connection type `$conn`, its clock
-/// `$now` and its parameter style `$params`.
+/// batch's keys as `OR`ed groups (MySQL/MariaDB, SQLite, whose plain `?`s bind in order;
+/// PostgreSQL matches them against arrays, which it plans cheaper), on the backend's
+/// clock `now`. The statement's size is the batch's, so its text is built per call.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-macro_rules! or_keys_mark_published {
-    ($conn:ty, now = $now:expr, params = $params:path) => {
-        async fn mark_published(
-            &self,
-            conn: &mut $conn,
-            token: &str,
-            keys: &[$crate::outbox::EventKey],
-        ) -> Result<u64, sqlx::Error> {
-            if keys.is_empty() {
-                return Ok(0);
-            }
-            let sql = $params(&format!(
-                "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-                     last_error = NULL, published_at = {now} \
-                 WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
-                now = $now,
-                keys = $crate::backend::outbox_sql::keys_in("", keys.len())
-            ));
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(token);
-            for key in keys {
-                query = query
-                    .bind(key.machine.as_str())
-                    .bind(key.entity_id)
-                    .bind(key.version);
-            }
-            Ok(query.execute(conn).await?.rows_affected())
-        }
-    };
+pub(crate) async fn mark_published_or_keys<DB: Binds>(
+    conn: &mut DB::Connection,
+    now: &str,
+    token: &str,
+    keys: &[EventKey],
+) -> Result<u64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let sql = format!(
+        "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+             last_error = NULL, published_at = {now} \
+         WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
+        keys = keys_in("", keys.len())
+    );
+    let mut values = vec![Arg::Str(token)];
+    for key in keys {
+        values.extend([
+            Arg::Str(&key.machine),
+            Arg::I64(key.entity_id),
+            Arg::I64(key.version),
+        ]);
+    }
+    let args = crate::backend::sql::arguments::<DB>(&values)?;
+    let done = sqlx::query_with(sqlx::AssertSqlSafe(sql), args)
+        .execute(conn)
+        .await?;
+    Ok(DB::rows_affected(&done))
 }
-
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) use or_keys_mark_published;

@@ -1,66 +1,238 @@
 //! The idempotency layer's statements whose values every backend binds alike: each
-//! backend writes them in its dialect ([`RecordSql`], numbered parameters as
-//! `backend/sql.rs` reads them) and [`shared_record_statements`] writes the methods of
-//! [`RecordStore`](crate::idempotency::RecordStore) that run them, once. A backend whose
-//! claim and takeover are one statement each (PostgreSQL, SQLite) writes those in
-//! [`OneStatementRecordClaims`] and takes their methods from
-//! [`one_statement_record_claims`]; the others (MySQL) write those two methods
-//! themselves, and every backend its own `begin`.
+//! backend writes them once in its dialect ([`RecordStatements`], numbered parameters as
+//! [`Statement`] reads them), and its methods of
+//! [`RecordStore`](crate::idempotency::RecordStore) call the functions here, which bind
+//! the values and run them. A backend whose claim and takeover are one statement each
+//! (PostgreSQL, SQLite) writes those in [`OneStatementClaims`] too; the others (MySQL)
+//! write those two methods themselves, and every backend its own `begin`.
+//!
+//! Every function is generic over the backend's database (`DB`), and each statement's
+//! values are listed once, here, in the order its numbered parameters name them.
 
-use crate::backend::sql::Arg;
-use crate::idempotency::Finish;
+use sqlx::{Connection, Executor};
+
+use crate::backend::sql::{Arg, Binds, Statement};
+use crate::idempotency::{Finish, RecordRow, StuckRow, TokenRow};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::idempotency::{NewClaim, TakeOver};
+use crate::store::Txn;
 
 /// A backend's idempotency statements, each with the numbered parameters its comment
 /// lists.
-pub(crate) trait RecordSql {
-    /// The backend takes plain `?`s, bound in the order they stand (MySQL).
-    const POSITIONAL: bool;
-
-    /// A record as it is now (a [`RecordRow`](crate::idempotency::RecordRow)): 1 scope,
-    /// 2 key.
-    fn read_sql(&self) -> String;
-
+#[derive(Debug)]
+pub(crate) struct RecordStatements {
+    /// A record as it is now (a [`RecordRow`]): 1 scope, 2 key.
+    pub(crate) read: Statement,
     /// The holder's fenced write ([`Finish`]): 1 scope, 2 key, 3 token, 4 status,
     /// 5 result, 6 terminal, 7 lease ms (kept only for PROCESSING), 8 retention ms.
-    fn finish_sql(&self) -> String;
-
-    /// Records stuck in PROCESSING (each a [`StuckRow`](crate::idempotency::StuckRow)),
-    /// oldest lease first: 1 scope, 2 limit.
-    fn stuck_sql(&self) -> String;
-
+    pub(crate) finish: Statement,
+    /// Records stuck in PROCESSING (each a [`StuckRow`]), oldest lease first: 1 scope,
+    /// 2 limit.
+    pub(crate) stuck: Statement,
     /// `(held, oldest_ms)`: the count of PROCESSING records inside their retention, and
     /// the oldest one's age (0 if none): 1 scope.
-    fn held_sql(&self) -> String;
-
+    pub(crate) held: Statement,
     /// The deletes of records past their retention and of expired tokens: 1 limit each.
-    fn purge_sql(&self) -> [String; 2];
-
+    pub(crate) purge: [Statement; 2],
     /// A new one-time token: 1 scope, 2 token, 3 time to live in ms.
-    fn issue_token_sql(&self) -> String;
-
+    pub(crate) issue_token: Statement,
     /// A token marked used if it is unused and unexpired: 1 scope, 2 token.
-    fn consume_token_sql(&self) -> String;
-
-    /// A token as it is now (a [`TokenRow`](crate::idempotency::TokenRow)): 1 scope,
-    /// 2 token.
-    fn read_token_sql(&self) -> String;
+    pub(crate) consume_token: Statement,
+    /// A token as it is now (a [`TokenRow`]): 1 scope, 2 token.
+    pub(crate) read_token: Statement,
 }
 
 /// The claim and the takeover, one statement each, returning the attempt.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) trait OneStatementRecordClaims {
+#[derive(Debug)]
+pub(crate) struct OneStatementClaims {
     /// [`NewClaim`]: 1 scope, 2 key, 3 payload hash, 4 token, 5 lease ms, 6 retention ms.
-    fn claim_sql(&self) -> String;
-
+    pub(crate) claim: Statement,
     /// [`TakeOver`]: 1 scope, 2 key, 3 the token it was found with, 4 token, 5 lease ms,
     /// 6 retention ms.
-    fn take_over_sql(&self) -> String;
+    pub(crate) take_over: Statement,
 }
 
-/// [`RecordSql::finish_sql`]'s values.
-pub(crate) fn finish_args<'a>(f: &Finish<'a>) -> [Arg<'a>; 8] {
+/// [`RecordStore::read`](crate::idempotency::RecordStore::read).
+pub(crate) async fn read<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &RecordStatements,
+    scope: &str,
+    key: &str,
+) -> Result<Option<RecordRow>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    RecordRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.read
+        .query_as::<DB, RecordRow>(&[Arg::Str(scope), Arg::Str(key)])?
+        .fetch_optional(conn)
+        .await
+}
+
+/// [`RecordStore::finish`](crate::idempotency::RecordStore::finish): inside a caller's
+/// transaction, in a savepoint, so that a failure does not abort it.
+pub(crate) async fn finish<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &RecordStatements,
+    f: &Finish<'_>,
+    txn: Txn,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let statement = s.finish.query::<DB>(&finish_args(f))?;
+    let done = match txn {
+        Txn::Own => statement.execute(conn).await?,
+        Txn::Caller => {
+            let mut savepoint = conn.begin().await?;
+            let done = statement.execute(&mut *savepoint).await?;
+            savepoint.commit().await?;
+            done
+        }
+    };
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`RecordStore::stuck`](crate::idempotency::RecordStore::stuck).
+pub(crate) async fn stuck<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &RecordStatements,
+    scope: &str,
+    limit: i64,
+) -> Result<Vec<StuckRow>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    StuckRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.stuck
+        .query_as::<DB, StuckRow>(&[Arg::Str(scope), Arg::I64(limit)])?
+        .fetch_all(conn)
+        .await
+}
+
+/// [`RecordStore::held`](crate::idempotency::RecordStore::held).
+pub(crate) async fn held<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &RecordStatements,
+    scope: &str,
+) -> Result<(i64, i64), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i64, i64): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.held
+        .query_as::<DB, (i64, i64)>(&[Arg::Str(scope)])?
+        .fetch_one(conn)
+        .await
+}
+
+/// [`RecordStore::purge`](crate::idempotency::RecordStore::purge): both deletes, the
+/// rows they removed.
+pub(crate) async fn purge<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &RecordStatements,
+    limit: i64,
+) -> Result<u64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let mut gone = 0;
+    for statement in &s.purge {
+        let done = statement
+            .query::<DB>(&[Arg::I64(limit)])?
+            .execute(&mut *conn)
+            .await?;
+        gone += DB::rows_affected(&done);
+    }
+    Ok(gone)
+}
+
+/// [`RecordStore::issue_token`](crate::idempotency::RecordStore::issue_token).
+pub(crate) async fn issue_token<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &RecordStatements,
+    scope: &str,
+    token: &str,
+    ttl_ms: i64,
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [Arg::Str(scope), Arg::Str(token), Arg::I64(ttl_ms)];
+    s.issue_token.query::<DB>(&args)?.execute(conn).await?;
+    Ok(())
+}
+
+/// [`RecordStore::consume_token`](crate::idempotency::RecordStore::consume_token).
+pub(crate) async fn consume_token<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &RecordStatements,
+    scope: &str,
+    token: &str,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [Arg::Str(scope), Arg::Str(token)];
+    let done = s.consume_token.query::<DB>(&args)?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`RecordStore::read_token`](crate::idempotency::RecordStore::read_token).
+pub(crate) async fn read_token<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &RecordStatements,
+    scope: &str,
+    token: &str,
+) -> Result<Option<TokenRow>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    TokenRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.read_token
+        .query_as::<DB, TokenRow>(&[Arg::Str(scope), Arg::Str(token)])?
+        .fetch_optional(conn)
+        .await
+}
+
+/// [`RecordStore::claim`](crate::idempotency::RecordStore::claim) in one statement.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) async fn claim<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &OneStatementClaims,
+    c: &NewClaim<'_>,
+) -> Result<Option<i32>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i32,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.claim
+        .query_scalar::<DB, i32>(&claim_args(c))?
+        .fetch_optional(conn)
+        .await
+}
+
+/// [`RecordStore::take_over`](crate::idempotency::RecordStore::take_over) in one
+/// statement.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) async fn take_over<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &OneStatementClaims,
+    t: &TakeOver<'_>,
+) -> Result<Option<i32>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i32,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.take_over
+        .query_scalar::<DB, i32>(&take_over_args(t))?
+        .fetch_optional(conn)
+        .await
+}
+
+/// [`RecordStatements::finish`]'s values.
+fn finish_args<'a>(f: &Finish<'a>) -> [Arg<'a>; 8] {
     [
         Arg::Str(f.scope),
         Arg::Str(f.key),
@@ -73,9 +245,9 @@ pub(crate) fn finish_args<'a>(f: &Finish<'a>) -> [Arg<'a>; 8] {
     ]
 }
 
-/// [`OneStatementRecordClaims::claim_sql`]'s values.
+/// [`OneStatementClaims::claim`]'s values.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn claim_args<'a>(c: &NewClaim<'a>) -> [Arg<'a>; 6] {
+fn claim_args<'a>(c: &NewClaim<'a>) -> [Arg<'a>; 6] {
     [
         Arg::Str(c.scope),
         Arg::Str(c.key),
@@ -86,9 +258,9 @@ pub(crate) fn claim_args<'a>(c: &NewClaim<'a>) -> [Arg<'a>; 6] {
     ]
 }
 
-/// [`OneStatementRecordClaims::take_over_sql`]'s values.
+/// [`OneStatementClaims::take_over`]'s values.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn take_over_args<'a>(t: &TakeOver<'a>) -> [Arg<'a>; 6] {
+fn take_over_args<'a>(t: &TakeOver<'a>) -> [Arg<'a>; 6] {
     [
         Arg::Str(t.scope),
         Arg::Str(t.key),
@@ -98,208 +270,3 @@ pub(crate) fn take_over_args<'a>(t: &TakeOver<'a>) -> [Arg<'a>; 6] {
         Arg::I64(t.retention_ms),
     ]
 }
-
-/// The methods of [`RecordStore`](crate::idempotency::RecordStore) over [`RecordSql`],
-/// for the backend's connection `$conn` and database `$db`.
-macro_rules! shared_record_statements {
-    ($conn:ty, $db:ty) => {
-        async fn read(
-            &self,
-            conn: &mut $conn,
-            scope: &str,
-            key: &str,
-        ) -> Result<Option<$crate::idempotency::RecordRow>, sqlx::Error> {
-            use $crate::backend::{records_sql::RecordSql, sql::Arg};
-            let args = [Arg::Str(scope), Arg::Str(key)];
-            $crate::backend::sql::numbered!($db, Self::POSITIONAL, self.read_sql(), &args, query_as)
-                .fetch_optional(conn)
-                .await
-        }
-
-        async fn finish(
-            &self,
-            conn: &mut $conn,
-            f: &$crate::idempotency::Finish<'_>,
-            txn: $crate::store::Txn,
-        ) -> Result<bool, sqlx::Error> {
-            use sqlx::Connection;
-            use $crate::backend::records_sql::{RecordSql, finish_args};
-            let statement = $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.finish_sql(),
-                &finish_args(f),
-                query
-            );
-            let done = match txn {
-                $crate::store::Txn::Own => statement.execute(conn).await?,
-                // In a savepoint, so that a failure does not abort the caller's
-                // transaction.
-                $crate::store::Txn::Caller => {
-                    let mut savepoint = conn.begin().await?;
-                    let done = statement.execute(&mut *savepoint).await?;
-                    savepoint.commit().await?;
-                    done
-                }
-            };
-            Ok(done.rows_affected() == 1)
-        }
-
-        async fn stuck(
-            &self,
-            conn: &mut $conn,
-            scope: &str,
-            limit: i64,
-        ) -> Result<Vec<$crate::idempotency::StuckRow>, sqlx::Error> {
-            use $crate::backend::{records_sql::RecordSql, sql::Arg};
-            let args = [Arg::Str(scope), Arg::I64(limit)];
-            $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.stuck_sql(),
-                &args,
-                query_as
-            )
-            .fetch_all(conn)
-            .await
-        }
-
-        async fn held(&self, conn: &mut $conn, scope: &str) -> Result<(i64, i64), sqlx::Error> {
-            use $crate::backend::{records_sql::RecordSql, sql::Arg};
-            $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.held_sql(),
-                &[Arg::Str(scope)],
-                query_as
-            )
-            .fetch_one(conn)
-            .await
-        }
-
-        async fn purge(&self, conn: &mut $conn, limit: i64) -> Result<u64, sqlx::Error> {
-            use $crate::backend::{records_sql::RecordSql, sql::Arg};
-            let mut gone = 0;
-            for sql in self.purge_sql() {
-                gone += $crate::backend::sql::numbered!(
-                    $db,
-                    Self::POSITIONAL,
-                    sql,
-                    &[Arg::I64(limit)],
-                    query
-                )
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
-            }
-            Ok(gone)
-        }
-
-        async fn issue_token(
-            &self,
-            conn: &mut $conn,
-            scope: &str,
-            token: &str,
-            ttl_ms: i64,
-        ) -> Result<(), sqlx::Error> {
-            use $crate::backend::{records_sql::RecordSql, sql::Arg};
-            let args = [Arg::Str(scope), Arg::Str(token), Arg::I64(ttl_ms)];
-            $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.issue_token_sql(),
-                &args,
-                query
-            )
-            .execute(conn)
-            .await
-            .map(drop)
-        }
-
-        async fn consume_token(
-            &self,
-            conn: &mut $conn,
-            scope: &str,
-            token: &str,
-        ) -> Result<bool, sqlx::Error> {
-            use $crate::backend::{records_sql::RecordSql, sql::Arg};
-            let args = [Arg::Str(scope), Arg::Str(token)];
-            let done = $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.consume_token_sql(),
-                &args,
-                query
-            )
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        }
-
-        async fn read_token(
-            &self,
-            conn: &mut $conn,
-            scope: &str,
-            token: &str,
-        ) -> Result<Option<$crate::idempotency::TokenRow>, sqlx::Error> {
-            use $crate::backend::{records_sql::RecordSql, sql::Arg};
-            let args = [Arg::Str(scope), Arg::Str(token)];
-            $crate::backend::sql::numbered!(
-                $db,
-                Self::POSITIONAL,
-                self.read_token_sql(),
-                &args,
-                query_as
-            )
-            .fetch_optional(conn)
-            .await
-        }
-    };
-}
-
-pub(crate) use shared_record_statements;
-
-/// [`RecordStore::claim`](crate::idempotency::RecordStore::claim) and
-/// [`RecordStore::take_over`](crate::idempotency::RecordStore::take_over) over
-/// [`OneStatementRecordClaims`], for a backend whose parameters are numbered.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-macro_rules! one_statement_record_claims {
-    ($conn:ty, $db:ty) => {
-        async fn claim(
-            &self,
-            conn: &mut $conn,
-            c: &$crate::idempotency::NewClaim<'_>,
-        ) -> Result<Option<i32>, sqlx::Error> {
-            use $crate::backend::records_sql::{OneStatementRecordClaims, claim_args};
-            $crate::backend::sql::numbered!(
-                $db,
-                false,
-                self.claim_sql(),
-                &claim_args(c),
-                query_scalar
-            )
-            .fetch_optional(conn)
-            .await
-        }
-
-        async fn take_over(
-            &self,
-            conn: &mut $conn,
-            t: &$crate::idempotency::TakeOver<'_>,
-        ) -> Result<Option<i32>, sqlx::Error> {
-            use $crate::backend::records_sql::{OneStatementRecordClaims, take_over_args};
-            $crate::backend::sql::numbered!(
-                $db,
-                false,
-                self.take_over_sql(),
-                &take_over_args(t),
-                query_scalar
-            )
-            .fetch_optional(conn)
-            .await
-        }
-    };
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) use one_statement_record_claims;

@@ -3,7 +3,11 @@
 //! value's place in the list the shared code binds; MySQL's `?1`s become the plain `?`s
 //! its protocol takes, with the values bound in the order they stand.
 
-use sqlx::{Arguments, Database, Encode, Type};
+use sqlx::error::BoxDynError;
+use sqlx::query::{Query, QueryAs};
+use sqlx::{
+    Arguments, AssertSqlSafe, Database, Encode, FromRow, IntoArguments, SqlSafeStr, SqlStr, Type,
+};
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, Copy)]
@@ -16,14 +20,198 @@ pub(crate) enum Arg<'a> {
     Bool(bool),
 }
 
-/// `sql` in the form its backend sends, and `values` bound in the order it takes them:
-/// all of them, in their order, where the backend numbers its parameters; where it
-/// does not (`positional`), one for each `?N` as it stands.
-pub(crate) fn bound<DB>(
-    sql: &str,
-    positional: bool,
-    values: &[Arg<'_>],
-) -> Result<(String, DB::Arguments), sqlx::Error>
+/// A statement built once: its text as its backend sends it, and which value of the
+/// call's list each of its parameters binds. Numbered parameters (PostgreSQL's `$N`,
+/// SQLite's `?N`) bind the whole list in its order; MySQL's `?N`s are made plain `?`s
+/// once, here, and bind the values they named in the order they stand.
+#[derive(Debug, Clone)]
+pub(crate) struct Statement {
+    sql: SqlStr,
+    order: Order,
+}
+
+#[derive(Debug, Clone)]
+enum Order {
+    /// Every value, in its order.
+    All,
+    /// The values the `?`s named, in the order they stand.
+    Picked(Vec<usize>),
+    /// A text whose parameters could not be read (an orderly bug): every call fails
+    /// with this message, nothing is sent.
+    Unreadable(String),
+}
+
+/// How a backend writes a statement's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Params {
+    /// `$1`, `$2`, … (PostgreSQL).
+    #[cfg(feature = "postgres")]
+    Dollar,
+    /// `?1`, `?2`, … (SQLite).
+    #[cfg(feature = "sqlite")]
+    Numbered,
+    /// Plain `?`s, bound in the order they stand (MySQL).
+    #[cfg(feature = "mysql")]
+    Plain,
+}
+
+impl Statement {
+    /// `sql`, a statement every backend shares, written with `?N` parameters, in the form
+    /// `params` says.
+    pub(crate) fn shared(sql: String, params: Params) -> Self {
+        match params {
+            #[cfg(feature = "sqlite")]
+            Params::Numbered => Statement::new(sql, false),
+            #[cfg(feature = "mysql")]
+            Params::Plain => Statement::new(sql, true),
+            #[cfg(feature = "postgres")]
+            Params::Dollar => match positional_form(&sql) {
+                Ok(_) => Statement::new(dollar_form(&sql), false),
+                Err(message) => Statement {
+                    sql: AssertSqlSafe(sql).into_sql_str(),
+                    order: Order::Unreadable(message),
+                },
+            },
+        }
+    }
+
+    /// `sql` as the backend takes it: with numbered parameters, or, where the backend
+    /// takes plain `?`s (`positional`: MySQL), with its `?N`s made so.
+    pub(crate) fn new(sql: String, positional: bool) -> Self {
+        if !positional {
+            return Statement {
+                sql: AssertSqlSafe(sql).into_sql_str(),
+                order: Order::All,
+            };
+        }
+        match positional_form(&sql) {
+            Ok((plain, order)) => Statement {
+                sql: AssertSqlSafe(plain).into_sql_str(),
+                order: Order::Picked(order),
+            },
+            Err(message) => Statement {
+                sql: AssertSqlSafe(sql).into_sql_str(),
+                order: Order::Unreadable(message),
+            },
+        }
+    }
+
+    /// A query running the statement with `values` bound as its backend takes them; an
+    /// error, with nothing sent, if a value cannot be encoded or the text names a value
+    /// the list lacks.
+    pub(crate) fn query<DB: Binds>(
+        &self,
+        values: &[Arg<'_>],
+    ) -> Result<Query<'static, DB, DB::Arguments>, sqlx::Error> {
+        Ok(sqlx::query_with(self.sql.clone(), self.bind::<DB>(values)?))
+    }
+
+    /// [`query`](Self::query), its rows decoded as `R`.
+    pub(crate) fn query_as<DB: Binds, R>(
+        &self,
+        values: &[Arg<'_>],
+    ) -> Result<QueryAs<'static, DB, R, DB::Arguments>, sqlx::Error>
+    where
+        R: for<'r> FromRow<'r, DB::Row>,
+    {
+        Ok(sqlx::query_as_with(
+            self.sql.clone(),
+            self.bind::<DB>(values)?,
+        ))
+    }
+
+    /// [`query`](Self::query), its first column decoded as `T`.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn query_scalar<DB: Binds, T>(
+        &self,
+        values: &[Arg<'_>],
+    ) -> Result<sqlx::query::QueryScalar<'static, DB, T, DB::Arguments>, sqlx::Error>
+    where
+        (T,): for<'r> FromRow<'r, DB::Row>,
+    {
+        Ok(sqlx::query_scalar_with(
+            self.sql.clone(),
+            self.bind::<DB>(values)?,
+        ))
+    }
+
+    fn bind<DB: Binds>(&self, values: &[Arg<'_>]) -> Result<DB::Arguments, sqlx::Error> {
+        match &self.order {
+            Order::All => arguments::<DB>(values),
+            Order::Picked(order) => {
+                let mut args = DB::Arguments::default();
+                for &i in order {
+                    let Some(value) = values.get(i) else {
+                        return Err(sqlx::Error::Protocol(format!(
+                            "statement names parameter {} of {}",
+                            i + 1,
+                            values.len()
+                        )));
+                    };
+                    DB::add(&mut args, *value).map_err(sqlx::Error::Encode)?;
+                }
+                Ok(args)
+            }
+            Order::Unreadable(message) => Err(sqlx::Error::Protocol(message.clone())),
+        }
+    }
+}
+
+/// `values`, in their order, as `DB`'s arguments (for a statement whose text is built
+/// per call, its size the call's).
+pub(crate) fn arguments<DB: Binds>(values: &[Arg<'_>]) -> Result<DB::Arguments, sqlx::Error> {
+    let mut args = DB::Arguments::default();
+    for value in values {
+        DB::add(&mut args, *value).map_err(sqlx::Error::Encode)?;
+    }
+    Ok(args)
+}
+
+/// A backend's database as the shared statements use it: it takes every kind of [`Arg`],
+/// and tells how many rows a statement changed.
+pub(crate) trait Binds: Database<Arguments: IntoArguments<Self>> {
+    /// Adds `value` to `args`.
+    fn add(args: &mut Self::Arguments, value: Arg<'_>) -> Result<(), BoxDynError>;
+
+    /// The rows a statement changed.
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+}
+
+#[cfg(feature = "postgres")]
+impl Binds for sqlx::Postgres {
+    fn add(args: &mut Self::Arguments, value: Arg<'_>) -> Result<(), BoxDynError> {
+        add_to::<Self>(args, value)
+    }
+
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Binds for sqlx::MySql {
+    fn add(args: &mut Self::Arguments, value: Arg<'_>) -> Result<(), BoxDynError> {
+        add_to::<Self>(args, value)
+    }
+
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Binds for sqlx::Sqlite {
+    fn add(args: &mut Self::Arguments, value: Arg<'_>) -> Result<(), BoxDynError> {
+        add_to::<Self>(args, value)
+    }
+
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+/// `value` added to `args`, for any database that encodes the types of [`Arg`].
+fn add_to<DB>(args: &mut DB::Arguments, value: Arg<'_>) -> Result<(), BoxDynError>
 where
     DB: Database,
     for<'t> &'t str: Encode<'t, DB> + Type<DB>,
@@ -33,57 +221,19 @@ where
     for<'t> Option<i32>: Encode<'t, DB> + Type<DB>,
     for<'t> bool: Encode<'t, DB> + Type<DB>,
 {
-    let (sql, order) = if positional {
-        positional_form(sql)?
-    } else {
-        (sql.to_string(), (0..values.len()).collect())
-    };
-    let mut args = DB::Arguments::default();
-    for i in order {
-        let Some(value) = values.get(i) else {
-            return Err(sqlx::Error::Protocol(format!(
-                "statement names parameter {} of {}",
-                i + 1,
-                values.len()
-            )));
-        };
-        match *value {
-            Arg::Str(v) => args.add(v),
-            Arg::OptStr(v) => args.add(v),
-            Arg::I64(v) => args.add(v),
-            Arg::I32(v) => args.add(v),
-            Arg::OptI32(v) => args.add(v),
-            Arg::Bool(v) => args.add(v),
-        }
-        .map_err(sqlx::Error::Encode)?;
+    match value {
+        Arg::Str(v) => args.add(v),
+        Arg::OptStr(v) => args.add(v),
+        Arg::I64(v) => args.add(v),
+        Arg::I32(v) => args.add(v),
+        Arg::OptI32(v) => args.add(v),
+        Arg::Bool(v) => args.add(v),
     }
-    Ok((sql, args))
 }
-
-/// A query of `$db` (`query`, `query_as` or `query_scalar`: `$run`) running `$sql`, a
-/// statement with numbered parameters, with `$values` (a slice of [`Arg`]) bound as the
-/// backend takes them (`$positional`: MySQL); `?` on a value that cannot be encoded.
-macro_rules! numbered {
-    ($db:ty, $positional:expr, $sql:expr, $values:expr, $run:ident) => {{
-        let (sql, args) = $crate::backend::sql::bound::<$db>(&$sql, $positional, $values)?;
-        $crate::backend::sql::numbered!(@$run sql, args)
-    }};
-    (@query $sql:ident, $args:ident) => {
-        sqlx::query_with(sqlx::AssertSqlSafe($sql), $args)
-    };
-    (@query_as $sql:ident, $args:ident) => {
-        sqlx::query_as_with(sqlx::AssertSqlSafe($sql), $args)
-    };
-    (@query_scalar $sql:ident, $args:ident) => {
-        sqlx::query_scalar_with(sqlx::AssertSqlSafe($sql), $args)
-    };
-}
-
-pub(crate) use numbered;
 
 /// `sql` with each `?N` made a plain `?`, and the N - 1s in the order they stood. A `?`
 /// inside a quoted string or name is text; a `?` with no number (or `?0`) is an error.
-fn positional_form(sql: &str) -> Result<(String, Vec<usize>), sqlx::Error> {
+fn positional_form(sql: &str) -> Result<(String, Vec<usize>), String> {
     let mut out = String::with_capacity(sql.len());
     let mut order = Vec::new();
     let mut quote = None;
@@ -101,9 +251,7 @@ fn positional_form(sql: &str) -> Result<(String, Vec<usize>), sqlx::Error> {
                     chars.next();
                 }
                 if n == 0 {
-                    return Err(sqlx::Error::Protocol(format!(
-                        "a parameter without its number in {sql:?}"
-                    )));
+                    return Err(format!("a parameter without its number in {sql:?}"));
                 }
                 order.push(n - 1);
             }
@@ -113,9 +261,30 @@ fn positional_form(sql: &str) -> Result<(String, Vec<usize>), sqlx::Error> {
     Ok((out, order))
 }
 
+/// `sql` with each `?N` made `$N` (a `?` inside a quoted string or name is text).
+#[cfg(any(test, feature = "postgres"))]
+fn dollar_form(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quote = None;
+    for c in sql.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"' | '`') => quote = Some(c),
+            (None, '?') => {
+                out.push('$');
+                continue;
+            }
+            (None, _) => {}
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::positional_form;
+    use super::{dollar_form, positional_form};
 
     #[test]
     fn numbered_parameters_become_positional_in_the_order_they_stand() {
@@ -123,6 +292,10 @@ mod tests {
             positional_form("SET a = ?3, b = ?1 WHERE c = ?12 AND d = ?3 AND e = 'x?1'").unwrap();
         assert_eq!(sql, "SET a = ?, b = ? WHERE c = ? AND d = ? AND e = 'x?1'");
         assert_eq!(order, [2, 0, 11, 2]);
+        assert_eq!(
+            dollar_form("SET a = ?3, b = ?1 WHERE e = 'x?1'"),
+            "SET a = $3, b = $1 WHERE e = 'x?1'"
+        );
         assert!(positional_form("a = ?").is_err());
         assert!(positional_form("a = ?0").is_err());
     }

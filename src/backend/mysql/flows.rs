@@ -5,11 +5,15 @@
 //! READ COMMITTED transaction: `SELECT … FOR UPDATE SKIP LOCKED` chooses and locks the
 //! due flows, an update hands them to the job's token. On Galera the reads are causal.
 
-use sqlx::mysql::MySqlConnection;
+use std::sync::LazyLock;
+
+use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
-use crate::backend::flow_sql::{FlowSql, PurgeByKeys, purge_flows_by_keys, shared_flow_statements};
-use crate::flow::{FlowStore, Listing, NewFlow, TakeDue};
+use super::idempotency::CAUSAL;
+use crate::backend::flow_sql::{self, FlowStatements, LISTINGS, PurgeByKeys};
+use crate::backend::sql::Statement;
+use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
 use crate::idempotency::RecordStore;
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
@@ -29,8 +33,79 @@ fn flow_columns() -> String {
 }
 
 impl FlowStore for MySqlStore {
-    shared_flow_statements!(MySqlConnection, sqlx::MySql);
-    purge_flows_by_keys!(MySqlConnection, sqlx::MySql);
+    async fn read_flow(
+        &self,
+        conn: &mut MySqlConnection,
+        kind: &str,
+        key: &str,
+    ) -> Result<Option<FlowRow>, sqlx::Error> {
+        flow_sql::read_flow::<MySql>(conn, self.flows(), kind, key).await
+    }
+
+    async fn read_steps(
+        &self,
+        conn: &mut MySqlConnection,
+        kind: &str,
+        key: &str,
+    ) -> Result<Vec<StepRow>, sqlx::Error> {
+        flow_sql::read_steps::<MySql>(conn, self.flows(), kind, key).await
+    }
+
+    async fn touch(&self, conn: &mut MySqlConnection, t: &Touch<'_>) -> Result<bool, sqlx::Error> {
+        flow_sql::touch::<MySql>(conn, self.flows(), t).await
+    }
+
+    async fn record_step(
+        &self,
+        conn: &mut MySqlConnection,
+        w: &StepWrite<'_>,
+    ) -> Result<(), sqlx::Error> {
+        flow_sql::record_step::<MySql>(conn, self.flows(), w).await
+    }
+
+    async fn retry_steps(
+        &self,
+        conn: &mut MySqlConnection,
+        kind: &str,
+        key: &str,
+        phase: &str,
+    ) -> Result<(), sqlx::Error> {
+        flow_sql::retry_steps::<MySql>(conn, self.flows(), kind, key, phase).await
+    }
+
+    async fn unpark(
+        &self,
+        conn: &mut MySqlConnection,
+        kind: &str,
+        key: &str,
+        from: &str,
+        token: &str,
+        lease_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        flow_sql::unpark::<MySql>(conn, self.flows(), kind, key, from, token, lease_ms).await
+    }
+
+    async fn list_flows(
+        &self,
+        conn: &mut MySqlConnection,
+        which: Listing,
+        after: Option<(&str, &str)>,
+        limit: i64,
+    ) -> Result<Vec<FlowRow>, sqlx::Error> {
+        flow_sql::list_flows::<MySql>(conn, self.flows(), which, after, limit).await
+    }
+
+    async fn purge_flows(
+        &self,
+        conn: &mut MySqlConnection,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let mut tx = <Self as RecordStore>::begin(conn).await?;
+        let gone = flow_sql::purge_by_keys::<MySql>(&mut tx, &PURGE, age_ms, limit).await?;
+        tx.commit().await?;
+        Ok(gone)
+    }
 
     async fn start_flow(
         &self,
@@ -130,40 +205,35 @@ impl FlowStore for MySqlStore {
     }
 }
 
-impl FlowSql for MySqlStore {
-    const POSITIONAL: bool = true;
+/// The layer's statements, built once: with plain reads, and with causal ones (for a
+/// Galera node; see [`MySqlStore::causal_reads`](super::MySqlStore::causal_reads)).
+static STATEMENTS: LazyLock<[FlowStatements; 2]> = LazyLock::new(|| ["", CAUSAL].map(statements));
 
-    fn read_flow_sql(&self) -> String {
-        format!(
+/// The statements, each read prefixed with `causal`.
+fn statements(causal: &str) -> FlowStatements {
+    let s = |sql: String| Statement::new(sql, true);
+    FlowStatements {
+        read_flow: s(format!(
             "{}SELECT {} FROM flows WHERE kind = ?1 AND flow_key = ?2",
-            self.causal(),
+            causal,
             flow_columns()
-        )
-    }
-
-    fn read_steps_sql(&self) -> String {
-        format!(
+        )),
+        read_steps: s(format!(
             "{}SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
                     error, started_at, finished_at \
              FROM flow_steps WHERE kind = ?1 AND flow_key = ?2 ORDER BY step_index, phase DESC",
-            self.causal()
-        )
-    }
-
-    /// The `WHERE` sees the row as it was; the assignments read no column assigned
-    /// before them.
-    fn touch_sql(&self) -> String {
-        format!(
+            causal
+        )),
+        // The `WHERE` sees the row as it was; the assignments read no column assigned
+        // before them.
+        touch: s(format!(
             "UPDATE flows SET lease_until = {NOW} + ?4, attempt = IF(?5, 1, attempt), \
                  step_at = COALESCE(?6, step_at), status = COALESCE(?7, status), park_reason = ?8, \
                  output = COALESCE(?9, output), last_error = COALESCE(?10, last_error), \
                  updated_at = {NOW} \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?3 AND {LIVE}"
-        )
-    }
-
-    fn record_step_sql(&self) -> String {
-        format!(
+        )),
+        record_step: s(format!(
             "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, \
                  downstream_key, owner_token, output, error, started_at, finished_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, IF(?7, 1, 0), ?8, ?9, ?10, ?11, {NOW}, \
@@ -174,46 +244,51 @@ impl FlowSql for MySqlStore {
                  owner_token = VALUES(owner_token), output = VALUES(output), error = VALUES(error), \
                  started_at = IF(?7, VALUES(started_at), started_at), \
                  finished_at = VALUES(finished_at)"
-        )
-    }
-
-    fn retry_steps_sql(&self) -> String {
-        "UPDATE flow_steps SET status = 'RETRY' \
+        )),
+        retry_steps: s("UPDATE flow_steps SET status = 'RETRY' \
          WHERE kind = ?1 AND flow_key = ?2 AND phase = ?3 AND status IN ('STARTED', 'FAILED')"
-            .to_string()
-    }
-
-    fn unpark_sql(&self) -> String {
-        format!(
+            .to_string()),
+        unpark: s(format!(
             "UPDATE flows SET park_reason = NULL, owner_token = ?3, attempt = 1, \
                  lease_until = {NOW} + ?4, updated_at = {NOW} \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NOT NULL"
-        )
-    }
-
-    fn list_flows_sql(&self, which: Listing) -> String {
-        let filter = match which {
-            Listing::Parked => "park_reason IS NOT NULL".to_string(),
-            Listing::Running => format!("{LIVE} AND lease_until > {NOW}"),
-            Listing::Stuck => format!("{LIVE} AND lease_until <= {NOW}"),
-            Listing::Finished => "status IN ('COMPLETED', 'COMPENSATED')".to_string(),
-            Listing::All => "TRUE".to_string(),
-        };
-        format!(
-            "{}SELECT {} FROM flows WHERE {filter} AND (kind, flow_key) > (?1, ?2) \
-             ORDER BY kind, flow_key LIMIT ?3",
-            self.causal(),
-            flow_columns()
-        )
+        )),
+        list: LISTINGS.map(|which| s(list_sql(which, causal))),
     }
 }
 
-impl PurgeByKeys for MySqlStore {
-    fn purge_choose_sql(&self) -> String {
+/// The purge by keys, built once.
+static PURGE: LazyLock<PurgeByKeys> = LazyLock::new(|| {
+    PurgeByKeys::new(
         format!(
             "SELECT kind, flow_key FROM flows \
-             WHERE status IN ('COMPLETED', 'COMPENSATED') AND updated_at <= {NOW} - ?1 \
-             LIMIT ?2 FOR UPDATE SKIP LOCKED"
-        )
+     WHERE status IN ('COMPLETED', 'COMPENSATED') AND updated_at <= {NOW} - ?1 \
+     LIMIT ?2 FOR UPDATE SKIP LOCKED"
+        ),
+        true,
+    )
+});
+
+/// A page of `which` flows (see `FlowStatements::list`).
+fn list_sql(which: Listing, causal: &str) -> String {
+    let filter = match which {
+        Listing::Parked => "park_reason IS NOT NULL".to_string(),
+        Listing::Running => format!("{LIVE} AND lease_until > {NOW}"),
+        Listing::Stuck => format!("{LIVE} AND lease_until <= {NOW}"),
+        Listing::Finished => "status IN ('COMPLETED', 'COMPENSATED')".to_string(),
+        Listing::All => "TRUE".to_string(),
+    };
+    format!(
+        "{}SELECT {} FROM flows WHERE {filter} AND (kind, flow_key) > (?1, ?2) \
+         ORDER BY kind, flow_key LIMIT ?3",
+        causal,
+        flow_columns()
+    )
+}
+
+impl MySqlStore {
+    /// The layer's statements, with causal reads on a Galera node.
+    fn flows(&self) -> &'static FlowStatements {
+        &STATEMENTS[usize::from(self.causal_reads() == Some(true))]
     }
 }

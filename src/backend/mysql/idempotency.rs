@@ -7,16 +7,22 @@
 //! row, which the update locks): one statement for a new key, two otherwise, each
 //! atomic on its own. On Galera the read is causal.
 
+use std::sync::LazyLock;
+
 use sqlx::mysql::{MySql, MySqlConnection};
-use sqlx::{Connection, Transaction};
+use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::MySqlStore;
-use crate::backend::records_sql::{RecordSql, shared_record_statements};
-use crate::idempotency::{NewClaim, RecordStore, TakeOver};
+use crate::backend::records_sql::{self, RecordStatements};
+use crate::backend::sql::Statement;
+use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
+use crate::store::Txn;
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).
 const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+/// The prefix that makes a read causal on Galera.
+pub(super) const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
 /// A claim's next attempt number, bounded to the column's range: a counter edited to its
 /// largest value stays there, so the statement never fails after it took the record.
 const NEXT_ATTEMPT: &str = "LEAST(GREATEST(attempt, 0) + 1, 2147483647)";
@@ -24,7 +30,72 @@ const NEXT_ATTEMPT: &str = "LEAST(GREATEST(attempt, 0) + 1, 2147483647)";
 impl RecordStore for MySqlStore {
     type Db = MySql;
 
-    shared_record_statements!(MySqlConnection, sqlx::MySql);
+    async fn read(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<RecordRow>, sqlx::Error> {
+        records_sql::read::<MySql>(conn, self.records(), scope, key).await
+    }
+
+    async fn finish(
+        &self,
+        conn: &mut MySqlConnection,
+        f: &Finish<'_>,
+        txn: Txn,
+    ) -> Result<bool, sqlx::Error> {
+        records_sql::finish::<MySql>(conn, self.records(), f, txn).await
+    }
+
+    async fn stuck(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &str,
+        limit: i64,
+    ) -> Result<Vec<StuckRow>, sqlx::Error> {
+        records_sql::stuck::<MySql>(conn, self.records(), scope, limit).await
+    }
+
+    async fn held(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &str,
+    ) -> Result<(i64, i64), sqlx::Error> {
+        records_sql::held::<MySql>(conn, self.records(), scope).await
+    }
+
+    async fn purge(&self, conn: &mut MySqlConnection, limit: i64) -> Result<u64, sqlx::Error> {
+        records_sql::purge::<MySql>(conn, self.records(), limit).await
+    }
+
+    async fn issue_token(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &str,
+        token: &str,
+        ttl_ms: i64,
+    ) -> Result<(), sqlx::Error> {
+        records_sql::issue_token::<MySql>(conn, self.records(), scope, token, ttl_ms).await
+    }
+
+    async fn consume_token(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &str,
+        token: &str,
+    ) -> Result<bool, sqlx::Error> {
+        records_sql::consume_token::<MySql>(conn, self.records(), scope, token).await
+    }
+
+    async fn read_token(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &str,
+        token: &str,
+    ) -> Result<Option<TokenRow>, sqlx::Error> {
+        records_sql::read_token::<MySql>(conn, self.records(), scope, token).await
+    }
 
     /// READ COMMITTED: InnoDB then takes no gap locks for the locking reads inside (a
     /// transition's judging read of its history row), so concurrent requests on
@@ -41,12 +112,7 @@ impl RecordStore for MySqlStore {
         conn: &mut MySqlConnection,
         c: &NewClaim<'_>,
     ) -> Result<Option<i32>, sqlx::Error> {
-        let insert = format!(
-            "INSERT IGNORE INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
-                 attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
-             VALUES (?, ?, ?, 'PROCESSING', ?, 1, {NOW} + ?, {NOW} + ?, NULL, FALSE, {NOW}, {NOW})"
-        );
-        let inserted = sqlx::query(sqlx::AssertSqlSafe(insert))
+        let inserted = sqlx::query(CLAIM.insert.clone())
             .bind(c.scope)
             .bind(c.key)
             .bind(c.payload_hash)
@@ -58,21 +124,7 @@ impl RecordStore for MySqlStore {
         if inserted.rows_affected() == 1 {
             return Ok(Some(1));
         }
-        // `attempt` and `created_at` first: they read `expires_at` before it is assigned.
-        let take_over = format!(
-            "UPDATE idempotency_records SET \
-                 attempt = LAST_INSERT_ID(IF(expires_at <= {NOW}, 1, {NEXT_ATTEMPT})), \
-                 created_at = IF(expires_at <= {NOW}, {NOW}, created_at), \
-                 payload_hash = ?, status = 'PROCESSING', owner_token = ?, \
-                 lease_until = {NOW} + ?, expires_at = {NOW} + ?, result = NULL, terminal = FALSE, \
-                 updated_at = {NOW} \
-             WHERE scope = ? AND idem_key = ? \
-               AND (expires_at <= {NOW} \
-                    OR (payload_hash <=> ? \
-                        AND ((status = 'PROCESSING' AND lease_until <= {NOW}) \
-                             OR (status = 'FAILED' AND NOT terminal))))"
-        );
-        let taken = sqlx::query(sqlx::AssertSqlSafe(take_over))
+        let taken = sqlx::query(CLAIM.take_expired.clone())
             .bind(c.payload_hash)
             .bind(c.token)
             .bind(c.lease_ms)
@@ -95,14 +147,7 @@ impl RecordStore for MySqlStore {
         conn: &mut MySqlConnection,
         t: &TakeOver<'_>,
     ) -> Result<Option<i32>, sqlx::Error> {
-        let sql = format!(
-            "UPDATE idempotency_records SET owner_token = ?, \
-                 attempt = LAST_INSERT_ID({NEXT_ATTEMPT}), updated_at = {NOW}, lease_until = {NOW} + ?, \
-                 expires_at = {NOW} + ? \
-             WHERE scope = ? AND idem_key = ? AND owner_token = ? AND status = 'PROCESSING' \
-               AND lease_until <= {NOW} AND expires_at > {NOW}"
-        );
-        let taken = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let taken = sqlx::query(CLAIM.take_over.clone())
             .bind(t.token)
             .bind(t.lease_ms)
             .bind(t.retention_ms)
@@ -120,91 +165,116 @@ impl RecordStore for MySqlStore {
     }
 }
 
-impl RecordSql for MySqlStore {
-    const POSITIONAL: bool = true;
+/// The claim's and the takeover's statements (plain `?`s, bound in the order they
+/// stand), built once.
+struct Claim {
+    /// A new record: scope, key, payload hash, token, lease ms, retention ms.
+    insert: SqlStr,
+    /// An existing record taken where the outcome table allows: payload hash, token,
+    /// lease ms, retention ms, scope, key, payload hash.
+    take_expired: SqlStr,
+    /// A held record whose lease ran out, taken over: token, lease ms, retention ms,
+    /// scope, key, the token it was found with.
+    take_over: SqlStr,
+}
 
-    fn read_sql(&self) -> String {
-        format!(
+static CLAIM: LazyLock<Claim> = LazyLock::new(|| {
+    let s = |sql: String| AssertSqlSafe(sql).into_sql_str();
+    Claim {
+        insert: s(format!(
+            "INSERT IGNORE INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+             attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+         VALUES (?, ?, ?, 'PROCESSING', ?, 1, {NOW} + ?, {NOW} + ?, NULL, FALSE, {NOW}, {NOW})"
+        )),
+        // `attempt` and `created_at` first: they read `expires_at` before it is assigned.
+        take_expired: s(format!(
+            "UPDATE idempotency_records SET \
+             attempt = LAST_INSERT_ID(IF(expires_at <= {NOW}, 1, {NEXT_ATTEMPT})), \
+             created_at = IF(expires_at <= {NOW}, {NOW}, created_at), \
+             payload_hash = ?, status = 'PROCESSING', owner_token = ?, \
+             lease_until = {NOW} + ?, expires_at = {NOW} + ?, result = NULL, terminal = FALSE, \
+             updated_at = {NOW} \
+         WHERE scope = ? AND idem_key = ? \
+           AND (expires_at <= {NOW} \
+                OR (payload_hash <=> ? \
+                    AND ((status = 'PROCESSING' AND lease_until <= {NOW}) \
+                         OR (status = 'FAILED' AND NOT terminal))))"
+        )),
+        take_over: s(format!(
+            "UPDATE idempotency_records SET owner_token = ?, \
+             attempt = LAST_INSERT_ID({NEXT_ATTEMPT}), updated_at = {NOW}, lease_until = {NOW} + ?, \
+             expires_at = {NOW} + ? \
+         WHERE scope = ? AND idem_key = ? AND owner_token = ? AND status = 'PROCESSING' \
+           AND lease_until <= {NOW} AND expires_at > {NOW}"
+        )),
+    }
+});
+
+/// The layer's shared statements, built once: with plain reads, and with causal ones
+/// (for a Galera node; see [`MySqlStore::causal_reads`](super::MySqlStore::causal_reads)).
+static STATEMENTS: LazyLock<[RecordStatements; 2]> = LazyLock::new(|| ["", CAUSAL].map(statements));
+
+/// The shared statements, each read prefixed with `causal`.
+fn statements(causal: &str) -> RecordStatements {
+    let s = |sql: String| Statement::new(sql, true);
+    RecordStatements {
+        read: s(format!(
             "{}SELECT payload_hash, status, owner_token, attempt, \
                     CAST(lease_until - {NOW} AS SIGNED) AS lease_left_ms, \
                     CAST(IF(expires_at <= {NOW}, 1, 0) AS SIGNED) AS expired, \
                     result, terminal \
              FROM idempotency_records WHERE scope = ?1 AND idem_key = ?2",
-            self.causal()
-        )
-    }
-
-    /// `lease_until` reads `status` before it is assigned.
-    fn finish_sql(&self) -> String {
-        format!(
+            causal
+        )),
+        // `lease_until` reads `status` before it is assigned.
+        finish: s(format!(
             "UPDATE idempotency_records SET \
                  lease_until = IF(?4 = 'PROCESSING', {NOW} + ?7, lease_until), \
                  expires_at = {NOW} + ?8, \
                  status = ?4, result = ?5, terminal = ?6, updated_at = {NOW} \
              WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'"
-        )
-    }
-
-    fn stuck_sql(&self) -> String {
-        format!(
+        )),
+        stuck: s(format!(
             "{}SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records \
              WHERE scope = ?1 AND status = 'PROCESSING' AND lease_until <= {NOW} AND expires_at > {NOW} \
              ORDER BY lease_until LIMIT ?2",
-            self.causal()
-        )
-    }
-
-    fn held_sql(&self) -> String {
-        format!(
+            causal
+        )),
+        held: s(format!(
             "{}SELECT CAST(COUNT(*) AS SIGNED), CAST(COALESCE(MAX({NOW} - created_at), 0) AS SIGNED) \
              FROM idempotency_records \
              WHERE scope = ?1 AND status = 'PROCESSING' AND expires_at > {NOW}",
-            self.causal()
-        )
-    }
-
-    fn purge_sql(&self) -> [String; 2] {
-        [
-            format!(
+            causal
+        )),
+        purge: [
+            s(format!(
                 "DELETE FROM idempotency_records \
-                 WHERE expires_at <= {NOW} AND (status <> 'PROCESSING' OR lease_until <= {NOW}) LIMIT ?1"
-            ),
-            format!("DELETE FROM one_time_tokens WHERE expires_at <= {NOW} LIMIT ?1"),
-        ]
-    }
-
-    fn issue_token_sql(&self) -> String {
-        format!(
+             WHERE expires_at <= {NOW} AND (status <> 'PROCESSING' OR lease_until <= {NOW}) LIMIT ?1"
+            )),
+            s(format!(
+                "DELETE FROM one_time_tokens WHERE expires_at <= {NOW} LIMIT ?1"
+            )),
+        ],
+        issue_token: s(format!(
             "INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
              VALUES (?1, ?2, {NOW} + ?3, NULL, {NOW})"
-        )
-    }
-
-    fn consume_token_sql(&self) -> String {
-        format!(
+        )),
+        consume_token: s(format!(
             "UPDATE one_time_tokens SET used_at = {NOW} \
              WHERE scope = ?1 AND token = ?2 AND used_at IS NULL AND expires_at > {NOW}"
-        )
-    }
-
-    fn read_token_sql(&self) -> String {
-        format!(
+        )),
+        read_token: s(format!(
             "{}SELECT used_at IS NOT NULL AS used, \
                     CAST(IF(expires_at <= {NOW}, 1, 0) AS SIGNED) AS expired \
              FROM one_time_tokens WHERE scope = ?1 AND token = ?2",
-            self.causal()
-        )
+            causal
+        )),
     }
 }
 
 impl MySqlStore {
-    /// The prefix that makes a read causal on Galera (it waits for what the cluster
-    /// committed before it), empty elsewhere.
-    pub(super) fn causal(&self) -> &'static str {
-        if self.causal_reads() == Some(true) {
-            "SET STATEMENT wsrep_sync_wait = 1 FOR "
-        } else {
-            ""
-        }
+    /// The layer's shared statements, with causal reads on a Galera node.
+    fn records(&self) -> &'static RecordStatements {
+        &STATEMENTS[usize::from(self.causal_reads() == Some(true))]
     }
 }

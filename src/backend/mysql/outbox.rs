@@ -10,14 +10,17 @@
 //! them fails with a deadlock, which the relay retries. The statements it shares with
 //! SQLite are in `backend/outbox_sql.rs`.
 
-use sqlx::mysql::MySqlConnection;
+use std::sync::LazyLock;
+
+use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
-use crate::backend::outbox_sql::{
-    UNKNOWN_STATUS, as_written, claimed, keys_in, or_keys_mark_published, shared_outbox_statements,
-};
+use crate::backend::outbox_sql::{self, OutboxStatements, UNKNOWN_STATUS, claimed, keys_in};
+use crate::backend::sql::Params;
 use crate::idempotency::RecordStore;
-use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, EventKey, OutboxStore, StatsRow};
+use crate::outbox::{
+    ClaimEvents, ClaimedEvent, CorruptRow, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow,
+};
 
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).
@@ -39,14 +42,44 @@ fn corrupt() -> String {
     format!("({UNKNOWN_STATUS} OR (o.status = 'PENDING' AND o.lease_until > {NOW} + ?))")
 }
 
+/// The statements every backend shares, built once.
+static STATEMENTS: LazyLock<OutboxStatements> =
+    LazyLock::new(|| OutboxStatements::new(NOW, EVENT_COLUMNS, Params::Plain));
+
 impl OutboxStore for MySqlStore {
-    shared_outbox_statements!(
-        MySqlConnection,
-        now = NOW,
-        columns = EVENT_COLUMNS,
-        params = as_written
-    );
-    or_keys_mark_published!(MySqlConnection, now = NOW, params = as_written);
+    async fn mark_failed(
+        &self,
+        conn: &mut MySqlConnection,
+        f: &FailedEvent<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        outbox_sql::mark_failed::<MySql>(conn, &STATEMENTS, f).await
+    }
+
+    async fn requeue_event(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &EventKey,
+    ) -> Result<bool, sqlx::Error> {
+        outbox_sql::requeue_event::<MySql>(conn, &STATEMENTS, key).await
+    }
+
+    async fn list_events(
+        &self,
+        conn: &mut MySqlConnection,
+        status: &str,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        outbox_sql::list_events::<MySql>(conn, &STATEMENTS, status, limit).await
+    }
+
+    async fn mark_published(
+        &self,
+        conn: &mut MySqlConnection,
+        token: &str,
+        keys: &[EventKey],
+    ) -> Result<u64, sqlx::Error> {
+        outbox_sql::mark_published_or_keys::<MySql>(conn, NOW, token, keys).await
+    }
 
     async fn claim_events(
         &self,

@@ -2,13 +2,14 @@
 //! claim is one statement: an update of the due flows a `FOR UPDATE SKIP LOCKED`
 //! subquery chose, so two jobs never wait for, or claim, the same flow.
 
-use sqlx::postgres::PgConnection;
+use std::sync::LazyLock;
+
+use sqlx::postgres::{PgConnection, Postgres};
 
 use super::{MS, NOW, PgStore};
-use crate::backend::flow_sql::{
-    FlowSql, OneStatementClaims, one_statement_flow_claims, shared_flow_statements,
-};
-use crate::flow::{FlowStore, Listing};
+use crate::backend::flow_sql::{self, FlowClaims, FlowStatements, LISTINGS};
+use crate::backend::sql::Statement;
+use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
 
 /// A flow record's columns, with the clock applied.
 const FLOW_COLUMNS: &str = "f.kind, f.flow_key, f.version, f.input_hash, f.input, f.status, \
@@ -19,8 +20,83 @@ const FLOW_COLUMNS: &str = "f.kind, f.flow_key, f.version, f.input_hash, f.input
 const LIVE: &str = "f.park_reason IS NULL AND f.status IN ('RUNNING', 'COMPENSATING')";
 
 impl FlowStore for PgStore {
-    shared_flow_statements!(PgConnection, sqlx::Postgres);
-    one_statement_flow_claims!(PgConnection, sqlx::Postgres);
+    async fn read_flow(
+        &self,
+        conn: &mut PgConnection,
+        kind: &str,
+        key: &str,
+    ) -> Result<Option<FlowRow>, sqlx::Error> {
+        flow_sql::read_flow::<Postgres>(conn, &STATEMENTS, kind, key).await
+    }
+
+    async fn read_steps(
+        &self,
+        conn: &mut PgConnection,
+        kind: &str,
+        key: &str,
+    ) -> Result<Vec<StepRow>, sqlx::Error> {
+        flow_sql::read_steps::<Postgres>(conn, &STATEMENTS, kind, key).await
+    }
+
+    async fn touch(&self, conn: &mut PgConnection, t: &Touch<'_>) -> Result<bool, sqlx::Error> {
+        flow_sql::touch::<Postgres>(conn, &STATEMENTS, t).await
+    }
+
+    async fn record_step(
+        &self,
+        conn: &mut PgConnection,
+        w: &StepWrite<'_>,
+    ) -> Result<(), sqlx::Error> {
+        flow_sql::record_step::<Postgres>(conn, &STATEMENTS, w).await
+    }
+
+    async fn retry_steps(
+        &self,
+        conn: &mut PgConnection,
+        kind: &str,
+        key: &str,
+        phase: &str,
+    ) -> Result<(), sqlx::Error> {
+        flow_sql::retry_steps::<Postgres>(conn, &STATEMENTS, kind, key, phase).await
+    }
+
+    async fn unpark(
+        &self,
+        conn: &mut PgConnection,
+        kind: &str,
+        key: &str,
+        from: &str,
+        token: &str,
+        lease_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        flow_sql::unpark::<Postgres>(conn, &STATEMENTS, kind, key, from, token, lease_ms).await
+    }
+
+    async fn list_flows(
+        &self,
+        conn: &mut PgConnection,
+        which: Listing,
+        after: Option<(&str, &str)>,
+        limit: i64,
+    ) -> Result<Vec<FlowRow>, sqlx::Error> {
+        flow_sql::list_flows::<Postgres>(conn, &STATEMENTS, which, after, limit).await
+    }
+
+    async fn start_flow(
+        &self,
+        conn: &mut PgConnection,
+        f: &NewFlow<'_>,
+    ) -> Result<Option<i32>, sqlx::Error> {
+        flow_sql::start_flow::<Postgres>(conn, &CLAIMS, f).await
+    }
+
+    async fn take_due(
+        &self,
+        conn: &mut PgConnection,
+        d: &TakeDue<'_>,
+    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+        flow_sql::take_due::<Postgres>(conn, &CLAIMS, d).await
+    }
 
     const BATCHES_STARTS: bool = true;
 
@@ -88,25 +164,19 @@ impl FlowStore for PgStore {
     }
 }
 
-impl FlowSql for PgStore {
-    const POSITIONAL: bool = false;
-
-    fn read_flow_sql(&self) -> String {
-        format!(
+/// The layer's statements, built once.
+static STATEMENTS: LazyLock<FlowStatements> = LazyLock::new(|| {
+    let s = |sql: String| Statement::new(sql, false);
+    FlowStatements {
+        read_flow: s(format!(
             "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
              WHERE f.kind = $1 AND f.flow_key = $2"
-        )
-    }
-
-    fn read_steps_sql(&self) -> String {
-        "SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
+        )),
+        read_steps: s("SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
                     error, started_at, finished_at \
              FROM flow_steps WHERE kind = $1 AND flow_key = $2 ORDER BY step_index, phase DESC"
-            .to_string()
-    }
-
-    fn touch_sql(&self) -> String {
-        format!(
+            .to_string()),
+        touch: s(format!(
             "WITH now AS {NOW} \
              UPDATE flows AS f SET lease_until = {MS} + $4, \
                  attempt = CASE WHEN $5 THEN 1 ELSE f.attempt END, \
@@ -114,11 +184,8 @@ impl FlowSql for PgStore {
                  park_reason = $8, output = COALESCE($9, f.output), \
                  last_error = COALESCE($10, f.last_error), updated_at = {MS} \
              WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $3 AND {LIVE}"
-        )
-    }
-
-    fn record_step_sql(&self) -> String {
-        format!(
+        )),
+        record_step: s(format!(
             "WITH now AS {NOW} \
              INSERT INTO flow_steps AS s (kind, flow_key, step_index, phase, name, status, attempt, \
                  downstream_key, owner_token, output, error, started_at, finished_at) \
@@ -131,48 +198,26 @@ impl FlowSql for PgStore {
                  error = EXCLUDED.error, \
                  started_at = CASE WHEN $7 THEN EXCLUDED.started_at ELSE s.started_at END, \
                  finished_at = EXCLUDED.finished_at"
-        )
-    }
-
-    fn retry_steps_sql(&self) -> String {
-        "UPDATE flow_steps SET status = 'RETRY' \
+        )),
+        retry_steps: s("UPDATE flow_steps SET status = 'RETRY' \
              WHERE kind = $1 AND flow_key = $2 AND phase = $3 AND status IN ('STARTED', 'FAILED')"
-            .to_string()
-    }
-
-    fn unpark_sql(&self) -> String {
-        format!(
+            .to_string()),
+        unpark: s(format!(
             "WITH now AS {NOW} \
              UPDATE flows AS f SET park_reason = NULL, owner_token = $3, attempt = 1, \
                  lease_until = {MS} + $4, updated_at = {MS} \
              WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $5 \
                AND f.park_reason IS NOT NULL"
-        )
+        )),
+        list: LISTINGS.map(|which| s(list_sql(which))),
     }
+});
 
-    fn list_flows_sql(&self, which: Listing) -> String {
-        let filter = match which {
-            Listing::Parked => "f.park_reason IS NOT NULL",
-            Listing::Running => {
-                "f.park_reason IS NULL AND f.status IN ('RUNNING', 'COMPENSATING') AND f.lease_until > now.ms"
-            }
-            Listing::Stuck => {
-                "f.park_reason IS NULL AND f.status IN ('RUNNING', 'COMPENSATING') AND f.lease_until <= now.ms"
-            }
-            Listing::Finished => "f.status IN ('COMPLETED', 'COMPENSATED')",
-            Listing::All => "TRUE",
-        };
-        format!(
-            "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
-             WHERE {filter} AND (f.kind, f.flow_key) > ($1, $2) \
-             ORDER BY f.kind, f.flow_key LIMIT $3"
-        )
-    }
-}
-
-impl OneStatementClaims for PgStore {
-    fn start_flow_sql(&self) -> String {
-        format!(
+/// The flow start and the recovery claim, built once.
+static CLAIMS: LazyLock<FlowClaims> = LazyLock::new(|| {
+    let s = |sql: String| Statement::new(sql, false);
+    FlowClaims {
+        start_flow: s(format!(
             "WITH now AS {NOW} \
              INSERT INTO flows AS f (kind, flow_key, version, input_hash, input, status, park_reason, \
                  step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
@@ -183,11 +228,8 @@ impl OneStatementClaims for PgStore {
              WHERE f.input_hash = EXCLUDED.input_hash AND f.version = EXCLUDED.version AND {LIVE} \
                AND f.lease_until <= EXCLUDED.created_at \
              RETURNING attempt"
-        )
-    }
-
-    fn take_due_sql(&self) -> String {
-        format!(
+        )),
+        take_due: s(format!(
             "WITH now AS {NOW}, due AS ( \
                  SELECT f.kind, f.flow_key FROM flows AS f, now \
                  WHERE f.kind = $1 AND f.version = $2 AND {LIVE} AND f.lease_until <= now.ms \
@@ -198,6 +240,26 @@ impl OneStatementClaims for PgStore {
              FROM due \
              WHERE f.kind = due.kind AND f.flow_key = due.flow_key AND f.lease_until <= {MS} \
              RETURNING f.flow_key, f.attempt"
-        )
+        )),
     }
+});
+
+/// A page of `which` flows (see `FlowStatements::list`).
+fn list_sql(which: Listing) -> String {
+    let filter = match which {
+        Listing::Parked => "f.park_reason IS NOT NULL",
+        Listing::Running => {
+            "f.park_reason IS NULL AND f.status IN ('RUNNING', 'COMPENSATING') AND f.lease_until > now.ms"
+        }
+        Listing::Stuck => {
+            "f.park_reason IS NULL AND f.status IN ('RUNNING', 'COMPENSATING') AND f.lease_until <= now.ms"
+        }
+        Listing::Finished => "f.status IN ('COMPLETED', 'COMPENSATED')",
+        Listing::All => "TRUE",
+    };
+    format!(
+        "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
+         WHERE {filter} AND (f.kind, f.flow_key) > ($1, $2) \
+         ORDER BY f.kind, f.flow_key LIMIT $3"
+    )
 }

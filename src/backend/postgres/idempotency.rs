@@ -3,13 +3,15 @@
 //! outcome table allows, judged on the latest committed row, which the upsert locks.
 
 use sqlx::postgres::{PgConnection, Postgres};
+use std::sync::LazyLock;
+
 use sqlx::{Connection, Transaction};
 
 use super::{MS, NOW, PgStore};
-use crate::backend::records_sql::{
-    OneStatementRecordClaims, RecordSql, one_statement_record_claims, shared_record_statements,
-};
-use crate::idempotency::{NewClaim, RecordStore};
+use crate::backend::records_sql::{self, OneStatementClaims, RecordStatements};
+use crate::backend::sql::Statement;
+use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
+use crate::store::Txn;
 
 /// A claim's next attempt number, bounded to the column's range: a counter edited to its
 /// largest value stays there, so the statement never fails after it took the record.
@@ -25,8 +27,84 @@ const BY_KEY_PROCESSING: &str = "(r.status || '') = 'PROCESSING'";
 impl RecordStore for PgStore {
     type Db = Postgres;
 
-    shared_record_statements!(PgConnection, sqlx::Postgres);
-    one_statement_record_claims!(PgConnection, sqlx::Postgres);
+    async fn read(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<RecordRow>, sqlx::Error> {
+        records_sql::read::<Postgres>(conn, &STATEMENTS.0, scope, key).await
+    }
+
+    async fn finish(
+        &self,
+        conn: &mut PgConnection,
+        f: &Finish<'_>,
+        txn: Txn,
+    ) -> Result<bool, sqlx::Error> {
+        records_sql::finish::<Postgres>(conn, &STATEMENTS.0, f, txn).await
+    }
+
+    async fn stuck(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        limit: i64,
+    ) -> Result<Vec<StuckRow>, sqlx::Error> {
+        records_sql::stuck::<Postgres>(conn, &STATEMENTS.0, scope, limit).await
+    }
+
+    async fn held(&self, conn: &mut PgConnection, scope: &str) -> Result<(i64, i64), sqlx::Error> {
+        records_sql::held::<Postgres>(conn, &STATEMENTS.0, scope).await
+    }
+
+    async fn purge(&self, conn: &mut PgConnection, limit: i64) -> Result<u64, sqlx::Error> {
+        records_sql::purge::<Postgres>(conn, &STATEMENTS.0, limit).await
+    }
+
+    async fn issue_token(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        token: &str,
+        ttl_ms: i64,
+    ) -> Result<(), sqlx::Error> {
+        records_sql::issue_token::<Postgres>(conn, &STATEMENTS.0, scope, token, ttl_ms).await
+    }
+
+    async fn consume_token(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        token: &str,
+    ) -> Result<bool, sqlx::Error> {
+        records_sql::consume_token::<Postgres>(conn, &STATEMENTS.0, scope, token).await
+    }
+
+    async fn read_token(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        token: &str,
+    ) -> Result<Option<TokenRow>, sqlx::Error> {
+        records_sql::read_token::<Postgres>(conn, &STATEMENTS.0, scope, token).await
+    }
+
+    async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        c: &NewClaim<'_>,
+    ) -> Result<Option<i32>, sqlx::Error> {
+        records_sql::claim::<Postgres>(conn, &STATEMENTS.1, c).await
+    }
+
+    async fn take_over(
+        &self,
+        conn: &mut PgConnection,
+        t: &TakeOver<'_>,
+    ) -> Result<Option<i32>, sqlx::Error> {
+        records_sql::take_over::<Postgres>(conn, &STATEMENTS.1, t).await
+    }
 
     async fn begin(conn: &mut PgConnection) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
         conn.begin().await
@@ -68,127 +146,102 @@ impl RecordStore for PgStore {
     }
 }
 
-impl RecordSql for PgStore {
-    const POSITIONAL: bool = false;
-
-    fn read_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             SELECT payload_hash, status, owner_token, attempt, \
-                    lease_until - ms AS lease_left_ms, \
-                    (CASE WHEN expires_at <= ms THEN 1 ELSE 0 END)::bigint AS expired, \
-                    result, terminal \
-             FROM idempotency_records, now WHERE scope = $1 AND idem_key = $2"
-        )
-    }
-
-    fn finish_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             UPDATE idempotency_records AS r SET status = $4, result = $5, terminal = $6, \
-                 lease_until = CASE WHEN $4 = 'PROCESSING' THEN {MS} + $7 ELSE r.lease_until END, \
-                 expires_at = {MS} + $8, \
-                 updated_at = {MS} \
-             WHERE r.scope = $1 AND r.idem_key = $2 AND r.owner_token = $3 AND {BY_KEY_PROCESSING}"
-        )
-    }
-
-    fn stuck_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records, now \
-             WHERE scope = $1 AND status = 'PROCESSING' AND lease_until <= ms AND expires_at > ms \
-             ORDER BY lease_until LIMIT $2"
-        )
-    }
-
-    /// Each batch is chosen and locked in one subquery; rows another transaction holds (a
-    /// claim taking an expired record over) are skipped, not waited for.
-    fn held_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             SELECT COUNT(*)::bigint, COALESCE(MAX(ms - created_at), 0)::bigint \
-             FROM idempotency_records, now \
-             WHERE scope = $1 AND status = 'PROCESSING' AND expires_at > ms"
-        )
-    }
-
-    fn purge_sql(&self) -> [String; 2] {
-        [
-            format!(
+/// The layer's statements, built once.
+static STATEMENTS: LazyLock<(RecordStatements, OneStatementClaims)> = LazyLock::new(|| {
+    let s = |sql: String| Statement::new(sql, false);
+    (
+        RecordStatements {
+            read: s(format!(
                 "WITH now AS {NOW} \
+                 SELECT payload_hash, status, owner_token, attempt, \
+                        lease_until - ms AS lease_left_ms, \
+                        (CASE WHEN expires_at <= ms THEN 1 ELSE 0 END)::bigint AS expired, \
+                        result, terminal \
+                 FROM idempotency_records, now WHERE scope = $1 AND idem_key = $2"
+            )),
+            finish: s(format!(
+                "WITH now AS {NOW} \
+                 UPDATE idempotency_records AS r SET status = $4, result = $5, terminal = $6, \
+                     lease_until = CASE WHEN $4 = 'PROCESSING' THEN {MS} + $7 ELSE r.lease_until END, \
+                     expires_at = {MS} + $8, \
+                     updated_at = {MS} \
+                 WHERE r.scope = $1 AND r.idem_key = $2 AND r.owner_token = $3 AND {BY_KEY_PROCESSING}"
+            )),
+            stuck: s(format!(
+                "WITH now AS {NOW} \
+                 SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records, now \
+                 WHERE scope = $1 AND status = 'PROCESSING' AND lease_until <= ms AND expires_at > ms \
+                 ORDER BY lease_until LIMIT $2"
+            )),
+            // Each batch is chosen and locked in one subquery; rows another transaction holds (a
+            // claim taking an expired record over) are skipped, not waited for.
+            held: s(format!(
+                "WITH now AS {NOW} \
+                 SELECT COUNT(*)::bigint, COALESCE(MAX(ms - created_at), 0)::bigint \
+                 FROM idempotency_records, now \
+                 WHERE scope = $1 AND status = 'PROCESSING' AND expires_at > ms"
+            )),
+            purge: [
+                s(format!(
+                    "WITH now AS {NOW} \
              DELETE FROM idempotency_records WHERE (scope, idem_key) IN ( \
                  SELECT scope, idem_key FROM idempotency_records, now \
                  WHERE expires_at <= ms AND (status <> 'PROCESSING' OR lease_until <= ms) \
                  LIMIT $1 FOR UPDATE OF idempotency_records SKIP LOCKED)"
-            ),
-            format!(
-                "WITH now AS {NOW} \
+                )),
+                s(format!(
+                    "WITH now AS {NOW} \
              DELETE FROM one_time_tokens WHERE (scope, token) IN ( \
                  SELECT scope, token FROM one_time_tokens, now WHERE expires_at <= ms \
                  LIMIT $1 FOR UPDATE OF one_time_tokens SKIP LOCKED)"
-            ),
-        ]
-    }
-
-    fn issue_token_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
-             SELECT $1, $2, ms + $3, NULL, ms FROM now"
-        )
-    }
-
-    fn consume_token_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             UPDATE one_time_tokens AS t SET used_at = {MS} \
-             WHERE t.scope = $1 AND t.token = $2 AND t.used_at IS NULL AND t.expires_at > {MS}"
-        )
-    }
-
-    fn read_token_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             SELECT used_at IS NOT NULL AS used, \
-                    (CASE WHEN expires_at <= ms THEN 1 ELSE 0 END)::bigint AS expired \
-             FROM one_time_tokens, now WHERE scope = $1 AND token = $2"
-        )
-    }
-}
-
-impl OneStatementRecordClaims for PgStore {
-    fn claim_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             INSERT INTO idempotency_records AS r (scope, idem_key, payload_hash, status, owner_token, \
-                 attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
-             SELECT $1, $2, $3, 'PROCESSING', $4, 1, ms + $5, ms + $6, NULL, FALSE, ms, ms FROM now \
-             ON CONFLICT (scope, idem_key) DO UPDATE SET \
-                 payload_hash = EXCLUDED.payload_hash, status = 'PROCESSING', \
-                 owner_token = EXCLUDED.owner_token, \
-                 attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1 ELSE {NEXT_ATTEMPT} END, \
-                 lease_until = EXCLUDED.lease_until, expires_at = EXCLUDED.expires_at, \
-                 result = NULL, terminal = FALSE, \
-                 created_at = CASE WHEN r.expires_at <= EXCLUDED.created_at \
-                                   THEN EXCLUDED.created_at ELSE r.created_at END, \
-                 updated_at = EXCLUDED.updated_at \
-             WHERE r.expires_at <= EXCLUDED.created_at \
-                OR (r.payload_hash IS NOT DISTINCT FROM EXCLUDED.payload_hash \
-                    AND ((r.status = 'PROCESSING' AND r.lease_until <= EXCLUDED.created_at) \
-                         OR (r.status = 'FAILED' AND NOT r.terminal))) \
-             RETURNING attempt"
-        )
-    }
-
-    fn take_over_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             UPDATE idempotency_records AS r SET owner_token = $4, attempt = {NEXT_ATTEMPT}, \
-                 lease_until = {MS} + $5, expires_at = {MS} + $6, updated_at = {MS} \
-             WHERE r.scope = $1 AND r.idem_key = $2 AND r.owner_token = $3 \
-               AND {BY_KEY_PROCESSING} AND r.lease_until <= {MS} AND r.expires_at > {MS} \
-             RETURNING r.attempt"
-        )
-    }
-}
+                )),
+            ],
+            issue_token: s(format!(
+                "WITH now AS {NOW} \
+                 INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
+                 SELECT $1, $2, ms + $3, NULL, ms FROM now"
+            )),
+            consume_token: s(format!(
+                "WITH now AS {NOW} \
+                 UPDATE one_time_tokens AS t SET used_at = {MS} \
+                 WHERE t.scope = $1 AND t.token = $2 AND t.used_at IS NULL AND t.expires_at > {MS}"
+            )),
+            read_token: s(format!(
+                "WITH now AS {NOW} \
+                 SELECT used_at IS NOT NULL AS used, \
+                        (CASE WHEN expires_at <= ms THEN 1 ELSE 0 END)::bigint AS expired \
+                 FROM one_time_tokens, now WHERE scope = $1 AND token = $2"
+            )),
+        },
+        OneStatementClaims {
+            claim: s(format!(
+                "WITH now AS {NOW} \
+                 INSERT INTO idempotency_records AS r (scope, idem_key, payload_hash, status, owner_token, \
+                     attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+                 SELECT $1, $2, $3, 'PROCESSING', $4, 1, ms + $5, ms + $6, NULL, FALSE, ms, ms FROM now \
+                 ON CONFLICT (scope, idem_key) DO UPDATE SET \
+                     payload_hash = EXCLUDED.payload_hash, status = 'PROCESSING', \
+                     owner_token = EXCLUDED.owner_token, \
+                     attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1 ELSE {NEXT_ATTEMPT} END, \
+                     lease_until = EXCLUDED.lease_until, expires_at = EXCLUDED.expires_at, \
+                     result = NULL, terminal = FALSE, \
+                     created_at = CASE WHEN r.expires_at <= EXCLUDED.created_at \
+                                       THEN EXCLUDED.created_at ELSE r.created_at END, \
+                     updated_at = EXCLUDED.updated_at \
+                 WHERE r.expires_at <= EXCLUDED.created_at \
+                    OR (r.payload_hash IS NOT DISTINCT FROM EXCLUDED.payload_hash \
+                        AND ((r.status = 'PROCESSING' AND r.lease_until <= EXCLUDED.created_at) \
+                             OR (r.status = 'FAILED' AND NOT r.terminal))) \
+                 RETURNING attempt"
+            )),
+            take_over: s(format!(
+                "WITH now AS {NOW} \
+                 UPDATE idempotency_records AS r SET owner_token = $4, attempt = {NEXT_ATTEMPT}, \
+                     lease_until = {MS} + $5, expires_at = {MS} + $6, updated_at = {MS} \
+                 WHERE r.scope = $1 AND r.idem_key = $2 AND r.owner_token = $3 \
+                   AND {BY_KEY_PROCESSING} AND r.lease_until <= {MS} AND r.expires_at > {MS} \
+                 RETURNING r.attempt"
+            )),
+        },
+    )
+});

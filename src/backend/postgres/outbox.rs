@@ -3,11 +3,16 @@
 //! two relays never wait for, or claim, the same event. The statements whose shape it
 //! shares with the other backends are in `backend/outbox_sql.rs`.
 
-use sqlx::postgres::PgConnection;
+use std::sync::LazyLock;
+
+use sqlx::postgres::{PgConnection, Postgres};
 
 use super::{MS, NOW, PgStore};
-use crate::backend::outbox_sql::{UNKNOWN_STATUS, claimed, numbered, shared_outbox_statements};
-use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, OutboxStore, StatsRow};
+use crate::backend::outbox_sql::{self, OutboxStatements, UNKNOWN_STATUS, claimed};
+use crate::backend::sql::Params;
+use crate::outbox::{
+    ClaimEvents, ClaimedEvent, CorruptRow, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow,
+};
 
 /// An event's columns, its age on the database's clock.
 /// (`NULL` for an infinite `created_at`: the subtraction would fail the statement.)
@@ -30,13 +35,35 @@ fn corrupt() -> String {
     )
 }
 
+/// The statements every backend shares, built once.
+static STATEMENTS: LazyLock<OutboxStatements> =
+    LazyLock::new(|| OutboxStatements::new(NOW, EVENT_COLUMNS, Params::Dollar));
+
 impl OutboxStore for PgStore {
-    shared_outbox_statements!(
-        PgConnection,
-        now = NOW,
-        columns = EVENT_COLUMNS,
-        params = numbered
-    );
+    async fn mark_failed(
+        &self,
+        conn: &mut PgConnection,
+        f: &FailedEvent<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        outbox_sql::mark_failed::<Postgres>(conn, &STATEMENTS, f).await
+    }
+
+    async fn requeue_event(
+        &self,
+        conn: &mut PgConnection,
+        key: &EventKey,
+    ) -> Result<bool, sqlx::Error> {
+        outbox_sql::requeue_event::<Postgres>(conn, &STATEMENTS, key).await
+    }
+
+    async fn list_events(
+        &self,
+        conn: &mut PgConnection,
+        status: &str,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        outbox_sql::list_events::<Postgres>(conn, &STATEMENTS, status, limit).await
+    }
 
     /// The batch's keys as three arrays: a list of `OR`ed groups (one per event, up to
     /// the relay's batch) cost the server about four times as much to plan and run.

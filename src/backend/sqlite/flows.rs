@@ -1,14 +1,15 @@
 //! The flow layer on SQLite: its SQL, and [`FlowStore`] over it. One writer at a time:
 //! the recovery job's claim is one update of the due flows it selects.
 
-use sqlx::sqlite::SqliteConnection;
+use std::sync::LazyLock;
+
+use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use super::SqliteStore;
-use crate::backend::flow_sql::{
-    FlowSql, OneStatementClaims, PurgeByKeys, one_statement_flow_claims, purge_flows_by_keys,
-    shared_flow_statements,
-};
-use crate::flow::{FlowStore, Listing};
+use crate::backend::flow_sql::{self, FlowClaims, FlowStatements, LISTINGS, PurgeByKeys};
+use crate::backend::sql::Statement;
+use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
+use crate::idempotency::RecordStore;
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)";
@@ -22,9 +23,95 @@ const FLOW_COLUMNS: &str = "f.kind, f.flow_key, f.version, f.input_hash, f.input
 const LIVE: &str = "park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')";
 
 impl FlowStore for SqliteStore {
-    shared_flow_statements!(SqliteConnection, sqlx::Sqlite);
-    purge_flows_by_keys!(SqliteConnection, sqlx::Sqlite);
-    one_statement_flow_claims!(SqliteConnection, sqlx::Sqlite);
+    async fn read_flow(
+        &self,
+        conn: &mut SqliteConnection,
+        kind: &str,
+        key: &str,
+    ) -> Result<Option<FlowRow>, sqlx::Error> {
+        flow_sql::read_flow::<Sqlite>(conn, &STATEMENTS, kind, key).await
+    }
+
+    async fn read_steps(
+        &self,
+        conn: &mut SqliteConnection,
+        kind: &str,
+        key: &str,
+    ) -> Result<Vec<StepRow>, sqlx::Error> {
+        flow_sql::read_steps::<Sqlite>(conn, &STATEMENTS, kind, key).await
+    }
+
+    async fn touch(&self, conn: &mut SqliteConnection, t: &Touch<'_>) -> Result<bool, sqlx::Error> {
+        flow_sql::touch::<Sqlite>(conn, &STATEMENTS, t).await
+    }
+
+    async fn record_step(
+        &self,
+        conn: &mut SqliteConnection,
+        w: &StepWrite<'_>,
+    ) -> Result<(), sqlx::Error> {
+        flow_sql::record_step::<Sqlite>(conn, &STATEMENTS, w).await
+    }
+
+    async fn retry_steps(
+        &self,
+        conn: &mut SqliteConnection,
+        kind: &str,
+        key: &str,
+        phase: &str,
+    ) -> Result<(), sqlx::Error> {
+        flow_sql::retry_steps::<Sqlite>(conn, &STATEMENTS, kind, key, phase).await
+    }
+
+    async fn unpark(
+        &self,
+        conn: &mut SqliteConnection,
+        kind: &str,
+        key: &str,
+        from: &str,
+        token: &str,
+        lease_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        flow_sql::unpark::<Sqlite>(conn, &STATEMENTS, kind, key, from, token, lease_ms).await
+    }
+
+    async fn list_flows(
+        &self,
+        conn: &mut SqliteConnection,
+        which: Listing,
+        after: Option<(&str, &str)>,
+        limit: i64,
+    ) -> Result<Vec<FlowRow>, sqlx::Error> {
+        flow_sql::list_flows::<Sqlite>(conn, &STATEMENTS, which, after, limit).await
+    }
+
+    async fn start_flow(
+        &self,
+        conn: &mut SqliteConnection,
+        f: &NewFlow<'_>,
+    ) -> Result<Option<i32>, sqlx::Error> {
+        flow_sql::start_flow::<Sqlite>(conn, &CLAIMS, f).await
+    }
+
+    async fn take_due(
+        &self,
+        conn: &mut SqliteConnection,
+        d: &TakeDue<'_>,
+    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+        flow_sql::take_due::<Sqlite>(conn, &CLAIMS, d).await
+    }
+
+    async fn purge_flows(
+        &self,
+        conn: &mut SqliteConnection,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let mut tx = <Self as RecordStore>::begin(conn).await?;
+        let gone = flow_sql::purge_by_keys::<Sqlite>(&mut tx, &PURGE, age_ms, limit).await?;
+        tx.commit().await?;
+        Ok(gone)
+    }
 
     const BATCHES_STARTS: bool = true;
 
@@ -60,25 +147,19 @@ impl FlowStore for SqliteStore {
     }
 }
 
-impl FlowSql for SqliteStore {
-    const POSITIONAL: bool = false;
-
-    fn read_flow_sql(&self) -> String {
-        format!(
+/// The layer's statements, built once.
+static STATEMENTS: LazyLock<FlowStatements> = LazyLock::new(|| {
+    let s = |sql: String| Statement::new(sql, false);
+    FlowStatements {
+        read_flow: s(format!(
             "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
              WHERE f.kind = ?1 AND f.flow_key = ?2"
-        )
-    }
-
-    fn read_steps_sql(&self) -> String {
-        "SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
+        )),
+        read_steps: s("SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
                     error, started_at, finished_at \
              FROM flow_steps WHERE kind = ?1 AND flow_key = ?2 ORDER BY step_index, phase DESC"
-            .to_string()
-    }
-
-    fn touch_sql(&self) -> String {
-        format!(
+            .to_string()),
+        touch: s(format!(
             "WITH now AS {NOW} \
              UPDATE flows SET lease_until = (SELECT ms FROM now) + ?4, \
                  attempt = CASE WHEN ?5 THEN 1 ELSE attempt END, \
@@ -86,11 +167,8 @@ impl FlowSql for SqliteStore {
                  park_reason = ?8, output = COALESCE(?9, output), \
                  last_error = COALESCE(?10, last_error), updated_at = (SELECT ms FROM now) \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?3 AND {LIVE}"
-        )
-    }
-
-    fn record_step_sql(&self) -> String {
-        format!(
+        )),
+        record_step: s(format!(
             "WITH now AS {NOW} \
              INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, \
                  downstream_key, owner_token, output, error, started_at, finished_at) \
@@ -103,47 +181,25 @@ impl FlowSql for SqliteStore {
                  error = excluded.error, \
                  started_at = CASE WHEN ?7 THEN excluded.started_at ELSE started_at END, \
                  finished_at = excluded.finished_at"
-        )
-    }
-
-    fn retry_steps_sql(&self) -> String {
-        "UPDATE flow_steps SET status = 'RETRY' \
+        )),
+        retry_steps: s("UPDATE flow_steps SET status = 'RETRY' \
              WHERE kind = ?1 AND flow_key = ?2 AND phase = ?3 AND status IN ('STARTED', 'FAILED')"
-            .to_string()
-    }
-
-    fn unpark_sql(&self) -> String {
-        format!(
+            .to_string()),
+        unpark: s(format!(
             "WITH now AS {NOW} \
              UPDATE flows SET park_reason = NULL, owner_token = ?3, attempt = 1, \
                  lease_until = (SELECT ms FROM now) + ?4, updated_at = (SELECT ms FROM now) \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NOT NULL"
-        )
+        )),
+        list: LISTINGS.map(|which| s(list_sql(which))),
     }
+});
 
-    fn list_flows_sql(&self, which: Listing) -> String {
-        let filter = match which {
-            Listing::Parked => "f.park_reason IS NOT NULL",
-            Listing::Running => {
-                "f.park_reason IS NULL AND f.status IN ('RUNNING', 'COMPENSATING') AND f.lease_until > now.ms"
-            }
-            Listing::Stuck => {
-                "f.park_reason IS NULL AND f.status IN ('RUNNING', 'COMPENSATING') AND f.lease_until <= now.ms"
-            }
-            Listing::Finished => "f.status IN ('COMPLETED', 'COMPENSATED')",
-            Listing::All => "1",
-        };
-        format!(
-            "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
-             WHERE {filter} AND (f.kind, f.flow_key) > (?1, ?2) \
-             ORDER BY f.kind, f.flow_key LIMIT ?3"
-        )
-    }
-}
-
-impl OneStatementClaims for SqliteStore {
-    fn start_flow_sql(&self) -> String {
-        format!(
+/// The flow start and the recovery claim, built once.
+static CLAIMS: LazyLock<FlowClaims> = LazyLock::new(|| {
+    let s = |sql: String| Statement::new(sql, false);
+    FlowClaims {
+        start_flow: s(format!(
             "WITH now AS {NOW} \
              INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
                  step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
@@ -155,11 +211,8 @@ impl OneStatementClaims for SqliteStore {
              WHERE input_hash = excluded.input_hash AND version = excluded.version AND {LIVE} \
                AND lease_until <= excluded.created_at \
              RETURNING attempt"
-        )
-    }
-
-    fn take_due_sql(&self) -> String {
-        format!(
+        )),
+        take_due: s(format!(
             "WITH now AS {NOW} \
              UPDATE flows SET owner_token = ?3, attempt = MIN(MAX(attempt, 0) + 1, 2147483647), \
                  lease_until = (SELECT ms FROM now) + ?4, updated_at = (SELECT ms FROM now) \
@@ -168,15 +221,37 @@ impl OneStatementClaims for SqliteStore {
                  WHERE kind = ?1 AND version = ?2 AND {LIVE} AND lease_until <= (SELECT ms FROM now) \
                  ORDER BY lease_until LIMIT ?5) \
              RETURNING flow_key, attempt"
-        )
+        )),
     }
-}
+});
 
-impl PurgeByKeys for SqliteStore {
-    fn purge_choose_sql(&self) -> String {
+/// The purge by keys, built once.
+static PURGE: LazyLock<PurgeByKeys> = LazyLock::new(|| {
+    PurgeByKeys::new(
         format!(
             "WITH now AS {NOW} SELECT kind, flow_key FROM flows, now \
-             WHERE status IN ('COMPLETED', 'COMPENSATED') AND updated_at <= ms - ?1 LIMIT ?2"
-        )
-    }
+     WHERE status IN ('COMPLETED', 'COMPENSATED') AND updated_at <= ms - ?1 LIMIT ?2"
+        ),
+        false,
+    )
+});
+
+/// A page of `which` flows (see `FlowStatements::list`).
+fn list_sql(which: Listing) -> String {
+    let filter = match which {
+        Listing::Parked => "f.park_reason IS NOT NULL",
+        Listing::Running => {
+            "f.park_reason IS NULL AND f.status IN ('RUNNING', 'COMPENSATING') AND f.lease_until > now.ms"
+        }
+        Listing::Stuck => {
+            "f.park_reason IS NULL AND f.status IN ('RUNNING', 'COMPENSATING') AND f.lease_until <= now.ms"
+        }
+        Listing::Finished => "f.status IN ('COMPLETED', 'COMPENSATED')",
+        Listing::All => "1",
+    };
+    format!(
+        "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
+         WHERE {filter} AND (f.kind, f.flow_key) > (?1, ?2) \
+         ORDER BY f.kind, f.flow_key LIMIT ?3"
+    )
 }

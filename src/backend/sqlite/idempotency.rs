@@ -3,13 +3,15 @@
 //! single writer judges it on the latest data.
 
 use sqlx::sqlite::{Sqlite, SqliteConnection};
+use std::sync::LazyLock;
+
 use sqlx::{Connection, Transaction};
 
 use super::SqliteStore;
-use crate::backend::records_sql::{
-    OneStatementRecordClaims, RecordSql, one_statement_record_claims, shared_record_statements,
-};
-use crate::idempotency::{NewClaim, RecordStore};
+use crate::backend::records_sql::{self, OneStatementClaims, RecordStatements};
+use crate::backend::sql::Statement;
+use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
+use crate::store::Txn;
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "(SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)";
@@ -20,8 +22,88 @@ const NEXT_ATTEMPT: &str = "MIN(MAX(attempt, 0) + 1, 2147483647)";
 impl RecordStore for SqliteStore {
     type Db = Sqlite;
 
-    shared_record_statements!(SqliteConnection, sqlx::Sqlite);
-    one_statement_record_claims!(SqliteConnection, sqlx::Sqlite);
+    async fn read(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<RecordRow>, sqlx::Error> {
+        records_sql::read::<Sqlite>(conn, &STATEMENTS.0, scope, key).await
+    }
+
+    async fn finish(
+        &self,
+        conn: &mut SqliteConnection,
+        f: &Finish<'_>,
+        txn: Txn,
+    ) -> Result<bool, sqlx::Error> {
+        records_sql::finish::<Sqlite>(conn, &STATEMENTS.0, f, txn).await
+    }
+
+    async fn stuck(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        limit: i64,
+    ) -> Result<Vec<StuckRow>, sqlx::Error> {
+        records_sql::stuck::<Sqlite>(conn, &STATEMENTS.0, scope, limit).await
+    }
+
+    async fn held(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+    ) -> Result<(i64, i64), sqlx::Error> {
+        records_sql::held::<Sqlite>(conn, &STATEMENTS.0, scope).await
+    }
+
+    async fn purge(&self, conn: &mut SqliteConnection, limit: i64) -> Result<u64, sqlx::Error> {
+        records_sql::purge::<Sqlite>(conn, &STATEMENTS.0, limit).await
+    }
+
+    async fn issue_token(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        token: &str,
+        ttl_ms: i64,
+    ) -> Result<(), sqlx::Error> {
+        records_sql::issue_token::<Sqlite>(conn, &STATEMENTS.0, scope, token, ttl_ms).await
+    }
+
+    async fn consume_token(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        token: &str,
+    ) -> Result<bool, sqlx::Error> {
+        records_sql::consume_token::<Sqlite>(conn, &STATEMENTS.0, scope, token).await
+    }
+
+    async fn read_token(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        token: &str,
+    ) -> Result<Option<TokenRow>, sqlx::Error> {
+        records_sql::read_token::<Sqlite>(conn, &STATEMENTS.0, scope, token).await
+    }
+
+    async fn claim(
+        &self,
+        conn: &mut SqliteConnection,
+        c: &NewClaim<'_>,
+    ) -> Result<Option<i32>, sqlx::Error> {
+        records_sql::claim::<Sqlite>(conn, &STATEMENTS.1, c).await
+    }
+
+    async fn take_over(
+        &self,
+        conn: &mut SqliteConnection,
+        t: &TakeOver<'_>,
+    ) -> Result<Option<i32>, sqlx::Error> {
+        records_sql::take_over::<Sqlite>(conn, &STATEMENTS.1, t).await
+    }
 
     async fn begin(conn: &mut SqliteConnection) -> Result<Transaction<'_, Sqlite>, sqlx::Error> {
         conn.begin_with("BEGIN IMMEDIATE").await
@@ -60,122 +142,97 @@ impl RecordStore for SqliteStore {
     }
 }
 
-impl RecordSql for SqliteStore {
-    const POSITIONAL: bool = false;
-
-    fn read_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             SELECT payload_hash, status, owner_token, attempt, lease_until - ms AS lease_left_ms, \
-                    CASE WHEN expires_at <= ms THEN 1 ELSE 0 END AS expired, result, terminal \
-             FROM idempotency_records, now WHERE scope = ?1 AND idem_key = ?2"
-        )
-    }
-
-    fn finish_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             UPDATE idempotency_records SET status = ?4, result = ?5, terminal = ?6, \
-                 lease_until = CASE WHEN ?4 = 'PROCESSING' THEN (SELECT ms FROM now) + ?7 ELSE lease_until END, \
-                 expires_at = (SELECT ms FROM now) + ?8, \
-                 updated_at = (SELECT ms FROM now) \
-             WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'"
-        )
-    }
-
-    fn stuck_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records, now \
-             WHERE scope = ?1 AND status = 'PROCESSING' AND lease_until <= ms AND expires_at > ms \
-             ORDER BY lease_until LIMIT ?2"
-        )
-    }
-
-    fn held_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             SELECT COUNT(*), COALESCE(MAX(ms - created_at), 0) \
-             FROM idempotency_records, now \
-             WHERE scope = ?1 AND status = 'PROCESSING' AND expires_at > ms"
-        )
-    }
-
-    fn purge_sql(&self) -> [String; 2] {
-        [
-            format!(
+/// The layer's statements, built once.
+static STATEMENTS: LazyLock<(RecordStatements, OneStatementClaims)> = LazyLock::new(|| {
+    let s = |sql: String| Statement::new(sql, false);
+    (
+        RecordStatements {
+            read: s(format!(
                 "WITH now AS {NOW} \
+                 SELECT payload_hash, status, owner_token, attempt, lease_until - ms AS lease_left_ms, \
+                        CASE WHEN expires_at <= ms THEN 1 ELSE 0 END AS expired, result, terminal \
+                 FROM idempotency_records, now WHERE scope = ?1 AND idem_key = ?2"
+            )),
+            finish: s(format!(
+                "WITH now AS {NOW} \
+                 UPDATE idempotency_records SET status = ?4, result = ?5, terminal = ?6, \
+                     lease_until = CASE WHEN ?4 = 'PROCESSING' THEN (SELECT ms FROM now) + ?7 ELSE lease_until END, \
+                     expires_at = (SELECT ms FROM now) + ?8, \
+                     updated_at = (SELECT ms FROM now) \
+                 WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'"
+            )),
+            stuck: s(format!(
+                "WITH now AS {NOW} \
+                 SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records, now \
+                 WHERE scope = ?1 AND status = 'PROCESSING' AND lease_until <= ms AND expires_at > ms \
+                 ORDER BY lease_until LIMIT ?2"
+            )),
+            held: s(format!(
+                "WITH now AS {NOW} \
+                 SELECT COUNT(*), COALESCE(MAX(ms - created_at), 0) \
+                 FROM idempotency_records, now \
+                 WHERE scope = ?1 AND status = 'PROCESSING' AND expires_at > ms"
+            )),
+            purge: [
+                s(format!(
+                    "WITH now AS {NOW} \
              DELETE FROM idempotency_records WHERE rowid IN ( \
                  SELECT rowid FROM idempotency_records, now \
                  WHERE expires_at <= ms AND (status <> 'PROCESSING' OR lease_until <= ms) LIMIT ?1)"
-            ),
-            format!(
-                "WITH now AS {NOW} \
+                )),
+                s(format!(
+                    "WITH now AS {NOW} \
              DELETE FROM one_time_tokens WHERE rowid IN ( \
                  SELECT rowid FROM one_time_tokens, now WHERE expires_at <= ms LIMIT ?1)"
-            ),
-        ]
-    }
-
-    fn issue_token_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
-             SELECT ?1, ?2, ms + ?3, NULL, ms FROM now"
-        )
-    }
-
-    fn consume_token_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             UPDATE one_time_tokens SET used_at = (SELECT ms FROM now) \
-             WHERE scope = ?1 AND token = ?2 AND used_at IS NULL AND expires_at > (SELECT ms FROM now)"
-        )
-    }
-
-    fn read_token_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             SELECT used_at IS NOT NULL AS used, CASE WHEN expires_at <= ms THEN 1 ELSE 0 END AS expired \
-             FROM one_time_tokens, now WHERE scope = ?1 AND token = ?2"
-        )
-    }
-}
-
-impl OneStatementRecordClaims for SqliteStore {
-    /// `WHERE true` tells SQLite's parser that `ON CONFLICT` belongs to the insert.
-    fn claim_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
-                 attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
-             SELECT ?1, ?2, ?3, 'PROCESSING', ?4, 1, ms + ?5, ms + ?6, NULL, 0, ms, ms FROM now WHERE true \
-             ON CONFLICT (scope, idem_key) DO UPDATE SET \
-                 payload_hash = excluded.payload_hash, status = 'PROCESSING', \
-                 owner_token = excluded.owner_token, \
-                 attempt = CASE WHEN expires_at <= excluded.created_at THEN 1 ELSE {NEXT_ATTEMPT} END, \
-                 lease_until = excluded.lease_until, expires_at = excluded.expires_at, \
-                 result = NULL, terminal = 0, \
-                 created_at = CASE WHEN expires_at <= excluded.created_at \
-                                   THEN excluded.created_at ELSE created_at END, \
-                 updated_at = excluded.updated_at \
-             WHERE expires_at <= excluded.created_at \
-                OR (payload_hash IS excluded.payload_hash \
-                    AND ((status = 'PROCESSING' AND lease_until <= excluded.created_at) \
-                         OR (status = 'FAILED' AND NOT terminal))) \
-             RETURNING attempt"
-        )
-    }
-
-    fn take_over_sql(&self) -> String {
-        format!(
-            "WITH now AS {NOW} \
-             UPDATE idempotency_records SET owner_token = ?4, attempt = {NEXT_ATTEMPT}, \
-                 lease_until = (SELECT ms FROM now) + ?5, expires_at = (SELECT ms FROM now) + ?6, \
-                 updated_at = (SELECT ms FROM now) \
-             WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING' \
-               AND lease_until <= (SELECT ms FROM now) AND expires_at > (SELECT ms FROM now) \
-             RETURNING attempt"
-        )
-    }
-}
+                )),
+            ],
+            issue_token: s(format!(
+                "WITH now AS {NOW} \
+                 INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
+                 SELECT ?1, ?2, ms + ?3, NULL, ms FROM now"
+            )),
+            consume_token: s(format!(
+                "WITH now AS {NOW} \
+                 UPDATE one_time_tokens SET used_at = (SELECT ms FROM now) \
+                 WHERE scope = ?1 AND token = ?2 AND used_at IS NULL AND expires_at > (SELECT ms FROM now)"
+            )),
+            read_token: s(format!(
+                "WITH now AS {NOW} \
+                 SELECT used_at IS NOT NULL AS used, CASE WHEN expires_at <= ms THEN 1 ELSE 0 END AS expired \
+                 FROM one_time_tokens, now WHERE scope = ?1 AND token = ?2"
+            )),
+        },
+        OneStatementClaims {
+            // `WHERE true` tells SQLite's parser that `ON CONFLICT` belongs to the insert.
+            claim: s(format!(
+                "WITH now AS {NOW} \
+                 INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                     attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+                 SELECT ?1, ?2, ?3, 'PROCESSING', ?4, 1, ms + ?5, ms + ?6, NULL, 0, ms, ms FROM now WHERE true \
+                 ON CONFLICT (scope, idem_key) DO UPDATE SET \
+                     payload_hash = excluded.payload_hash, status = 'PROCESSING', \
+                     owner_token = excluded.owner_token, \
+                     attempt = CASE WHEN expires_at <= excluded.created_at THEN 1 ELSE {NEXT_ATTEMPT} END, \
+                     lease_until = excluded.lease_until, expires_at = excluded.expires_at, \
+                     result = NULL, terminal = 0, \
+                     created_at = CASE WHEN expires_at <= excluded.created_at \
+                                       THEN excluded.created_at ELSE created_at END, \
+                     updated_at = excluded.updated_at \
+                 WHERE expires_at <= excluded.created_at \
+                    OR (payload_hash IS excluded.payload_hash \
+                        AND ((status = 'PROCESSING' AND lease_until <= excluded.created_at) \
+                             OR (status = 'FAILED' AND NOT terminal))) \
+                 RETURNING attempt"
+            )),
+            take_over: s(format!(
+                "WITH now AS {NOW} \
+                 UPDATE idempotency_records SET owner_token = ?4, attempt = {NEXT_ATTEMPT}, \
+                     lease_until = (SELECT ms FROM now) + ?5, expires_at = (SELECT ms FROM now) + ?6, \
+                     updated_at = (SELECT ms FROM now) \
+                 WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING' \
+                   AND lease_until <= (SELECT ms FROM now) AND expires_at > (SELECT ms FROM now) \
+                 RETURNING attempt"
+            )),
+        },
+    )
+});

@@ -2,13 +2,16 @@
 //! the relay's claim one `UPDATE … RETURNING` of the events its subquery chose. The
 //! statements it shares with MySQL/MariaDB are in `backend/outbox_sql.rs`.
 
-use sqlx::sqlite::SqliteConnection;
+use std::sync::LazyLock;
+
+use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use super::SqliteStore;
-use crate::backend::outbox_sql::{
-    UNKNOWN_STATUS, as_written, claimed, or_keys_mark_published, shared_outbox_statements,
+use crate::backend::outbox_sql::{self, OutboxStatements, UNKNOWN_STATUS, claimed};
+use crate::backend::sql::Params;
+use crate::outbox::{
+    ClaimEvents, ClaimedEvent, CorruptRow, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow,
 };
-use crate::outbox::{ClaimEvents, ClaimedEvent, CorruptRow, OutboxStore, StatsRow};
 
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -41,14 +44,44 @@ fn corrupt() -> (String, String) {
     )
 }
 
+/// The statements every backend shares, built once.
+static STATEMENTS: LazyLock<OutboxStatements> =
+    LazyLock::new(|| OutboxStatements::new(NOW, EVENT_COLUMNS, Params::Numbered));
+
 impl OutboxStore for SqliteStore {
-    shared_outbox_statements!(
-        SqliteConnection,
-        now = NOW,
-        columns = EVENT_COLUMNS,
-        params = as_written
-    );
-    or_keys_mark_published!(SqliteConnection, now = NOW, params = as_written);
+    async fn mark_failed(
+        &self,
+        conn: &mut SqliteConnection,
+        f: &FailedEvent<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        outbox_sql::mark_failed::<Sqlite>(conn, &STATEMENTS, f).await
+    }
+
+    async fn requeue_event(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &EventKey,
+    ) -> Result<bool, sqlx::Error> {
+        outbox_sql::requeue_event::<Sqlite>(conn, &STATEMENTS, key).await
+    }
+
+    async fn list_events(
+        &self,
+        conn: &mut SqliteConnection,
+        status: &str,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        outbox_sql::list_events::<Sqlite>(conn, &STATEMENTS, status, limit).await
+    }
+
+    async fn mark_published(
+        &self,
+        conn: &mut SqliteConnection,
+        token: &str,
+        keys: &[EventKey],
+    ) -> Result<u64, sqlx::Error> {
+        outbox_sql::mark_published_or_keys::<Sqlite>(conn, NOW, token, keys).await
+    }
 
     async fn claim_events(
         &self,
