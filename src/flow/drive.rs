@@ -14,10 +14,11 @@ use super::steps::{Action, Definition, StepError};
 use super::{FlowStore, StepClass, StepRow, StepSpec, Touch, Undo};
 use crate::{Error, Result};
 
+mod fence;
 mod record;
 
-use record::missing;
-pub(crate) use record::{fence, lease_lost, to_i32, write};
+use fence::missing;
+pub(crate) use fence::{fence, lease_lost, to_i32, write};
 
 const FORWARD: &str = "F";
 const UNDO: &str = "C";

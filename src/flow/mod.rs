@@ -19,6 +19,7 @@ mod flows;
 mod macros;
 mod outcome;
 mod recovery;
+mod resume;
 mod run;
 mod seam;
 mod starts;

@@ -14,6 +14,30 @@
 //! `docs/outbox.md`.
 
 use std::future::Future;
+use std::time::Duration;
+
+/// Runs one statement of `$store` on a leased connection `$c`: the connection goes back
+/// to the pool once the statement ran to its end, and is closed if it was lost or the
+/// future dropped.
+macro_rules! leased {
+    ($store:expr, |$c:ident| $statement:expr) => {{
+        let mut lease = Lease::<S>::acquire($store).await.map_err(db_error::<S>)?;
+        let out = {
+            let $c = lease.conn();
+            $statement.await
+        };
+        lease.release_after(&out);
+        out.map_err(db_error::<S>)
+    }};
+}
+
+/// The longest lease a relay may take: a claim running past it was made by no relay.
+const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+
+/// `d` in whole milliseconds, saturating.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
 
 mod inbox;
 mod message;
@@ -23,6 +47,7 @@ mod nats;
 mod rabbitmq;
 mod relay;
 mod seam;
+mod view;
 
 pub use inbox::Inbox;
 pub use message::{ChannelSink, Message};
@@ -30,11 +55,12 @@ pub use message::{ChannelSink, Message};
 pub use nats::NatsSink;
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::RabbitSink;
-pub use relay::{Outbox, OutboxStats, Relay, RelayConfig, RelayRound};
+pub use relay::{Relay, RelayConfig, RelayRound};
 pub use seam::{
     ClaimEvents, ClaimedEvent, CorruptEvent, CorruptRow, EventKey, EventRow, FailedEvent,
     OutboxStore, StatsRow,
 };
+pub use view::{Outbox, OutboxStats};
 
 /// Where the relay publishes: a broker, or anything that takes a message and says when it
 /// holds it.

@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
-use super::idempotency::CAUSAL;
+use super::transition_sql::CAUSAL;
 use crate::backend::flow_sql::{self, FlowStatements, LISTINGS, PurgeByKeys};
 use crate::backend::sql::Statement;
 use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};

@@ -13,6 +13,7 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::MySqlStore;
+use super::transition_sql::CAUSAL;
 use crate::backend::records_sql::{self, RecordStatements};
 use crate::backend::sql::Statement;
 use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
@@ -21,8 +22,6 @@ use crate::store::Txn;
 /// The database clock, in milliseconds since the epoch (`NOW(3)` is fixed for the
 /// statement).
 const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
-/// The prefix that makes a read causal on Galera.
-pub(super) const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
 /// A claim's next attempt number, bounded to the column's range: a counter edited to its
 /// largest value stays there, so the statement never fails after it took the record.
 const NEXT_ATTEMPT: &str = "LEAST(GREATEST(attempt, 0) + 1, 2147483647)";

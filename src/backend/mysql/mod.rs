@@ -13,6 +13,7 @@ use sqlx::migrate::Migrator;
 mod flows;
 mod idempotency;
 mod outbox;
+mod transition_sql;
 mod transitions;
 mod units;
 
@@ -104,7 +105,7 @@ pub struct MySqlStore {
     /// The tables it drives, as configured.
     tables: Arc<Tables>,
     /// The transition layer's SQL, `[plain, causal]`; see [`MySqlStore::causal_reads`].
-    transitions: Arc<[transitions::Sql; 2]>,
+    transitions: Arc<[transition_sql::Sql; 2]>,
     /// Whether the server is a Galera node, once known.
     galera: Arc<OnceLock<bool>>,
 }
@@ -135,7 +136,7 @@ impl MySqlStore {
             pool,
             tables: Arc::new(tables.clone()),
             transitions: Arc::new(
-                [false, true].map(|causal| transitions::Sql::new(&tables, causal)),
+                [false, true].map(|causal| transition_sql::Sql::new(&tables, causal)),
             ),
             galera: Arc::default(),
         }

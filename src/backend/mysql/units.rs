@@ -7,7 +7,7 @@ use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
-use super::transitions::CAUSAL;
+use super::transition_sql::CAUSAL;
 use crate::backend::Tried;
 use crate::backend::stepwise::Stepwise;
 use crate::store::{Apply, FirstWrite, Request, is_unique_violation};

@@ -15,6 +15,7 @@ mod idempotency;
 mod outbox;
 mod transition_sql;
 mod transitions;
+mod units;
 
 /// The database clock, in milliseconds since the epoch: a statement's `WITH now AS {NOW}`.
 const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)";

@@ -1,0 +1,160 @@
+//! The transition layer's statements on MySQL/MariaDB, for one pair of tables, with plain
+//! or causal reads.
+
+use crate::backend::BatchReads;
+use crate::store::{Tables, Txn};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+/// Makes a read wait, on a Galera node, for the write sets certified before it.
+pub(super) const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
+
+/// Every statement of the layer, for one pair of tables; plain or causal reads. The
+/// reads that a caller's transaction also makes are pairs `[Txn::Own, Txn::Caller]`.
+#[derive(Debug)]
+pub(super) struct Sql {
+    pub(super) insert_order: SqlStr,
+    pub(super) get: SqlStr,
+    /// The entity after `insert_order`, `[Txn::Own, Txn::Caller]`: inside a caller's
+    /// transaction a locking read, which sees the committed row.
+    pub(super) created: [SqlStr; 2],
+    pub(super) observe: [SqlStr; 2],
+    pub(super) prior: [SqlStr; 2],
+    pub(super) latest_ref: [SqlStr; 2],
+    /// The apply-first update, judged on the row it locks: `(to, id, from)`.
+    /// `LAST_INSERT_ID(expr)` hands the new version back in the statement's reply, so
+    /// nothing is read; it also stays the connection's `LAST_INSERT_ID()` until the next
+    /// insert with an auto-increment key. A version below 0, or at the largest (which has no
+    /// next), leaves a corrupt row alone for
+    /// the judge to report.
+    pub(super) bump: SqlStr,
+    /// The update after a read, guarded by what was read: `(to, id, from, version)`.
+    pub(super) update: SqlStr,
+    /// Undoes this unit's own `bump` inside a caller's transaction (whose row lock it
+    /// still holds), guarded by what the bump wrote: `(from, version, id, to, bumped)`.
+    pub(super) restore: SqlStr,
+    pub(super) record: SqlStr,
+    /// The outbox row of an edge that emits an event, in the history row's unit:
+    /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
+    pub(super) emit: SqlStr,
+    pub(super) history: SqlStr,
+    pub(super) batch_reads: BatchReads,
+    /// The tables' quoted names, for the statements of a batch, whose text depends on
+    /// its size, and whether reads are causal.
+    pub(super) orders: String,
+    pub(super) transitions: String,
+    pub(super) causal: bool,
+}
+
+pub(super) fn at(txn: Txn) -> usize {
+    match txn {
+        Txn::Own => 0,
+        Txn::Caller => 1,
+    }
+}
+
+impl Sql {
+    pub(super) fn new(tables: &Tables, causal: bool) -> Self {
+        let (o, h) = tables.quoted('`');
+        let sql = |s: String| AssertSqlSafe(s).into_sql_str();
+        let read = |s: String| {
+            let s = if causal { format!("{CAUSAL}{s}") } else { s };
+            AssertSqlSafe(s).into_sql_str()
+        };
+        let locking = |f: &dyn Fn(&str) -> String, lock: &str| [read(f("")), read(f(lock))];
+        Sql {
+            orders: o.clone(),
+            transitions: h.clone(),
+            causal,
+            insert_order: sql(format!(
+                "INSERT INTO {o} (id, status, version) VALUES (?, ?, 0) ON DUPLICATE KEY UPDATE id = id"
+            )),
+            get: read(format!(
+                "SELECT status, CAST(version AS SIGNED) AS version FROM {o} WHERE id = ?"
+            )),
+            created: locking(
+                &|lock| {
+                    format!(
+                        "SELECT status, CAST(version AS SIGNED) AS version FROM {o} WHERE id = ? {lock}"
+                    )
+                },
+                "LOCK IN SHARE MODE",
+            ),
+            // Driven by the entity row rather than a one-row derived table, which MariaDB
+            // materializes as a temporary table on every call (about 40 µs here); its
+            // parameters are therefore (event, ref_id, order_id).
+            observe: locking(
+                &|lock| {
+                    format!(
+                        "SELECT o.status, CAST(o.version AS SIGNED) AS version, h.from_status, h.to_status, \
+                                h.payload_hash, h.seq, h.write_id \
+                         FROM {o} AS o \
+                         LEFT JOIN {h} AS h ON h.order_id = o.id AND h.event = ? AND h.ref_id = ? \
+                         WHERE o.id = ? {lock}"
+                    )
+                },
+                "FOR UPDATE",
+            ),
+            prior: locking(
+                &|lock| {
+                    format!(
+                        "SELECT from_status, to_status, payload_hash, seq, write_id FROM {h} \
+                         WHERE order_id = ? AND event = ? AND ref_id = ? {lock}"
+                    )
+                },
+                "LOCK IN SHARE MODE",
+            ),
+            latest_ref: locking(
+                &|lock| {
+                    format!(
+                        "SELECT ref_id FROM {h} WHERE order_id = ? AND event = ? ORDER BY seq DESC LIMIT 1 {lock}"
+                    )
+                },
+                "LOCK IN SHARE MODE",
+            ),
+            bump: sql(format!(
+                "UPDATE {o} SET status = ?, version = LAST_INSERT_ID(version + 1) \
+                 WHERE id = ? AND status = ? AND version BETWEEN 0 AND 9223372036854775806"
+            )),
+            update: sql(format!(
+                "UPDATE {o} SET status = ?, version = version + 1 \
+                 WHERE id = ? AND status = ? AND version = ?"
+            )),
+            restore: sql(format!(
+                "UPDATE {o} SET status = ?, version = ? WHERE id = ? AND status = ? AND version = ?"
+            )),
+            record: sql(format!(
+                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            )),
+            emit: sql(
+                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    .to_string(),
+            ),
+            history: read(format!(
+                "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \
+                        CAST(payload AS CHAR) AS payload, actor, reason, created_at \
+                 FROM {h} WHERE order_id = ? ORDER BY seq"
+            )),
+            batch_reads: BatchReads::new(|n| priors_sql(&h, n, causal)),
+        }
+    }
+}
+
+/// The batched read for `n` requests: the requests as a derived table of `UNION ALL`ed
+/// rows (the form MySQL and MariaDB share), joined with the history on its unique key,
+/// each answer tagged with its request's position. The derived table is materialized on
+/// every call (a temporary table, about 40 µs here), which is why a lone request is read
+/// with the plain statement instead.
+fn priors_sql(h: &str, n: usize, causal: bool) -> String {
+    let rows: Vec<String> = (0..n)
+        .map(|i| format!("SELECT CAST(? AS SIGNED) AS order_id, ? AS event, ? AS ref_id, CAST({i} AS SIGNED) AS i"))
+        .collect();
+    format!(
+        "{}SELECT q.i, h.from_status, h.to_status, h.payload_hash, h.seq, h.write_id \
+         FROM ({}) AS q \
+         JOIN {h} AS h ON h.order_id = q.order_id AND h.event = q.event AND h.ref_id = q.ref_id",
+        if causal { CAUSAL } else { "" },
+        rows.join(" UNION ALL ")
+    )
+}
