@@ -4,16 +4,16 @@
 # under src/, against the floor of the file's own module. Unit tests (`tests.rs`) may
 # use the testing kit. Prints each upward edge; exits 1 if there is one.
 #
-#   1 machine, queue, error      the graph, the coalescing turn, the error type
+#   1 machine, error             the graph, the error type
 #   2 support                    what every layer shares (deadlines, input checks)
 #   3 store                      the seam: traits, rows, table names, error classes, leases
-#   4 observe                    spans and metrics
+#   4 observe, coalesce          spans and metrics; the turn, the queue, coalesced reads and claims
 #   5 engine, idempotency, outbox
 #   6 flow                       (uses idempotency and the engine)
 #   7 http, testing
 #   8 backend                    the dialects, implementing every seam from above
 cd "$(dirname "$0")/.."
-declare -A floor=([machine]=1 [queue]=1 [error]=1 [support]=2 [store]=3 [observe]=4 [engine]=5 [idempotency]=5 [outbox]=5 [flow]=6 [http]=7 [testing]=7 [backend]=8)
+declare -A floor=([machine]=1 [error]=1 [support]=2 [store]=3 [observe]=4 [coalesce]=4 [engine]=5 [idempotency]=5 [outbox]=5 [flow]=6 [http]=7 [testing]=7 [backend]=8)
 declare -A root=([Error]=error [Result]=error [TokenRejection]=error [StateMachine]=machine [Transition]=machine
   [Store]=store [Tables]=store [WriteTurn]=store
   [Engine]=engine [EngineConfig]=engine [Outcome]=engine [ReadFirst]=engine [Record]=engine [Order]=engine [TransitionRequest]=engine [CreateRequest]=engine [CoalescedWrites]=engine [DEFAULT_MAX_EVENT_BODY]=engine

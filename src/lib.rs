@@ -117,7 +117,9 @@
 //! commit; every backend but a Galera node), transitions' reads (PostgreSQL and
 //! MySQL/MariaDB), idempotency claims and flow starts (PostgreSQL and SQLite). Each call
 //! is answered as if it had gone alone; a lone call goes at once. There is no timer: a
-//! queue forms only while a statement is in flight.
+//! queue forms only while a statement is in flight. The turn, the queue, the coalesced
+//! reads and claims live in `src/coalesce/`, the engine's write units in
+//! `src/engine/writes.rs`.
 //!
 //! # Errors
 //!
@@ -146,6 +148,7 @@
 extern crate self as orderly;
 
 pub mod backend;
+mod coalesce;
 pub mod engine;
 pub mod error;
 pub mod flow;
@@ -155,7 +158,6 @@ pub mod idempotency;
 pub mod machine;
 mod observe;
 pub mod outbox;
-mod queue;
 pub mod store;
 mod support;
 #[cfg(feature = "testing")]

@@ -14,7 +14,6 @@
 //! | `attempt.rs` | the retry loop and one attempt |
 //! | `settle.rs` | the read-back of an in-doubt write |
 //! | `read_first.rs` | [`ReadFirst`]: when a request starts with a read |
-//! | `batch.rs` | read-first reads of concurrent callers coalesced into one statement |
 //! | `writes.rs` | apply-first writes of concurrent callers coalesced into one unit, and a request's turn among them |
 //! | `detach.rs` | a call finished off its caller's task when the caller stops waiting |
 //! | `input.rs` | references, payload fingerprints, names read from the database |
@@ -39,7 +38,6 @@ use crate::store::{Entity, Lease, Store, db_error};
 use crate::{Error, Result};
 
 mod attempt;
-mod batch;
 mod input;
 mod judge;
 mod req;
@@ -205,7 +203,7 @@ pub struct Engine<M: StateMachine, S> {
     edges: Arc<HashMap<M::Event, Edges>>,
     first: FirstRound,
     /// Coalesces read-first reads, on a store that batches reads.
-    reads: Option<Arc<batch::Reads<S>>>,
+    reads: Option<Arc<crate::coalesce::reads::Reads<S>>>,
     /// Coalesces apply-first writes, on a store that batches writes.
     writes: Option<Arc<writes::Writes<S>>>,
 }
@@ -275,7 +273,8 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             e.emits.push(t.emits);
         }
         Ok(Engine {
-            reads: (S::BATCH_READ_MAX > 1).then(|| batch::Reads::new(store.clone())),
+            reads: (S::BATCH_READ_MAX > 1)
+                .then(|| crate::coalesce::reads::Reads::new(store.clone())),
             writes: (config.coalesce_writes && S::BATCHES_WRITES)
                 .then(|| writes::Writes::new(store.clone(), config.deadline)),
             first: FirstRound::new(config.read_first, S::READ_FIRST_FROM),

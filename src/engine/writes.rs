@@ -33,8 +33,8 @@ use super::input::parse_state;
 use super::req::{Conn, Req, abandoned, outbox_taken};
 use super::{Engine, Outcome};
 use crate::Result;
+use crate::coalesce::queue::{Drain, Entered, Queue, Turn};
 use crate::machine::StateMachine;
-use crate::queue::{Drain, Entered, Queue, Turn};
 use crate::store::{Audit, FirstWrite, Key, Lease, OwnedKey, Request, Store};
 
 /// The most requests in one batch.

@@ -12,7 +12,7 @@ use futures_util::future::BoxFuture;
 use super::outcome::FlowOutcome;
 use super::{FlowStore, StepSpec};
 use crate::Result;
-use crate::store::claims::Claims;
+use crate::coalesce::claims::Claims;
 use crate::support::read_first::FirstRound;
 
 /// How flows run.

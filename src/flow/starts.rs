@@ -1,7 +1,7 @@
-//! A flow's start as it waits in the queue of coalesced claims (`crate::store::claims`).
+//! A flow's start as it waits in the queue of coalesced claims (`crate::coalesce::claims`).
 
 use super::{FlowStore, NewFlow};
-use crate::store::claims::Queued;
+use crate::coalesce::claims::Queued;
 
 /// A [`NewFlow`] that owns its strings.
 pub(crate) struct Owned {

@@ -10,7 +10,7 @@ use super::claims::Owned;
 use super::{
     CLAIM_ROUNDS, Claim, Claimed, NewClaim, RecordRow, RecordStore, Records, Stored, millis,
 };
-use crate::queue::Entered;
+use crate::coalesce::queue::Entered;
 use crate::store::{ErrorClass, Lease, db_error};
 use crate::support::input::{fingerprint_of, validate_reference};
 use crate::{Error, Result};

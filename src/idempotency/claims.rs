@@ -1,8 +1,8 @@
 //! An idempotency record's claim as it waits in the queue of coalesced claims
-//! (`crate::store::claims`).
+//! (`crate::coalesce::claims`).
 
 use super::{NewClaim, RecordStore};
-use crate::store::claims::Queued;
+use crate::coalesce::claims::Queued;
 
 /// A [`NewClaim`] that owns its strings.
 pub(crate) struct Owned {

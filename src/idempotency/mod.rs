@@ -38,7 +38,7 @@ mod run;
 mod seam;
 mod tokens;
 
-pub use crate::store::claims::CoalescedClaims;
+pub use crate::coalesce::claims::CoalescedClaims;
 #[cfg(feature = "redis")]
 pub use front::{FrontConfig, RedisFront};
 pub use recovery::{Held, Reconciled, Reconciler, Recovered, Stuck};
@@ -79,7 +79,7 @@ pub struct Records<S> {
     /// Every claim and every holder's write is answered within this.
     deadline: Duration,
     /// The queue of concurrent claims, on a store that batches them (shared by clones).
-    claims: Option<Arc<crate::store::claims::Claims<S, claims::Owned>>>,
+    claims: Option<Arc<crate::coalesce::claims::Claims<S, claims::Owned>>>,
     #[cfg(feature = "redis")]
     front: Option<Arc<RedisFront>>,
 }
@@ -160,7 +160,7 @@ impl<S: RecordStore> Records<S> {
     /// Records on `store` with no scopes yet; add them with [`scope`](Self::scope).
     pub fn new(store: S) -> Self {
         let claims = S::BATCHES_CLAIMS
-            .then(|| crate::store::claims::Claims::new(store.clone(), DEFAULT_DEADLINE));
+            .then(|| crate::coalesce::claims::Claims::new(store.clone(), DEFAULT_DEADLINE));
         Records {
             store,
             scopes: Arc::default(),
@@ -178,7 +178,7 @@ impl<S: RecordStore> Records<S> {
     /// without. Every claim is answered as if it had gone alone. Default on.
     pub fn coalesce_claims(mut self, on: bool) -> Self {
         self.claims = (on && S::BATCHES_CLAIMS)
-            .then(|| crate::store::claims::Claims::new(self.store.clone(), DEFAULT_DEADLINE));
+            .then(|| crate::coalesce::claims::Claims::new(self.store.clone(), DEFAULT_DEADLINE));
         self
     }
 

@@ -26,13 +26,12 @@
 //! This folder holds the seam only: the [`Store`] trait, the rows it returns
 //! (`rows.rs`), table names (`tables.rs`), error classes and each dialect's codes
 //! (`errors.rs`), pooled connections that go back to the pool only when their conversation
-//! ended (`lease.rs`), and coalesced claims (`claims.rs`). The backends implement it from
+//! ended (`lease.rs`). The backends implement it from
 //! above, in [`crate::backend`].
 
 use std::future::Future;
 use std::ops::DerefMut;
 
-pub(crate) mod claims;
 pub(crate) mod errors;
 mod lease;
 mod requests;

@@ -17,7 +17,7 @@
 //! a task of its own, and the claim may commit: its record then stays held until its
 //! lease runs out, as the record of any claim whose caller went away does. A caller
 //! that stops waiting while its claim goes alone hands the claims queued behind it on
-//! to a drain of their own (`src/queue.rs`).
+//! to a drain of their own (`src/coalesce/queue.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::{Lease, Store};
-use crate::queue::{self, Drain, Entered, Queue, Turn};
+use super::queue::{self, Drain, Entered, Queue, Turn};
+use crate::store::{Lease, Store};
 
 /// The most claims in one batch.
 const MAX_BATCH: usize = 64;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::queue::{self, Drain, Entered, Queue, Turn};
+use super::queue::{self, Drain, Entered, Queue, Turn};
 use crate::store::{Key, Lease, OwnedKey, Prior, Store, Txn};
 
 /// The most requests one batch takes from the queue; the store may read them in several
