@@ -8,6 +8,7 @@
 use std::sync::LazyLock;
 
 use sqlx::mysql::{MySql, MySqlConnection};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
 use super::transition_sql::CAUSAL;
@@ -112,12 +113,7 @@ impl FlowStore for MySqlStore {
         conn: &mut MySqlConnection,
         s: &NewFlow<'_>,
     ) -> Result<Option<i32>, sqlx::Error> {
-        let insert = format!(
-            "INSERT IGNORE INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
-                 step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, 'RUNNING', NULL, 0, ?, 1, {NOW} + ?, NULL, NULL, {NOW}, {NOW})"
-        );
-        let inserted = sqlx::query(sqlx::AssertSqlSafe(insert))
+        let inserted = sqlx::query(START_FLOW_INSERT.clone())
             .bind(s.kind)
             .bind(s.key)
             .bind(s.version)
@@ -130,13 +126,7 @@ impl FlowStore for MySqlStore {
         if inserted.rows_affected() == 1 {
             return Ok(Some(1));
         }
-        let take_over = format!(
-            "UPDATE flows SET attempt = LAST_INSERT_ID(LEAST(GREATEST(attempt, 0) + 1, 2147483647)), owner_token = ?, \
-                 lease_until = {NOW} + ?, updated_at = {NOW} \
-             WHERE kind = ? AND flow_key = ? AND input_hash = ? AND version = ? AND {LIVE} \
-               AND lease_until <= {NOW}"
-        );
-        let taken = sqlx::query(sqlx::AssertSqlSafe(take_over))
+        let taken = sqlx::query(START_FLOW_TAKE_OVER.clone())
             .bind(s.token)
             .bind(s.lease_ms)
             .bind(s.kind)
@@ -159,12 +149,7 @@ impl FlowStore for MySqlStore {
         d: &TakeDue<'_>,
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
         let mut tx = Self::begin(conn).await?;
-        let choose = format!(
-            "SELECT flow_key FROM flows \
-             WHERE kind = ? AND version = ? AND {LIVE} AND lease_until <= {NOW} \
-             ORDER BY lease_until LIMIT ? FOR UPDATE SKIP LOCKED"
-        );
-        let keys: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(choose))
+        let keys: Vec<String> = sqlx::query_scalar(TAKE_DUE_CHOOSE.clone())
             .bind(d.kind)
             .bind(d.version)
             .bind(d.limit)
@@ -292,3 +277,32 @@ impl MySqlStore {
         &STATEMENTS[usize::from(self.causal_reads() == Some(true))]
     }
 }
+
+/// The statement of `start_flow` (insert), built once.
+static START_FLOW_INSERT: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "INSERT IGNORE INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
+             step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, 'RUNNING', NULL, 0, ?, 1, {NOW} + ?, NULL, NULL, {NOW}, {NOW})"
+    )).into_sql_str()
+});
+
+/// The statement of `start_flow` (take over), built once.
+static START_FLOW_TAKE_OVER: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "UPDATE flows SET attempt = LAST_INSERT_ID(LEAST(GREATEST(attempt, 0) + 1, 2147483647)), owner_token = ?, \
+             lease_until = {NOW} + ?, updated_at = {NOW} \
+         WHERE kind = ? AND flow_key = ? AND input_hash = ? AND version = ? AND {LIVE} \
+           AND lease_until <= {NOW}"
+    )).into_sql_str()
+});
+
+/// The statement of `take_due` (choose), built once.
+static TAKE_DUE_CHOOSE: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "SELECT flow_key FROM flows \
+         WHERE kind = ? AND version = ? AND {LIVE} AND lease_until <= {NOW} \
+         ORDER BY lease_until LIMIT ? FOR UPDATE SKIP LOCKED"
+    ))
+    .into_sql_str()
+});

@@ -13,6 +13,7 @@
 use std::sync::LazyLock;
 
 use sqlx::mysql::{MySql, MySqlConnection};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
 use crate::backend::outbox_sql::{self, OutboxStatements, UNKNOWN_STATUS, claimed, keys_in};
@@ -87,12 +88,7 @@ impl OutboxStore for MySqlStore {
         c: &ClaimEvents<'_>,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
         let mut tx = Self::begin(conn).await?;
-        let choose = format!(
-            "SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
-             WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} AND {HEAD} \
-             LIMIT ? FOR UPDATE SKIP LOCKED"
-        );
-        let locked: Vec<(String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(choose))
+        let locked: Vec<(String, i64, i64)> = sqlx::query_as(CLAIM_EVENTS_CHOOSE.clone())
             .bind(c.limit)
             .fetch_all(&mut *tx)
             .await?;
@@ -207,10 +203,7 @@ impl OutboxStore for MySqlStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!(
-            "DELETE FROM outbox WHERE status = 'PUBLISHED' AND published_at <= {NOW} - ? LIMIT ?"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let done = sqlx::query(PURGE_PUBLISHED.clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -248,10 +241,7 @@ impl OutboxStore for MySqlStore {
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "INSERT IGNORE INTO inbox (consumer, message_id, received_at) VALUES (?, ?, {NOW})"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let done = sqlx::query(INBOX_INSERT.clone())
             .bind(consumer)
             .bind(message_id)
             .execute(conn)
@@ -274,3 +264,29 @@ impl OutboxStore for MySqlStore {
         Ok(done.rows_affected())
     }
 }
+
+/// The statement of `claim_events` (choose), built once.
+static CLAIM_EVENTS_CHOOSE: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
+         WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} AND {HEAD} \
+         LIMIT ? FOR UPDATE SKIP LOCKED"
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `purge_published`, built once.
+static PURGE_PUBLISHED: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "DELETE FROM outbox WHERE status = 'PUBLISHED' AND published_at <= {NOW} - ? LIMIT ?"
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `inbox_insert`, built once.
+static INBOX_INSERT: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "INSERT IGNORE INTO inbox (consumer, message_id, received_at) VALUES (?, ?, {NOW})"
+    ))
+    .into_sql_str()
+});

@@ -5,6 +5,7 @@
 use std::sync::LazyLock;
 
 use sqlx::postgres::{PgConnection, Postgres};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::{MS, NOW, PgStore};
 use crate::backend::flow_sql::{self, FlowClaims, FlowStatements, LISTINGS};
@@ -143,19 +144,7 @@ impl FlowStore for PgStore {
     ) -> Result<u64, sqlx::Error> {
         // The batch is chosen and locked in one subquery (rows another transaction holds
         // are skipped); its steps go in the same statement.
-        let sql = format!(
-            "WITH now AS {NOW}, gone AS ( \
-                 DELETE FROM flows WHERE (kind, flow_key) IN ( \
-                     SELECT f.kind, f.flow_key FROM flows AS f, now \
-                     WHERE f.status IN ('COMPLETED', 'COMPENSATED') AND f.updated_at <= now.ms - $1 \
-                     LIMIT $2 FOR UPDATE OF f SKIP LOCKED) \
-                 RETURNING kind, flow_key), \
-             steps AS ( \
-                 DELETE FROM flow_steps AS s USING gone \
-                 WHERE s.kind = gone.kind AND s.flow_key = gone.flow_key) \
-             SELECT COUNT(*) FROM gone"
-        );
-        let gone: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        let gone: i64 = sqlx::query_scalar(PURGE_FLOWS.clone())
             .bind(age_ms)
             .bind(limit)
             .fetch_one(conn)
@@ -263,3 +252,20 @@ fn list_sql(which: Listing) -> String {
          ORDER BY f.kind, f.flow_key LIMIT $3"
     )
 }
+
+/// The statement of `purge_flows`, built once.
+static PURGE_FLOWS: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "WITH now AS {NOW}, gone AS ( \
+             DELETE FROM flows WHERE (kind, flow_key) IN ( \
+                 SELECT f.kind, f.flow_key FROM flows AS f, now \
+                 WHERE f.status IN ('COMPLETED', 'COMPENSATED') AND f.updated_at <= now.ms - $1 \
+                 LIMIT $2 FOR UPDATE OF f SKIP LOCKED) \
+             RETURNING kind, flow_key), \
+         steps AS ( \
+             DELETE FROM flow_steps AS s USING gone \
+             WHERE s.kind = gone.kind AND s.flow_key = gone.flow_key) \
+         SELECT COUNT(*) FROM gone"
+    ))
+    .into_sql_str()
+});

@@ -6,6 +6,7 @@
 use std::sync::LazyLock;
 
 use sqlx::postgres::{PgConnection, Postgres};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::{MS, NOW, PgStore};
 use crate::backend::outbox_sql::{self, OutboxStatements, UNKNOWN_STATUS, claimed};
@@ -76,17 +77,10 @@ impl OutboxStore for PgStore {
         if keys.is_empty() {
             return Ok(0);
         }
-        let sql = format!(
-            "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-                 last_error = NULL, published_at = {NOW} \
-             WHERE owner_token = $1 AND status = 'PENDING' \
-               AND (machine, entity_id, version) IN \
-                   (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bigint[]))"
-        );
         let machines: Vec<&str> = keys.iter().map(|k| k.machine.as_str()).collect();
         let entities: Vec<i64> = keys.iter().map(|k| k.entity_id).collect();
         let versions: Vec<i64> = keys.iter().map(|k| k.version).collect();
-        Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        Ok(sqlx::query(MARK_PUBLISHED.clone())
             .bind(token)
             .bind(machines)
             .bind(entities)
@@ -101,18 +95,7 @@ impl OutboxStore for PgStore {
         conn: &mut PgConnection,
         c: &ClaimEvents<'_>,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW}, chosen AS ( \
-                 SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
-                 WHERE o.status = 'PENDING' AND o.next_at <= now.ms AND o.lease_until <= now.ms AND {HEAD} \
-                 LIMIT $3 FOR UPDATE OF o SKIP LOCKED) \
-             UPDATE outbox AS o SET owner_token = $1, lease_until = {MS} + $2, \
-                 attempts = LEAST(GREATEST(o.attempts, 0)::bigint + 1, 2147483647)::int \
-             FROM chosen \
-             WHERE o.machine = chosen.machine AND o.entity_id = chosen.entity_id AND o.version = chosen.version \
-             RETURNING {EVENT_COLUMNS}"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(CLAIM_EVENTS.clone())
             .bind(c.token)
             .bind(c.lease_ms)
             .bind(c.limit)
@@ -148,15 +131,7 @@ impl OutboxStore for PgStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW}, gone AS ( \
-                 SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
-                 WHERE o.status = 'PUBLISHED' AND o.published_at <= now.ms - $1 \
-                 LIMIT $2 FOR UPDATE OF o SKIP LOCKED) \
-             DELETE FROM outbox AS o USING gone \
-             WHERE o.machine = gone.machine AND o.entity_id = gone.entity_id AND o.version = gone.version"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let done = sqlx::query(PURGE_PUBLISHED.clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -209,14 +184,7 @@ impl OutboxStore for PgStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!(
-            "WITH now AS {NOW}, gone AS ( \
-                 SELECT i.consumer, i.message_id FROM inbox AS i, now \
-                 WHERE i.received_at <= now.ms - $1 LIMIT $2 FOR UPDATE OF i SKIP LOCKED) \
-             DELETE FROM inbox AS i USING gone \
-             WHERE i.consumer = gone.consumer AND i.message_id = gone.message_id"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let done = sqlx::query(INBOX_PURGE.clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -224,3 +192,54 @@ impl OutboxStore for PgStore {
         Ok(done.rows_affected())
     }
 }
+
+/// The statement of `mark_published`, built once.
+static MARK_PUBLISHED: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+             last_error = NULL, published_at = {NOW} \
+         WHERE owner_token = $1 AND status = 'PENDING' \
+           AND (machine, entity_id, version) IN \
+               (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bigint[]))"
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `claim_events`, built once.
+static CLAIM_EVENTS: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "WITH now AS {NOW}, chosen AS ( \
+             SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
+             WHERE o.status = 'PENDING' AND o.next_at <= now.ms AND o.lease_until <= now.ms AND {HEAD} \
+             LIMIT $3 FOR UPDATE OF o SKIP LOCKED) \
+         UPDATE outbox AS o SET owner_token = $1, lease_until = {MS} + $2, \
+             attempts = LEAST(GREATEST(o.attempts, 0)::bigint + 1, 2147483647)::int \
+         FROM chosen \
+         WHERE o.machine = chosen.machine AND o.entity_id = chosen.entity_id AND o.version = chosen.version \
+         RETURNING {EVENT_COLUMNS}"
+    )).into_sql_str()
+});
+
+/// The statement of `purge_published`, built once.
+static PURGE_PUBLISHED: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "WITH now AS {NOW}, gone AS ( \
+             SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
+             WHERE o.status = 'PUBLISHED' AND o.published_at <= now.ms - $1 \
+             LIMIT $2 FOR UPDATE OF o SKIP LOCKED) \
+         DELETE FROM outbox AS o USING gone \
+         WHERE o.machine = gone.machine AND o.entity_id = gone.entity_id AND o.version = gone.version"
+    )).into_sql_str()
+});
+
+/// The statement of `inbox_purge`, built once.
+static INBOX_PURGE: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "WITH now AS {NOW}, gone AS ( \
+             SELECT i.consumer, i.message_id FROM inbox AS i, now \
+             WHERE i.received_at <= now.ms - $1 LIMIT $2 FOR UPDATE OF i SKIP LOCKED) \
+         DELETE FROM inbox AS i USING gone \
+         WHERE i.consumer = gone.consumer AND i.message_id = gone.message_id"
+    ))
+    .into_sql_str()
+});

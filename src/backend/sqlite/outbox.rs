@@ -5,6 +5,7 @@
 use std::sync::LazyLock;
 
 use sqlx::sqlite::{Sqlite, SqliteConnection};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::SqliteStore;
 use crate::backend::outbox_sql::{self, OutboxStatements, UNKNOWN_STATUS, claimed};
@@ -88,20 +89,7 @@ impl OutboxStore for SqliteStore {
         conn: &mut SqliteConnection,
         c: &ClaimEvents<'_>,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-        let sql = format!(
-            "UPDATE outbox SET owner_token = ?1, lease_until = {NOW} + ?2, \
-                 attempts = MIN(MAX(attempts, 0) + 1, 2147483647) \
-             WHERE (machine, entity_id, version) IN ( \
-                 SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
-                 WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} \
-                   AND {INTEGER_KEY} \
-                   AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
-                       AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' \
-                       AND p.version < o.version) \
-                 LIMIT ?3) \
-             RETURNING {EVENT_COLUMNS}"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(CLAIM_EVENTS.clone())
             .bind(c.token)
             .bind(c.lease_ms)
             .bind(c.limit)
@@ -136,12 +124,7 @@ impl OutboxStore for SqliteStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!(
-            "DELETE FROM outbox WHERE (machine, entity_id, version) IN ( \
-                 SELECT machine, entity_id, version FROM outbox \
-                 WHERE status = 'PUBLISHED' AND published_at <= {NOW} - ?1 LIMIT ?2)"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let done = sqlx::query(PURGE_PUBLISHED.clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -177,11 +160,7 @@ impl OutboxStore for SqliteStore {
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "INSERT INTO inbox (consumer, message_id, received_at) VALUES (?1, ?2, {NOW}) \
-             ON CONFLICT (consumer, message_id) DO NOTHING"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let done = sqlx::query(INBOX_INSERT.clone())
             .bind(consumer)
             .bind(message_id)
             .execute(conn)
@@ -195,11 +174,7 @@ impl OutboxStore for SqliteStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!(
-            "DELETE FROM inbox WHERE (consumer, message_id) IN ( \
-                 SELECT consumer, message_id FROM inbox WHERE received_at <= {NOW} - ?1 LIMIT ?2)"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let done = sqlx::query(INBOX_PURGE.clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -207,3 +182,49 @@ impl OutboxStore for SqliteStore {
         Ok(done.rows_affected())
     }
 }
+
+/// The statement of `claim_events`, built once.
+static CLAIM_EVENTS: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "UPDATE outbox SET owner_token = ?1, lease_until = {NOW} + ?2, \
+             attempts = MIN(MAX(attempts, 0) + 1, 2147483647) \
+         WHERE (machine, entity_id, version) IN ( \
+             SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
+             WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} \
+               AND {INTEGER_KEY} \
+               AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
+                   AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' \
+                   AND p.version < o.version) \
+             LIMIT ?3) \
+         RETURNING {EVENT_COLUMNS}"
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `purge_published`, built once.
+static PURGE_PUBLISHED: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "DELETE FROM outbox WHERE (machine, entity_id, version) IN ( \
+             SELECT machine, entity_id, version FROM outbox \
+             WHERE status = 'PUBLISHED' AND published_at <= {NOW} - ?1 LIMIT ?2)"
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `inbox_insert`, built once.
+static INBOX_INSERT: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "INSERT INTO inbox (consumer, message_id, received_at) VALUES (?1, ?2, {NOW}) \
+         ON CONFLICT (consumer, message_id) DO NOTHING"
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `inbox_purge`, built once.
+static INBOX_PURGE: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "DELETE FROM inbox WHERE (consumer, message_id) IN ( \
+             SELECT consumer, message_id FROM inbox WHERE received_at <= {NOW} - ?1 LIMIT ?2)"
+    ))
+    .into_sql_str()
+});
