@@ -182,15 +182,7 @@ impl OutboxStore for MySqlStore {
         max_lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<CorruptRow>, sqlx::Error> {
-        let sql = format!(
-            "SELECT o.machine, CAST(o.entity_id AS CHAR) AS entity_id, CAST(o.version AS CHAR) AS version, o.status, \
-                 CASE WHEN {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
-                      ELSE CONCAT('claimed by ', COALESCE(o.owner_token, '?'), ' with a lease past the longest a relay takes') END AS reason \
-             FROM outbox AS o WHERE {corrupt} \
-             ORDER BY o.machine, o.entity_id, o.version LIMIT ?",
-            corrupt = corrupt()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        sqlx::query_as(LIST_CORRUPT.clone())
             .bind(max_lease_ms)
             .bind(limit)
             .fetch_all(conn)
@@ -217,17 +209,7 @@ impl OutboxStore for MySqlStore {
         max_lease_ms: i64,
     ) -> Result<StatsRow, sqlx::Error> {
         // A zero date (which the default `sql_mode` accepts) is no time to count from.
-        let sql = format!(
-            "SELECT CAST(COALESCE(SUM(status = 'PENDING'), 0) AS SIGNED) AS pending, \
-                    CAST(COALESCE(SUM(status = 'DEAD'), 0) AS SIGNED) AS dead, \
-                    CAST(COALESCE(TIMESTAMPDIFF(MICROSECOND, \
-                        MIN(CASE WHEN status = 'PENDING' AND YEAR(created_at) > 0 THEN created_at END), \
-                        NOW(6)) DIV 1000, 0) AS SIGNED) AS oldest_pending_ms, \
-                    (SELECT CAST(COUNT(*) AS SIGNED) FROM outbox AS o WHERE {corrupt}) AS corrupt \
-             FROM outbox WHERE status IN ('PENDING', 'DEAD')",
-            corrupt = corrupt()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        sqlx::query_as(OUTBOX_STATS.clone())
             .bind(max_lease_ms)
             .fetch_one(conn)
             .await
@@ -289,4 +271,30 @@ static INBOX_INSERT: LazyLock<SqlStr> = LazyLock::new(|| {
         "INSERT IGNORE INTO inbox (consumer, message_id, received_at) VALUES (?, ?, {NOW})"
     ))
     .into_sql_str()
+});
+
+/// The statement of `list_corrupt`, built once.
+static LIST_CORRUPT: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "SELECT o.machine, CAST(o.entity_id AS CHAR) AS entity_id, CAST(o.version AS CHAR) AS version, o.status, \
+             CASE WHEN {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
+                  ELSE CONCAT('claimed by ', COALESCE(o.owner_token, '?'), ' with a lease past the longest a relay takes') END AS reason \
+         FROM outbox AS o WHERE {corrupt} \
+         ORDER BY o.machine, o.entity_id, o.version LIMIT ?",
+        corrupt = corrupt()
+    )).into_sql_str()
+});
+
+/// The statement of `outbox_stats`, built once.
+static OUTBOX_STATS: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "SELECT CAST(COALESCE(SUM(status = 'PENDING'), 0) AS SIGNED) AS pending, \
+                CAST(COALESCE(SUM(status = 'DEAD'), 0) AS SIGNED) AS dead, \
+                CAST(COALESCE(TIMESTAMPDIFF(MICROSECOND, \
+                    MIN(CASE WHEN status = 'PENDING' AND YEAR(created_at) > 0 THEN created_at END), \
+                    NOW(6)) DIV 1000, 0) AS SIGNED) AS oldest_pending_ms, \
+                (SELECT CAST(COUNT(*) AS SIGNED) FROM outbox AS o WHERE {corrupt}) AS corrupt \
+         FROM outbox WHERE status IN ('PENDING', 'DEAD')",
+        corrupt = corrupt()
+    )).into_sql_str()
 });

@@ -114,26 +114,16 @@ impl FlowStore for PgStore {
         let inputs: Vec<&str> = starts.iter().map(|s| s.input).collect();
         let tokens: Vec<&str> = starts.iter().map(|s| s.token).collect();
         let leases: Vec<i64> = starts.iter().map(|s| s.lease_ms).collect();
-        sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "WITH now AS {NOW} \
-             INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
-                 step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
-             SELECT s.kind, s.flow_key, s.version, s.input_hash, s.input, 'RUNNING', NULL, 0, \
-                    s.owner_token, 1, ms + s.lease_ms, NULL, NULL, ms, ms \
-             FROM now, unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::bigint[]) \
-                  AS s(kind, flow_key, version, input_hash, input, owner_token, lease_ms) \
-             ON CONFLICT (kind, flow_key) DO NOTHING \
-             RETURNING owner_token::text, attempt::int"
-        )))
-        .bind(kinds)
-        .bind(keys)
-        .bind(versions)
-        .bind(hashes)
-        .bind(inputs)
-        .bind(tokens)
-        .bind(leases)
-        .fetch_all(conn)
-        .await
+        sqlx::query_as(START_FLOWS.clone())
+            .bind(kinds)
+            .bind(keys)
+            .bind(versions)
+            .bind(hashes)
+            .bind(inputs)
+            .bind(tokens)
+            .bind(leases)
+            .fetch_all(conn)
+            .await
     }
 
     async fn purge_flows(
@@ -268,4 +258,19 @@ static PURGE_FLOWS: LazyLock<SqlStr> = LazyLock::new(|| {
          SELECT COUNT(*) FROM gone"
     ))
     .into_sql_str()
+});
+
+/// The statement of `start_flows`, built once (the batch goes in as arrays).
+static START_FLOWS: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "WITH now AS {NOW} \
+         INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
+             step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
+         SELECT s.kind, s.flow_key, s.version, s.input_hash, s.input, 'RUNNING', NULL, 0, \
+                s.owner_token, 1, ms + s.lease_ms, NULL, NULL, ms, ms \
+         FROM now, unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::bigint[]) \
+              AS s(kind, flow_key, version, input_hash, input, owner_token, lease_ms) \
+         ON CONFLICT (kind, flow_key) DO NOTHING \
+         RETURNING owner_token::text, attempt::int"
+    )).into_sql_str()
 });

@@ -2,10 +2,10 @@
 //! one statement: an insert that, on a conflict, takes the record over only where the
 //! outcome table allows, judged on the latest committed row, which the upsert locks.
 
-use sqlx::postgres::{PgConnection, Postgres};
 use std::sync::LazyLock;
 
-use sqlx::{Connection, Transaction};
+use sqlx::postgres::{PgConnection, Postgres};
+use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::{MS, NOW, PgStore};
 use crate::backend::records_sql::{self, OneStatementClaims, RecordStatements};
@@ -124,25 +124,15 @@ impl RecordStore for PgStore {
         let tokens: Vec<&str> = claims.iter().map(|c| c.token).collect();
         let leases: Vec<i64> = claims.iter().map(|c| c.lease_ms).collect();
         let retentions: Vec<i64> = claims.iter().map(|c| c.retention_ms).collect();
-        sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "WITH now AS {NOW} \
-             INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
-                 attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
-             SELECT c.scope, c.idem_key, c.payload_hash, 'PROCESSING', c.owner_token, 1, \
-                    ms + c.lease_ms, ms + c.retention_ms, NULL, FALSE, ms, ms \
-             FROM now, unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) \
-                  AS c(scope, idem_key, payload_hash, owner_token, lease_ms, retention_ms) \
-             ON CONFLICT (scope, idem_key) DO NOTHING \
-             RETURNING owner_token::text, attempt::int"
-        )))
-        .bind(scopes)
-        .bind(keys)
-        .bind(hashes)
-        .bind(tokens)
-        .bind(leases)
-        .bind(retentions)
-        .fetch_all(conn)
-        .await
+        sqlx::query_as(CLAIM_NEW.clone())
+            .bind(scopes)
+            .bind(keys)
+            .bind(hashes)
+            .bind(tokens)
+            .bind(leases)
+            .bind(retentions)
+            .fetch_all(conn)
+            .await
     }
 }
 
@@ -244,4 +234,19 @@ static STATEMENTS: LazyLock<(RecordStatements, OneStatementClaims)> = LazyLock::
             )),
         },
     )
+});
+
+/// The statement of `claim_new`, built once (the batch goes in as arrays).
+static CLAIM_NEW: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "WITH now AS {NOW} \
+         INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+             attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+         SELECT c.scope, c.idem_key, c.payload_hash, 'PROCESSING', c.owner_token, 1, \
+                ms + c.lease_ms, ms + c.retention_ms, NULL, FALSE, ms, ms \
+         FROM now, unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) \
+              AS c(scope, idem_key, payload_hash, owner_token, lease_ms, retention_ms) \
+         ON CONFLICT (scope, idem_key) DO NOTHING \
+         RETURNING owner_token::text, attempt::int"
+    )).into_sql_str()
 });

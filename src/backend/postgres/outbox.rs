@@ -110,15 +110,7 @@ impl OutboxStore for PgStore {
         max_lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<CorruptRow>, sqlx::Error> {
-        let sql = format!(
-            "SELECT o.machine, o.entity_id::text AS entity_id, o.version::text AS version, o.status, \
-                 CASE WHEN {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
-                      ELSE 'claimed by ' || COALESCE(o.owner_token, '?') || ' with a lease past the longest a relay takes' END AS reason \
-             FROM outbox AS o WHERE {corrupt} \
-             ORDER BY o.machine, o.entity_id, o.version LIMIT $2",
-            corrupt = corrupt()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        sqlx::query_as(LIST_CORRUPT.clone())
             .bind(max_lease_ms)
             .bind(limit)
             .fetch_all(conn)
@@ -144,17 +136,7 @@ impl OutboxStore for PgStore {
         conn: &mut PgConnection,
         max_lease_ms: i64,
     ) -> Result<StatsRow, sqlx::Error> {
-        let sql = format!(
-            "SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, \
-                    count(*) FILTER (WHERE status = 'DEAD') AS dead, \
-                    COALESCE((extract(epoch FROM clock_timestamp() - \
-                        min(created_at) FILTER (WHERE status = 'PENDING' AND isfinite(created_at))) \
-                        * 1000)::bigint, 0) AS oldest_pending_ms, \
-                    (SELECT count(*) FROM outbox AS o WHERE {corrupt}) AS corrupt \
-             FROM outbox WHERE status IN ('PENDING', 'DEAD')",
-            corrupt = corrupt()
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        sqlx::query_as(OUTBOX_STATS.clone())
             .bind(max_lease_ms)
             .fetch_one(conn)
             .await
@@ -240,6 +222,33 @@ static INBOX_PURGE: LazyLock<SqlStr> = LazyLock::new(|| {
              WHERE i.received_at <= now.ms - $1 LIMIT $2 FOR UPDATE OF i SKIP LOCKED) \
          DELETE FROM inbox AS i USING gone \
          WHERE i.consumer = gone.consumer AND i.message_id = gone.message_id"
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `list_corrupt`, built once.
+static LIST_CORRUPT: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "SELECT o.machine, o.entity_id::text AS entity_id, o.version::text AS version, o.status, \
+             CASE WHEN {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
+                  ELSE 'claimed by ' || COALESCE(o.owner_token, '?') || ' with a lease past the longest a relay takes' END AS reason \
+         FROM outbox AS o WHERE {corrupt} \
+         ORDER BY o.machine, o.entity_id, o.version LIMIT $2",
+        corrupt = corrupt()
+    )).into_sql_str()
+});
+
+/// The statement of `outbox_stats`, built once.
+static OUTBOX_STATS: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, \
+                count(*) FILTER (WHERE status = 'DEAD') AS dead, \
+                COALESCE((extract(epoch FROM clock_timestamp() - \
+                    min(created_at) FILTER (WHERE status = 'PENDING' AND isfinite(created_at))) \
+                    * 1000)::bigint, 0) AS oldest_pending_ms, \
+                (SELECT count(*) FROM outbox AS o WHERE {corrupt}) AS corrupt \
+         FROM outbox WHERE status IN ('PENDING', 'DEAD')",
+        corrupt = corrupt()
     ))
     .into_sql_str()
 });

@@ -2,9 +2,9 @@
 //! one statement (an upsert whose update runs only where the outcome table allows); the
 //! single writer judges it on the latest data.
 
-use sqlx::sqlite::{Sqlite, SqliteConnection};
 use std::sync::LazyLock;
 
+use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{Connection, Transaction};
 
 use super::SqliteStore;
