@@ -237,8 +237,7 @@ impl OutboxStore for MySqlStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!("DELETE FROM inbox WHERE received_at <= {NOW} - ? LIMIT ?");
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let done = sqlx::query(INBOX_PURGE.clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -297,4 +296,12 @@ static OUTBOX_STATS: LazyLock<SqlStr> = LazyLock::new(|| {
          FROM outbox WHERE status IN ('PENDING', 'DEAD')",
         corrupt = corrupt()
     )).into_sql_str()
+});
+
+/// The statement of `inbox_purge`, built once.
+static INBOX_PURGE: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "DELETE FROM inbox WHERE received_at <= {NOW} - ? LIMIT ?"
+    ))
+    .into_sql_str()
 });

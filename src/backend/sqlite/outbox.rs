@@ -104,14 +104,7 @@ impl OutboxStore for SqliteStore {
         max_lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<CorruptRow>, sqlx::Error> {
-        let (corrupt, reason) = corrupt();
-        let sql = format!(
-            "SELECT CAST(o.machine AS TEXT) AS machine, CAST(o.entity_id AS TEXT) AS entity_id, \
-                    CAST(o.version AS TEXT) AS version, CAST(o.status AS TEXT) AS status, {reason} AS reason \
-             FROM outbox AS o WHERE {corrupt} \
-             ORDER BY o.machine, o.entity_id, o.version LIMIT ?2"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        sqlx::query_as(LIST_CORRUPT.clone())
             .bind(max_lease_ms)
             .bind(limit)
             .fetch_all(conn)
@@ -137,18 +130,7 @@ impl OutboxStore for SqliteStore {
         conn: &mut SqliteConnection,
         max_lease_ms: i64,
     ) -> Result<StatsRow, sqlx::Error> {
-        let (corrupt, _) = corrupt();
-        let sql = format!(
-            "SELECT COALESCE(SUM(status = 'PENDING'), 0) AS pending, \
-                    COALESCE(SUM(status = 'DEAD'), 0) AS dead, \
-                    COALESCE(CAST((julianday('now') - julianday( \
-                        MIN(CASE WHEN status = 'PENDING' AND julianday(created_at) IS NOT NULL \
-                            THEN created_at END))) * 86400000 AS INTEGER), 0) \
-                        AS oldest_pending_ms, \
-                    (SELECT count(*) FROM outbox AS o WHERE {corrupt}) AS corrupt \
-             FROM outbox WHERE status IN ('PENDING', 'DEAD')"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        sqlx::query_as(OUTBOX_STATS.clone())
             .bind(max_lease_ms)
             .fetch_one(conn)
             .await
@@ -225,6 +207,33 @@ static INBOX_PURGE: LazyLock<SqlStr> = LazyLock::new(|| {
     AssertSqlSafe(format!(
         "DELETE FROM inbox WHERE (consumer, message_id) IN ( \
              SELECT consumer, message_id FROM inbox WHERE received_at <= {NOW} - ?1 LIMIT ?2)"
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `list_corrupt`, built once.
+static LIST_CORRUPT: LazyLock<SqlStr> = LazyLock::new(|| {
+    let (corrupt, reason) = corrupt();
+    AssertSqlSafe(format!(
+        "SELECT CAST(o.machine AS TEXT) AS machine, CAST(o.entity_id AS TEXT) AS entity_id, \
+                CAST(o.version AS TEXT) AS version, CAST(o.status AS TEXT) AS status, {reason} AS reason \
+         FROM outbox AS o WHERE {corrupt} \
+         ORDER BY o.machine, o.entity_id, o.version LIMIT ?2"
+    )).into_sql_str()
+});
+
+/// The statement of `outbox_stats`, built once.
+static OUTBOX_STATS: LazyLock<SqlStr> = LazyLock::new(|| {
+    let (corrupt, _) = corrupt();
+    AssertSqlSafe(format!(
+        "SELECT COALESCE(SUM(status = 'PENDING'), 0) AS pending, \
+                COALESCE(SUM(status = 'DEAD'), 0) AS dead, \
+                COALESCE(CAST((julianday('now') - julianday( \
+                    MIN(CASE WHEN status = 'PENDING' AND julianday(created_at) IS NOT NULL \
+                        THEN created_at END))) * 86400000 AS INTEGER), 0) \
+                    AS oldest_pending_ms, \
+                (SELECT count(*) FROM outbox AS o WHERE {corrupt}) AS corrupt \
+         FROM outbox WHERE status IN ('PENDING', 'DEAD')"
     ))
     .into_sql_str()
 });
