@@ -117,9 +117,8 @@
 //! commit; every backend but a Galera node), transitions' reads (PostgreSQL and
 //! MySQL/MariaDB), idempotency claims and flow starts (PostgreSQL and SQLite). Each call
 //! is answered as if it had gone alone; a lone call goes at once. There is no timer: a
-//! queue forms only while a statement is in flight. The turn, the queue, the coalesced
-//! reads and claims live in `src/coalesce/`, the engine's write units in
-//! `src/engine/writes.rs`.
+//! queue forms only while a statement is in flight. The turn, the queue and every kind
+//! of batch (writes, reads, claims and starts) live in `src/coalesce/`.
 //!
 //! # Errors
 //!

@@ -19,11 +19,13 @@
 //! | `queue.rs` | nothing itself: the turn and the queue every kind below shares |
 //! | `reads.rs` | the engine's read-first reads of requests' history rows |
 //! | `claims.rs` | idempotency claims and flow starts: new records inserted together |
+//! | `writes.rs` | transitions' apply-first writes: a batch of requests in one write unit |
 //!
-//! The transitions' writes are coalesced by the engine itself (`engine/writes.rs`), on
-//! the same turn and queue: a write unit is answered request by request as the engine
-//! answers a transition, so that code stays beside the engine's.
+//! A write unit answers each request in store terms (applied from one state to another,
+//! not applied, not tried); the engine turns that answer into the transition's outcome
+//! (`engine/writes.rs`).
 
 pub(crate) mod claims;
 pub(crate) mod queue;
 pub(crate) mod reads;
+pub(crate) mod writes;

@@ -46,11 +46,11 @@ mod schema;
 mod settle;
 mod writes;
 
+pub use crate::coalesce::writes::CoalescedWrites;
 pub use crate::support::read_first::ReadFirst;
 use crate::support::{detach, read_first};
 pub use input::{MAX_REF_LEN, parse_event};
 pub use request::{CreateRequest, TransitionRequest};
-pub use writes::CoalescedWrites;
 
 use detach::within_deadline;
 use input::{parse_record, parse_state, parse_version};
@@ -205,7 +205,7 @@ pub struct Engine<M: StateMachine, S> {
     /// Coalesces read-first reads, on a store that batches reads.
     reads: Option<Arc<crate::coalesce::reads::Reads<S>>>,
     /// Coalesces apply-first writes, on a store that batches writes.
-    writes: Option<Arc<writes::Writes<S>>>,
+    writes: Option<Arc<crate::coalesce::writes::Writes<S>>>,
 }
 
 /// The rows of the transition table for one event, as names: `from[i]` leads to `to[i]`.
@@ -276,7 +276,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             reads: (S::BATCH_READ_MAX > 1)
                 .then(|| crate::coalesce::reads::Reads::new(store.clone())),
             writes: (config.coalesce_writes && S::BATCHES_WRITES)
-                .then(|| writes::Writes::new(store.clone(), config.deadline)),
+                .then(|| crate::coalesce::writes::Writes::new(store.clone(), config.deadline)),
             first: FirstRound::new(config.read_first, S::READ_FIRST_FROM),
             store,
             config,

@@ -20,7 +20,7 @@
 //! The two write units ([`Store::apply_first`] and [`Store::apply`]) are the only places
 //! a transition's rows are written; whatever must commit with a transition joins there.
 //! The apply-first unit takes several requests at once (one commit, each request
-//! answered for itself): the engine's coalesced writes (`engine/writes.rs`) reach the
+//! answered for itself): the engine's coalesced writes (`coalesce/writes.rs`) reach the
 //! store through it.
 //!
 //! This folder holds the seam only: the [`Store`] trait, the rows it returns
