@@ -143,6 +143,29 @@ pub enum Error {
         fix: String,
     },
 
+    /// A guard of the edge refused the move: the business does not allow it now (the
+    /// amount does not match, the stock is gone). Nothing was written. Not retryable as
+    /// it is; a re-send is judged afresh, since the business data may have changed.
+    #[error("refused by {guard}: {code}: {message}")]
+    Refused {
+        /// The guard that refused.
+        guard: &'static str,
+        /// The guard's code for the refusal, for programs.
+        code: String,
+        /// The guard's message, for people.
+        message: String,
+    },
+
+    /// A guard or an effect of the edge failed (an error of its own, or a panic):
+    /// nothing of the transition's unit was written.
+    #[error("{rule} failed: {reason}")]
+    RuleFailed {
+        /// The guard or effect that failed.
+        rule: &'static str,
+        /// What it said, or what its panic carried.
+        reason: String,
+    },
+
     /// Lost the race too many times in a row, or the database kept reporting a
     /// serialization failure, deadlock or busy lock. Retry later; nothing of this request
     /// was applied.

@@ -169,8 +169,8 @@ pub use backend::postgres::PgStore;
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::SqliteStore;
 pub use engine::{
-    CoalescedWrites, CreateRequest, DEFAULT_MAX_EVENT_BODY, Engine, EngineConfig, Order, Outcome,
-    ReadFirst, Record, TransitionRequest,
+    CoalescedWrites, CreateRequest, DEFAULT_MAX_EVENT_BODY, Engine, EngineConfig, Halt, Judged,
+    Order, Outcome, ReadFirst, Record, RuleFuture, Rules, RulesOf, TransitionRequest,
 };
 pub use error::{Error, Result, TokenRejection};
 pub use flow::{Definition, FlowConfig, FlowOutcome, Flows, Resume, Started, StepError};

@@ -24,6 +24,8 @@ pub(crate) fn error_label(e: &Error) -> &'static str {
         Error::CorruptRecord { .. } => "corrupt_record",
         Error::CorruptState { .. } => "corrupt_state",
         Error::MissingColumn { .. } => "missing_column",
+        Error::Refused { .. } => "refused",
+        Error::RuleFailed { .. } => "rule_failed",
         Error::Contention { .. } => "contention",
         Error::InDoubt { .. } => "in_doubt",
         Error::Unavailable { .. } => "unavailable",

@@ -89,30 +89,40 @@ mod by_hand {
                 event: Event::Pay,
                 to: State::Paid,
                 emits: Some("OrderPaid"),
+                guard: None,
+                effect: None,
             },
             Transition {
                 from: State::Created,
                 event: Event::Cancel,
                 to: State::Cancelled,
                 emits: None,
+                guard: None,
+                effect: None,
             },
             Transition {
                 from: State::Paid,
                 event: Event::Ship,
                 to: State::Shipped,
                 emits: Some("OrderShipped"),
+                guard: None,
+                effect: None,
             },
             Transition {
                 from: State::Paid,
                 event: Event::Refund,
                 to: State::Refunded,
                 emits: Some("OrderRefunded"),
+                guard: None,
+                effect: None,
             },
             Transition {
                 from: State::Shipped,
                 event: Event::Deliver,
                 to: State::Delivered,
                 emits: None,
+                guard: None,
+                effect: None,
             },
         ];
     }
@@ -132,12 +142,16 @@ mod by_hand {
                 event: Event::Pay,
                 to: State::Paid,
                 emits: None,
+                guard: None,
+                effect: None,
             },
             Transition {
                 from: State::Paid,
                 event: Event::Refund,
                 to: State::Refunded,
                 emits: None,
+                guard: None,
+                effect: None,
             },
         ];
     }
@@ -251,6 +265,46 @@ fn edges_name_the_events_they_emit() {
     // An edge that declares none, and a move the graph does not allow.
     assert_eq!(OrderMachine::emits(Created, Cancel), None);
     assert_eq!(OrderMachine::emits(Paid, Pay), None);
+}
+
+orderly::state_machine! {
+    /// A machine whose edges name a guard and an effect.
+    pub Guarded {
+        states: GuardedState { Open, Paid }
+        events: GuardedEvent { Pay }
+        initial: Open;
+        terminal: [Paid];
+        rules: GuardedRules {
+            guards: [amount_matches]
+            effects: [record_payment]
+        }
+        transitions: {
+            Open + Pay [amount_matches] => Paid / record_payment emits Paid,
+        }
+    }
+}
+
+#[test]
+fn guards_and_effects_are_on_the_edge_and_in_the_pictures() {
+    let edge = Guarded::edge(GuardedState::Open, GuardedEvent::Pay).unwrap();
+    assert_eq!(
+        (edge.guard, edge.effect, edge.emits),
+        (Some("amount_matches"), Some("record_payment"), Some("Paid"))
+    );
+    assert!(Guarded::has_rules(GuardedEvent::Pay));
+    assert!(!OrderMachine::has_rules(OrderEvent::Pay));
+    assert!(
+        orderly::machine::mermaid::<Guarded>()
+            .contains("Open --> Paid : Pay [amount_matches] / record_payment, Paid"),
+        "{}",
+        orderly::machine::mermaid::<Guarded>()
+    );
+    assert!(
+        orderly::machine::dot::<Guarded>()
+            .contains("[label=\"Pay [amount_matches] / record_payment, Paid\"]"),
+        "{}",
+        orderly::machine::dot::<Guarded>()
+    );
 }
 
 #[test]

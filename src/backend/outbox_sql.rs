@@ -7,6 +7,8 @@
 
 use sqlx::Executor;
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use crate::backend::sql::BySize;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::outbox::{ClaimedEvent, CorruptEvent, EventKey, EventRow, FailedEvent};
 
@@ -64,6 +66,11 @@ pub(crate) struct OutboxStatements {
     requeue: Statement,
     /// Events in a status, in key order: 1 status, 2 limit.
     list: Statement,
+    /// A claim's events published, their keys as `OR`ed groups, sized by the batch:
+    /// 1 token, then machine, entity id and version of each (plain `?`s, bound in order;
+    /// PostgreSQL has its own statement).
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
+    mark_published: BySize,
 }
 
 impl OutboxStatements {
@@ -88,6 +95,18 @@ impl OutboxStatements {
                 "SELECT {columns} FROM outbox AS o WHERE o.status = ?1 \
                  ORDER BY o.machine, o.entity_id, o.version LIMIT ?2"
             )),
+            #[cfg(any(feature = "sqlite", feature = "mysql"))]
+            mark_published: {
+                let now = now.to_string();
+                BySize::new(move |n| {
+                    format!(
+                        "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+                             last_error = NULL, published_at = {now} \
+                         WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
+                        keys = keys_in("", n)
+                    )
+                })
+            },
         }
     }
 }
@@ -167,12 +186,11 @@ where
 
 /// [`OutboxStore::mark_published`](crate::outbox::OutboxStore::mark_published) with the
 /// batch's keys as `OR`ed groups (MySQL/MariaDB, SQLite, whose plain `?`s bind in order;
-/// PostgreSQL matches them against arrays, which it plans cheaper), on the backend's
-/// clock `now`. The statement's size is the batch's, so its text is built per call.
+/// PostgreSQL matches them against arrays, which it plans cheaper).
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) async fn mark_published_or_keys<DB: Binds>(
     conn: &mut DB::Connection,
-    now: &str,
+    s: &OutboxStatements,
     token: &str,
     keys: &[EventKey],
 ) -> Result<u64, sqlx::Error>
@@ -182,12 +200,6 @@ where
     if keys.is_empty() {
         return Ok(0);
     }
-    let sql = format!(
-        "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-             last_error = NULL, published_at = {now} \
-         WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
-        keys = keys_in("", keys.len())
-    );
     let mut values = vec![Arg::Str(token)];
     for key in keys {
         values.extend([
@@ -197,7 +209,7 @@ where
         ]);
     }
     let args = crate::backend::sql::arguments::<DB>(&values)?;
-    let done = sqlx::query_with(sqlx::AssertSqlSafe(sql), args)
+    let done = sqlx::query_with(s.mark_published.get(keys.len()), args)
         .execute(conn)
         .await?;
     Ok(DB::rows_affected(&done))

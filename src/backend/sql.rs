@@ -3,6 +3,9 @@
 //! value's place in the list the shared code binds; MySQL's `?1`s become the plain `?`s
 //! its protocol takes, with the values bound in the order they stand.
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use std::sync::{Mutex, PoisonError};
+
 use sqlx::error::BoxDynError;
 use sqlx::query::{Query, QueryAs};
 use sqlx::{
@@ -157,6 +160,53 @@ impl Statement {
     }
 }
 
+/// A statement whose text depends on its batch's size (its rows, its keys): built the
+/// first time a size is asked for and kept, so a call formats nothing. Sizes past
+/// [`BySize::KEPT`] (larger than any batch orderly forms) are built for their call.
+/// (PostgreSQL binds a batch as arrays, in a statement of one text.)
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) struct BySize {
+    build: Box<dyn Fn(usize) -> String + Send + Sync>,
+    kept: Mutex<Vec<Option<SqlStr>>>,
+}
+
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+impl BySize {
+    /// The largest size kept.
+    pub(crate) const KEPT: usize = 1024;
+
+    /// The statement `build` writes for each size.
+    pub(crate) fn new(build: impl Fn(usize) -> String + Send + Sync + 'static) -> Self {
+        BySize {
+            build: Box::new(build),
+            kept: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The text for a batch of `n`.
+    pub(crate) fn get(&self, n: usize) -> SqlStr {
+        if n > Self::KEPT {
+            return AssertSqlSafe((self.build)(n)).into_sql_str();
+        }
+        // A panic elsewhere while the lock was held leaves the texts as they were: each
+        // entry is whole or absent.
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() <= n {
+            kept.resize(n + 1, None);
+        }
+        kept[n]
+            .get_or_insert_with(|| AssertSqlSafe((self.build)(n)).into_sql_str())
+            .clone()
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+impl std::fmt::Debug for BySize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BySize").finish_non_exhaustive()
+    }
+}
+
 /// `values`, in their order, as `DB`'s arguments (for a statement whose text is built
 /// per call, its size the call's).
 pub(crate) fn arguments<DB: Binds>(values: &[Arg<'_>]) -> Result<DB::Arguments, sqlx::Error> {
@@ -284,7 +334,36 @@ fn dollar_form(sql: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
+    use super::BySize;
     use super::{dollar_form, positional_form};
+
+    #[test]
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
+    fn statements_by_size_are_built_once_per_size() {
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        static BUILT: AtomicUsize = AtomicUsize::new(0);
+        let by_size = BySize::new(|n| {
+            BUILT.fetch_add(1, Relaxed);
+            format!("IN ({})", vec!["?"; n].join(", "))
+        });
+        assert_eq!(by_size.get(3).as_str(), "IN (?, ?, ?)");
+        assert_eq!(by_size.get(1).as_str(), "IN (?)");
+        assert_eq!(by_size.get(3).as_str(), "IN (?, ?, ?)");
+        assert_eq!(
+            BUILT.load(Relaxed),
+            2,
+            "a size asked for again is not built again"
+        );
+        let past = BySize::KEPT + 1;
+        assert_eq!(by_size.get(past).as_str().matches('?').count(), past);
+        assert_eq!(by_size.get(past).as_str().matches('?').count(), past);
+        assert_eq!(
+            BUILT.load(Relaxed),
+            4,
+            "a size past KEPT is built for each call"
+        );
+    }
 
     #[test]
     fn numbered_parameters_become_positional_in_the_order_they_stand() {

@@ -3,6 +3,7 @@
 //! requests of a batch it writes together.
 
 use sqlx::{Database, Transaction};
+use sqlx_core::transaction::TransactionManager;
 
 use crate::store::{FirstWrite, Request};
 
@@ -61,4 +62,32 @@ pub(crate) fn tried<'a, 'r>(requests: &'a [Request<'r>]) -> Vec<Tried<'a, 'r>> {
         .collect();
     tried.sort_by_key(|t| t.1.key.order_id);
     tried
+}
+
+/// Opens a rules unit ([`Store::begin_rules_unit`](crate::Store::begin_rules_unit)) as
+/// sqlx counts transactions (so that the unit's own savepoints nest inside it): with
+/// `begin` (the backend's `BEGIN`, if not sqlx's) on the engine's own connection, a
+/// savepoint inside the caller's transaction.
+pub(crate) async fn begin_rules_unit<DB: Database>(
+    conn: &mut DB::Connection,
+    txn: crate::store::Txn,
+    begin: Option<&'static str>,
+) -> Result<(), sqlx::Error> {
+    let statement = match txn {
+        crate::store::Txn::Own => begin.map(sqlx::SqlSafeStr::into_sql_str),
+        crate::store::Txn::Caller => None,
+    };
+    DB::TransactionManager::begin(conn, statement).await
+}
+
+/// Ends a rules unit: commits (or releases its savepoint) if `commit`, else undoes it.
+pub(crate) async fn end_rules_unit<DB: Database>(
+    conn: &mut DB::Connection,
+    commit: bool,
+) -> Result<(), sqlx::Error> {
+    if commit {
+        DB::TransactionManager::commit(conn).await
+    } else {
+        DB::TransactionManager::rollback(conn).await
+    }
 }

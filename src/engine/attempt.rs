@@ -82,7 +82,7 @@ async fn read_first<M: StateMachine, S: Store>(
 }
 
 /// What the loop does after one attempt.
-enum Step<S> {
+pub(super) enum Step<S> {
     Done(Result<Outcome<S>>),
     /// Read again; the reason is for the trace.
     Retry(&'static str),
@@ -201,6 +201,9 @@ async fn attempt<M: StateMachine, S: Store>(
     req: &Req<'_, M>,
     given: First<S>,
 ) -> Step<M::State> {
+    if M::has_rules(req.event) {
+        return super::guarded::attempt(engine, conn, txn, req).await;
+    }
     let store = &engine.store;
     let key = req.key;
     let mut first = FirstWrite::NotTried;
@@ -308,7 +311,7 @@ async fn attempt<M: StateMachine, S: Store>(
 /// the request: a retryable one (a deadlock, a lost connection) took the caller's
 /// transaction with it, and the caller runs the whole transaction again. `wrote`: the
 /// error came at or after the attempt's write was sent.
-fn retry_or_fail<M: StateMachine, S: Store>(
+pub(super) fn retry_or_fail<M: StateMachine, S: Store>(
     e: sqlx::Error,
     txn: Txn,
     wrote: bool,

@@ -38,10 +38,12 @@ use crate::store::{Entity, Lease, Store, db_error};
 use crate::{Error, Result};
 
 mod attempt;
+mod guarded;
 mod input;
 mod judge;
 mod req;
 mod request;
+mod rules;
 mod schema;
 mod settle;
 mod writes;
@@ -51,6 +53,7 @@ pub use crate::support::read_first::ReadFirst;
 use crate::support::{detach, read_first};
 pub use input::{MAX_REF_LEN, parse_event};
 pub use request::{CreateRequest, TransitionRequest};
+pub use rules::{Halt, Judged, RuleFuture, Rules, RulesOf};
 
 use detach::within_deadline;
 use input::{parse_record, parse_state, parse_version};
@@ -197,8 +200,10 @@ impl Default for EngineConfig {
 
 /// Drives a [`StateMachine`] over a [`Store`]. Cheap to clone: clones share the store's
 /// pool and the share of replays that [`ReadFirst::Adaptive`] goes by.
-pub struct Engine<M: StateMachine, S> {
+pub struct Engine<M: StateMachine, S: Store> {
     store: S,
+    /// The guards and effects the machine's edges name.
+    rules: Option<Arc<dyn Rules<M, S::Conn>>>,
     config: EngineConfig,
     edges: Arc<HashMap<M::Event, Edges>>,
     first: FirstRound,
@@ -217,10 +222,11 @@ struct Edges {
     emits: Vec<Option<&'static str>>,
 }
 
-impl<M: StateMachine, S: Clone> Clone for Engine<M, S> {
+impl<M: StateMachine, S: Store> Clone for Engine<M, S> {
     fn clone(&self) -> Self {
         Engine {
             store: self.store.clone(),
+            rules: self.rules.clone(),
             config: self.config.clone(),
             edges: self.edges.clone(),
             first: self.first.clone(),
@@ -279,9 +285,20 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
                 .then(|| crate::coalesce::writes::Writes::new(store.clone(), config.deadline)),
             first: FirstRound::new(config.read_first, S::READ_FIRST_FROM),
             store,
+            rules: None,
             config,
             edges: Arc::new(edges),
         })
+    }
+
+    /// The engine with the guards and effects its machine's edges name (`rules` is
+    /// usually `RulesOf(my_rules)`, `my_rules` implementing the machine's rules trait
+    /// for this store's connection). A request along an edge that names a rule runs it
+    /// inside the transition's unit; without rules, such a request fails with
+    /// [`Error::RuleFailed`] and writes nothing.
+    pub fn with_rules(mut self, rules: impl Rules<M, S::Conn>) -> Self {
+        self.rules = Some(Arc::new(rules));
+        self
     }
 
     /// The store.

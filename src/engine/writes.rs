@@ -31,10 +31,11 @@ pub(super) async fn first_turn<M: StateMachine, S: Store>(
     conn: &mut Conn<'_, S>,
     req: &Req<'_, M>,
 ) -> std::result::Result<First<S>, Result<Outcome<M::State>>> {
+    // A request whose edge has a guard or an effect is written in a unit of its own.
     let Some(writes) = engine
         .writes
         .as_ref()
-        .filter(|_| engine.store.batches_writes())
+        .filter(|_| engine.store.batches_writes() && !M::has_rules(req.event))
     else {
         return Ok(First::Write);
     };

@@ -90,6 +90,16 @@ pub mod __check {
 /// [`StateMachine::emits`](crate::StateMachine::emits) and shown on the edge in the
 /// Mermaid and DOT pictures; anything else after `=> State` does not compile.
 ///
+/// An edge may name a guard in brackets and an effect after a slash (`Created + Pay
+/// [amount_matches] => Paid / record_payment emits OrderPaid`), from the names the
+/// machine declares in `rules: OrderRules { guards: [amount_matches] effects:
+/// [record_payment] }` (before `transitions`). The macro then writes the trait
+/// `OrderRules<C>`, one method per name, each run on the unit's connection `C`; hand an
+/// implementation to the engine with [`Engine::with_rules`](crate::Engine::with_rules)
+/// and [`RulesOf`](crate::RulesOf). An edge naming an undeclared rule does not compile
+/// (no variant of `Guards` or `Effects` by that name), nor does an implementation that
+/// lacks one.
+///
 /// Rejected at compile time, with a message naming the problem:
 /// - a duplicate `(state, event)` row,
 /// - a state unreachable from the initial state,
@@ -108,7 +118,14 @@ macro_rules! state_machine {
             events: $event_ty:ident { $($event:ident),+ $(,)? }
             initial: $initial:ident;
             terminal: [ $($terminal:ident),* $(,)? ];
-            transitions: { $( $from:ident + $ev:ident => $to:ident $(emits $emitted:ident)? ),+ $(,)? }
+            $(rules: $rules_ty:ident {
+                guards: [ $($guard_name:ident),* $(,)? ]
+                effects: [ $($effect_name:ident),* $(,)? ]
+            })?
+            transitions: { $(
+                $from:ident + $ev:ident $([$guard:ident])? => $to:ident
+                $(/ $effect:ident)? $(emits $emitted:ident)?
+            ),+ $(,)? }
         }
     ) => {
         #[doc = concat!("States of [`", stringify!($machine), "`].")]
@@ -167,9 +184,71 @@ macro_rules! state_machine {
                     event: $event_ty::$ev,
                     to: $state_ty::$to,
                     emits: $crate::__emits!($($emitted)?),
+                    guard: $crate::__emits!($($guard)?),
+                    effect: $crate::__emits!($($effect)?),
                 } ),+
             ];
         }
+
+        $(
+            #[doc = concat!(
+                "The guards and effects of [`", stringify!($machine), "`]'s edges: each runs ",
+                "inside the transition's unit, on its connection `C`, after the entity is ",
+                "locked at the judged state and version (see [`orderly::Rules`]). Hand an ",
+                "implementation to the engine as `orderly::RulesOf(rules)`."
+            )]
+            $vis trait $rules_ty<C: Send>: Send + Sync + 'static {
+                $(
+                    #[doc = concat!("The guard `", stringify!($guard_name), "`: `Ok(())` allows the move, `Err(Halt::refuse(..))` refuses it.")]
+                    fn $guard_name(
+                        &self,
+                        conn: &mut C,
+                        judged: &$crate::Judged<'_, $machine>,
+                    ) -> impl ::core::future::Future<Output = ::core::result::Result<(), $crate::Halt>> + Send;
+                )*
+                $(
+                    #[doc = concat!("The effect `", stringify!($effect_name), "`: the business write of the move; an error undoes the whole unit.")]
+                    fn $effect_name(
+                        &self,
+                        conn: &mut C,
+                        judged: &$crate::Judged<'_, $machine>,
+                    ) -> impl ::core::future::Future<Output = ::core::result::Result<(), $crate::Halt>> + Send;
+                )*
+            }
+
+            impl<C: Send, R: $rules_ty<C>> $crate::Rules<$machine, C> for $crate::RulesOf<R> {
+                fn run<'a>(
+                    &'a self,
+                    name: &'static str,
+                    conn: &'a mut C,
+                    judged: &'a $crate::Judged<'a, $machine>,
+                ) -> ::core::pin::Pin<::std::boxed::Box<
+                    dyn ::core::future::Future<Output = ::core::result::Result<(), $crate::Halt>> + Send + 'a,
+                >> {
+                    $( if name == stringify!($guard_name) {
+                        return ::std::boxed::Box::pin(self.0.$guard_name(conn, judged));
+                    } )*
+                    $( if name == stringify!($effect_name) {
+                        return ::std::boxed::Box::pin(self.0.$effect_name(conn, judged));
+                    } )*
+                    ::std::boxed::Box::pin(::core::future::ready(::core::result::Result::Err(
+                        $crate::Halt::unknown(name),
+                    )))
+                }
+            }
+
+        )?
+
+        // Each guard and effect an edge names is one the rules declare: a name that is
+        // not is a compile error naming it (no variant `name` in `Guards` / `Effects`).
+        const _: () = {
+            #[allow(non_camel_case_types, dead_code)]
+            enum Guards { $($($guard_name,)*)? }
+            #[allow(non_camel_case_types, dead_code)]
+            enum Effects { $($($effect_name,)*)? }
+            $($( let _ = Guards::$guard; )?)+
+            $($( let _ = Effects::$effect; )?)+
+        };
 
         const _: () = {
             const ROWS: &[(usize, usize, usize)] = &[

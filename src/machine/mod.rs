@@ -13,9 +13,10 @@ use std::str::FromStr;
 
 use strum::IntoEnumIterator;
 
-/// One row of a transition table: in state `from`, event `event` moves to `to`, and the
-/// move emits the domain event `emits`, if the edge declares one (`Created + Pay => Paid
-/// emits OrderPaid`).
+/// One row of a transition table: in state `from`, event `event` moves to `to`, if the
+/// edge's guard allows it; the move runs the edge's effect and emits the domain event
+/// `emits`, where the edge declares them (`Created + Pay [amount_matches] => Paid /
+/// record_payment emits OrderPaid`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Transition<S, E> {
     /// State the row applies to.
@@ -26,6 +27,11 @@ pub struct Transition<S, E> {
     pub to: S,
     /// The name of the domain event this move emits, if any.
     pub emits: Option<&'static str>,
+    /// The name of the guard judged before this move, if any (see
+    /// [`Rules`](crate::Rules)).
+    pub guard: Option<&'static str>,
+    /// The name of the effect run with this move, if any (see [`Rules`](crate::Rules)).
+    pub effect: Option<&'static str>,
 }
 
 /// What a state or event type must provide: a stable name that round-trips through the
@@ -98,10 +104,25 @@ pub trait StateMachine: Send + Sync + 'static {
     /// The domain event the edge from `state` on `event` emits, if the graph allows the
     /// move and the edge declares one.
     fn emits(state: Self::State, event: Self::Event) -> Option<&'static str> {
+        Self::edge(state, event).and_then(|t| t.emits)
+    }
+
+    /// The edge from `state` on `event`, if the graph has one.
+    fn edge(
+        state: Self::State,
+        event: Self::Event,
+    ) -> Option<&'static Transition<Self::State, Self::Event>> {
         Self::TRANSITIONS
             .iter()
             .find(|t| t.from == state && t.event == event)
-            .and_then(|t| t.emits)
+    }
+
+    /// Whether any edge on `event` has a guard or an effect: such a request is judged
+    /// and written in a unit of its own (see [`Rules`](crate::Rules)).
+    fn has_rules(event: Self::Event) -> bool {
+        Self::TRANSITIONS
+            .iter()
+            .any(|t| t.event == event && (t.guard.is_some() || t.effect.is_some()))
     }
 }
 

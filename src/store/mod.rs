@@ -208,6 +208,45 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Written, sqlx::Error>> + Send;
 
     /// The reference under which `key.event` was last applied to `key.order_id`, if ever.
+    /// Opens the unit of a request whose edge has a guard or an effect: a transaction
+    /// on the engine's own connection ([`Txn::Own`]; on SQLite `BEGIN IMMEDIATE`), a
+    /// savepoint inside the caller's transaction ([`Txn::Caller`]). The default cannot:
+    /// such requests then fail without writing.
+    fn begin_rules_unit(
+        &self,
+        conn: &mut Self::Conn,
+        txn: Txn,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let _ = (conn, txn);
+        std::future::ready(Err(sqlx::Error::Protocol(
+            "this store runs no guards or effects".into(),
+        )))
+    }
+
+    /// Ends the unit [`begin_rules_unit`](Self::begin_rules_unit) opened: commits it (or
+    /// releases the savepoint) if `commit`, else undoes it.
+    fn end_rules_unit(
+        &self,
+        conn: &mut Self::Conn,
+        txn: Txn,
+        commit: bool,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let _ = (conn, txn, commit);
+        std::future::ready(Ok(()))
+    }
+
+    /// The entity, locked until the unit ends (`SELECT … FOR UPDATE`), read as last
+    /// committed; inside a unit of [`begin_rules_unit`](Self::begin_rules_unit). By
+    /// default [`get`](Self::get), for a store whose unit already holds the only write
+    /// lock (SQLite).
+    fn lock(
+        &self,
+        conn: &mut Self::Conn,
+        order_id: i64,
+    ) -> impl Future<Output = Result<Option<Entity>, sqlx::Error>> + Send {
+        self.get(conn, order_id)
+    }
+
     /// Read only when the event is not allowed from the current state, to tell a
     /// conflicting reference (`RefConflict`) from an invalid event.
     fn latest_ref(

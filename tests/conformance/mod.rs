@@ -17,6 +17,7 @@ pub mod reads;
 pub mod records_faults;
 pub mod records_jobs;
 pub mod records_model;
+pub mod rules;
 pub mod schema;
 pub mod storms;
 // The bodies, for `conformance!`; a binary that runs only some of them (the Galera
@@ -25,7 +26,7 @@ pub mod storms;
 pub use self::{
     audit::*, callers::*, coalesce::*, cycles::*, events::*, faults::*, flow_deadline::*, flows::*,
     idempotency::*, outbox::*, outcomes::*, reads::*, records_faults::*, records_jobs::*,
-    records_model::*, schema::*, storms::*,
+    records_model::*, rules::*, schema::*, storms::*,
 };
 
 use std::collections::HashMap;
@@ -97,6 +98,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
         conn: &'c mut <Self::S as Store>::Conn,
         sql: String,
     ) -> orderly::idempotency::Work<'c, Result<(), sqlx::Error>>;
+    /// Selects one integer on a connection (inside whatever transaction is open on it),
+    /// as a guard would.
+    fn scalar_conn<'c>(
+        conn: &'c mut <Self::S as Store>::Conn,
+        sql: String,
+    ) -> orderly::idempotency::Work<'c, Result<i64, sqlx::Error>>;
     async fn commit(tx: Self::Tx);
     async fn rollback(tx: Self::Tx);
     /// Commits; whether it succeeded.
@@ -176,6 +183,17 @@ macro_rules! harness_sql_methods {
             })
         }
 
+        fn scalar_conn<'c>(
+            conn: &'c mut $conn,
+            sql: String,
+        ) -> orderly::idempotency::Work<'c, Result<i64, sqlx::Error>> {
+            Box::pin(async move {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(conn)
+                    .await
+            })
+        }
+
         async fn commit(tx: Self::Tx) {
             tx.commit().await.unwrap();
         }
@@ -228,6 +246,8 @@ macro_rules! conformance {
             version_at_its_limit_is_corrupt_state,
             records_impossible_rows_are_reported_not_replayed,
             write_unit_carries_several_requests,
+            guards_and_effects_run_once_inside_the_unit,
+            guards_judge_what_the_locked_data_says,
             own_statement_errors_classify_as_the_stores_do,
             emitting_edges_write_their_event_with_the_transition,
             claim_follows_the_outcome_table,

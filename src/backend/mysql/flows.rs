@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 use super::MySqlStore;
 use super::transition_sql::CAUSAL;
 use crate::backend::flow_sql::{self, FlowStatements, LISTINGS, PurgeByKeys};
-use crate::backend::sql::Statement;
+use crate::backend::sql::{BySize, Statement};
 use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
 use crate::idempotency::RecordStore;
 
@@ -159,14 +159,7 @@ impl FlowStore for MySqlStore {
             tx.commit().await?;
             return Ok(Vec::new());
         }
-        let marks = vec!["?"; keys.len()].join(", ");
-        let hand_over = format!(
-            "UPDATE flows SET owner_token = ?, attempt = LEAST(GREATEST(attempt, 0) + 1, 2147483647), \
-                 lease_until = {NOW} + ?, \
-                 updated_at = {NOW} \
-             WHERE kind = ? AND flow_key IN ({marks}) AND {LIVE} AND lease_until <= {NOW}"
-        );
-        let mut update = sqlx::query(sqlx::AssertSqlSafe(hand_over))
+        let mut update = sqlx::query(TAKE_DUE_HAND_OVER.get(keys.len()))
             .bind(d.token)
             .bind(d.lease_ms)
             .bind(d.kind);
@@ -174,11 +167,7 @@ impl FlowStore for MySqlStore {
             update = update.bind(key);
         }
         update.execute(&mut *tx).await?;
-        let taken = format!(
-            "SELECT flow_key, attempt FROM flows \
-             WHERE kind = ? AND owner_token = ? AND flow_key IN ({marks})"
-        );
-        let mut read = sqlx::query_as(sqlx::AssertSqlSafe(taken))
+        let mut read = sqlx::query_as(TAKE_DUE_TAKEN.get(keys.len()))
             .bind(d.kind)
             .bind(d.token);
         for key in &keys {
@@ -305,4 +294,27 @@ static TAKE_DUE_CHOOSE: LazyLock<SqlStr> = LazyLock::new(|| {
          ORDER BY lease_until LIMIT ? FOR UPDATE SKIP LOCKED"
     ))
     .into_sql_str()
+});
+
+/// The statements of `take_due` sized by the flows they name (the hand-over, the
+/// read-back of what the claim holds), built once per size.
+static TAKE_DUE_HAND_OVER: LazyLock<BySize> = LazyLock::new(|| {
+    BySize::new(|n| {
+        format!(
+            "UPDATE flows SET owner_token = ?, attempt = LEAST(GREATEST(attempt, 0) + 1, 2147483647), \
+                 lease_until = {NOW} + ?, \
+                 updated_at = {NOW} \
+             WHERE kind = ? AND flow_key IN ({marks}) AND {LIVE} AND lease_until <= {NOW}",
+            marks = vec!["?"; n].join(", ")
+        )
+    })
+});
+static TAKE_DUE_TAKEN: LazyLock<BySize> = LazyLock::new(|| {
+    BySize::new(|n| {
+        format!(
+            "SELECT flow_key, attempt FROM flows \
+             WHERE kind = ? AND owner_token = ? AND flow_key IN ({marks})",
+            marks = vec!["?"; n].join(", ")
+        )
+    })
 });

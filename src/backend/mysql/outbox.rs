@@ -17,7 +17,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
 use crate::backend::outbox_sql::{self, OutboxStatements, UNKNOWN_STATUS, claimed, keys_in};
-use crate::backend::sql::Params;
+use crate::backend::sql::{BySize, Params};
 use crate::idempotency::RecordStore;
 use crate::outbox::{
     ClaimEvents, ClaimedEvent, CorruptRow, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow,
@@ -79,7 +79,7 @@ impl OutboxStore for MySqlStore {
         token: &str,
         keys: &[EventKey],
     ) -> Result<u64, sqlx::Error> {
-        outbox_sql::mark_published_or_keys::<MySql>(conn, NOW, token, keys).await
+        outbox_sql::mark_published_or_keys::<MySql>(conn, &STATEMENTS, token, keys).await
     }
 
     async fn claim_events(
@@ -99,11 +99,7 @@ impl OutboxStore for MySqlStore {
         // The earlier-event test again, on a snapshot that sees every event committed
         // before the ones the locking read found; the survivors' rows, as they are (they
         // are locked), each decoded on its own.
-        let recheck = format!(
-            "SELECT {EVENT_COLUMNS} FROM outbox AS o WHERE {} AND {HEAD}",
-            keys_in("o.", locked.len())
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(recheck));
+        let mut query = sqlx::query(CLAIM_EVENTS_RECHECK.get(locked.len()));
         for (machine, entity_id, version) in &locked {
             query = query.bind(machine).bind(entity_id).bind(version);
         }
@@ -131,13 +127,7 @@ impl OutboxStore for MySqlStore {
                 Err(c) => c.key.clone(),
             })
             .collect();
-        let hand_over = format!(
-            "UPDATE outbox SET owner_token = ?, lease_until = {NOW} + ?, \
-                 attempts = LEAST(GREATEST(attempts, 0) + 1, 2147483647) \
-             WHERE status = 'PENDING' AND lease_until <= {NOW} AND {}",
-            keys_in("", keys.len())
-        );
-        let mut update = sqlx::query(sqlx::AssertSqlSafe(hand_over))
+        let mut update = sqlx::query(CLAIM_EVENTS_HAND_OVER.get(keys.len()))
             .bind(c.token)
             .bind(c.lease_ms);
         for key in &keys {
@@ -150,11 +140,7 @@ impl OutboxStore for MySqlStore {
         if handed != keys.len() as u64 {
             // Locked rows cannot change under the claim; if they did, the claim answers
             // what it holds, read back by its token.
-            let taken = format!(
-                "SELECT {EVENT_COLUMNS} FROM outbox WHERE owner_token = ? AND {}",
-                keys_in("", keys.len())
-            );
-            let mut read = sqlx::query(sqlx::AssertSqlSafe(taken)).bind(c.token);
+            let mut read = sqlx::query(CLAIM_EVENTS_TAKEN.get(keys.len())).bind(c.token);
             for key in &keys {
                 read = read
                     .bind(&key.machine)
@@ -254,6 +240,35 @@ static CLAIM_EVENTS_CHOOSE: LazyLock<SqlStr> = LazyLock::new(|| {
          LIMIT ? FOR UPDATE SKIP LOCKED"
     ))
     .into_sql_str()
+});
+
+/// The statements of `claim_events` sized by the events they name (the re-check, the
+/// hand-over, the read-back of what the claim holds), built once per size.
+static CLAIM_EVENTS_RECHECK: LazyLock<BySize> = LazyLock::new(|| {
+    BySize::new(|n| {
+        format!(
+            "SELECT {EVENT_COLUMNS} FROM outbox AS o WHERE {} AND {HEAD}",
+            keys_in("o.", n)
+        )
+    })
+});
+static CLAIM_EVENTS_HAND_OVER: LazyLock<BySize> = LazyLock::new(|| {
+    BySize::new(|n| {
+        format!(
+            "UPDATE outbox SET owner_token = ?, lease_until = {NOW} + ?, \
+                 attempts = LEAST(GREATEST(attempts, 0) + 1, 2147483647) \
+             WHERE status = 'PENDING' AND lease_until <= {NOW} AND {}",
+            keys_in("", n)
+        )
+    })
+});
+static CLAIM_EVENTS_TAKEN: LazyLock<BySize> = LazyLock::new(|| {
+    BySize::new(|n| {
+        format!(
+            "SELECT {EVENT_COLUMNS} FROM outbox WHERE owner_token = ? AND {}",
+            keys_in("", n)
+        )
+    })
 });
 
 /// The statement of `purge_published`, built once.

@@ -14,6 +14,8 @@ pub(super) const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
 pub(super) struct Sql {
     pub(super) insert_order: SqlStr,
     pub(super) get: SqlStr,
+    /// The entity, locked, as last committed: `(id)`.
+    pub(super) lock: SqlStr,
     /// The entity after `insert_order`, `[Txn::Own, Txn::Caller]`: inside a caller's
     /// transaction a locking read, which sees the committed row.
     pub(super) created: [SqlStr; 2],
@@ -38,11 +40,8 @@ pub(super) struct Sql {
     pub(super) emit: SqlStr,
     pub(super) history: SqlStr,
     pub(super) batch_reads: BatchReads,
-    /// The tables' quoted names, for the statements of a batch, whose text depends on
-    /// its size, and whether reads are causal.
-    pub(super) orders: String,
-    pub(super) transitions: String,
-    pub(super) causal: bool,
+    /// The statements of a unit of several requests, whose text depends on its size.
+    pub(super) units: super::units::UnitStatements,
 }
 
 pub(super) fn at(txn: Txn) -> usize {
@@ -62,14 +61,15 @@ impl Sql {
         };
         let locking = |f: &dyn Fn(&str) -> String, lock: &str| [read(f("")), read(f(lock))];
         Sql {
-            orders: o.clone(),
-            transitions: h.clone(),
-            causal,
+            units: super::units::UnitStatements::new(&o, &h, causal),
             insert_order: sql(format!(
                 "INSERT INTO {o} (id, status, version) VALUES (?, ?, 0) ON DUPLICATE KEY UPDATE id = id"
             )),
             get: read(format!(
                 "SELECT status, CAST(version AS SIGNED) AS version FROM {o} WHERE id = ?"
+            )),
+            lock: read(format!(
+                "SELECT status, CAST(version AS SIGNED) AS version FROM {o} WHERE id = ? FOR UPDATE"
             )),
             created: locking(
                 &|lock| {

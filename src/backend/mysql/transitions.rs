@@ -307,6 +307,34 @@ impl Store for MySqlStore {
             .await
     }
 
+    async fn begin_rules_unit(
+        &self,
+        conn: &mut MySqlConnection,
+        txn: Txn,
+    ) -> Result<(), sqlx::Error> {
+        crate::backend::units::begin_rules_unit::<sqlx::MySql>(conn, txn, None).await
+    }
+
+    async fn end_rules_unit(
+        &self,
+        conn: &mut MySqlConnection,
+        _txn: Txn,
+        commit: bool,
+    ) -> Result<(), sqlx::Error> {
+        crate::backend::units::end_rules_unit::<sqlx::MySql>(conn, commit).await
+    }
+
+    async fn lock(
+        &self,
+        conn: &mut MySqlConnection,
+        order_id: i64,
+    ) -> Result<Option<Entity>, sqlx::Error> {
+        sqlx::query_as(self.sql().lock.clone())
+            .bind(order_id)
+            .fetch_optional(conn)
+            .await
+    }
+
     async fn get(
         &self,
         conn: &mut MySqlConnection,

@@ -3,12 +3,12 @@
 //! `backend/stepwise.rs` are made of (the update, the history and outbox rows, the
 //! restore).
 
-use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
 use super::transition_sql::CAUSAL;
 use crate::backend::Tried;
+use crate::backend::sql::BySize;
 use crate::backend::stepwise::Stepwise;
 use crate::store::{Apply, FirstWrite, Request, is_unique_violation};
 
@@ -28,9 +28,7 @@ impl MySqlStore {
         conn: &mut MySqlConnection,
         requests: &[Request<'_>],
     ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
-        let sql = self.sql();
-        let (o, h) = (&sql.orders, &sql.transitions);
-        let causal = if sql.causal { CAUSAL } else { "" };
+        let units = &self.sql().units;
         let mut written = vec![FirstWrite::NotTried; requests.len()];
         let tried = crate::backend::tried(requests);
         for t in &tried {
@@ -42,11 +40,7 @@ impl MySqlStore {
         // has no reply, after which the next request can wait on the server's delayed
         // acknowledgement (sqlx leaves Nagle's algorithm on).
         let class = |n: usize| n.next_power_of_two().max(2);
-        let list = vec!["?"; class(tried.len())].join(", ");
-        let mut lock = sqlx::query_as::<_, (i64, String, i64)>(AssertSqlSafe(format!(
-            "SELECT id, status, CAST(version AS SIGNED) FROM {o} FORCE INDEX (PRIMARY) \
-             WHERE id IN ({list}) ORDER BY id FOR UPDATE"
-        )));
+        let mut lock = sqlx::query_as::<_, (i64, String, i64)>(units.lock.get(class(tried.len())));
         for t in &tried {
             lock = lock.bind(t.1.key.order_id);
         }
@@ -54,11 +48,7 @@ impl MySqlStore {
             lock = lock.bind(None::<i64>);
         }
         let entities = lock.fetch_all(&mut *conn).await?;
-        let asked =
-            vec!["(order_id = ? AND event = ? AND ref_id = ?)"; class(tried.len())].join(" OR ");
-        let mut recorded = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
-            "{causal}SELECT order_id FROM {h} WHERE {asked}"
-        )));
+        let mut recorded = sqlx::query_scalar::<_, i64>(units.recorded.get(class(tried.len())));
         for t in &tried {
             recorded = recorded
                 .bind(t.1.key.order_id)
@@ -86,11 +76,7 @@ impl MySqlStore {
             return Ok(Some(written));
         }
         let size = class(moving.len());
-        let cases = vec!["WHEN ? THEN ?"; size].join(" ");
-        let ids = vec!["?"; size].join(", ");
-        let mut update = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {o} SET status = CASE id {cases} END, version = version + 1 WHERE id IN ({ids})"
-        )));
+        let mut update = sqlx::query(units.update.get(size));
         for ((_, r, _, to), _) in &moving {
             update = update.bind(r.key.order_id).bind(*to);
         }
@@ -107,11 +93,7 @@ impl MySqlStore {
         if updated != moving.len() as u64 {
             return Ok(not_given("update", updated, moving.len()));
         }
-        let rows = padded_rows(11, size);
-        let mut record = sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
-             {rows}"
-        )));
+        let mut record = sqlx::query(units.record.get(size));
         for ((_, r, from, to), version) in &moving {
             record = record
                 .bind(r.key.order_id)
@@ -158,11 +140,7 @@ impl MySqlStore {
             .collect();
         if !emitting.is_empty() {
             let size = class(emitting.len());
-            let rows = padded_rows(9, size);
-            let mut emit = sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
-                 {rows}"
-            )));
+            let mut emit = sqlx::query(units.emit.get(size));
             for ((_, r, from, to), version, event) in &emitting {
                 emit = emit
                     .bind(r.machine)
@@ -317,6 +295,67 @@ fn not_given<T>(what: &str, changed: u64, given: usize) -> Option<T> {
         "a coalesced unit's statement changed rows it was not given; the unit is undone"
     );
     None
+}
+
+/// The statements of a unit of several requests, in size classes (see `first_writes`),
+/// built once per class.
+#[derive(Debug)]
+pub(super) struct UnitStatements {
+    /// The entities' locking read by the primary key: their ids.
+    lock: BySize,
+    /// Which of the requests are recorded: `(order_id, event, ref_id)` each.
+    recorded: BySize,
+    /// The entities moved: `(id, to)` each, then each id.
+    update: BySize,
+    /// The history rows, 11 values each.
+    record: BySize,
+    /// The outbox rows, 9 values each.
+    emit: BySize,
+}
+
+impl UnitStatements {
+    /// The statements over the entity table `o` and the history table `h` (quoted),
+    /// the read of recorded requests causal on Galera if `causal`.
+    pub(super) fn new(o: &str, h: &str, causal: bool) -> Self {
+        let causal = if causal { CAUSAL } else { "" };
+        let (lo, rh, uo, ih) = (o.to_string(), h.to_string(), o.to_string(), h.to_string());
+        UnitStatements {
+            lock: BySize::new(move |n| {
+                format!(
+                    "SELECT id, status, CAST(version AS SIGNED) FROM {lo} FORCE INDEX (PRIMARY) \
+                     WHERE id IN ({list}) ORDER BY id FOR UPDATE",
+                    list = vec!["?"; n].join(", ")
+                )
+            }),
+            recorded: BySize::new(move |n| {
+                format!(
+                    "{causal}SELECT order_id FROM {rh} WHERE {asked}",
+                    asked = vec!["(order_id = ? AND event = ? AND ref_id = ?)"; n].join(" OR ")
+                )
+            }),
+            update: BySize::new(move |n| {
+                format!(
+                    "UPDATE {uo} SET status = CASE id {cases} END, version = version + 1 WHERE id IN ({ids})",
+                    cases = vec!["WHEN ? THEN ?"; n].join(" "),
+                    ids = vec!["?"; n].join(", ")
+                )
+            }),
+            record: BySize::new(move |n| {
+                format!(
+                    "INSERT INTO {ih} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                     {rows}",
+                    rows = padded_rows(11, n)
+                )
+            }),
+            emit: BySize::new(|n| {
+                format!(
+                    "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                     {rows}",
+                    rows = padded_rows(9, n)
+                )
+            }),
+        }
+    }
 }
 
 /// The rows of a multi-row insert as a `SELECT` of `rows` rows of `width` parameters,

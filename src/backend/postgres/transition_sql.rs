@@ -12,6 +12,8 @@ use crate::store::Tables;
 pub(super) struct Sql {
     pub(super) insert_order: SqlStr,
     pub(super) get: SqlStr,
+    /// The entity, locked: `(id)`.
+    pub(super) lock: SqlStr,
     pub(super) observe: SqlStr,
     pub(super) prior: SqlStr,
     pub(super) latest_ref: SqlStr,
@@ -151,6 +153,9 @@ impl Sql {
             )),
             get: sql(format!(
                 "SELECT status::text AS status, version::bigint AS version FROM {o} WHERE id = $1"
+            )),
+            lock: sql(format!(
+                "SELECT status::text AS status, version::bigint AS version FROM {o} WHERE id = $1 FOR UPDATE"
             )),
             observe: sql(format!(
                 "SELECT o.status::text AS status, o.version::bigint AS version, \

@@ -307,6 +307,30 @@ impl Store for PgStore {
             .await
     }
 
+    async fn begin_rules_unit(&self, conn: &mut PgConnection, txn: Txn) -> Result<(), sqlx::Error> {
+        crate::backend::units::begin_rules_unit::<sqlx::Postgres>(conn, txn, None).await
+    }
+
+    async fn end_rules_unit(
+        &self,
+        conn: &mut PgConnection,
+        _txn: Txn,
+        commit: bool,
+    ) -> Result<(), sqlx::Error> {
+        crate::backend::units::end_rules_unit::<sqlx::Postgres>(conn, commit).await
+    }
+
+    async fn lock(
+        &self,
+        conn: &mut PgConnection,
+        order_id: i64,
+    ) -> Result<Option<Entity>, sqlx::Error> {
+        sqlx::query_as(self.transitions.lock.clone())
+            .bind(order_id)
+            .fetch_optional(conn)
+            .await
+    }
+
     async fn get(
         &self,
         conn: &mut PgConnection,

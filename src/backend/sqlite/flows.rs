@@ -7,7 +7,7 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use super::SqliteStore;
 use crate::backend::flow_sql::{self, FlowClaims, FlowStatements, LISTINGS, PurgeByKeys};
-use crate::backend::sql::Statement;
+use crate::backend::sql::{BySize, Statement};
 use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
 use crate::idempotency::RecordStore;
 
@@ -121,18 +121,7 @@ impl FlowStore for SqliteStore {
         conn: &mut SqliteConnection,
         starts: &[crate::flow::NewFlow<'_>],
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-        let rows = vec!["(?, ?, ?, ?, ?, ?, ?)"; starts.len()].join(", ");
-        let sql = format!(
-            "WITH now AS {NOW} \
-             INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
-                 step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
-             SELECT s.column1, s.column2, s.column3, s.column4, s.column5, 'RUNNING', NULL, 0, \
-                    s.column6, 1, ms + s.column7, NULL, NULL, ms, ms \
-             FROM now, (VALUES {rows}) AS s WHERE true \
-             ON CONFLICT (kind, flow_key) DO NOTHING \
-             RETURNING owner_token, attempt"
-        );
-        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        let mut query = sqlx::query_as(START_FLOWS.get(starts.len()));
         for s in starts {
             query = query
                 .bind(s.kind)
@@ -255,3 +244,20 @@ fn list_sql(which: Listing) -> String {
          ORDER BY f.kind, f.flow_key LIMIT ?3"
     )
 }
+
+/// The statement of `start_flows`, a row of values per start, built once per size.
+static START_FLOWS: LazyLock<BySize> = LazyLock::new(|| {
+    BySize::new(|n| {
+        let rows = vec!["(?, ?, ?, ?, ?, ?, ?)"; n].join(", ");
+        format!(
+            "WITH now AS {NOW} \
+                 INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
+                     step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
+                 SELECT s.column1, s.column2, s.column3, s.column4, s.column5, 'RUNNING', NULL, 0, \
+                        s.column6, 1, ms + s.column7, NULL, NULL, ms, ms \
+                 FROM now, (VALUES {rows}) AS s WHERE true \
+                 ON CONFLICT (kind, flow_key) DO NOTHING \
+                 RETURNING owner_token, attempt"
+        )
+    })
+});

@@ -9,7 +9,7 @@ use sqlx::{Connection, Transaction};
 
 use super::SqliteStore;
 use crate::backend::records_sql::{self, OneStatementClaims, RecordStatements};
-use crate::backend::sql::Statement;
+use crate::backend::sql::{BySize, Statement};
 use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
 use crate::store::Txn;
 
@@ -117,18 +117,7 @@ impl RecordStore for SqliteStore {
         conn: &mut SqliteConnection,
         claims: &[NewClaim<'_>],
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-        let rows = vec!["(?, ?, ?, ?, ?, ?)"; claims.len()].join(", ");
-        let sql = format!(
-            "WITH now AS {NOW} \
-             INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
-                 attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
-             SELECT c.column1, c.column2, c.column3, 'PROCESSING', c.column4, 1, \
-                    ms + c.column5, ms + c.column6, NULL, 0, ms, ms \
-             FROM now, (VALUES {rows}) AS c WHERE true \
-             ON CONFLICT (scope, idem_key) DO NOTHING \
-             RETURNING owner_token, attempt"
-        );
-        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        let mut query = sqlx::query_as(CLAIM_NEW.get(claims.len()));
         for c in claims {
             query = query
                 .bind(c.scope)
@@ -235,4 +224,21 @@ static STATEMENTS: LazyLock<(RecordStatements, OneStatementClaims)> = LazyLock::
             )),
         },
     )
+});
+
+/// The statement of `claim_new`, a row of values per claim, built once per size.
+static CLAIM_NEW: LazyLock<BySize> = LazyLock::new(|| {
+    BySize::new(|n| {
+        let rows = vec!["(?, ?, ?, ?, ?, ?)"; n].join(", ");
+        format!(
+            "WITH now AS {NOW} \
+                 INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                     attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+                 SELECT c.column1, c.column2, c.column3, 'PROCESSING', c.column4, 1, \
+                        ms + c.column5, ms + c.column6, NULL, 0, ms, ms \
+                 FROM now, (VALUES {rows}) AS c WHERE true \
+                 ON CONFLICT (scope, idem_key) DO NOTHING \
+                 RETURNING owner_token, attempt"
+        )
+    })
 });

@@ -81,7 +81,7 @@ impl OutboxStore for SqliteStore {
         token: &str,
         keys: &[EventKey],
     ) -> Result<u64, sqlx::Error> {
-        outbox_sql::mark_published_or_keys::<Sqlite>(conn, NOW, token, keys).await
+        outbox_sql::mark_published_or_keys::<Sqlite>(conn, &STATEMENTS, token, keys).await
     }
 
     async fn claim_events(

@@ -38,10 +38,8 @@ pub(super) struct Sql {
     /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
     pub(super) emit: SqlStr,
     history: SqlStr,
-    /// The tables' quoted names, for the statements of a batch, whose text depends on
-    /// its size.
-    pub(super) orders: String,
-    pub(super) transitions: String,
+    /// The statements of a unit of several requests, whose text depends on its size.
+    pub(super) units: super::units::UnitStatements,
 }
 
 impl Sql {
@@ -49,8 +47,7 @@ impl Sql {
         let (o, h) = tables.quoted('"');
         let sql = |s: String| AssertSqlSafe(s).into_sql_str();
         Sql {
-            orders: o.clone(),
-            transitions: h.clone(),
+            units: super::units::UnitStatements::new(&o, &h),
             insert_order: sql(format!(
                 "INSERT INTO {o} (id, status, version) SELECT ?1, ?2, 0 \
                  WHERE NOT EXISTS (SELECT 1 FROM {o} WHERE id = ?1) ON CONFLICT (id) DO NOTHING"
@@ -288,6 +285,24 @@ impl Store for SqliteStore {
             .bind(order_id)
             .fetch_one(conn)
             .await
+    }
+
+    async fn begin_rules_unit(
+        &self,
+        conn: &mut SqliteConnection,
+        txn: Txn,
+    ) -> Result<(), sqlx::Error> {
+        crate::backend::units::begin_rules_unit::<sqlx::Sqlite>(conn, txn, Some("BEGIN IMMEDIATE"))
+            .await
+    }
+
+    async fn end_rules_unit(
+        &self,
+        conn: &mut SqliteConnection,
+        _txn: Txn,
+        commit: bool,
+    ) -> Result<(), sqlx::Error> {
+        crate::backend::units::end_rules_unit::<sqlx::Sqlite>(conn, commit).await
     }
 
     async fn get(

@@ -4,10 +4,11 @@
 //! restore).
 
 use sqlx::sqlite::{Sqlite, SqliteConnection};
-use sqlx::{AssertSqlSafe, Connection, Transaction};
+use sqlx::{Connection, Transaction};
 
 use super::SqliteStore;
 use crate::backend::Tried;
+use crate::backend::sql::BySize;
 use crate::backend::stepwise::Stepwise;
 use crate::store::{Apply, FirstWrite, Request, Txn, is_unique_violation};
 
@@ -36,20 +37,10 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         requests: &[Request<'_>],
     ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
-        let (o, h) = (&self.transitions.orders, &self.transitions.transitions);
+        let units = &self.transitions.units;
         let tried = crate::backend::tried(requests);
         let mut written = vec![FirstWrite::NotTried; requests.len()];
-        let values = placeholders(tried.len(), 5);
-        let update = format!(
-            "WITH r(order_id, f, t, event, ref_id) AS (VALUES {values}) \
-             UPDATE {o} SET status = r.t, version = {o}.version + 1 FROM r \
-             WHERE {o}.id = r.order_id AND {o}.status = r.f \
-               AND {o}.version BETWEEN 0 AND 9223372036854775806 \
-               AND NOT EXISTS (SELECT 1 FROM {h} AS h \
-                               WHERE h.order_id = r.order_id AND h.event = r.event AND h.ref_id = r.ref_id) \
-             RETURNING id, version"
-        );
-        let mut query = sqlx::query_as::<_, (i64, i64)>(AssertSqlSafe(update));
+        let mut query = sqlx::query_as::<_, (i64, i64)>(units.update.get(tried.len()));
         for (_, r, from, to) in &tried {
             query = query
                 .bind(r.key.order_id)
@@ -72,12 +63,7 @@ impl SqliteStore {
         if moved.is_empty() {
             return Ok(Some(written));
         }
-        let record = format!(
-            "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
-             VALUES {}",
-            placeholders(moved.len(), 11)
-        );
-        let mut query = sqlx::query(AssertSqlSafe(record));
+        let mut query = sqlx::query(units.record.get(moved.len()));
         for ((_, r, from, to), version) in &moved {
             query = query
                 .bind(r.key.order_id)
@@ -102,12 +88,7 @@ impl SqliteStore {
             .filter_map(|(t, version)| Some((t, version, t.1.emits.first().copied().flatten()?)))
             .collect();
         if !emitting.is_empty() {
-            let emit = format!(
-                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
-                 VALUES {}",
-                placeholders(emitting.len(), 9)
-            );
-            let mut query = sqlx::query(AssertSqlSafe(emit));
+            let mut query = sqlx::query(units.emit.get(emitting.len()));
             for ((_, r, from, to), version, event) in &emitting {
                 query = query
                     .bind(r.machine)
@@ -225,6 +206,55 @@ impl Stepwise for SqliteStore {
             .execute(conn)
             .await?;
         Ok(updated.rows_affected())
+    }
+}
+
+/// The statements of a unit of several requests, sized by the requests they carry, built
+/// once per size.
+#[derive(Debug)]
+pub(super) struct UnitStatements {
+    /// Every tried entity at its request's source state, its request not recorded, moved
+    /// on: `(order_id, from, to, event, ref_id)` per request; returns `(id, version)`.
+    update: BySize,
+    /// The history rows of the entities moved, 11 values each.
+    record: BySize,
+    /// The outbox rows of those whose edge emits, 9 values each.
+    emit: BySize,
+}
+
+impl UnitStatements {
+    /// The statements over the entity table `o` and the history table `h` (quoted).
+    pub(super) fn new(o: &str, h: &str) -> Self {
+        let (uo, uh, rh) = (o.to_string(), h.to_string(), h.to_string());
+        UnitStatements {
+            update: BySize::new(move |n| {
+                let (o, h) = (&uo, &uh);
+                format!(
+                    "WITH r(order_id, f, t, event, ref_id) AS (VALUES {values}) \
+                     UPDATE {o} SET status = r.t, version = {o}.version + 1 FROM r \
+                     WHERE {o}.id = r.order_id AND {o}.status = r.f \
+                       AND {o}.version BETWEEN 0 AND 9223372036854775806 \
+                       AND NOT EXISTS (SELECT 1 FROM {h} AS h \
+                                       WHERE h.order_id = r.order_id AND h.event = r.event AND h.ref_id = r.ref_id) \
+                     RETURNING id, version",
+                    values = placeholders(n, 5)
+                )
+            }),
+            record: BySize::new(move |n| {
+                format!(
+                    "INSERT INTO {rh} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                     VALUES {}",
+                    placeholders(n, 11)
+                )
+            }),
+            emit: BySize::new(|n| {
+                format!(
+                    "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                     VALUES {}",
+                    placeholders(n, 9)
+                )
+            }),
+        }
     }
 }
 
