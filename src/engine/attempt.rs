@@ -11,7 +11,7 @@ use super::settle::{own_write, settle};
 use super::writes::{First, first_turn, request_of};
 use super::{Engine, Outcome};
 use crate::machine::StateMachine;
-use crate::store::{Apply, ErrorClass, FirstWrite, Store, Txn, Written, db_error};
+use crate::store::{ErrorClass, FirstWrite, Store, Txn, Written, db_error};
 use crate::{Error, Result};
 
 /// A request on the engine's own connections: read first if the policy says so, then
@@ -278,19 +278,7 @@ async fn attempt<M: StateMachine, S: Store>(
         }
         Verdict::Apply { from, to, version } => (from, to, version),
     };
-    let apply = Apply {
-        key,
-        from: from.into(),
-        to: to.into(),
-        version,
-        payload_hash: req.hash(),
-        payload: req.payload.map(|p| p.json.as_str()),
-        write_id: req.write_id,
-        audit: req.audit,
-        emits: M::emits(from, req.event),
-        machine: M::NAME,
-        event_body: req.event_body,
-    };
+    let apply = req.apply(from, to, version);
     if !req.stage.wrote() {
         return Step::Done(Err(abandoned(req)));
     }

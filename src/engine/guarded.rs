@@ -16,7 +16,7 @@ use super::settle::own_write;
 use super::{Engine, Outcome};
 use crate::Error;
 use crate::machine::StateMachine;
-use crate::store::{Apply, Store, Txn, Written};
+use crate::store::{Store, Txn, Written};
 
 /// How the unit ends.
 enum End<S> {
@@ -121,19 +121,7 @@ async fn judged<M: StateMachine, S: Store>(
             }
         }
     }
-    let apply = Apply {
-        key,
-        from: from.into(),
-        to: to.into(),
-        version,
-        payload_hash: req.hash(),
-        payload: req.payload.map(|p| p.json.as_str()),
-        write_id: req.write_id,
-        audit: req.audit,
-        emits: M::emits(from, req.event),
-        machine: M::NAME,
-        event_body: req.event_body,
-    };
+    let apply = req.apply(from, to, version);
     Ok(match store.apply(conn, &apply, Txn::Caller).await? {
         Written::Applied => End::Commit(Outcome::Applied {
             from,

@@ -8,7 +8,7 @@ use super::detach::Stage;
 use super::input::Payload;
 use crate::Error;
 use crate::machine::StateMachine;
-use crate::store::{Audit, Key, Lease, Store, Txn};
+use crate::store::{Apply, Audit, Key, Lease, Store, Txn};
 
 /// A validated request.
 pub(super) struct Req<'r, M: StateMachine> {
@@ -51,6 +51,24 @@ pub(super) fn abandoned<M: StateMachine>(req: &Req<'_, M>) -> Error {
 impl<M: StateMachine> Req<'_, M> {
     pub(super) fn hash(&self) -> Option<&str> {
         self.payload.map(|p| p.hash.as_str())
+    }
+
+    /// The write after a read that judged the entity at `from` and `version`: the move
+    /// to `to`, its history row and its outbox row.
+    pub(super) fn apply(&self, from: M::State, to: M::State, version: i64) -> Apply<'_> {
+        Apply {
+            key: self.key,
+            from: from.into(),
+            to: to.into(),
+            version,
+            payload_hash: self.hash(),
+            payload: self.payload.map(|p| p.json.as_str()),
+            write_id: self.write_id,
+            audit: self.audit,
+            emits: M::emits(from, self.event),
+            machine: M::NAME,
+            event_body: self.event_body,
+        }
     }
 }
 
