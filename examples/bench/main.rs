@@ -72,6 +72,13 @@
 //! a machine whose `Pay` edge emits (the outbox row in the transition's unit), `out-hand`
 //! the same writes by hand, `replay-o` replays of what `outbox` applied.
 //!
+//! Guarded transitions have three more: `guarded` is `Engine::transition` of a machine
+//! whose `Pay` edge has a guard reading the amount due (one business row) and an effect
+//! writing a ledger row (one more), run inside the transition's unit; `guard-hand` the
+//! same work by hand (BEGIN, `SELECT … FOR UPDATE`, the guard's SELECT, UPDATE, INSERT
+//! of the history row, INSERT of the ledger row, COMMIT); `replay-g` replays of what
+//! `guarded` applied (no rule runs).
+//!
 //! Last, the relay: `--relay-events N` [20000] events of N/4 entities drained by four
 //! relays (`relay`) and by four hand-written `SKIP LOCKED` + publish + mark loops
 //! (`relay-hand`), twice each, to the same sink: an in-process channel, or NATS
@@ -83,8 +90,9 @@
 //! engine_vs_floor_batch=… engine_p99_ms=… alone_p99_ms=…` (and `engine_vs_driver=…` on
 //! SQLite) and one `records backend=… c=… records_vs_hand=…
 //! replay_vs_records=…` and one `flows backend=… c=… flow_vs_hand=… replay_vs_flow=…` and
-//! one `outbox backend=… c=… outbox_vs_hand=… replay_vs_outbox=…` per
-//! concurrency, and the `relay …` line, for scripts.
+//! one `outbox backend=… c=… outbox_vs_hand=… replay_vs_outbox=…` and one `guarded
+//! backend=… c=… guarded_vs_hand=… replay_vs_guarded=…` per concurrency, and the
+//! `relay …` line, for scripts.
 
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;
@@ -102,6 +110,7 @@ mod records;
 #[macro_use]
 mod flows;
 mod deadline;
+mod guarded;
 mod lanes;
 mod outbox;
 
@@ -114,6 +123,7 @@ mod sqlite;
 
 use deadline::*;
 use flows::*;
+use guarded::*;
 use lanes::*;
 use outbox::*;
 use records::*;
@@ -241,7 +251,7 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
   --help                            this text
 
 It prints a table per concurrency and `ratio`, `coalesce`, `records`, `flows`, `outbox`,
-`relay`, `deadline` (and `front`, `scale`) lines; docs/benchmarks.md reads them.
+`guarded`, `relay`, `deadline` (and `front`, `scale`) lines; docs/benchmarks.md reads them.
 ";
 
 /// What a backend provides to the bench: the raw patterns, and a reset between passes.
@@ -285,6 +295,20 @@ trait BenchDb: Send + Sync + 'static {
     /// By hand, what a transition along an edge that emits writes: the floor's writes
     /// and the outbox row, in one unit (PostgreSQL: one statement).
     fn outbox_hand(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// The `guarded` mode's guard: the amount `id` is due, read on the unit's connection.
+    fn due<'c>(
+        conn: &'c mut <Self::S as Store>::Conn,
+        id: i64,
+    ) -> orderly::idempotency::Work<'c, Result<i64, sqlx::Error>>;
+    /// The `guarded` mode's effect: `id`'s ledger row, written on the unit's connection.
+    fn ledger<'c>(
+        conn: &'c mut <Self::S as Store>::Conn,
+        id: i64,
+    ) -> orderly::idempotency::Work<'c, Result<(), sqlx::Error>>;
+    /// By hand, what a guarded transition does: in one transaction, the entity locked
+    /// (SQLite: `BEGIN IMMEDIATE`), the guard's read, the update, the history row and the
+    /// effect's ledger row.
+    fn guarded_hand(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
     /// Every bench order back to `Created`, version 0, its history, outbox rows and the
     /// idempotency records gone.
     fn reset(&self) -> impl Future<Output = Result<(), BoxError>> + Send;
@@ -352,6 +376,8 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     let records = bench_records(engine.store().clone());
     let flows = bench_flows(&engine);
     let emitting: Engine<EmitMachine, B::S> = Engine::new(engine.store().clone())?;
+    guarded_tables(&*db, args.orders).await?;
+    let guarded = guarded_engine::<B>(engine.store().clone())?;
     let big_engine = big.as_ref().map(|b| b.engine());
     println!(
         "# orderly bench: backend={} orders={} seconds={} rounds={} history_rows={}",
@@ -532,6 +558,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         ratios.push(records_pass(&db, &engine, &records, c, args).await?);
         ratios.push(flows_pass(&db, &flows, c, args).await?);
         ratios.push(outbox_pass(&db, &emitting, c, args).await?);
+        ratios.push(guarded_pass(&db, &guarded, c, args).await?);
     }
     if let Some(url) = &args.redis {
         storm_pass(&records, url, args, &mut ratios).await?;

@@ -135,6 +135,60 @@ impl BenchDb for Db {
         Ok(())
     }
 
+    fn due<'c>(
+        conn: &'c mut MySqlConnection,
+        id: i64,
+    ) -> orderly::idempotency::Work<'c, Result<i64, sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query_scalar("SELECT due FROM bench_due WHERE id = ?")
+                .bind(id)
+                .fetch_one(conn)
+                .await
+        })
+    }
+
+    fn ledger<'c>(
+        conn: &'c mut MySqlConnection,
+        id: i64,
+    ) -> orderly::idempotency::Work<'c, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO bench_ledger (order_id, amount) VALUES (?, ?)")
+                .bind(id)
+                .bind(DUE)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    async fn guarded_hand(&self, id: i64) -> Result<(), BoxError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query("SELECT status, version FROM orders WHERE id = ? FOR UPDATE")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let (status, version): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+        ensure(status == "Created", "guard-hand", id)?;
+        let due: i64 = sqlx::query_scalar("SELECT due FROM bench_due WHERE id = ?")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        ensure(due == DUE, "guard-hand", id)?;
+        sqlx::query("UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?")
+            .bind("Paid").bind(id).bind(&status).bind(version)
+            .execute(&mut *tx).await?;
+        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+            .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
+            .execute(&mut *tx).await?;
+        sqlx::query("INSERT INTO bench_ledger (order_id, amount) VALUES (?, ?)")
+            .bind(id)
+            .bind(DUE)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn naive(&self, id: i64) -> Result<(), BoxError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query("SELECT status, version FROM orders WHERE id = ? FOR UPDATE")

@@ -138,6 +138,60 @@ impl BenchDb for Db {
         Ok(())
     }
 
+    fn due<'c>(
+        conn: &'c mut SqliteConnection,
+        id: i64,
+    ) -> orderly::idempotency::Work<'c, Result<i64, sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query_scalar("SELECT due FROM bench_due WHERE id = ?1")
+                .bind(id)
+                .fetch_one(conn)
+                .await
+        })
+    }
+
+    fn ledger<'c>(
+        conn: &'c mut SqliteConnection,
+        id: i64,
+    ) -> orderly::idempotency::Work<'c, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO bench_ledger (order_id, amount) VALUES (?1, ?2)")
+                .bind(id)
+                .bind(DUE)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    async fn guarded_hand(&self, id: i64) -> Result<(), BoxError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let row = sqlx::query("SELECT status, version FROM orders WHERE id = ?1")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let (status, version): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+        ensure(status == "Created", "guard-hand", id)?;
+        let due: i64 = sqlx::query_scalar("SELECT due FROM bench_due WHERE id = ?1")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        ensure(due == DUE, "guard-hand", id)?;
+        sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
+            .bind("Paid").bind(id).bind(&status).bind(version)
+            .execute(&mut *tx).await?;
+        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+            .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
+            .execute(&mut *tx).await?;
+        sqlx::query("INSERT INTO bench_ledger (order_id, amount) VALUES (?1, ?2)")
+            .bind(id)
+            .bind(DUE)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn naive(&self, id: i64) -> Result<(), BoxError> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let row = sqlx::query("SELECT status, version FROM orders WHERE id = ?1")

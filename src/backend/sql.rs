@@ -162,7 +162,8 @@ impl Statement {
 
 /// A statement whose text depends on its batch's size (its rows, its keys): built the
 /// first time a size is asked for and kept, so a call formats nothing. Sizes past
-/// [`BySize::KEPT`] (larger than any batch orderly forms) are built for their call.
+/// [`BySize::KEPT`] (larger than the batches orderly forms by default) are built for
+/// their call, so that what is kept stays small.
 /// (PostgreSQL binds a batch as arrays, in a statement of one text.)
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) struct BySize {
@@ -173,7 +174,7 @@ pub(crate) struct BySize {
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 impl BySize {
     /// The largest size kept.
-    pub(crate) const KEPT: usize = 1024;
+    pub(crate) const KEPT: usize = 256;
 
     /// The statement `build` writes for each size.
     pub(crate) fn new(build: impl Fn(usize) -> String + Send + Sync + 'static) -> Self {

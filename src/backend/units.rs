@@ -67,27 +67,46 @@ pub(crate) fn tried<'a, 'r>(requests: &'a [Request<'r>]) -> Vec<Tried<'a, 'r>> {
 /// Opens a rules unit ([`Store::begin_rules_unit`](crate::Store::begin_rules_unit)) as
 /// sqlx counts transactions (so that the unit's own savepoints nest inside it): with
 /// `begin` (the backend's `BEGIN`, if not sqlx's) on the engine's own connection, a
-/// savepoint inside the caller's transaction.
+/// savepoint inside the caller's transaction. Returns sqlx's count of open transactions
+/// before it, for [`end_rules_unit`] and [`abandon_rules_unit`].
 pub(crate) async fn begin_rules_unit<DB: Database>(
     conn: &mut DB::Connection,
     txn: crate::store::Txn,
     begin: Option<&'static str>,
-) -> Result<(), sqlx::Error> {
+) -> Result<usize, sqlx::Error> {
+    let depth = DB::TransactionManager::get_transaction_depth(conn);
     let statement = match txn {
         crate::store::Txn::Own => begin.map(sqlx::SqlSafeStr::into_sql_str),
         crate::store::Txn::Caller => None,
     };
-    DB::TransactionManager::begin(conn, statement).await
+    DB::TransactionManager::begin(conn, statement).await?;
+    Ok(depth)
 }
 
-/// Ends a rules unit: commits (or releases its savepoint) if `commit`, else undoes it.
+/// Ends a rules unit: commits (or releases its savepoint) if `commit`, else undoes it. A
+/// commit or rollback that fails leaves sqlx's count where it was before the unit (the
+/// undo queued for the connection's next use), so that neither the retry on this
+/// connection nor the caller's own transaction is thrown off by it.
 pub(crate) async fn end_rules_unit<DB: Database>(
     conn: &mut DB::Connection,
     commit: bool,
+    depth: usize,
 ) -> Result<(), sqlx::Error> {
-    if commit {
+    let ended = if commit {
         DB::TransactionManager::commit(conn).await
     } else {
         DB::TransactionManager::rollback(conn).await
+    };
+    if ended.is_err() {
+        abandon_rules_unit::<DB>(conn, depth);
+    }
+    ended
+}
+
+/// Gives up a rules unit without a round trip (a dropped call, a lost connection): its
+/// undo is queued for the connection's next use, and sqlx's count is back to `depth`.
+pub(crate) fn abandon_rules_unit<DB: Database>(conn: &mut DB::Connection, depth: usize) {
+    while DB::TransactionManager::get_transaction_depth(conn) > depth {
+        DB::TransactionManager::start_rollback(conn);
     }
 }

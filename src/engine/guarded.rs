@@ -16,7 +16,7 @@ use super::settle::own_write;
 use super::{Engine, Outcome};
 use crate::Error;
 use crate::machine::StateMachine;
-use crate::store::{Store, Txn, Written};
+use crate::store::{ErrorClass, Store, Txn, Written};
 
 /// How the unit ends.
 enum End<S> {
@@ -24,6 +24,35 @@ enum End<S> {
     Commit(Outcome<S>),
     /// Undo it, then take this step.
     Undo(Step<S>),
+}
+
+/// An open unit, given up (its undo queued, the connection as it was) if the call is
+/// dropped before it ends.
+struct Open<'a, S: Store> {
+    store: &'a S,
+    conn: &'a mut S::Conn,
+    /// sqlx's count of open transactions before the unit; `None` once it has ended.
+    depth: Option<usize>,
+}
+
+impl<S: Store> Open<'_, S> {
+    /// Ends the unit: committed if `commit`, else undone.
+    async fn end(&mut self, commit: bool) -> Result<(), sqlx::Error> {
+        let Some(depth) = self.depth else {
+            return Ok(());
+        };
+        let ended = self.store.end_rules_unit(self.conn, commit, depth).await;
+        self.depth = None;
+        ended
+    }
+}
+
+impl<S: Store> Drop for Open<'_, S> {
+    fn drop(&mut self) {
+        if let Some(depth) = self.depth.take() {
+            self.store.abandon_rules_unit(self.conn, depth);
+        }
+    }
 }
 
 /// One attempt in a unit of its own.
@@ -38,23 +67,32 @@ pub(super) async fn attempt<M: StateMachine, S: Store>(
     if !req.stage.wrote() {
         return Step::Done(Err(abandoned(req)));
     }
-    if let Err(e) = store.begin_rules_unit(conn, txn).await {
-        return retry_or_fail::<M, S>(e, txn, false);
-    }
-    match judged(engine, conn, req).await {
-        Ok(End::Commit(outcome)) => match store.end_rules_unit(conn, txn, true).await {
+    let depth = match store.begin_rules_unit(conn, txn).await {
+        Ok(depth) => depth,
+        Err(e) => return retry_or_fail::<M, S>(e, txn, false),
+    };
+    let mut unit = Open {
+        store,
+        conn,
+        depth: Some(depth),
+    };
+    match judged(engine, unit.conn, req).await {
+        Ok(End::Commit(outcome)) => match unit.end(true).await {
             Ok(()) => Step::Done(Ok(outcome)),
             // The commit was sent: in doubt, read back by the write id.
             Err(e) => retry_or_fail::<M, S>(e, txn, true),
         },
-        Ok(End::Undo(step)) => match store.end_rules_unit(conn, txn, false).await {
+        Ok(End::Undo(step)) => match unit.end(false).await {
             Ok(()) => step,
             Err(e) => retry_or_fail::<M, S>(e, txn, false),
         },
         Err(e) => {
-            // A connection that failed takes its transaction with it; on one that did
-            // not, the unit is undone before the error is judged.
-            let _ = store.end_rules_unit(conn, txn, false).await;
+            // On a connection that failed, the unit went with it: given up without a
+            // round trip (on dropping `unit`). Otherwise undone before the error is judged.
+            if S::classify(&e) != ErrorClass::ConnectionLost {
+                let _ = unit.end(false).await;
+            }
+            drop(unit);
             retry_or_fail::<M, S>(e, txn, false)
         }
     }

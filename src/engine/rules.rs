@@ -58,12 +58,29 @@ pub enum Halt {
     },
     /// A database error on the unit's connection: the library's own, judged as any
     /// other (a deadlock or a serialization failure judges the request again, guard
-    /// included; a lost connection is read back by the write id).
+    /// included; a lost connection is read back by the write id). `?` on a sqlx error
+    /// gives this for errors of the database or the connection; an error of the rule's
+    /// own reading (no row, a value that does not decode) is [`Halt::Failed`].
     #[error(transparent)]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     /// The rule failed: answered [`Error::RuleFailed`](crate::Error::RuleFailed).
     #[error("{0}")]
     Failed(String),
+}
+
+impl From<sqlx::Error> for Halt {
+    fn from(error: sqlx::Error) -> Self {
+        match error {
+            sqlx::Error::RowNotFound
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::ColumnIndexOutOfBounds { .. }
+            | sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::Decode(_)
+            | sqlx::Error::Encode(_)
+            | sqlx::Error::TypeNotFound { .. } => Halt::Failed(error.to_string()),
+            error => Halt::Database(error),
+        }
+    }
 }
 
 impl Halt {

@@ -216,27 +216,30 @@ macro_rules! state_machine {
                 )*
             }
 
-            impl<C: Send, R: $rules_ty<C>> $crate::Rules<$machine, C> for $crate::RulesOf<R> {
+            impl<__OrderlyConn: Send, __OrderlyRules: $rules_ty<__OrderlyConn>>
+                $crate::Rules<$machine, __OrderlyConn> for $crate::RulesOf<__OrderlyRules>
+            {
                 fn run<'a>(
                     &'a self,
                     name: &'static str,
-                    conn: &'a mut C,
+                    conn: &'a mut __OrderlyConn,
                     judged: &'a $crate::Judged<'a, $machine>,
-                ) -> ::core::pin::Pin<::std::boxed::Box<
-                    dyn ::core::future::Future<Output = ::core::result::Result<(), $crate::Halt>> + Send + 'a,
-                >> {
+                ) -> $crate::RuleFuture<'a> {
                     $( if name == stringify!($guard_name) {
-                        return ::std::boxed::Box::pin(self.0.$guard_name(conn, judged));
+                        return ::std::boxed::Box::pin(
+                            <__OrderlyRules as $rules_ty<__OrderlyConn>>::$guard_name(&self.0, conn, judged),
+                        );
                     } )*
                     $( if name == stringify!($effect_name) {
-                        return ::std::boxed::Box::pin(self.0.$effect_name(conn, judged));
+                        return ::std::boxed::Box::pin(
+                            <__OrderlyRules as $rules_ty<__OrderlyConn>>::$effect_name(&self.0, conn, judged),
+                        );
                     } )*
                     ::std::boxed::Box::pin(::core::future::ready(::core::result::Result::Err(
                         $crate::Halt::unknown(name),
                     )))
                 }
             }
-
         )?
 
         // Each guard and effect an edge names is one the rules declare: a name that is

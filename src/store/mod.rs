@@ -207,32 +207,42 @@ pub trait Store: Clone + Send + Sync + 'static {
         txn: Txn,
     ) -> impl Future<Output = Result<Written, sqlx::Error>> + Send;
 
-    /// The reference under which `key.event` was last applied to `key.order_id`, if ever.
     /// Opens the unit of a request whose edge has a guard or an effect: a transaction
     /// on the engine's own connection ([`Txn::Own`]; on SQLite `BEGIN IMMEDIATE`), a
-    /// savepoint inside the caller's transaction ([`Txn::Caller`]). The default cannot:
-    /// such requests then fail without writing.
+    /// savepoint inside the caller's transaction ([`Txn::Caller`]). Returns what
+    /// [`end_rules_unit`](Self::end_rules_unit) and
+    /// [`abandon_rules_unit`](Self::abandon_rules_unit) need to put the connection back
+    /// as it was (sqlx's count of open transactions). The default cannot: such requests
+    /// then fail with a configuration error, writing nothing.
     fn begin_rules_unit(
         &self,
         conn: &mut Self::Conn,
         txn: Txn,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+    ) -> impl Future<Output = Result<usize, sqlx::Error>> + Send {
         let _ = (conn, txn);
-        std::future::ready(Err(sqlx::Error::Protocol(
+        std::future::ready(Err(sqlx::Error::Configuration(
             "this store runs no guards or effects".into(),
         )))
     }
 
     /// Ends the unit [`begin_rules_unit`](Self::begin_rules_unit) opened: commits it (or
-    /// releases the savepoint) if `commit`, else undoes it.
+    /// releases the savepoint) if `commit`, else undoes it. Whatever the answer, the
+    /// connection is left as it was before the unit (`depth`).
     fn end_rules_unit(
         &self,
         conn: &mut Self::Conn,
-        txn: Txn,
         commit: bool,
+        depth: usize,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
-        let _ = (conn, txn, commit);
+        let _ = (conn, commit, depth);
         std::future::ready(Ok(()))
+    }
+
+    /// Gives up the unit without a round trip (its call was dropped, or its connection
+    /// failed): the undo is queued for the connection's next use, and the connection is
+    /// as it was before the unit (`depth`).
+    fn abandon_rules_unit(&self, conn: &mut Self::Conn, depth: usize) {
+        let _ = (conn, depth);
     }
 
     /// The entity, locked until the unit ends (`SELECT … FOR UPDATE`), read as last
@@ -247,6 +257,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         self.get(conn, order_id)
     }
 
+    /// The reference under which `key.event` was last applied to `key.order_id`, if ever.
     /// Read only when the event is not allowed from the current state, to tell a
     /// conflicting reference (`RefConflict`) from an invalid event.
     fn latest_ref(

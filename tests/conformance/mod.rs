@@ -248,6 +248,8 @@ macro_rules! conformance {
             write_unit_carries_several_requests,
             guards_and_effects_run_once_inside_the_unit,
             guards_judge_what_the_locked_data_says,
+            guarded_calls_dropped_at_every_await_point,
+            rules_agree_with_the_oracle,
             own_statement_errors_classify_as_the_stores_do,
             emitting_edges_write_their_event_with_the_transition,
             claim_follows_the_outcome_table,
@@ -315,6 +317,7 @@ macro_rules! conformance {
     (@networked $backend:ty) => {
         $crate::conformance!(@tests $backend;
             in_doubt_commit_is_read_back,
+            guarded_unit_cut_at_each_statement,
             resent_request_cut_under_its_write_is_replayed,
             own_write_landing_late_is_applied,
             dead_database_answers_within_the_deadline,

@@ -10,6 +10,8 @@ use orderly::store::Store;
 use orderly::{Engine, EngineConfig, Error, Halt, Judged, Outcome, RulesOf};
 
 use super::Backend;
+use super::faults::Networked;
+use crate::server::Cut;
 
 orderly::state_machine! {
     /// A shop order whose payment must match what is due and whose shipping takes stock.
@@ -110,11 +112,10 @@ impl<B: Backend> ShopRules<<B::S as Store>::Conn> for Counted<B> {
     }
 }
 
-async fn shop<B: Backend>(
-    b: &B,
-    stock: i64,
-) -> (Engine<Shop, B::S>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
-    let _ = b.exec("DROP TABLE IF EXISTS shop_due").await;
+/// Makes the business tables: what each order must pay (none yet) and a stock of one
+/// product.
+async fn shop_tables<B: Backend>(b: &B, stock: i64) {
+    b.exec("DROP TABLE IF EXISTS shop_due").await;
     b.exec("CREATE TABLE shop_due (id BIGINT PRIMARY KEY, due BIGINT NOT NULL)")
         .await;
     b.exec("DROP TABLE IF EXISTS shop_stock").await;
@@ -124,13 +125,19 @@ async fn shop<B: Backend>(
         "INSERT INTO shop_stock (sku, qty) VALUES (1, {stock})"
     ))
     .await;
+}
+
+type Shop_<B> = Engine<Shop, <B as Backend>::S>;
+
+/// An engine over `store` with the counted rules.
+fn shop_engine<B: Backend>(store: B::S) -> (Shop_<B>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let (guards, effects) = (Arc::default(), Arc::default());
     let config = EngineConfig {
         read_first: B::POLICY,
         deadline: Duration::from_secs(60),
         ..EngineConfig::default()
     };
-    let engine = Engine::with_config(b.store(Duration::from_secs(30)).await, config)
+    let engine = Engine::with_config(store, config)
         .unwrap()
         .with_rules(RulesOf(Counted::<B> {
             guards: Arc::clone(&guards),
@@ -140,6 +147,127 @@ async fn shop<B: Backend>(
     (engine, guards, effects)
 }
 
+async fn shop<B: Backend>(b: &B, stock: i64) -> (Shop_<B>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    shop_tables(b, stock).await;
+    shop_engine::<B>(b.store(Duration::from_secs(30)).await)
+}
+
+/// Creates `ids`, each due 5, and pays each.
+async fn paid_orders<B: Backend>(b: &B, e: &Shop_<B>, ids: &[i64]) {
+    let values: Vec<String> = ids.iter().map(|id| format!("({id}, 5)")).collect();
+    b.exec(&format!(
+        "INSERT INTO shop_due (id, due) VALUES {}",
+        values.join(", ")
+    ))
+    .await;
+    for &id in ids {
+        e.create(id).await.unwrap();
+        e.transition(id, Pay, &format!("pay-{id}"))
+            .payload(&5)
+            .await
+            .unwrap();
+    }
+}
+
+/// What the database holds of the shipments: the stock went down once for each order
+/// that moved to Shipped, and each re-sent shipment is answered as the history says
+/// (Replayed where it moved, Applied where it did not), after which the same holds.
+async fn shipments_agree<B: Backend>(b: &B, e: &Shop_<B>, ids: &[i64], stock: i64) {
+    let shipped = b
+        .scalar("SELECT COUNT(*) FROM orders WHERE status = 'Shipped'")
+        .await;
+    assert_eq!(
+        b.scalar("SELECT qty FROM shop_stock WHERE sku = 1").await,
+        stock - shipped,
+        "the stock went down once per shipment"
+    );
+    for &id in ids {
+        let history = e.history(id).await.unwrap();
+        let order = e.get(id).await.unwrap();
+        assert_eq!(order.version as usize, history.len(), "order {id}");
+        let again = e.transition(id, Ship, &format!("ship-{id}")).await.unwrap();
+        match history.len() {
+            2 => assert!(
+                matches!(again, Outcome::Replayed { .. }),
+                "order {id}: {again:?}"
+            ),
+            1 => assert!(
+                matches!(again, Outcome::Applied { .. }),
+                "order {id}: {again:?}"
+            ),
+            n => panic!("order {id} has {n} history rows"),
+        }
+    }
+    assert_eq!(
+        b.scalar("SELECT qty FROM shop_stock WHERE sku = 1").await,
+        stock - ids.len() as i64,
+        "every order shipped once, and the stock with it"
+    );
+}
+
+/// A guarded call dropped at each of its await points, on the engine's connection and
+/// inside a caller's transaction: nothing half-written (the stock went down exactly with
+/// the moves), the pool clean, and each re-send answered as the history says.
+pub async fn guarded_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
+    let stock = 1_000;
+    shop_tables(b, stock).await;
+    let store = b.small_store(1).await;
+    let (e, _, _) = shop_engine::<B>(store.clone());
+    // Clear of the orders whose rules fail on purpose (98, 99).
+    let ids: Vec<i64> = (1000..1240).collect();
+    paid_orders(b, &e, &ids).await;
+    let mut next = ids.iter().copied();
+    let mut dropped = [0usize; 2];
+    for (kind, within) in [("own", false), ("in_tx", true)] {
+        let (mut k, mut restarts) = (0, 0);
+        while k < 60 {
+            let Some(id) = next.next() else { break };
+            let reference = format!("ship-{id}");
+            let done = if within {
+                let mut conn = store.acquire().await.unwrap();
+                let mut tx = B::begin_on(&mut conn).await;
+                let request = e.transition(id, Ship, &reference).within(&mut tx);
+                let done = super::faults::poll_at_most(request.into_future(), k).await;
+                match done {
+                    Some(answer) => {
+                        answer.unwrap();
+                        B::commit_on(tx).await;
+                        Some(())
+                    }
+                    None => {
+                        drop(tx);
+                        <B::S as Store>::discard(conn);
+                        None
+                    }
+                }
+            } else {
+                let request = e.transition(id, Ship, &reference);
+                super::faults::poll_at_most(request.into_future(), k)
+                    .await
+                    .map(|answer| {
+                        answer.unwrap();
+                    })
+            };
+            if done.is_some() {
+                // Loopback can answer a whole call within one poll now and then; sweep
+                // again until this kind was dropped at least once.
+                if dropped[usize::from(within)] == 0 && restarts < 20 {
+                    (k, restarts) = (0, restarts + 1);
+                    continue;
+                }
+                break;
+            }
+            dropped[usize::from(within)] += 1;
+            k += 1;
+        }
+        assert!(
+            dropped[usize::from(within)] > 0,
+            "{kind}: never dropped, so the test shows nothing"
+        );
+    }
+    super::faults::assert_pool_clean(b, &store).await;
+    shipments_agree(b, &e, &ids, stock).await;
+}
 async fn version<B: Backend>(b: &B, id: i64) -> i64 {
     b.scalar(&format!("SELECT version FROM orders WHERE id = {id}"))
         .await
@@ -389,4 +517,165 @@ pub async fn guards_judge_what_the_locked_data_says<B: Backend>(b: &B) {
             .await,
         10
     );
+}
+
+/// A guarded unit's connection cut at each of its statements, before the server sees it
+/// and after the server answered it (its lock, the guard's read, the effect's write, the
+/// history insert, the commit): the answer is what the database then holds (Applied
+/// only if the shipment is recorded, told by the write id after a cut commit), the
+/// stock went down once per shipment, and a re-send is answered as the history says.
+pub async fn guarded_unit_cut_at_each_statement<B: Networked>(b: &B) {
+    let stock = 100;
+    shop_tables(b, stock).await;
+    let (direct, _, _) = shop_engine::<B>(b.store(Duration::from_secs(30)).await);
+    let commit: &'static [u8] = if <B::S as Store>::BACKEND == "postgres" {
+        b"COMMIT"
+    } else {
+        b"\x03COMMIT"
+    };
+    let points: [&'static [u8]; 5] = [
+        b"FOR UPDATE",
+        b"FROM shop_stock",
+        b"SET qty",
+        b"INSERT INTO",
+        commit,
+    ];
+    let mut ids = Vec::new();
+    let mut id = 0;
+    for point in points {
+        for cut in [Cut::Request(point), Cut::ReplyTo(point)] {
+            id += 1;
+            ids.push(id);
+            paid_orders(b, &direct, &[id]).await;
+            let proxy = crate::server::Proxy::start(b.server(), cut).await;
+            let (e, _, _) = shop_engine::<B>(b.store_at(proxy.port, 2).await);
+            let answer = e.transition(id, Ship, &format!("ship-{id}")).await;
+            assert_eq!(
+                proxy.cuts(),
+                1,
+                "{cut:?}: the proxy never cut, so the test shows nothing"
+            );
+            let recorded = direct.history(id).await.unwrap().len() == 2;
+            match answer {
+                Ok(Outcome::Applied { .. }) => assert!(recorded, "{cut:?}: Applied, not recorded"),
+                Err(e) if e.is_retryable() => {}
+                other => panic!("{cut:?}: {other:?} (recorded: {recorded})"),
+            }
+        }
+    }
+    shipments_agree(b, &direct, &ids, stock).await;
+}
+
+/// The kit's rules for [`rules_agree_with_the_oracle`]: a payment must carry the code
+/// `"a"`, shipping needs stock and takes one.
+struct KitRules<B>(PhantomData<fn() -> B>);
+
+impl<B: Backend> ShopRules<<B::S as Store>::Conn> for KitRules<B> {
+    async fn amount_matches(
+        &self,
+        _conn: &mut <B::S as Store>::Conn,
+        judged: &Judged<'_, Shop>,
+    ) -> Result<(), Halt> {
+        match judged.payload::<String>()?.as_deref() {
+            Some("a") => Ok(()),
+            _ => Err(Halt::refuse("amount_mismatch", "not the amount due")),
+        }
+    }
+
+    async fn in_stock(
+        &self,
+        conn: &mut <B::S as Store>::Conn,
+        _judged: &Judged<'_, Shop>,
+    ) -> Result<(), Halt> {
+        let left = B::scalar_conn(conn, "SELECT qty FROM shop_stock WHERE sku = 1".into()).await?;
+        if left <= 0 {
+            return Err(Halt::refuse("out_of_stock", "none left"));
+        }
+        Ok(())
+    }
+
+    async fn take_stock(
+        &self,
+        conn: &mut <B::S as Store>::Conn,
+        _judged: &Judged<'_, Shop>,
+    ) -> Result<(), Halt> {
+        B::exec_conn(
+            conn,
+            "UPDATE shop_stock SET qty = qty - 1 WHERE sku = 1".into(),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// The model of [`KitRules`]: the stock left.
+struct StockOracle {
+    left: i64,
+}
+
+impl orderly::testing::Oracle<Shop> for StockOracle {
+    fn guard(&mut self, guard: &'static str, judged: &Judged<'_, Shop>) -> Result<(), String> {
+        match guard {
+            "amount_matches" if judged.payload == Some("\"a\"") => Ok(()),
+            "amount_matches" => Err("amount_mismatch".into()),
+            _ if self.left > 0 => Ok(()),
+            _ => Err("out_of_stock".into()),
+        }
+    }
+
+    fn effect(&mut self, _effect: &'static str, _judged: &Judged<'_, Shop>) {
+        self.left -= 1;
+    }
+
+    fn business(&self) -> String {
+        format!("{} left", self.left)
+    }
+}
+
+/// The kit's `check_rules` over random sequences full of duplicates: every answer is
+/// the oracle's (refusals with their codes), and the stock after every step is what the
+/// oracle says, so the effect ran once per `Applied` and never on a replay or refusal.
+pub async fn rules_agree_with_the_oracle<B: Backend>(b: &B) {
+    use proptest::test_runner::{Config, TestRunner};
+    shop_tables(b, 0).await;
+    let e = Engine::<Shop, _>::with_config(
+        b.store(Duration::from_secs(30)).await,
+        EngineConfig {
+            read_first: B::POLICY,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+    .with_rules(RulesOf(KitRules::<B>(PhantomData)));
+    let mut runner = TestRunner::new(Config {
+        cases: 16,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicI64::new(0);
+    let handle = tokio::runtime::Handle::current();
+    let result = runner.run(&orderly::testing::steps::<Shop>(4, 3, 1..40), |seq| {
+        let first = 1000 * (1 + case.fetch_add(1, SeqCst));
+        let ids: Vec<i64> = (first..first + 4).collect();
+        tokio::task::block_in_place(|| {
+            handle.block_on(async {
+                b.exec("UPDATE shop_stock SET qty = 2 WHERE sku = 1").await;
+                for &id in &ids {
+                    e.create(id).await.unwrap();
+                }
+                let mut oracle = StockOracle { left: 2 };
+                orderly::testing::check_rules(&e, &ids, first + 4, &seq, &mut oracle, || async {
+                    Ok(format!(
+                        "{} left",
+                        b.scalar("SELECT qty FROM shop_stock WHERE sku = 1").await
+                    ))
+                })
+                .await
+            })
+        })
+        .map_err(proptest::test_runner::TestCaseError::fail)
+    });
+    if let Err(err) = result {
+        panic!("{err}");
+    }
 }

@@ -311,17 +311,21 @@ impl Store for MySqlStore {
         &self,
         conn: &mut MySqlConnection,
         txn: Txn,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<usize, sqlx::Error> {
         crate::backend::units::begin_rules_unit::<sqlx::MySql>(conn, txn, None).await
     }
 
     async fn end_rules_unit(
         &self,
         conn: &mut MySqlConnection,
-        _txn: Txn,
         commit: bool,
+        depth: usize,
     ) -> Result<(), sqlx::Error> {
-        crate::backend::units::end_rules_unit::<sqlx::MySql>(conn, commit).await
+        crate::backend::units::end_rules_unit::<sqlx::MySql>(conn, commit, depth).await
+    }
+
+    fn abandon_rules_unit(&self, conn: &mut MySqlConnection, depth: usize) {
+        crate::backend::units::abandon_rules_unit::<sqlx::MySql>(conn, depth);
     }
 
     async fn lock(

@@ -307,17 +307,25 @@ impl Store for PgStore {
             .await
     }
 
-    async fn begin_rules_unit(&self, conn: &mut PgConnection, txn: Txn) -> Result<(), sqlx::Error> {
+    async fn begin_rules_unit(
+        &self,
+        conn: &mut PgConnection,
+        txn: Txn,
+    ) -> Result<usize, sqlx::Error> {
         crate::backend::units::begin_rules_unit::<sqlx::Postgres>(conn, txn, None).await
     }
 
     async fn end_rules_unit(
         &self,
         conn: &mut PgConnection,
-        _txn: Txn,
         commit: bool,
+        depth: usize,
     ) -> Result<(), sqlx::Error> {
-        crate::backend::units::end_rules_unit::<sqlx::Postgres>(conn, commit).await
+        crate::backend::units::end_rules_unit::<sqlx::Postgres>(conn, commit, depth).await
+    }
+
+    fn abandon_rules_unit(&self, conn: &mut PgConnection, depth: usize) {
+        crate::backend::units::abandon_rules_unit::<sqlx::Postgres>(conn, depth);
     }
 
     async fn lock(

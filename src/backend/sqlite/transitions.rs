@@ -291,7 +291,7 @@ impl Store for SqliteStore {
         &self,
         conn: &mut SqliteConnection,
         txn: Txn,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<usize, sqlx::Error> {
         crate::backend::units::begin_rules_unit::<sqlx::Sqlite>(conn, txn, Some("BEGIN IMMEDIATE"))
             .await
     }
@@ -299,10 +299,14 @@ impl Store for SqliteStore {
     async fn end_rules_unit(
         &self,
         conn: &mut SqliteConnection,
-        _txn: Txn,
         commit: bool,
+        depth: usize,
     ) -> Result<(), sqlx::Error> {
-        crate::backend::units::end_rules_unit::<sqlx::Sqlite>(conn, commit).await
+        crate::backend::units::end_rules_unit::<sqlx::Sqlite>(conn, commit, depth).await
+    }
+
+    fn abandon_rules_unit(&self, conn: &mut SqliteConnection, depth: usize) {
+        crate::backend::units::abandon_rules_unit::<sqlx::Sqlite>(conn, depth);
     }
 
     async fn get(

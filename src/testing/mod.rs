@@ -8,6 +8,9 @@
 //!   and checks the invariants listed on [`check_entities`], which does the same over
 //!   entities you created yourself (a table with business columns), with ids from
 //!   [`unique_ids`] that no other test or run uses.
+//! - [`check_rules`]: the same for a machine with guards and effects, against an
+//!   [`Oracle`] you write: a pure model of what each guard allows and each effect does
+//!   to your business data, compared with the data itself after every step.
 //!
 //! ```no_run
 //! # orderly::state_machine! {
@@ -42,7 +45,11 @@ use proptest::prelude::*;
 use strum::IntoEnumIterator;
 
 use crate::store::Store;
-use crate::{Engine, Error, Outcome, StateMachine};
+use crate::{Engine, Error, Judged, Outcome, StateMachine};
+
+mod rules;
+
+pub use rules::{Oracle, check_rules};
 
 /// One request of a generated sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +121,13 @@ pub enum Expected<S> {
     InvalidTransition,
     /// `Err(NotFound)`.
     NotFound,
+    /// `Err(Refused)` by this guard (or effect) with this code.
+    Refused {
+        /// The rule that refused.
+        guard: &'static str,
+        /// Its code.
+        code: String,
+    },
 }
 
 impl<S: Copy + PartialEq> Expected<S> {
@@ -142,6 +156,12 @@ impl<S: Copy + PartialEq> Expected<S> {
                     existing_ref: r, ..
                 }),
             ) => existing_ref == r,
+            (
+                Expected::Refused { guard, code },
+                Err(Error::Refused {
+                    guard: g, code: c, ..
+                }),
+            ) => guard == g && code == c,
             (Expected::PayloadMismatch, Err(Error::PayloadMismatch { .. }))
             | (Expected::InvalidTransition, Err(Error::InvalidTransition { .. }))
             | (Expected::NotFound, Err(Error::NotFound { .. })) => true,
@@ -188,6 +208,32 @@ impl<M: StateMachine> Model<M> {
         ref_id: &str,
         payload: Option<&str>,
     ) -> Expected<M::State> {
+        self.apply_judged(id, event, ref_id, payload, None)
+    }
+
+    /// [`apply_with_payload`](Self::apply_with_payload) on a machine with guards and
+    /// effects: a move the graph allows is judged by `oracle`'s guard (a refusal is not
+    /// recorded: a re-send is judged afresh), and applied with its effect. `payload` is
+    /// the request's payload as JSON text, as a guard is shown it.
+    pub fn apply_with_rules(
+        &mut self,
+        id: i64,
+        event: M::Event,
+        ref_id: &str,
+        payload: Option<&str>,
+        oracle: &mut dyn Oracle<M>,
+    ) -> Expected<M::State> {
+        self.apply_judged(id, event, ref_id, payload, Some(oracle))
+    }
+
+    fn apply_judged(
+        &mut self,
+        id: i64,
+        event: M::Event,
+        ref_id: &str,
+        payload: Option<&str>,
+        oracle: Option<&mut dyn Oracle<M>>,
+    ) -> Expected<M::State> {
         let key = (id, event, ref_id.to_string());
         if let Some((from, to, version, recorded)) = self.applied.get(&key) {
             if recorded.as_deref() != payload {
@@ -205,6 +251,26 @@ impl<M: StateMachine> Model<M> {
         match M::next(*state, event) {
             Some(to) => {
                 let from = *state;
+                if let Some(oracle) = oracle {
+                    let judged = Judged {
+                        order_id: id,
+                        from,
+                        to,
+                        version: *version,
+                        event,
+                        ref_id,
+                        payload,
+                    };
+                    let edge = M::edge(from, event);
+                    if let Some(guard) = edge.and_then(|e| e.guard)
+                        && let Err(code) = oracle.guard(guard, &judged)
+                    {
+                        return Expected::Refused { guard, code };
+                    }
+                    if let Some(effect) = edge.and_then(|e| e.effect) {
+                        oracle.effect(effect, &judged);
+                    }
+                }
                 *state = to;
                 *version += 1;
                 let version = *version;
@@ -291,91 +357,5 @@ pub async fn check_entities<M: StateMachine, S: Store>(
     missing: i64,
     steps: &[Step<M::Event>],
 ) -> Result<(), String> {
-    for &id in ids {
-        let order = engine.get(id).await.map_err(|e| format!("get {id}: {e}"))?;
-        if order.state != M::INITIAL || order.version != 0 {
-            return Err(format!(
-                "entity {id} is at {:?}/v{}, not the initial state at version 0",
-                order.state, order.version
-            ));
-        }
-    }
-    match engine.get(missing).await {
-        Err(Error::NotFound { .. }) => {}
-        other => return Err(format!("entity {missing} should not exist: {other:?}")),
-    }
-    let id_of = |index: i64| match usize::try_from(index) {
-        Ok(i) if i < ids.len() => Ok(ids[i]),
-        Ok(i) if i == ids.len() => Ok(missing),
-        _ => Err(format!(
-            "a step names entity index {index}, beyond the {} given",
-            ids.len()
-        )),
-    };
-    let mut model = Model::<M>::new(ids.iter().copied());
-    let mut first_report: HashMap<RequestKey<M>, Outcome<M::State>> = HashMap::new();
-    let mut applied_by_order: HashMap<i64, i64> = HashMap::new();
-    for (n, step) in steps.iter().enumerate() {
-        let id = id_of(step.order)?;
-        let expected =
-            model.apply_with_payload(id, step.event, &step.ref_id, step.payload.as_deref());
-        let request = engine.transition(id, step.event, &step.ref_id);
-        let actual = match &step.payload {
-            Some(payload) => request.payload(payload).await,
-            None => request.await,
-        };
-        if !expected.matches(&actual) {
-            return Err(format!(
-                "step {n} ({id}, {}, {}): expected {expected:?}, got {actual:?}",
-                step.event, step.ref_id
-            ));
-        }
-        let key = (id, step.event, step.ref_id.clone());
-        match actual {
-            Ok(Outcome::Applied { from, to, version }) => {
-                *applied_by_order.entry(id).or_default() += 1;
-                first_report.insert(key, Outcome::Replayed { from, to, version });
-            }
-            Ok(replayed @ Outcome::Replayed { .. }) => {
-                if first_report.get(&key) != Some(&replayed) {
-                    return Err(format!(
-                        "step {n}: {replayed:?} differs from the first application {:?}",
-                        first_report.get(&key)
-                    ));
-                }
-            }
-            Err(_) => {}
-        }
-    }
-    for &id in ids {
-        let order = engine.get(id).await.map_err(|e| format!("get {id}: {e}"))?;
-        let applied = applied_by_order.get(&id).copied().unwrap_or(0);
-        let (state, version) = model.order(id).ok_or("model lost an order")?;
-        if order.state != state || order.version != version || order.version != applied {
-            return Err(format!(
-                "order {id}: engine {:?}/v{}, model {state:?}/v{version}, applied {applied}",
-                order.state, order.version
-            ));
-        }
-        let history = engine
-            .history(id)
-            .await
-            .map_err(|e| format!("history {id}: {e}"))?;
-        if history.len() as i64 != applied || history.len() != model.applied_count(id) {
-            return Err(format!(
-                "order {id}: {} history rows for {applied} applied",
-                history.len()
-            ));
-        }
-        let mut keys: Vec<_> = history
-            .iter()
-            .map(|r| (r.event, r.ref_id.clone()))
-            .collect();
-        keys.sort_by(|a, b| (a.0.as_ref(), &a.1).cmp(&(b.0.as_ref(), &b.1)));
-        keys.dedup();
-        if keys.len() != history.len() {
-            return Err(format!("order {id}: a request was recorded twice"));
-        }
-    }
-    Ok(())
+    rules::run(engine, ids, missing, steps, None).await
 }

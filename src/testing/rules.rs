@@ -1,0 +1,169 @@
+//! The kit for machines with guards and effects: an [`Oracle`] models what the rules do
+//! to the business data, and [`check_rules`] compares that data with the model after
+//! every step.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+
+use super::{Model, RequestKey, Step};
+use crate::store::Store;
+use crate::{Engine, Error, Judged, Outcome, StateMachine};
+
+/// A pure model of a machine's guards and effects over your business data: what each
+/// guard allows and what each effect changes, kept in memory.
+pub trait Oracle<M: StateMachine> {
+    /// Whether `guard` allows `judged` now; `Err(code)` is the refusal's code.
+    fn guard(&mut self, guard: &'static str, judged: &Judged<'_, M>) -> Result<(), String>;
+    /// What `effect` does to the business data when `judged` is applied.
+    fn effect(&mut self, effect: &'static str, judged: &Judged<'_, M>);
+    /// The business data as the model has it, written as `business` in
+    /// [`check_rules`] writes the real data.
+    fn business(&self) -> String;
+}
+
+/// What reads the real business data, for [`check_rules`].
+type Business<'b> = dyn FnMut() -> Pin<Box<dyn Future<Output = Result<String, String>> + 'b>> + 'b;
+
+/// [`check_entities`](super::check_entities) for a machine with guards and effects:
+/// each step is judged by `oracle` too (a refusal by a guard must be the engine's
+/// `Refused` with the same code, and is not recorded), and after every step the real
+/// business data, as `business` reads it, must be what `oracle` says: an effect ran
+/// exactly once for each `Applied`, never for a `Replayed` or a refusal. The payloads of
+/// `steps` (`"a"`, `"b"`) reach the guards as JSON strings.
+pub async fn check_rules<'b, M, S, O, F, Fut>(
+    engine: &Engine<M, S>,
+    ids: &[i64],
+    missing: i64,
+    steps: &[Step<M::Event>],
+    oracle: &mut O,
+    mut business: F,
+) -> Result<(), String>
+where
+    M: StateMachine,
+    S: Store,
+    O: Oracle<M>,
+    F: FnMut() -> Fut + 'b,
+    Fut: Future<Output = Result<String, String>> + 'b,
+{
+    let mut read = move || -> Pin<Box<dyn Future<Output = Result<String, String>> + 'b>> {
+        Box::pin(business())
+    };
+    run(engine, ids, missing, steps, Some((oracle, &mut read))).await
+}
+
+/// The checks of [`check_entities`](super::check_entities), with `rules` where the
+/// machine has them.
+pub(super) async fn run<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    ids: &[i64],
+    missing: i64,
+    steps: &[Step<M::Event>],
+    mut rules: Option<(&mut dyn Oracle<M>, &mut Business<'_>)>,
+) -> Result<(), String> {
+    for &id in ids {
+        let order = engine.get(id).await.map_err(|e| format!("get {id}: {e}"))?;
+        if order.state != M::INITIAL || order.version != 0 {
+            return Err(format!(
+                "entity {id} is at {:?}/v{}, not the initial state at version 0",
+                order.state, order.version
+            ));
+        }
+    }
+    match engine.get(missing).await {
+        Err(Error::NotFound { .. }) => {}
+        other => return Err(format!("entity {missing} should not exist: {other:?}")),
+    }
+    let id_of = |index: i64| match usize::try_from(index) {
+        Ok(i) if i < ids.len() => Ok(ids[i]),
+        Ok(i) if i == ids.len() => Ok(missing),
+        _ => Err(format!(
+            "a step names entity index {index}, beyond the {} given",
+            ids.len()
+        )),
+    };
+    let mut model = Model::<M>::new(ids.iter().copied());
+    let mut first_report: HashMap<RequestKey<M>, Outcome<M::State>> = HashMap::new();
+    let mut applied_by_order: HashMap<i64, i64> = HashMap::new();
+    for (n, step) in steps.iter().enumerate() {
+        let id = id_of(step.order)?;
+        // The payload as the engine stores it and a guard is shown it: JSON text.
+        let json = step
+            .payload
+            .as_ref()
+            .map(|p| serde_json::Value::String(p.clone()).to_string());
+        let expected = match rules.as_mut() {
+            Some((oracle, _)) => {
+                model.apply_with_rules(id, step.event, &step.ref_id, json.as_deref(), &mut **oracle)
+            }
+            None => model.apply_with_payload(id, step.event, &step.ref_id, json.as_deref()),
+        };
+        let request = engine.transition(id, step.event, &step.ref_id);
+        let actual = match &step.payload {
+            Some(payload) => request.payload(payload).await,
+            None => request.await,
+        };
+        if !expected.matches(&actual) {
+            return Err(format!(
+                "step {n} ({id}, {}, {}): expected {expected:?}, got {actual:?}",
+                step.event, step.ref_id
+            ));
+        }
+        if let Some((oracle, business)) = rules.as_mut() {
+            let (real, modelled) = (business().await?, oracle.business());
+            if real != modelled {
+                return Err(format!(
+                    "step {n} ({id}, {}, {}) answered {actual:?}: the business data is {real}, the oracle says {modelled}",
+                    step.event, step.ref_id
+                ));
+            }
+        }
+        let key = (id, step.event, step.ref_id.clone());
+        match actual {
+            Ok(Outcome::Applied { from, to, version }) => {
+                *applied_by_order.entry(id).or_default() += 1;
+                first_report.insert(key, Outcome::Replayed { from, to, version });
+            }
+            Ok(replayed @ Outcome::Replayed { .. }) => {
+                if first_report.get(&key) != Some(&replayed) {
+                    return Err(format!(
+                        "step {n}: {replayed:?} differs from the first application {:?}",
+                        first_report.get(&key)
+                    ));
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    for &id in ids {
+        let order = engine.get(id).await.map_err(|e| format!("get {id}: {e}"))?;
+        let applied = applied_by_order.get(&id).copied().unwrap_or(0);
+        let (state, version) = model.order(id).ok_or("model lost an order")?;
+        if order.state != state || order.version != version || order.version != applied {
+            return Err(format!(
+                "order {id}: engine {:?}/v{}, model {state:?}/v{version}, applied {applied}",
+                order.state, order.version
+            ));
+        }
+        let history = engine
+            .history(id)
+            .await
+            .map_err(|e| format!("history {id}: {e}"))?;
+        if history.len() as i64 != applied || history.len() != model.applied_count(id) {
+            return Err(format!(
+                "order {id}: {} history rows for {applied} applied",
+                history.len()
+            ));
+        }
+        let mut keys: Vec<_> = history
+            .iter()
+            .map(|r| (r.event, r.ref_id.clone()))
+            .collect();
+        keys.sort_by(|a, b| (a.0.as_ref(), &a.1).cmp(&(b.0.as_ref(), &b.1)));
+        keys.dedup();
+        if keys.len() != history.len() {
+            return Err(format!("order {id}: a request was recorded twice"));
+        }
+    }
+    Ok(())
+}
