@@ -180,6 +180,27 @@ pub(crate) trait Stepwise: Sync {
         }
     }
 
+    /// The writes after a read in place, inside a unit whose owner undoes it for any
+    /// answer but [`Written::Applied`] ([`Store::apply_in_unit`](crate::Store::apply_in_unit)):
+    /// the guarded update, then the history insert (and its outbox row), no savepoint.
+    fn apply_in_place(
+        &self,
+        conn: &mut Conn<Self>,
+        a: &Apply<'_>,
+    ) -> impl Future<Output = Result<Written, sqlx::Error>> + Send {
+        async move {
+            if self.update(conn, a).await? != 1 {
+                return Ok(Written::Lost);
+            }
+            match self.record(conn, a).await {
+                Ok(true) => Ok(Written::Applied),
+                Ok(false) => Ok(Written::OutboxTaken),
+                Err(e) if is_unique_violation(&e) => Ok(Written::Lost),
+                Err(e) => Err(e),
+            }
+        }
+    }
+
     /// The write unit after a read, in the open unit `tx`: the guarded update, then the
     /// history insert (and its outbox row), then `COMMIT`. [`Written::Lost`] if the update
     /// matched nothing or the history's unique key holds the request already (recorded

@@ -76,7 +76,7 @@ pub(super) async fn attempt<M: StateMachine, S: Store>(
         conn,
         depth: Some(depth),
     };
-    match judged(engine, unit.conn, req).await {
+    match judged(engine, unit.conn, txn, req).await {
         Ok(End::Commit(outcome)) => match unit.end(true).await {
             Ok(()) => Step::Done(Ok(outcome)),
             // The commit was sent: in doubt, read back by the write id.
@@ -102,12 +102,17 @@ pub(super) async fn attempt<M: StateMachine, S: Store>(
 async fn judged<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
     conn: &mut S::Conn,
+    txn: Txn,
     req: &Req<'_, M>,
 ) -> std::result::Result<End<M::State>, sqlx::Error> {
     let store = &engine.store;
     let key = req.key;
     let entity = store.lock(conn, key.order_id).await?;
-    let prior = store.prior(conn, key, Txn::Caller).await?;
+    // With the entity locked, a plain read of its history in the unit's own transaction
+    // sees every request recorded for it (each was written under that lock; on MySQL the
+    // read's snapshot is taken now, after the lock). Inside a caller's transaction, whose
+    // snapshot may be older, the read is of the latest committed rows.
+    let prior = store.prior(conn, key, txn).await?;
     let verdict = judge::judge::<M>(entity.as_ref(), prior.as_ref(), key, req.event, req.hash());
     let (from, to, version) = match verdict {
         // Recorded before: a replay runs neither guard nor effect.
@@ -119,7 +124,7 @@ async fn judged<M: StateMachine, S: Store>(
             ))));
         }
         Verdict::Refused { state } => {
-            let latest = store.latest_ref(conn, key, Txn::Caller).await?;
+            let latest = store.latest_ref(conn, key, txn).await?;
             return Ok(End::Undo(
                 match judge::refuse::<M>(state, key, req.event, latest) {
                     Refusal::Answer(e) => Step::Done(Err(e)),
@@ -160,7 +165,7 @@ async fn judged<M: StateMachine, S: Store>(
         }
     }
     let apply = req.apply(from, to, version);
-    Ok(match store.apply(conn, &apply, Txn::Caller).await? {
+    Ok(match store.apply_in_unit(conn, &apply).await? {
         Written::Applied => End::Commit(Outcome::Applied {
             from,
             to,

@@ -245,6 +245,19 @@ pub trait Store: Clone + Send + Sync + 'static {
         let _ = (conn, depth);
     }
 
+    /// The write after a read inside a unit of
+    /// [`begin_rules_unit`](Self::begin_rules_unit), which the engine ends: as
+    /// [`apply`](Self::apply), without a savepoint of its own, since whatever it answers
+    /// but [`Written::Applied`] (and any error) makes the engine undo the whole unit. By
+    /// default [`apply`](Self::apply) inside the caller's transaction.
+    fn apply_in_unit(
+        &self,
+        conn: &mut Self::Conn,
+        apply: &Apply<'_>,
+    ) -> impl Future<Output = Result<Written, sqlx::Error>> + Send {
+        self.apply(conn, apply, Txn::Caller)
+    }
+
     /// The entity, locked until the unit ends (`SELECT … FOR UPDATE`), read as last
     /// committed; inside a unit of [`begin_rules_unit`](Self::begin_rules_unit). By
     /// default [`get`](Self::get), for a store whose unit already holds the only write

@@ -231,6 +231,14 @@ impl Store for MySqlStore {
         self.apply_in(conn.begin().await?, a).await
     }
 
+    async fn apply_in_unit(
+        &self,
+        conn: &mut MySqlConnection,
+        a: &Apply<'_>,
+    ) -> Result<Written, sqlx::Error> {
+        self.apply_in_place(conn, a).await
+    }
+
     async fn latest_ref(
         &self,
         conn: &mut MySqlConnection,

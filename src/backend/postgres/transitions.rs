@@ -196,35 +196,13 @@ impl Store for PgStore {
         a: &Apply<'_>,
         txn: Txn,
     ) -> Result<Written, sqlx::Error> {
-        let sql = &self.transitions;
-        let statement = if a.emits.is_some() {
-            &sql.apply_emitting
-        } else {
-            &sql.apply
-        };
-        let statement = sqlx::query(statement.clone())
-            .bind(a.to)
-            .bind(a.key.order_id)
-            .bind(a.from)
-            .bind(a.version)
-            .bind(a.key.event)
-            .bind(a.key.ref_id)
-            .bind(a.payload_hash)
-            .bind(a.payload)
-            .bind(a.write_id);
-        let statement = match a.emits {
-            Some(event) => statement.bind(a.machine).bind(event).bind(a.event_body),
-            None => statement,
-        }
-        .bind(a.audit.actor)
-        .bind(a.audit.reason);
         // One statement is atomic on its own; inside the caller's transaction it runs in a
         // savepoint, so that a twin's unique key does not abort the caller's transaction.
         let outcome = match txn {
-            Txn::Own => statement.execute(conn).await,
+            Txn::Own => self.apply_statement(a).execute(conn).await,
             Txn::Caller => {
                 let mut savepoint = conn.begin().await?;
-                match statement.execute(&mut *savepoint).await {
+                match self.apply_statement(a).execute(&mut *savepoint).await {
                     Ok(done) => savepoint.commit().await.map(|()| done),
                     Err(e) => {
                         savepoint.rollback().await?;
@@ -233,13 +211,12 @@ impl Store for PgStore {
                 }
             }
         };
-        match outcome {
-            Ok(done) if done.rows_affected() == 1 => Ok(Written::Applied),
-            Ok(_) => Ok(Written::Lost),
-            Err(e) if is_outbox_taken(&e) => Ok(Written::OutboxTaken),
-            Err(e) if is_unique_violation(&e) => Ok(Written::Lost),
-            Err(e) => Err(e),
-        }
+        written(outcome)
+    }
+
+    async fn apply_in_unit(&self, conn: &mut PgConnection, a: &Apply<'_>) -> Result<Written, sqlx::Error> {
+        // No savepoint: an error aborts the unit, which the engine then undoes.
+        written(self.apply_statement(a).execute(conn).await)
     }
 
     async fn latest_ref(
@@ -366,4 +343,49 @@ impl Store for PgStore {
 /// the entity at that version already (its version was reused), not a twin request.
 pub(super) fn is_outbox_taken(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.constraint() == Some("outbox_pkey"))
+}
+
+impl PgStore {
+    /// The write after a read, bound to `a`: the update guarded by status and version,
+    /// the history row and, on an edge that emits, the outbox row, in one statement.
+    fn apply_statement<'q>(
+        &self,
+        a: &'q Apply<'_>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        let sql = &self.transitions;
+        let statement = if a.emits.is_some() {
+            &sql.apply_emitting
+        } else {
+            &sql.apply
+        };
+        let statement = sqlx::query(statement.clone())
+            .bind(a.to)
+            .bind(a.key.order_id)
+            .bind(a.from)
+            .bind(a.version)
+            .bind(a.key.event)
+            .bind(a.key.ref_id)
+            .bind(a.payload_hash)
+            .bind(a.payload)
+            .bind(a.write_id);
+        match a.emits {
+            Some(event) => statement.bind(a.machine).bind(event).bind(a.event_body),
+            None => statement,
+        }
+        .bind(a.audit.actor)
+        .bind(a.audit.reason)
+    }
+}
+
+/// What the write after a read did, from the statement's answer.
+fn written(
+    outcome: Result<sqlx::postgres::PgQueryResult, sqlx::Error>,
+) -> Result<Written, sqlx::Error> {
+    match outcome {
+        Ok(done) if done.rows_affected() == 1 => Ok(Written::Applied),
+        Ok(_) => Ok(Written::Lost),
+        Err(e) if is_outbox_taken(&e) => Ok(Written::OutboxTaken),
+        Err(e) if is_unique_violation(&e) => Ok(Written::Lost),
+        Err(e) => Err(e),
+    }
 }

@@ -242,6 +242,14 @@ impl Store for SqliteStore {
         self.apply_in(Self::begin(conn, txn).await?, a).await
     }
 
+    async fn apply_in_unit(
+        &self,
+        conn: &mut SqliteConnection,
+        a: &Apply<'_>,
+    ) -> Result<Written, sqlx::Error> {
+        self.apply_in_place(conn, a).await
+    }
+
     async fn latest_ref(
         &self,
         conn: &mut SqliteConnection,
