@@ -214,7 +214,11 @@ impl Store for PgStore {
         written(outcome)
     }
 
-    async fn apply_in_unit(&self, conn: &mut PgConnection, a: &Apply<'_>) -> Result<Written, sqlx::Error> {
+    async fn apply_in_unit(
+        &self,
+        conn: &mut PgConnection,
+        a: &Apply<'_>,
+    ) -> Result<Written, sqlx::Error> {
         // No savepoint: an error aborts the unit, which the engine then undoes.
         written(self.apply_statement(a).execute(conn).await)
     }
