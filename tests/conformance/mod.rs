@@ -250,6 +250,7 @@ macro_rules! conformance {
             guards_judge_what_the_locked_data_says,
             guarded_calls_dropped_at_every_await_point,
             rules_agree_with_the_oracle,
+            guarded_and_plain_requests_share_a_coalescing_engine,
             own_statement_errors_classify_as_the_stores_do,
             emitting_edges_write_their_event_with_the_transition,
             claim_follows_the_outcome_table,

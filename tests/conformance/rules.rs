@@ -16,10 +16,10 @@ use crate::server::Cut;
 orderly::state_machine! {
     /// A shop order whose payment must match what is due and whose shipping takes stock.
     pub Shop {
-        states: ShopState { Open, Paid, Shipped }
-        events: ShopEvent { Pay, Ship }
+        states: ShopState { Open, Paid, Shipped, Cancelled }
+        events: ShopEvent { Pay, Ship, Cancel }
         initial: Open;
-        terminal: [Shipped];
+        terminal: [Shipped, Cancelled];
         rules: ShopRules {
             guards: [amount_matches, in_stock]
             effects: [take_stock]
@@ -27,12 +27,13 @@ orderly::state_machine! {
         transitions: {
             Open + Pay [amount_matches] => Paid,
             Paid + Ship [in_stock] => Shipped / take_stock emits ShopShipped,
+            Open + Cancel => Cancelled,
         }
     }
 }
 
-use ShopEvent::{Pay, Ship};
-use ShopState::{Open, Paid, Shipped};
+use ShopEvent::{Cancel, Pay, Ship};
+use ShopState::{Cancelled, Open, Paid, Shipped};
 
 /// The order whose effect fails after its write, and the one whose guard panics.
 const FAILING: i64 = 99;
@@ -677,5 +678,75 @@ pub async fn rules_agree_with_the_oracle<B: Backend>(b: &B) {
     });
     if let Err(err) = result {
         panic!("{err}");
+    }
+}
+
+/// Guarded requests (allowed and refused) and plain ones at once through one engine
+/// that coalesces writes: the plain ones go in shared units, the guarded ones alone, and
+/// no answer is another's: each applied request is recorded, each refused one wrote
+/// nothing.
+pub async fn guarded_and_plain_requests_share_a_coalescing_engine<B: Backend>(b: &B) {
+    let (e, _, _) = shop(b, 0).await;
+    let mut round = 0;
+    loop {
+        round += 1;
+        let base = 10_000 * round;
+        let ids: Vec<i64> = (base..base + 96).collect();
+        let values: Vec<String> = ids.iter().map(|id| format!("({id}, 5)")).collect();
+        b.exec(&format!(
+            "INSERT INTO shop_due (id, due) VALUES {}",
+            values.join(", ")
+        ))
+        .await;
+        for &id in &ids {
+            e.create(id).await.unwrap();
+        }
+        let gate = Arc::new(tokio::sync::Barrier::new(ids.len()));
+        let tasks: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let (e, gate) = (e.clone(), gate.clone());
+                tokio::spawn(async move {
+                    gate.wait().await;
+                    let answer = match id % 3 {
+                        0 => e.transition(id, Pay, "pay").payload(&4).await,
+                        1 => e.transition(id, Pay, "pay").payload(&5).await,
+                        _ => e.transition(id, Cancel, "cancel").await,
+                    };
+                    (id, answer)
+                })
+            })
+            .collect();
+        for task in tasks {
+            let (id, answer) = task.await.unwrap();
+            let history = e.history(id).await.unwrap();
+            match (id % 3, answer) {
+                (
+                    0,
+                    Err(Error::Refused {
+                        guard: "amount_matches",
+                        ..
+                    }),
+                ) => {
+                    assert!(history.is_empty(), "order {id}: refused, yet {history:?}");
+                }
+                (1, Ok(Outcome::Applied { to: Paid, .. }))
+                | (2, Ok(Outcome::Applied { to: Cancelled, .. })) => {
+                    assert_eq!(history.len(), 1, "order {id}: applied, yet {history:?}");
+                }
+                (_, other) => panic!("order {id}: {other:?}"),
+            }
+        }
+        if e.coalesced_writes().units > 0 || !e.store().batches_writes() || round == 20 {
+            break;
+        }
+    }
+    if e.store().batches_writes() {
+        let coalesced = e.coalesced_writes();
+        assert!(
+            coalesced.units > 0,
+            "no unit carried several plain requests in {round} rounds: the test shows nothing"
+        );
+        assert_eq!(coalesced.failed, 0, "{coalesced:?}");
     }
 }
