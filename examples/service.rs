@@ -12,7 +12,8 @@
 //! | `POST /orders` `{"sku": "sku-1", "qty": 1}` | creates an order, reserving its stock (a flow); `Idempotency-Key` required. `sku-slow` holds the reservation's transaction open for 0.8 s, to watch a client hang up mid-transaction |
 //! | `POST /orders/{id}/pay` `{"card": "4242"}` | charges the order through the fake gateway (a flow: authorize, capture; a declined capture voids the authorization); `Idempotency-Key` required |
 //! | `POST /webhooks/gateway` `{"order_id": 1, "payment_id": "pay_…"}` | the gateway's callback: the order becomes Paid once; a repeat is 200, a second payment 409 naming the winner |
-//! | `POST /orders/{id}/ship` | ships a paid order; `Idempotency-Key` required |
+//! | `POST /orders/{id}/ship` | ships a paid order, unless it is on hold (the edge's guard: 422 `on_hold`), recording its shipment (the edge's effect, once); `Idempotency-Key` required |
+//! | `PUT /orders/{id}/hold`, `DELETE /orders/{id}/hold` | puts an order on hold, or releases it |
 //! | `GET /orders/{id}` | the order and its history |
 //! | `GET /stock/{sku}` | what is left of a sku |
 //! | `GET /flows/parked`, `POST /flows/{kind}/{key}/resume` `{"how": "retry"}` | parked flows, and an operator's resumption |
@@ -39,7 +40,10 @@ use orderly::flow::{Ctx, Definition, FlowConfig, FlowOutcome, Flows, Listing, Re
 use orderly::http::{IdempotencyLayer, IdempotentRequest};
 use orderly::idempotency::{RecordStore, Work};
 use orderly::outbox::{Message, Outbox, Relay, Sink, SinkError};
-use orderly::{Engine, Error, Outcome, Reconciled, Records, ScopeConfig, SqliteStore, Store};
+use orderly::{
+    Engine, Error, Halt, Judged, Outcome, Reconciled, Records, RulesOf, ScopeConfig, SqliteStore,
+    Store,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -52,10 +56,14 @@ orderly::state_machine! {
         events: OrderEvent { Pay, Ship, Cancel }
         initial: Created;
         terminal: [Shipped, Cancelled];
+        rules: OrderRules {
+            guards: [not_on_hold]
+            effects: [record_shipment]
+        }
         transitions: {
             Created + Pay    => Paid     emits OrderPaid,
             Created + Cancel => Cancelled,
-            Paid    + Ship   => Shipped  emits OrderShipped,
+            Paid    + Ship [not_on_hold] => Shipped / record_shipment emits OrderShipped,
         }
     }
 }
@@ -99,13 +107,53 @@ trait Shop:
         sku: &'c str,
         qty: i64,
     ) -> Work<'c, Result<(), sqlx::Error>>;
+    /// Whether order `id` is on hold (the guard of shipping).
+    fn on_hold(conn: &mut Self::Conn, id: i64) -> Work<'_, Result<bool, sqlx::Error>>;
+    /// Records order `id`'s shipment under `reference` (the effect of shipping).
+    fn record_shipment<'c>(
+        conn: &'c mut Self::Conn,
+        id: i64,
+        reference: &'c str,
+    ) -> Work<'c, Result<(), sqlx::Error>>;
+    /// Puts order `id` on hold (`true`) or releases it.
+    fn hold(&self, id: i64, on: bool) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// How many shipments order `id` has (at most one).
+    fn shipments(&self, id: i64) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+}
+
+/// The order graph's rules, on any backend: shipping is refused while the order is on
+/// hold, and records the shipment in the same unit as the move.
+struct Rules<S>(std::marker::PhantomData<fn() -> S>);
+
+impl<S: Shop> OrderRules<S::Conn> for Rules<S> {
+    async fn not_on_hold(
+        &self,
+        conn: &mut S::Conn,
+        order: &Judged<'_, OrderMachine>,
+    ) -> Result<(), Halt> {
+        if S::on_hold(conn, order.order_id).await? {
+            return Err(Halt::refuse("on_hold", "the order is on hold"));
+        }
+        Ok(())
+    }
+
+    async fn record_shipment(
+        &self,
+        conn: &mut S::Conn,
+        order: &Judged<'_, OrderMachine>,
+    ) -> Result<(), Halt> {
+        S::record_shipment(conn, order.order_id, order.ref_id).await?;
+        Ok(())
+    }
 }
 
 /// The shop's SQL on a backend: its stock table and seed, and the three statements (the
 /// reservation binds quantity, sku, quantity).
 macro_rules! shop {
     ($store:ty, table: $table:literal, seed: $seed:literal, reserve: $reserve:literal,
-     unreserve: $unreserve:literal, available: $available:literal) => {
+     unreserve: $unreserve:literal, available: $available:literal, on_hold: $on_hold:literal,
+     ship: $ship:literal, hold: $hold:literal, unhold: $unhold:literal,
+     shipments: $shipments:literal) => {
         impl Shop for $store {
             async fn open(url: &str) -> Result<Self, Error> {
                 let store = <$store>::connect(url).await?;
@@ -151,39 +199,101 @@ macro_rules! shop {
                         .map(drop)
                 })
             }
+
+            fn on_hold(conn: &mut Self::Conn, id: i64) -> Work<'_, Result<bool, sqlx::Error>> {
+                Box::pin(async move {
+                    let held: i64 = sqlx::query_scalar($on_hold)
+                        .bind(id)
+                        .fetch_one(conn)
+                        .await?;
+                    Ok(held > 0)
+                })
+            }
+
+            fn record_shipment<'c>(
+                conn: &'c mut Self::Conn,
+                id: i64,
+                reference: &'c str,
+            ) -> Work<'c, Result<(), sqlx::Error>> {
+                Box::pin(async move {
+                    sqlx::query($ship)
+                        .bind(id)
+                        .bind(reference)
+                        .execute(conn)
+                        .await
+                        .map(drop)
+                })
+            }
+
+            async fn hold(&self, id: i64, on: bool) -> Result<(), sqlx::Error> {
+                let sql = if on { $hold } else { $unhold };
+                sqlx::query(sql)
+                    .bind(id)
+                    .execute(self.pool())
+                    .await
+                    .map(drop)
+            }
+
+            async fn shipments(&self, id: i64) -> Result<i64, sqlx::Error> {
+                sqlx::query_scalar($shipments)
+                    .bind(id)
+                    .fetch_one(self.pool())
+                    .await
+            }
         }
     };
 }
 
 shop!(
     SqliteStore,
-    table: "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)",
+    table: "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL); \
+            CREATE TABLE IF NOT EXISTS holds (order_id INTEGER PRIMARY KEY); \
+            CREATE TABLE IF NOT EXISTS shipments (order_id INTEGER PRIMARY KEY, ref TEXT NOT NULL)",
     seed: "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5), ('sku-slow', 1000) \
            ON CONFLICT (sku) DO NOTHING",
     reserve: "UPDATE stock SET available = available - ?1 WHERE sku = ?2 AND available >= ?3",
     unreserve: "UPDATE stock SET available = available + ?1 WHERE sku = ?2",
-    available: "SELECT available FROM stock WHERE sku = ?1"
+    available: "SELECT available FROM stock WHERE sku = ?1",
+    on_hold: "SELECT COUNT(*) FROM holds WHERE order_id = ?1",
+    ship: "INSERT INTO shipments (order_id, ref) VALUES (?1, ?2)",
+    hold: "INSERT INTO holds (order_id) VALUES (?1) ON CONFLICT (order_id) DO NOTHING",
+    unhold: "DELETE FROM holds WHERE order_id = ?1",
+    shipments: "SELECT COUNT(*) FROM shipments WHERE order_id = ?1"
 );
 
 #[cfg(feature = "postgres")]
 shop!(
     orderly::PgStore,
-    table: "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available BIGINT NOT NULL)",
+    table: "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available BIGINT NOT NULL); \
+            CREATE TABLE IF NOT EXISTS holds (order_id BIGINT PRIMARY KEY); \
+            CREATE TABLE IF NOT EXISTS shipments (order_id BIGINT PRIMARY KEY, ref TEXT NOT NULL)",
     seed: "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5), ('sku-slow', 1000) \
            ON CONFLICT (sku) DO NOTHING",
     reserve: "UPDATE stock SET available = available - $1 WHERE sku = $2 AND available >= $3",
     unreserve: "UPDATE stock SET available = available + $1 WHERE sku = $2",
-    available: "SELECT available FROM stock WHERE sku = $1"
+    available: "SELECT available FROM stock WHERE sku = $1",
+    on_hold: "SELECT COUNT(*) FROM holds WHERE order_id = $1",
+    ship: "INSERT INTO shipments (order_id, ref) VALUES ($1, $2)",
+    hold: "INSERT INTO holds (order_id) VALUES ($1) ON CONFLICT (order_id) DO NOTHING",
+    unhold: "DELETE FROM holds WHERE order_id = $1",
+    shipments: "SELECT COUNT(*) FROM shipments WHERE order_id = $1"
 );
 
 #[cfg(feature = "mysql")]
 shop!(
     orderly::MySqlStore,
-    table: "CREATE TABLE IF NOT EXISTS stock (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL)",
+    table: "CREATE TABLE IF NOT EXISTS stock (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL); \
+            CREATE TABLE IF NOT EXISTS holds (order_id BIGINT PRIMARY KEY); \
+            CREATE TABLE IF NOT EXISTS shipments (order_id BIGINT PRIMARY KEY, ref VARCHAR(255) NOT NULL)",
     seed: "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5), ('sku-slow', 1000)",
     reserve: "UPDATE stock SET available = available - ? WHERE sku = ? AND available >= ?",
     unreserve: "UPDATE stock SET available = available + ? WHERE sku = ?",
-    available: "SELECT available FROM stock WHERE sku = ?"
+    available: "SELECT available FROM stock WHERE sku = ?",
+    on_hold: "SELECT COUNT(*) FROM holds WHERE order_id = ?",
+    ship: "INSERT INTO shipments (order_id, ref) VALUES (?, ?)",
+    hold: "INSERT IGNORE INTO holds (order_id) VALUES (?)",
+    unhold: "DELETE FROM holds WHERE order_id = ?",
+    shipments: "SELECT COUNT(*) FROM shipments WHERE order_id = ?"
 );
 
 /// Where the outbox relay publishes: the service's log (a broker in production: the
@@ -541,7 +651,26 @@ async fn ship<S: Shop>(
     };
     match app.engine.transition(id, OrderEvent::Ship, &key).await {
         Ok(outcome) => answer(StatusCode::OK, json!({ "state": outcome.state() })),
+        // The guard refused: an answer about the order, which the layer keeps for the key.
+        Err(Error::Refused { code, message, .. }) => answer(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({ "error": message, "code": code }),
+        ),
         Err(e) => failed(e),
+    }
+}
+
+async fn hold<S: Shop>(
+    State(app): State<Shared<S>>,
+    Path(id): Path<i64>,
+    method: Method,
+) -> Response {
+    match app.store.hold(id, method == Method::PUT).await {
+        Ok(()) => answer(
+            StatusCode::OK,
+            json!({ "id": id, "on_hold": method == Method::PUT }),
+        ),
+        Err(e) => failed(e.into()),
     }
 }
 
@@ -558,9 +687,13 @@ async fn read<S: Shop>(State(app): State<Shared<S>>, Path(id): Path<i64>) -> Res
         .iter()
         .map(|r| json!({ "seq": r.seq, "from": r.from, "to": r.to, "event": r.event.to_string(), "ref": r.ref_id }))
         .collect();
+    let shipments = match app.store.shipments(id).await {
+        Ok(n) => n,
+        Err(e) => return failed(e.into()),
+    };
     answer(
         StatusCode::OK,
-        json!({ "id": id, "state": order.state, "version": order.version, "history": history }),
+        json!({ "id": id, "state": order.state, "version": order.version, "history": history, "shipments": shipments }),
     )
 }
 
@@ -701,7 +834,8 @@ async fn serve<S: Shop>(
     args: &Args,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let engine: Engine<OrderMachine, S> = Engine::new(store.clone())?;
+    let engine: Engine<OrderMachine, S> =
+        Engine::new(store.clone())?.with_rules(RulesOf(Rules::<S>(std::marker::PhantomData)));
     let gateway = Arc::new(Gateway::default());
     let flow_config = FlowConfig {
         lease: args.lease,
@@ -737,6 +871,10 @@ async fn serve<S: Shop>(
         .route("/stock/{sku}", get(stock::<S>))
         .route("/orders/{id}/pay", post(pay::<S>))
         .route("/orders/{id}/ship", post(ship::<S>))
+        .route(
+            "/orders/{id}/hold",
+            axum::routing::put(hold::<S>).delete(hold::<S>),
+        )
         .route("/webhooks/gateway", post(callback::<S>))
         .route("/flows/parked", get(parked::<S>))
         .route("/flows/{kind}/{key}/resume", post(resume::<S>));

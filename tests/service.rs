@@ -184,6 +184,43 @@ async fn story(db: &str) {
     assert_eq!(order["state"], "Paid");
     assert_eq!(order["history"].as_array().unwrap().len(), 1);
 
+    // Shipping while the order is on hold: the edge's guard refuses (422, kept for its
+    // key); released, the order ships under a new key, and its shipment (the edge's
+    // effect) is recorded once however often the request is repeated.
+    let hold = client
+        .put(svc.url(&format!("/orders/{id}/hold")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hold.status(), StatusCode::OK);
+    let ship_url = svc.url(&format!("/orders/{id}/ship"));
+    let (status, _, held) = post(&client, &ship_url, Some("ship-held"), json!({})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{held}");
+    assert_eq!(held["code"], "on_hold");
+    let (status, replayed, _) = post(&client, &ship_url, Some("ship-held"), json!({})).await;
+    assert_eq!((status, replayed), (StatusCode::UNPROCESSABLE_ENTITY, true));
+    let order = get(&client, &svc.url(&format!("/orders/{id}"))).await;
+    assert_eq!(
+        (order["state"].clone(), order["shipments"].clone()),
+        (json!("Paid"), json!(0))
+    );
+    let released = client
+        .delete(svc.url(&format!("/orders/{id}/hold")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), StatusCode::OK);
+    for _ in 0..2 {
+        let (status, _, shipped) = post(&client, &ship_url, Some("ship-1"), json!({})).await;
+        assert_eq!(status, StatusCode::OK, "{shipped}");
+        assert_eq!(shipped["state"], "Shipped");
+    }
+    let order = get(&client, &svc.url(&format!("/orders/{id}"))).await;
+    assert_eq!(
+        (order["state"].clone(), order["shipments"].clone()),
+        (json!("Shipped"), json!(1))
+    );
+
     // A client that hangs up mid-request: the request still finishes, and its repeat is
     // replayed, not run again.
     let (target, slow_key) = (
