@@ -220,6 +220,9 @@ struct Edges {
     to: Vec<&'static str>,
     /// The domain event each edge emits, if any.
     emits: Vec<Option<&'static str>>,
+    /// Whether an edge of the event names a guard or an effect: its requests are
+    /// written in a unit of their own (`guarded.rs`).
+    rules: bool,
 }
 
 impl<M: StateMachine, S: Store> Clone for Engine<M, S> {
@@ -277,6 +280,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             e.from.push(t.from.into());
             e.to.push(t.to.into());
             e.emits.push(t.emits);
+            e.rules |= t.guard.is_some() || t.effect.is_some();
         }
         Ok(Engine {
             reads: (S::BATCH_READ_MAX > 1)
@@ -289,6 +293,11 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             config,
             edges: Arc::new(edges),
         })
+    }
+
+    /// Whether `event` has an edge that names a guard or an effect.
+    fn has_rules(&self, event: M::Event) -> bool {
+        self.edges.get(&event).is_some_and(|e| e.rules)
     }
 
     /// The engine with the guards and effects its machine's edges name (`rules` is
