@@ -1,5 +1,5 @@
 //! End to end: the example service (`examples/service.rs`) as a real process on
-//! loopback, driven over real HTTP by reqwest, on SQLite and on PostgreSQL (a database
+//! loopback, driven over real HTTP by reqwest, on SQLite, PostgreSQL and MariaDB (a database
 //! of the test's own): one order for 64 concurrent identical requests, a callback
 //! delivered three times at once, a second payment refused with the winner's id, the
 //! service killed with SIGKILL mid-load and restarted, and a client that hangs up
@@ -414,4 +414,12 @@ async fn the_service_on_postgres() {
     let db = example_service::pg_db(&name).await;
     story(&db).await;
     example_service::drop_pg_db(&name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_on_mariadb() {
+    let name = format!("orderly_service_{}", std::process::id());
+    let db = example_service::mysql_db(&name).await;
+    story(&db).await;
+    example_service::drop_mysql_db(&name).await;
 }

@@ -120,6 +120,9 @@ pub async fn scalar(db: &str, sql: &'static str) -> i64 {
     if db.starts_with("sqlite:") {
         let mut conn = sqlx::SqliteConnection::connect(db).await.unwrap();
         sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    } else if db.starts_with("mysql:") {
+        let mut conn = sqlx::MySqlConnection::connect(db).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
     } else {
         let mut conn = sqlx::PgConnection::connect(db).await.unwrap();
         sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
@@ -127,7 +130,8 @@ pub async fn scalar(db: &str, sql: &'static str) -> i64 {
 }
 
 /// How many of the service's connections are inside a transaction: on PostgreSQL, its
-/// database's sessions idle in a transaction; on SQLite, 1 if another connection holds
+/// database's sessions idle in a transaction; on MariaDB, its database's sessions with an
+/// open InnoDB transaction; on SQLite, 1 if another connection holds
 /// the write lock for more than 150 ms (a fresh `BEGIN IMMEDIATE` waits that long and
 /// fails), else 0. The service's own jobs (the relay's claims, the flows' due reads)
 /// take the write lock for a moment now and then; a transaction held open by a request
@@ -148,6 +152,14 @@ pub async fn open_transactions(db: &str) -> i64 {
             Err(sqlx::Error::Database(e)) if e.message().contains("locked") => 1,
             Err(e) => panic!("{e}"),
         }
+    } else if db.starts_with("mysql:") {
+        scalar(
+            db,
+            "SELECT COUNT(*) FROM information_schema.innodb_trx t \
+             JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+             WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()",
+        )
+        .await
     } else {
         scalar(
             db,
