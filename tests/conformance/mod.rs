@@ -251,6 +251,7 @@ macro_rules! conformance {
             guarded_calls_dropped_at_every_await_point,
             rules_agree_with_the_oracle,
             guarded_and_plain_requests_share_a_coalescing_engine,
+            guarded_transitions_in_records_and_flows,
             own_statement_errors_classify_as_the_stores_do,
             emitting_edges_write_their_event_with_the_transition,
             claim_follows_the_outcome_table,

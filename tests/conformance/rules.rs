@@ -750,3 +750,150 @@ pub async fn guarded_and_plain_requests_share_a_coalescing_engine<B: Backend>(b:
         assert_eq!(coalesced.failed, 0, "{coalesced:?}");
     }
 }
+
+orderly::flow! {
+    /// Shipping an order from a flow: one local step, the guarded transition.
+    pub Dispatch {
+        kind: "dispatch";
+        version: 1;
+        steps: DispatchStep {
+            Ship: local,
+        }
+    }
+}
+
+/// Guarded transitions inside `Records::run`'s transaction and a flow's local step: the
+/// guard and the effect run once per move, never on a replayed record or flow; an
+/// effect's failure undoes its own writes and leaves the caller's transaction usable
+/// (the work's own write commits without them); a refusal is a stored failure of the
+/// record (replayed without judging again) and a failed step of the flow (compensated,
+/// the order not moved).
+pub async fn guarded_transitions_in_records_and_flows<B: Backend>(b: &B) {
+    use orderly::flow::{Ctx, Definition, FlowConfig, FlowOutcome, Flows};
+    let (e, guards, effects) = shop(b, 3).await;
+    paid_orders(b, &e, &[1, 2, 3, 4, FAILING]).await;
+    let ran = (guards.load(SeqCst), effects.load(SeqCst));
+    let count = |g: usize, f: usize| (ran.0 + g, ran.1 + f);
+    let stock = || b.scalar("SELECT qty FROM shop_stock WHERE sku = 1");
+    let records = super::idempotency::records(b, Duration::from_secs(30)).await;
+    let ship = |id: i64| ship_work::<B>(e.clone(), id);
+
+    let first = records.run("payments", "r-1", &1, ship(1)).await.unwrap();
+    assert_eq!((first.outcome, first.replayed), (Ok(2), false));
+    let again = records.run("payments", "r-1", &1, ship(1)).await.unwrap();
+    assert_eq!((again.outcome, again.replayed), (Ok(2), true));
+    assert_eq!((guards.load(SeqCst), effects.load(SeqCst)), count(1, 1));
+    assert_eq!(stock().await, 2);
+
+    // The effect took the stock, then failed: its writes undone, the work's own kept.
+    let failed = records
+        .run("payments", "r-99", &99, ship(FAILING))
+        .await
+        .unwrap();
+    assert_eq!(failed.outcome, Ok(-1));
+    assert_eq!(stock().await, 2, "the failed effect's write was kept");
+    assert_eq!(version(b, FAILING).await, 1);
+    assert_eq!(
+        b.scalar(&format!(
+            "SELECT COUNT(*) FROM shop_due WHERE id = {}",
+            1000 + FAILING
+        ))
+        .await,
+        1,
+        "the caller's own write was lost"
+    );
+
+    let definition = {
+        let e = e.clone();
+        Definition::new(Dispatch).local(DispatchStep::Ship, move |conn, ctx: &Ctx<i64>| {
+            let e = e.clone();
+            Box::pin(async move {
+                let id = *ctx.input();
+                let moved = e
+                    .transition(id, Ship, &format!("ship-{id}"))
+                    .within(conn)
+                    .await?;
+                Ok(moved.version())
+            })
+        })
+    };
+    let flows = Flows::new(
+        b.store(Duration::from_secs(30)).await,
+        FlowConfig::default(),
+    )
+    .unwrap()
+    .register(definition)
+    .unwrap();
+    for id in [2, 3] {
+        for replayed in [false, true] {
+            let started = flows
+                .start(Dispatch, &format!("f-{id}"), &id)
+                .await
+                .unwrap();
+            assert_eq!(started.replayed, replayed, "order {id}");
+            match started.outcome {
+                FlowOutcome::Completed(out) => {
+                    assert_eq!(out.get::<i64>(DispatchStep::Ship).unwrap(), 2)
+                }
+                other => panic!("order {id}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!((guards.load(SeqCst), effects.load(SeqCst)), count(4, 3));
+    assert_eq!(stock().await, 0);
+
+    // None left: refused, in a record (stored, replayed unjudged) and in a flow.
+    for replayed in [false, true] {
+        let refused = records.run("payments", "r-4", &4, ship(4)).await.unwrap();
+        assert_eq!(
+            (refused.outcome, refused.replayed),
+            (Err("out_of_stock".to_string()), replayed)
+        );
+    }
+    let started = flows.start(Dispatch, "f-4", &4).await.unwrap();
+    assert!(
+        matches!(&started.outcome, FlowOutcome::Compensated { error, .. } if error.contains("none left")),
+        "{:?}",
+        started.outcome
+    );
+    assert_eq!((guards.load(SeqCst), effects.load(SeqCst)), count(6, 3));
+    assert_eq!(version(b, 4).await, 1);
+    assert_eq!(stock().await, 0);
+}
+
+/// What [`ship_work`] answers.
+type Shipped_ = Result<orderly::Done<i64, String>, Error>;
+
+/// `Records::run`'s work that ships order `id`: its refusal is the record's terminal
+/// failure; an effect's failure is answered by the work, with a write of its own;
+/// anything else releases the record.
+fn ship_work<B: Backend>(
+    e: Shop_<B>,
+    id: i64,
+) -> impl for<'c> FnOnce(&'c mut <B::S as Store>::Conn) -> orderly::idempotency::Work<'c, Shipped_>
+{
+    use orderly::{Done, Failure};
+    move |conn| {
+        Box::pin(async move {
+            match e
+                .transition(id, Ship, &format!("ship-{id}"))
+                .within(&mut *conn)
+                .await
+            {
+                Ok(moved) => Ok(Done::Succeeded(moved.version())),
+                Err(Error::Refused { code, .. }) => Ok(Done::Failed(code, Failure::Terminal)),
+                Err(Error::RuleFailed { .. }) => {
+                    let own = format!("INSERT INTO shop_due (id, due) VALUES ({}, 0)", 1000 + id);
+                    B::exec_conn(conn, own)
+                        .await
+                        .map_err(|source| Error::Database {
+                            source,
+                            retryable: true,
+                        })?;
+                    Ok(Done::Succeeded(-1))
+                }
+                Err(other) => Err(other),
+            }
+        })
+    }
+}
