@@ -107,12 +107,18 @@ async fn judged<M: StateMachine, S: Store>(
 ) -> std::result::Result<End<M::State>, sqlx::Error> {
     let store = &engine.store;
     let key = req.key;
-    let entity = store.lock(conn, key.order_id).await?;
-    // With the entity locked, a plain read of its history in the unit's own transaction
-    // sees every request recorded for it (each was written under that lock; on MySQL the
-    // read's snapshot is taken now, after the lock). Inside a caller's transaction, whose
-    // snapshot may be older, the read is of the latest committed rows.
-    let prior = store.prior(conn, key, txn).await?;
+    // The entity locked, and this request's history row as committed when the lock was
+    // granted: every request recorded for the entity was written under that lock. Where
+    // the locked entity's state proves the request unrecorded, no history is read.
+    let (entity, prior) = if engine.repeatable(req.event) {
+        store.lock_observe(conn, key, txn).await?
+    } else {
+        let entity = store.lock(conn, key.order_id).await?;
+        match &entity {
+            Some(e) if engine.unrecorded_at(req.event, &e.status) => (entity, None),
+            _ => (entity, store.prior(conn, key, txn).await?),
+        }
+    };
     let verdict = judge::judge::<M>(entity.as_ref(), prior.as_ref(), key, req.event, req.hash());
     let (from, to, version) = match verdict {
         // Recorded before: a replay runs neither guard nor effect.

@@ -213,6 +213,26 @@ pub struct Engine<M: StateMachine, S: Store> {
     writes: Option<Arc<crate::coalesce::writes::Writes<S>>>,
 }
 
+/// Whether one of the states `targets` is reachable from one of `starts` along the
+/// machine's transitions (in none or more steps).
+fn reaches<M: StateMachine>(starts: &[&'static str], targets: &[&'static str]) -> bool {
+    let mut seen: Vec<&'static str> = starts.to_vec();
+    let mut todo = seen.clone();
+    while let Some(state) = todo.pop() {
+        if targets.contains(&state) {
+            return true;
+        }
+        for t in M::TRANSITIONS {
+            let (from, to): (&'static str, &'static str) = (t.from.into(), t.to.into());
+            if from == state && !seen.contains(&to) {
+                seen.push(to);
+                todo.push(to);
+            }
+        }
+    }
+    false
+}
+
 /// The rows of the transition table for one event, as names: `from[i]` leads to `to[i]`.
 #[derive(Debug, Default)]
 struct Edges {
@@ -223,6 +243,10 @@ struct Edges {
     /// Whether an edge of the event names a guard or an effect: its requests are
     /// written in a unit of their own (`guarded.rs`).
     rules: bool,
+    /// Whether the event can be applied again after it was applied: one of its source
+    /// states is reachable from one of its target states. An event that cannot is
+    /// recorded for no entity that is at one of its source states.
+    repeatable: bool,
 }
 
 impl<M: StateMachine, S: Store> Clone for Engine<M, S> {
@@ -282,6 +306,9 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             e.emits.push(t.emits);
             e.rules |= t.guard.is_some() || t.effect.is_some();
         }
+        for e in edges.values_mut() {
+            e.repeatable = reaches::<M>(&e.to, &e.from);
+        }
         Ok(Engine {
             reads: (S::BATCH_READ_MAX > 1)
                 .then(|| crate::coalesce::reads::Reads::new(store.clone())),
@@ -298,6 +325,20 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     /// Whether `event` has an edge that names a guard or an effect.
     fn has_rules(&self, event: M::Event) -> bool {
         self.edges.get(&event).is_some_and(|e| e.rules)
+    }
+
+    /// Whether `event` can be applied again after it was applied (see [`Edges`]).
+    fn repeatable(&self, event: M::Event) -> bool {
+        self.edges.get(&event).is_none_or(|e| e.repeatable)
+    }
+
+    /// Whether a request of `event` to an entity at `status` is certainly unrecorded: the
+    /// event is allowed there and is not repeatable, so it was never applied to the
+    /// entity.
+    fn unrecorded_at(&self, event: M::Event, status: &str) -> bool {
+        self.edges
+            .get(&event)
+            .is_some_and(|e| !e.repeatable && e.from.contains(&status))
     }
 
     /// The engine with the guards and effects its machine's edges name (`rules` is

@@ -270,6 +270,25 @@ pub trait Store: Clone + Send + Sync + 'static {
         self.get(conn, order_id)
     }
 
+    /// The judge's read inside a unit of [`begin_rules_unit`](Self::begin_rules_unit):
+    /// the entity locked as [`lock`](Self::lock) locks it, and this request's history row
+    /// as last committed when the lock was granted (a request recorded by the unit that
+    /// held the lock before is seen). By default the two reads one after the other
+    /// ([`lock`](Self::lock), then [`prior`](Self::prior)); a store that can reads both
+    /// in one statement.
+    fn lock_observe(
+        &self,
+        conn: &mut Self::Conn,
+        key: Key<'_>,
+        txn: Txn,
+    ) -> impl Future<Output = Result<(Option<Entity>, Option<Prior>), sqlx::Error>> + Send {
+        async move {
+            let entity = self.lock(conn, key.order_id).await?;
+            let prior = self.prior(conn, key, txn).await?;
+            Ok((entity, prior))
+        }
+    }
+
     /// The reference under which `key.event` was last applied to `key.order_id`, if ever.
     /// Read only when the event is not allowed from the current state, to tell a
     /// conflicting reference (`RefConflict`) from an invalid event.

@@ -252,6 +252,7 @@ macro_rules! conformance {
             rules_agree_with_the_oracle,
             guarded_and_plain_requests_share_a_coalescing_engine,
             guarded_transitions_in_records_and_flows,
+            guarded_request_behind_the_lock_sees_what_the_holder_recorded,
             own_statement_errors_classify_as_the_stores_do,
             emitting_edges_write_their_event_with_the_transition,
             claim_follows_the_outcome_table,

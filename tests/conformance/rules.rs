@@ -897,3 +897,147 @@ fn ship_work<B: Backend>(
         })
     }
 }
+
+orderly::state_machine! {
+    /// A tab charged again and again: `Charge` is allowed again once the tab is settled.
+    pub Tab {
+        states: TabState { Idle, Charging }
+        events: TabEvent { Charge, Settle }
+        initial: Idle;
+        terminal: [];
+        rules: TabRules {
+            guards: [funds]
+            effects: [debit]
+        }
+        transitions: {
+            Idle + Charge [funds] => Charging / debit,
+            Charging + Settle => Idle,
+        }
+    }
+}
+
+/// Counts the tab's rules, which read and write nothing.
+struct TabCounted(Arc<AtomicUsize>);
+
+impl<C: Send> TabRules<C> for TabCounted {
+    async fn funds(&self, _conn: &mut C, _judged: &Judged<'_, Tab>) -> Result<(), Halt> {
+        self.0.fetch_add(1, SeqCst);
+        Ok(())
+    }
+
+    async fn debit(&self, _conn: &mut C, _judged: &Judged<'_, Tab>) -> Result<(), Halt> {
+        self.0.fetch_add(1, SeqCst);
+        Ok(())
+    }
+}
+
+/// Holds entity `id`'s row lock in a transaction of the test's own while `request` is
+/// sent, then writes `rows` (the holder's unit, by hand) and commits: the request waited
+/// on the lock (it had not finished when the holder committed) and is answered after.
+async fn behind_the_lock<B: Backend, T: Send + 'static>(
+    b: &B,
+    id: i64,
+    request: impl std::future::Future<Output = T> + Send + 'static,
+    rows: &[String],
+) -> T {
+    let mut holder = b.begin().await;
+    B::exec_in(
+        &mut holder,
+        &format!("UPDATE orders SET version = version WHERE id = {id}"),
+    )
+    .await;
+    let waiting = tokio::spawn(request);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the request did not wait on the lock"
+    );
+    for row in rows {
+        B::exec_in(&mut holder, row).await;
+    }
+    B::commit(holder).await;
+    waiting.await.unwrap()
+}
+
+/// A guarded request that waits on the entity's lock while the holder records that very
+/// request is judged on what the holder committed: a replay, its rules never run. Along
+/// a one-way edge the locked state tells (the order is Shipped); along a repeatable one
+/// only the history does: the holder charges the tab and settles it, so the tab is back
+/// at Idle, from which the same Charge would be allowed again, and a request judged on a
+/// history read older than the lock would run its guard there.
+pub async fn guarded_request_behind_the_lock_sees_what_the_holder_recorded<B: Backend>(b: &B) {
+    let (e, guards, effects) = shop(b, 10).await;
+    paid_orders(b, &e, &[1]).await;
+    let ran = (guards.load(SeqCst), effects.load(SeqCst));
+    let request = {
+        let e = e.clone();
+        async move { e.transition(1, Ship, "ship-1").await }
+    };
+    let history = "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES";
+    let shipped = behind_the_lock(
+        b,
+        1,
+        request,
+        &[
+            format!("{history} (1, 2, 'Paid', 'Shipped', 'Ship', 'ship-1')"),
+            "UPDATE orders SET status = 'Shipped', version = 2 WHERE id = 1".into(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        shipped.unwrap(),
+        Outcome::Replayed {
+            from: Paid,
+            to: Shipped,
+            version: 2
+        }
+    );
+    assert_eq!(
+        (guards.load(SeqCst), effects.load(SeqCst)),
+        ran,
+        "a rule ran"
+    );
+    assert_eq!(
+        b.scalar("SELECT qty FROM shop_stock WHERE sku = 1").await,
+        10
+    );
+
+    let rules = Arc::new(AtomicUsize::new(0));
+    let tab = Engine::<Tab, B::S>::new(b.store(Duration::from_secs(30)).await)
+        .unwrap()
+        .with_rules(RulesOf(TabCounted(Arc::clone(&rules))));
+    tab.create(50).await.unwrap();
+    let request = {
+        let tab = tab.clone();
+        async move { tab.transition(50, TabEvent::Charge, "charge-1").await }
+    };
+    let charged = behind_the_lock(
+        b,
+        50,
+        request,
+        &[
+            format!(
+                "{history} (50, 1, 'Idle', 'Charging', 'Charge', 'charge-1'), (50, 2, 'Charging', 'Idle', 'Settle', 'settle-1')"
+            ),
+            "UPDATE orders SET version = 2 WHERE id = 50".into(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        charged.unwrap(),
+        Outcome::Replayed {
+            from: TabState::Idle,
+            to: TabState::Charging,
+            version: 1
+        }
+    );
+    assert_eq!(rules.load(SeqCst), 0, "a rule ran");
+    // A new charge of the settled tab runs both.
+    assert!(
+        tab.transition(50, TabEvent::Charge, "charge-2")
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    assert_eq!(rules.load(SeqCst), 2);
+}

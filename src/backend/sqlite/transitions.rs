@@ -225,6 +225,21 @@ impl Store for SqliteStore {
         Ok(row.map(Observed::from))
     }
 
+    /// One statement: the unit holds the only write lock, so the entity and its history
+    /// row read together are as last committed.
+    async fn lock_observe(
+        &self,
+        conn: &mut SqliteConnection,
+        key: Key<'_>,
+        txn: Txn,
+    ) -> Result<(Option<Entity>, Option<Prior>), sqlx::Error> {
+        Ok(match self.observe(&mut *conn, key, txn).await? {
+            Some(observed) => (Some(observed.entity), observed.prior),
+            // A request recorded for an entity that is gone is still a replay.
+            None => (None, self.prior(conn, key, txn).await?),
+        })
+    }
+
     async fn apply_first_in(
         &self,
         conn: &mut SqliteConnection,
