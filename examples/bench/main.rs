@@ -77,7 +77,7 @@
 //! writing a ledger row (one more), run inside the transition's unit; `guard-hand` the
 //! same work by hand (BEGIN, `SELECT … FOR UPDATE`, the guard's SELECT, UPDATE, INSERT
 //! of the history row, INSERT of the ledger row, COMMIT); `replay-g` replays of what
-//! `guarded` applied (no rule runs).
+//! `guarded` applied (no rule runs). `--only guarded` runs these three alone.
 //!
 //! Last, the relay: `--relay-events N` [20000] events of N/4 entities drained by four
 //! relays (`relay`) and by four hand-written `SKIP LOCKED` + publish + mark loops
@@ -178,6 +178,8 @@ struct Args {
     deadline_ms: u64,
     relay_events: i64,
     nats: Option<String>,
+    /// Only the guarded modes.
+    only_guarded: bool,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
@@ -194,6 +196,7 @@ fn parse_args() -> Result<Args, BoxError> {
         deadline_ms: 10,
         relay_events: 20_000,
         nats: None,
+        only_guarded: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -216,6 +219,10 @@ fn parse_args() -> Result<Args, BoxError> {
             "--deadline-ms" => args.deadline_ms = value()?.parse()?,
             "--relay-events" => args.relay_events = value()?.parse()?,
             "--nats" => args.nats = Some(value()?),
+            "--only" => match value()?.as_str() {
+                "guarded" => args.only_guarded = true,
+                other => return Err(format!("--only {other}: only `guarded` can run alone").into()),
+            },
             "--help" | "-h" => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -248,6 +255,8 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
   --deadline-ms MS                  the client deadline of the deadline storm [10]
   --relay-events N                  events drained by the relays and the hand loops [20000]
   --nats URL                        relay to NATS JetStream instead of an in-process sink
+  --only guarded                    the guarded modes alone (a table and a `guarded` line
+                                    per concurrency)
   --help                            this text
 
 It prints a table per concurrency and `ratio`, `coalesce`, `records`, `flows`, `outbox`,
@@ -409,6 +418,10 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     let slice = args.seconds / args.rounds as f64;
     for &c in &args.concurrency {
         db.reset().await?;
+        if args.only_guarded {
+            ratios.push(guarded_pass(&db, &guarded, c, args).await?);
+            continue;
+        }
         if let Some(big) = &big {
             big.reset().await?;
         }
@@ -560,18 +573,20 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         ratios.push(outbox_pass(&db, &emitting, c, args).await?);
         ratios.push(guarded_pass(&db, &guarded, c, args).await?);
     }
-    if let Some(url) = &args.redis {
-        storm_pass(&records, url, args, &mut ratios).await?;
-    }
-    ratios.push(deadline_pass(&db, &engine, &records, &flows, args).await?);
-    ratios.push(match &args.nats {
-        Some(url) => relay_nats(&db, url, args).await?,
-        None => {
-            let (sink, mut rx) = ChannelSink::new();
-            tokio::spawn(async move { while rx.recv().await.is_some() {} });
-            relay_pass(&db, sink, "channel", args).await?
+    if !args.only_guarded {
+        if let Some(url) = &args.redis {
+            storm_pass(&records, url, args, &mut ratios).await?;
         }
-    });
+        ratios.push(deadline_pass(&db, &engine, &records, &flows, args).await?);
+        ratios.push(match &args.nats {
+            Some(url) => relay_nats(&db, url, args).await?,
+            None => {
+                let (sink, mut rx) = ChannelSink::new();
+                tokio::spawn(async move { while rx.recv().await.is_some() {} });
+                relay_pass(&db, sink, "channel", args).await?
+            }
+        });
+    }
     for line in scales.into_iter().chain(ratios) {
         println!("{line}");
     }
