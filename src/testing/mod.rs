@@ -49,7 +49,7 @@ use crate::{Engine, Error, Judged, Outcome, StateMachine};
 
 mod rules;
 
-pub use rules::{Oracle, check_rules};
+pub use rules::{Oracle, check_rules, check_rules_concurrent};
 
 /// One request of a generated sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,11 +177,21 @@ type RequestKey<M> = (i64, <M as StateMachine>::Event, String);
 type Applied<S> = (S, S, i64, Option<String>);
 
 /// The outcome table over in-memory maps: the reference the engine is checked against.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Model<M: StateMachine> {
     orders: HashMap<i64, (M::State, i64)>,
     applied: HashMap<RequestKey<M>, Applied<M::State>>,
     latest_ref: HashMap<(i64, M::Event), String>,
+}
+
+impl<M: StateMachine> Clone for Model<M> {
+    fn clone(&self) -> Self {
+        Model {
+            orders: self.orders.clone(),
+            applied: self.applied.clone(),
+            latest_ref: self.latest_ref.clone(),
+        }
+    }
 }
 
 impl<M: StateMachine> Model<M> {

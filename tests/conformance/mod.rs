@@ -250,6 +250,7 @@ macro_rules! conformance {
             guards_judge_what_the_locked_data_says,
             guarded_calls_dropped_at_every_await_point,
             rules_agree_with_the_oracle,
+            rules_agree_with_the_oracle_in_races,
             guarded_and_plain_requests_share_a_coalescing_engine,
             guarded_transitions_in_records_and_flows,
             guarded_request_behind_the_lock_sees_what_the_holder_recorded,
