@@ -26,7 +26,8 @@
 //! compares the two p50s).
 //! Servers: `ORDERLY_PG_URL`, `ORDERLY_MYSQL_URL` (as for the test suites); the bench
 //! drops and recreates its own database `orderly_bench` at the start and leaves it for
-//! inspection (`bench/pgbench-floor.sh` runs on it).
+//! inspection (`bench/pgbench-guarded.sh` runs on it). On PostgreSQL the floor is also
+//! driven by pgbench after each concurrency (a `pgbench …` line).
 //!
 //! Every mode moves orders `Created → Paid` through the same pool:
 //! - floor: the cheapest correct write with no judging (PostgreSQL: one CTE statement
@@ -289,6 +290,18 @@ trait BenchDb: Send + Sync + 'static {
         ids: &[i64],
     ) -> impl Future<Output = Result<Option<Vec<u32>>, BoxError>> + Send {
         let _ = ids;
+        async { Ok(None) }
+    }
+    /// PostgreSQL only (`None` elsewhere): the floor's statement driven by pgbench (a C
+    /// client, one commit per request) at `c` clients for exactly `transitions`
+    /// transitions, on orders of its own that are all there (it cannot run out), and
+    /// what it applied, counted from the history: transitions per second.
+    fn pgbench_floor(
+        &self,
+        c: usize,
+        transitions: i64,
+    ) -> impl Future<Output = Result<Option<f64>, BoxError>> + Send {
+        let _ = (c, transitions);
         async { Ok(None) }
     }
     fn naive(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
@@ -555,6 +568,17 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             applied.throughput() / naive.throughput(),
             replay.throughput() / applied.throughput()
         ));
+        // The same floor through pgbench, for as many transitions as the engine applied
+        // in its time (at least 50 per client).
+        let transitions = ((applied.throughput() * args.seconds) as i64).max(50 * c as i64);
+        let transitions = (transitions as u64).div_ceil(c as u64) as i64 * c as i64;
+        if let Some(pgbench) = db.pgbench_floor(c, transitions).await? {
+            ratios.push(format!(
+                "pgbench backend={} c={c} transitions={transitions} pgbench_per_s={pgbench:.0} engine_vs_pgbench={:.2}",
+                args.backend,
+                applied.throughput() / pgbench
+            ));
+        }
         ratios.push(format!(
             "coalesce backend={} c={c} engine_vs_alone={:.2} engine_vs_floor_batch={:.2} engine_p99_ms={:.2} alone_p99_ms={:.2}{}",
             args.backend,

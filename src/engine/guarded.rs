@@ -5,6 +5,7 @@
 //! commit. A refusal, a failure, a panic or an error undoes the whole unit.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering::Relaxed;
 
 use futures_util::FutureExt;
 
@@ -110,12 +111,16 @@ async fn judged<M: StateMachine, S: Store>(
     // The entity locked, and this request's history row as committed when the lock was
     // granted: every request recorded for the entity was written under that lock. Where
     // the locked entity's state proves the request unrecorded, no history is read.
-    let (entity, prior) = if engine.repeatable(req.event) {
+    let mut unread = false;
+    let (entity, prior) = if engine.repeatable(req.event) || req.read_history.load(Relaxed) {
         store.lock_observe(conn, key, txn).await?
     } else {
         let entity = store.lock(conn, key.order_id).await?;
         match &entity {
-            Some(e) if engine.unrecorded_at(req.event, &e.status) => (entity, None),
+            Some(e) if engine.unrecorded_at(req.event, &e.status) => {
+                unread = true;
+                (entity, None)
+            }
             _ => (entity, store.prior(conn, key, txn).await?),
         }
     };
@@ -177,8 +182,14 @@ async fn judged<M: StateMachine, S: Store>(
             to,
             version: version + 1,
         }),
-        // The entity is locked: it cannot have moved. Judged again from a fresh read.
-        Written::Lost => End::Undo(Step::Retry("lost the conditional update")),
+        // The entity is locked: it cannot have moved, so the history's unique key held
+        // this request. Judged again, reading the history this time.
+        Written::Lost => {
+            if unread {
+                req.read_history.store(true, Relaxed);
+            }
+            End::Undo(Step::Retry("lost the conditional update"))
+        }
         Written::OutboxTaken => End::Undo(Step::Done(Err(outbox_taken(key)))),
     })
 }

@@ -24,6 +24,10 @@ pub(super) struct Req<'r, M: StateMachine> {
     pub(super) stage: &'r Arc<Stage>,
     /// The request's own event body (JSON text), for the outbox row of an emitting edge.
     pub(super) event_body: Option<&'r str>,
+    /// Set when a guarded unit judged the request unrecorded from the entity's state
+    /// alone and then lost its write (the history held the request after all: an entity
+    /// whose state disagrees with its history): every later attempt reads the history.
+    pub(super) read_history: std::sync::atomic::AtomicBool,
 }
 
 /// A fresh write id: 64 random bits (the two halves of a random UUID folded, so that

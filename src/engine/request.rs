@@ -195,6 +195,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             audit: self.audit,
             stage: &stage,
             event_body: event_body.as_deref(),
+            read_history: Default::default(),
         };
         let answer = attempt::run(
             self.engine,
@@ -256,6 +257,7 @@ async fn pooled<M: StateMachine, S: Store>(
                 },
                 stage: &stage,
                 event_body: call.event_body.as_deref(),
+                read_history: Default::default(),
             };
             attempt::pooled(&engine, &req).await
         }

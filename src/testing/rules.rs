@@ -18,7 +18,10 @@ pub trait Oracle<M: StateMachine> {
     /// What `effect` does to the business data when `judged` is applied.
     fn effect(&mut self, effect: &'static str, judged: &Judged<'_, M>);
     /// The business data as the model has it, written as `business` in
-    /// [`check_rules`] writes the real data.
+    /// [`check_rules`] writes the real data. It must show all of the oracle's state:
+    /// [`check_rules_concurrent`] goes on from the first order of a round whose answers
+    /// and business data match, and two orders that leave the same business data must
+    /// leave the same oracle.
     fn business(&self) -> String;
 }
 

@@ -130,8 +130,8 @@ pub async fn scalar(db: &str, sql: &'static str) -> i64 {
 }
 
 /// How many of the service's connections are inside a transaction: on PostgreSQL, its
-/// database's sessions idle in a transaction; on MariaDB, its database's sessions with an
-/// open InnoDB transaction; on SQLite, 1 if another connection holds
+/// database's sessions idle in a transaction; on MariaDB, its database's idle sessions
+/// with an open InnoDB transaction; on SQLite, 1 if another connection holds
 /// the write lock for more than 150 ms (a fresh `BEGIN IMMEDIATE` waits that long and
 /// fails), else 0. The service's own jobs (the relay's claims, the flows' due reads)
 /// take the write lock for a moment now and then; a transaction held open by a request
@@ -157,7 +157,7 @@ pub async fn open_transactions(db: &str) -> i64 {
             db,
             "SELECT COUNT(*) FROM information_schema.innodb_trx t \
              JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
-             WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()",
+             WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID() AND p.command = 'Sleep'",
         )
         .await
     } else {
