@@ -645,13 +645,10 @@ impl orderly::testing::Oracle<Shop> for StockOracle {
     }
 }
 
-/// The kit's `check_rules` over random sequences full of duplicates: every answer is
-/// the oracle's (refusals with their codes), and the stock after every step is what the
-/// oracle says, so the effect ran once per `Applied` and never on a replay or refusal.
-pub async fn rules_agree_with_the_oracle<B: Backend>(b: &B) {
-    use proptest::test_runner::{Config, TestRunner};
+/// The business tables, with no stock yet, and an engine with the kit's rules.
+async fn kit_engine<B: Backend>(b: &B) -> Shop_<B> {
     shop_tables(b, 0).await;
-    let e = Engine::<Shop, _>::with_config(
+    Engine::<Shop, _>::with_config(
         b.store(Duration::from_secs(30)).await,
         EngineConfig {
             read_first: B::POLICY,
@@ -659,7 +656,15 @@ pub async fn rules_agree_with_the_oracle<B: Backend>(b: &B) {
         },
     )
     .unwrap()
-    .with_rules(RulesOf(KitRules::<B>(PhantomData)));
+    .with_rules(RulesOf(KitRules::<B>(PhantomData)))
+}
+
+/// The kit's `check_rules` over random sequences full of duplicates: every answer is
+/// the oracle's (refusals with their codes), and the stock after every step is what the
+/// oracle says, so the effect ran once per `Applied` and never on a replay or refusal.
+pub async fn rules_agree_with_the_oracle<B: Backend>(b: &B) {
+    use proptest::test_runner::{Config, TestRunner};
+    let e = kit_engine(b).await;
     let mut runner = TestRunner::new(Config {
         cases: 16,
         failure_persistence: None,
@@ -699,16 +704,7 @@ pub async fn rules_agree_with_the_oracle<B: Backend>(b: &B) {
 /// rounds are explained only by an order other than the one they were sent in.
 pub async fn rules_agree_with_the_oracle_in_races<B: Backend>(b: &B) {
     use proptest::test_runner::{Config, TestRunner};
-    shop_tables(b, 0).await;
-    let e = Engine::<Shop, _>::with_config(
-        b.store(Duration::from_secs(30)).await,
-        EngineConfig {
-            read_first: B::POLICY,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap()
-    .with_rules(RulesOf(KitRules::<B>(PhantomData)));
+    let e = kit_engine(b).await;
     let mut runner = TestRunner::new(Config {
         cases: 48,
         failure_persistence: None,
