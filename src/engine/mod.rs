@@ -38,6 +38,7 @@ use crate::store::{Entity, Lease, Store, db_error};
 use crate::{Error, Result};
 
 mod attempt;
+mod edges;
 mod guarded;
 mod input;
 mod judge;
@@ -205,48 +206,12 @@ pub struct Engine<M: StateMachine, S: Store> {
     /// The guards and effects the machine's edges name.
     rules: Option<Arc<dyn Rules<M, S::Conn>>>,
     config: EngineConfig,
-    edges: Arc<HashMap<M::Event, Edges>>,
+    edges: Arc<HashMap<M::Event, edges::Edges>>,
     first: FirstRound,
     /// Coalesces read-first reads, on a store that batches reads.
     reads: Option<Arc<crate::coalesce::reads::Reads<S>>>,
     /// Coalesces apply-first writes, on a store that batches writes.
     writes: Option<Arc<crate::coalesce::writes::Writes<S>>>,
-}
-
-/// Whether one of the states `targets` is reachable from one of `starts` along the
-/// machine's transitions (in none or more steps).
-fn reaches<M: StateMachine>(starts: &[&'static str], targets: &[&'static str]) -> bool {
-    let mut seen: Vec<&'static str> = starts.to_vec();
-    let mut todo = seen.clone();
-    while let Some(state) = todo.pop() {
-        if targets.contains(&state) {
-            return true;
-        }
-        for t in M::TRANSITIONS {
-            let (from, to): (&'static str, &'static str) = (t.from.into(), t.to.into());
-            if from == state && !seen.contains(&to) {
-                seen.push(to);
-                todo.push(to);
-            }
-        }
-    }
-    false
-}
-
-/// The rows of the transition table for one event, as names: `from[i]` leads to `to[i]`.
-#[derive(Debug, Default)]
-struct Edges {
-    from: Vec<&'static str>,
-    to: Vec<&'static str>,
-    /// The domain event each edge emits, if any.
-    emits: Vec<Option<&'static str>>,
-    /// Whether an edge of the event names a guard or an effect: its requests are
-    /// written in a unit of their own (`guarded.rs`).
-    rules: bool,
-    /// Whether the event can be applied again after it was applied: one of its source
-    /// states is reachable from one of its target states. An event that cannot is
-    /// recorded for no entity that is at one of its source states.
-    repeatable: bool,
 }
 
 impl<M: StateMachine, S: Store> Clone for Engine<M, S> {
@@ -298,17 +263,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
                 "max_event_body must be 1 byte to 64 MiB".into(),
             ));
         }
-        let mut edges: HashMap<M::Event, Edges> = HashMap::new();
-        for t in M::TRANSITIONS {
-            let e = edges.entry(t.event).or_default();
-            e.from.push(t.from.into());
-            e.to.push(t.to.into());
-            e.emits.push(t.emits);
-            e.rules |= t.guard.is_some() || t.effect.is_some();
-        }
-        for e in edges.values_mut() {
-            e.repeatable = reaches::<M>(&e.to, &e.from);
-        }
+        let edges = edges::of::<M>();
         Ok(Engine {
             reads: (S::BATCH_READ_MAX > 1)
                 .then(|| crate::coalesce::reads::Reads::new(store.clone())),
