@@ -125,6 +125,7 @@ fn config(batch: u32) -> RelayConfig {
         min_backoff: Duration::from_millis(20),
         max_backoff: Duration::from_millis(500),
         idle: Duration::from_millis(20),
+        ..RelayConfig::default()
     }
 }
 

@@ -102,7 +102,9 @@ use std::time::{Duration, Instant};
 
 use orderly::flow::{Definition, FlowConfig, FlowOutcome, FlowStore, Flows};
 use orderly::idempotency::RecordStore;
-use orderly::outbox::{ChannelSink, EventRow, Message, OutboxStore, Relay, RelayConfig, Sink};
+use orderly::outbox::{
+    ChannelSink, Claim, EventRow, Message, OutboxStore, Relay, RelayConfig, Sink,
+};
 use orderly::store::Store;
 use orderly::{Done, Engine, EngineConfig, Outcome, ReadFirst, Records, ScopeConfig};
 
@@ -181,6 +183,8 @@ struct Args {
     nats: Option<String>,
     /// Only the guarded modes.
     only_guarded: bool,
+    /// Only the relays.
+    only_relay: bool,
 }
 
 fn parse_args() -> Result<Args, BoxError> {
@@ -198,6 +202,7 @@ fn parse_args() -> Result<Args, BoxError> {
         relay_events: 20_000,
         nats: None,
         only_guarded: false,
+        only_relay: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -222,7 +227,12 @@ fn parse_args() -> Result<Args, BoxError> {
             "--nats" => args.nats = Some(value()?),
             "--only" => match value()?.as_str() {
                 "guarded" => args.only_guarded = true,
-                other => return Err(format!("--only {other}: only `guarded` can run alone").into()),
+                "relay" => args.only_relay = true,
+                other => {
+                    return Err(
+                        format!("--only {other}: only `guarded` or `relay` can run alone").into(),
+                    );
+                }
             },
             "--help" | "-h" => {
                 print!("{USAGE}");
@@ -258,6 +268,7 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
   --nats URL                        relay to NATS JetStream instead of an in-process sink
   --only guarded                    the guarded modes alone (a table and a `guarded` line
                                     per concurrency)
+  --only relay                      the relays alone (the `relay` line)
   --help                            this text
 
 It prints a table per concurrency and `ratio`, `coalesce`, `records`, `flows`, `outbox`,
@@ -429,7 +440,12 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         },
     )?;
     let slice = args.seconds / args.rounds as f64;
-    for &c in &args.concurrency {
+    let concurrency: &[usize] = if args.only_relay {
+        &[]
+    } else {
+        &args.concurrency
+    };
+    for &c in concurrency {
         db.reset().await?;
         if args.only_guarded {
             ratios.push(guarded_pass(&db, &guarded, c, args).await?);
@@ -598,10 +614,14 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         ratios.push(guarded_pass(&db, &guarded, c, args).await?);
     }
     if !args.only_guarded {
-        if let Some(url) = &args.redis {
+        if let Some(url) = &args.redis
+            && !args.only_relay
+        {
             storm_pass(&records, url, args, &mut ratios).await?;
         }
-        ratios.push(deadline_pass(&db, &engine, &records, &flows, args).await?);
+        if !args.only_relay {
+            ratios.push(deadline_pass(&db, &engine, &records, &flows, args).await?);
+        }
         ratios.push(match &args.nats {
             Some(url) => relay_nats(&db, url, args).await?,
             None => {

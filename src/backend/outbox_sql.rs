@@ -56,12 +56,21 @@ pub(crate) fn keys_in(alias: &str, n: usize) -> String {
     format!("({})", vec![one; n.max(1)].join(" OR "))
 }
 
+/// One more attempt, saturating (a negative count orderly never writes counts from 0).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) const ATTEMPT: &str = "LEAST(GREATEST(attempts, 0), 2147483646) + 1";
+
 /// The statements of the methods every backend shares, built once.
 #[derive(Debug)]
 pub(crate) struct OutboxStatements {
     /// A claimed event back to PENDING (or DEAD), fenced by its claim: 1 dead, 2 retry
     /// in ms, 3 error, 4 machine, 5 entity id, 6 version, 7 token.
     mark_failed: Statement,
+    /// A locked event back to PENDING (or DEAD), one more attempt counted, fenced by the
+    /// row lock its relay holds: 1 dead, 2 retry in ms, 3 error, 4 machine, 5 entity id,
+    /// 6 version.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    failed_locked: Statement,
     /// A dead event back to PENDING: 1 machine, 2 entity id, 3 version.
     requeue: Statement,
     /// Events in a status, in key order: 1 status, 2 limit.
@@ -84,6 +93,13 @@ impl OutboxStatements {
                      owner_token = NULL, lease_until = 0, next_at = {now} + ?2, last_error = ?3 \
                  WHERE machine = ?4 AND entity_id = ?5 AND version = ?6 \
                    AND owner_token = ?7 AND status = 'PENDING'"
+            )),
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
+            failed_locked: s(format!(
+                "UPDATE outbox SET status = CASE WHEN ?1 THEN 'DEAD' ELSE 'PENDING' END, \
+                     owner_token = NULL, lease_until = 0, next_at = {now} + ?2, last_error = ?3, \
+                     attempts = {ATTEMPT} \
+                 WHERE machine = ?4 AND entity_id = ?5 AND version = ?6 AND status = 'PENDING'"
             )),
             requeue: s(
                 "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, \
@@ -131,6 +147,35 @@ where
     ];
     let done = s.mark_failed.query::<DB>(&args)?.execute(conn).await?;
     Ok(DB::rows_affected(&done) == 1)
+}
+
+/// The failures of [`OutboxStore::settle_locked`](crate::outbox::OutboxStore::settle_locked),
+/// one statement each, inside the lock's transaction; then the commit (sqlx's count of
+/// open transactions back to none, whatever the commit answers).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn settle_failed_and_commit<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &OutboxStatements,
+    failed: &[FailedEvent<'_>],
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    for f in failed {
+        let args = [
+            Arg::Bool(f.dead),
+            Arg::I64(f.retry_in_ms),
+            Arg::Str(f.error),
+            Arg::Str(&f.key.machine),
+            Arg::I64(f.key.entity_id),
+            Arg::I64(f.key.version),
+        ];
+        s.failed_locked
+            .query::<DB>(&args)?
+            .execute(&mut *conn)
+            .await?;
+    }
+    crate::backend::units::end_rules_unit::<DB>(conn, true, 0).await
 }
 
 /// [`OutboxStore::requeue_event`](crate::outbox::OutboxStore::requeue_event).

@@ -55,7 +55,7 @@ pub use message::{ChannelSink, Message};
 pub use nats::NatsSink;
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::RabbitSink;
-pub use relay::{Relay, RelayConfig, RelayRound};
+pub use relay::{Claim, Relay, RelayConfig, RelayRound};
 pub use seam::{
     ClaimEvents, ClaimedEvent, CorruptEvent, CorruptRow, EventKey, EventRow, FailedEvent,
     OutboxStore, StatsRow,

@@ -38,6 +38,28 @@ pub struct RelayConfig {
     /// How long [`Relay::run`] sleeps when a round found nothing to publish (or failed).
     /// Default 200 ms.
     pub idle: Duration,
+    /// How a round holds the events it publishes. Default [`Claim::Lock`].
+    pub claim: Claim,
+}
+
+/// How a relay's round holds the events it publishes, so that no other relay publishes
+/// them at the same time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Claim {
+    /// Row locks, held in one transaction across the publish, where the store can hold
+    /// them (one PostgreSQL or MySQL/MariaDB server): the round locks the batch, publishes
+    /// it and records the outcomes in one commit, and writes nothing for the claim itself.
+    /// A relay that dies mid-batch releases its events when its connection closes, and
+    /// the attempt it was making is not counted. Elsewhere (SQLite, whose write
+    /// transaction would hold the whole database across the publish; a Galera node, whose
+    /// row locks bind no other node) a [`Claim::Lease`].
+    #[default]
+    Lock,
+    /// A lease written with the claim's token in one short transaction, the outcomes
+    /// recorded under that token afterwards: nothing is held open across the publish, and
+    /// an event whose relay died is taken over when the lease runs out. Each claim counts
+    /// an attempt.
+    Lease,
 }
 
 impl Default for RelayConfig {
@@ -50,6 +72,7 @@ impl Default for RelayConfig {
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(300),
             idle: Duration::from_millis(200),
+            claim: Claim::Lock,
         }
     }
 }
@@ -179,6 +202,115 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
     }
 
     async fn relay_round(&self) -> Result<RelayRound> {
+        if self.config.claim == Claim::Lock
+            && let Some(round) = self.locked_round().await?
+        {
+            return Ok(round);
+        }
+        self.leased_round().await
+    }
+
+    /// A round whose claim is the batch's row locks, held across the publish; `None` if
+    /// the store holds no claims by lock. Any error, and a drop, closes the connection:
+    /// the server rolls back what did not commit, and the events are claimable again.
+    async fn locked_round(&self) -> Result<Option<RelayRound>> {
+        let store = self.outbox.store();
+        let mut lease = Lease::<S>::acquire(store).await.map_err(db_error::<S>)?;
+        let limit = i64::from(self.config.batch);
+        let Some(locked) = store
+            .lock_events(lease.conn(), limit)
+            .await
+            .map_err(db_error::<S>)?
+        else {
+            lease.release();
+            return Ok(None);
+        };
+        let mut round = RelayRound {
+            claimed: locked.len(),
+            ..RelayRound::default()
+        };
+        let (mut rows, corrupt) = sort_out(locked);
+        // The attempt being made, as a leased claim would have counted it.
+        for row in &mut rows {
+            row.attempts = row.attempts.max(0).saturating_add(1);
+        }
+        let mut failures: Vec<(EventKey, String, i64, bool)> = Vec::new();
+        for (key, reason) in corrupt {
+            if let Some(key) = set_aside(key, &reason) {
+                failures.push((key, bounded(format!("corrupt row: {reason}")), 0, true));
+            }
+            round.corrupt += 1;
+        }
+        let (published, failed) = self.publish_batch(&rows).await;
+        for (key, attempts, error) in failed {
+            let (error, retry_in_ms, dead) = self.failure(&key, attempts, error);
+            if dead {
+                round.dead += 1;
+            } else {
+                round.retried += 1;
+            }
+            failures.push((key, error, retry_in_ms, dead));
+        }
+        let failed: Vec<FailedEvent<'_>> = failures
+            .iter()
+            .map(|(key, error, retry_in_ms, dead)| FailedEvent {
+                key,
+                token: "",
+                error,
+                retry_in_ms: *retry_in_ms,
+                dead: *dead,
+            })
+            .collect();
+        let marked = store
+            .settle_locked(lease.conn(), &published, &failed)
+            .await
+            .map_err(db_error::<S>)?;
+        lease.release();
+        let marked = usize::try_from(marked).unwrap_or(0);
+        round.published = marked;
+        // Locked rows cannot be taken over; were one not marked, it is due again.
+        round.lost = published.len().saturating_sub(marked);
+        Ok(Some(round))
+    }
+
+    /// Publishes `rows` concurrently: the keys published, and the failures with the
+    /// attempts they count.
+    async fn publish_batch(
+        &self,
+        rows: &[EventRow],
+    ) -> (Vec<EventKey>, Vec<(EventKey, i32, SinkError)>) {
+        let outcomes = join_all(rows.iter().map(|row| self.publish(row))).await;
+        let mut published = Vec::new();
+        let mut failed = Vec::new();
+        for (row, outcome) in rows.iter().zip(outcomes) {
+            let key = EventKey {
+                machine: row.machine.clone(),
+                entity_id: row.entity_id,
+                version: row.version,
+            };
+            match outcome {
+                Ok(()) => published.push(key),
+                Err(e) => failed.push((key, row.attempts, e)),
+            }
+        }
+        (published, failed)
+    }
+
+    /// A failed publish of an event claimed `attempts` times, logged: the error as
+    /// recorded, the delay before the next try, and whether the event is dead.
+    fn failure(&self, key: &EventKey, attempts: i32, error: SinkError) -> (String, i64, bool) {
+        let dead = error.permanent
+            || u32::try_from(attempts).unwrap_or(u32::MAX) >= self.config.max_attempts;
+        let error = bounded(error.message);
+        tracing::warn!(
+            machine = %key.machine, entity = key.entity_id, version = key.version,
+            attempts, dead, error = %error, "publishing an outbox event failed"
+        );
+        (error, millis(self.backoff(attempts)), dead)
+    }
+
+    /// A round whose claim is a lease written under a token of its own.
+    async fn leased_round(&self) -> Result<RelayRound> {
         let store = self.outbox.store();
         let token = uuid::Uuid::new_v4().simple().to_string();
         let claim = super::ClaimEvents {
@@ -196,22 +328,10 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
         }
         let (rows, corrupt) = sort_out(claimed);
         for (key, reason) in corrupt {
-            self.set_aside(key, &reason, &token, &mut round).await;
+            self.set_aside_leased(key, &reason, &token, &mut round)
+                .await;
         }
-        let outcomes = join_all(rows.iter().map(|row| self.publish(row))).await;
-        let mut published = Vec::new();
-        let mut failed = Vec::new();
-        for (row, outcome) in rows.iter().zip(outcomes) {
-            let key = EventKey {
-                machine: row.machine.clone(),
-                entity_id: row.entity_id,
-                version: row.version,
-            };
-            match outcome {
-                Ok(()) => published.push(key),
-                Err(e) => failed.push((key, row.attempts, e)),
-            }
-        }
+        let (published, failed) = self.publish_batch(&rows).await;
         if !published.is_empty() {
             let marked = leased!(store, |c| store.mark_published(c, &token, &published))?;
             let marked = usize::try_from(marked).unwrap_or(0);
@@ -220,20 +340,14 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
         }
         let mut unrecorded = None;
         for (key, attempts, error) in failed {
-            let dead = error.permanent
-                || u32::try_from(attempts).unwrap_or(u32::MAX) >= self.config.max_attempts;
-            let error = bounded(error.message);
+            let (error, retry_in_ms, dead) = self.failure(&key, attempts, error);
             let failure = FailedEvent {
                 key: &key,
                 token: &token,
                 error: &error,
-                retry_in_ms: millis(self.backoff(attempts)),
+                retry_in_ms,
                 dead,
             };
-            tracing::warn!(
-                machine = %key.machine, entity = key.entity_id, version = key.version,
-                attempts, dead, error = %error, "publishing an outbox event failed"
-            );
             // One failure that cannot be recorded does not keep the others from being
             // recorded: it is due again when its claim runs out.
             match leased!(store, |c| store.mark_failed(c, &failure)) {
@@ -253,8 +367,8 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
     }
 
     /// A claimed row that must not be published: dead, with the reason, under the
-    /// claim's token. One whose key did not read is left to its lease (and logged).
-    async fn set_aside(
+    /// claim's token. One whose key did not read is left to its lease.
+    async fn set_aside_leased(
         &self,
         key: Option<EventKey>,
         reason: &str,
@@ -263,12 +377,9 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
     ) {
         let store = self.outbox.store();
         round.corrupt += 1;
-        tracing::error!(
-            ?key,
-            reason,
-            "a corrupt outbox row is set aside, not published"
-        );
-        let Some(key) = key else { return };
+        let Some(key) = set_aside(key, reason) else {
+            return;
+        };
         let error = bounded(format!("corrupt row: {reason}"));
         let failure = FailedEvent {
             key: &key,
@@ -342,6 +453,17 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
             // The jitter is added after the cap: cap again.
             .min(self.config.max_backoff)
     }
+}
+
+/// Logs a claimed row that must not be published, and returns its key if it read (to be
+/// recorded dead with the reason; one whose key did not read is left as it is).
+fn set_aside(key: Option<EventKey>, reason: &str) -> Option<EventKey> {
+    tracing::error!(
+        ?key,
+        reason,
+        "a corrupt outbox row is set aside, not published"
+    );
+    key
 }
 
 /// The claimed rows to publish, and the ones to set aside (key, reason): rows that did not

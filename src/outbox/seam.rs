@@ -27,6 +27,48 @@ pub trait OutboxStore: Store {
         claim: &ClaimEvents<'_>,
     ) -> impl Future<Output = Result<Vec<ClaimedEvent>, sqlx::Error>> + Send;
 
+    /// Locks up to `limit` claimable events, chosen as [`claim_events`](Self::claim_events)
+    /// chooses them, in a transaction it opens on `conn` (the relay's own connection, no
+    /// transaction open), and returns them with that transaction still open: the row
+    /// locks are the claim, held across the publish until
+    /// [`settle_locked`](Self::settle_locked) records the outcomes and commits. Nothing is
+    /// written for the claim (no token, no lease, no attempt). Other relays skip the
+    /// locked rows, and a relay that dies holding them (its connection closed) leaves
+    /// them claimable at once, with nothing to expire.
+    ///
+    /// `None`, with no transaction opened, where a claim cannot be held by lock: a store
+    /// of several writable nodes whose row locks are local (a Galera node), or one whose
+    /// write transaction would hold the whole database across the publish (SQLite). The
+    /// relay then claims with [`claim_events`](Self::claim_events). The default is `None`.
+    fn lock_events(
+        &self,
+        conn: &mut Self::Conn,
+        limit: i64,
+    ) -> impl Future<Output = Result<Option<Vec<ClaimedEvent>>, sqlx::Error>> + Send {
+        let _ = (conn, limit);
+        std::future::ready(Ok(None))
+    }
+
+    /// Records the outcomes of the events [`lock_events`](Self::lock_events) locked on
+    /// `conn`, in its transaction, and commits it: `published` marked `PUBLISHED`, each of
+    /// `failed` back to `PENDING` after its delay or `DEAD`, each with one more attempt.
+    /// The failures' tokens are not read: the locks fence them. How many events it marked
+    /// published. On an error the transaction's fate is unknown; the relay closes the
+    /// connection (the server rolls back whatever did not commit). The default writes
+    /// nothing (no store that answers [`lock_events`](Self::lock_events) with `None` is
+    /// asked).
+    fn settle_locked(
+        &self,
+        conn: &mut Self::Conn,
+        published: &[EventKey],
+        failed: &[FailedEvent<'_>],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send {
+        let _ = (conn, published, failed);
+        std::future::ready(Err(sqlx::Error::Configuration(
+            "this store holds no claims by lock".into(),
+        )))
+    }
+
     /// Marks the events of `keys` still claimed under `token` `PUBLISHED`, in one
     /// statement: how many it marked (an event whose claim was taken over is not).
     fn mark_published(

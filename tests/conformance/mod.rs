@@ -330,6 +330,9 @@ macro_rules! conformance {
             records_lost_acknowledgements_are_read_back,
             records_write_lost_before_the_server_is_retried,
             records_dead_database_answers_within_the_deadline,
+            locked_relay_dropped_at_every_await_point_frees_its_batch_at_once,
+            locked_relay_cut_at_each_statement,
+            locked_relay_killed_by_sigkill_another_finishes,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {

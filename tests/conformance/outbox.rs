@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use orderly::outbox::{
-    EventKey, Inbox, Message, Outbox, OutboxStore, Relay, RelayConfig, Sink, SinkError,
+    Claim, EventKey, Inbox, Message, Outbox, OutboxStore, Relay, RelayConfig, Sink, SinkError,
 };
 use orderly::{Error, Records};
 
 use super::faults::{assert_pool_clean, poll_at_most};
 use super::records_jobs::place;
-use super::{Backend, engine};
+use super::{Backend, Networked, engine};
 
 /// Events published, as a consumer would see them, with what the race did.
 #[derive(Default)]
@@ -127,8 +127,15 @@ pub(crate) async fn seed<B: Backend>(b: &B, entities: i64, per_entity: i64) {
     }
 }
 
+/// A quick config with the default claim (row locks where the store holds them).
 fn fast(batch: u32) -> RelayConfig {
+    fast_by(batch, Claim::Lock)
+}
+
+/// A quick config claiming by `claim`.
+fn fast_by(batch: u32, claim: Claim) -> RelayConfig {
     RelayConfig {
+        claim,
         batch,
         lease: Duration::from_secs(30),
         publish_timeout: Duration::from_secs(10),
@@ -627,7 +634,7 @@ pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backen
     let config = RelayConfig {
         lease,
         publish_timeout: Duration::from_millis(200),
-        ..fast(4)
+        ..fast_by(4, Claim::Lease)
     };
     let relay = Relay::new(
         store.clone(),
@@ -736,6 +743,205 @@ pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backen
         .await,
         0
     );
+}
+
+/// A relay claiming by row locks, its round dropped in the middle of its publishes and
+/// then at every await point. While the first dropped round held its batch (the earliest
+/// event of every entity), another relay found nothing to claim; once it was dropped,
+/// that relay claimed the batch at once (the connection closed, nothing to expire). No
+/// session stays in a transaction, the pool is clean, no row ever carried a lease, and
+/// everything is published, each entity's events first received in version order.
+pub async fn locked_relay_dropped_at_every_await_point_frees_its_batch_at_once<B: Networked>(
+    b: &B,
+) {
+    let (entities, per_entity) = (4, 6);
+    seed(b, entities, per_entity).await;
+    let store = b.store(Duration::from_secs(10)).await;
+    let rec = Arc::new(Recorder::default());
+    let relay = |n: usize| {
+        Relay::new(
+            store.clone(),
+            RecordingSink {
+                rec: rec.clone(),
+                relay: n,
+            },
+        )
+        .with_config(fast_by(4, Claim::Lock))
+        .unwrap()
+    };
+    let (relay, other) = (relay(0), relay(2));
+    let slow = Relay::new(
+        store.clone(),
+        SlowSink {
+            inner: RecordingSink {
+                rec: rec.clone(),
+                relay: 1,
+            },
+        },
+    )
+    .with_config(fast_by(4, Claim::Lock))
+    .unwrap();
+    {
+        let round = slow.relay_once();
+        tokio::pin!(round);
+        while rec.current.load(Ordering::SeqCst) == 0 {
+            tokio::select! {
+                out = &mut round => panic!("the round ended before it published: {out:?}"),
+                () = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+        }
+        let meanwhile = other.relay_once().await.unwrap();
+        assert_eq!(
+            meanwhile.claimed, 0,
+            "another relay claimed events of a batch held by lock"
+        );
+    }
+    rec.current.store(0, Ordering::SeqCst);
+    until_no_transaction_is_open(b).await;
+    let freed = other.relay_once().await.unwrap();
+    assert_eq!(
+        (freed.claimed, freed.published),
+        (4, 4),
+        "the dropped round's batch was not claimable at once"
+    );
+    let mut drops = 1;
+    for k in 0.. {
+        assert_pool_clean(b, &store).await;
+        until_no_transaction_is_open(b).await;
+        assert_no_lease(b).await;
+        match poll_at_most(relay.relay_once(), k).await {
+            Some(round) => {
+                round.unwrap();
+                break;
+            }
+            None => drops += 1,
+        }
+        assert!(k < 200, "a round never completed");
+    }
+    assert!(drops >= 3, "the round was dropped at {drops} points only");
+    drain(&relay).await;
+    assert_pool_clean(b, &store).await;
+    assert_no_lease(b).await;
+    assert_first_receipts_in_order(&rec, entities, per_entity);
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM outbox WHERE status <> 'PUBLISHED'")
+            .await,
+        0
+    );
+}
+
+/// A relay claiming by row locks, its connection cut at each statement of its round (the
+/// lock, the record of what it published, the commit): as the statement goes out (the
+/// server never sees it), and right after the server answered it (the relay never
+/// hears). The round answers a retryable error, or what the database then holds; no
+/// session is left in a transaction and no lease was written, so the batch is claimable
+/// at once; a relay on a direct connection publishes everything, each entity's events
+/// first received in version order, at most the cut batch twice, and each event counts
+/// one attempt (a cut round's attempt only if it committed).
+pub async fn locked_relay_cut_at_each_statement<B: Networked>(b: &B) {
+    use crate::server::{Cut, Proxy};
+    let commit: &'static [u8] = if <B::S as orderly::Store>::BACKEND == "postgres" {
+        b"COMMIT"
+    } else {
+        b"\x03COMMIT"
+    };
+    let points: [&'static [u8]; 3] = [b"SKIP LOCKED", b"SET status = 'PUBLISHED'", commit];
+    let (entities, per_entity) = (4, 2);
+    for point in points {
+        for cut in [Cut::Request(point), Cut::ReplyTo(point)] {
+            b.exec("DELETE FROM outbox").await;
+            seed(b, entities, per_entity).await;
+            let rec = Arc::new(Recorder::default());
+            let proxy = Proxy::start(b.server(), cut).await;
+            let cut_relay = Relay::new(
+                b.store_at(proxy.port, 2).await,
+                RecordingSink {
+                    rec: rec.clone(),
+                    relay: 1,
+                },
+            )
+            .with_config(fast_by(8, Claim::Lock))
+            .unwrap();
+            let answer = cut_relay.relay_once().await;
+            assert_eq!(
+                proxy.cuts(),
+                1,
+                "{cut:?}: the proxy never cut, so the test shows nothing"
+            );
+            until_no_transaction_is_open(b).await;
+            let published = b
+                .scalar("SELECT COUNT(*) FROM outbox WHERE status = 'PUBLISHED'")
+                .await;
+            match answer {
+                Ok(round) => assert_eq!(round.published as i64, published, "{cut:?}: {round:?}"),
+                Err(e) => assert!(e.is_retryable(), "{cut:?}: {e}"),
+            }
+            assert_no_lease(b).await;
+            let direct = Relay::new(
+                b.store(Duration::from_secs(10)).await,
+                RecordingSink {
+                    rec: rec.clone(),
+                    relay: 0,
+                },
+            )
+            .with_config(fast_by(8, Claim::Lock))
+            .unwrap();
+            drain(&direct).await;
+            assert_first_receipts_in_order(&rec, entities, per_entity);
+            let twice = rec.received().len() as i64 - entities * per_entity;
+            assert!(twice <= entities, "{cut:?}: {twice} published twice");
+            assert_eq!(
+                b.scalar(
+                    "SELECT COUNT(*) FROM outbox WHERE attempts <> 1 OR status <> 'PUBLISHED'"
+                )
+                .await,
+                0,
+                "{cut:?}: an attempt counted that no commit recorded"
+            );
+        }
+    }
+}
+
+/// Waits (2 s at most) until no session of this database is in a transaction: a
+/// connection closed by its client is rolled back once the server sees the socket go.
+async fn until_no_transaction_is_open<B: Backend>(b: &B) {
+    let mut open = b.open_transactions().await;
+    for _ in 0..100 {
+        if open == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        open = b.open_transactions().await;
+    }
+    assert_eq!(open, 0, "a session is still in a transaction after 2 s");
+}
+
+/// No event carries a claim's token or lease: claims by lock write none.
+async fn assert_no_lease<B: Backend>(b: &B) {
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM outbox WHERE owner_token IS NOT NULL OR lease_until <> 0")
+            .await,
+        0,
+        "a claim by lock wrote a lease"
+    );
+}
+
+/// Every entity's events, first receipts only, in version order, none missing.
+fn assert_first_receipts_in_order(rec: &Recorder, entities: i64, per_entity: i64) {
+    let mut firsts: HashMap<i64, Vec<i64>> = HashMap::new();
+    for (entity, version, _) in rec.received() {
+        let seen = firsts.entry(entity).or_default();
+        if !seen.contains(&version) {
+            seen.push(version);
+        }
+    }
+    for entity in 1..=entities {
+        assert_eq!(
+            firsts.get(&entity),
+            Some(&(1..=per_entity).collect::<Vec<_>>()),
+            "entity {entity}"
+        );
+    }
 }
 
 /// `Relay::run` stops on its shutdown signal after finishing the batch in hand: the
@@ -976,17 +1182,46 @@ pub const RELAY_CHILD: &str = "relay|";
 /// events the child published in the batch it never recorded; each entity's events,
 /// first receipts across both relays, are in version order.
 pub async fn relay_killed_by_sigkill_another_finishes<B: Backend>(b: &B) {
+    killed_relay_another_finishes(b, Claim::Lease, "relay_killed_by_sigkill_another_finishes")
+        .await;
+}
+
+/// A relay claiming by row locks, in a process of its own, killed with SIGKILL in the
+/// middle of a batch (published in part, the rest hanging): its batch is claimable as
+/// soon as the server sees the connection gone, with no lease to run out (none was ever
+/// written). Another relay, here, publishes everything; the only duplicates are events
+/// of the batch the child never recorded (at most one batch); each entity's events, first
+/// receipts across both, are in version order; every event counts one attempt (the
+/// killed batch's was never recorded).
+pub async fn locked_relay_killed_by_sigkill_another_finishes<B: Networked>(b: &B) {
+    killed_relay_another_finishes(
+        b,
+        Claim::Lock,
+        "locked_relay_killed_by_sigkill_another_finishes",
+    )
+    .await;
+}
+
+async fn killed_relay_another_finishes<B: Backend>(b: &B, claim: Claim, name: &str) {
     let (entities, per_entity) = (20, 5);
     seed(b, entities, per_entity).await;
     let dir = tempfile::tempdir().unwrap();
-    let name = "relay_killed_by_sigkill_another_finishes";
     let thread = std::thread::current();
     let test = thread.name().filter(|n| n.ends_with(name)).unwrap_or(name);
+    let mode = if claim == Claim::Lock {
+        "lock"
+    } else {
+        "lease"
+    };
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
         .env(
             super::CHILD,
-            format!("{RELAY_CHILD}{}|{}", b.child_handle(), dir.path().display()),
+            format!(
+                "{RELAY_CHILD}{mode}|{}|{}",
+                b.child_handle(),
+                dir.path().display()
+            ),
         )
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -1017,10 +1252,29 @@ pub async fn relay_killed_by_sigkill_another_finishes<B: Backend>(b: &B) {
             (e.parse().unwrap(), v.parse().unwrap())
         })
         .collect();
-    let unrecorded = b
-        .scalar("SELECT COUNT(*) FROM outbox WHERE status = 'PENDING' AND owner_token IS NOT NULL")
-        .await;
-    assert!(unrecorded > 0, "the child was killed holding no claim");
+    let unrecorded = if claim == Claim::Lock {
+        assert_no_lease(b).await;
+        // The child's session is gone once the server saw its socket close: nothing of
+        // it holds a lock.
+        until_no_transaction_is_open(b).await;
+        // Unrecorded: published by the child and still pending (its last batch).
+        let pending: HashSet<(i64, i64)> = list_pending(b).await;
+        let held = by_child.iter().filter(|k| pending.contains(k)).count() as i64;
+        assert!(
+            held > 0,
+            "the child was killed holding no published, unrecorded event"
+        );
+        assert!(held <= 8, "{held} unrecorded events, more than one batch");
+        held
+    } else {
+        let unrecorded = b
+            .scalar(
+                "SELECT COUNT(*) FROM outbox WHERE status = 'PENDING' AND owner_token IS NOT NULL",
+            )
+            .await;
+        assert!(unrecorded > 0, "the child was killed holding no claim");
+        unrecorded
+    };
     assert!(
         !by_child.is_empty(),
         "the child published nothing before it was killed"
@@ -1059,12 +1313,37 @@ pub async fn relay_killed_by_sigkill_another_finishes<B: Backend>(b: &B) {
         twice as i64 <= unrecorded,
         "{twice} duplicates, more than the {unrecorded} events the child left claimed"
     );
+    if claim == Claim::Lock {
+        assert_eq!(
+            b.scalar("SELECT COUNT(*) FROM outbox WHERE attempts <> 1 OR status <> 'PUBLISHED'")
+                .await,
+            0,
+            "an event counted an attempt the killed child never recorded"
+        );
+    }
+}
+
+/// The keys of the pending events.
+async fn list_pending<B: Backend>(b: &B) -> HashSet<(i64, i64)> {
+    Outbox::new(b.store(Duration::from_secs(10)).await)
+        .pending(1000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| (e.entity_id, e.version))
+        .collect()
 }
 
 /// The child of `relay_killed_by_sigkill_another_finishes`: relays with a lease of one
 /// second through a sink that logs each publish to a file and, from the 25th on, logs
 /// and then hangs (marking `hung`).
 pub(crate) async fn relay_child<B: Backend>(spec: &str) {
+    let (mode, spec) = spec.split_once('|').expect("mode|handle|directory");
+    let claim = if mode == "lock" {
+        Claim::Lock
+    } else {
+        Claim::Lease
+    };
     let (handle, dir) = spec.split_once('|').expect("handle|directory");
     let dir = std::path::PathBuf::from(dir);
     let store = B::child_store(handle).await;
@@ -1079,7 +1358,7 @@ pub(crate) async fn relay_child<B: Backend>(spec: &str) {
             // Hung publishes time out and are retried until the kill: none may go dead
             // first, however late the kill comes on a loaded machine.
             max_attempts: 1000,
-            ..fast(8)
+            ..fast_by(8, claim)
         })
         .unwrap();
     relay.run(std::future::pending()).await.unwrap();

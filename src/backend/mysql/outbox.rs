@@ -16,7 +16,9 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
-use crate::backend::outbox_sql::{self, OutboxStatements, UNKNOWN_STATUS, claimed, keys_in};
+use crate::backend::outbox_sql::{
+    self, ATTEMPT, OutboxStatements, UNKNOWN_STATUS, claimed, keys_in,
+};
 use crate::backend::sql::{BySize, Params};
 use crate::idempotency::RecordStore;
 use crate::outbox::{
@@ -162,6 +164,56 @@ impl OutboxStore for MySqlStore {
         Ok(rows)
     }
 
+    /// The claim's choice in one statement (see [`LOCK_EVENTS`]), in a READ COMMITTED
+    /// transaction left open. Not on a Galera node, whose row locks bind no other node.
+    async fn lock_events(
+        &self,
+        conn: &mut MySqlConnection,
+        limit: i64,
+    ) -> Result<Option<Vec<ClaimedEvent>>, sqlx::Error> {
+        if self.causal_reads() != Some(false) {
+            return Ok(None);
+        }
+        crate::backend::units::begin_rules_unit::<MySql>(
+            conn,
+            crate::store::Txn::Own,
+            Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"),
+        )
+        .await?;
+        let mut rows: Vec<ClaimedEvent> = sqlx::query(LOCK_EVENTS.clone())
+            .bind(limit)
+            .fetch_all(conn)
+            .await?
+            .iter()
+            .map(claimed)
+            .collect();
+        // A row whose key does not read cannot be settled: it is left as it is (the key's
+        // columns are typed; it does not happen).
+        rows.retain(|row| row.as_ref().map_or_else(|c| c.key.is_some(), |_| true));
+        Ok(Some(rows))
+    }
+
+    async fn settle_locked(
+        &self,
+        conn: &mut MySqlConnection,
+        published: &[EventKey],
+        failed: &[FailedEvent<'_>],
+    ) -> Result<u64, sqlx::Error> {
+        let mut marked = 0;
+        if !published.is_empty() {
+            let keys = published
+                .iter()
+                .map(|k| (k.machine.as_str(), k.entity_id, k.version));
+            marked = sqlx::query(PUBLISHED_LOCKED.clone())
+                .bind(keys_json(keys))
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+        }
+        outbox_sql::settle_failed_and_commit::<MySql>(conn, &STATEMENTS, failed).await?;
+        Ok(marked)
+    }
+
     async fn list_corrupt(
         &self,
         conn: &mut MySqlConnection,
@@ -269,6 +321,55 @@ static CLAIM_EVENTS_TAKEN: LazyLock<BySize> = LazyLock::new(|| {
             keys_in("", n)
         )
     })
+});
+
+/// A batch's keys as a table `k (m, e, v)`, from one parameter: the keys as a JSON array
+/// of `[machine, entity id, version]`. MariaDB matches a list of key tuples (`OR`ed
+/// groups, or a row constructor's `IN`) against the primary key about ten times slower
+/// than it joins these rows to it.
+const KEYS: &str = "JSON_TABLE(?, '$[*]' COLUMNS ( \
+    m VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin PATH '$[0]', \
+    e BIGINT PATH '$[1]', v BIGINT PATH '$[2]')) AS k";
+
+/// The parameter of [`KEYS`].
+fn keys_json<'a>(keys: impl Iterator<Item = (&'a str, i64, i64)>) -> String {
+    serde_json::Value::Array(keys.map(|(m, e, v)| serde_json::json!([m, e, v])).collect())
+        .to_string()
+}
+
+/// The statement of `lock_events`, built once: the claim's choice, returning the rows.
+/// The locking read meets the latest committed rows, while its subquery reads the
+/// statement's snapshot, so the earlier-event test is made as one the snapshot can answer
+/// alone: the event is the earliest unpublished of its entity *in the snapshot*. An event
+/// committed after the snapshot began is not in it and waits for the next claim (its
+/// entity's earlier events may have been committed after the snapshot too, unseen). An
+/// event the snapshot holds was committed after every earlier event of its entity (a
+/// transition writes the next version only once the previous one committed), so the
+/// snapshot holds those as well.
+static LOCK_EVENTS: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "SELECT {EVENT_COLUMNS} FROM outbox AS o \
+         WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} \
+           AND o.version = (SELECT MIN(p.version) FROM outbox AS p \
+               WHERE p.machine = o.machine AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED') \
+         LIMIT ? FOR UPDATE SKIP LOCKED"
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `settle_locked` for the published events, built once. The keys are
+/// read first and each joined to its row by the primary key: the rows an update reads
+/// it locks, and a scan of the table would wait for (and deadlock with) the events other
+/// relays hold.
+static PUBLISHED_LOCKED: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "UPDATE {KEYS} STRAIGHT_JOIN outbox AS o FORCE INDEX (PRIMARY) \
+             ON o.machine = k.m AND o.entity_id = k.e AND o.version = k.v \
+         SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+             last_error = NULL, published_at = {NOW}, attempts = {ATTEMPT} \
+         WHERE o.status = 'PENDING'"
+    ))
+    .into_sql_str()
 });
 
 /// The statement of `purge_published`, built once.

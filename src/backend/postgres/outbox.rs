@@ -9,7 +9,7 @@ use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::{MS, NOW, PgStore};
-use crate::backend::outbox_sql::{self, OutboxStatements, UNKNOWN_STATUS, claimed};
+use crate::backend::outbox_sql::{self, ATTEMPT, OutboxStatements, UNKNOWN_STATUS, claimed};
 use crate::backend::sql::Params;
 use crate::outbox::{
     ClaimEvents, ClaimedEvent, CorruptRow, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow,
@@ -66,8 +66,7 @@ impl OutboxStore for PgStore {
         outbox_sql::list_events::<Postgres>(conn, &STATEMENTS, status, limit).await
     }
 
-    /// The batch's keys as three arrays: a list of `OR`ed groups (one per event, up to
-    /// the relay's batch) cost the server about four times as much to plan and run.
+    /// The batch's keys as three arrays (see [`key_arrays`]).
     async fn mark_published(
         &self,
         conn: &mut PgConnection,
@@ -77,9 +76,7 @@ impl OutboxStore for PgStore {
         if keys.is_empty() {
             return Ok(0);
         }
-        let machines: Vec<&str> = keys.iter().map(|k| k.machine.as_str()).collect();
-        let entities: Vec<i64> = keys.iter().map(|k| k.entity_id).collect();
-        let versions: Vec<i64> = keys.iter().map(|k| k.version).collect();
+        let (machines, entities, versions) = key_arrays(keys);
         Ok(sqlx::query(MARK_PUBLISHED.clone())
             .bind(token)
             .bind(machines)
@@ -102,6 +99,44 @@ impl OutboxStore for PgStore {
             .fetch_all(conn)
             .await?;
         Ok(rows.iter().map(claimed).collect())
+    }
+
+    /// One statement: the claim's choice, `FOR UPDATE SKIP LOCKED`, returning the rows.
+    /// (Its snapshot is taken before it locks: an event committed after it began is not
+    /// seen at all, so an entity's later event never looks like its earliest.)
+    async fn lock_events(
+        &self,
+        conn: &mut PgConnection,
+        limit: i64,
+    ) -> Result<Option<Vec<ClaimedEvent>>, sqlx::Error> {
+        crate::backend::units::begin_rules_unit::<Postgres>(conn, crate::store::Txn::Own, None)
+            .await?;
+        let rows = sqlx::query(LOCK_EVENTS.clone())
+            .bind(limit)
+            .fetch_all(conn)
+            .await?;
+        Ok(Some(rows.iter().map(claimed).collect()))
+    }
+
+    async fn settle_locked(
+        &self,
+        conn: &mut PgConnection,
+        published: &[EventKey],
+        failed: &[FailedEvent<'_>],
+    ) -> Result<u64, sqlx::Error> {
+        let mut marked = 0;
+        if !published.is_empty() {
+            let (machines, entities, versions) = key_arrays(published);
+            marked = sqlx::query(PUBLISHED_LOCKED.clone())
+                .bind(machines)
+                .bind(entities)
+                .bind(versions)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+        }
+        outbox_sql::settle_failed_and_commit::<Postgres>(conn, &STATEMENTS, failed).await?;
+        Ok(marked)
     }
 
     async fn list_corrupt(
@@ -174,6 +209,38 @@ impl OutboxStore for PgStore {
         Ok(done.rows_affected())
     }
 }
+
+/// A batch's keys as three arrays, matched with `unnest`: a list of `OR`ed groups (one
+/// per event, up to the relay's batch) cost the server about four times as much to plan
+/// and run.
+fn key_arrays(keys: &[EventKey]) -> (Vec<&str>, Vec<i64>, Vec<i64>) {
+    (
+        keys.iter().map(|k| k.machine.as_str()).collect(),
+        keys.iter().map(|k| k.entity_id).collect(),
+        keys.iter().map(|k| k.version).collect(),
+    )
+}
+
+/// The statement of `lock_events`, built once.
+static LOCK_EVENTS: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "WITH now AS {NOW} SELECT {EVENT_COLUMNS} FROM outbox AS o, now \
+         WHERE o.status = 'PENDING' AND o.next_at <= now.ms AND o.lease_until <= now.ms AND {HEAD} \
+         LIMIT $1 FOR UPDATE OF o SKIP LOCKED"
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `settle_locked` for the published events, built once.
+static PUBLISHED_LOCKED: LazyLock<SqlStr> = LazyLock::new(|| {
+    AssertSqlSafe(format!(
+        "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+             last_error = NULL, published_at = {NOW}, attempts = {ATTEMPT} \
+         WHERE status = 'PENDING' AND (machine, entity_id, version) IN \
+               (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]))"
+    ))
+    .into_sql_str()
+});
 
 /// The statement of `mark_published`, built once.
 static MARK_PUBLISHED: LazyLock<SqlStr> = LazyLock::new(|| {
