@@ -114,6 +114,7 @@ mod records;
 mod flows;
 mod deadline;
 mod guarded;
+mod hot;
 mod lanes;
 mod outbox;
 
@@ -127,6 +128,7 @@ mod sqlite;
 use deadline::*;
 use flows::*;
 use guarded::*;
+use hot::*;
 use lanes::*;
 use outbox::*;
 use records::*;
@@ -181,10 +183,23 @@ struct Args {
     deadline_ms: u64,
     relay_events: i64,
     nats: Option<String>,
-    /// Only the guarded modes.
-    only_guarded: bool,
-    /// Only the relays.
-    only_relay: bool,
+    /// The part run alone, if one is.
+    only: Option<Only>,
+}
+
+/// A part of the bench that can run alone (`--only`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Only {
+    Guarded,
+    Relay,
+    Hot,
+}
+
+impl Args {
+    /// Whether this run includes `part`.
+    fn runs(&self, part: Only) -> bool {
+        self.only.is_none_or(|only| only == part)
+    }
 }
 
 fn parse_args() -> Result<Args, BoxError> {
@@ -201,8 +216,7 @@ fn parse_args() -> Result<Args, BoxError> {
         deadline_ms: 10,
         relay_events: 20_000,
         nats: None,
-        only_guarded: false,
-        only_relay: false,
+        only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -226,12 +240,14 @@ fn parse_args() -> Result<Args, BoxError> {
             "--relay-events" => args.relay_events = value()?.parse()?,
             "--nats" => args.nats = Some(value()?),
             "--only" => match value()?.as_str() {
-                "guarded" => args.only_guarded = true,
-                "relay" => args.only_relay = true,
+                "guarded" => args.only = Some(Only::Guarded),
+                "relay" => args.only = Some(Only::Relay),
+                "hot" => args.only = Some(Only::Hot),
                 other => {
-                    return Err(
-                        format!("--only {other}: only `guarded` or `relay` can run alone").into(),
-                    );
+                    return Err(format!(
+                        "--only {other}: only `guarded`, `relay` or `hot` can run alone"
+                    )
+                    .into());
                 }
             },
             "--help" | "-h" => {
@@ -269,6 +285,7 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
   --only guarded                    the guarded modes alone (a table and a `guarded` line
                                     per concurrency)
   --only relay                      the relays alone (the `relay` line)
+  --only hot                        the hot-rows mode alone (the `hot` line)
   --help                            this text
 
 It prints a table per concurrency and `ratio`, `coalesce`, `records`, `flows`, `outbox`,
@@ -288,6 +305,12 @@ trait BenchDb: Send + Sync + 'static {
         batch: i64,
         sink: &K,
     ) -> impl Future<Output = Result<usize, BoxError>> + Send;
+    /// A count, from literal SQL.
+    fn count(&self, sql: String) -> impl Future<Output = Result<i64, BoxError>> + Send;
+    /// By hand, one request of the hot-rows mode: in one transaction, hot entity `id`
+    /// locked (SQLite: `BEGIN IMMEDIATE`), its version moved on, the history row with
+    /// `ref_id` (whose unique key refuses a replay).
+    fn hot_hand(&self, id: i64, ref_id: &str) -> impl Future<Output = Result<(), BoxError>> + Send;
     fn engine(&self) -> Engine<OrderMachine, Self::S>;
     fn floor(&self, id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
     /// The floor's statements for every one of `ids` in one transaction on one
@@ -440,14 +463,14 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         },
     )?;
     let slice = args.seconds / args.rounds as f64;
-    let concurrency: &[usize] = if args.only_relay {
-        &[]
-    } else {
+    let concurrency: &[usize] = if args.runs(Only::Guarded) {
         &args.concurrency
+    } else {
+        &[]
     };
     for &c in concurrency {
         db.reset().await?;
-        if args.only_guarded {
+        if args.only == Some(Only::Guarded) {
             ratios.push(guarded_pass(&db, &guarded, c, args).await?);
             continue;
         }
@@ -613,15 +636,17 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         ratios.push(outbox_pass(&db, &emitting, c, args).await?);
         ratios.push(guarded_pass(&db, &guarded, c, args).await?);
     }
-    if !args.only_guarded {
-        if let Some(url) = &args.redis
-            && !args.only_relay
-        {
+    if args.runs(Only::Hot) {
+        let c = args.concurrency.iter().copied().max().unwrap_or(1);
+        ratios.push(hot_pass(&db, c, args).await?);
+    }
+    if args.only.is_none() {
+        if let Some(url) = &args.redis {
             storm_pass(&records, url, args, &mut ratios).await?;
         }
-        if !args.only_relay {
-            ratios.push(deadline_pass(&db, &engine, &records, &flows, args).await?);
-        }
+        ratios.push(deadline_pass(&db, &engine, &records, &flows, args).await?);
+    }
+    if args.runs(Only::Relay) {
         ratios.push(match &args.nats {
             Some(url) => relay_nats(&db, url, args).await?,
             None => {

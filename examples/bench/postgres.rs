@@ -99,6 +99,35 @@ impl BenchDb for Db {
         Ok(())
     }
 
+    async fn count(&self, sql: String) -> Result<i64, BoxError> {
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn hot_hand(&self, id: i64, ref_id: &str) -> Result<(), BoxError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query("SELECT status, version FROM orders WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let (status, version): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+        ensure(status == "Open", "hot-hand", id)?;
+        let n =
+            sqlx::query("UPDATE orders SET version = version + 1 WHERE id = $1 AND version = $2")
+                .bind(id)
+                .bind(version)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        ensure(n == 1, "hot-hand", id)?;
+        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)")
+            .bind(id).bind(version + 1).bind("Open").bind("Open").bind("Touch").bind(ref_id)
+            .execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn relay_hand<K: Sink>(&self, batch: i64, sink: &K) -> Result<usize, BoxError> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<EventRow> = sqlx::query_as(
