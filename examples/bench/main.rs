@@ -326,6 +326,17 @@ trait BenchDb: Send + Sync + 'static {
         let _ = ids;
         async { Ok(None) }
     }
+    /// SQLite only (`None` elsewhere): the floor's statements for each of `ids` through a
+    /// direct binding (rusqlite) on a connection of its own, `per_commit` requests per
+    /// transaction; each request's latency in microseconds.
+    fn direct(
+        &self,
+        ids: &[i64],
+        per_commit: usize,
+    ) -> impl Future<Output = Result<Option<Vec<u32>>, BoxError>> + Send {
+        let _ = (ids, per_commit);
+        async { Ok(None) }
+    }
     /// PostgreSQL only (`None` elsewhere): the floor's statement driven by pgbench (a C
     /// client, one commit per request) at `c` clients for exactly `transitions`
     /// transitions, on orders of its own that are all there (it cannot run out), and
@@ -452,9 +463,9 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     );
     let mut ratios = Vec::new();
     let mut scales = Vec::new();
-    // Each write mode owns a sixth of the orders; the modes alternate in short slices,
+    // Each write mode owns a seventh of the orders; the modes alternate in short slices,
     // round after round, so that all of them see the same background load.
-    let share = args.orders / 6;
+    let share = args.orders / 7;
     let alone_engine = Engine::<OrderMachine, B::S>::with_config(
         engine.store().clone(),
         EngineConfig {
@@ -481,10 +492,11 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         let (mut floor, mut naive, mut applied) =
             (Lane::new(1), Lane::new(1 + share), Lane::new(1 + 2 * share));
         let (mut replay, mut read) = (Lane::new(1 + 2 * share), Lane::new(1 + 2 * share));
-        let (mut alone, mut floor_batch, mut driver) = (
+        let (mut alone, mut floor_batch, mut driver, mut direct) = (
             Lane::new(1 + 3 * share),
             Lane::new(1 + 4 * share),
             Lane::new(1 + 5 * share),
+            Lane::new(1 + 6 * share),
         );
         for round in 1..=i64::from(args.rounds) {
             // Each round may use its share of a write mode's orders, so that a fast mode
@@ -521,6 +533,14 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
                     async move { Ok(Some(d.driver_limit(&ids).await?.unwrap_or_default())) }
                 })
                 .await?;
+            let d = db.clone();
+            direct
+                .batch_slice(256.max(c), slice, quota, move |ids| {
+                    let d = d.clone();
+                    // Elsewhere than on SQLite: no requests, no row.
+                    async move { Ok(Some(d.direct(&ids, c).await?.unwrap_or_default())) }
+                })
+                .await?;
             if let Some(e) = &big_engine {
                 big_lane.engine_slice(e, c, slice, quota).await?;
             }
@@ -553,6 +573,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             alone,
             floor_batch,
             driver,
+            direct,
         ] = [
             floor,
             naive,
@@ -563,6 +584,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             alone,
             floor_batch,
             driver,
+            direct,
         ]
         .map(|lane| lane.stats.finish());
         let f = floor.throughput();
@@ -577,6 +599,9 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         ];
         if driver.ops > 0 {
             rows.push(("driver-limit", &driver));
+        }
+        if direct.ops > 0 {
+            rows.push(("direct", &direct));
         }
         if let Some(rows_b) = args.compare_history {
             rows.push(("engine-b", &big_applied));
@@ -625,8 +650,12 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             applied.throughput() / floor_batch.throughput(),
             applied.percentile(0.99),
             alone.percentile(0.99),
-            if driver.ops > 0 {
-                format!(" engine_vs_driver={:.2}", applied.throughput() / driver.throughput())
+            if driver.ops > 0 && direct.ops > 0 {
+                format!(
+                    " engine_vs_driver={:.2} engine_vs_direct={:.2}",
+                    applied.throughput() / driver.throughput(),
+                    applied.throughput() / direct.throughput()
+                )
             } else {
                 String::new()
             }

@@ -8,6 +8,8 @@ use sqlx::{AssertSqlSafe, Connection, Row};
 
 pub struct Db {
     pool: SqlitePool,
+    /// The database file, for the direct binding's connection.
+    path: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -19,10 +21,8 @@ impl Db {
         history_rows: i64,
     ) -> Result<Self, BoxError> {
         let dir = tempfile::tempdir()?;
-        let url = format!(
-            "sqlite://{}",
-            dir.path().join(format!("{name}.db")).display()
-        );
+        let path = dir.path().join(format!("{name}.db"));
+        let url = format!("sqlite://{}", path.display());
         let pool = SqlitePoolOptions::new()
             .max_connections(pool_size)
             .min_connections(pool_size)
@@ -38,8 +38,53 @@ impl Db {
             sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
         }
         sqlx::raw_sql("ANALYZE").execute(&pool).await?;
-        Ok(Db { pool, _dir: dir })
+        Ok(Db {
+            pool,
+            path,
+            _dir: dir,
+        })
     }
+}
+
+/// The floor's statements for each of `ids` through rusqlite, a direct binding: one
+/// connection of its own with the store's settings (WAL, `synchronous = NORMAL`, the
+/// busy timeout), the statements prepared once, `per_commit` requests in each
+/// `BEGIN IMMEDIATE … COMMIT`. Each request's latency is its transaction's.
+fn direct_loop(
+    path: &std::path::Path,
+    ids: &[i64],
+    per_commit: usize,
+) -> Result<Vec<u32>, BoxError> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")?;
+    let mut update = conn.prepare(
+        "UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4",
+    )?;
+    let mut insert = conn.prepare(
+        "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    let mut micros = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(per_commit.max(1)) {
+        let t = Instant::now();
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        for &id in chunk {
+            let n = update.execute(rusqlite::params!["Paid", id, "Created", 0_i64])?;
+            ensure(n == 1, "direct", id)?;
+            insert.execute(rusqlite::params![
+                id,
+                1_i64,
+                "Created",
+                "Paid",
+                "Pay",
+                bench_ref(id)
+            ])?;
+        }
+        conn.execute_batch("COMMIT")?;
+        let took = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        micros.extend(std::iter::repeat_n(took, chunk.len()));
+    }
+    Ok(micros)
 }
 
 /// The floor's two statements for `id`, in an open transaction.
@@ -148,6 +193,13 @@ impl BenchDb for Db {
             micros.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
         }
         conn.close().await?;
+        Ok(Some(micros))
+    }
+
+    async fn direct(&self, ids: &[i64], per_commit: usize) -> Result<Option<Vec<u32>>, BoxError> {
+        let (path, ids) = (self.path.clone(), ids.to_vec());
+        let micros =
+            tokio::task::spawn_blocking(move || direct_loop(&path, &ids, per_commit)).await??;
         Ok(Some(micros))
     }
 

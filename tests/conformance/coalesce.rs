@@ -216,6 +216,142 @@ pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
     assert_coalesced::<B>(&e, "a poisoned request among others");
 }
 
+/// The store's apply-first unit of one request and of three, its future dropped at every
+/// await point, and then, 30 times each, dropped at a random moment up to 400 µs after
+/// its first poll, while the database works through the unit (the connection then
+/// discarded, as the engine's lease does): the unit wrote all of its requests or none,
+/// nothing is left holding a lock, and the requests sent again are answered as the
+/// database then holds them (`Applied` where the dropped unit wrote nothing,
+/// `NotApplied` where it committed); each entity moved once, with one history row and
+/// one outbox row. Both endings happened.
+pub async fn apply_first_unit_dropped_at_every_await_point<B: Backend>(b: &B) {
+    let e = writer(b).await;
+    let store = e.store().clone();
+    let request = |order_id: i64| Request {
+        key: Key {
+            order_id,
+            event: "Pay",
+            ref_id: "pay",
+        },
+        from_states: &["Created"],
+        to_states: &["Paid"],
+        payload_hash: None,
+        payload: None,
+        write_id: order_id,
+        audit: Default::default(),
+        emits: &[Some("OrderPaid")],
+        machine: "OrderMachine",
+        event_body: Some("{\"paid\":true}"),
+    };
+    let moved = FirstWrite::Applied {
+        from: "Created".into(),
+        to: "Paid".into(),
+        version: 1,
+    };
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[9; 32]);
+    let (mut undone, mut committed) = (0, 0);
+    let mut next_id = 0_i64;
+    for size in [1_i64, 3] {
+        let mut drops = 0;
+        // k < 0: the drop lands at a random moment after the first poll; k >= 0: at the
+        // k-th await point that was not ready at once, until the unit completes.
+        for k in (-30..0).chain(0..) {
+            let ids: Vec<i64> = (0..size).map(|i| next_id + i).collect();
+            next_id += size;
+            for id in &ids {
+                e.create(*id).await.unwrap();
+            }
+            let requests: Vec<Request<'_>> = ids.iter().map(|&id| request(id)).collect();
+            let mut conn = store.acquire().await.unwrap();
+            let answer = if k < 0 {
+                let pause = Duration::from_micros(rng.next_u64() % 400);
+                drop_after_first_poll(store.apply_first(&mut conn, &requests), pause).await
+            } else {
+                super::faults::poll_at_most(store.apply_first(&mut conn, &requests), k as usize)
+                    .await
+            };
+            let Some(answer) = answer else {
+                drops += 1;
+                <B::S as Store>::discard(conn);
+                // Sent again on another connection (waiting, if it must, for the dropped
+                // one to be closed and its transaction undone).
+                let mut again = store.acquire().await.unwrap();
+                let written = store.apply_first(&mut again, &requests).await.unwrap();
+                drop(again);
+                let first = written[0].clone();
+                assert!(
+                    written.iter().all(|w| *w == first),
+                    "size {size}, drop {k}: the unit wrote part of its requests: {written:?}"
+                );
+                match first {
+                    FirstWrite::Applied { .. } => {
+                        assert_eq!(first, moved);
+                        undone += 1;
+                    }
+                    FirstWrite::NotApplied => committed += 1,
+                    other => panic!("size {size}, drop {k}: {other:?}"),
+                }
+                for id in &ids {
+                    assert_order(&e, *id, Paid, 1, 1).await;
+                    assert_eq!(
+                        b.scalar(&format!(
+                            "SELECT COUNT(*) FROM outbox WHERE entity_id = {id} AND version = 1"
+                        ))
+                        .await,
+                        1,
+                        "size {size}, drop {k}: order {id}'s outbox row"
+                    );
+                }
+                assert!(k < 200, "size {size}: the unit never completed");
+                continue;
+            };
+            drop(conn);
+            if k < 0 {
+                // Done before the pause ran out: nothing was dropped.
+                assert_eq!(answer.unwrap(), vec![moved.clone(); size as usize]);
+                continue;
+            }
+            assert_eq!(answer.unwrap(), vec![moved.clone(); size as usize]);
+            for id in &ids {
+                assert_order(&e, *id, Paid, 1, 1).await;
+            }
+            break;
+        }
+        assert!(drops >= 1, "size {size}: the unit was never dropped");
+    }
+    assert!(
+        undone > 0 && committed > 0,
+        "the drops landed only {}: {undone} undone, {committed} committed",
+        if committed == 0 {
+            "before the commit"
+        } else {
+            "after it"
+        }
+    );
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM outbox WHERE event = 'OrderPaid'")
+            .await,
+        b.scalar("SELECT COUNT(*) FROM order_transitions WHERE event = 'Pay'")
+            .await,
+        "an outbox row for each history row"
+    );
+}
+
+/// Polls `fut` once, then, if it is not done, lets `pause` pass without polling it (the
+/// database goes on with what it was sent) and drops it. `None` if dropped.
+async fn drop_after_first_poll<F: std::future::Future>(
+    fut: F,
+    pause: Duration,
+) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(out) = first {
+        return Some(out);
+    }
+    std::thread::sleep(pause);
+    None
+}
+
 /// Callers that give up at every moment (while queued, while their unit is in flight,
 /// after it committed): every request is applied at most once, a caller told `Applied`
 /// is told `Replayed` on a re-send, and every request re-sent is answered as the

@@ -313,6 +313,7 @@ macro_rules! conformance {
             coalesced_writes_answer_each_request,
             a_failing_request_leaves_its_unit_true,
             callers_dropped_around_their_unit,
+            apply_first_unit_dropped_at_every_await_point,
             one_entity_many_requests_coalesced,
             coalesced_engine_agrees_with_the_model,
         );

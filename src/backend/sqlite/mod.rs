@@ -84,6 +84,9 @@ impl SqliteStore {
     pub async fn connect(url: &str) -> Result<Self, Error> {
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            // The database is a file in this process: a ping before each use, a call to
+            // the connection's worker thread, would test nothing a statement does not.
+            .test_before_acquire(false)
             .connect_with(connect_options(url)?)
             .await
             .map_err(db_error::<Self>)?;

@@ -1,10 +1,11 @@
-//! The write units of the transition layer on SQLite: the unit of several
-//! requests' apply-first writes, and the statements the one-request units of
+//! The write units of the transition layer on SQLite: the apply-first unit of a few
+//! requests in one call to the connection's worker thread, the unit of several
+//! requests statement by statement, and the statements the one-request units of
 //! `backend/stepwise.rs` are made of (the update, the history and outbox rows, the
 //! restore).
 
 use sqlx::sqlite::{Sqlite, SqliteConnection};
-use sqlx::{Connection, Transaction};
+use sqlx::{Connection, Row, Transaction};
 
 use super::SqliteStore;
 use crate::backend::Tried;
@@ -118,6 +119,81 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// The apply-first writes of requests of distinct entities (`NotTried` for one whose
+    /// event has several source states), as a whole unit (from `BEGIN IMMEDIATE` to `COMMIT`) in one call to the
+    /// connection's worker thread, where a unit of statements one by one makes a call for
+    /// each. `None` if the unit could not be written that way (a row met a unique key, as
+    /// a history the graph no longer explains can make it): nothing is left written, and
+    /// the caller writes the requests one by one. Any other error is returned, the unit
+    /// rolled back.
+    pub(super) async fn unit_in_one_call(
+        &self,
+        conn: &mut SqliteConnection,
+        requests: &[Request<'_>],
+    ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
+        let tried: Vec<(&Request<'_>, &str, &str)> = requests
+            .iter()
+            .filter_map(|r| match (r.from_states, r.to_states) {
+                ([from], [to]) => Some((r, *from, *to)),
+                _ => None,
+            })
+            .collect();
+        let mut query = sqlx::query(self.transitions.units.one_call.get(tried.len()));
+        for &(r, from, to) in &tried {
+            query = query
+                .bind(r.key.order_id)
+                .bind(from)
+                .bind(to)
+                .bind(r.key.event)
+                .bind(r.key.ref_id)
+                .bind(r.payload_hash)
+                .bind(r.payload)
+                .bind(r.write_id)
+                .bind(r.audit.actor)
+                .bind(r.audit.reason)
+                .bind(r.machine)
+                .bind(r.emits.first().copied().flatten())
+                .bind(r.event_body);
+        }
+        // The rows are the update's: no other statement of the unit returns any.
+        let moved: Vec<(i64, i64)> = match query.fetch_all(&mut *conn).await {
+            Ok(rows) => rows
+                .iter()
+                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                .collect::<Result<_, sqlx::Error>>()?,
+            Err(e) => {
+                // The unit stopped at a statement after its `BEGIN`, or at its `COMMIT`: undone
+                // (a `ROLLBACK` with no transaction open fails, and says nothing).
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                return if is_unique_violation(&e) {
+                    Ok(None)
+                } else {
+                    Err(e)
+                };
+            }
+        };
+        Ok(Some(
+            requests
+                .iter()
+                .map(|r| {
+                    let version = moved.iter().find(|(id, _)| *id == r.key.order_id);
+                    match (version, r.from_states, r.to_states) {
+                        (Some(&(_, version)), [from], [to]) => FirstWrite::Applied {
+                            from: (*from).to_string(),
+                            to: (*to).to_string(),
+                            version,
+                        },
+                        (None, [_], [_]) => FirstWrite::NotApplied,
+                        // Several source states: the recorded `from` would need the row.
+                        _ => FirstWrite::NotTried,
+                    }
+                })
+                .collect(),
+        ))
+    }
+}
+
 impl Stepwise for SqliteStore {
     type Db = Sqlite;
 
@@ -220,13 +296,18 @@ pub(super) struct UnitStatements {
     record: BySize,
     /// The outbox rows of those whose edge emits, 9 values each.
     emit: BySize,
+    /// The whole unit in one call (see [`SqliteStore::unit_in_one_call`]), 13 values per
+    /// request.
+    one_call: BySize,
 }
 
 impl UnitStatements {
     /// The statements over the entity table `o` and the history table `h` (quoted).
     pub(super) fn new(o: &str, h: &str) -> Self {
         let (uo, uh, rh) = (o.to_string(), h.to_string(), h.to_string());
+        let (co, ch) = (o.to_string(), h.to_string());
         UnitStatements {
+            one_call: BySize::new(move |n| one_call_sql(&co, &ch, n)),
             update: BySize::new(move |n| {
                 let (o, h) = (&uo, &uh);
                 format!(
@@ -256,6 +337,46 @@ impl UnitStatements {
             }),
         }
     }
+}
+
+/// The text of a unit in one call of `n` requests over the entity table `o` and the
+/// history table `h`: `BEGIN IMMEDIATE`; the history rows of the requests whose entity
+/// is at their source state and which are not recorded; the outbox rows of those whose
+/// edge emits; the entities whose history row this unit wrote (found by its write id at
+/// the next sequence number, which no other row can hold), moved on, returning
+/// `(id, version)`; `COMMIT`. The unit holds the only write lock from its first
+/// statement, so each statement sees exactly what the one before it wrote. Each request
+/// binds 13 values: order id, source, target, event, reference, payload hash, payload,
+/// write id, actor, reason, machine, the event its edge emits (`NULL`: none), the event
+/// body. Every statement names all of them, in order, in the same table of requests:
+/// sqlx binds a statement's parameters by their place among the ones it names, so
+/// statements that named a share each would be bound wrongly.
+fn one_call_sql(o: &str, h: &str, n: usize) -> String {
+    let r = format!(
+        "WITH r(order_id, f, t, event, ref_id, ph, p, wid, actor, reason, machine, emits, body) \
+         AS (VALUES {})",
+        placeholders(n, 13)
+    );
+    format!(
+        "BEGIN IMMEDIATE; \
+         {r} INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+         SELECT r.order_id, {o}.version + 1, r.f, r.t, r.event, r.ref_id, r.ph, r.p, r.wid, r.actor, r.reason \
+         FROM r JOIN {o} ON {o}.id = r.order_id \
+         WHERE {o}.status = r.f AND {o}.version BETWEEN 0 AND 9223372036854775806 \
+           AND NOT EXISTS (SELECT 1 FROM {h} AS x \
+                           WHERE x.order_id = r.order_id AND x.event = r.event AND x.ref_id = r.ref_id); \
+         {r} INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+         SELECT r.machine, r.order_id, x.seq, r.emits, x.event, x.from_status, x.to_status, x.ref_id, r.body \
+         FROM r JOIN {o} ON {o}.id = r.order_id \
+         JOIN {h} AS x ON x.order_id = r.order_id AND x.seq = {o}.version + 1 AND x.write_id = r.wid \
+         WHERE r.emits IS NOT NULL; \
+         {r} UPDATE {o} SET status = r.t, version = {o}.version + 1 FROM r \
+         WHERE {o}.id = r.order_id \
+           AND EXISTS (SELECT 1 FROM {h} AS x \
+                       WHERE x.order_id = r.order_id AND x.seq = {o}.version + 1 AND x.write_id = r.wid) \
+         RETURNING id, version; \
+         COMMIT"
+    )
 }
 
 /// `rows` groups of `width` numbered parameters, `(?1, ?2), (?3, ?4)`, in order.
