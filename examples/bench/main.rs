@@ -115,6 +115,7 @@ mod flows;
 mod deadline;
 mod guarded;
 mod hot;
+mod http;
 mod lanes;
 mod outbox;
 
@@ -129,6 +130,7 @@ use deadline::*;
 use flows::*;
 use guarded::*;
 use hot::*;
+use http::*;
 use lanes::*;
 use outbox::*;
 use records::*;
@@ -193,6 +195,7 @@ enum Only {
     Guarded,
     Relay,
     Hot,
+    Http,
 }
 
 impl Args {
@@ -243,9 +246,10 @@ fn parse_args() -> Result<Args, BoxError> {
                 "guarded" => args.only = Some(Only::Guarded),
                 "relay" => args.only = Some(Only::Relay),
                 "hot" => args.only = Some(Only::Hot),
+                "http" => args.only = Some(Only::Http),
                 other => {
                     return Err(format!(
-                        "--only {other}: only `guarded`, `relay` or `hot` can run alone"
+                        "--only {other}: only `guarded`, `relay`, `hot` or `http` can run alone"
                     )
                     .into());
                 }
@@ -286,6 +290,7 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
                                     per concurrency)
   --only relay                      the relays alone (the `relay` line)
   --only hot                        the hot-rows mode alone (the `hot` line)
+  --only http                       the HTTP mode alone (the `http` line)
   --help                            this text
 
 It prints a table per concurrency and `ratio`, `coalesce`, `records`, `flows`, `outbox`,
@@ -305,6 +310,14 @@ trait BenchDb: Send + Sync + 'static {
         batch: i64,
         sink: &K,
     ) -> impl Future<Output = Result<usize, BoxError>> + Send;
+    /// A fresh database `name` for the example service, its URL: the service's stock
+    /// table created, with `skus` skus `sku-c-0…` of plenty each (the service creates
+    /// its other tables and seeds its own skus when it starts).
+    fn service_db(
+        &self,
+        name: &str,
+        skus: usize,
+    ) -> impl Future<Output = Result<String, BoxError>> + Send;
     /// A count, from literal SQL.
     fn count(&self, sql: String) -> impl Future<Output = Result<i64, BoxError>> + Send;
     /// By hand, one request of the hot-rows mode: in one transaction, hot entity `id`
@@ -381,6 +394,18 @@ trait BenchDb: Send + Sync + 'static {
     fn reset(&self) -> impl Future<Output = Result<(), BoxError>> + Send;
     fn explain(&self) -> impl Future<Output = Result<String, BoxError>> + Send;
     fn describe(&self) -> String;
+}
+
+/// `url` with its database (the path) replaced by `name`.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let base = base.rsplit_once('/').map_or(base, |(head, _)| head);
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
 }
 
 const REF_PREFIX: &str = "pay-";
@@ -665,9 +690,12 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         ratios.push(outbox_pass(&db, &emitting, c, args).await?);
         ratios.push(guarded_pass(&db, &guarded, c, args).await?);
     }
+    let most = args.concurrency.iter().copied().max().unwrap_or(1);
     if args.runs(Only::Hot) {
-        let c = args.concurrency.iter().copied().max().unwrap_or(1);
-        ratios.push(hot_pass(&db, c, args).await?);
+        ratios.push(hot_pass(&db, most, args).await?);
+    }
+    if args.runs(Only::Http) {
+        ratios.push(http_pass(&db, most, args).await?);
     }
     if args.only.is_none() {
         if let Some(url) = &args.redis {

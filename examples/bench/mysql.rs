@@ -59,6 +59,31 @@ impl BenchDb for Db {
         Ok(())
     }
 
+    async fn service_db(&self, name: &str, skus: usize) -> Result<String, BoxError> {
+        let url = std::env::var("ORDERLY_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+        let admin = MySqlConnectOptions::from_str(&url)?;
+        let mut conn = MySqlConnection::connect_with(&admin).await?;
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
+            .execute(&mut conn)
+            .await?;
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await?;
+        let mut db = MySqlConnection::connect_with(&admin.database(name)).await?;
+        let values = (0..skus)
+            .map(|i| format!("('sku-c-{i}', 1000000000)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE stock (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL); \
+             INSERT INTO stock (sku, available) VALUES {values}"
+        )))
+        .execute(&mut db)
+        .await?;
+        Ok(with_database(&url, name))
+    }
+
     async fn count(&self, sql: String) -> Result<i64, BoxError> {
         Ok(sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(&self.pool)

@@ -109,6 +109,24 @@ impl BenchDb for Db {
         Ok(())
     }
 
+    async fn service_db(&self, name: &str, skus: usize) -> Result<String, BoxError> {
+        let dir = self.path.parent().ok_or("the bench database's directory")?;
+        let url = format!("sqlite://{}", dir.join(format!("{name}.db")).display());
+        let mut db = SqliteConnection::connect_with(&connect_options(&url)?).await?;
+        let values = (0..skus)
+            .map(|i| format!("('sku-c-{i}', 1000000000)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL); \
+             INSERT INTO stock (sku, available) VALUES {values} ON CONFLICT (sku) DO NOTHING"
+        )))
+        .execute(&mut db)
+        .await?;
+        db.close().await?;
+        Ok(url)
+    }
+
     async fn count(&self, sql: String) -> Result<i64, BoxError> {
         Ok(sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(&self.pool)
