@@ -164,7 +164,7 @@ impl OutboxStore for MySqlStore {
         Ok(rows)
     }
 
-    /// The claim's choice in one statement (see [`LOCK_EVENTS`]), in a READ COMMITTED
+    /// The claim's choice in one statement (see `LOCK_EVENTS`), in a READ COMMITTED
     /// transaction left open. Not on a Galera node, whose row locks bind no other node.
     async fn lock_events(
         &self,

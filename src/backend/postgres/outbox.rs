@@ -66,7 +66,7 @@ impl OutboxStore for PgStore {
         outbox_sql::list_events::<Postgres>(conn, &STATEMENTS, status, limit).await
     }
 
-    /// The batch's keys as three arrays (see [`key_arrays`]).
+    /// The batch's keys as three arrays (see `key_arrays`).
     async fn mark_published(
         &self,
         conn: &mut PgConnection,

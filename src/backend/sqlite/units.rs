@@ -348,9 +348,10 @@ impl UnitStatements {
 /// statement, so each statement sees exactly what the one before it wrote. Each request
 /// binds 13 values: order id, source, target, event, reference, payload hash, payload,
 /// write id, actor, reason, machine, the event its edge emits (`NULL`: none), the event
-/// body. Every statement names all of them, in order, in the same table of requests:
-/// sqlx binds a statement's parameters by their place among the ones it names, so
-/// statements that named a share each would be bound wrongly.
+/// body. Every statement names all of them, numbered in order, in the same table of
+/// requests: sqlx binds the numbers a statement skips as plain positional parameters
+/// from a running count, and stops binding at the first past the values, so a statement
+/// that named only its share would leave the parameters after a gap unbound (`NULL`).
 fn one_call_sql(o: &str, h: &str, n: usize) -> String {
     let r = format!(
         "WITH r(order_id, f, t, event, ref_id, ph, p, wid, actor, reason, machine, emits, body) \
