@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
-use orderly::outbox::{Message, NatsSink, Outbox, Relay, RelayConfig, Sink, SinkError};
+use orderly::outbox::{Claim, Message, NatsSink, Outbox, Relay, RelayConfig, Sink, SinkError};
 use orderly::{PgStore, SqliteStore};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions};
@@ -116,6 +116,14 @@ fn drain<K: Sink>(relay: Relay<PgStore, K>) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// [`config`], claiming by lease.
+fn leased(batch: u32) -> RelayConfig {
+    RelayConfig {
+        claim: Claim::Lease,
+        ..config(batch)
+    }
+}
+
 fn config(batch: u32) -> RelayConfig {
     RelayConfig {
         batch,
@@ -160,7 +168,9 @@ impl Sink for Stalling {
 /// order, and the outbox ends with everything published. One relay is dropped after
 /// 300 ms, mid-publish, holding a claim on events the stream already took: the others
 /// publish them again once its lease runs out (each was claimed twice), and the stream's
-/// duplicate window drops them, so the exact count shows none was stored twice.
+/// duplicate window drops them, so the exact count shows none was stored twice. The
+/// relays claim by lease, whose takeover this shows (a claim by lock is released with its
+/// connection: the conformance suite's locked-relay tests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs NATS with JetStream; .ci/run runs it"]
 async fn eight_relays_publish_10000_events_in_order() {
@@ -214,9 +224,9 @@ async fn eight_relays_publish_10000_events_in_order() {
                 stuck: stuck.clone(),
                 held: held.clone(),
             };
-            drain(Relay::new(store, sink).with_config(config(32)).unwrap())
+            drain(Relay::new(store, sink).with_config(leased(32)).unwrap())
         } else {
-            drain(Relay::new(store, sink).with_config(config(32)).unwrap())
+            drain(Relay::new(store, sink).with_config(leased(32)).unwrap())
         };
         relays.push(task);
     }
