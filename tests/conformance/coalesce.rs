@@ -217,8 +217,9 @@ pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
 }
 
 /// The store's apply-first unit of one request and of three, its future dropped at every
-/// await point, and then, 30 times each, dropped at a random moment up to 400 µs after
-/// its first poll, while the database works through the unit (the connection then
+/// await point, and then, 60 times each, dropped at a random moment after its first poll
+/// (up to 400 µs to start with, longer while no drop lands after the commit), while the
+/// database works through the unit (the connection then
 /// discarded, as the engine's lease does): the unit wrote all of its requests or none,
 /// nothing is left holding a lock, and the requests sent again are answered as the
 /// database then holds them (`Applied` where the dropped unit wrote nothing,
@@ -251,11 +252,22 @@ pub async fn apply_first_unit_dropped_at_every_await_point<B: Backend>(b: &B) {
     let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[9; 32]);
     let (mut undone, mut committed) = (0, 0);
     let mut next_id = 0_i64;
+    // The random pauses reach up to `most` µs: doubled after ten drops that all landed
+    // before the commit (a unit that takes longer, as on a Galera node), halved after
+    // ten that all landed after it.
+    let mut most: u64 = 400;
     for size in [1_i64, 3] {
         let mut drops = 0;
         // k < 0: the drop lands at a random moment after the first poll; k >= 0: at the
         // k-th await point that was not ready at once, until the unit completes.
-        for k in (-30..0).chain(0..) {
+        for k in (-60..0).chain(0..) {
+            if k < 0 && k % 10 == 0 {
+                if committed == 0 {
+                    most = (most * 2).min(200_000);
+                } else if undone == 0 {
+                    most = (most / 2).max(50);
+                }
+            }
             let ids: Vec<i64> = (0..size).map(|i| next_id + i).collect();
             next_id += size;
             for id in &ids {
@@ -264,7 +276,7 @@ pub async fn apply_first_unit_dropped_at_every_await_point<B: Backend>(b: &B) {
             let requests: Vec<Request<'_>> = ids.iter().map(|&id| request(id)).collect();
             let mut conn = store.acquire().await.unwrap();
             let answer = if k < 0 {
-                let pause = Duration::from_micros(rng.next_u64() % 400);
+                let pause = Duration::from_micros(rng.next_u64() % most);
                 drop_after_first_poll(store.apply_first(&mut conn, &requests), pause).await
             } else {
                 super::faults::poll_at_most(store.apply_first(&mut conn, &requests), k as usize)

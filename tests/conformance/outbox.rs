@@ -10,7 +10,7 @@ use std::time::Duration;
 use orderly::outbox::{
     Claim, EventKey, Inbox, Message, Outbox, OutboxStore, Relay, RelayConfig, Sink, SinkError,
 };
-use orderly::{Error, Records};
+use orderly::{Error, Records, Store};
 
 use super::faults::{assert_pool_clean, poll_at_most};
 use super::records_jobs::place;
@@ -754,6 +754,9 @@ pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backen
 pub async fn locked_relay_dropped_at_every_await_point_frees_its_batch_at_once<B: Networked>(
     b: &B,
 ) {
+    if !holds_claims_by_lock(b).await {
+        return assert_claims_fall_back_to_a_lease(b).await;
+    }
     let (entities, per_entity) = (4, 6);
     seed(b, entities, per_entity).await;
     let store = b.store(Duration::from_secs(10)).await;
@@ -839,6 +842,9 @@ pub async fn locked_relay_dropped_at_every_await_point_frees_its_batch_at_once<B
 /// first received in version order, at most the cut batch twice, and each event counts
 /// one attempt (a cut round's attempt only if it committed).
 pub async fn locked_relay_cut_at_each_statement<B: Networked>(b: &B) {
+    if !holds_claims_by_lock(b).await {
+        return assert_claims_fall_back_to_a_lease(b).await;
+    }
     use crate::server::{Cut, Proxy};
     let commit: &'static [u8] = if <B::S as orderly::Store>::BACKEND == "postgres" {
         b"COMMIT"
@@ -900,6 +906,55 @@ pub async fn locked_relay_cut_at_each_statement<B: Networked>(b: &B) {
             );
         }
     }
+}
+
+/// Whether this database's store holds a relay's claims by lock: it does on one
+/// PostgreSQL or MariaDB server; a Galera node answers `None` (its row locks bind no
+/// other node), and there [`assert_claims_fall_back_to_a_lease`] is what holds.
+async fn holds_claims_by_lock<B: Backend>(b: &B) -> bool {
+    let store = b.store(Duration::from_secs(10)).await;
+    let mut conn = store.acquire().await.unwrap();
+    match store.lock_events(&mut conn, 0).await.unwrap() {
+        Some(locked) => {
+            assert!(locked.is_empty());
+            store.settle_locked(&mut conn, &[], &[]).await.unwrap();
+            true
+        }
+        None => false,
+    }
+}
+
+/// On a store that holds no claims by lock, a relay configured to claim by lock claims
+/// by lease: while it publishes, its events carry its token.
+async fn assert_claims_fall_back_to_a_lease<B: Backend>(b: &B) {
+    seed(b, 2, 1).await;
+    let rec = Arc::new(Recorder::default());
+    let relay = Relay::new(
+        b.store(Duration::from_secs(10)).await,
+        SlowSink {
+            inner: RecordingSink {
+                rec: rec.clone(),
+                relay: 0,
+            },
+        },
+    )
+    .with_config(fast_by(4, Claim::Lock))
+    .unwrap();
+    let round = relay.relay_once();
+    tokio::pin!(round);
+    while rec.current.load(Ordering::SeqCst) == 0 {
+        tokio::select! {
+            out = &mut round => panic!("the round ended before it published: {out:?}"),
+            () = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+    }
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM outbox WHERE owner_token IS NOT NULL")
+            .await,
+        2,
+        "a relay on a store that holds no claims by lock claimed without a lease"
+    );
+    round.await.unwrap();
 }
 
 /// Waits (2 s at most) until no session of this database is in a transaction: a
@@ -1194,6 +1249,9 @@ pub async fn relay_killed_by_sigkill_another_finishes<B: Backend>(b: &B) {
 /// receipts across both, are in version order; every event counts one attempt (the
 /// killed batch's was never recorded).
 pub async fn locked_relay_killed_by_sigkill_another_finishes<B: Networked>(b: &B) {
+    if !holds_claims_by_lock(b).await {
+        return assert_claims_fall_back_to_a_lease(b).await;
+    }
     killed_relay_another_finishes(
         b,
         Claim::Lock,
