@@ -153,7 +153,10 @@ pub(crate) fn classify_mysql(err: &sqlx::Error) -> ErrorClass {
         _ => None,
     };
     match code {
-        Some(1213 | 1205 | 1047) => ErrorClass::Retryable,
+        // 1305, a savepoint that does not exist: the transaction that held it is gone (on
+        // a Galera node a brute-force abort can roll back, without an error, a
+        // transaction that has only read), so nothing of it was written.
+        Some(1213 | 1205 | 1047 | 1305) => ErrorClass::Retryable,
         Some(1927 | 1053 | 1152 | 1158..=1161 | 2006 | 2013) => ErrorClass::ConnectionLost,
         _ => ErrorClass::Fatal,
     }

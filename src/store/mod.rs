@@ -81,7 +81,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     const BATCHES_WRITES: bool = false;
 
     /// Whether this store, as it is now, batches writes ([`BATCHES_WRITES`](Self::BATCHES_WRITES)
-    /// unless a store knows better: MySQL/MariaDB does not on a Galera node).
+    /// unless a store knows better).
     fn batches_writes(&self) -> bool {
         Self::BATCHES_WRITES
     }

@@ -8,6 +8,16 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 /// Makes a read wait, on a Galera node, for the write sets certified before it.
 pub(super) const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
 
+/// The condition that keeps a write inside its transaction on a Galera node. A
+/// transaction that has only read (with locks) when a replicated write set aborts it is
+/// rolled back without an error: the statements that follow succeed, each in autocommit
+/// (seen in the Galera suite: `@@in_transaction` 0 right after a unit's locking read
+/// answered, and a unit's update committed alone, a version with no history row). A write
+/// carrying this condition changes nothing there, and its short count sends the request
+/// round again. A transaction that has written was never found gone without an error
+/// there: its abort is reported (1213) by the next statement, the `COMMIT` included.
+pub(super) const LIVE: &str = " AND @@in_transaction = 1";
+
 /// Every statement of the layer, for one pair of tables; plain or causal reads. The
 /// reads that a caller's transaction also makes are pairs `[Txn::Own, Txn::Caller]`.
 #[derive(Debug)]
@@ -60,6 +70,7 @@ impl Sql {
             AssertSqlSafe(s).into_sql_str()
         };
         let locking = |f: &dyn Fn(&str) -> String, lock: &str| [read(f("")), read(f(lock))];
+        let live = if causal { LIVE } else { "" };
         Sql {
             units: super::units::UnitStatements::new(&o, &h, causal),
             insert_order: sql(format!(
@@ -113,14 +124,14 @@ impl Sql {
             ),
             bump: sql(format!(
                 "UPDATE {o} SET status = ?, version = LAST_INSERT_ID(version + 1) \
-                 WHERE id = ? AND status = ? AND version BETWEEN 0 AND 9223372036854775806"
+                 WHERE id = ? AND status = ? AND version BETWEEN 0 AND 9223372036854775806{live}"
             )),
             update: sql(format!(
                 "UPDATE {o} SET status = ?, version = version + 1 \
                  WHERE id = ? AND status = ? AND version = ?"
             )),
             restore: sql(format!(
-                "UPDATE {o} SET status = ?, version = ? WHERE id = ? AND status = ? AND version = ?"
+                "UPDATE {o} SET status = ?, version = ? WHERE id = ? AND status = ? AND version = ?{live}"
             )),
             record: sql(format!(
                 "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \

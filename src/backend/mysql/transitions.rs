@@ -46,20 +46,6 @@ impl Store for MySqlStore {
     const BATCH_READ_MAX: usize = BATCH_READ_MAX;
     const BATCHES_WRITES: bool = true;
 
-    /// Not on a Galera node: coalesced units there are not proven. With them forced on,
-    /// the Galera suite read a history row of zeros and empty strings: after a unit's
-    /// padded insert was cut off by a brute-force abort, the next execution of that
-    /// prepared statement on the connection inserted its padding row. Units now prepare
-    /// their statements afresh after a failure and check every statement's row count,
-    /// and with both `hot_rows_on_a_cycle_across_nodes` passed 20 runs of 20 with units
-    /// forced on; but two runs of the Galera suite in seven then failed (an event
-    /// published twice; acknowledged writes read on other nodes), not understood
-    /// (docs/design.md, "Why coalesce writes"). (Before the store knows, a unit may
-    /// form; on a Galera node it is then written request by request.)
-    fn batches_writes(&self) -> bool {
-        self.causal_reads() != Some(true)
-    }
-
     fn probe_columns(
         &self,
         conn: &mut Self::Conn,
@@ -167,7 +153,7 @@ impl Store for MySqlStore {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
         if requests.len() > 1
-            && self.causal_reads() == Some(false)
+            && self.causal_reads().is_some()
             && crate::backend::distinct_entities(requests)
         {
             // READ COMMITTED: the unit's reads see the latest commits, and its locking

@@ -6,7 +6,7 @@
 use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
-use super::transition_sql::CAUSAL;
+use super::transition_sql::{CAUSAL, LIVE};
 use crate::backend::Tried;
 use crate::backend::sql::BySize;
 use crate::backend::stepwise::Stepwise;
@@ -20,7 +20,8 @@ impl MySqlStore {
     /// update, which waits for these locks; on Galera a rival node's write set fails
     /// certification instead), then for those whose entity is at the request's source
     /// state and whose request is not recorded, one update, one multi-row insert of their
-    /// history rows and one of their outbox rows. `None` if a row met a unique key, or a
+    /// history rows and one of their outbox rows (on Galera each write only while the
+    /// transaction lives: `LIVE`). `None` if a row met a unique key, or a
     /// statement changed another number of rows than it was given (the caller undoes the
     /// transaction). A request whose event has several source states is not tried.
     pub(super) async fn first_writes(
@@ -284,9 +285,10 @@ impl Stepwise for MySqlStore {
 
 /// A statement of a unit changed another number of rows than the unit gave it: the unit
 /// is to be undone and its requests written one at a time (`None`, as after a unique
-/// key). Seen on a Galera node with units forced on: after a brute-force abort cut a
-/// unit's padded insert off, the next execution of that prepared statement inserted its
-/// padding row, NULLs turned into zeros and empty strings.
+/// key). On a Galera node: a write that found its transaction rolled back by a
+/// brute-force abort (`LIVE`); and, seen once, after such an abort cut a unit's padded
+/// insert off, the next execution of that prepared statement inserted its padding row,
+/// NULLs turned into zeros and empty strings.
 fn not_given<T>(what: &str, changed: u64, given: usize) -> Option<T> {
     tracing::warn!(
         statement = what,
@@ -315,8 +317,10 @@ pub(super) struct UnitStatements {
 
 impl UnitStatements {
     /// The statements over the entity table `o` and the history table `h` (quoted),
-    /// the read of recorded requests causal on Galera if `causal`.
+    /// on Galera if `causal`: the read of recorded requests causal, the writes kept
+    /// inside the transaction (`LIVE`).
     pub(super) fn new(o: &str, h: &str, causal: bool) -> Self {
+        let live = if causal { LIVE } else { "" };
         let causal = if causal { CAUSAL } else { "" };
         let (lo, rh, uo, ih) = (o.to_string(), h.to_string(), o.to_string(), h.to_string());
         UnitStatements {
@@ -335,7 +339,7 @@ impl UnitStatements {
             }),
             update: BySize::new(move |n| {
                 format!(
-                    "UPDATE {uo} SET status = CASE id {cases} END, version = version + 1 WHERE id IN ({ids})",
+                    "UPDATE {uo} SET status = CASE id {cases} END, version = version + 1 WHERE id IN ({ids}){live}",
                     cases = vec!["WHEN ? THEN ?"; n].join(" "),
                     ids = vec!["?"; n].join(", ")
                 )
@@ -344,14 +348,14 @@ impl UnitStatements {
                 format!(
                     "INSERT INTO {ih} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
                      {rows}",
-                    rows = padded_rows(11, n)
+                    rows = padded_rows(11, n, live)
                 )
             }),
-            emit: BySize::new(|n| {
+            emit: BySize::new(move |n| {
                 format!(
                     "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
                      {rows}",
-                    rows = padded_rows(9, n)
+                    rows = padded_rows(9, n, live)
                 )
             }),
         }
@@ -360,8 +364,8 @@ impl UnitStatements {
 
 /// The rows of a multi-row insert as a `SELECT` of `rows` rows of `width` parameters,
 /// `UNION ALL`ed, keeping only those whose first value is not NULL (the padding of a
-/// size class).
-fn padded_rows(width: usize, rows: usize) -> String {
+/// size class) and that meet `live`.
+fn padded_rows(width: usize, rows: usize, live: &str) -> String {
     let first: Vec<String> = (0..width).map(|c| format!("? AS c{c}")).collect();
     let rest = vec!["?"; width].join(", ");
     let mut union = format!("SELECT {}", first.join(", "));
@@ -370,7 +374,7 @@ fn padded_rows(width: usize, rows: usize) -> String {
     }
     let columns: Vec<String> = (0..width).map(|c| format!("x.c{c}")).collect();
     format!(
-        "SELECT {} FROM ({union}) AS x WHERE x.c0 IS NOT NULL",
+        "SELECT {} FROM ({union}) AS x WHERE x.c0 IS NOT NULL{live}",
         columns.join(", ")
     )
 }
