@@ -26,6 +26,10 @@ pub(super) struct Sql {
     pub(super) get: SqlStr,
     /// The entity, locked, as last committed: `(id)`.
     pub(super) lock: SqlStr,
+    /// On a Galera node, the write after a rules unit's locking read that makes its
+    /// transaction one that has written (see `LIVE`), changing the version: `(id)`; then
+    /// the version put back as read: `(version, id)`.
+    pub(super) arm: [SqlStr; 2],
     /// The entity after `insert_order`, `[Txn::Own, Txn::Caller]`: inside a caller's
     /// transaction a locking read, which sees the committed row.
     pub(super) created: [SqlStr; 2],
@@ -82,6 +86,12 @@ impl Sql {
             lock: read(format!(
                 "SELECT status, CAST(version AS SIGNED) AS version FROM {o} WHERE id = ? FOR UPDATE"
             )),
+            arm: [
+                sql(format!(
+                    "UPDATE {o} SET version = version + IF(version > 0, -1, 1) WHERE id = ?{LIVE}"
+                )),
+                sql(format!("UPDATE {o} SET version = ? WHERE id = ?{LIVE}")),
+            ],
             created: locking(
                 &|lock| {
                     format!(

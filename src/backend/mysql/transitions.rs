@@ -322,15 +322,44 @@ impl Store for MySqlStore {
         crate::backend::units::abandon_rules_unit::<sqlx::MySql>(conn, depth);
     }
 
+    /// On a Galera node the unit then writes (`arm`), before any guard or effect runs: a
+    /// transaction that has only read can be rolled back by another node's write set
+    /// without an error, after which an effect's writes would commit on their own, each
+    /// in autocommit. Once it has written, such an abort is reported by the next
+    /// statement. A transaction found gone is answered as a lost connection: nothing of
+    /// it was written, and the request goes again on another connection.
     async fn lock(
         &self,
         conn: &mut MySqlConnection,
         order_id: i64,
     ) -> Result<Option<Entity>, sqlx::Error> {
-        sqlx::query_as(self.sql().lock.clone())
+        let entity: Option<Entity> = sqlx::query_as(self.sql().lock.clone())
             .bind(order_id)
-            .fetch_optional(conn)
-            .await
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let (Some(read), Some(true)) = (&entity, self.causal_reads()) {
+            let [arm, disarm] = &self.sql().arm;
+            let armed = sqlx::query(arm.clone())
+                .bind(order_id)
+                .execute(&mut *conn)
+                .await?;
+            let put_back = match armed.rows_affected() {
+                1 => sqlx::query(disarm.clone())
+                    .bind(read.version)
+                    .bind(order_id)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected(),
+                _ => 0,
+            };
+            if put_back != 1 {
+                return Err(sqlx::Error::Protocol(format!(
+                    "the transaction locking entity {order_id} was rolled back by another \
+                     node's write set before its first write"
+                )));
+            }
+        }
+        Ok(entity)
     }
 
     async fn get(
