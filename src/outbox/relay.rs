@@ -1,4 +1,9 @@
-//! The relay: claim → publish → record, fenced by the claim's token.
+//! The relay: claim → publish → record. A round claims by row lock (`locked`) where
+//! the store holds claims that way, by lease under a token of its own (`leased`)
+//! otherwise.
+
+mod leased;
+mod locked;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -8,9 +13,8 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::future::join_all;
 
 use super::view::Outbox;
-use super::{ClaimedEvent, EventKey, EventRow, FailedEvent, Message, OutboxStore, Sink, SinkError};
+use super::{ClaimedEvent, EventKey, EventRow, Message, OutboxStore, Sink, SinkError};
 use super::{MAX_LEASE, millis};
-use crate::store::{Lease, db_error};
 use crate::support::text::bounded;
 use crate::{Error, Result};
 
@@ -210,69 +214,6 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
         self.leased_round().await
     }
 
-    /// A round whose claim is the batch's row locks, held across the publish; `None` if
-    /// the store holds no claims by lock. Any error, and a drop, closes the connection:
-    /// the server rolls back what did not commit, and the events are claimable again.
-    async fn locked_round(&self) -> Result<Option<RelayRound>> {
-        let store = self.outbox.store();
-        let mut lease = Lease::<S>::acquire(store).await.map_err(db_error::<S>)?;
-        let limit = i64::from(self.config.batch);
-        let Some(locked) = store
-            .lock_events(lease.conn(), limit)
-            .await
-            .map_err(db_error::<S>)?
-        else {
-            lease.release();
-            return Ok(None);
-        };
-        let mut round = RelayRound {
-            claimed: locked.len(),
-            ..RelayRound::default()
-        };
-        let (mut rows, corrupt) = sort_out(locked);
-        // The attempt being made, as a leased claim would have counted it.
-        for row in &mut rows {
-            row.attempts = row.attempts.max(0).saturating_add(1);
-        }
-        let mut failures: Vec<(EventKey, String, i64, bool)> = Vec::new();
-        for (key, reason) in corrupt {
-            if let Some(key) = set_aside(key, &reason) {
-                failures.push((key, bounded(format!("corrupt row: {reason}")), 0, true));
-            }
-            round.corrupt += 1;
-        }
-        let (published, failed) = self.publish_batch(&rows).await;
-        for (key, attempts, error) in failed {
-            let (error, retry_in_ms, dead) = self.failure(&key, attempts, error);
-            if dead {
-                round.dead += 1;
-            } else {
-                round.retried += 1;
-            }
-            failures.push((key, error, retry_in_ms, dead));
-        }
-        let failed: Vec<FailedEvent<'_>> = failures
-            .iter()
-            .map(|(key, error, retry_in_ms, dead)| FailedEvent {
-                key,
-                token: "",
-                error,
-                retry_in_ms: *retry_in_ms,
-                dead: *dead,
-            })
-            .collect();
-        let marked = store
-            .settle_locked(lease.conn(), &published, &failed)
-            .await
-            .map_err(db_error::<S>)?;
-        lease.release();
-        let marked = usize::try_from(marked).unwrap_or(0);
-        round.published = marked;
-        // Locked rows cannot be taken over; were one not marked, it is due again.
-        round.lost = published.len().saturating_sub(marked);
-        Ok(Some(round))
-    }
-
     /// Publishes `rows` concurrently: the keys published, and the failures with the
     /// attempts they count.
     async fn publish_batch(
@@ -307,93 +248,6 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
             attempts, dead, error = %error, "publishing an outbox event failed"
         );
         (error, millis(self.backoff(attempts)), dead)
-    }
-
-    /// A round whose claim is a lease written under a token of its own.
-    async fn leased_round(&self) -> Result<RelayRound> {
-        let store = self.outbox.store();
-        let token = uuid::Uuid::new_v4().simple().to_string();
-        let claim = super::ClaimEvents {
-            token: &token,
-            lease_ms: millis(self.config.lease),
-            limit: i64::from(self.config.batch),
-        };
-        let claimed = leased!(store, |c| store.claim_events(c, &claim))?;
-        let mut round = RelayRound {
-            claimed: claimed.len(),
-            ..RelayRound::default()
-        };
-        if claimed.is_empty() {
-            return Ok(round);
-        }
-        let (rows, corrupt) = sort_out(claimed);
-        for (key, reason) in corrupt {
-            self.set_aside_leased(key, &reason, &token, &mut round)
-                .await;
-        }
-        let (published, failed) = self.publish_batch(&rows).await;
-        if !published.is_empty() {
-            let marked = leased!(store, |c| store.mark_published(c, &token, &published))?;
-            let marked = usize::try_from(marked).unwrap_or(0);
-            round.published = marked;
-            round.lost += published.len().saturating_sub(marked);
-        }
-        let mut unrecorded = None;
-        for (key, attempts, error) in failed {
-            let (error, retry_in_ms, dead) = self.failure(&key, attempts, error);
-            let failure = FailedEvent {
-                key: &key,
-                token: &token,
-                error: &error,
-                retry_in_ms,
-                dead,
-            };
-            // One failure that cannot be recorded does not keep the others from being
-            // recorded: it is due again when its claim runs out.
-            match leased!(store, |c| store.mark_failed(c, &failure)) {
-                Ok(false) => round.lost += 1,
-                Ok(true) if dead => round.dead += 1,
-                Ok(true) => round.retried += 1,
-                Err(e) => {
-                    tracing::warn!(error = %e, "recording a failed publish failed");
-                    unrecorded = Some(e);
-                }
-            }
-        }
-        match unrecorded {
-            Some(e) if round.published + round.retried + round.dead == 0 => Err(e),
-            _ => Ok(round),
-        }
-    }
-
-    /// A claimed row that must not be published: dead, with the reason, under the
-    /// claim's token. One whose key did not read is left to its lease.
-    async fn set_aside_leased(
-        &self,
-        key: Option<EventKey>,
-        reason: &str,
-        token: &str,
-        round: &mut RelayRound,
-    ) {
-        let store = self.outbox.store();
-        round.corrupt += 1;
-        let Some(key) = set_aside(key, reason) else {
-            return;
-        };
-        let error = bounded(format!("corrupt row: {reason}"));
-        let failure = FailedEvent {
-            key: &key,
-            token,
-            error: &error,
-            retry_in_ms: 0,
-            dead: true,
-        };
-        let mark = async { leased!(store, |c| store.mark_failed(c, &failure)) };
-        match mark.await {
-            Ok(true) => {}
-            Ok(false) => round.lost += 1,
-            Err(e) => tracing::warn!(error = %e, ?key, "setting a corrupt outbox row aside failed"),
-        }
     }
 
     /// Runs rounds until `shutdown` completes: back to back while there is work, every
