@@ -145,6 +145,9 @@ async fn judged<M: StateMachine, S: Store>(
         }
         Verdict::Apply { from, to, version } => (from, to, version),
     };
+    store
+        .write_before_rules(conn, key.order_id, version)
+        .await?;
     let edge = M::edge(from, req.event);
     let judged = Judged::<M> {
         order_id: key.order_id,

@@ -270,6 +270,23 @@ pub trait Store: Clone + Send + Sync + 'static {
         self.get(conn, order_id)
     }
 
+    /// Inside a unit of [`begin_rules_unit`](Self::begin_rules_unit), after the judge's
+    /// reads and before the guard and effect run: a write, where the backend needs one,
+    /// that checks the unit's transaction is still open. On a Galera node another node's
+    /// write set can roll a transaction back during one of its reads without an error;
+    /// the statements after it then each commit on their own, and rules run there would
+    /// write outside the unit. If the transaction is gone, an error the store classifies
+    /// as a lost connection (nothing of the unit stands; the request goes again on
+    /// another connection). By default nothing is sent.
+    fn write_before_rules(
+        &self,
+        _conn: &mut Self::Conn,
+        _order_id: i64,
+        _version: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        async { Ok(()) }
+    }
+
     /// The judge's read inside a unit of [`begin_rules_unit`](Self::begin_rules_unit):
     /// the entity locked as [`lock`](Self::lock) locks it, and this request's history row
     /// as last committed when the lock was granted (a request recorded by the unit that

@@ -167,15 +167,18 @@ impl FlowStore for MySqlStore {
             update = update.bind(key);
         }
         update.execute(&mut *tx).await?;
+        tx.commit().await?;
+        // What the claim holds, read back by its token once committed: read inside the
+        // transaction, on a Galera node another node's write set could roll the
+        // transaction back during that read without an error, and the read would answer
+        // flows the claim no longer holds.
         let mut read = sqlx::query_as(TAKE_DUE_TAKEN.get(keys.len()))
             .bind(d.kind)
             .bind(d.token);
         for key in &keys {
             read = read.bind(key);
         }
-        let claimed = read.fetch_all(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(claimed)
+        read.fetch_all(conn).await
     }
 }
 

@@ -139,29 +139,26 @@ impl OutboxStore for MySqlStore {
                 .bind(key.version);
         }
         let handed = update.execute(&mut *tx).await?.rows_affected();
-        if handed != keys.len() as u64 {
-            // Locked rows cannot change under the claim; if they did, the claim answers
-            // what it holds, read back by its token.
-            let mut read = sqlx::query(CLAIM_EVENTS_TAKEN.get(keys.len())).bind(c.token);
-            for key in &keys {
-                read = read
-                    .bind(&key.machine)
-                    .bind(key.entity_id)
-                    .bind(key.version);
-            }
-            rows = read
-                .fetch_all(&mut *tx)
-                .await?
-                .iter()
-                .map(claimed)
-                .collect();
-        } else {
+        tx.commit().await?;
+        if handed == keys.len() as u64 {
             for row in rows.iter_mut().flatten() {
                 row.attempts = row.attempts.max(0).saturating_add(1);
             }
+            return Ok(rows);
         }
-        tx.commit().await?;
-        Ok(rows)
+        // Locked rows cannot change under the claim; if they did, the claim answers what
+        // it holds, read back by its token once committed. (Read inside the transaction,
+        // on a Galera node another node's write set could roll the transaction back
+        // during that read without an error: the read would answer rows the claim no
+        // longer holds.)
+        let mut read = sqlx::query(CLAIM_EVENTS_TAKEN.get(keys.len())).bind(c.token);
+        for key in &keys {
+            read = read
+                .bind(&key.machine)
+                .bind(key.entity_id)
+                .bind(key.version);
+        }
+        Ok(read.fetch_all(conn).await?.iter().map(claimed).collect())
     }
 
     /// The claim's choice in one statement (see `LOCK_EVENTS`), in a READ COMMITTED

@@ -8,14 +8,14 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 /// Makes a read wait, on a Galera node, for the write sets certified before it.
 pub(super) const CAUSAL: &str = "SET STATEMENT wsrep_sync_wait = 1 FOR ";
 
-/// The condition that keeps a write inside its transaction on a Galera node. A
-/// transaction that has only read (with locks) when a replicated write set aborts it is
-/// rolled back without an error: the statements that follow succeed, each in autocommit
-/// (seen in the Galera suite: `@@in_transaction` 0 right after a unit's locking read
-/// answered, and a unit's update committed alone, a version with no history row). A write
-/// carrying this condition changes nothing there, and its short count sends the request
-/// round again. A transaction that has written was never found gone without an error
-/// there: its abort is reported (1213) by the next statement, the `COMMIT` included.
+/// The condition that keeps a write inside its transaction on a Galera node. Another
+/// node's write set that needs a row a transaction has locked can roll that transaction
+/// back during one of its reads without an error: the read answers, and the statements
+/// after it succeed, each in autocommit (seen in the Galera suite: `@@in_transaction` 0
+/// right after a unit's locking read answered, and a unit's update committed alone, a
+/// version with no history row). A write carrying this condition changes nothing there,
+/// and its short count sends the request round again. Every write of a unit carries it,
+/// and no unit reads after its first write.
 pub(super) const LIVE: &str = " AND @@in_transaction = 1";
 
 /// Every statement of the layer, for one pair of tables; plain or causal reads. The
@@ -26,9 +26,8 @@ pub(super) struct Sql {
     pub(super) get: SqlStr,
     /// The entity, locked, as last committed: `(id)`.
     pub(super) lock: SqlStr,
-    /// On a Galera node, the write after a rules unit's locking read that makes its
-    /// transaction one that has written (see `LIVE`), changing the version: `(id)`; then
-    /// the version put back as read: `(version, id)`.
+    /// On a Galera node, the writes of `Store::write_before_rules`: the version changed
+    /// (`(id)`), then put back as read (`(version, id)`), each only inside the transaction.
     pub(super) arm: [SqlStr; 2],
     /// The entity after `insert_order`, `[Txn::Own, Txn::Caller]`: inside a caller's
     /// transaction a locking read, which sees the committed row.

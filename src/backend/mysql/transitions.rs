@@ -35,6 +35,15 @@ async fn prepare_afresh(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
     })
 }
 
+/// A rules unit's transaction found rolled back by another node's write set (a Galera
+/// node): answered as a lost connection, so that the connection is not used again and
+/// the request goes again on another.
+fn transaction_gone(order_id: i64) -> sqlx::Error {
+    sqlx::Error::Protocol(format!(
+        "the transaction of the unit of entity {order_id} was rolled back by another node's write set"
+    ))
+}
+
 impl Store for MySqlStore {
     type Conn = MySqlConnection;
     type Pooled = sqlx::pool::PoolConnection<MySql>;
@@ -306,7 +315,14 @@ impl Store for MySqlStore {
         conn: &mut MySqlConnection,
         txn: Txn,
     ) -> Result<usize, sqlx::Error> {
-        crate::backend::units::begin_rules_unit::<sqlx::MySql>(conn, txn, None).await
+        // On a Galera node a read inside a transaction does not wait for the write sets
+        // other nodes certified (`wsrep_sync_wait` is not applied there, the causal
+        // prefix included): a unit that began on a lagging node could find no entity the
+        // cluster acknowledged, or judge it at an older state. The wait comes first, in
+        // the same round trip.
+        let begin = (self.causal_reads() == Some(true))
+            .then_some("SET STATEMENT wsrep_sync_wait = 1 FOR SELECT 1; START TRANSACTION");
+        crate::backend::units::begin_rules_unit::<sqlx::MySql>(conn, txn, begin).await
     }
 
     async fn end_rules_unit(
@@ -322,44 +338,45 @@ impl Store for MySqlStore {
         crate::backend::units::abandon_rules_unit::<sqlx::MySql>(conn, depth);
     }
 
-    /// On a Galera node the unit then writes (`arm`), before any guard or effect runs: a
-    /// transaction that has only read can be rolled back by another node's write set
-    /// without an error, after which an effect's writes would commit on their own, each
-    /// in autocommit. Once it has written, such an abort is reported by the next
-    /// statement. A transaction found gone is answered as a lost connection: nothing of
-    /// it was written, and the request goes again on another connection.
     async fn lock(
         &self,
         conn: &mut MySqlConnection,
         order_id: i64,
     ) -> Result<Option<Entity>, sqlx::Error> {
-        let entity: Option<Entity> = sqlx::query_as(self.sql().lock.clone())
+        sqlx::query_as(self.sql().lock.clone())
             .bind(order_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if let (Some(read), Some(true)) = (&entity, self.causal_reads()) {
-            let [arm, disarm] = &self.sql().arm;
-            let armed = sqlx::query(arm.clone())
-                .bind(order_id)
-                .execute(&mut *conn)
-                .await?;
-            let put_back = match armed.rows_affected() {
-                1 => sqlx::query(disarm.clone())
-                    .bind(read.version)
-                    .bind(order_id)
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected(),
-                _ => 0,
-            };
-            if put_back != 1 {
-                return Err(sqlx::Error::Protocol(format!(
-                    "the transaction locking entity {order_id} was rolled back by another \
-                     node's write set before its first write"
-                )));
-            }
+            .fetch_optional(conn)
+            .await
+    }
+
+    /// On a Galera node: the entity's version changed and put back, each only inside
+    /// the transaction (`LIVE`).
+    async fn write_before_rules(
+        &self,
+        conn: &mut MySqlConnection,
+        order_id: i64,
+        version: i64,
+    ) -> Result<(), sqlx::Error> {
+        if self.causal_reads() != Some(true) {
+            return Ok(());
         }
-        Ok(entity)
+        let [arm, disarm] = &self.sql().arm;
+        let armed = sqlx::query(arm.clone())
+            .bind(order_id)
+            .execute(&mut *conn)
+            .await?;
+        if armed.rows_affected() != 1 {
+            return Err(transaction_gone(order_id));
+        }
+        let put_back = sqlx::query(disarm.clone())
+            .bind(version)
+            .bind(order_id)
+            .execute(conn)
+            .await?;
+        if put_back.rows_affected() != 1 {
+            return Err(transaction_gone(order_id));
+        }
+        Ok(())
     }
 
     async fn get(
