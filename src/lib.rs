@@ -114,7 +114,7 @@
 //!
 //! While one statement of a kind is in flight, the calls of that kind that arrive queue
 //! for the next, which carries them all: transitions' writes (one write unit, one
-//! commit; every backend but a Galera node), transitions' reads (PostgreSQL and
+//! commit; every backend, a Galera node when asked), transitions' reads (PostgreSQL and
 //! MySQL/MariaDB), idempotency claims and flow starts (PostgreSQL and SQLite). Each call
 //! is answered as if it had gone alone; a lone call goes at once. There is no timer: a
 //! queue forms only while a statement is in flight. The turn, the queue and every kind

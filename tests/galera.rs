@@ -322,7 +322,11 @@ async fn coalesced_units_across_nodes_leave_no_gap_in_a_history() {
     const TASKS: usize = 36;
     const PER_TASK: usize = 60;
     let c = Cluster::fresh().await;
-    let e: Vec<Engine<TicketMachine, MySqlStore>> = c.engines();
+    let e: Vec<Engine<TicketMachine, MySqlStore>> = c
+        .stores
+        .iter()
+        .map(|s| Engine::new(s.clone().coalesce_on_galera()).unwrap())
+        .collect();
     for id in 0..TICKETS {
         e[0].create(id).await.unwrap();
         e[0].transition(id, Start, "s").await.unwrap();

@@ -145,10 +145,12 @@ async fn judged<M: StateMachine, S: Store>(
         }
         Verdict::Apply { from, to, version } => (from, to, version),
     };
-    store
-        .write_before_rules(conn, key.order_id, version)
-        .await?;
     let edge = M::edge(from, req.event);
+    if edge.is_some_and(|e| e.guard.is_some() || e.effect.is_some()) {
+        store
+            .write_before_rules(conn, key.order_id, version)
+            .await?;
+    }
     let judged = Judged::<M> {
         order_id: key.order_id,
         from,

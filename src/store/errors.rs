@@ -146,17 +146,21 @@ pub(crate) fn classify_mysql(err: &sqlx::Error) -> ErrorClass {
     if let Some(class) = classify_common(err) {
         return class;
     }
-    let code = match err {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .map(|e| e.number()),
-        _ => None,
+    let (code, message) = match err {
+        sqlx::Error::Database(db) => (
+            db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .map(|e| e.number()),
+            db.message(),
+        ),
+        _ => (None, ""),
     };
     match code {
-        // 1305, a savepoint that does not exist: the transaction that held it is gone (on
-        // a Galera node a brute-force abort can roll back, without an error, a
-        // transaction that has only read), so nothing of it was written.
-        Some(1213 | 1205 | 1047 | 1305) => ErrorClass::Retryable,
+        // 1305 for a savepoint that does not exist: the transaction that held it is gone
+        // (on a Galera node another node's write set can roll a transaction back during
+        // one of its reads without an error). The same number for a stored routine that
+        // does not exist is not retryable.
+        Some(1305) if message.starts_with("SAVEPOINT") => ErrorClass::Retryable,
+        Some(1213 | 1205 | 1047) => ErrorClass::Retryable,
         Some(1927 | 1053 | 1152 | 1158..=1161 | 2006 | 2013) => ErrorClass::ConnectionLost,
         _ => ErrorClass::Fatal,
     }

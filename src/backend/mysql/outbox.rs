@@ -306,7 +306,7 @@ static CLAIM_EVENTS_HAND_OVER: LazyLock<BySize> = LazyLock::new(|| {
         format!(
             "UPDATE outbox SET owner_token = ?, lease_until = {NOW} + ?, \
                  attempts = LEAST(GREATEST(attempts, 0) + 1, 2147483647) \
-             WHERE status = 'PENDING' AND lease_until <= {NOW} AND {}",
+             WHERE status = 'PENDING' AND next_at <= {NOW} AND lease_until <= {NOW} AND {}",
             keys_in("", n)
         )
     })

@@ -2,7 +2,8 @@
 //!
 //! REPEATABLE READ: inside a caller's transaction a plain read returns the transaction's
 //! snapshot, which may predate a rival's commit, so the reads there lock and see the
-//! latest rows. On Galera every read is causal (see [`MySqlStore`]).
+//! latest rows. On Galera the reads outside a transaction are causal (see
+//! [`MySqlStore`]).
 
 use sqlx::Connection;
 use sqlx::mysql::{MySql, MySqlConnection};
@@ -54,6 +55,11 @@ impl Store for MySqlStore {
     const READ_FIRST_FROM: u32 = 256;
     const BATCH_READ_MAX: usize = BATCH_READ_MAX;
     const BATCHES_WRITES: bool = true;
+
+    /// Not on a Galera node unless [`MySqlStore::coalesce_on_galera`] said so.
+    fn batches_writes(&self) -> bool {
+        self.causal_reads() != Some(true) || self.galera_units
+    }
 
     fn probe_columns(
         &self,
@@ -161,9 +167,7 @@ impl Store for MySqlStore {
         if !requests.iter().any(Request::has_one_edge) {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
-        if requests.len() > 1
-            && self.causal_reads().is_some()
-            && crate::backend::distinct_entities(requests)
+        if requests.len() > 1 && self.units_allowed() && crate::backend::distinct_entities(requests)
         {
             // READ COMMITTED: the unit's reads see the latest commits, and its locking
             // read keeps no lock on a row it did not match.

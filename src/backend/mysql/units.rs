@@ -317,8 +317,10 @@ pub(super) struct UnitStatements {
 
 impl UnitStatements {
     /// The statements over the entity table `o` and the history table `h` (quoted),
-    /// on Galera if `causal`: the read of recorded requests causal, the writes kept
-    /// inside the transaction (`LIVE`).
+    /// on Galera if `causal`: the writes kept inside the transaction (`LIVE`), the read
+    /// of recorded requests written causal (which Galera does not wait for inside a
+    /// transaction: a request another node recorded and this node has not applied is
+    /// refused at certification instead).
     pub(super) fn new(o: &str, h: &str, causal: bool) -> Self {
         let live = if causal { LIVE } else { "" };
         let causal = if causal { CAUSAL } else { "" };
