@@ -329,3 +329,60 @@ async fn records_writers_take_turns_at_the_write_lock() {
         "two stores never met the write lock: the test shows nothing"
     );
 }
+
+/// On a database file the engine's own write units go through the store's own
+/// connection (one hand-off per unit), which keeps the pool's busy timeout: a unit that
+/// meets another connection's write lock past it answers a retryable error and writes
+/// nothing, and goes through once the lock is free. A database in memory takes no second
+/// connection: its units go through the pool, with the same answers.
+#[tokio::test]
+async fn units_on_a_file_go_through_the_stores_own_connection() {
+    use conformance::{OrderEvent, OrderMachine, OrderState};
+    use orderly::{Engine, Outcome};
+    let paid = Outcome::Applied {
+        from: OrderState::Created,
+        to: OrderState::Paid,
+        version: 1,
+    };
+    let b = <Sqlite3>::fresh().await;
+    let store = SqliteStore::new(b.pool(Duration::from_millis(50)).await);
+    assert_eq!(store.writes_on_own_connection(), None);
+    let e: Engine<OrderMachine, SqliteStore> = Engine::new(store.clone()).unwrap();
+    e.create(1).await.unwrap();
+    e.create(2).await.unwrap();
+    assert_eq!(e.transition(1, OrderEvent::Pay, "p-1").await.unwrap(), paid);
+    assert_eq!(store.writes_on_own_connection(), Some(true));
+
+    let mut holder = b.begin().await;
+    <Sqlite3>::exec_in(
+        &mut holder,
+        "UPDATE orders SET version = version WHERE id = 0",
+    )
+    .await;
+    let busy = e.transition(2, OrderEvent::Pay, "p-2").await.unwrap_err();
+    assert!(busy.is_retryable(), "{busy:?}");
+    <Sqlite3>::rollback(holder).await;
+    assert_eq!(b.scalar("SELECT version FROM orders WHERE id = 2").await, 0);
+    assert_eq!(e.transition(2, OrderEvent::Pay, "p-2").await.unwrap(), paid);
+    assert_eq!(e.history(2).await.unwrap().len(), 1);
+
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(connect_options("sqlite::memory:").unwrap())
+        .await
+        .unwrap();
+    migrate(&pool).await.unwrap();
+    let store = SqliteStore::new(pool);
+    let e: Engine<OrderMachine, SqliteStore> = Engine::new(store.clone()).unwrap();
+    e.create(1).await.unwrap();
+    assert_eq!(e.transition(1, OrderEvent::Pay, "p-1").await.unwrap(), paid);
+    assert_eq!(store.writes_on_own_connection(), Some(false));
+    assert_eq!(
+        e.transition(1, OrderEvent::Pay, "p-1").await.unwrap(),
+        Outcome::Replayed {
+            from: OrderState::Created,
+            to: OrderState::Paid,
+            version: 1
+        }
+    );
+}

@@ -63,7 +63,11 @@ pub(crate) fn classify_any(err: &sqlx::Error) -> ErrorClass {
             return classify_mysql(err);
         }
         #[cfg(feature = "sqlite")]
-        if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+            || db
+                .try_downcast_ref::<crate::backend::sqlite::WriterError>()
+                .is_some()
+        {
             return classify_sqlite(err);
         }
     }

@@ -18,6 +18,9 @@ mod idempotency;
 mod outbox;
 mod transitions;
 mod units;
+mod writer;
+
+pub(crate) use writer::WriterError;
 
 /// Applies orderly's migrations (`migrations/sqlite/`), recorded in
 /// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE) beside the application's own
@@ -76,6 +79,9 @@ pub struct SqliteStore {
     transitions: Arc<transitions::Sql>,
     /// The writers' turns of this store and its clones (one writer at a time).
     writers: Arc<tokio::sync::Mutex<()>>,
+    /// The thread that writes the engine's own apply-first units, started at the first
+    /// (`None` inside: the database cannot take a second connection).
+    writer: Arc<tokio::sync::OnceCell<Option<writer::Writer>>>,
 }
 
 impl SqliteStore {
@@ -107,11 +113,39 @@ impl SqliteStore {
             tables: Arc::new(tables.clone()),
             transitions: Arc::new(transitions::Sql::new(&tables)),
             writers: Arc::default(),
+            writer: Arc::default(),
         }
     }
 
     /// The pool.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// Whether the engine's own write units go through a connection of the store's own
+    /// thread rather than the pool (`None` until the first unit). They do on a database
+    /// file; a database in memory or in exclusive locking mode takes no second
+    /// connection, and its units go through the pool. One more connection to the file
+    /// than the pool's, shared by the store's clones.
+    pub fn writes_on_own_connection(&self) -> Option<bool> {
+        self.writer.get().map(Option::is_some)
+    }
+
+    /// The writer, started on the database `conn` has open at the first call.
+    async fn writer(
+        &self,
+        conn: &mut sqlx::sqlite::SqliteConnection,
+    ) -> Result<Option<&writer::Writer>, sqlx::Error> {
+        let units = &self.transitions.units;
+        let writer = self
+            .writer
+            .get_or_try_init(|| {
+                writer::Writer::start(
+                    conn,
+                    vec![units.update.get(1), units.record.get(1), units.emit.get(1)],
+                )
+            })
+            .await?;
+        Ok(writer.as_ref())
     }
 }

@@ -202,17 +202,32 @@ impl Store for SqliteStore {
         if !requests.iter().any(Request::has_one_edge) {
             return Ok(vec![FirstWrite::NotTried; requests.len()]);
         }
-        // A few requests go in one call to the connection's worker thread; more go
-        // statement by statement, where each call carries enough requests that the calls
-        // cost less than the one call's heavier statements.
+        let distinct = crate::backend::distinct_entities(requests);
+        // On the store's writer, a unit is one hand-off whatever its size.
+        if distinct && let Some(writer) = self.writer(conn).await? {
+            match writer
+                .write_unit(std::sync::Arc::clone(&self.transitions), requests)
+                .await?
+            {
+                Some(written) => return Ok(written),
+                // A row met a unique key: nothing written; one request at a time below.
+                None => {
+                    let tx = Self::begin(conn, Txn::Own).await?;
+                    return self.first_writes_one_by_one(tx, requests).await;
+                }
+            }
+        }
+        // Through the pool, a few requests go in one call to the connection's worker
+        // thread; more go statement by statement, where each call carries enough
+        // requests that the calls cost less than the one call's heavier statements.
         if requests.len() <= ONE_CALL_MAX
-            && crate::backend::distinct_entities(requests)
+            && distinct
             && let Some(written) = self.unit_in_one_call(conn, requests).await?
         {
             return Ok(written);
         }
         let mut tx = Self::begin(conn, Txn::Own).await?;
-        if requests.len() > 1 && crate::backend::distinct_entities(requests) {
+        if requests.len() > 1 && distinct {
             match self.first_writes(&mut tx, requests).await {
                 Ok(Some(written)) => return end_unit(tx, written).await,
                 // A row met a unique key: undone, and written one request at a time.

@@ -291,11 +291,11 @@ impl Stepwise for SqliteStore {
 pub(super) struct UnitStatements {
     /// Every tried entity at its request's source state, its request not recorded, moved
     /// on: `(order_id, from, to, event, ref_id)` per request; returns `(id, version)`.
-    update: BySize,
+    pub(super) update: BySize,
     /// The history rows of the entities moved, 11 values each.
-    record: BySize,
+    pub(super) record: BySize,
     /// The outbox rows of those whose edge emits, 9 values each.
-    emit: BySize,
+    pub(super) emit: BySize,
     /// The whole unit in one call (see [`SqliteStore::unit_in_one_call`]), 13 values per
     /// request.
     one_call: BySize,
