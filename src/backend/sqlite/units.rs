@@ -1,6 +1,7 @@
-//! The write units of the transition layer on SQLite: the apply-first unit of a few
-//! requests in one call to the connection's worker thread, the unit of several
-//! requests statement by statement, and the statements the one-request units of
+//! The write units of the transition layer on SQLite through the pool: the apply-first
+//! unit of a few requests in one call to the connection's worker thread and the unit of
+//! several requests statement by statement, for a store with no writer (`writer.rs`,
+//! whose unit runs the latter's statements); and the statements the one-request units of
 //! `backend/stepwise.rs` are made of (the update, the history and outbox rows, the
 //! restore).
 
