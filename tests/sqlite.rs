@@ -334,7 +334,8 @@ async fn records_writers_take_turns_at_the_write_lock() {
 /// connection (one hand-off per unit), which keeps the pool's busy timeout: a unit that
 /// meets another connection's write lock past it answers a retryable error and writes
 /// nothing, and goes through once the lock is free. A database in memory takes no second
-/// connection: its units go through the pool, with the same answers.
+/// connection, and a pool on another VFS gets none: their units go through the pool,
+/// with the same answers.
 #[tokio::test]
 async fn units_on_a_file_go_through_the_stores_own_connection() {
     use conformance::{OrderEvent, OrderMachine, OrderState};
@@ -366,23 +367,36 @@ async fn units_on_a_file_go_through_the_stores_own_connection() {
     assert_eq!(e.transition(2, OrderEvent::Pay, "p-2").await.unwrap(), paid);
     assert_eq!(e.history(2).await.unwrap().len(), 1);
 
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(connect_options("sqlite::memory:").unwrap())
-        .await
-        .unwrap();
-    migrate(&pool).await.unwrap();
-    let store = SqliteStore::new(pool);
-    let e: Engine<OrderMachine, SqliteStore> = Engine::new(store.clone()).unwrap();
-    e.create(1).await.unwrap();
-    assert_eq!(e.transition(1, OrderEvent::Pay, "p-1").await.unwrap(), paid);
-    assert_eq!(store.writes_on_own_connection(), Some(false));
-    assert_eq!(
-        e.transition(1, OrderEvent::Pay, "p-1").await.unwrap(),
-        Outcome::Replayed {
-            from: OrderState::Created,
-            to: OrderState::Paid,
-            version: 1
-        }
-    );
+    // In memory, and on a file through another VFS (whose locks a plain connection
+    // would not see): through the pool.
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("vfs.db").display());
+    let other_vfs = connect_options(&url).unwrap().vfs("unix-none");
+    for (options, order) in [
+        (connect_options("sqlite::memory:").unwrap(), 1),
+        (other_vfs, 3),
+    ] {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .unwrap();
+        migrate(&pool).await.unwrap();
+        let store = SqliteStore::new(pool);
+        let e: Engine<OrderMachine, SqliteStore> = Engine::new(store.clone()).unwrap();
+        e.create(order).await.unwrap();
+        assert_eq!(
+            e.transition(order, OrderEvent::Pay, "p-1").await.unwrap(),
+            paid
+        );
+        assert_eq!(store.writes_on_own_connection(), Some(false));
+        assert_eq!(
+            e.transition(order, OrderEvent::Pay, "p-1").await.unwrap(),
+            Outcome::Replayed {
+                from: OrderState::Created,
+                to: OrderState::Paid,
+                version: 1
+            }
+        );
+    }
 }

@@ -64,9 +64,7 @@ pub(crate) fn classify_any(err: &sqlx::Error) -> ErrorClass {
         }
         #[cfg(feature = "sqlite")]
         if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
-            || db
-                .try_downcast_ref::<crate::backend::sqlite::WriterError>()
-                .is_some()
+            || db.try_downcast_ref::<WriterError>().is_some()
         {
             return classify_sqlite(err);
         }
@@ -186,3 +184,71 @@ pub(crate) fn classify_sqlite(err: &sqlx::Error) -> ErrorClass {
         _ => ErrorClass::Fatal,
     }
 }
+
+/// A failure SQLite reported to the SQLite store's writer thread, which reaches SQLite
+/// through a direct binding rather than sqlx: classified as sqlx's own `SqliteError` is,
+/// by SQLite's extended result code.
+#[cfg(feature = "sqlite")]
+#[derive(Debug)]
+pub(crate) struct WriterError {
+    /// SQLite's extended result code.
+    pub(crate) code: i32,
+    pub(crate) message: String,
+}
+
+#[cfg(feature = "sqlite")]
+impl std::fmt::Display for WriterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "(code: {}) {}", self.code, self.message)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl std::error::Error for WriterError {}
+
+#[cfg(feature = "sqlite")]
+impl sqlx::error::DatabaseError for WriterError {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+        Some(self.code.to_string().into())
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        use sqlx::error::ErrorKind;
+        match self.code {
+            SQLITE_UNIQUE | SQLITE_PRIMARY_KEY => ErrorKind::UniqueViolation,
+            SQLITE_FOREIGN_KEY => ErrorKind::ForeignKeyViolation,
+            SQLITE_NOT_NULL => ErrorKind::NotNullViolation,
+            SQLITE_CHECK => ErrorKind::CheckViolation,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+/// SQLite's extended result codes for a unique key, a primary key, a foreign key, a `NOT
+/// NULL` and a `CHECK` met.
+#[cfg(feature = "sqlite")]
+pub(crate) const SQLITE_UNIQUE: i32 = 2067;
+#[cfg(feature = "sqlite")]
+pub(crate) const SQLITE_PRIMARY_KEY: i32 = 1555;
+#[cfg(feature = "sqlite")]
+const SQLITE_FOREIGN_KEY: i32 = 787;
+#[cfg(feature = "sqlite")]
+const SQLITE_NOT_NULL: i32 = 1299;
+#[cfg(feature = "sqlite")]
+const SQLITE_CHECK: i32 = 275;

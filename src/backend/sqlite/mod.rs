@@ -20,8 +20,6 @@ mod transitions;
 mod units;
 mod writer;
 
-pub(crate) use writer::WriterError;
-
 /// Applies orderly's migrations (`migrations/sqlite/`), recorded in
 /// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE) beside the application's own
 /// `_sqlx_migrations`, so the two may run in either order. Rows an earlier orderly left
@@ -124,11 +122,15 @@ impl SqliteStore {
 
     /// Whether the engine's own write units go through a connection of the store's own
     /// thread rather than the pool (`None` until the first unit). They do on a database
-    /// file; a database in memory or in exclusive locking mode takes no second
-    /// connection, and its units go through the pool. One more connection to the file
-    /// than the pool's, shared by the store's clones.
+    /// file opened with the default VFS, neither read-only nor immutable; a database in
+    /// memory or in exclusive locking mode takes no second connection, and its units go
+    /// through the pool. One more connection to the file than the pool's, shared by the
+    /// store's clones. `false` again if the writer's connection failed to end a
+    /// transaction (it is then closed).
     pub fn writes_on_own_connection(&self) -> Option<bool> {
-        self.writer.get().map(Option::is_some)
+        self.writer
+            .get()
+            .map(|w| w.as_ref().is_some_and(writer::Writer::alive))
     }
 
     /// The writer, started on the database `conn` has open at the first call.
@@ -139,13 +141,17 @@ impl SqliteStore {
         let units = &self.transitions.units;
         let writer = self
             .writer
-            .get_or_try_init(|| {
+            .get_or_try_init(|| async {
+                if !writer::plain_options(&self.pool.connect_options()) {
+                    return Ok(None);
+                }
                 writer::Writer::start(
                     conn,
                     vec![units.update.get(1), units.record.get(1), units.emit.get(1)],
                 )
+                .await
             })
             .await?;
-        Ok(writer.as_ref())
+        Ok(writer.as_ref().filter(|w| w.alive()))
     }
 }

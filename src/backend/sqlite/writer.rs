@@ -11,19 +11,18 @@
 //! caller's future was dropped: a dropped call leaves its unit whole or absent, never half
 //! written, and the write id tells a retry which.
 
-use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use std::sync::Arc;
-
 use rusqlite::{CachedStatement, Connection, OpenFlags, ToSql};
 use sqlx::SqlStr;
-use sqlx::error::{DatabaseError, ErrorKind};
 use sqlx::sqlite::SqliteConnection;
 
 use super::units::UnitStatements;
+use crate::store::errors::{SQLITE_PRIMARY_KEY, SQLITE_UNIQUE, WriterError};
 use crate::store::{FirstWrite, Request};
 
 /// Work for the writer's thread, on its connection.
@@ -33,6 +32,10 @@ type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 /// thread and its connection end when the last clone of the store is dropped.
 pub(super) struct Writer {
     jobs: mpsc::Sender<Job>,
+    /// Cleared when the thread ends: a transaction its connection could not end (a
+    /// failed `ROLLBACK`) closes the connection, which undoes it, and the store's units
+    /// go through the pool from then on.
+    alive: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -82,53 +85,62 @@ impl Writer {
         };
         let (jobs, queue) = mpsc::channel::<Job>();
         let (ready, opened) = tokio::sync::oneshot::channel();
+        let alive = Arc::new(AtomicBool::new(true));
+        let living = Arc::clone(&alive);
         let spawned = std::thread::Builder::new()
             .name("orderly-sqlite-writer".into())
             .spawn(move || {
-                let mut db = match open(&settings, &statements) {
-                    Ok(db) => db,
-                    Err(_) => {
-                        let _ = ready.send(false);
-                        return;
-                    }
-                };
-                if ready.send(true).is_err() {
+                let db = open(&settings, &statements);
+                let opened = db.is_ok();
+                if ready.send(opened).is_err() || !opened {
+                    living.store(false, Ordering::Release);
                     return;
                 }
-                for job in queue {
-                    job(&mut db);
+                if let Ok(mut db) = db {
+                    for job in queue {
+                        job(&mut db);
+                        // Every job ends its transaction; one left open is undone here,
+                        // and a connection that cannot undo it is closed (which does).
+                        if !db.is_autocommit()
+                            && (db.execute_batch("ROLLBACK").is_err() || !db.is_autocommit())
+                        {
+                            break;
+                        }
+                    }
                 }
+                living.store(false, Ordering::Release);
             });
         if spawned.is_err() {
             return Ok(None);
         }
         Ok(match opened.await {
-            Ok(true) => Some(Writer { jobs }),
+            Ok(true) => Some(Writer { jobs, alive }),
             _ => None,
         })
     }
 
-    /// `work` on the writer's connection, after the units queued before it. A panic in
-    /// `work` undoes its open transaction and answers as a crashed worker (the writer
-    /// goes on); so does a writer whose thread is gone.
+    /// Whether the thread still takes units.
+    pub(super) fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// `work` on the writer's connection, after the units queued before it; skipped if
+    /// its caller stopped waiting before its turn (nothing written, as a dropped call
+    /// may find). A panic in `work` answers as a crashed worker (the thread then undoes
+    /// what `work` left open and goes on); so does a writer whose thread is gone.
     async fn run<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut Connection) -> T + Send + 'static,
     ) -> Result<T, sqlx::Error> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let job: Job =
-            Box::new(
-                move |db| match catch_unwind(AssertUnwindSafe(|| work(&mut *db))) {
-                    Ok(done) => {
-                        let _ = reply.send(done);
-                    }
-                    Err(_) => {
-                        if !db.is_autocommit() {
-                            let _ = db.execute_batch("ROLLBACK");
-                        }
-                    }
-                },
-            );
+        let job: Job = Box::new(move |db| {
+            if reply.is_closed() {
+                return;
+            }
+            if let Ok(done) = catch_unwind(AssertUnwindSafe(|| work(&mut *db))) {
+                let _ = reply.send(done);
+            }
+        });
         self.jobs
             .send(job)
             .map_err(|_| sqlx::Error::WorkerCrashed)?;
@@ -332,16 +344,12 @@ fn bind(
 fn unique_met(inserted: Result<usize, rusqlite::Error>) -> Result<bool, rusqlite::Error> {
     match inserted {
         Ok(_) => Ok(false),
-        Err(e) if matches!(e.sqlite_error(), Some(f) if matches!(f.extended_code, UNIQUE | PRIMARY_KEY)) => {
+        Err(e) if matches!(e.sqlite_error(), Some(f) if matches!(f.extended_code, SQLITE_UNIQUE | SQLITE_PRIMARY_KEY)) => {
             Ok(true)
         }
         Err(e) => Err(e),
     }
 }
-
-/// SQLite's extended result codes for a unique key and a primary key met.
-const UNIQUE: i32 = 2067;
-const PRIMARY_KEY: i32 = 1555;
 
 /// The writer's connection: the file, read and write (it exists: the pool has it open),
 /// with the pool's settings and a statement cache large enough for every size of unit
@@ -366,8 +374,20 @@ fn open(settings: &Settings, check: &[SqlStr]) -> Result<Connection, rusqlite::E
 }
 
 /// The writer's statement cache: three statements for each unit size up to the largest
-/// unit (32 requests), with room.
-const STATEMENT_CACHE: usize = 128;
+/// coalesced unit (64 requests), with room.
+const STATEMENT_CACHE: usize = 256;
+
+/// Whether the pool opens the file as the writer's plain connection does: not read-only,
+/// not immutable, through SQLite's default VFS (a pool on another VFS, `unix-dotfile`
+/// say, locks the file where the writer's connection would not see it). sqlx has no
+/// getters for these options; its derived `Debug` names them, and anything other than
+/// the defaults there, field names included, starts no writer.
+pub(super) fn plain_options(options: &sqlx::sqlite::SqliteConnectOptions) -> bool {
+    let shown = format!("{options:?}");
+    shown.contains("read_only: false")
+        && shown.contains("immutable: false")
+        && shown.contains("vfs: None")
+}
 
 /// A value of a pragma that answers with one integer.
 async fn pragma(conn: &mut SqliteConnection, sql: &'static str) -> Result<i64, sqlx::Error> {
@@ -388,56 +408,3 @@ fn driver_error(e: rusqlite::Error) -> sqlx::Error {
         other => sqlx::Error::Decode(Box::new(other)),
     }
 }
-
-/// SQLite's failure on the writer's connection.
-#[derive(Debug)]
-pub(crate) struct WriterError {
-    /// SQLite's extended result code.
-    code: i32,
-    message: String,
-}
-
-impl std::fmt::Display for WriterError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "(code: {}) {}", self.code, self.message)
-    }
-}
-
-impl std::error::Error for WriterError {}
-
-impl DatabaseError for WriterError {
-    fn message(&self) -> &str {
-        &self.message
-    }
-
-    fn code(&self) -> Option<Cow<'_, str>> {
-        Some(self.code.to_string().into())
-    }
-
-    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        self
-    }
-
-    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
-        self
-    }
-
-    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
-        self
-    }
-
-    fn kind(&self) -> ErrorKind {
-        match self.code {
-            UNIQUE | PRIMARY_KEY => ErrorKind::UniqueViolation,
-            FOREIGN_KEY => ErrorKind::ForeignKeyViolation,
-            NOT_NULL => ErrorKind::NotNullViolation,
-            CHECK => ErrorKind::CheckViolation,
-            _ => ErrorKind::Other,
-        }
-    }
-}
-
-/// SQLite's extended result codes for a foreign key, a `NOT NULL` and a `CHECK` met.
-const FOREIGN_KEY: i32 = 787;
-const NOT_NULL: i32 = 1299;
-const CHECK: i32 = 275;
