@@ -44,6 +44,17 @@ impl Recorder {
         self.received.lock().unwrap().clone()
     }
 
+    /// The events relay number `relay` published, in order: `(entity, version)`.
+    #[allow(dead_code)] // used by the Galera relay failover test only
+    pub(crate) fn received_by(&self, relay: usize) -> Vec<(i64, i64)> {
+        let received = self.received.lock().unwrap();
+        received
+            .iter()
+            .filter(|r| r.2 == relay)
+            .map(|r| (r.0, r.1))
+            .collect()
+    }
+
     /// Each entity's versions in the order they were received.
     fn by_entity(&self) -> HashMap<i64, Vec<i64>> {
         let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
