@@ -153,10 +153,9 @@ impl MySqlStore {
     /// a single server they always are). Each unit's writes then stay inside their
     /// transaction (docs/design.md, "Why coalesce writes"), and the Galera suite's
     /// `coalesced_units_across_nodes_leave_no_gap_in_a_history` holds. Off by default
-    /// because, with units on for every test, 2 of 125 Galera suite runs published events
-    /// twice (a relay's round failed after publishing) and 3 stalled for about 50 s (an
-    /// applier waiting on a local transaction's row lock), neither understood
-    /// (docs/backends.md).
+    /// because, with units on for every test, 2 of 178 Galera suite runs published events
+    /// twice (a relay's round failed after publishing, which units somehow make more
+    /// likely; docs/backends.md).
     pub fn coalesce_on_galera(mut self) -> Self {
         self.galera_units = true;
         self
