@@ -618,12 +618,10 @@ async fn relays_on_every_node_publish_each_event_once_in_order() {
                 // (it failed after publishing, or lost its claim before its marks).
                 let mut unrecorded = std::collections::HashSet::new();
                 loop {
-                    let before = rec.received_by(n).len();
-                    let round = relay.relay_once().await;
-                    if round.as_ref().map_or(true, |r| r.lost > 0) {
-                        unrecorded.extend(rec.received_by(n).into_iter().skip(before));
-                    }
-                    match round {
+                    match rec
+                        .round_noting_unrecorded(&relay, n, &mut unrecorded)
+                        .await
+                    {
                         Ok(round) if round.claimed == 0 && !writing.load(Ordering::SeqCst) => {
                             if relay.outbox().stats().await.unwrap().pending == 0 {
                                 return unrecorded;

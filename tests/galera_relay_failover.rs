@@ -64,16 +64,10 @@ async fn node_killed_mid_relay_others_finish_in_order() {
                 let mut unrecorded = std::collections::HashSet::new();
                 while !stop.load(Ordering::SeqCst) {
                     let after_kill = killed.load(Ordering::SeqCst);
-                    let before = rec.received_by(n).len();
-                    let round = relay.relay_once().await;
-                    let lost = match &round {
-                        Ok(round) => round.lost > 0,
-                        Err(_) => true,
-                    };
-                    if lost {
-                        unrecorded.extend(rec.received_by(n).into_iter().skip(before));
-                    }
-                    match round {
+                    match rec
+                        .round_noting_unrecorded(&relay, n, &mut unrecorded)
+                        .await
+                    {
                         Ok(round) => {
                             if after_kill && round.published > 0 {
                                 published_after_kill += 1;
