@@ -156,6 +156,24 @@ pub enum Error {
         message: String,
     },
 
+    /// A timer's firing found the entity no longer at the version its state's timer was
+    /// armed at: the entity has left that state since (and perhaps come back to it, armed
+    /// again). Nothing was written; the timer job records the timer moot. Only a timer's
+    /// firing gets this answer.
+    #[error(
+        "moot: {event} on order {order_id} was armed at version {armed_version}, the order is at {version}"
+    )]
+    Moot {
+        /// The entity.
+        order_id: i64,
+        /// The event the timer fires.
+        event: &'static str,
+        /// The version the timer was armed at.
+        armed_version: i64,
+        /// The entity's version now.
+        version: i64,
+    },
+
     /// A guard or an effect of the edge failed (an error of its own, or a panic):
     /// nothing of the transition's unit was written.
     #[error("{rule} failed: {reason}")]

@@ -146,6 +146,21 @@
 
 extern crate self as orderly;
 
+/// Runs one statement of `$store` on a leased connection `$c`: the connection goes back
+/// to the pool once the statement ran to its end, and is closed if it was lost or the
+/// future dropped.
+macro_rules! leased {
+    ($store:expr, |$c:ident| $statement:expr) => {{
+        let mut lease = Lease::<S>::acquire($store).await.map_err(db_error::<S>)?;
+        let out = {
+            let $c = lease.conn();
+            $statement.await
+        };
+        lease.release_after(&out);
+        out.map_err(db_error::<S>)
+    }};
+}
+
 pub mod backend;
 mod coalesce;
 pub mod engine;
@@ -161,6 +176,7 @@ pub mod store;
 mod support;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod timer;
 
 #[cfg(feature = "mysql")]
 pub use backend::mysql::MySqlStore;
@@ -180,8 +196,9 @@ pub use idempotency::{
 };
 #[cfg(feature = "redis")]
 pub use idempotency::{FrontConfig, RedisFront};
-pub use machine::{StateMachine, Transition};
+pub use machine::{StateMachine, StateTimer, Transition};
 pub use store::{Store, Tables, WriteTurn};
+pub use timer::{TimerStore, Timers, TimersConfig};
 
 #[doc(hidden)]
 pub mod __private {

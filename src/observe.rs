@@ -25,6 +25,7 @@ pub(crate) fn error_label(e: &Error) -> &'static str {
         Error::CorruptState { .. } => "corrupt_state",
         Error::MissingColumn { .. } => "missing_column",
         Error::Refused { .. } => "refused",
+        Error::Moot { .. } => "moot",
         Error::RuleFailed { .. } => "rule_failed",
         Error::Contention { .. } => "contention",
         Error::InDoubt { .. } => "in_doubt",
@@ -196,4 +197,27 @@ pub(crate) fn outbox(pending: u64, dead: u64, oldest: Duration, corrupt: u64) {
         metrics::gauge!("orderly_outbox_corrupt").set(corrupt as f64);
     }
     let _ = (pending, dead, oldest, corrupt);
+}
+
+/// A timer fired: by outcome, and how late (milliseconds past its due time).
+pub(crate) fn timer_fired(machine: &str, outcome: &'static str, late_ms: i64) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!("orderly_timers_fired_total", "machine" => machine.to_string(), "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!("orderly_timer_lateness_seconds", "machine" => machine.to_string())
+            .record(late_ms.max(0) as f64 / 1000.0);
+    }
+    let _ = (machine, outcome, late_ms);
+}
+
+/// The timers that are due and not fired, and how late the oldest is.
+pub(crate) fn timers_overdue(due: i64, oldest_late_ms: i64) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!("orderly_timers_overdue").set(due as f64);
+        metrics::gauge!("orderly_timers_oldest_lateness_seconds")
+            .set(oldest_late_ms.max(0) as f64 / 1000.0);
+    }
+    let _ = (due, oldest_late_ms);
 }

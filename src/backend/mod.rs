@@ -36,6 +36,8 @@ pub(crate) mod sql;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) mod stepwise;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod timer_sql;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod units;
 
 #[cfg(feature = "mysql")]

@@ -20,6 +20,7 @@ pub(crate) enum Arg<'a> {
     I64(i64),
     I32(i32),
     OptI32(Option<i32>),
+    OptI64(Option<i64>),
     Bool(bool),
 }
 
@@ -270,6 +271,7 @@ where
     for<'t> i64: Encode<'t, DB> + Type<DB>,
     for<'t> i32: Encode<'t, DB> + Type<DB>,
     for<'t> Option<i32>: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<i64>: Encode<'t, DB> + Type<DB>,
     for<'t> bool: Encode<'t, DB> + Type<DB>,
 {
     match value {
@@ -278,6 +280,7 @@ where
         Arg::I64(v) => args.add(v),
         Arg::I32(v) => args.add(v),
         Arg::OptI32(v) => args.add(v),
+        Arg::OptI64(v) => args.add(v),
         Arg::Bool(v) => args.add(v),
     }
 }

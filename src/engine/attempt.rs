@@ -201,7 +201,7 @@ async fn attempt<M: StateMachine, S: Store>(
     req: &Req<'_, M>,
     given: First<S>,
 ) -> Step<M::State> {
-    if engine.has_rules(req.event) {
+    if req.own_unit(engine) {
         return super::guarded::attempt(engine, conn, txn, req).await;
     }
     let store = &engine.store;

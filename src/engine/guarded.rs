@@ -29,16 +29,44 @@ enum End<S> {
 
 /// An open unit, given up (its undo queued, the connection as it was) if the call is
 /// dropped before it ends.
-struct Open<'a, S: Store> {
+pub(super) struct Open<'a, S: Store> {
     store: &'a S,
     conn: &'a mut S::Conn,
     /// sqlx's count of open transactions before the unit; `None` once it has ended.
     depth: Option<usize>,
 }
 
-impl<S: Store> Open<'_, S> {
+impl<'a, S: Store> Open<'a, S> {
+    /// Opens a unit on `conn` (see [`Store::begin_rules_unit`]).
+    pub(super) async fn begin(
+        store: &'a S,
+        conn: &'a mut S::Conn,
+        txn: Txn,
+    ) -> Result<Self, sqlx::Error> {
+        let depth = store.begin_rules_unit(conn, txn).await?;
+        Ok(Open {
+            store,
+            conn,
+            depth: Some(depth),
+        })
+    }
+
+    /// The unit's connection.
+    pub(super) fn conn(&mut self) -> &mut S::Conn {
+        self.conn
+    }
+
+    /// Ends the unit after the error `e`: undone, or, on a connection that failed, given
+    /// up without a round trip. Returns `e`.
+    pub(super) async fn fail(mut self, e: sqlx::Error) -> sqlx::Error {
+        if S::classify(&e) != ErrorClass::ConnectionLost {
+            let _ = self.end(false).await;
+        }
+        e
+    }
+
     /// Ends the unit: committed if `commit`, else undone.
-    async fn end(&mut self, commit: bool) -> Result<(), sqlx::Error> {
+    pub(super) async fn end(&mut self, commit: bool) -> Result<(), sqlx::Error> {
         let Some(depth) = self.depth else {
             return Ok(());
         };
@@ -68,14 +96,9 @@ pub(super) async fn attempt<M: StateMachine, S: Store>(
     if !req.stage.wrote() {
         return Step::Done(Err(abandoned(req)));
     }
-    let depth = match store.begin_rules_unit(conn, txn).await {
-        Ok(depth) => depth,
+    let mut unit = match Open::begin(store, conn, txn).await {
+        Ok(unit) => unit,
         Err(e) => return retry_or_fail::<M, S>(e, txn, false),
-    };
-    let mut unit = Open {
-        store,
-        conn,
-        depth: Some(depth),
     };
     match judged(engine, unit.conn, txn, req).await {
         Ok(End::Commit(outcome)) => match unit.end(true).await {
@@ -87,15 +110,9 @@ pub(super) async fn attempt<M: StateMachine, S: Store>(
             Ok(()) => step,
             Err(e) => retry_or_fail::<M, S>(e, txn, false),
         },
-        Err(e) => {
-            // On a connection that failed, the unit went with it: given up without a
-            // round trip (on dropping `unit`). Otherwise undone before the error is judged.
-            if S::classify(&e) != ErrorClass::ConnectionLost {
-                let _ = unit.end(false).await;
-            }
-            drop(unit);
-            retry_or_fail::<M, S>(e, txn, false)
-        }
+        // On a connection that failed, the unit went with it: given up without a round
+        // trip. Otherwise undone before the error is judged.
+        Err(e) => retry_or_fail::<M, S>(unit.fail(e).await, txn, false),
     }
 }
 
@@ -134,6 +151,19 @@ async fn judged<M: StateMachine, S: Store>(
                 req,
             ))));
         }
+        // A timer's firing at an entity that has left the armed version: moot, not refused.
+        Verdict::Refused { .. }
+            if req
+                .at_version
+                .is_some_and(|armed| entity.as_ref().is_some_and(|e| e.version != armed)) =>
+        {
+            return Ok(End::Undo(Step::Done(Err(Error::Moot {
+                order_id: key.order_id,
+                event: key.event,
+                armed_version: req.at_version.unwrap_or_default(),
+                version: entity.as_ref().map_or(0, |e| e.version),
+            }))));
+        }
         Verdict::Refused { state } => {
             let latest = store.latest_ref(conn, key, txn).await?;
             return Ok(End::Undo(
@@ -145,8 +175,23 @@ async fn judged<M: StateMachine, S: Store>(
         }
         Verdict::Apply { from, to, version } => (from, to, version),
     };
+    // A timer's firing applies only at the version its state's timer was armed at: the
+    // entity has left that state since (and may be back in it, armed again).
+    if let Some(armed) = req.at_version
+        && armed != version
+    {
+        return Ok(End::Undo(Step::Done(Err(Error::Moot {
+            order_id: key.order_id,
+            event: key.event,
+            armed_version: armed,
+            version,
+        }))));
+    }
     let edge = M::edge(from, req.event);
-    if edge.is_some_and(|e| e.guard.is_some() || e.effect.is_some()) {
+    let timers: Vec<(&'static str, u64)> = M::timers_of(to)
+        .map(|t| (t.event.into(), t.after_ms))
+        .collect();
+    if !timers.is_empty() || edge.is_some_and(|e| e.guard.is_some() || e.effect.is_some()) {
         store
             .write_before_rules(conn, key.order_id, version)
             .await?;
@@ -181,7 +226,18 @@ async fn judged<M: StateMachine, S: Store>(
         }
     }
     let apply = req.apply(from, to, version);
-    Ok(match store.apply_in_unit(conn, &apply).await? {
+    let written = store.apply_in_unit(conn, &apply).await?;
+    if written == Written::Applied && !timers.is_empty() {
+        let arm = crate::timer::Arm {
+            machine: M::NAME,
+            entity_id: key.order_id,
+            state: to.into(),
+            version: version + 1,
+            timers: &timers,
+        };
+        store.arm_timers(conn, &arm).await?;
+    }
+    Ok(match written {
         Written::Applied => End::Commit(Outcome::Applied {
             from,
             to,

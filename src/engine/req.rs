@@ -28,6 +28,10 @@ pub(super) struct Req<'r, M: StateMachine> {
     /// alone and then lost its write (the history held the request after all: an entity
     /// whose state disagrees with its history): every later attempt reads the history.
     pub(super) read_history: std::sync::atomic::AtomicBool,
+    /// A timer's firing: the version the entity must still be at (the one its state's
+    /// timer was armed at), else the answer is [`Error::Moot`]. Judged in a unit of its
+    /// own.
+    pub(super) at_version: Option<i64>,
 }
 
 /// A fresh write id: 64 random bits (the two halves of a random UUID folded, so that
@@ -53,6 +57,11 @@ pub(super) fn abandoned<M: StateMachine>(req: &Req<'_, M>) -> Error {
 }
 
 impl<M: StateMachine> Req<'_, M> {
+    /// Whether the request is judged and written in a unit of its own (`guarded.rs`).
+    pub(super) fn own_unit<S: crate::store::Store>(&self, engine: &super::Engine<M, S>) -> bool {
+        self.at_version.is_some() || engine.has_rules(self.event)
+    }
+
     pub(super) fn hash(&self) -> Option<&str> {
         self.payload.map(|p| p.hash.as_str())
     }

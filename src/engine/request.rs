@@ -62,6 +62,7 @@ pub struct TransitionRequest<'a, M: StateMachine, S: Store> {
     event_body: Option<Result<String>>,
     audit: Audit<'a>,
     conn: Option<&'a mut S::Conn>,
+    at_version: Option<i64>,
 }
 
 impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
@@ -80,7 +81,16 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             event_body: None,
             audit: Audit::default(),
             conn: None,
+            at_version: None,
         }
+    }
+
+    /// A timer's firing: applies only while the entity is at `version` (the version its
+    /// state's timer was armed at); at any other, unless recorded before, the answer is
+    /// [`Error::Moot`](crate::Error::Moot) and nothing is written.
+    pub(crate) fn at_version(mut self, version: i64) -> Self {
+        self.at_version = Some(version);
+        self
     }
 
     /// Who asks for this transition (a user, an operator, a service), stored with the
@@ -178,6 +188,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
                     write_id,
                     actor: self.audit.actor.map(str::to_string),
                     reason: self.audit.reason.map(str::to_string),
+                    at_version: self.at_version,
                 },
             )
             .await;
@@ -196,6 +207,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             stage: &stage,
             event_body: event_body.as_deref(),
             read_history: Default::default(),
+            at_version: self.at_version,
         };
         let answer = attempt::run(
             self.engine,
@@ -228,6 +240,7 @@ struct Call<E> {
     write_id: i64,
     actor: Option<String>,
     reason: Option<String>,
+    at_version: Option<i64>,
 }
 
 /// A request on the engine's own connections, answered within the engine's deadline.
@@ -258,6 +271,7 @@ async fn pooled<M: StateMachine, S: Store>(
                 stage: &stage,
                 event_body: call.event_body.as_deref(),
                 read_history: Default::default(),
+                at_version: call.at_version,
             };
             attempt::pooled(&engine, &req).await
         }
@@ -344,17 +358,12 @@ impl<'a, M: StateMachine, S: Store> CreateRequest<'a, M, S> {
     async fn run(self) -> Result<Order<M::State>> {
         let (store, order_id) = (&self.engine.store, self.order_id);
         let row = match self.conn {
-            Some(conn) => {
-                let initial = M::INITIAL.into();
-                store.create(conn, order_id, initial, Txn::Caller).await
-            }
+            Some(conn) => create::<M, S>(store, conn, order_id, Txn::Caller).await,
             None => {
                 let deadline = self.engine.config.deadline;
                 return super::within_deadline(deadline, true, async {
                     let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
-                    let row = store
-                        .create(lease.conn(), order_id, M::INITIAL.into(), Txn::Own)
-                        .await;
+                    let row = create::<M, S>(store, lease.conn(), order_id, Txn::Own).await;
                     lease.release_after(&row);
                     created::<M>(order_id, row.map_err(db_error::<S>)?)
                 })
@@ -363,6 +372,46 @@ impl<'a, M: StateMachine, S: Store> CreateRequest<'a, M, S> {
         };
         created::<M>(order_id, row.map_err(db_error::<S>)?)
     }
+}
+
+/// The create: one statement, or, where the initial state carries timers, a unit of its
+/// own that creates the entity and arms them (each unless armed before: a repeated create
+/// arms nothing new).
+async fn create<M: StateMachine, S: Store>(
+    store: &S,
+    conn: &mut S::Conn,
+    order_id: i64,
+    txn: Txn,
+) -> std::result::Result<crate::store::Entity, sqlx::Error> {
+    let initial: &'static str = M::INITIAL.into();
+    let timers: Vec<(&'static str, u64)> = M::timers_of(M::INITIAL)
+        .map(|t| (t.event.into(), t.after_ms))
+        .collect();
+    if timers.is_empty() {
+        return store.create(conn, order_id, initial, txn).await;
+    }
+    let mut unit = super::guarded::Open::begin(store, conn, txn).await?;
+    let entity = match store
+        .create(unit.conn(), order_id, initial, Txn::Caller)
+        .await
+    {
+        Ok(entity) => entity,
+        Err(e) => return Err(unit.fail(e).await),
+    };
+    if entity.status == initial && entity.version == 0 {
+        let arm = crate::timer::Arm {
+            machine: M::NAME,
+            entity_id: order_id,
+            state: initial,
+            version: 0,
+            timers: &timers,
+        };
+        if let Err(e) = store.arm_timers(unit.conn(), &arm).await {
+            return Err(unit.fail(e).await);
+        }
+    }
+    unit.end(true).await?;
+    Ok(entity)
 }
 
 impl<'a, M: StateMachine, S: Store> IntoFuture for CreateRequest<'a, M, S> {

@@ -35,7 +35,7 @@ pub(super) async fn first_turn<M: StateMachine, S: Store>(
     let Some(writes) = engine
         .writes
         .as_ref()
-        .filter(|_| engine.store.batches_writes() && !engine.has_rules(req.event))
+        .filter(|_| engine.store.batches_writes() && !req.own_unit(engine))
     else {
         return Ok(First::Write);
     };

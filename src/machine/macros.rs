@@ -47,6 +47,78 @@ pub mod __check {
         }
     }
 
+    /// Panics with `msg` unless a row leaves `from` on `event`.
+    pub const fn has_row(rows: &[(usize, usize, usize)], from: usize, event: usize, msg: &str) {
+        let mut i = 0;
+        while i < rows.len() {
+            if rows[i].0 == from && rows[i].1 == event {
+                return;
+            }
+            i += 1;
+        }
+        panic!("{}", msg);
+    }
+
+    /// Panics with `msg` if the timer `(state, event)` appears more than once.
+    pub const fn unique_timer(timers: &[(usize, usize)], state: usize, event: usize, msg: &str) {
+        let mut count = 0;
+        let mut i = 0;
+        while i < timers.len() {
+            if timers[i].0 == state && timers[i].1 == event {
+                count += 1;
+            }
+            i += 1;
+        }
+        if count > 1 {
+            panic!("{}", msg);
+        }
+    }
+
+    /// A timer's delay, `n` `unit`s, in milliseconds; panics naming the problem if the
+    /// unit is unknown or the delay is not 1 ms to 366 days.
+    pub const fn timer_ms(n: i128, unit: &str) -> u64 {
+        let size: i128 = if eq(unit, "ms") {
+            1
+        } else if eq(unit, "s")
+            || eq(unit, "sec")
+            || eq(unit, "secs")
+            || eq(unit, "second")
+            || eq(unit, "seconds")
+        {
+            1000
+        } else if eq(unit, "min") || eq(unit, "mins") || eq(unit, "minute") || eq(unit, "minutes") {
+            60 * 1000
+        } else if eq(unit, "h") || eq(unit, "hour") || eq(unit, "hours") {
+            3600 * 1000
+        } else if eq(unit, "day") || eq(unit, "days") {
+            24 * 3600 * 1000
+        } else {
+            panic!("state_machine!: a timer's unit is one of ms, s, min, h, days")
+        };
+        if n <= 0 {
+            panic!("state_machine!: a timer's delay must be positive");
+        }
+        if n > super::super::MAX_TIMER_MS as i128 / size {
+            panic!("state_machine!: a timer's delay must be at most 366 days");
+        }
+        (n * size) as u64
+    }
+
+    const fn eq(a: &str, b: &str) -> bool {
+        let (a, b) = (a.as_bytes(), b.as_bytes());
+        if a.len() != b.len() {
+            return false;
+        }
+        let mut i = 0;
+        while i < a.len() {
+            if a[i] != b[i] {
+                return false;
+            }
+            i += 1;
+        }
+        true
+    }
+
     /// Panics with `msg` if any row leaves `terminal`.
     pub const fn no_edge_out_of(rows: &[(usize, usize, usize)], terminal: usize, msg: &str) {
         let mut i = 0;
@@ -100,10 +172,41 @@ pub mod __check {
 /// (no variant of `Guards` or `Effects` by that name), nor does an implementation that
 /// lacks one.
 ///
+/// States may carry timers, in a `timers` block after `transitions`: `Created after 30 min
+/// => Cancel` schedules the event `Cancel` for 30 minutes after the entity enters
+/// `Created` (by the create, or by any move into it), written in the same unit as that
+/// move; the timer job ([`Timers`](crate::Timers)) fires it once through the engine, and
+/// it is moot if the entity has left the state by then. A delay is a positive integer and
+/// a unit (`ms`, `s`, `min`, `h`, `days`; also `sec`, `secs`, `seconds`, `mins`,
+/// `minutes`, `hour`, `hours`, `day`), at most 366 days.
+///
+/// ```
+/// orderly::state_machine! {
+///     pub Checkout {
+///         states: CheckoutState { Created, Paid, Cancelled }
+///         events: CheckoutEvent { Pay, Cancel }
+///         initial: Created;
+///         terminal: [Paid, Cancelled];
+///         transitions: {
+///             Created + Pay    => Paid,
+///             Created + Cancel => Cancelled,
+///         }
+///         timers: {
+///             Created after 30 min => Cancel,
+///         }
+///     }
+/// }
+/// use orderly::StateMachine;
+/// assert_eq!(Checkout::TIMERS[0].after_ms, 30 * 60 * 1000);
+/// assert!(orderly::machine::mermaid::<Checkout>().contains("Cancel (after 30 min)"));
+/// ```
+///
 /// Rejected at compile time, with a message naming the problem:
 /// - a duplicate `(state, event)` row,
 /// - a state unreachable from the initial state,
-/// - an edge out of a terminal state.
+/// - an edge out of a terminal state,
+/// - a timer whose event has no edge from its state, two timers of one state on one
+///   event, a delay that is not positive, longer than 366 days, or in an unknown unit.
 ///
 /// The generated enums derive strum's `Display`, `EnumString`, `AsRefStr`,
 /// `IntoStaticStr`, `EnumIter` and serde's `Serialize`/`Deserialize` through orderly's
@@ -126,6 +229,9 @@ macro_rules! state_machine {
                 $from:ident + $ev:ident $([$guard:ident])? => $to:ident
                 $(/ $effect:ident)? $(emits $emitted:ident)?
             ),+ $(,)? }
+            $(timers: { $(
+                $tstate:ident after $n:literal $unit:ident => $tevent:ident
+            ),+ $(,)? })?
         }
     ) => {
         #[doc = concat!("States of [`", stringify!($machine), "`].")]
@@ -187,6 +293,13 @@ macro_rules! state_machine {
                     guard: $crate::__emits!($($guard)?),
                     effect: $crate::__emits!($($effect)?),
                 } ),+
+            ];
+            const TIMERS: &'static [$crate::machine::StateTimer<$state_ty, $event_ty>] = &[
+                $($( $crate::machine::StateTimer {
+                    state: $state_ty::$tstate,
+                    event: $event_ty::$tevent,
+                    after_ms: $crate::machine::__check::timer_ms($n, stringify!($unit)),
+                } ),+)?
             ];
         }
 
@@ -289,6 +402,32 @@ macro_rules! state_machine {
                     ),
                 );
             )*
+            #[allow(dead_code)]
+            const TIMER_ROWS: &[(usize, usize)] = &[
+                $($( ($state_ty::$tstate as usize, $event_ty::$tevent as usize) ),+)?
+            ];
+            $($(
+                $crate::machine::__check::has_row(
+                    ROWS,
+                    $state_ty::$tstate as usize,
+                    $event_ty::$tevent as usize,
+                    concat!(
+                        "state_machine!: timer `", stringify!($tstate), " after ",
+                        stringify!($n), " ", stringify!($unit), " => ", stringify!($tevent),
+                        "`: the graph has no edge `", stringify!($tstate), " + ",
+                        stringify!($tevent), "`"
+                    ),
+                );
+                $crate::machine::__check::unique_timer(
+                    TIMER_ROWS,
+                    $state_ty::$tstate as usize,
+                    $event_ty::$tevent as usize,
+                    concat!(
+                        "state_machine!: two timers `", stringify!($tstate), " => ",
+                        stringify!($tevent), "`: a state may carry one timer per event"
+                    ),
+                );
+            )+)?
         };
     };
 }

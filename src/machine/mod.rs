@@ -34,6 +34,24 @@ pub struct Transition<S, E> {
     pub effect: Option<&'static str>,
 }
 
+/// A timer a state carries: entering `state` schedules `event` for `after_ms`
+/// milliseconds later (by the database's clock), written in the same unit as the move (or
+/// the create) that entered it; the timer job fires it once through the engine, and it is
+/// moot if the entity has left the state by then (`Created after 30 min => Cancel` in
+/// [`state_machine!`](crate::state_machine)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StateTimer<S, E> {
+    /// The state whose entering arms the timer.
+    pub state: S,
+    /// The event it fires; the graph has an edge from `state` on it.
+    pub event: E,
+    /// How long after entering the state it fires, in milliseconds (1 ms to 366 days).
+    pub after_ms: u64,
+}
+
+/// The longest delay a timer may carry: 366 days, in milliseconds.
+pub const MAX_TIMER_MS: u64 = 366 * 24 * 3600 * 1000;
+
 /// What a state or event type must provide: a stable name that round-trips through the
 /// database (`Display`/`FromStr`/`AsRef<str>`), iteration over all values, and serde.
 pub trait Label:
@@ -87,6 +105,15 @@ pub trait StateMachine: Send + Sync + 'static {
     const TERMINAL: &'static [Self::State];
     /// The transition table; at most one row per `(from, event)`.
     const TRANSITIONS: &'static [Transition<Self::State, Self::Event>];
+    /// The timers states carry; none by default.
+    const TIMERS: &'static [StateTimer<Self::State, Self::Event>] = &[];
+
+    /// The timers entering `state` arms.
+    fn timers_of(
+        state: Self::State,
+    ) -> impl Iterator<Item = &'static StateTimer<Self::State, Self::Event>> {
+        Self::TIMERS.iter().filter(move |t| t.state == state)
+    }
 
     /// The state `event` leads to from `state`, or `None` if the graph does not allow it.
     fn next(state: Self::State, event: Self::Event) -> Option<Self::State> {
@@ -144,6 +171,17 @@ pub enum GraphError {
         /// The unreachable state.
         state: &'static str,
     },
+    /// A timer fires an event the graph does not allow from its state (it could never
+    /// apply), or two timers of a state fire the same event.
+    #[error("timer `{state} after … => {event}`: {problem}")]
+    BadTimer {
+        /// The timer's state.
+        state: &'static str,
+        /// The event it fires.
+        event: &'static str,
+        /// What is wrong.
+        problem: &'static str,
+    },
     /// A terminal state has an outgoing edge.
     #[error("terminal state `{state}` has an outgoing transition on `{event}`")]
     EdgeOutOfTerminal {
@@ -175,6 +213,27 @@ pub fn validate<M: StateMachine>() -> Result<(), GraphError> {
             });
         }
     }
+    for (i, t) in M::TIMERS.iter().enumerate() {
+        let problem = if M::next(t.state, t.event).is_none() {
+            Some("the graph has no edge from the state on the event")
+        } else if t.after_ms == 0 || t.after_ms > MAX_TIMER_MS {
+            Some("the delay must be 1 ms to 366 days")
+        } else if M::TIMERS[..i]
+            .iter()
+            .any(|u| u.state == t.state && u.event == t.event)
+        {
+            Some("the state has two timers on the event")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(GraphError::BadTimer {
+                state: t.state.into(),
+                event: t.event.into(),
+                problem,
+            });
+        }
+    }
     let mut seen = vec![M::INITIAL];
     let mut frontier = vec![M::INITIAL];
     while let Some(s) = frontier.pop() {
@@ -196,4 +255,4 @@ mod render;
 
 #[doc(hidden)]
 pub use macros::__check;
-pub use render::{dot, mermaid};
+pub use render::{dot, duration_text, mermaid};

@@ -4,10 +4,32 @@ use std::fmt::Write as _;
 
 use super::{StateMachine, Transition};
 
-/// An edge's label: its event, its guard in brackets, then after a slash its effect and
-/// the domain event it emits (`Pay [amount_matches] / record_payment, OrderPaid`).
-fn label<S, E: std::fmt::Display>(t: &Transition<S, E>) -> String {
+/// A timer's delay as people write it: the largest unit that divides it (`30 min`,
+/// `7 days`, `1500 ms`).
+pub fn duration_text(ms: u64) -> String {
+    const UNITS: [(u64, &str, &str); 4] = [
+        (24 * 3600 * 1000, "day", "days"),
+        (3600 * 1000, "h", "h"),
+        (60 * 1000, "min", "min"),
+        (1000, "s", "s"),
+    ];
+    for (size, one, many) in UNITS {
+        if ms >= size && ms.is_multiple_of(size) {
+            let n = ms / size;
+            return format!("{n} {}", if n == 1 { one } else { many });
+        }
+    }
+    format!("{ms} ms")
+}
+
+/// An edge's label: its event, the timer that fires it from its state (`(after 30 min)`),
+/// its guard in brackets, then after a slash its effect and the domain event it emits
+/// (`Pay [amount_matches] / record_payment, OrderPaid`).
+fn label<M: StateMachine>(t: &Transition<M::State, M::Event>) -> String {
     let mut label = t.event.to_string();
+    for timer in M::timers_of(t.from).filter(|timer| timer.event == t.event) {
+        let _ = write!(label, " (after {})", duration_text(timer.after_ms));
+    }
     if let Some(guard) = t.guard {
         let _ = write!(label, " [{guard}]");
     }
@@ -23,7 +45,7 @@ pub fn mermaid<M: StateMachine>() -> String {
     let mut out = String::from("stateDiagram-v2\n");
     let _ = writeln!(out, "    [*] --> {}", M::INITIAL);
     for t in M::TRANSITIONS {
-        let _ = writeln!(out, "    {} --> {} : {}", t.from, t.to, label(t));
+        let _ = writeln!(out, "    {} --> {} : {}", t.from, t.to, label::<M>(t));
     }
     for s in M::TERMINAL {
         let _ = writeln!(out, "    {s} --> [*]");
@@ -44,7 +66,7 @@ pub fn dot<M: StateMachine>() -> String {
             "    \"{}\" -> \"{}\" [label=\"{}\"];",
             t.from,
             t.to,
-            label(t)
+            label::<M>(t)
         );
     }
     out.push_str("}\n");

@@ -16,21 +16,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-/// Runs one statement of `$store` on a leased connection `$c`: the connection goes back
-/// to the pool once the statement ran to its end, and is closed if it was lost or the
-/// future dropped.
-macro_rules! leased {
-    ($store:expr, |$c:ident| $statement:expr) => {{
-        let mut lease = Lease::<S>::acquire($store).await.map_err(db_error::<S>)?;
-        let out = {
-            let $c = lease.conn();
-            $statement.await
-        };
-        lease.release_after(&out);
-        out.map_err(db_error::<S>)
-    }};
-}
-
 /// The longest lease a relay may take: a claim running past it was made by no relay.
 const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 

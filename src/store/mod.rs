@@ -258,6 +258,21 @@ pub trait Store: Clone + Send + Sync + 'static {
         self.apply(conn, apply, Txn::Caller)
     }
 
+    /// Writes the timers a state carries ([`Arm`](crate::timer::Arm)), each unless its
+    /// key is there already, inside the open unit that entered the state (a unit of
+    /// [`begin_rules_unit`](Self::begin_rules_unit)). The default cannot: a move into a
+    /// state with timers then fails with a configuration error, writing nothing.
+    fn arm_timers(
+        &self,
+        conn: &mut Self::Conn,
+        arm: &crate::timer::Arm<'_>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let _ = (conn, arm);
+        std::future::ready(Err(sqlx::Error::Configuration(
+            "this store keeps no timers".into(),
+        )))
+    }
+
     /// The entity, locked until the unit ends (`SELECT … FOR UPDATE`), read as last
     /// committed; inside a unit of [`begin_rules_unit`](Self::begin_rules_unit). By
     /// default [`get`](Self::get), for a store whose unit already holds the only write

@@ -20,13 +20,14 @@ pub mod records_model;
 pub mod rules;
 pub mod schema;
 pub mod storms;
+pub mod timers;
 // The bodies, for `conformance!`; a binary that runs only some of them (the Galera
 // suites share the harness) leaves the rest unused.
 #[allow(unused_imports)]
 pub use self::{
     audit::*, callers::*, coalesce::*, cycles::*, events::*, faults::*, flow_deadline::*, flows::*,
     idempotency::*, outbox::*, outcomes::*, reads::*, records_faults::*, records_jobs::*,
-    records_model::*, rules::*, schema::*, storms::*,
+    records_model::*, rules::*, schema::*, storms::*, timers::*,
 };
 
 use std::collections::HashMap;
@@ -65,7 +66,7 @@ pub type Eng<B> = Engine<OrderMachine, <B as Backend>::S>;
 /// What a test needs from a backend: a fresh database and a few dialect-specific moves.
 #[allow(async_fn_in_trait)]
 pub trait Backend: Sized + Send + Sync + 'static {
-    type S: orderly::flow::FlowStore + orderly::outbox::OutboxStore;
+    type S: orderly::flow::FlowStore + orderly::outbox::OutboxStore + orderly::TimerStore;
     /// An open transaction on its own connection, held by the test.
     type Tx: DerefMut<Target = <Self::S as Store>::Conn> + Send;
 
@@ -316,6 +317,13 @@ macro_rules! conformance {
             apply_first_unit_dropped_at_every_await_point,
             one_entity_many_requests_coalesced,
             coalesced_engine_agrees_with_the_model,
+            timers_are_armed_by_the_unit_that_enters_their_state,
+            a_due_timer_fires_once,
+            a_timer_is_moot_once_its_entity_moved_on,
+            a_timer_racing_the_payment_fires_or_is_moot,
+            timer_jobs_race_over_many_due_timers,
+            corrupt_timer_rows_are_set_aside,
+            timers_scheduled_and_cancelled_by_hand,
         );
     };
     // The network faults, for a backend that implements `Networked`.

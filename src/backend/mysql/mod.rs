@@ -13,6 +13,7 @@ use sqlx::migrate::Migrator;
 mod flows;
 mod idempotency;
 mod outbox;
+mod timers;
 mod transition_sql;
 mod transitions;
 mod units;

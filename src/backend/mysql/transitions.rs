@@ -46,6 +46,14 @@ fn transaction_gone(order_id: i64) -> sqlx::Error {
 }
 
 impl Store for MySqlStore {
+    async fn arm_timers(
+        &self,
+        conn: &mut MySqlConnection,
+        arm: &crate::timer::Arm<'_>,
+    ) -> Result<(), sqlx::Error> {
+        crate::backend::timer_sql::arm::<sqlx::MySql>(conn, &super::timers::STATEMENTS, arm).await
+    }
+
     type Conn = MySqlConnection;
     type Pooled = sqlx::pool::PoolConnection<MySql>;
 

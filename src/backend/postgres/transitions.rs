@@ -16,6 +16,15 @@ use crate::store::{
 };
 
 impl Store for PgStore {
+    async fn arm_timers(
+        &self,
+        conn: &mut PgConnection,
+        arm: &crate::timer::Arm<'_>,
+    ) -> Result<(), sqlx::Error> {
+        crate::backend::timer_sql::arm::<sqlx::Postgres>(conn, &super::timers::STATEMENTS, arm)
+            .await
+    }
+
     type Conn = PgConnection;
     type Pooled = sqlx::pool::PoolConnection<Postgres>;
 

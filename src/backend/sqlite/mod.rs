@@ -16,6 +16,7 @@ use sqlx::migrate::Migrator;
 mod flows;
 mod idempotency;
 mod outbox;
+mod timers;
 mod transitions;
 mod units;
 mod writer;

@@ -102,6 +102,14 @@ impl Sql {
 const ONE_CALL_MAX: usize = 4;
 
 impl Store for SqliteStore {
+    async fn arm_timers(
+        &self,
+        conn: &mut SqliteConnection,
+        arm: &crate::timer::Arm<'_>,
+    ) -> Result<(), sqlx::Error> {
+        crate::backend::timer_sql::arm::<sqlx::Sqlite>(conn, &super::timers::STATEMENTS, arm).await
+    }
+
     type Conn = SqliteConnection;
     type Pooled = sqlx::pool::PoolConnection<Sqlite>;
 

@@ -1,0 +1,105 @@
+//! Timers on MySQL/MariaDB: [`TimerStore`] over the statements in
+//! `backend/timer_sql.rs`. The claim locks the chosen timers (`FOR UPDATE SKIP LOCKED`),
+//! writes its token on them and reads them back, in one short transaction.
+
+use std::sync::LazyLock;
+
+use sqlx::mysql::{MySql, MySqlConnection};
+use sqlx::{AssertSqlSafe, Connection};
+
+use super::MySqlStore;
+use crate::backend::sql::{Arg, Binds, Params, Statement};
+use crate::backend::timer_sql::{self, TimerStatements, decoded, shared_timer_methods};
+use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
+
+/// The database clock, in milliseconds since the epoch.
+const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+
+/// The statements every backend shares, built once.
+pub(super) static STATEMENTS: LazyLock<TimerStatements> =
+    LazyLock::new(|| TimerStatements::new(NOW, "SIGNED", ("INSERT IGNORE", ""), Params::Plain));
+
+/// The claim's choice, locked: 1 machine, 2 limit.
+static CHOOSE: LazyLock<Statement> = LazyLock::new(|| {
+    Statement::shared(
+        format!(
+            "SELECT c.id FROM timers c WHERE {} ORDER BY c.next_at, c.id LIMIT ?2 \
+             FOR UPDATE SKIP LOCKED",
+            timer_sql::claimable(NOW, 1)
+        ),
+        Params::Plain,
+    )
+});
+
+/// Up to a limit of fired or cancelled timers, ended before the retention: 1 retention in
+/// ms, 2 limit.
+static PURGE: LazyLock<Statement> = LazyLock::new(|| {
+    Statement::shared(
+        format!(
+            "DELETE FROM timers WHERE status IN ('FIRED', 'CANCELLED') AND fired_at < {NOW} - ?1 \
+             ORDER BY id LIMIT ?2"
+        ),
+        Params::Plain,
+    )
+});
+
+impl TimerStore for MySqlStore {
+    shared_timer_methods!(MySql, MySqlConnection, STATEMENTS);
+
+    async fn claim_timers(
+        &self,
+        conn: &mut MySqlConnection,
+        c: &ClaimTimers<'_>,
+    ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
+        let mut tx = conn
+            .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+            .await?;
+        let ids: Vec<(i64,)> = CHOOSE
+            .query_as::<MySql, (i64,)>(&[Arg::Str(c.machine), Arg::I64(c.limit)])?
+            .fetch_all(&mut *tx)
+            .await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        // The ids are integers read back from the database: safe to write inline.
+        let ids = ids
+            .iter()
+            .map(|(id,)| id.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let hand_over = format!(
+            "UPDATE timers SET owner_token = ?, lease_until = {NOW} + ?, attempts = {attempt} \
+             WHERE status = 'PENDING' AND id IN ({ids})",
+            attempt = timer_sql::ATTEMPT
+        );
+        sqlx::query(AssertSqlSafe(hand_over))
+            .bind(c.token)
+            .bind(c.lease_ms)
+            .execute(&mut *tx)
+            .await?;
+        let read = format!(
+            "SELECT {} FROM timers AS t WHERE t.owner_token = ? AND t.id IN ({ids})",
+            timer_sql::columns(NOW)
+        );
+        let rows = sqlx::query(AssertSqlSafe(read))
+            .bind(c.token)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(timer_sql::in_due_order(rows.iter().map(decoded).collect()))
+    }
+
+    async fn purge_timers(
+        &self,
+        conn: &mut MySqlConnection,
+        retention_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = PURGE
+            .query::<MySql>(&[Arg::I64(retention_ms), Arg::I64(limit)])?
+            .execute(conn)
+            .await?;
+        Ok(<MySql as Binds>::rows_affected(&done))
+    }
+}

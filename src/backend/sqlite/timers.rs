@@ -1,0 +1,59 @@
+//! Timers on SQLite: [`TimerStore`] over the statements in `backend/timer_sql.rs`. The
+//! single writer makes the claim one `UPDATE … RETURNING` of the timers its subquery
+//! chose.
+
+use std::sync::LazyLock;
+
+use sqlx::sqlite::{Sqlite, SqliteConnection};
+
+use super::SqliteStore;
+use crate::backend::sql::{Arg, Binds, Params, Statement};
+use crate::backend::timer_sql::{self, TimerStatements, shared_timer_methods};
+use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
+
+/// The database clock, in milliseconds since the epoch.
+const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// The statements every backend shares, built once.
+pub(super) static STATEMENTS: LazyLock<TimerStatements> = LazyLock::new(|| {
+    TimerStatements::new(
+        NOW,
+        "INTEGER",
+        (
+            "INSERT",
+            "ON CONFLICT (machine, entity_id, event, ref_id) DO NOTHING",
+        ),
+        Params::Numbered,
+    )
+});
+
+static CLAIM: LazyLock<Statement> =
+    LazyLock::new(|| Statement::shared(timer_sql::claim_sql(NOW, "", false), Params::Numbered));
+
+static PURGE: LazyLock<Statement> =
+    LazyLock::new(|| Statement::shared(timer_sql::purge_sql(NOW), Params::Numbered));
+
+impl TimerStore for SqliteStore {
+    shared_timer_methods!(Sqlite, SqliteConnection, STATEMENTS);
+
+    async fn claim_timers(
+        &self,
+        conn: &mut SqliteConnection,
+        claim: &ClaimTimers<'_>,
+    ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
+        timer_sql::claim_returning::<Sqlite>(conn, &CLAIM, claim).await
+    }
+
+    async fn purge_timers(
+        &self,
+        conn: &mut SqliteConnection,
+        retention_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = PURGE
+            .query::<Sqlite>(&[Arg::I64(retention_ms), Arg::I64(limit)])?
+            .execute(conn)
+            .await?;
+        Ok(<Sqlite as Binds>::rows_affected(&done))
+    }
+}

@@ -1,0 +1,452 @@
+//! The timer statements every backend shares, written once with `?N` parameters
+//! ([`TimerStatements`]): each backend's `timers.rs` builds them once with its clock, its
+//! integer type and its parameter style, calls the functions here from its methods of
+//! [`TimerStore`](crate::timer::TimerStore), and writes its own claim and purge.
+
+use sqlx::Executor;
+
+use crate::backend::sql::{Arg, Binds, Params, Statement};
+use crate::timer::{
+    Arm, ClaimedTimer, CorruptTimer, FailedTimer, NewTimer, TimerKey, TimerRow, TimerStats,
+};
+
+/// A timer's columns as the job and the operator read them, over `timers AS t`, with its
+/// lateness on the database's clock `now`.
+pub(crate) fn columns(now: &str) -> String {
+    prefixed_columns(now, "t.")
+}
+
+/// The columns, each name after `prefix` (a table alias with its dot, or nothing: SQLite's
+/// `RETURNING` takes no alias).
+fn prefixed_columns(now: &str, p: &str) -> String {
+    format!(
+        "{p}id, {p}machine, {p}entity_id, {p}event, {p}ref_id, {p}state, {p}version, \
+         {p}due_at, {p}status, {p}outcome, {p}attempts, {p}last_error, {now} - {p}due_at AS late_ms"
+    )
+}
+
+/// Whether the timer `c` may be claimed for machine `?{machine}` now: pending, due, not
+/// under a live lease, and the earliest pending timer of its entity (so one entity's
+/// timers fire one after another, in due order).
+pub(crate) fn claimable(now: &str, machine: usize) -> String {
+    format!(
+        "c.status = 'PENDING' AND c.machine = ?{machine} AND c.next_at <= {now} \
+         AND c.lease_until <= {now} \
+         AND NOT EXISTS (SELECT 1 FROM timers e WHERE e.machine = c.machine \
+             AND e.entity_id = c.entity_id AND e.status = 'PENDING' \
+             AND (e.due_at < c.due_at OR (e.due_at = c.due_at AND e.id < c.id)))"
+    )
+}
+
+/// One more attempt, saturating.
+pub(crate) const ATTEMPT: &str = "CASE WHEN attempts < 0 THEN 1 WHEN attempts >= 2147483646 THEN 2147483647 ELSE attempts + 1 END";
+
+/// The statements of the methods every backend shares, built once.
+#[derive(Debug)]
+pub(crate) struct TimerStatements {
+    /// A timer inserted unless one with its key exists: 1 machine, 2 entity, 3 event,
+    /// 4 reference, 5 state, 6 version, 7 delay in ms.
+    insert: Statement,
+    /// A claimed timer fired: 1 outcome, 2 note, 3 id, 4 token.
+    fired: Statement,
+    /// A claimed timer back to PENDING after a delay, or DEAD: 1 dead, 2 retry in ms,
+    /// 3 error, 4 id, 5 token.
+    failed: Statement,
+    /// A pending or dead timer cancelled: 1 machine, 2 entity, 3 event, 4 reference.
+    cancel: Statement,
+    /// A dead timer pending again, due now: 1 machine, 2 entity, 3 event, 4 reference.
+    rearm: Statement,
+    /// Timers in a status, oldest due first: 1 status, 2 limit.
+    list: Statement,
+    /// An entity's timers, by due time: 1 machine, 2 entity.
+    of_entity: Statement,
+    /// Counts.
+    stats: Statement,
+}
+
+impl TimerStatements {
+    /// The statements with the backend's millisecond clock `now` (an expression), its
+    /// 64-bit integer type name for casts, the insert that does nothing on a duplicate key
+    /// (its verb, and the text that ends it), and its parameter style.
+    pub(crate) fn new(
+        now: &str,
+        int: &str,
+        (insert, on_duplicate): (&str, &str),
+        params: Params,
+    ) -> Self {
+        let s = |sql: String| Statement::shared(sql, params);
+        let columns = columns(now);
+        TimerStatements {
+            insert: s(format!(
+                "{insert} INTO timers (machine, entity_id, event, ref_id, state, version, due_at, \
+                     next_at, created_at) \
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, n.ms + ?7, n.ms + ?7, n.ms \
+                 FROM (SELECT {now} AS ms) n WHERE 1 = 1 {on_duplicate}"
+            )),
+            fired: s(format!(
+                "UPDATE timers SET status = 'FIRED', outcome = ?1, last_error = ?2, fired_at = {now}, \
+                     owner_token = NULL, lease_until = 0 \
+                 WHERE id = ?3 AND owner_token = ?4 AND status = 'PENDING'"
+            )),
+            failed: s(format!(
+                "UPDATE timers SET status = CASE WHEN ?1 THEN 'DEAD' ELSE 'PENDING' END, \
+                     next_at = {now} + ?2, last_error = ?3, owner_token = NULL, lease_until = 0 \
+                 WHERE id = ?4 AND owner_token = ?5 AND status = 'PENDING'"
+            )),
+            cancel: s(format!(
+                "UPDATE timers SET status = 'CANCELLED', fired_at = {now}, owner_token = NULL, \
+                     lease_until = 0 \
+                 WHERE machine = ?1 AND entity_id = ?2 AND event = ?3 AND ref_id = ?4 \
+                   AND status IN ('PENDING', 'DEAD')"
+            )),
+            rearm: s(format!(
+                "UPDATE timers SET status = 'PENDING', attempts = 0, next_at = {now}, \
+                     last_error = NULL, owner_token = NULL, lease_until = 0 \
+                 WHERE machine = ?1 AND entity_id = ?2 AND event = ?3 AND ref_id = ?4 \
+                   AND status = 'DEAD'"
+            )),
+            list: s(format!(
+                "SELECT {columns} FROM timers AS t WHERE t.status = ?1 \
+                 ORDER BY t.due_at, t.id LIMIT ?2"
+            )),
+            of_entity: s(format!(
+                "SELECT {columns} FROM timers AS t WHERE t.machine = ?1 AND t.entity_id = ?2 \
+                 ORDER BY t.due_at, t.id"
+            )),
+            stats: s(format!(
+                "SELECT CAST(COALESCE(SUM(CASE WHEN status = 'PENDING' THEN 1 ELSE 0 END), 0) AS {int}) AS pending, \
+                        CAST(COALESCE(SUM(CASE WHEN status = 'PENDING' AND due_at <= n.ms THEN 1 ELSE 0 END), 0) AS {int}) AS due, \
+                        CAST(COALESCE(SUM(CASE WHEN status = 'DEAD' THEN 1 ELSE 0 END), 0) AS {int}) AS dead, \
+                        CAST(COALESCE(n.ms - MIN(CASE WHEN status = 'PENDING' AND due_at <= n.ms THEN due_at END), 0) AS {int}) AS oldest_late_ms \
+                 FROM timers CROSS JOIN (SELECT {now} AS ms) n \
+                 WHERE status IN ('PENDING', 'DEAD') GROUP BY n.ms"
+            )),
+        }
+    }
+}
+
+/// One claimed or listed row, decoded on its own: a row whose columns do not read as a
+/// [`TimerRow`] is a [`CorruptTimer`] (with its id), so that one bad row never fails the
+/// claim of the others.
+pub(crate) fn decoded<'r, R>(row: &'r R) -> ClaimedTimer
+where
+    R: sqlx::Row,
+    TimerRow: sqlx::FromRow<'r, R>,
+    &'static str: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    <TimerRow as sqlx::FromRow<'r, R>>::from_row(row).map_err(|e| CorruptTimer {
+        id: row.try_get::<i64, _>("id").ok(),
+        reason: format!("unreadable row: {e}"),
+    })
+}
+
+/// [`Store::arm_timers`](crate::Store::arm_timers): each timer inserted unless its key is
+/// there.
+pub(crate) async fn arm<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &TimerStatements,
+    arm: &Arm<'_>,
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let ref_id = arm.ref_id();
+    for (event, after_ms) in arm.timers {
+        let args = [
+            Arg::Str(arm.machine),
+            Arg::I64(arm.entity_id),
+            Arg::Str(event),
+            Arg::Str(&ref_id),
+            Arg::OptStr(Some(arm.state)),
+            Arg::OptI64(Some(arm.version)),
+            Arg::I64(i64::try_from(*after_ms).unwrap_or(i64::MAX)),
+        ];
+        s.insert.query::<DB>(&args)?.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// [`TimerStore::schedule_timer`](crate::timer::TimerStore::schedule_timer).
+pub(crate) async fn schedule<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &TimerStatements,
+    t: &NewTimer<'_>,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [
+        Arg::Str(t.key.machine),
+        Arg::I64(t.key.entity_id),
+        Arg::Str(t.key.event),
+        Arg::Str(t.key.ref_id),
+        Arg::OptStr(None),
+        Arg::OptI64(None),
+        Arg::I64(t.after_ms),
+    ];
+    let done = s.insert.query::<DB>(&args)?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`TimerStore::mark_fired`](crate::timer::TimerStore::mark_fired).
+pub(crate) async fn fired<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &TimerStatements,
+    id: i64,
+    token: &str,
+    outcome: &str,
+    note: Option<&str>,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [
+        Arg::Str(outcome),
+        Arg::OptStr(note),
+        Arg::I64(id),
+        Arg::Str(token),
+    ];
+    let done = s.fired.query::<DB>(&args)?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`TimerStore::mark_timer_failed`](crate::timer::TimerStore::mark_timer_failed).
+pub(crate) async fn failed<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &TimerStatements,
+    f: &FailedTimer<'_>,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [
+        Arg::Bool(f.dead),
+        Arg::I64(f.retry_in_ms),
+        Arg::Str(f.error),
+        Arg::I64(f.id),
+        Arg::Str(f.token),
+    ];
+    let done = s.failed.query::<DB>(&args)?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`TimerStore::cancel_timer`](crate::timer::TimerStore::cancel_timer) (`rearm`
+/// false) and [`TimerStore::rearm_timer`](crate::timer::TimerStore::rearm_timer).
+pub(crate) async fn cancel_or_rearm<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &TimerStatements,
+    key: &TimerKey<'_>,
+    rearm: bool,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [
+        Arg::Str(key.machine),
+        Arg::I64(key.entity_id),
+        Arg::Str(key.event),
+        Arg::Str(key.ref_id),
+    ];
+    let statement = if rearm { &s.rearm } else { &s.cancel };
+    let done = statement.query::<DB>(&args)?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`TimerStore::list_timers`](crate::timer::TimerStore::list_timers) (`entity` `None`)
+/// and [`TimerStore::timers_of`](crate::timer::TimerStore::timers_of). Each row decoded
+/// on its own.
+pub(crate) async fn list<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &TimerStatements,
+    by: ListBy<'_>,
+) -> Result<Vec<ClaimedTimer>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    TimerRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+    &'static str: sqlx::ColumnIndex<DB::Row>,
+    i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+{
+    let rows = match by {
+        ListBy::Status(status, limit) => {
+            s.list
+                .query::<DB>(&[Arg::Str(status), Arg::I64(limit)])?
+                .fetch_all(conn)
+                .await?
+        }
+        ListBy::Entity(machine, entity_id) => {
+            s.of_entity
+                .query::<DB>(&[Arg::Str(machine), Arg::I64(entity_id)])?
+                .fetch_all(conn)
+                .await?
+        }
+    };
+    Ok(rows.iter().map(decoded).collect())
+}
+
+/// Which timers [`list`] reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ListBy<'a> {
+    /// Up to a limit in a status.
+    Status(&'a str, i64),
+    /// One entity's, of one machine.
+    Entity(&'a str, i64),
+}
+
+/// [`TimerStore::timer_stats`](crate::timer::TimerStore::timer_stats).
+pub(crate) async fn stats<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &TimerStatements,
+) -> Result<TimerStats, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    TimerStats: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    Ok(s.stats
+        .query_as::<DB, TimerStats>(&[])?
+        .fetch_optional(conn)
+        .await?
+        .unwrap_or_default())
+}
+
+/// The methods of [`TimerStore`](crate::timer::TimerStore) every backend writes alike,
+/// over its statements `$s` and its database `$db`: all but the claim and the purge.
+macro_rules! shared_timer_methods {
+    ($db:ty, $conn:ty, $s:expr) => {
+        async fn schedule_timer(
+            &self,
+            conn: &mut $conn,
+            timer: &$crate::timer::NewTimer<'_>,
+        ) -> Result<bool, sqlx::Error> {
+            $crate::backend::timer_sql::schedule::<$db>(conn, &$s, timer).await
+        }
+
+        async fn mark_fired(
+            &self,
+            conn: &mut $conn,
+            id: i64,
+            token: &str,
+            outcome: &str,
+            note: Option<&str>,
+        ) -> Result<bool, sqlx::Error> {
+            $crate::backend::timer_sql::fired::<$db>(conn, &$s, id, token, outcome, note).await
+        }
+
+        async fn mark_timer_failed(
+            &self,
+            conn: &mut $conn,
+            failed: &$crate::timer::FailedTimer<'_>,
+        ) -> Result<bool, sqlx::Error> {
+            $crate::backend::timer_sql::failed::<$db>(conn, &$s, failed).await
+        }
+
+        async fn cancel_timer(
+            &self,
+            conn: &mut $conn,
+            key: &$crate::timer::TimerKey<'_>,
+        ) -> Result<bool, sqlx::Error> {
+            $crate::backend::timer_sql::cancel_or_rearm::<$db>(conn, &$s, key, false).await
+        }
+
+        async fn rearm_timer(
+            &self,
+            conn: &mut $conn,
+            key: &$crate::timer::TimerKey<'_>,
+        ) -> Result<bool, sqlx::Error> {
+            $crate::backend::timer_sql::cancel_or_rearm::<$db>(conn, &$s, key, true).await
+        }
+
+        async fn list_timers(
+            &self,
+            conn: &mut $conn,
+            status: &str,
+            limit: i64,
+        ) -> Result<Vec<$crate::timer::ClaimedTimer>, sqlx::Error> {
+            let by = $crate::backend::timer_sql::ListBy::Status(status, limit);
+            $crate::backend::timer_sql::list::<$db>(conn, &$s, by).await
+        }
+
+        async fn timers_of(
+            &self,
+            conn: &mut $conn,
+            machine: &str,
+            entity_id: i64,
+        ) -> Result<Vec<$crate::timer::ClaimedTimer>, sqlx::Error> {
+            let by = $crate::backend::timer_sql::ListBy::Entity(machine, entity_id);
+            $crate::backend::timer_sql::list::<$db>(conn, &$s, by).await
+        }
+
+        async fn timer_stats(
+            &self,
+            conn: &mut $conn,
+        ) -> Result<$crate::timer::TimerStats, sqlx::Error> {
+            $crate::backend::timer_sql::stats::<$db>(conn, &$s).await
+        }
+    };
+}
+pub(crate) use shared_timer_methods;
+
+/// The purge every backend but MySQL/MariaDB writes (which takes no `LIMIT` in an `IN`
+/// subquery): 1 retention in ms, 2 limit.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn purge_sql(now: &str) -> String {
+    format!(
+        "DELETE FROM timers WHERE id IN (SELECT id FROM timers \
+             WHERE status IN ('FIRED', 'CANCELLED') AND fired_at < {now} - ?1 LIMIT ?2)"
+    )
+}
+
+/// The single-statement claim (SQLite, PostgreSQL): the chosen rows' claim written and
+/// returned. `lock` ends the subquery (`FOR UPDATE SKIP LOCKED`, or nothing); `from`
+/// says whether the backend joins the chosen rows (`UPDATE … FROM`) rather than
+/// matching them with `IN`. 1 token, 2 lease in ms, 3 machine, 4 limit.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn claim_sql(now: &str, lock: &str, from: bool) -> String {
+    let choose = format!(
+        "SELECT c.id FROM timers c WHERE {claimable} ORDER BY c.next_at, c.id LIMIT ?4 {lock}",
+        claimable = claimable(now, 3)
+    );
+    let set = format!("owner_token = ?1, lease_until = {now} + ?2, attempts = {ATTEMPT}");
+    if from {
+        let columns = prefixed_columns(now, "t.");
+        format!(
+            "UPDATE timers AS t SET {set} FROM ({choose}) s WHERE t.id = s.id RETURNING {columns}"
+        )
+    } else {
+        let columns = prefixed_columns(now, "");
+        format!("UPDATE timers SET {set} WHERE id IN ({choose}) RETURNING {columns}")
+    }
+}
+
+/// Runs a claim statement built by [`claim_sql`], each row decoded on its own, earliest
+/// due first.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) async fn claim_returning<DB: Binds>(
+    conn: &mut DB::Connection,
+    statement: &Statement,
+    c: &crate::timer::ClaimTimers<'_>,
+) -> Result<Vec<ClaimedTimer>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    TimerRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+    &'static str: sqlx::ColumnIndex<DB::Row>,
+    i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+{
+    let args = [
+        Arg::Str(c.token),
+        Arg::I64(c.lease_ms),
+        Arg::Str(c.machine),
+        Arg::I64(c.limit),
+    ];
+    let rows = statement.query::<DB>(&args)?.fetch_all(conn).await?;
+    Ok(in_due_order(rows.iter().map(decoded).collect()))
+}
+
+/// Claimed rows earliest due first (rows that did not read last).
+pub(crate) fn in_due_order(mut rows: Vec<ClaimedTimer>) -> Vec<ClaimedTimer> {
+    rows.sort_by_key(|r| match r {
+        Ok(t) => (0, t.due_at, t.id),
+        Err(c) => (1, 0, c.id.unwrap_or(0)),
+    });
+    rows
+}

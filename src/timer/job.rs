@@ -1,0 +1,442 @@
+//! The timer job: claim → fire through the engine → record.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::future::join_all;
+
+use super::{ClaimTimers, ClaimedTimer, FailedTimer, TimerRow, TimerStats, TimerStore};
+use crate::engine::{Engine, Outcome, parse_event};
+use crate::machine::StateMachine;
+use crate::store::{Lease, db_error};
+use crate::support::text::bounded;
+use crate::{Error, Result};
+
+/// The largest batch a job claims.
+const MAX_BATCH: u32 = 1000;
+
+/// The longest lease a job may take.
+const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+
+/// How a timer job claims, fires and retries.
+#[derive(Debug, Clone)]
+pub struct TimersConfig {
+    /// The most timers of one machine claimed (and fired together) in one round, 1 to
+    /// 1000. Default 128.
+    pub batch: u32,
+    /// How long a claim lasts: another job takes a timer over only after this. Default
+    /// 60 s; longer than the engines' deadline (a firing that runs past the lease may be
+    /// fired again by another job: the engine answers that one `Replayed`), at most a day.
+    pub lease: Duration,
+    /// Claims of one timer after which a timer that keeps failing is set aside as dead.
+    /// Default 10.
+    pub max_attempts: u32,
+    /// The first retry's delay; each next one doubles, with jitter. Default 500 ms.
+    pub min_backoff: Duration,
+    /// The longest retry delay (at most a day). Default 5 min.
+    pub max_backoff: Duration,
+    /// How long [`Timers::run`] sleeps when a round found nothing to fire (or failed).
+    /// Default 200 ms.
+    pub idle: Duration,
+}
+
+impl Default for TimersConfig {
+    fn default() -> Self {
+        TimersConfig {
+            batch: 128,
+            lease: Duration::from_secs(60),
+            max_attempts: 10,
+            min_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(300),
+            idle: Duration::from_millis(200),
+        }
+    }
+}
+
+impl TimersConfig {
+    fn check(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        if self.batch == 0 || self.batch > MAX_BATCH {
+            problems.push("batch must be 1 to 1000");
+        }
+        if self.max_attempts == 0 || self.max_attempts > i32::MAX as u32 {
+            problems.push("max_attempts must be 1 to 2147483647");
+        }
+        if self.lease < Duration::from_secs(1) || self.lease > MAX_LEASE {
+            problems.push("lease must be 1 s to a day");
+        }
+        if self.min_backoff > self.max_backoff {
+            problems.push("min_backoff must not exceed max_backoff");
+        }
+        if self.max_backoff > MAX_LEASE {
+            problems.push("max_backoff must be at most a day");
+        }
+        if self.idle.is_zero() {
+            problems.push("idle must be positive");
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::InvalidInput(format!(
+                "timers config: {}",
+                problems.join("; ")
+            )))
+        }
+    }
+}
+
+/// What one round of a timer job did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TimerRound {
+    /// Timers this round claimed.
+    pub claimed: usize,
+    /// Fired, and the engine applied the event.
+    pub applied: usize,
+    /// Fired, and the engine answered that the event was applied before under the
+    /// timer's reference (fired before by another job, or before a crash).
+    pub replayed: usize,
+    /// Fired, and moot: the entity had left the state (and version) that armed the
+    /// timer, or the event was no longer allowed; nothing was written.
+    pub moot: usize,
+    /// Fired, and a guard of the edge refused the move; nothing was written.
+    pub refused: usize,
+    /// Failed for now (a busy database, a failing effect): tried again after a backoff.
+    pub retried: usize,
+    /// Set aside as dead: out of attempts, or failing for good (an unknown event or
+    /// state, a corrupt row).
+    pub dead: usize,
+    /// Whose claim another job took over before the outcome was recorded (that job
+    /// fires it again; the engine answers it `Replayed` if it applied here).
+    pub lost: usize,
+}
+
+impl TimerRound {
+    fn add(&mut self, other: TimerRound) {
+        self.claimed += other.claimed;
+        self.applied += other.applied;
+        self.replayed += other.replayed;
+        self.moot += other.moot;
+        self.refused += other.refused;
+        self.retried += other.retried;
+        self.dead += other.dead;
+        self.lost += other.lost;
+    }
+}
+
+/// How one firing ended.
+enum Fired {
+    /// Recorded as fired with this outcome, and a note (why moot or refused).
+    Outcome(&'static str, Option<String>),
+    /// Failed for now.
+    Retry(String),
+    /// Failed for good.
+    Dead(String),
+}
+
+type FireFuture<'a> = Pin<Box<dyn Future<Output = Fired> + Send + 'a>>;
+
+/// A machine's engine, as the job fires through it.
+trait Fire: Send + Sync {
+    fn fire<'a>(&'a self, timer: &'a TimerRow) -> FireFuture<'a>;
+}
+
+impl<M: StateMachine, S: TimerStore> Fire for Engine<M, S> {
+    fn fire<'a>(&'a self, t: &'a TimerRow) -> FireFuture<'a> {
+        Box::pin(async move {
+            let event = match parse_event::<M>(&t.event) {
+                Ok(event) => event,
+                Err(_) => {
+                    return Fired::Dead(format!("unknown event {:?} of {}", t.event, M::NAME));
+                }
+            };
+            let mut request = self
+                .transition(t.entity_id, event, &t.ref_id)
+                .actor("timer");
+            match (&t.state, t.version) {
+                (None, None) => {}
+                (Some(state), Some(version)) => {
+                    if state.parse::<M::State>().is_err() {
+                        return Fired::Dead(format!("unknown state {state:?} of {}", M::NAME));
+                    }
+                    if version < 0 {
+                        return Fired::Dead(format!("version {version} (versions start at 0)"));
+                    }
+                    request = request.at_version(version);
+                }
+                _ => {
+                    return Fired::Dead(
+                        "a state without a version, or a version without a state".into(),
+                    );
+                }
+            }
+            match request.await {
+                Ok(Outcome::Applied { .. }) => Fired::Outcome("applied", None),
+                Ok(Outcome::Replayed { .. }) => Fired::Outcome("replayed", None),
+                Err(
+                    e @ (Error::Moot { .. }
+                    | Error::InvalidTransition { .. }
+                    | Error::RefConflict { .. }
+                    | Error::NotFound { .. }),
+                ) => Fired::Outcome("moot", Some(bounded(e.to_string()))),
+                Err(e @ Error::Refused { .. }) => {
+                    Fired::Outcome("refused", Some(bounded(e.to_string())))
+                }
+                Err(e @ Error::RuleFailed { .. }) => Fired::Retry(e.to_string()),
+                Err(e) if e.is_retryable() => Fired::Retry(e.to_string()),
+                Err(e) => Fired::Dead(e.to_string()),
+            }
+        })
+    }
+}
+
+/// A timer job: claims the due timers of the machines it was given engines for, fires
+/// each through its machine's engine with the timer's reference, and records each
+/// outcome fenced by its claim. Run several (tasks or processes) over one database: the
+/// engine fires each timer's event at most once whatever they do, and one entity's timers
+/// fire one after another in due order.
+pub struct Timers<S: TimerStore> {
+    store: S,
+    engines: BTreeMap<&'static str, Arc<dyn Fire>>,
+    config: TimersConfig,
+}
+
+impl<S: TimerStore> std::fmt::Debug for Timers<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Timers")
+            .field("machines", &self.engines.keys().collect::<Vec<_>>())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: TimerStore> Timers<S> {
+    /// A job over `store`'s timers, with the default [`TimersConfig`] and no machine yet:
+    /// add each machine's engine with [`fire`](Self::fire).
+    pub fn new(store: S) -> Self {
+        Timers {
+            store,
+            engines: BTreeMap::new(),
+            config: TimersConfig::default(),
+        }
+    }
+
+    /// The same job with `config`; [`Error::InvalidInput`] naming every problem if the
+    /// config cannot work.
+    pub fn with_config(mut self, config: TimersConfig) -> Result<Self> {
+        config.check()?;
+        self.config = config;
+        Ok(self)
+    }
+
+    /// The same job firing the timers of `M` through `engine` (a clone of the
+    /// application's engine: its rules, its config). The job claims only the timers of
+    /// the machines it was given.
+    pub fn fire<M: StateMachine>(mut self, engine: Engine<M, S>) -> Self {
+        self.engines.insert(M::NAME, Arc::new(engine));
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// One round: for each machine, claims up to [`TimersConfig::batch`] due timers (the
+    /// earliest pending timer of each entity), fires them concurrently, and records each
+    /// outcome.
+    pub async fn fire_once(&self) -> Result<TimerRound> {
+        let mut round = TimerRound::default();
+        for (machine, engine) in &self.engines {
+            round.add(self.machine_round(machine, engine.as_ref()).await?);
+        }
+        Ok(round)
+    }
+
+    async fn machine_round(&self, machine: &str, engine: &dyn Fire) -> Result<TimerRound> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let claim = ClaimTimers {
+            machine,
+            token: &token,
+            lease_ms: millis(self.config.lease),
+            limit: i64::from(self.config.batch),
+        };
+        let store = &self.store;
+        let claimed: Vec<ClaimedTimer> = leased!(store, |c| store.claim_timers(c, &claim))?;
+        let mut round = TimerRound {
+            claimed: claimed.len(),
+            ..TimerRound::default()
+        };
+        let (rows, corrupt): (Vec<_>, Vec<_>) = claimed.into_iter().partition(|r| r.is_ok());
+        let rows: Vec<TimerRow> = rows.into_iter().flatten().collect();
+        let fired = join_all(rows.iter().map(|row| engine.fire(row))).await;
+        // Each outcome with the row's id, its attempts and its lateness (none for a row
+        // that did not read).
+        let mut outcomes: Vec<(i64, i32, Option<i64>, Fired)> = rows
+            .iter()
+            .zip(fired)
+            .map(|(row, fired)| (row.id, row.attempts, Some(row.late_ms), fired))
+            .collect();
+        for c in corrupt.into_iter().filter_map(|c| c.err()) {
+            tracing::error!(id = ?c.id, reason = %c.reason, "a corrupt timer row is set aside, not fired");
+            if let Some(id) = c.id {
+                outcomes.push((id, i32::MAX, None, Fired::Dead(c.reason)));
+            }
+        }
+        for (id, attempts, late_ms, fired) in outcomes {
+            let wrote = match fired {
+                Fired::Outcome(outcome, note) => {
+                    match outcome {
+                        "applied" => round.applied += 1,
+                        "replayed" => round.replayed += 1,
+                        "moot" => round.moot += 1,
+                        _ => round.refused += 1,
+                    }
+                    if let Some(late_ms) = late_ms {
+                        crate::observe::timer_fired(machine, outcome, late_ms);
+                    }
+                    let note = note.as_deref();
+                    leased!(store, |c| store.mark_fired(c, id, &token, outcome, note))?
+                }
+                Fired::Retry(error) => {
+                    let dead =
+                        u32::try_from(attempts).unwrap_or(u32::MAX) >= self.config.max_attempts;
+                    self.record_failure(id, &token, error, dead, attempts, &mut round)
+                        .await?
+                }
+                Fired::Dead(error) => {
+                    self.record_failure(id, &token, error, true, attempts, &mut round)
+                        .await?
+                }
+            };
+            if !wrote {
+                round.lost += 1;
+            }
+        }
+        Ok(round)
+    }
+
+    /// Records a failed firing: back to pending after a backoff, or dead.
+    async fn record_failure(
+        &self,
+        id: i64,
+        token: &str,
+        error: String,
+        dead: bool,
+        attempts: i32,
+        round: &mut TimerRound,
+    ) -> Result<bool> {
+        let error = bounded(error);
+        tracing::warn!(id, attempts, dead, error = %error, "firing a timer failed");
+        if dead {
+            round.dead += 1;
+        } else {
+            round.retried += 1;
+        }
+        let failed = FailedTimer {
+            id,
+            token,
+            error: &error,
+            retry_in_ms: millis(self.backoff(attempts)),
+            dead,
+        };
+        let store = &self.store;
+        leased!(store, |c| store.mark_timer_failed(c, &failed))
+    }
+
+    /// Runs rounds until `shutdown` completes: back to back while there is work, every
+    /// [`TimersConfig::idle`] when there is none or a round failed (a database error is
+    /// logged and tried again). The round in hand when `shutdown` completes is finished
+    /// first. Returns what all rounds did.
+    pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<TimerRound> {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut total = TimerRound::default();
+        loop {
+            let pause = match self.fire_once().await {
+                Ok(round) => {
+                    total.add(round);
+                    round.claimed == 0
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "timer round failed");
+                    true
+                }
+            };
+            let wait = if pause {
+                self.config.idle
+            } else {
+                Duration::ZERO
+            };
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(total),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Counts of the timers as they are now (the overdue gauge is set from them).
+    pub async fn stats(&self) -> Result<TimerStats> {
+        let store = &self.store;
+        let stats = leased!(store, |c| store.timer_stats(c))?;
+        crate::observe::timers_overdue(stats.due, stats.oldest_late_ms);
+        Ok(stats)
+    }
+
+    /// Up to `limit` (1 to 1000) timers in the dead state, earliest due first.
+    pub async fn dead(&self, limit: i64) -> Result<Vec<ClaimedTimer>> {
+        check_limit(limit)?;
+        let store = &self.store;
+        leased!(store, |c| store.list_timers(c, "DEAD", limit))
+    }
+
+    /// Puts a dead timer back to pending, due now; whether it was dead.
+    pub async fn rearm(&self, key: &super::TimerKey<'_>) -> Result<bool> {
+        let store = &self.store;
+        leased!(store, |c| store.rearm_timer(c, key))
+    }
+
+    /// Deletes up to `limit` (1 to 100,000) fired or cancelled timers that ended more
+    /// than `retention` ago; how many went.
+    pub async fn purge(&self, retention: Duration, limit: i64) -> Result<u64> {
+        if !(1..=100_000).contains(&limit) {
+            return Err(Error::InvalidInput(
+                "purge limit must be 1 to 100000".into(),
+            ));
+        }
+        let store = &self.store;
+        let retention_ms = millis(retention);
+        leased!(store, |c| store.purge_timers(c, retention_ms, limit))
+    }
+
+    /// The delay before the next try of a timer claimed `attempts` times.
+    fn backoff(&self, attempts: i32) -> Duration {
+        let n = usize::try_from(attempts.max(1) - 1).unwrap_or(0);
+        ExponentialBuilder::default()
+            .with_min_delay(self.config.min_backoff)
+            .with_max_delay(self.config.max_backoff)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .nth(n.min(64))
+            .unwrap_or(self.config.max_backoff)
+            .min(self.config.max_backoff)
+    }
+}
+
+/// A list's limit, 1 to 1000.
+fn check_limit(limit: i64) -> Result<()> {
+    if (1..=1000).contains(&limit) {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput("limit must be 1 to 1000".into()))
+    }
+}
+
+/// `d` in whole milliseconds, saturating.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

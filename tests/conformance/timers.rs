@@ -1,0 +1,438 @@
+//! Timers on every backend: armed in the unit that enters their state (not by a replay or
+//! a refusal), fired once through the engine, moot once the entity has moved on (also when
+//! it came back to the state), racing the move that makes them moot, jobs racing over
+//! many due timers, corrupt rows set aside, timers scheduled and cancelled by hand.
+
+use std::time::{Duration, Instant};
+
+use orderly::timer::{TimerKey, TimerRow};
+use orderly::{Engine, EngineConfig, Error, Outcome, Timers};
+
+use super::Backend;
+
+orderly::state_machine! {
+    /// An order that is cancelled when it is not paid in time, and whose payment can be
+    /// taken back (the order is then unpaid again, and its clock starts again).
+    pub Unpaid {
+        states: UnpaidState { Created, Paid, Shipped, Cancelled }
+        events: UnpaidEvent { Pay, Unpay, Ship, Cancel }
+        initial: Created;
+        terminal: [Shipped, Cancelled];
+        transitions: {
+            Created + Pay    => Paid,
+            Created + Cancel => Cancelled,
+            Paid    + Unpay  => Created,
+            Paid    + Ship   => Shipped,
+        }
+        timers: {
+            Created after 30 min => Cancel,
+            Paid after 7 days => Ship,
+        }
+    }
+}
+
+use UnpaidEvent::{Cancel, Pay, Ship, Unpay};
+use UnpaidState::{Cancelled, Created, Paid};
+
+type TEng<B> = Engine<Unpaid, <B as Backend>::S>;
+
+async fn timed_engine<B: Backend>(b: &B) -> TEng<B> {
+    Engine::with_config(
+        b.store(Duration::from_secs(10)).await,
+        EngineConfig {
+            read_first: B::POLICY,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn job<B: Backend>(engine: &TEng<B>) -> Timers<B::S> {
+    Timers::new(engine.store().clone()).fire(engine.clone())
+}
+
+/// The entity's timers that read, earliest due first.
+async fn timers_of<S: orderly::TimerStore>(engine: &Engine<Unpaid, S>, id: i64) -> Vec<TimerRow> {
+    engine
+        .timers(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.expect("every timer row reads"))
+        .collect()
+}
+
+/// Makes every pending timer of `id` due (long ago, keeping their order).
+async fn make_due<B: Backend>(b: &B, id: i64) {
+    b.exec(&format!(
+        "UPDATE timers SET due_at = due_at - 100000000000, next_at = 0 \
+         WHERE entity_id = {id} AND status = 'PENDING'"
+    ))
+    .await;
+}
+
+pub async fn timers_are_armed_by_the_unit_that_enters_their_state<B: Backend>(b: &B) {
+    let engine = timed_engine(b).await;
+    engine.create(1).await.unwrap();
+    // A repeated create arms nothing new.
+    engine.create(1).await.unwrap();
+    let armed = timers_of(&engine, 1).await;
+    assert_eq!(armed.len(), 1, "{armed:?}");
+    let t = &armed[0];
+    assert_eq!(
+        (t.event.as_str(), t.ref_id.as_str()),
+        ("Cancel", "timer:Created:0")
+    );
+    assert_eq!((t.state.as_deref(), t.version), (Some("Created"), Some(0)));
+    assert_eq!(t.status, "PENDING");
+    // Due 30 minutes after the create, by the database's clock.
+    assert!(
+        (-30 * 60 * 1000 - 60_000..=-30 * 60 * 1000 + 60_000).contains(&t.late_ms),
+        "{t:?}"
+    );
+    // A refused request arms nothing; the move into Paid arms Paid's timer; its replay
+    // arms nothing more.
+    assert!(matches!(
+        engine.transition(1, Ship, "s-1").await,
+        Err(Error::InvalidTransition { .. })
+    ));
+    assert!(engine.transition(1, Pay, "p-1").await.unwrap().is_applied());
+    assert!(matches!(
+        engine.transition(1, Pay, "p-1").await.unwrap(),
+        Outcome::Replayed { .. }
+    ));
+    let armed = timers_of(&engine, 1).await;
+    let refs: Vec<(&str, &str)> = armed
+        .iter()
+        .map(|t| (t.event.as_str(), t.ref_id.as_str()))
+        .collect();
+    assert_eq!(
+        refs,
+        [("Cancel", "timer:Created:0"), ("Ship", "timer:Paid:1")]
+    );
+    // Inside a caller's transaction that rolls back, neither the move nor its timer stays.
+    engine.create(2).await.unwrap();
+    let mut tx = b.begin().await;
+    assert!(
+        engine
+            .transition(2, Pay, "p-2")
+            .within(&mut tx)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    B::rollback(tx).await;
+    assert_eq!(timers_of(&engine, 2).await.len(), 1);
+    assert_eq!(engine.get(2).await.unwrap().state, Created);
+}
+
+pub async fn a_due_timer_fires_once<B: Backend>(b: &B) {
+    let engine = timed_engine(b).await;
+    let timers = job::<B>(&engine);
+    engine.create(1).await.unwrap();
+    assert_eq!(timers.fire_once().await.unwrap().claimed, 0, "not due yet");
+    make_due(b, 1).await;
+    let round = timers.fire_once().await.unwrap();
+    assert_eq!((round.claimed, round.applied), (1, 1), "{round:?}");
+    assert_eq!(engine.get(1).await.unwrap().state, Cancelled);
+    let history = engine.history(1).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].ref_id, "timer:Created:0");
+    assert_eq!(history[0].actor.as_deref(), Some("timer"));
+    assert_eq!(timers.fire_once().await.unwrap().claimed, 0);
+    let t = &timers_of(&engine, 1).await[0];
+    assert_eq!(
+        (t.status.as_str(), t.outcome.as_deref()),
+        ("FIRED", Some("applied"))
+    );
+    assert!(t.late_ms > 0);
+    // A job that crashed after the commit and before recording it: the timer is fired
+    // again, and the engine answers from the history.
+    b.exec("UPDATE timers SET status = 'PENDING', outcome = NULL WHERE entity_id = 1")
+        .await;
+    let round = timers.fire_once().await.unwrap();
+    assert_eq!((round.claimed, round.replayed), (1, 1), "{round:?}");
+    assert_eq!(engine.history(1).await.unwrap().len(), 1);
+}
+
+pub async fn a_timer_is_moot_once_its_entity_moved_on<B: Backend>(b: &B) {
+    let engine = timed_engine(b).await;
+    let timers = job::<B>(&engine);
+    // Paid in time: the cancellation is moot, and recorded so.
+    engine.create(1).await.unwrap();
+    engine.transition(1, Pay, "p-1").await.unwrap();
+    make_due(b, 1).await;
+    b.exec("UPDATE timers SET status = 'CANCELLED' WHERE ref_id = 'timer:Paid:1'")
+        .await;
+    let round = timers.fire_once().await.unwrap();
+    assert_eq!((round.claimed, round.moot), (1, 1), "{round:?}");
+    assert_eq!(engine.get(1).await.unwrap().state, Paid);
+    let t = &timers_of(&engine, 1).await[0];
+    assert_eq!(
+        (t.status.as_str(), t.outcome.as_deref()),
+        ("FIRED", Some("moot"))
+    );
+    assert!(
+        t.last_error.as_deref().unwrap_or("").contains("moot"),
+        "{t:?}"
+    );
+    // Paid, then unpaid: back in Created at version 2, with a clock of its own. The first
+    // clock is moot although the state is the same; the second one cancels.
+    engine.create(2).await.unwrap();
+    engine.transition(2, Pay, "p-2").await.unwrap();
+    engine.transition(2, Unpay, "u-2").await.unwrap();
+    make_due(b, 2).await;
+    b.exec("UPDATE timers SET status = 'CANCELLED' WHERE ref_id = 'timer:Paid:1'")
+        .await;
+    // One entity's timers fire one at a time, in due order: the older first.
+    let first = timers.fire_once().await.unwrap();
+    assert_eq!((first.claimed, first.moot), (1, 1), "{first:?}");
+    let second = timers.fire_once().await.unwrap();
+    assert_eq!((second.claimed, second.applied), (1, 1), "{second:?}");
+    let order = engine.get(2).await.unwrap();
+    assert_eq!((order.state, order.version), (Cancelled, 3));
+    let cancel = engine.history(2).await.unwrap().pop().unwrap();
+    assert_eq!(cancel.ref_id, "timer:Created:2");
+}
+
+pub async fn a_timer_racing_the_payment_fires_or_is_moot<B: Backend>(b: &B) {
+    let engine = timed_engine(b).await;
+    let timers = job::<B>(&engine);
+    let (mut paid, mut cancelled, mut overlapped) = (0, 0, 0);
+    for id in 1..=32 {
+        engine.create(id).await.unwrap();
+        make_due(b, id).await;
+        let (pay, fired) = tokio::join!(
+            async {
+                let start = Instant::now();
+                let out = engine.transition(id, Pay, "pay").await;
+                (start, Instant::now(), out)
+            },
+            async {
+                let start = Instant::now();
+                let out = timers.fire_once().await.unwrap();
+                (start, Instant::now(), out)
+            },
+        );
+        let ((pay_start, pay_end, pay), (fire_start, fire_end, round)) = (pay, fired);
+        if pay_start < fire_end && fire_start < pay_end {
+            overlapped += 1;
+        }
+        let order = engine.get(id).await.unwrap();
+        let history = engine.history(id).await.unwrap();
+        assert_eq!(history.len(), 1, "one move, never both: {history:?}");
+        match pay {
+            Ok(Outcome::Applied { .. }) => {
+                paid += 1;
+                assert_eq!(order.state, Paid);
+                assert_eq!(round.applied, 0, "no cancellation after an applied payment");
+                // Fired in this round and moot, or not yet claimed: then it is moot later.
+                if round.claimed == 0 {
+                    let later = timers.fire_once().await.unwrap();
+                    assert_eq!((later.claimed, later.moot), (1, 1), "{later:?}");
+                } else {
+                    assert_eq!(round.moot, 1, "{round:?}");
+                }
+            }
+            Err(Error::InvalidTransition { .. }) => {
+                cancelled += 1;
+                assert_eq!(order.state, Cancelled);
+                assert_eq!(round.applied, 1, "{round:?}");
+            }
+            other => panic!("the payment answered {other:?}"),
+        }
+    }
+    eprintln!("timer race: paid {paid}, cancelled {cancelled}, overlapping {overlapped} of 32");
+    assert_eq!(paid + cancelled, 32);
+    assert!(
+        overlapped >= 16,
+        "the payment and the firing overlapped in {overlapped} of 32 rounds"
+    );
+}
+
+pub async fn timer_jobs_race_over_many_due_timers<B: Backend>(b: &B) {
+    const N: i64 = 300;
+    let engine = timed_engine(b).await;
+    for id in 1..=N {
+        engine.create(id).await.unwrap();
+    }
+    b.exec("UPDATE timers SET due_at = due_at - 100000000000, next_at = 0")
+        .await;
+    let jobs: Vec<Timers<B::S>> = (0..4)
+        .map(|_| {
+            Timers::new(engine.store().clone())
+                .with_config(orderly::TimersConfig {
+                    batch: 16,
+                    ..Default::default()
+                })
+                .unwrap()
+                .fire(engine.clone())
+        })
+        .collect();
+    let rounds = futures_util::future::join_all(jobs.iter().map(|job| async move {
+        let mut total = orderly::timer::TimerRound::default();
+        loop {
+            let round = job.fire_once().await.unwrap();
+            if round.claimed == 0 {
+                return total;
+            }
+            total.applied += round.applied;
+            total.replayed += round.replayed;
+            total.claimed += round.claimed;
+            total.lost += round.lost;
+        }
+    }))
+    .await;
+    let applied: usize = rounds.iter().map(|r| r.applied).sum();
+    let busy = rounds.iter().filter(|r| r.claimed > 0).count();
+    eprintln!("timer jobs: {rounds:?}");
+    assert_eq!(applied as i64, N, "{rounds:?}");
+    assert!(
+        busy >= 2,
+        "only {busy} of 4 jobs fired anything: {rounds:?}"
+    );
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM order_transitions WHERE event = 'Cancel'")
+            .await,
+        N
+    );
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM timers WHERE status = 'FIRED' AND outcome = 'applied'")
+            .await,
+        N
+    );
+}
+
+pub async fn corrupt_timer_rows_are_set_aside<B: Backend>(b: &B) {
+    let engine = timed_engine(b).await;
+    let timers = job::<B>(&engine);
+    for id in 1..=3 {
+        engine.create(id).await.unwrap();
+    }
+    b.exec("UPDATE timers SET event = 'Explode' WHERE entity_id = 1")
+        .await;
+    b.exec("UPDATE timers SET state = 'Nowhere' WHERE entity_id = 2")
+        .await;
+    b.exec("UPDATE timers SET due_at = due_at - 100000000000, next_at = 0")
+        .await;
+    let round = timers.fire_once().await.unwrap();
+    assert_eq!(
+        (round.claimed, round.applied, round.dead),
+        (3, 1, 2),
+        "{round:?}"
+    );
+    assert_eq!(engine.get(3).await.unwrap().state, Cancelled);
+    assert_eq!(engine.get(1).await.unwrap().state, Created);
+    let dead: Vec<TimerRow> = timers
+        .dead(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.unwrap())
+        .collect();
+    assert_eq!(dead.len(), 2);
+    assert!(
+        dead[0]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("unknown event"),
+        "{dead:?}"
+    );
+    assert!(
+        dead[1]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("unknown state"),
+        "{dead:?}"
+    );
+    let stats = timers.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 2), "{stats:?}");
+    // Fixed by an operator and re-armed: it fires.
+    b.exec("UPDATE timers SET state = 'Created' WHERE entity_id = 2")
+        .await;
+    let key = TimerKey {
+        machine: "Unpaid",
+        entity_id: 2,
+        event: "Cancel",
+        ref_id: "timer:Created:0",
+    };
+    assert!(timers.rearm(&key).await.unwrap());
+    assert!(!timers.rearm(&key).await.unwrap());
+    let round = timers.fire_once().await.unwrap();
+    assert_eq!((round.claimed, round.applied), (1, 1), "{round:?}");
+    assert_eq!(engine.get(2).await.unwrap().state, Cancelled);
+}
+
+pub async fn timers_scheduled_and_cancelled_by_hand<B: Backend>(b: &B) {
+    let engine = timed_engine(b).await;
+    let timers = job::<B>(&engine);
+    engine.create(1).await.unwrap();
+    engine
+        .cancel_timer(1, Cancel, "timer:Created:0")
+        .await
+        .unwrap();
+    assert!(
+        engine
+            .schedule(1, Pay, "remind-1", Duration::ZERO)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !engine
+            .schedule(1, Pay, "remind-1", Duration::ZERO)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        engine.schedule(1, Pay, "", Duration::ZERO).await,
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        engine
+            .schedule(1, Pay, "far", Duration::from_secs(367 * 24 * 3600))
+            .await,
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(
+        engine
+            .schedule(1, Ship, "ship-1", Duration::from_secs(3600))
+            .await
+            .unwrap()
+    );
+    assert!(engine.cancel_timer(1, Ship, "ship-1").await.unwrap());
+    assert!(!engine.cancel_timer(1, Ship, "ship-1").await.unwrap());
+    let round = timers.fire_once().await.unwrap();
+    assert_eq!((round.claimed, round.applied), (1, 1), "{round:?}");
+    let order = engine.get(1).await.unwrap();
+    assert_eq!(order.state, Paid);
+    // An event the state no longer allows: moot. Scheduled inside a transaction that
+    // rolls back: never there.
+    assert!(
+        engine
+            .schedule(1, Cancel, "late", Duration::ZERO)
+            .await
+            .unwrap()
+    );
+    let mut tx = b.begin().await;
+    assert!(
+        engine
+            .schedule_within(&mut tx, 1, Unpay, "tx", Duration::ZERO)
+            .await
+            .unwrap()
+    );
+    B::rollback(tx).await;
+    let round = timers.fire_once().await.unwrap();
+    assert_eq!((round.claimed, round.moot), (1, 1), "{round:?}");
+    // Purge: fired and cancelled timers past the retention go.
+    b.exec("UPDATE timers SET fired_at = 1000 WHERE status IN ('FIRED', 'CANCELLED')")
+        .await;
+    let before = b.scalar("SELECT COUNT(*) FROM timers").await;
+    let purged = timers.purge(Duration::from_secs(3600), 100).await.unwrap();
+    assert_eq!(
+        purged as i64,
+        before - b.scalar("SELECT COUNT(*) FROM timers").await
+    );
+    assert!(purged >= 4, "{purged}");
+}
