@@ -312,3 +312,139 @@ fn macro_rejects_unsound_graphs_at_compile_time() {
     let t = trybuild::TestCases::new();
     t.compile_fail("tests/ui/*.rs");
 }
+
+orderly::state_machine! {
+    /// A checkout whose states carry timers.
+    pub Checkout {
+        states: CheckoutState { Created, Authorized, Captured, Voided, Cancelled }
+        events: CheckoutEvent { Authorize, Capture, Void, Cancel, Remind }
+        initial: Created;
+        terminal: [Captured, Voided, Cancelled];
+        transitions: {
+            Created    + Authorize => Authorized,
+            Created    + Cancel    => Cancelled,
+            Created    + Remind    => Created,
+            Authorized + Capture   => Captured,
+            Authorized + Void      => Voided,
+        }
+        timers: {
+            Created after 30 min => Cancel,
+            Created after 10 minutes => Remind,
+            Authorized after 7 days => Void,
+        }
+    }
+}
+
+#[test]
+fn timers_are_on_their_states_and_in_the_pictures() {
+    use CheckoutEvent::*;
+    use CheckoutState::*;
+    let created: Vec<(CheckoutEvent, u64)> = Checkout::timers_of(Created)
+        .map(|t| (t.event, t.after_ms))
+        .collect();
+    assert_eq!(created, [(Cancel, 30 * 60_000), (Remind, 10 * 60_000)]);
+    assert_eq!(Checkout::timers_of(Captured).count(), 0);
+    assert_eq!(Checkout::TIMERS[2].after_ms, 7 * 24 * 3_600_000);
+    assert_eq!(OrderMachine::TIMERS, &[]);
+    let m = mermaid::<Checkout>();
+    assert!(
+        m.contains("    Created --> Cancelled : Cancel (after 30 min)\n"),
+        "{m}"
+    );
+    assert!(
+        m.contains("    Created --> Created : Remind (after 10 min)\n"),
+        "{m}"
+    );
+    assert!(
+        m.contains("    Authorized --> Voided : Void (after 7 days)\n"),
+        "{m}"
+    );
+    assert!(m.contains("    Authorized --> Captured : Capture\n"), "{m}");
+    let d = dot::<Checkout>();
+    assert!(
+        d.contains("\"Authorized\" -> \"Voided\" [label=\"Void (after 7 days)\"];"),
+        "{d}"
+    );
+    use orderly::machine::duration_text;
+    assert_eq!(duration_text(1), "1 ms");
+    assert_eq!(duration_text(1500), "1500 ms");
+    assert_eq!(duration_text(60_000), "1 min");
+    assert_eq!(duration_text(3_600_000), "1 h");
+    assert_eq!(duration_text(90 * 60_000), "90 min");
+    assert_eq!(duration_text(24 * 3_600_000), "1 day");
+    assert_eq!(validate::<Checkout>(), Ok(()));
+}
+
+/// Checkout's graph with timers written by hand, each wrong in its own way.
+mod bad_timers {
+    use super::{Checkout, CheckoutEvent, CheckoutState};
+    use orderly::{StateMachine, StateTimer, Transition};
+
+    macro_rules! with_timers {
+        ($name:ident, $timers:expr) => {
+            pub struct $name;
+            impl StateMachine for $name {
+                type State = CheckoutState;
+                type Event = CheckoutEvent;
+                const NAME: &'static str = stringify!($name);
+                const INITIAL: CheckoutState = Checkout::INITIAL;
+                const TERMINAL: &'static [CheckoutState] = Checkout::TERMINAL;
+                const TRANSITIONS: &'static [Transition<CheckoutState, CheckoutEvent>] =
+                    Checkout::TRANSITIONS;
+                const TIMERS: &'static [StateTimer<CheckoutState, CheckoutEvent>] = $timers;
+            }
+        };
+    }
+
+    const fn timer(
+        state: CheckoutState,
+        event: CheckoutEvent,
+        after_ms: u64,
+    ) -> StateTimer<CheckoutState, CheckoutEvent> {
+        StateTimer {
+            state,
+            event,
+            after_ms,
+        }
+    }
+
+    with_timers!(
+        NoEdge,
+        &[timer(
+            CheckoutState::Authorized,
+            CheckoutEvent::Cancel,
+            1000
+        )]
+    );
+    with_timers!(
+        Zero,
+        &[timer(CheckoutState::Created, CheckoutEvent::Cancel, 0)]
+    );
+    with_timers!(
+        Twice,
+        &[
+            timer(CheckoutState::Created, CheckoutEvent::Cancel, 1000),
+            timer(CheckoutState::Created, CheckoutEvent::Cancel, 2000),
+        ]
+    );
+    with_timers!(
+        TooLong,
+        &[timer(
+            CheckoutState::Created,
+            CheckoutEvent::Cancel,
+            367 * 24 * 3_600_000
+        )]
+    );
+}
+
+#[test]
+fn hand_written_timers_are_checked() {
+    let problem = |r: Result<(), GraphError>| match r {
+        Err(GraphError::BadTimer { problem, .. }) => problem,
+        other => panic!("{other:?}"),
+    };
+    assert!(problem(validate::<bad_timers::NoEdge>()).contains("no edge"));
+    assert!(problem(validate::<bad_timers::Zero>()).contains("1 ms to 366 days"));
+    assert!(problem(validate::<bad_timers::TooLong>()).contains("1 ms to 366 days"));
+    assert!(problem(validate::<bad_timers::Twice>()).contains("two timers"));
+}

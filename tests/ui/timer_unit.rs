@@ -1,0 +1,17 @@
+orderly::state_machine! {
+    pub Broken {
+        states: BrokenState { Created, Paid, Cancelled }
+        events: BrokenEvent { Pay, Cancel }
+        initial: Created;
+        terminal: [Paid, Cancelled];
+        transitions: {
+            Created + Pay => Paid,
+            Created + Cancel => Cancelled,
+        }
+        timers: {
+            Created after 3 weeks => Cancel,
+        }
+    }
+}
+
+fn main() {}
