@@ -407,6 +407,9 @@ macro_rules! state_machine {
                 $($( ($state_ty::$tstate as usize, $event_ty::$tevent as usize) ),+)?
             ];
             $($(
+                // The delay, checked here too: an associated constant nobody reads is not
+                // always evaluated.
+                let _ = $crate::machine::__check::timer_ms($n, stringify!($unit));
                 $crate::machine::__check::has_row(
                     ROWS,
                     $state_ty::$tstate as usize,
