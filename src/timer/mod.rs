@@ -105,7 +105,8 @@ pub struct TimerRow {
 }
 
 /// A claimed row the job cannot fire: its id if that much could be read, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("timer row {id:?} does not read: {reason}")]
 pub struct CorruptTimer {
     /// The row's id; `None` if even that could not be read.
     pub id: Option<i64>,
