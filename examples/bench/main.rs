@@ -118,6 +118,7 @@ mod hot;
 mod http;
 mod lanes;
 mod outbox;
+mod timers;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -134,6 +135,7 @@ use http::*;
 use lanes::*;
 use outbox::*;
 use records::*;
+use timers::*;
 
 orderly::state_machine! {
     /// The order graph.
@@ -184,6 +186,7 @@ struct Args {
     redis: Option<String>,
     deadline_ms: u64,
     relay_events: i64,
+    timers: i64,
     nats: Option<String>,
     /// The part run alone, if one is.
     only: Option<Only>,
@@ -196,6 +199,7 @@ enum Only {
     Relay,
     Hot,
     Http,
+    Timers,
 }
 
 impl Args {
@@ -218,6 +222,7 @@ fn parse_args() -> Result<Args, BoxError> {
         redis: None,
         deadline_ms: 10,
         relay_events: 20_000,
+        timers: 20_000,
         nats: None,
         only: None,
     };
@@ -241,15 +246,17 @@ fn parse_args() -> Result<Args, BoxError> {
             "--redis" => args.redis = Some(value()?),
             "--deadline-ms" => args.deadline_ms = value()?.parse()?,
             "--relay-events" => args.relay_events = value()?.parse()?,
+            "--timers" => args.timers = value()?.parse()?,
             "--nats" => args.nats = Some(value()?),
             "--only" => match value()?.as_str() {
                 "guarded" => args.only = Some(Only::Guarded),
                 "relay" => args.only = Some(Only::Relay),
                 "hot" => args.only = Some(Only::Hot),
                 "http" => args.only = Some(Only::Http),
+                "timers" => args.only = Some(Only::Timers),
                 other => {
                     return Err(format!(
-                        "--only {other}: only `guarded`, `relay`, `hot` or `http` can run alone"
+                        "--only {other}: only `guarded`, `relay`, `hot`, `http` or `timers` can run alone"
                     )
                     .into());
                 }
@@ -285,21 +292,24 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
                                     the Redis front (a `front` line)
   --deadline-ms MS                  the client deadline of the deadline storm [10]
   --relay-events N                  events drained by the relays and the hand loops [20000]
+  --timers N                        due timers drained by the timer jobs and the hand loops
+                                    [20000]
   --nats URL                        relay to NATS JetStream instead of an in-process sink
   --only guarded                    the guarded modes alone (a table and a `guarded` line
                                     per concurrency)
   --only relay                      the relays alone (the `relay` line)
   --only hot                        the hot-rows mode alone (the `hot` line)
   --only http                       the HTTP mode alone (the `http` line)
+  --only timers                     the timers modes alone (the `timers` line)
   --help                            this text
 
 It prints a table per concurrency and `ratio`, `coalesce`, `records`, `flows`, `outbox`,
-`guarded`, `relay`, `deadline` (and `front`, `scale`) lines; docs/benchmarks.md reads them.
+`guarded`, `relay`, `timers`, `deadline` (and `front`, `scale`) lines; docs/benchmarks.md reads them.
 ";
 
 /// What a backend provides to the bench: the raw patterns, and a reset between passes.
 trait BenchDb: Send + Sync + 'static {
-    type S: FlowStore + OutboxStore;
+    type S: FlowStore + OutboxStore + orderly::TimerStore;
     /// Runs literal SQL on the bench database.
     fn exec(&self, sql: String) -> impl Future<Output = Result<(), BoxError>> + Send;
     /// One round of the hand-written relay: in one transaction, up to `batch` pending
@@ -320,6 +330,19 @@ trait BenchDb: Send + Sync + 'static {
     ) -> impl Future<Output = Result<String, BoxError>> + Send;
     /// A count, from literal SQL.
     fn count(&self, sql: String) -> impl Future<Output = Result<i64, BoxError>> + Send;
+    /// The integers of the first column of literal SQL's rows.
+    fn lateness_ms(&self, sql: String) -> impl Future<Output = Result<Vec<i64>, BoxError>> + Send;
+    /// The database's clock in milliseconds since the epoch, as an SQL expression.
+    fn now_ms_sql(&self) -> &'static str;
+    /// One round of the hand-written timer loop: in one transaction, up to `batch`
+    /// pending due timers chosen with `SKIP LOCKED` (SQLite: under `BEGIN IMMEDIATE`),
+    /// each fired through `engine` inside it (`transition(…).within`), marked fired; how
+    /// many.
+    fn timers_hand(
+        &self,
+        batch: i64,
+        engine: &Engine<TimerMachine, Self::S>,
+    ) -> impl Future<Output = Result<usize, BoxError>> + Send;
     /// By hand, one request of the hot-rows mode: in one transaction, hot entity `id`
     /// locked (SQLite: `BEGIN IMMEDIATE`), its version moved on, the history row with
     /// `ref_id` (whose unique key refuses a replay).
@@ -712,6 +735,9 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
                 relay_pass(&db, sink, "channel", args).await?
             }
         });
+    }
+    if args.runs(Only::Timers) {
+        ratios.push(timers_pass(&db, args).await?);
     }
     for line in scales.into_iter().chain(ratios) {
         println!("{line}");

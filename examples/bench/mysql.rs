@@ -84,6 +84,49 @@ impl BenchDb for Db {
         Ok(with_database(&url, name))
     }
 
+    async fn timers_hand(
+        &self,
+        batch: i64,
+        engine: &Engine<TimerMachine, MySqlStore>,
+    ) -> Result<usize, BoxError> {
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<(i64, i64, String)> = sqlx::query_as(
+            "SELECT id, entity_id, ref_id FROM timers WHERE status = 'PENDING' \
+             AND next_at <= CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) \
+             ORDER BY next_at LIMIT ? FOR UPDATE SKIP LOCKED",
+        )
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (_, entity, ref_id) in &rows {
+            engine
+                .transition(*entity, TimerEvent::Cancel, ref_id)
+                .within(&mut tx)
+                .await?;
+        }
+        if !rows.is_empty() {
+            let ids: Vec<String> = rows.iter().map(|r| r.0.to_string()).collect();
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE timers SET status = 'FIRED', outcome = 'applied', fired_at = 0 WHERE id IN ({})",
+                ids.join(", ")
+            )))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    async fn lateness_ms(&self, sql: String) -> Result<Vec<i64>, BoxError> {
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    fn now_ms_sql(&self) -> &'static str {
+        "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+    }
+
     async fn count(&self, sql: String) -> Result<i64, BoxError> {
         Ok(sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(&self.pool)

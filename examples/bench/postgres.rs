@@ -126,6 +126,45 @@ impl BenchDb for Db {
         Ok(with_database(&url, name))
     }
 
+    async fn timers_hand(
+        &self,
+        batch: i64,
+        engine: &Engine<TimerMachine, PgStore>,
+    ) -> Result<usize, BoxError> {
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<(i64, i64, String)> = sqlx::query_as(
+            "SELECT id, entity_id, ref_id FROM timers WHERE status = 'PENDING' \
+             AND next_at <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+             ORDER BY next_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (_, entity, ref_id) in &rows {
+            engine
+                .transition(*entity, TimerEvent::Cancel, ref_id)
+                .within(&mut tx)
+                .await?;
+        }
+        let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        sqlx::query("UPDATE timers SET status = 'FIRED', outcome = 'applied', fired_at = 0 WHERE id = ANY($1)")
+            .bind(ids)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    async fn lateness_ms(&self, sql: String) -> Result<Vec<i64>, BoxError> {
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    fn now_ms_sql(&self) -> &'static str {
+        "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    }
+
     async fn count(&self, sql: String) -> Result<i64, BoxError> {
         Ok(sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(&self.pool)

@@ -127,6 +127,49 @@ impl BenchDb for Db {
         Ok(url)
     }
 
+    async fn timers_hand(
+        &self,
+        batch: i64,
+        engine: &Engine<TimerMachine, SqliteStore>,
+    ) -> Result<usize, BoxError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let rows: Vec<(i64, i64, String)> = sqlx::query_as(
+            "SELECT id, entity_id, ref_id FROM timers WHERE status = 'PENDING' \
+             AND next_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+             ORDER BY next_at LIMIT ?1",
+        )
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (_, entity, ref_id) in &rows {
+            engine
+                .transition(*entity, TimerEvent::Cancel, ref_id)
+                .within(&mut tx)
+                .await?;
+        }
+        if !rows.is_empty() {
+            let ids: Vec<String> = rows.iter().map(|r| r.0.to_string()).collect();
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE timers SET status = 'FIRED', outcome = 'applied', fired_at = 0 WHERE id IN ({})",
+                ids.join(", ")
+            )))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    async fn lateness_ms(&self, sql: String) -> Result<Vec<i64>, BoxError> {
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    fn now_ms_sql(&self) -> &'static str {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    }
+
     async fn count(&self, sql: String) -> Result<i64, BoxError> {
         Ok(sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(&self.pool)

@@ -7,7 +7,8 @@ use sqlx::Executor;
 
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::timer::{
-    Arm, ClaimedTimer, CorruptTimer, FailedTimer, NewTimer, TimerKey, TimerRow, TimerStats,
+    Arm, ClaimedTimer, CorruptTimer, FailedTimer, FiredTimer, NewTimer, TimerKey, TimerRow,
+    TimerStats,
 };
 
 /// A timer's columns as the job and the operator read them, over `timers AS t`, with its
@@ -47,8 +48,9 @@ pub(crate) struct TimerStatements {
     /// A timer inserted unless one with its key exists: 1 machine, 2 entity, 3 event,
     /// 4 reference, 5 state, 6 version, 7 delay in ms.
     insert: Statement,
-    /// A claimed timer fired: 1 outcome, 2 note, 3 id, 4 token.
-    fired: Statement,
+    /// The clock and the parameter style, for the statements built per call.
+    now: String,
+    params: Params,
     /// A claimed timer back to PENDING after a delay, or DEAD: 1 dead, 2 retry in ms,
     /// 3 error, 4 id, 5 token.
     failed: Statement,
@@ -83,11 +85,8 @@ impl TimerStatements {
                  SELECT ?1, ?2, ?3, ?4, ?5, ?6, n.ms + ?7, n.ms + ?7, n.ms \
                  FROM (SELECT {now} AS ms) n WHERE 1 = 1 {on_duplicate}"
             )),
-            fired: s(format!(
-                "UPDATE timers SET status = 'FIRED', outcome = ?1, last_error = ?2, fired_at = {now}, \
-                     owner_token = NULL, lease_until = 0 \
-                 WHERE id = ?3 AND owner_token = ?4 AND status = 'PENDING'"
-            )),
+            now: now.to_string(),
+            params,
             failed: s(format!(
                 "UPDATE timers SET status = CASE WHEN ?1 THEN 'DEAD' ELSE 'PENDING' END, \
                      next_at = {now} + ?2, last_error = ?3, owner_token = NULL, lease_until = 0 \
@@ -189,27 +188,58 @@ where
     Ok(DB::rows_affected(&done) == 1)
 }
 
-/// [`TimerStore::mark_fired`](crate::timer::TimerStore::mark_fired).
-pub(crate) async fn fired<DB: Binds>(
+/// [`TimerStore::mark_fired`](crate::timer::TimerStore::mark_fired): one statement for
+/// the whole batch, its ids and outcomes written inline (integers, and the outcome words
+/// orderly writes), its notes bound; not kept prepared (its text changes with the batch).
+pub(crate) async fn fired<DB: Binds + sqlx::database::HasStatementCache>(
     conn: &mut DB::Connection,
     s: &TimerStatements,
-    id: i64,
     token: &str,
-    outcome: &str,
-    note: Option<&str>,
-) -> Result<bool, sqlx::Error>
+    fired: &[FiredTimer<'_>],
+) -> Result<u64, sqlx::Error>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    let args = [
-        Arg::Str(outcome),
-        Arg::OptStr(note),
-        Arg::I64(id),
-        Arg::Str(token),
-    ];
-    let done = s.fired.query::<DB>(&args)?.execute(conn).await?;
-    Ok(DB::rows_affected(&done) == 1)
+    if fired.is_empty() {
+        return Ok(0);
+    }
+    let mut args = vec![Arg::Str(token)];
+    let (mut outcomes, mut notes, mut ids) = (String::new(), String::new(), Vec::new());
+    for f in fired {
+        let outcome = OUTCOMES.iter().find(|o| **o == f.outcome).ok_or_else(|| {
+            sqlx::Error::Protocol(format!("{:?} is no outcome of a timer", f.outcome))
+        })?;
+        let id = f.id;
+        outcomes.push_str(&format!(" WHEN {id} THEN '{outcome}'"));
+        if let Some(note) = f.note {
+            args.push(Arg::Str(note));
+            notes.push_str(&format!(" WHEN {id} THEN ?{}", args.len()));
+        }
+        ids.push(id.to_string());
+    }
+    let notes = if notes.is_empty() {
+        "NULL".to_string()
+    } else {
+        format!("CASE id{notes} ELSE NULL END")
+    };
+    let sql = format!(
+        "UPDATE timers SET status = 'FIRED', fired_at = {now}, owner_token = NULL, lease_until = 0, \
+             outcome = CASE id{outcomes} END, last_error = {notes} \
+         WHERE owner_token = ?1 AND status = 'PENDING' AND id IN ({ids})",
+        now = s.now,
+        ids = ids.join(", ")
+    );
+    let statement = Statement::shared(sql, s.params);
+    let done = statement
+        .query::<DB>(&args)?
+        .persistent(false)
+        .execute(conn)
+        .await?;
+    Ok(DB::rows_affected(&done))
 }
+
+/// The outcomes a fired timer records.
+const OUTCOMES: [&str; 4] = ["applied", "replayed", "moot", "refused"];
 
 /// [`TimerStore::mark_timer_failed`](crate::timer::TimerStore::mark_timer_failed).
 pub(crate) async fn failed<DB: Binds>(
@@ -324,12 +354,10 @@ macro_rules! shared_timer_methods {
         async fn mark_fired(
             &self,
             conn: &mut $conn,
-            id: i64,
             token: &str,
-            outcome: &str,
-            note: Option<&str>,
-        ) -> Result<bool, sqlx::Error> {
-            $crate::backend::timer_sql::fired::<$db>(conn, &$s, id, token, outcome, note).await
+            fired: &[$crate::timer::FiredTimer<'_>],
+        ) -> Result<u64, sqlx::Error> {
+            $crate::backend::timer_sql::fired::<$db>(conn, &$s, token, fired).await
         }
 
         async fn mark_timer_failed(

@@ -116,7 +116,7 @@ pub(super) async fn run<M: StateMachine, S: Store>(
     loop {
         attempts += 1;
         let mut unreachable = false;
-        let step = match conn.get(&engine.store).await {
+        let step = match conn.get_for(&engine.store, req.own_unit(engine)).await {
             Ok(c) => {
                 req.stage.connected();
                 attempt(engine, c, txn, req, first.take().unwrap_or(First::Write)).await

@@ -103,11 +103,28 @@ impl<S: Store> Conn<'_, S> {
     }
 
     pub(super) async fn get(&mut self, store: &S) -> Result<&mut S::Conn, sqlx::Error> {
+        self.get_for(store, false).await
+    }
+
+    /// The connection; for a unit of its own (`write`), with the store's writer's turn
+    /// where the store hands them out (SQLite: its units then queue in the process
+    /// instead of spinning on the database's busy lock). A connection held without the
+    /// turn is put back first: the turn is taken before a connection, never while
+    /// holding one.
+    pub(super) async fn get_for(
+        &mut self,
+        store: &S,
+        write: bool,
+    ) -> Result<&mut S::Conn, sqlx::Error> {
         match self {
             Conn::Caller(conn) => Ok(conn),
             Conn::Pooled(lease) => {
+                if write && let Some(held) = lease.take_if(|held| !held.has_turn()) {
+                    held.release();
+                }
                 let held = match lease.take() {
                     Some(held) => held,
+                    None if write => Lease::acquire_for_write(store).await?,
                     None => Lease::acquire(store).await?,
                 };
                 Ok(lease.insert(held).conn())

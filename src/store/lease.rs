@@ -45,6 +45,11 @@ impl<S: Store> Lease<S> {
         })
     }
 
+    /// Whether it holds the store's writer's turn.
+    pub(crate) fn has_turn(&self) -> bool {
+        self._turn.is_some()
+    }
+
     /// Holds a connection already borrowed (by a store, before its first statement).
     #[cfg(feature = "mysql")]
     pub(crate) fn held(conn: S::Pooled) -> Self {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use futures_util::future::join_all;
+use futures_util::StreamExt;
 
 use super::{ClaimTimers, ClaimedTimer, FailedTimer, TimerRow, TimerStats, TimerStore};
 use crate::engine::{Engine, Outcome, parse_event};
@@ -42,6 +42,9 @@ pub struct TimersConfig {
     /// How long [`Timers::run`] sleeps when a round found nothing to fire (or failed).
     /// Default 200 ms.
     pub idle: Duration,
+    /// How many timers of a round one job fires at once, 1 to 1000 (each takes a
+    /// connection of the engine's pool while it fires). Default 8.
+    pub concurrency: usize,
 }
 
 impl Default for TimersConfig {
@@ -53,6 +56,7 @@ impl Default for TimersConfig {
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(300),
             idle: Duration::from_millis(200),
+            concurrency: 8,
         }
     }
 }
@@ -74,6 +78,9 @@ impl TimersConfig {
         }
         if self.max_backoff > MAX_LEASE {
             problems.push("max_backoff must be at most a day");
+        }
+        if self.concurrency == 0 || self.concurrency > 1000 {
+            problems.push("concurrency must be 1 to 1000");
         }
         if self.idle.is_zero() {
             problems.push("idle must be positive");
@@ -272,7 +279,12 @@ impl<S: TimerStore> Timers<S> {
         };
         let (rows, corrupt): (Vec<_>, Vec<_>) = claimed.into_iter().partition(|r| r.is_ok());
         let rows: Vec<TimerRow> = rows.into_iter().flatten().collect();
-        let fired = join_all(rows.iter().map(|row| engine.fire(row))).await;
+        // At most `concurrency` firings at once, each answered in its place.
+        let firings: Vec<FireFuture<'_>> = rows.iter().map(|row| engine.fire(row)).collect();
+        let fired: Vec<Fired> = futures_util::stream::iter(firings)
+            .buffered(self.config.concurrency)
+            .collect()
+            .await;
         // Each outcome with the row's id, its attempts and its lateness (none for a row
         // that did not read).
         let mut outcomes: Vec<(i64, i32, Option<i64>, Fired)> = rows
@@ -286,8 +298,9 @@ impl<S: TimerStore> Timers<S> {
                 outcomes.push((id, i32::MAX, None, Fired::Dead(c.reason)));
             }
         }
+        let mut fired_rows: Vec<(i64, &'static str, Option<String>)> = Vec::new();
         for (id, attempts, late_ms, fired) in outcomes {
-            let wrote = match fired {
+            match fired {
                 Fired::Outcome(outcome, note) => {
                     match outcome {
                         "applied" => round.applied += 1,
@@ -298,24 +311,40 @@ impl<S: TimerStore> Timers<S> {
                     if let Some(late_ms) = late_ms {
                         crate::observe::timer_fired(machine, outcome, late_ms);
                     }
-                    let note = note.as_deref();
-                    leased!(store, |c| store.mark_fired(c, id, &token, outcome, note))?
+                    fired_rows.push((id, outcome, note));
                 }
                 Fired::Retry(error) => {
                     let dead =
                         u32::try_from(attempts).unwrap_or(u32::MAX) >= self.config.max_attempts;
-                    self.record_failure(id, &token, error, dead, attempts, &mut round)
+                    if !self
+                        .record_failure(id, &token, error, dead, attempts, &mut round)
                         .await?
+                    {
+                        round.lost += 1;
+                    }
                 }
                 Fired::Dead(error) => {
-                    self.record_failure(id, &token, error, true, attempts, &mut round)
+                    if !self
+                        .record_failure(id, &token, error, true, attempts, &mut round)
                         .await?
+                    {
+                        round.lost += 1;
+                    }
                 }
-            };
-            if !wrote {
-                round.lost += 1;
             }
         }
+        let fired: Vec<super::FiredTimer<'_>> = fired_rows
+            .iter()
+            .map(|(id, outcome, note)| super::FiredTimer {
+                id: *id,
+                outcome,
+                note: note.as_deref(),
+            })
+            .collect();
+        let marked = leased!(store, |c| store.mark_fired(c, &token, &fired))?;
+        round.lost += fired
+            .len()
+            .saturating_sub(usize::try_from(marked).unwrap_or(usize::MAX));
         Ok(round)
     }
 

@@ -130,6 +130,17 @@ pub struct ClaimTimers<'a> {
     pub limit: i64,
 }
 
+/// A timer fired, as recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct FiredTimer<'a> {
+    /// The row's id.
+    pub id: i64,
+    /// `applied`, `replayed`, `moot` or `refused`.
+    pub outcome: &'a str,
+    /// Why it was moot or refused.
+    pub note: Option<&'a str>,
+}
+
 /// A firing that did not take, recorded.
 #[derive(Debug, Clone, Copy)]
 pub struct FailedTimer<'a> {
@@ -180,16 +191,15 @@ pub trait TimerStore: Store {
         claim: &ClaimTimers<'_>,
     ) -> impl Future<Output = Result<Vec<ClaimedTimer>, sqlx::Error>> + Send;
 
-    /// Marks a timer still claimed under `token` `FIRED` with `outcome` (and a note: why
-    /// it was moot or refused); whether it wrote (false if the claim was taken over).
+    /// Marks the timers of `fired` still claimed under `token` `FIRED`, each with its
+    /// outcome (and a note: why it was moot or refused), in one statement: how many it
+    /// marked (a timer whose claim was taken over is not).
     fn mark_fired(
         &self,
         conn: &mut Self::Conn,
-        id: i64,
         token: &str,
-        outcome: &str,
-        note: Option<&str>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+        fired: &[FiredTimer<'_>],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     /// Records a failed firing of a timer still claimed under `failed.token`: back to
     /// `PENDING`, tried again after `failed.retry_in_ms`, or `DEAD` if `failed.dead`,
