@@ -324,6 +324,7 @@ macro_rules! conformance {
             timer_jobs_race_over_many_due_timers,
             corrupt_timer_rows_are_set_aside,
             timers_scheduled_and_cancelled_by_hand,
+            a_timer_job_killed_by_sigkill_mid_batch_loses_nothing,
         );
     };
     // The network faults, for a backend that implements `Networked`.
@@ -360,10 +361,14 @@ macro_rules! conformance {
     };
 }
 
-/// A child process of a test that kills one: the relay's or the flow runner's.
+/// A child process of a test that kills one: the relay's, the timer job's or the flow
+/// runner's.
 pub(crate) async fn child<B: Backend>(spec: &str) {
-    match spec.strip_prefix(outbox::RELAY_CHILD) {
-        Some(relay) => outbox::relay_child::<B>(relay).await,
+    if let Some(relay) = spec.strip_prefix(outbox::RELAY_CHILD) {
+        return outbox::relay_child::<B>(relay).await;
+    }
+    match spec.strip_prefix(timers::TIMER_CHILD) {
+        Some(timers) => timers::timer_child::<B>(timers).await,
         None => flows::flow_child::<B>(spec).await,
     }
 }

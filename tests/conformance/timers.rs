@@ -436,3 +436,173 @@ pub async fn timers_scheduled_and_cancelled_by_hand<B: Backend>(b: &B) {
     );
     assert!(purged >= 4, "{purged}");
 }
+
+orderly::state_machine! {
+    /// An order whose cancellation runs an effect (which the killed job's child hangs in).
+    pub Expiring {
+        states: ExpiringState { Created, Cancelled }
+        events: ExpiringEvent { Cancel }
+        initial: Created;
+        terminal: [Cancelled];
+        rules: ExpiringRules {
+            guards: []
+            effects: [on_cancel]
+        }
+        transitions: {
+            Created + Cancel => Cancelled / on_cancel,
+        }
+        timers: {
+            Created after 1 h => Cancel,
+        }
+    }
+}
+
+/// The effect: hangs forever for the entity `hang`, once it has written the file `hung`
+/// in `dir`; does nothing otherwise.
+struct HangOn {
+    hang: i64,
+    dir: Option<std::path::PathBuf>,
+}
+
+impl<C: Send> ExpiringRules<C> for HangOn {
+    async fn on_cancel(
+        &self,
+        _conn: &mut C,
+        judged: &orderly::Judged<'_, Expiring>,
+    ) -> Result<(), orderly::Halt> {
+        if judged.order_id == self.hang
+            && let Some(dir) = &self.dir
+        {
+            std::fs::write(dir.join("hung"), b"").unwrap();
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+}
+
+/// What the child of [`a_timer_job_killed_by_sigkill_mid_batch_loses_nothing`] is told.
+pub const TIMER_CHILD: &str = "timers|";
+
+/// The entities of the killed job's batch; the last one due hangs in the child.
+const KILLED_BATCH: i64 = 10;
+
+/// A timer job in a process of its own, firing one timer at a time, killed with SIGKILL
+/// while the last timer of its batch hangs in its unit: the batch's other nine
+/// cancellations committed, none of the ten recorded as fired. Another job, here, takes
+/// the batch over once the child's lease ran out: nine answered `Replayed` from the
+/// history, the tenth `Applied`; every order cancelled once, every timer fired, none lost.
+pub async fn a_timer_job_killed_by_sigkill_mid_batch_loses_nothing<B: Backend>(b: &B) {
+    let name = "a_timer_job_killed_by_sigkill_mid_batch_loses_nothing";
+    let engine: Engine<Expiring, B::S> = Engine::new(b.store(Duration::from_secs(10)).await)
+        .unwrap()
+        .with_rules(orderly::RulesOf(HangOn { hang: 0, dir: None }));
+    for id in 1..=KILLED_BATCH {
+        engine.create(id).await.unwrap();
+        // Due in order of their ids, the last one last.
+        b.exec(&format!(
+            "UPDATE timers SET due_at = {id}, next_at = 0 WHERE entity_id = {id}"
+        ))
+        .await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let thread = std::thread::current();
+    let test = thread.name().filter(|n| n.ends_with(name)).unwrap_or(name);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(
+            super::CHILD,
+            format!("{TIMER_CHILD}{}|{}", b.child_handle(), dir.path().display()),
+        )
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let hung = dir.path().join("hung");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !hung.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child exited early"
+        );
+        assert!(Instant::now() < deadline, "the child never hung");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "{status}");
+    }
+    // The crash came after the child's commits and before it recorded them.
+    let cancelled = b
+        .scalar("SELECT COUNT(*) FROM order_transitions WHERE event = 'Cancel'")
+        .await;
+    assert_eq!(
+        cancelled,
+        KILLED_BATCH - 1,
+        "the child's commits before the hang"
+    );
+    assert_eq!(
+        b.scalar(
+            "SELECT COUNT(*) FROM timers WHERE status = 'PENDING' AND owner_token IS NOT NULL"
+        )
+        .await,
+        KILLED_BATCH,
+        "the whole batch claimed by the child, none recorded"
+    );
+    let job = Timers::new(engine.store().clone()).fire(engine.clone());
+    let (mut replayed, mut applied) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while replayed + applied < KILLED_BATCH as usize {
+        assert!(Instant::now() < deadline, "the batch was never taken over");
+        let round = job.fire_once().await.unwrap();
+        assert_eq!(round.dead + round.retried + round.moot, 0, "{round:?}");
+        replayed += round.replayed;
+        applied += round.applied;
+        if round.claimed == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!((replayed, applied), (KILLED_BATCH as usize - 1, 1));
+    for id in 1..=KILLED_BATCH {
+        let history = engine.history(id).await.unwrap();
+        assert_eq!(history.len(), 1, "order {id}: {history:?}");
+        assert_eq!(
+            engine.get(id).await.unwrap().state,
+            ExpiringState::Cancelled
+        );
+    }
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM timers WHERE status = 'FIRED'")
+            .await,
+        KILLED_BATCH
+    );
+}
+
+/// The child: a job firing one timer at a time, whose effect hangs on the last entity.
+pub(crate) async fn timer_child<B: Backend>(spec: &str) {
+    let (handle, dir) = spec.split_once('|').expect("handle|directory");
+    let store = B::child_store(handle).await;
+    let engine: Engine<Expiring, B::S> = Engine::with_config(
+        store.clone(),
+        EngineConfig {
+            // The hang must outlast the kill, however late it comes.
+            deadline: Duration::from_secs(600),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+    .with_rules(orderly::RulesOf(HangOn {
+        hang: KILLED_BATCH,
+        dir: Some(dir.into()),
+    }));
+    let job = Timers::new(store)
+        .with_config(orderly::TimersConfig {
+            lease: Duration::from_secs(1),
+            concurrency: 1,
+            ..Default::default()
+        })
+        .unwrap()
+        .fire(engine);
+    job.fire_once().await.unwrap();
+    panic!("the child's round ended: it was to hang");
+}
