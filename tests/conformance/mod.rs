@@ -343,6 +343,7 @@ macro_rules! conformance {
             locked_relay_dropped_at_every_await_point_frees_its_batch_at_once,
             locked_relay_cut_at_each_statement,
             locked_relay_killed_by_sigkill_another_finishes,
+            a_timer_job_cut_at_each_statement_fires_each_once,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {

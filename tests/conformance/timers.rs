@@ -606,3 +606,75 @@ pub(crate) async fn timer_child<B: Backend>(spec: &str) {
     job.fire_once().await.unwrap();
     panic!("the child's round ended: it was to hang");
 }
+
+/// A timer job whose connection is cut at each of its statements, before the server
+/// sees it and after the server answered it (the claim, the firing's unit, its commit,
+/// the record of the outcome): whatever the round answered, a job on a sound connection
+/// then fires what is left, and each timer is fired once (one cancellation in the
+/// history, the timer `FIRED`), none lost; a round that answered `applied` is in the
+/// history.
+pub async fn a_timer_job_cut_at_each_statement_fires_each_once<B: super::Networked>(b: &B) {
+    use crate::server::{Cut, Proxy};
+    let engine = timed_engine(b).await;
+    let sound = Timers::new(engine.store().clone()).fire(engine.clone());
+    let points: [&'static [u8]; 4] = [b"SKIP LOCKED", b"order_transitions", b"COMMIT", b"'FIRED'"];
+    let mut id = 0;
+    for point in points {
+        for cut in [
+            Cut::Request(point),
+            Cut::ReplyTo(point),
+            Cut::Forward(point),
+        ] {
+            id += 1;
+            engine.create(id).await.unwrap();
+            make_due(b, id).await;
+            let proxy = Proxy::start(b.server(), cut).await;
+            let proxied: TEng<B> = Engine::new(b.store_at(proxy.port, 2).await).unwrap();
+            let job = Timers::new(proxied.store().clone())
+                .with_config(orderly::TimersConfig {
+                    lease: Duration::from_secs(1),
+                    min_backoff: Duration::from_millis(50),
+                    max_backoff: Duration::from_millis(200),
+                    ..Default::default()
+                })
+                .unwrap()
+                .fire(proxied);
+            let answer = job.fire_once().await;
+            assert_eq!(
+                proxy.cuts(),
+                1,
+                "{cut:?}: the proxy never cut, so the test shows nothing ({answer:?})"
+            );
+            if let Ok(round) = &answer
+                && round.applied == 1
+            {
+                assert_eq!(
+                    engine.history(id).await.unwrap().len(),
+                    1,
+                    "{cut:?}: {round:?}"
+                );
+            }
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let t = timers_of(&engine, id).await.remove(0);
+                if t.status == "FIRED" {
+                    assert!(
+                        matches!(t.outcome.as_deref(), Some("applied" | "replayed")),
+                        "{cut:?}: {t:?}"
+                    );
+                    break;
+                }
+                assert_eq!(t.status, "PENDING", "{cut:?}: {t:?}");
+                assert!(Instant::now() < deadline, "{cut:?}: never fired: {t:?}");
+                let round = sound.fire_once().await.unwrap();
+                assert_eq!(round.dead + round.moot, 0, "{cut:?}: {round:?}");
+                if round.claimed == 0 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            let history = engine.history(id).await.unwrap();
+            assert_eq!(history.len(), 1, "{cut:?}: {history:?}");
+            assert_eq!(engine.get(id).await.unwrap().state, Cancelled, "{cut:?}");
+        }
+    }
+}
