@@ -1,6 +1,7 @@
 //! The `metrics` feature: a capturing recorder sees the counters move as the outcome
 //! tables say (transitions, re-judges and retried database errors, claims, flows and
-//! parks, recovery rounds), and the gauges of held records and of the outbox, on SQLite.
+//! parks, recovery rounds, timers fired by outcome and their lateness), and the gauges of
+//! held records, of the outbox and of overdue timers, on SQLite.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -22,6 +23,23 @@ orderly::state_machine! {
         transitions: {
             Created + Pay    => Paid,
             Paid    + Refund => Refunded,
+        }
+    }
+}
+
+orderly::state_machine! {
+    /// An order cancelled by its timer when it is not paid.
+    pub TimedMachine {
+        states: TimedState { Created, Paid, Cancelled }
+        events: TimedEvent { Pay, Cancel }
+        initial: Created;
+        terminal: [Paid, Cancelled];
+        transitions: {
+            Created + Pay    => Paid,
+            Created + Cancel => Cancelled,
+        }
+        timers: {
+            Created after 1 h => Cancel,
         }
     }
 }
@@ -75,6 +93,18 @@ impl Seen {
         let mut want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         want.sort();
         values
+            .get(&format!("{name}{{{}}}", want.join(",")))
+            .copied()
+    }
+
+    /// What the last snapshot left for `name` with exactly `labels`, without taking
+    /// another: the recorder hands each gauge's value to one snapshot only (it reads
+    /// zero in the next), so gauges set together are read together.
+    fn last(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let mut want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        want.sort();
+        self.values
+            .borrow()
             .get(&format!("{name}{{{}}}", want.join(",")))
             .copied()
     }
@@ -369,4 +399,55 @@ async fn scenario(snap: &Snapshotter) {
     assert_eq!(stats.pending, 0);
     assert_eq!(value(snap, "orderly_outbox_pending", &[]), Some(0.0));
     assert_eq!(value(snap, "orderly_outbox_dead", &[]), Some(0.0));
+
+    // Timers: one applied, one moot (its order paid in time), one not due; the lateness
+    // of the two that fired, and the overdue gauges.
+    let timed: Engine<TimedMachine, SqliteStore> = Engine::new(store.clone()).unwrap();
+    for id in 101..=103 {
+        timed.create(id).await.unwrap();
+    }
+    timed
+        .transition(102, TimedEvent::Pay, "pay-102")
+        .await
+        .unwrap();
+    sqlx::query("UPDATE timers SET due_at = due_at - 3600000 - 5000, next_at = 0 WHERE entity_id IN (101, 102)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let timers = orderly::Timers::new(store.clone()).fire(timed.clone());
+    let stats = timers.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.due), (3, 2), "{stats:?}");
+    assert_eq!(value(snap, "orderly_timers_overdue", &[]), Some(2.0));
+    let late = seen
+        .last("orderly_timers_oldest_lateness_seconds", &[])
+        .unwrap();
+    assert!((5.0..60.0).contains(&late), "{late} {stats:?}");
+    let round = timers.fire_once().await.unwrap();
+    assert_eq!((round.applied, round.moot), (1, 1), "{round:?}");
+    for outcome in ["applied", "moot"] {
+        assert_eq!(
+            value(
+                snap,
+                "orderly_timers_fired_total",
+                &[("machine", "TimedMachine"), ("outcome", outcome)]
+            ),
+            Some(1.0),
+            "{outcome}"
+        );
+    }
+    assert_eq!(
+        value(
+            snap,
+            "orderly_timer_lateness_seconds",
+            &[("machine", "TimedMachine")]
+        ),
+        Some(2.0),
+        "two lateness values recorded"
+    );
+    timers.stats().await.unwrap();
+    assert_eq!(value(snap, "orderly_timers_overdue", &[]), Some(0.0));
+    assert_eq!(
+        seen.last("orderly_timers_oldest_lateness_seconds", &[]),
+        Some(0.0)
+    );
 }
