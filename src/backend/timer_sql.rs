@@ -26,12 +26,13 @@ fn prefixed_columns(now: &str, p: &str) -> String {
     )
 }
 
-/// Whether the timer `c` may be claimed for machine `?{machine}` now: pending, due, not
-/// under a live lease, and the earliest pending timer of its entity (so one entity's
-/// timers fire one after another, in due order).
-pub(crate) fn claimable(now: &str, machine: usize) -> String {
+/// Whether the timer `c` may be claimed for machine `?{machine}` now: pending, due (its
+/// next try has come, or, where `due` adds it, its times are no times: such a row is
+/// claimed to be set aside), not under a live lease, and the earliest pending timer of its
+/// entity (so one entity's timers fire one after another, in due order).
+pub(crate) fn claimable(now: &str, machine: usize, due: &str) -> String {
     format!(
-        "c.status = 'PENDING' AND c.machine = ?{machine} AND c.next_at <= {now} \
+        "c.status = 'PENDING' AND c.machine = ?{machine} AND ({due}) \
          AND c.lease_until <= {now} \
          AND NOT EXISTS (SELECT 1 FROM timers e WHERE e.machine = c.machine \
              AND e.entity_id = c.entity_id AND e.status = 'PENDING' \
@@ -425,14 +426,14 @@ pub(crate) fn purge_sql(now: &str) -> String {
 }
 
 /// The single-statement claim (SQLite, PostgreSQL): the chosen rows' claim written and
-/// returned. `lock` ends the subquery (`FOR UPDATE SKIP LOCKED`, or nothing); `from`
+/// returned. `due` is the test that a timer is due ([`claimable`]); `lock` ends the subquery (`FOR UPDATE SKIP LOCKED`, or nothing); `from`
 /// says whether the backend joins the chosen rows (`UPDATE … FROM`) rather than
 /// matching them with `IN`. 1 token, 2 lease in ms, 3 machine, 4 limit.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn claim_sql(now: &str, lock: &str, from: bool) -> String {
+pub(crate) fn claim_sql(now: &str, due: &str, lock: &str, from: bool) -> String {
     let choose = format!(
         "SELECT c.id FROM timers c WHERE {claimable} ORDER BY c.next_at, c.id LIMIT ?4 {lock}",
-        claimable = claimable(now, 3)
+        claimable = claimable(now, 3, due)
     );
     let set = format!("owner_token = ?1, lease_until = {now} + ?2, attempts = {ATTEMPT}");
     if from {

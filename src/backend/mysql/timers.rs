@@ -25,7 +25,7 @@ static CHOOSE: LazyLock<Statement> = LazyLock::new(|| {
         format!(
             "SELECT c.id FROM timers c WHERE {} ORDER BY c.next_at, c.id LIMIT ?2 \
              FOR UPDATE SKIP LOCKED",
-            timer_sql::claimable(NOW, 1)
+            timer_sql::claimable(NOW, 1, &format!("c.next_at <= {NOW}"))
         ),
         Params::Plain,
     )

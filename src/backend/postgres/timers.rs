@@ -28,7 +28,12 @@ pub(super) static STATEMENTS: LazyLock<TimerStatements> = LazyLock::new(|| {
 
 static CLAIM: LazyLock<Statement> = LazyLock::new(|| {
     Statement::shared(
-        timer_sql::claim_sql(NOW, "FOR UPDATE SKIP LOCKED", true),
+        timer_sql::claim_sql(
+            NOW,
+            &format!("c.next_at <= {NOW}"),
+            "FOR UPDATE SKIP LOCKED",
+            true,
+        ),
         Params::Dollar,
     )
 });

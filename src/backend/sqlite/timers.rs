@@ -27,8 +27,15 @@ pub(super) static STATEMENTS: LazyLock<TimerStatements> = LazyLock::new(|| {
     )
 });
 
-static CLAIM: LazyLock<Statement> =
-    LazyLock::new(|| Statement::shared(timer_sql::claim_sql(NOW, "", false), Params::Numbered));
+/// A timer is due when its next try has come; one whose times are not integers (a
+/// column's type is only a hint in SQLite) is claimed at once, to be set aside with the
+/// reason (its row does not read as a timer).
+const DUE: &str = "(typeof(c.next_at) = 'integer' AND c.next_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)) \
+    OR typeof(c.next_at) <> 'integer' OR typeof(c.due_at) <> 'integer'";
+
+static CLAIM: LazyLock<Statement> = LazyLock::new(|| {
+    Statement::shared(timer_sql::claim_sql(NOW, DUE, "", false), Params::Numbered)
+});
 
 static PURGE: LazyLock<Statement> =
     LazyLock::new(|| Statement::shared(timer_sql::purge_sql(NOW), Params::Numbered));
