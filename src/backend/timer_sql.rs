@@ -97,7 +97,7 @@ impl TimerStatements {
                 "UPDATE timers SET status = 'CANCELLED', fired_at = {now}, owner_token = NULL, \
                      lease_until = 0 \
                  WHERE machine = ?1 AND entity_id = ?2 AND event = ?3 AND ref_id = ?4 \
-                   AND status IN ('PENDING', 'DEAD')"
+                   AND status IN ('PENDING', 'DEAD') AND (owner_token IS NULL OR lease_until <= {now})"
             )),
             rearm: s(format!(
                 "UPDATE timers SET status = 'PENDING', attempts = 0, next_at = {now}, \

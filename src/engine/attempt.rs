@@ -187,6 +187,11 @@ pub(super) async fn run<M: StateMachine, S: Store>(
             ?delay,
             "reading again"
         );
+        // A unit of its own holds the store's writer's turn with its connection (SQLite):
+        // given back while it waits, so that other writers go meanwhile.
+        if req.own_unit(engine) {
+            conn.put_back();
+        }
         tokio::time::sleep(delay).await;
     }
 }

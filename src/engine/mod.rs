@@ -263,6 +263,9 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
                 "max_event_body must be 1 byte to 64 MiB".into(),
             ));
         }
+        if !M::TIMERS.is_empty() {
+            timer_names::<M>()?;
+        }
         let edges = edges::of::<M>();
         Ok(Engine {
             reads: (S::BATCH_READ_MAX > 1)
@@ -399,6 +402,24 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     }
 }
 
+/// The names a timer row stores (the machine's, its states' and events'), each at most
+/// 64 bytes as the timers table holds them: else [`Error::InvalidInput`] (a longer one
+/// would not be stored as it is on MySQL/MariaDB).
+fn timer_names<M: StateMachine>() -> Result<()> {
+    use strum::IntoEnumIterator;
+    let names = std::iter::once(M::NAME)
+        .chain(M::State::iter().map(Into::into))
+        .chain(M::Event::iter().map(Into::into));
+    for name in names {
+        if name.len() > 64 {
+            return Err(Error::InvalidInput(format!(
+                "the timers table holds names of at most 64 bytes; {name:?} is longer"
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn created<M: StateMachine>(order_id: i64, entity: Entity) -> Result<Order<M::State>> {
     let state = parse_state::<M>(order_id, &entity.status)?;
     let version = parse_version(order_id, entity.version)?;
@@ -467,6 +488,7 @@ impl<M: StateMachine, S: crate::timer::TimerStore> Engine<M, S> {
         after: Duration,
     ) -> Result<crate::timer::NewTimer<'r>> {
         input::validate_ref(ref_id)?;
+        timer_names::<M>()?;
         let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
         if after_ms > crate::machine::MAX_TIMER_MS {
             return Err(Error::InvalidInput(
@@ -485,8 +507,9 @@ impl<M: StateMachine, S: crate::timer::TimerStore> Engine<M, S> {
     }
 
     /// Cancels the pending (or dead) timer of `order_id` that fires `event` under
-    /// `ref_id`; whether there was one. A state's own timer has the reference
-    /// `timer:{state}:{version}`.
+    /// `ref_id`; whether it did. `false` if there is none, or a job is firing it at this
+    /// moment (its claim is live: the firing goes on, and the outcome table decides it).
+    /// A state's own timer has the reference `timer:{state}:{version}`.
     pub async fn cancel_timer(&self, order_id: i64, event: M::Event, ref_id: &str) -> Result<bool> {
         input::validate_ref(ref_id)?;
         let key = crate::timer::TimerKey {

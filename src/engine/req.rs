@@ -119,7 +119,7 @@ impl<S: Store> Conn<'_, S> {
         match self {
             Conn::Caller(conn) => Ok(conn),
             Conn::Pooled(lease) => {
-                if write && let Some(held) = lease.take_if(|held| !held.has_turn()) {
+                if write && let Some(held) = lease.take_if(|held| !held.for_write()) {
                     held.release();
                 }
                 let held = match lease.take() {

@@ -362,7 +362,14 @@ impl<'a, M: StateMachine, S: Store> CreateRequest<'a, M, S> {
             None => {
                 let deadline = self.engine.config.deadline;
                 return super::within_deadline(deadline, true, async {
-                    let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
+                    // A create that arms timers is a unit of its own: with the store's
+                    // writer's turn, where it hands them out.
+                    let mut lease = if M::timers_of(M::INITIAL).next().is_some() {
+                        Lease::acquire_for_write(store).await
+                    } else {
+                        Lease::acquire(store).await
+                    }
+                    .map_err(db_error::<S>)?;
                     let row = create::<M, S>(store, lease.conn(), order_id, Txn::Own).await;
                     lease.release_after(&row);
                     created::<M>(order_id, row.map_err(db_error::<S>)?)

@@ -20,6 +20,8 @@ pub(crate) struct Lease<S: Store> {
     conn: Option<S::Pooled>,
     /// The writer's turn a write lease holds (dropped after the connection).
     _turn: Option<super::WriteTurn>,
+    /// Taken for a write: with the writer's turn, where the store hands them out.
+    for_write: bool,
 }
 
 impl<S: Store> Lease<S> {
@@ -30,6 +32,7 @@ impl<S: Store> Lease<S> {
         Ok(Lease {
             conn: Some(conn),
             _turn: None,
+            for_write: false,
         })
     }
 
@@ -42,12 +45,14 @@ impl<S: Store> Lease<S> {
         Ok(Lease {
             conn: Some(conn),
             _turn: turn,
+            for_write: true,
         })
     }
 
-    /// Whether it holds the store's writer's turn.
-    pub(crate) fn has_turn(&self) -> bool {
-        self._turn.is_some()
+    /// Whether it was taken for a write ([`acquire_for_write`](Self::acquire_for_write)):
+    /// with the store's writer's turn, where the store hands them out.
+    pub(crate) fn for_write(&self) -> bool {
+        self.for_write
     }
 
     /// Holds a connection already borrowed (by a store, before its first statement).
@@ -56,6 +61,7 @@ impl<S: Store> Lease<S> {
         Lease {
             conn: Some(conn),
             _turn: None,
+            for_write: false,
         }
     }
 

@@ -255,12 +255,25 @@ impl<S: TimerStore> Timers<S> {
     /// One round: for each machine, claims up to [`TimersConfig::batch`] due timers (the
     /// earliest pending timer of each entity), fires them concurrently, and records each
     /// outcome.
+    ///
+    /// A machine whose round fails (the database unreachable) does not hold back the
+    /// others: every machine's round runs, and the first error is returned after them.
     pub async fn fire_once(&self) -> Result<TimerRound> {
         let mut round = TimerRound::default();
+        let mut failed = None;
         for (machine, engine) in &self.engines {
-            round.add(self.machine_round(machine, engine.as_ref()).await?);
+            match self.machine_round(machine, engine.as_ref()).await {
+                Ok(r) => round.add(r),
+                Err(e) => {
+                    tracing::warn!(machine, error = %e, "a timer round failed");
+                    failed.get_or_insert(e);
+                }
+            }
         }
-        Ok(round)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(round),
+        }
     }
 
     async fn machine_round(&self, machine: &str, engine: &dyn Fire) -> Result<TimerRound> {
@@ -298,20 +311,13 @@ impl<S: TimerStore> Timers<S> {
                 outcomes.push((id, i32::MAX, None, Fired::Dead(c.reason)));
             }
         }
-        let mut fired_rows: Vec<(i64, &'static str, Option<String>)> = Vec::new();
+        let mut fired_rows: Vec<(i64, &'static str, Option<String>, Option<i64>)> = Vec::new();
         for (id, attempts, late_ms, fired) in outcomes {
             match fired {
                 Fired::Outcome(outcome, note) => {
-                    match outcome {
-                        "applied" => round.applied += 1,
-                        "replayed" => round.replayed += 1,
-                        "moot" => round.moot += 1,
-                        _ => round.refused += 1,
-                    }
-                    if let Some(late_ms) = late_ms {
-                        crate::observe::timer_fired(machine, outcome, late_ms);
-                    }
-                    fired_rows.push((id, outcome, note));
+                    // Text as every backend stores it (PostgreSQL takes no NUL).
+                    let note = note.map(|n| n.replace('\0', "\u{FFFD}"));
+                    fired_rows.push((id, outcome, note, late_ms));
                 }
                 Fired::Retry(error) => {
                     let dead =
@@ -335,16 +341,32 @@ impl<S: TimerStore> Timers<S> {
         }
         let fired: Vec<super::FiredTimer<'_>> = fired_rows
             .iter()
-            .map(|(id, outcome, note)| super::FiredTimer {
+            .map(|(id, outcome, note, _)| super::FiredTimer {
                 id: *id,
                 outcome,
                 note: note.as_deref(),
             })
             .collect();
         let marked = leased!(store, |c| store.mark_fired(c, &token, &fired))?;
-        round.lost += fired
+        let lost = fired
             .len()
             .saturating_sub(usize::try_from(marked).unwrap_or(usize::MAX));
+        round.lost += lost;
+        // Counted as recorded. A round that lost some of its claims does not know which:
+        // it counts none of its firings (the job that took them over counts them).
+        if lost == 0 {
+            for (_, outcome, _, late_ms) in &fired_rows {
+                match *outcome {
+                    "applied" => round.applied += 1,
+                    "replayed" => round.replayed += 1,
+                    "moot" => round.moot += 1,
+                    _ => round.refused += 1,
+                }
+                if let Some(late_ms) = late_ms {
+                    crate::observe::timer_fired(machine, outcome, *late_ms);
+                }
+            }
+        }
         Ok(round)
     }
 
@@ -358,13 +380,8 @@ impl<S: TimerStore> Timers<S> {
         attempts: i32,
         round: &mut TimerRound,
     ) -> Result<bool> {
-        let error = bounded(error);
+        let error = bounded(error.replace('\0', "\u{FFFD}"));
         tracing::warn!(id, attempts, dead, error = %error, "firing a timer failed");
-        if dead {
-            round.dead += 1;
-        } else {
-            round.retried += 1;
-        }
         let failed = FailedTimer {
             id,
             token,
@@ -373,7 +390,14 @@ impl<S: TimerStore> Timers<S> {
             dead,
         };
         let store = &self.store;
-        leased!(store, |c| store.mark_timer_failed(c, &failed))
+        let wrote = leased!(store, |c| store.mark_timer_failed(c, &failed))?;
+        // Counted as recorded: a failure whose claim was taken over is only `lost`.
+        if wrote && dead {
+            round.dead += 1;
+        } else if wrote {
+            round.retried += 1;
+        }
+        Ok(wrote)
     }
 
     /// Runs rounds until `shutdown` completes: back to back while there is work, every

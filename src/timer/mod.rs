@@ -210,7 +210,8 @@ pub trait TimerStore: Store {
         failed: &FailedTimer<'_>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
-    /// Cancels a `PENDING` or `DEAD` timer; whether there was one.
+    /// Cancels a `PENDING` or `DEAD` timer that no job is firing now (no live claim);
+    /// whether it did.
     fn cancel_timer(
         &self,
         conn: &mut Self::Conn,

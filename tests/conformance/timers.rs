@@ -422,6 +422,12 @@ pub async fn timers_scheduled_and_cancelled_by_hand<B: Backend>(b: &B) {
             .await
             .unwrap()
     );
+    // A timer a job is firing (its claim live) is not cancelled under it.
+    b.exec("UPDATE timers SET owner_token = 'a-job', lease_until = 9000000000000 WHERE ref_id = 'ship-1'")
+        .await;
+    assert!(!engine.cancel_timer(1, Ship, "ship-1").await.unwrap());
+    b.exec("UPDATE timers SET owner_token = 'a-job', lease_until = 1 WHERE ref_id = 'ship-1'")
+        .await;
     assert!(engine.cancel_timer(1, Ship, "ship-1").await.unwrap());
     assert!(!engine.cancel_timer(1, Ship, "ship-1").await.unwrap());
     let round = timers.fire_once().await.unwrap();
