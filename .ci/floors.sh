@@ -9,15 +9,16 @@
 #   3 store                      the seam: traits, rows, table names, error classes, leases
 #   4 observe, coalesce          spans and metrics; the turn, the queue, coalesced reads and claims
 #   5 engine, idempotency, outbox
-#   6 flow                       (uses idempotency and the engine)
+#   6 flow, timer                (use idempotency and the engine)
 #   7 http, testing
 #   8 backend                    the dialects, implementing every seam from above
 cd "$(dirname "$0")/.."
-declare -A floor=([machine]=1 [error]=1 [support]=2 [store]=3 [observe]=4 [coalesce]=4 [engine]=5 [idempotency]=5 [outbox]=5 [flow]=6 [http]=7 [testing]=7 [backend]=8)
-declare -A root=([Error]=error [Result]=error [TokenRejection]=error [StateMachine]=machine [Transition]=machine
+declare -A floor=([machine]=1 [error]=1 [support]=2 [store]=3 [observe]=4 [coalesce]=4 [engine]=5 [idempotency]=5 [outbox]=5 [flow]=6 [timer]=6 [http]=7 [testing]=7 [backend]=8)
+declare -A root=([Error]=error [Result]=error [TokenRejection]=error [StateMachine]=machine [Transition]=machine [StateTimer]=machine
   [Store]=store [Tables]=store [WriteTurn]=store
   [Engine]=engine [EngineConfig]=engine [Outcome]=engine [ReadFirst]=engine [Record]=engine [Order]=engine [TransitionRequest]=engine [CreateRequest]=engine [CoalescedWrites]=engine [DEFAULT_MAX_EVENT_BODY]=engine
   [Records]=idempotency [Claim]=idempotency [Claimed]=idempotency [CoalescedClaims]=idempotency [Done]=idempotency [Failure]=idempotency [Ran]=idempotency [Reconciled]=idempotency [Recovered]=idempotency [ScopeConfig]=idempotency [Stored]=idempotency [Stuck]=idempotency [FrontConfig]=idempotency [RedisFront]=idempotency
+  [Timers]=timer [TimersConfig]=timer [TimerStore]=store
   [Flows]=flow [Definition]=flow [FlowConfig]=flow [FlowOutcome]=flow [Resume]=flow [Started]=flow [StepError]=flow
   [PgStore]=backend [MySqlStore]=backend [SqliteStore]=backend)
 # Code only: doc comments and comments are not imports.

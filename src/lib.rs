@@ -38,7 +38,8 @@
 //!
 //! One folder per backend behind a cargo feature (`sqlite`, `postgres`, `mysql`)
 //! implements every layer's seam from above: [`Store`], the idempotency layer's
-//! `RecordStore`, the flow layer's `FlowStore`, the outbox's `OutboxStore`, one file per
+//! `RecordStore`, the flow layer's `FlowStore`, the outbox's `OutboxStore`, the timers'
+//! `TimerStore`, one file per
 //! layer, with the migrations in `migrations/<backend>/` (embedded with
 //! `sqlx::migrate!`). What the dialects share (statements written once, the write units
 //! of the dialects that write statement by statement, batched reads) is beside them. No
@@ -91,6 +92,19 @@
 //! state and purge; [`outbox::Inbox`] dedupes a consumer whose work is not a transition.
 //! Each backend implements its seam, [`outbox::OutboxStore`], in
 //! `backend/<backend>/outbox.rs`. See `docs/outbox.md`.
+//!
+//! ## [`timer`]: timers on the graph
+//!
+//! A state of [`state_machine!`] may carry timers (`Created after 30 min => Cancel`):
+//! the unit that enters the state (a move, or the create) writes each timer's row, due
+//! after its delay by the database's clock; [`Timers`], a job on any number of nodes,
+//! claims due timers under fenced leases (`SKIP LOCKED` where the backend has it) and
+//! fires each through the engine with the reference `timer:{state}:{version}`, applied
+//! only while the entity is still at that version: `Applied` once, `Replayed` after, moot
+//! once the entity has moved on, never a late move of an order that moved first.
+//! [`Engine::schedule`] schedules timers by hand, and `cancel_timer` cancels them. The
+//! seam, [`TimerStore`], lives in [`store::timers`]; each backend implements it in
+//! `backend/<backend>/timers.rs`. See `docs/timers.md`.
 //!
 //! ## `http`: the `Idempotency-Key` header
 //!

@@ -228,7 +228,7 @@ async fn judged<M: StateMachine, S: Store>(
     let apply = req.apply(from, to, version);
     let written = store.apply_in_unit(conn, &apply).await?;
     if written == Written::Applied && !timers.is_empty() {
-        let arm = crate::timer::Arm {
+        let arm = crate::store::timers::Arm {
             machine: M::NAME,
             entity_id: key.order_id,
             state: to.into(),

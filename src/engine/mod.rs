@@ -439,7 +439,7 @@ pub(super) fn created<M: StateMachine>(order_id: i64, entity: Entity) -> Result<
 /// Timers scheduled by hand: an event for an entity at a time, and its cancellation by
 /// its reference (a state's own timers are armed by the moves that enter it; see
 /// [`Timers`](crate::Timers)).
-impl<M: StateMachine, S: crate::timer::TimerStore> Engine<M, S> {
+impl<M: StateMachine, S: crate::store::timers::TimerStore> Engine<M, S> {
     /// Schedules `event` for `order_id` `after` from now (by the database's clock, at most
     /// 366 days), under the reference `ref_id`: the timer job fires it through this
     /// machine's engine with that reference, so the outcome table decides (`Applied`
@@ -486,7 +486,7 @@ impl<M: StateMachine, S: crate::timer::TimerStore> Engine<M, S> {
         event: M::Event,
         ref_id: &'r str,
         after: Duration,
-    ) -> Result<crate::timer::NewTimer<'r>> {
+    ) -> Result<crate::store::timers::NewTimer<'r>> {
         input::validate_ref(ref_id)?;
         timer_names::<M>()?;
         let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
@@ -495,8 +495,8 @@ impl<M: StateMachine, S: crate::timer::TimerStore> Engine<M, S> {
                 "a timer's delay must be at most 366 days".into(),
             ));
         }
-        Ok(crate::timer::NewTimer {
-            key: crate::timer::TimerKey {
+        Ok(crate::store::timers::NewTimer {
+            key: crate::store::timers::TimerKey {
                 machine: M::NAME,
                 entity_id: order_id,
                 event: event.into(),
@@ -512,7 +512,7 @@ impl<M: StateMachine, S: crate::timer::TimerStore> Engine<M, S> {
     /// A state's own timer has the reference `timer:{state}:{version}`.
     pub async fn cancel_timer(&self, order_id: i64, event: M::Event, ref_id: &str) -> Result<bool> {
         input::validate_ref(ref_id)?;
-        let key = crate::timer::TimerKey {
+        let key = crate::store::timers::TimerKey {
             machine: M::NAME,
             entity_id: order_id,
             event: event.into(),
@@ -526,8 +526,8 @@ impl<M: StateMachine, S: crate::timer::TimerStore> Engine<M, S> {
     }
 
     /// The entity's timers, of every status, earliest due first; rows that do not read
-    /// as timers come back as [`CorruptTimer`](crate::timer::CorruptTimer)s.
-    pub async fn timers(&self, order_id: i64) -> Result<Vec<crate::timer::ClaimedTimer>> {
+    /// as timers come back as [`CorruptTimer`](crate::store::timers::CorruptTimer)s.
+    pub async fn timers(&self, order_id: i64) -> Result<Vec<crate::store::timers::ClaimedTimer>> {
         within_deadline(self.config.deadline, false, async {
             let store = &self.store;
             leased!(store, |c| store.timers_of(c, M::NAME, order_id))

@@ -406,7 +406,7 @@ async fn create<M: StateMachine, S: Store>(
         Err(e) => return Err(unit.fail(e).await),
     };
     if entity.status == initial && entity.version == 0 {
-        let arm = crate::timer::Arm {
+        let arm = crate::store::timers::Arm {
             machine: M::NAME,
             entity_id: order_id,
             state: initial,

@@ -37,6 +37,7 @@ mod lease;
 mod requests;
 mod rows;
 mod tables;
+pub mod timers;
 
 pub use errors::ErrorClass;
 pub(crate) use errors::db_error;
@@ -258,14 +259,14 @@ pub trait Store: Clone + Send + Sync + 'static {
         self.apply(conn, apply, Txn::Caller)
     }
 
-    /// Writes the timers a state carries ([`Arm`](crate::timer::Arm)), each unless its
+    /// Writes the timers a state carries ([`Arm`](timers::Arm)), each unless its
     /// key is there already, inside the open unit that entered the state (a unit of
     /// [`begin_rules_unit`](Self::begin_rules_unit)). The default cannot: a move into a
     /// state with timers then fails with a configuration error, writing nothing.
     fn arm_timers(
         &self,
         conn: &mut Self::Conn,
-        arm: &crate::timer::Arm<'_>,
+        arm: &timers::Arm<'_>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
         let _ = (conn, arm);
         std::future::ready(Err(sqlx::Error::Configuration(
