@@ -17,6 +17,7 @@
 //! | `writes.rs` | apply-first writes of concurrent callers coalesced into one unit, and a request's turn among them |
 //! | `detach.rs` | a call finished off its caller's task when the caller stops waiting |
 //! | `input.rs` | references, payload fingerprints, names read from the database |
+//! | `timers.rs` | timers scheduled and cancelled by hand |
 //!
 //! Two guarantees hold whatever the driver does:
 //! - **Cancellation**: a caller may drop any future at any await point; the pooled
@@ -47,6 +48,7 @@ mod request;
 mod rules;
 mod schema;
 mod settle;
+mod timers;
 mod writes;
 
 pub use crate::coalesce::writes::CoalescedWrites;
@@ -264,7 +266,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             ));
         }
         if !M::TIMERS.is_empty() {
-            timer_names::<M>()?;
+            timers::names::<M>()?;
         }
         let edges = edges::of::<M>();
         Ok(Engine {
@@ -402,24 +404,6 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
     }
 }
 
-/// The names a timer row stores (the machine's, its states' and events'), each at most
-/// 64 bytes as the timers table holds them: else [`Error::InvalidInput`] (a longer one
-/// would not be stored as it is on MySQL/MariaDB).
-fn timer_names<M: StateMachine>() -> Result<()> {
-    use strum::IntoEnumIterator;
-    let names = std::iter::once(M::NAME)
-        .chain(M::State::iter().map(Into::into))
-        .chain(M::Event::iter().map(Into::into));
-    for name in names {
-        if name.len() > 64 {
-            return Err(Error::InvalidInput(format!(
-                "the timers table holds names of at most 64 bytes; {name:?} is longer"
-            )));
-        }
-    }
-    Ok(())
-}
-
 pub(super) fn created<M: StateMachine>(order_id: i64, entity: Entity) -> Result<Order<M::State>> {
     let state = parse_state::<M>(order_id, &entity.status)?;
     let version = parse_version(order_id, entity.version)?;
@@ -434,104 +418,4 @@ pub(super) fn created<M: StateMachine>(order_id: i64, entity: Entity) -> Result<
         state,
         version,
     })
-}
-
-/// Timers scheduled by hand: an event for an entity at a time, and its cancellation by
-/// its reference (a state's own timers are armed by the moves that enter it; see
-/// [`Timers`](crate::Timers)).
-impl<M: StateMachine, S: crate::store::timers::TimerStore> Engine<M, S> {
-    /// Schedules `event` for `order_id` `after` from now (by the database's clock, at most
-    /// 366 days), under the reference `ref_id`: the timer job fires it through this
-    /// machine's engine with that reference, so the outcome table decides (`Applied`
-    /// once; an event the entity's state no longer allows makes it moot). `true` if it
-    /// was scheduled, `false` if a timer with this event and reference exists for the
-    /// entity already (scheduling is idempotent). A reference that is not valid is
-    /// [`Error::InvalidInput`]. Nothing checks that the entity exists: a timer of none
-    /// ends moot.
-    pub async fn schedule(
-        &self,
-        order_id: i64,
-        event: M::Event,
-        ref_id: &str,
-        after: Duration,
-    ) -> Result<bool> {
-        let timer = self.new_timer(order_id, event, ref_id, after)?;
-        within_deadline(self.config.deadline, true, async {
-            let store = &self.store;
-            leased!(store, |c| store.schedule_timer(c, &timer))
-        })
-        .await
-    }
-
-    /// [`schedule`](Self::schedule) inside the caller's transaction (the connection is
-    /// inside it): the timer commits or rolls back with the caller's own writes.
-    pub async fn schedule_within(
-        &self,
-        conn: &mut S::Conn,
-        order_id: i64,
-        event: M::Event,
-        ref_id: &str,
-        after: Duration,
-    ) -> Result<bool> {
-        let timer = self.new_timer(order_id, event, ref_id, after)?;
-        self.store
-            .schedule_timer(conn, &timer)
-            .await
-            .map_err(db_error::<S>)
-    }
-
-    fn new_timer<'r>(
-        &self,
-        order_id: i64,
-        event: M::Event,
-        ref_id: &'r str,
-        after: Duration,
-    ) -> Result<crate::store::timers::NewTimer<'r>> {
-        input::validate_ref(ref_id)?;
-        timer_names::<M>()?;
-        let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
-        if after_ms > crate::machine::MAX_TIMER_MS {
-            return Err(Error::InvalidInput(
-                "a timer's delay must be at most 366 days".into(),
-            ));
-        }
-        Ok(crate::store::timers::NewTimer {
-            key: crate::store::timers::TimerKey {
-                machine: M::NAME,
-                entity_id: order_id,
-                event: event.into(),
-                ref_id,
-            },
-            after_ms: after_ms as i64,
-        })
-    }
-
-    /// Cancels the pending (or dead) timer of `order_id` that fires `event` under
-    /// `ref_id`; whether it did. `false` if there is none, or a job is firing it at this
-    /// moment (its claim is live: the firing goes on, and the outcome table decides it).
-    /// A state's own timer has the reference `timer:{state}:{version}`.
-    pub async fn cancel_timer(&self, order_id: i64, event: M::Event, ref_id: &str) -> Result<bool> {
-        input::validate_ref(ref_id)?;
-        let key = crate::store::timers::TimerKey {
-            machine: M::NAME,
-            entity_id: order_id,
-            event: event.into(),
-            ref_id,
-        };
-        within_deadline(self.config.deadline, true, async {
-            let store = &self.store;
-            leased!(store, |c| store.cancel_timer(c, &key))
-        })
-        .await
-    }
-
-    /// The entity's timers, of every status, earliest due first; rows that do not read
-    /// as timers come back as [`CorruptTimer`](crate::store::timers::CorruptTimer)s.
-    pub async fn timers(&self, order_id: i64) -> Result<Vec<crate::store::timers::ClaimedTimer>> {
-        within_deadline(self.config.deadline, false, async {
-            let store = &self.store;
-            leased!(store, |c| store.timers_of(c, M::NAME, order_id))
-        })
-        .await
-    }
 }
