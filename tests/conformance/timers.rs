@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use orderly::timer::{TimerKey, TimerRow};
 use orderly::{Engine, EngineConfig, Error, Outcome, Timers};
 
-use super::Backend;
+use super::{Backend, Networked};
 
 orderly::state_machine! {
     /// An order that is cancelled when it is not paid in time, and whose payment can be
@@ -640,7 +640,7 @@ pub(crate) async fn timer_child<B: Backend>(spec: &str) {
 /// then fires what is left, and each timer is fired once (one cancellation in the
 /// history, the timer `FIRED`), none lost; a round that answered `applied` is in the
 /// history.
-pub async fn a_timer_job_cut_at_each_statement_fires_each_once<B: super::Networked>(b: &B) {
+pub async fn a_timer_job_cut_at_each_statement_fires_each_once<B: Networked>(b: &B) {
     use crate::server::{Cut, Proxy};
     let engine = timed_engine(b).await;
     let sound = Timers::new(engine.store().clone()).fire(engine.clone());
