@@ -181,8 +181,17 @@ pub(crate) async fn timers_pass<B: BenchDb>(db: &Arc<B>, args: &Args) -> Result<
                 "SELECT COUNT(*) FROM timers WHERE status = 'FIRED' AND outcome = 'applied'".into(),
             )
             .await?;
-        if fired != n {
-            return Err(format!("the jobs fired {fired} of {n} timers").into());
+        // Each timer fired once: as many cancellations in the history as timers.
+        let moved = db
+            .count(format!(
+                "SELECT COUNT(*) FROM order_transitions WHERE order_id >= {BASE} AND event = 'Cancel'"
+            ))
+            .await?;
+        if fired != n || moved != n {
+            return Err(format!(
+                "the jobs fired {fired} of {n} timers, with {moved} cancellations"
+            )
+            .into());
         }
         seed(&**db, n, |_| "0".into()).await?;
         hand_time += hands(db, &engine, n).await?;
