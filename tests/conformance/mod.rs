@@ -326,6 +326,7 @@ macro_rules! conformance {
             timers_scheduled_and_cancelled_by_hand,
             a_timer_job_killed_by_sigkill_mid_batch_loses_nothing,
             timers_that_fell_due_while_no_job_ran_fire_once_in_due_order,
+            a_guard_on_the_fired_edge_is_judged,
         );
     };
     // The network faults, for a backend that implements `Networked`.

@@ -52,7 +52,10 @@ fn job<B: Backend>(engine: &TEng<B>) -> Timers<B::S> {
 }
 
 /// The entity's timers that read, earliest due first.
-async fn timers_of<S: orderly::TimerStore>(engine: &Engine<Unpaid, S>, id: i64) -> Vec<TimerRow> {
+async fn timers_of<M: orderly::StateMachine, S: orderly::TimerStore>(
+    engine: &Engine<M, S>,
+    id: i64,
+) -> Vec<TimerRow> {
     engine
         .timers(id)
         .await
@@ -767,5 +770,73 @@ pub async fn timers_that_fell_due_while_no_job_ran_fire_once_in_due_order<B: Bac
         b.scalar(early).await,
         0,
         "every timer fired at least as late as the jobs were down"
+    );
+}
+
+orderly::state_machine! {
+    /// An order whose cancellation a guard may refuse (an order with a hold on it).
+    pub Held {
+        states: HeldState { Created, Cancelled }
+        events: HeldEvent { Cancel }
+        initial: Created;
+        terminal: [Cancelled];
+        rules: HeldRules {
+            guards: [not_on_hold]
+            effects: []
+        }
+        transitions: {
+            Created + Cancel [not_on_hold] => Cancelled,
+        }
+        timers: {
+            Created after 1 h => Cancel,
+        }
+    }
+}
+
+/// Refuses to cancel an even order: it is on hold.
+struct Holds;
+
+impl<C: Send> HeldRules<C> for Holds {
+    async fn not_on_hold(
+        &self,
+        _conn: &mut C,
+        judged: &orderly::Judged<'_, Held>,
+    ) -> Result<(), orderly::Halt> {
+        if judged.order_id % 2 == 0 {
+            return Err(orderly::Halt::refuse("on_hold", "the order is on hold"));
+        }
+        Ok(())
+    }
+}
+
+/// A guard on the edge a timer fires is judged like any request's: a refusal ends the
+/// timer `refused`, with the guard's message, and writes nothing; an allowed move
+/// applies.
+pub async fn a_guard_on_the_fired_edge_is_judged<B: Backend>(b: &B) {
+    let engine: Engine<Held, B::S> = Engine::new(b.store(Duration::from_secs(10)).await)
+        .unwrap()
+        .with_rules(orderly::RulesOf(Holds));
+    engine.create(1).await.unwrap();
+    engine.create(2).await.unwrap();
+    b.exec("UPDATE timers SET due_at = due_at - 100000000000, next_at = 0")
+        .await;
+    let job = Timers::new(engine.store().clone()).fire(engine.clone());
+    let round = job.fire_once().await.unwrap();
+    assert_eq!((round.applied, round.refused), (1, 1), "{round:?}");
+    assert_eq!(engine.get(1).await.unwrap().state, HeldState::Cancelled);
+    let held = engine.get(2).await.unwrap();
+    assert_eq!((held.state, held.version), (HeldState::Created, 0));
+    assert!(engine.history(2).await.unwrap().is_empty());
+    let t = timers_of(&engine, 2).await.remove(0);
+    assert_eq!(
+        (t.status.as_str(), t.outcome.as_deref()),
+        ("FIRED", Some("refused"))
+    );
+    assert!(
+        t.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("the order is on hold"),
+        "{t:?}"
     );
 }
