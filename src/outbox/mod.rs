@@ -19,10 +19,7 @@ use std::time::Duration;
 /// The longest lease a relay may take: a claim running past it was made by no relay.
 const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 
-/// `d` in whole milliseconds, saturating.
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
+use crate::support::retry::millis;
 
 mod inbox;
 mod message;

@@ -9,7 +9,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::future::join_all;
 
 use super::view::Outbox;
@@ -295,17 +294,7 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
 
     /// The delay before the next try of an event claimed `attempts` times.
     fn backoff(&self, attempts: i32) -> Duration {
-        let n = usize::try_from(attempts.max(1) - 1).unwrap_or(0);
-        ExponentialBuilder::default()
-            .with_min_delay(self.config.min_backoff)
-            .with_max_delay(self.config.max_backoff)
-            .with_jitter()
-            .without_max_times()
-            .build()
-            .nth(n.min(64))
-            .unwrap_or(self.config.max_backoff)
-            // The jitter is added after the cap: cap again.
-            .min(self.config.max_backoff)
+        crate::support::retry::delay(self.config.min_backoff, self.config.max_backoff, attempts)
     }
 }
 

@@ -1,10 +1,11 @@
 //! What every layer shares, below all of them: a call's deadline and what happens when
 //! its caller stops waiting (`detach.rs`), when a call reads before it writes
 //! (`read_first.rs`), what comes in from a caller (`input.rs`: references, payload
-//! fingerprints) and free text bounded before it is recorded (`text.rs`). It imports
-//! no layer.
+//! fingerprints), free text bounded before it is recorded (`text.rs`), and the
+//! background jobs' retry delays (`retry.rs`). It imports no layer.
 
 pub(crate) mod detach;
 pub(crate) mod input;
 pub(crate) mod read_first;
+pub(crate) mod retry;
 pub(crate) mod text;

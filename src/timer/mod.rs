@@ -15,10 +15,12 @@
 //! since (paid in time) is moot, never a late move of a paid order. The model and its
 //! table of situations are in `docs/timers.md`.
 
+mod config;
 mod job;
 
 pub use crate::store::timers::{
     Arm, ClaimTimers, ClaimedTimer, CorruptTimer, FailedTimer, FiredTimer, NewTimer, TimerKey,
     TimerRow, TimerStats, TimerStore,
 };
-pub use job::{TimerRound, Timers, TimersConfig};
+pub use config::{TimerRound, TimersConfig};
+pub use job::Timers;
