@@ -2,7 +2,7 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 24] = [
+const BODIES: [&str; 25] = [
     include_str!("conformance/mod.rs"),
     include_str!("conformance/audit.rs"),
     include_str!("conformance/coalesce.rs"),
@@ -13,6 +13,7 @@ const BODIES: [&str; 24] = [
     include_str!("conformance/flows/parking.rs"),
     include_str!("conformance/flows/recovery.rs"),
     include_str!("conformance/flows/runs.rs"),
+    include_str!("conformance/flows/waits.rs"),
     include_str!("conformance/idempotency.rs"),
     include_str!("conformance/outbox.rs"),
     include_str!("conformance/records_faults.rs"),

@@ -53,6 +53,9 @@ pub(crate) struct FlowStatements {
     /// A parked flow handed from token 5 to token 3: 1 kind, 2 key, 3 token, 4 lease ms,
     /// 5 the parking token.
     pub(crate) unpark: Statement,
+    /// A running flow handed from the token it waits under, 5, to token 3: 1 kind,
+    /// 2 key, 3 token, 4 lease ms, 5 the waiting token.
+    pub(crate) wake: Statement,
     /// A page of each listing's flows, in the order of [`LISTINGS`]: 1 kind and 2 key to
     /// start after, 3 limit.
     pub(crate) list: [Statement; 5],
@@ -200,6 +203,30 @@ where
         Arg::Str(from),
     ];
     let done = s.unpark.query::<DB>(&args)?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`FlowStore::wake_flow`](crate::flow::FlowStore::wake_flow).
+pub(crate) async fn wake_flow<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowStatements,
+    kind: &str,
+    key: &str,
+    from: &str,
+    token: &str,
+    lease_ms: i64,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [
+        Arg::Str(kind),
+        Arg::Str(key),
+        Arg::Str(token),
+        Arg::I64(lease_ms),
+        Arg::Str(from),
+    ];
+    let done = s.wake.query::<DB>(&args)?.execute(conn).await?;
     Ok(DB::rows_affected(&done) == 1)
 }
 

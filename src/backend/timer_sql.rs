@@ -181,8 +181,8 @@ where
         Arg::I64(t.key.entity_id),
         Arg::Str(t.key.event),
         Arg::Str(t.key.ref_id),
-        Arg::OptStr(None),
-        Arg::OptI64(None),
+        Arg::OptStr(t.at.map(|(state, _)| state)),
+        Arg::OptI64(t.at.map(|(_, version)| version)),
         Arg::I64(t.after_ms),
     ];
     let done = s.insert.query::<DB>(&args)?.execute(conn).await?;

@@ -74,6 +74,7 @@ impl<M: StateMachine, S: crate::store::timers::TimerStore> Engine<M, S> {
                 ref_id,
             },
             after_ms: after_ms as i64,
+            at: None,
         })
     }
 

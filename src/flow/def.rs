@@ -13,6 +13,9 @@ pub enum StepClass {
     /// A call that cannot be made safe to repeat: never re-run automatically; a crash
     /// during it parks the flow for reconciliation.
     Unsafe,
+    /// A wait: the flow sleeps for the step's duration on a durable timer (the timers'
+    /// table and job), then goes on. It has no effect, so nothing to undo.
+    Wait,
 }
 
 /// Whether a step's effect is undone when a later step fails.
@@ -39,8 +42,8 @@ pub struct StepSpec {
 }
 
 impl StepSpec {
-    /// A step from the words of its declaration: the class (`local`, `keyed`, `unsafe`)
-    /// and the modifiers (`undo`, `nothing_to_undo`). An unknown word panics, which in a
+    /// A step from the words of its declaration: the class (`local`, `keyed`, `unsafe`,
+    /// `wait`) and the modifiers (`undo`, `nothing_to_undo`). An unknown word panics, which in a
     /// `const` is a compile error naming it.
     pub const fn declared(name: &'static str, class: &str, modifiers: &[&str]) -> StepSpec {
         let class = if eq(class, "local") {
@@ -49,8 +52,10 @@ impl StepSpec {
             StepClass::Keyed
         } else if eq(class, "unsafe") {
             StepClass::Unsafe
+        } else if eq(class, "wait") {
+            StepClass::Wait
         } else {
-            panic!("flow!: a step's class is `local`, `keyed` or `unsafe`")
+            panic!("flow!: a step's class is `local`, `keyed`, `unsafe` or `wait`")
         };
         let mut undo = Undo::None;
         let mut i = 0;
@@ -68,6 +73,11 @@ impl StepSpec {
             }
             undo = this;
             i += 1;
+        }
+        if matches!(class, StepClass::Wait) && !matches!(undo, Undo::None) {
+            panic!(
+                "flow!: a wait step has no effect, so nothing to undo: declare it without a modifier"
+            );
         }
         StepSpec { name, class, undo }
     }
@@ -118,7 +128,7 @@ pub mod __check {
     use super::{StepClass, StepSpec, Undo, eq};
 
     /// The declaration as a whole: a kind of 1 to 64 of `[A-Za-z0-9_.:-]`, a version
-    /// from 1, at least one step, unique step names, and a pivot naming a step. The
+    /// from 1, at least one step, unique step names of at most 64 characters, and a pivot naming a step. The
     /// pivot's index.
     pub const fn flow(
         kind: &str,
@@ -146,6 +156,9 @@ pub mod __check {
         }
         let mut i = 0;
         while i < steps.len() {
+            if steps[i].name.len() > 64 {
+                panic!("flow!: a step's name is at most 64 characters");
+            }
             let mut j = i + 1;
             while j < steps.len() {
                 if eq(steps[i].name, steps[j].name) {

@@ -16,6 +16,7 @@ use crate::{Error, Result};
 
 mod fence;
 mod record;
+mod wait;
 
 use fence::missing;
 pub(crate) use fence::{fence, lease_lost, to_i32, write};
@@ -38,6 +39,7 @@ fn status_of(text: &str) -> &'static str {
         "STARTED" => "STARTED",
         "RETRY" => "RETRY",
         "SUCCEEDED" => "SUCCEEDED",
+        "WAITING" => "WAITING",
         _ => "FAILED",
     }
 }
@@ -172,6 +174,17 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
                     i += 1;
                     continue;
                 }
+                // Whoever holds a flow asleep at a wait step holds it because the wait is
+                // over: the timer job woke it when the timer fell due, or its lease (the
+                // wait and a lease more) ran out and a claim took it over.
+                Some("WAITING") if spec.class == StepClass::Wait => {
+                    self.woke(i).await?;
+                    i += 1;
+                    if i == specs.len() {
+                        return Ok(FlowOutcome::Completed(self.all_outputs()));
+                    }
+                    continue;
+                }
                 // Its runner died during an unsafe call: nobody knows whether it happened.
                 // (A failed one is never left in a running flow: its failure commits with
                 // the compensation or the park it leads to; an operator's retry resets it.)
@@ -188,8 +201,11 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
                     .park(ParkReason::AttemptsExhausted, Some(i), i, Some(&error))
                     .await;
             }
-            let ctx = self.ctx(i, false);
             let def = self.def;
+            if let Some(Action::Wait(wait)) = &def.forward[i] {
+                return self.sleep(i, *wait).await;
+            }
+            let ctx = self.ctx(i, false);
             let result = match &def.forward[i] {
                 Some(Action::Local(f)) => {
                     self.local(i, FORWARD, f.as_ref(), &ctx, Then::Next(i + 1))
@@ -199,7 +215,7 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
                     self.call(i, FORWARD, f.as_ref(), &ctx, Then::Next(i + 1))
                         .await?
                 }
-                None => return Err(missing(spec.name)),
+                Some(Action::Wait(_)) | None => return Err(missing(spec.name)),
             };
             drop(ctx);
             match result {
@@ -285,7 +301,7 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
                     self.local(j, UNDO, f.as_ref(), &ctx, Then::Undone).await?
                 }
                 Some(Action::Call(f)) => self.call(j, UNDO, f.as_ref(), &ctx, Then::Undone).await?,
-                None => return Err(missing(spec.name)),
+                Some(Action::Wait(_)) | None => return Err(missing(spec.name)),
             };
             drop(ctx);
             match result {

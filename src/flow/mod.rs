@@ -24,13 +24,16 @@ mod run;
 mod seam;
 mod starts;
 mod steps;
+mod wait;
 
 pub use def::{Flow, FlowStep, StepClass, StepSpec, Undo};
 pub use flows::{FlowConfig, Flows};
-pub use outcome::{FlowOutcome, FlowView, Listed, Outputs, ParkReason, Resume, Started};
+pub use outcome::{FlowOutcome, FlowView, FlowWait, Listed, Outputs, ParkReason, Resume, Started};
 pub use recovery::FlowsRecovered;
 pub use seam::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
 pub use steps::{Ctx, Definition, MAX_ERROR_BYTES, StepError};
+pub use wait::WAIT_MACHINE;
+pub(crate) use wait::Woken;
 
 #[doc(hidden)]
 pub use def::__check;

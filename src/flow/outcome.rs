@@ -98,6 +98,14 @@ pub enum FlowOutcome {
         /// The step it is parked at.
         step: String,
     },
+    /// Asleep at a wait step: the timer job wakes it after `wakes_after` and it goes on
+    /// from the next step. A start re-sent meanwhile is [`Error::InFlight`].
+    Sleeping {
+        /// The wait step.
+        step: String,
+        /// How long it sleeps.
+        wakes_after: Duration,
+    },
 }
 
 impl FlowOutcome {
@@ -108,6 +116,7 @@ impl FlowOutcome {
             FlowOutcome::Compensated { .. } => "compensated",
             FlowOutcome::Waiting { .. } => "waiting",
             FlowOutcome::Parked { .. } => "parked",
+            FlowOutcome::Sleeping { .. } => "sleeping",
         }
     }
 }
@@ -132,6 +141,39 @@ pub struct FlowView {
     /// Whether this runner knows the flow's kind at its version; a runner leaves flows
     /// it does not know alone.
     pub known: bool,
+    /// What the flow waits for, if it sleeps at a wait step.
+    pub waits: Option<FlowWait>,
+}
+
+/// What a sleeping flow waits for, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowWait {
+    /// The wait step.
+    pub step: String,
+    /// When its timer is due, in milliseconds since the epoch (the database's clock).
+    pub until_ms: i64,
+}
+
+impl FlowView {
+    /// The wait a running, unparked flow sleeps in: the `WAITING` row of the step it
+    /// stands at, due its start plus the wait it recorded.
+    pub(super) fn wait_of(flow: &FlowRow, steps: &[StepRow]) -> Option<FlowWait> {
+        if flow.status != "RUNNING" || flow.park_reason.is_some() {
+            return None;
+        }
+        let row = steps
+            .iter()
+            .find(|s| s.phase == "F" && s.step_index == flow.step_at && s.status == "WAITING")?;
+        let wait_ms = row
+            .output
+            .as_deref()
+            .and_then(|o| serde_json::from_str::<serde_json::Value>(o).ok())
+            .and_then(|v| v.get("wait_ms").and_then(serde_json::Value::as_i64))?;
+        Some(FlowWait {
+            step: row.name.clone(),
+            until_ms: row.started_at.saturating_add(wait_ms),
+        })
+    }
 }
 
 /// A flow in a listing.

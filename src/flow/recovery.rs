@@ -27,6 +27,8 @@ pub struct FlowsRecovered {
     pub compensated: usize,
     /// Waiting for a step's retry.
     pub waiting: usize,
+    /// Asleep at a wait step, for the timer job to wake.
+    pub sleeping: usize,
     /// Parked for an operator.
     pub parked: usize,
     /// Lost to another runner before they finished (their lease ran out).
@@ -45,6 +47,7 @@ impl FlowsRecovered {
         self.completed += other.completed;
         self.compensated += other.compensated;
         self.waiting += other.waiting;
+        self.sleeping += other.sleeping;
         self.parked += other.parked;
         self.lost += other.lost;
         self.errors += other.errors;
@@ -55,6 +58,7 @@ impl FlowsRecovered {
             Ok(FlowOutcome::Completed(_)) => self.completed += 1,
             Ok(FlowOutcome::Compensated { .. }) => self.compensated += 1,
             Ok(FlowOutcome::Waiting { .. }) => self.waiting += 1,
+            Ok(FlowOutcome::Sleeping { .. }) => self.sleeping += 1,
             Ok(FlowOutcome::Parked { .. }) => self.parked += 1,
             Err(Error::LeaseLost { .. }) => self.lost += 1,
             Err(_) => self.errors += 1,
@@ -250,7 +254,13 @@ impl<S: FlowStore> Flows<S> {
         };
         let steps = self.read_steps(kind, key).await?;
         let known = self.def(kind, flow.version).is_some();
-        Ok(Some(FlowView { flow, steps, known }))
+        let waits = FlowView::wait_of(&flow, &steps);
+        Ok(Some(FlowView {
+            flow,
+            steps,
+            known,
+            waits,
+        }))
     }
 
     /// Up to `limit` flows matching `which`, ordered by kind and key, after `after` (the

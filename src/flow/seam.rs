@@ -6,10 +6,11 @@
 use std::future::Future;
 
 use crate::idempotency::RecordStore;
+use crate::store::timers::TimerStore;
 
 /// A backend of the flow layer. Every time is the database's clock, in milliseconds
-/// since the epoch.
-pub trait FlowStore: RecordStore {
+/// since the epoch. A flow's wait is a timer, armed through [`TimerStore`].
+pub trait FlowStore: RecordStore + TimerStore {
     /// Starts a flow, atomically (one statement; on MySQL an insert, then a conditional
     /// update): inserts it RUNNING under `start.token`, or takes
     /// over one of the same input and version that is running or compensating, not
@@ -114,6 +115,19 @@ pub trait FlowStore: RecordStore {
         lease_ms: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// Hands a running flow from the token it waits under to the timer job's `token`
+    /// (the wake-up of a wait step): sets the token and a fresh lease, if the flow is
+    /// `RUNNING`, not parked, and still held under `from`. Whether it did.
+    fn wake_flow(
+        &self,
+        conn: &mut Self::Conn,
+        kind: &str,
+        key: &str,
+        from: &str,
+        token: &str,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
     /// Deletes up to `limit` finished flows (completed or compensated) last written at
     /// least `age_ms` ago, with their step rows, in one transaction; how many flows went.
     fn purge_flows(
@@ -206,7 +220,7 @@ pub struct StepWrite<'a> {
     pub phase: &'static str,
     /// The step's name.
     pub name: &'static str,
-    /// STARTED, RETRY, SUCCEEDED or FAILED.
+    /// STARTED, RETRY, WAITING, SUCCEEDED or FAILED.
     pub status: &'static str,
     /// A new attempt begins with this write: the attempt count goes up and the start
     /// time is now.
@@ -280,7 +294,7 @@ pub struct StepRow {
     pub phase: String,
     /// The step's name.
     pub name: String,
-    /// STARTED, RETRY, SUCCEEDED or FAILED.
+    /// STARTED, RETRY, WAITING, SUCCEEDED or FAILED.
     pub status: String,
     /// How many times it was begun.
     pub attempt: i32,

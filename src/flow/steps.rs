@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -208,6 +209,8 @@ where
 pub(super) enum Action<S: FlowStore, I> {
     Local(Arc<dyn LocalAction<S, I>>),
     Call(Arc<dyn CallAction<I>>),
+    /// A wait step's duration.
+    Wait(Duration),
 }
 
 /// A flow's actions, attached to its declaration: for each step its forward action,
@@ -272,6 +275,26 @@ impl<S: FlowStore, I: DeserializeOwned + Send + Sync + 'static> Definition<S, I>
         self.attach(step, false, &[StepClass::Keyed, StepClass::Unsafe], action)
     }
 
+    /// The duration of a wait step: on reaching it, the flow records that it waits (its
+    /// step row `WAITING`, a timer due `wait` from now by the database's clock, in one
+    /// fenced commit) and its runner stops; the timer job
+    /// ([`Timers::flows`](crate::timer::Timers::flows)) wakes it when the timer is due,
+    /// and the flow goes on from the next step. A duration under a millisecond or over
+    /// [`MAX_TIMER_MS`](crate::machine::MAX_TIMER_MS) is a problem
+    /// [`Flows::register`](super::Flows::register) names.
+    pub fn wait(mut self, step: impl FlowStep, wait: Duration) -> Self {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 || ms > crate::machine::MAX_TIMER_MS {
+            self.problems.push(format!(
+                "step {} waits {wait:?}: a wait is from 1 ms to {} days",
+                step.name(),
+                crate::machine::MAX_TIMER_MS / 86_400_000
+            ));
+            return self;
+        }
+        self.attach(step, false, &[StepClass::Wait], Action::Wait(wait))
+    }
+
     /// The compensation of a local step, in a transaction of its own with its record.
     pub fn undo_local<R, F>(self, step: impl FlowStep, f: F) -> Self
     where
@@ -323,16 +346,16 @@ impl<S: FlowStore, I: DeserializeOwned + Send + Sync + 'static> Definition<S, I>
             return self;
         };
         if !classes.contains(&spec.class) {
+            let with = match (spec.class, undo) {
+                (StepClass::Local, true) => "undo_local",
+                (StepClass::Local, false) => "local",
+                (StepClass::Wait, _) => "wait",
+                (_, true) => "undo_call",
+                (_, false) => "call",
+            };
             self.problems.push(format!(
-                "step {name} is {:?}: its {what} is attached with {}",
-                spec.class,
-                if spec.class == StepClass::Local {
-                    if undo { "undo_local" } else { "local" }
-                } else if undo {
-                    "undo_call"
-                } else {
-                    "call"
-                }
+                "step {name} is {:?}: its {what} is attached with {with}",
+                spec.class
             ));
             return self;
         }

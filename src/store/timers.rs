@@ -20,14 +20,17 @@ pub struct TimerKey<'a> {
     pub ref_id: &'a str,
 }
 
-/// A timer an application schedules by hand, due `after_ms` from now by the database's
-/// clock.
+/// A timer an application schedules by hand (or a flow's wait step), due `after_ms`
+/// from now by the database's clock.
 #[derive(Debug, Clone, Copy)]
 pub struct NewTimer<'a> {
     /// Its identity.
     pub key: TimerKey<'a>,
     /// Milliseconds from now.
     pub after_ms: i64,
+    /// What it is tied to, as its `state` and `version`: `None` for one scheduled by
+    /// hand; a flow's wait step's name and position.
+    pub at: Option<(&'a str, i64)>,
 }
 
 /// The timers a state carries, armed by the unit that entered it.

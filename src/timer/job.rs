@@ -11,6 +11,7 @@ use futures_util::StreamExt;
 use super::config::{TimerRound, TimersConfig};
 use super::{ClaimTimers, ClaimedTimer, FailedTimer, TimerRow, TimerStats, TimerStore};
 use crate::engine::{Engine, Outcome, parse_event};
+use crate::flow::{FlowStore, Flows, WAIT_MACHINE, Woken};
 use crate::machine::StateMachine;
 use crate::store::{Lease, db_error};
 use crate::support::retry::millis;
@@ -83,6 +84,20 @@ impl<M: StateMachine, S: TimerStore> Fire for Engine<M, S> {
     }
 }
 
+/// The flows' wait timers, as the job fires them: each wakes its flow.
+impl<S: FlowStore> Fire for Flows<S> {
+    fn fire<'a>(&'a self, t: &'a TimerRow) -> FireFuture<'a> {
+        Box::pin(async move {
+            match self.wake(t).await {
+                Woken::Woke => Fired::Outcome("applied", None),
+                Woken::Moot(note) => Fired::Outcome("moot", Some(bounded(note))),
+                Woken::Retry(e) => Fired::Retry(e),
+                Woken::Dead(e) => Fired::Dead(e),
+            }
+        })
+    }
+}
+
 /// A timer job: claims the due timers of the machines it was given engines for, fires
 /// each through its machine's engine with the timer's reference, and records each
 /// outcome fenced by its claim. Run several (tasks or processes) over one database: the
@@ -127,6 +142,18 @@ impl<S: TimerStore> Timers<S> {
     /// the machines it was given.
     pub fn fire<M: StateMachine>(mut self, engine: Engine<M, S>) -> Self {
         self.engines.insert(M::NAME, Arc::new(engine));
+        self
+    }
+
+    /// The same job waking the flows of `flows` that sleep at a wait step (their timers,
+    /// of machine [`WAIT_MACHINE`]), once each: a flow still asleep at the step is handed
+    /// to the job and runs on from the next step on a task of its own (`applied`); one
+    /// woken already, or taken over by the recovery job after its lease, is `moot`.
+    pub fn flows(mut self, flows: Flows<S>) -> Self
+    where
+        S: FlowStore,
+    {
+        self.engines.insert(WAIT_MACHINE, Arc::new(flows));
         self
     }
 

@@ -327,6 +327,8 @@ macro_rules! conformance {
             a_timer_job_killed_by_sigkill_mid_batch_loses_nothing,
             timers_that_fell_due_while_no_job_ran_fire_once_in_due_order,
             a_guard_on_the_fired_edge_is_judged,
+            flow_waits_on_a_timer_and_wakes_once,
+            flow_wait_woken_once_by_the_timer_or_the_recovery,
         );
     };
     // The network faults, for a backend that implements `Networked`.

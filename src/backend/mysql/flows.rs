@@ -74,6 +74,18 @@ impl FlowStore for MySqlStore {
         flow_sql::retry_steps::<MySql>(conn, self.flows(), kind, key, phase).await
     }
 
+    async fn wake_flow(
+        &self,
+        conn: &mut MySqlConnection,
+        kind: &str,
+        key: &str,
+        from: &str,
+        token: &str,
+        lease_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        flow_sql::wake_flow::<MySql>(conn, self.flows(), kind, key, from, token, lease_ms).await
+    }
+
     async fn unpark(
         &self,
         conn: &mut MySqlConnection,
@@ -214,7 +226,7 @@ fn statements(causal: &str) -> FlowStatements {
             "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, \
                  downstream_key, owner_token, output, error, started_at, finished_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, IF(?7, 1, 0), ?8, ?9, ?10, ?11, {NOW}, \
-                 IF(?6 = 'STARTED', NULL, {NOW})) \
+                 IF(?6 IN ('STARTED', 'WAITING'), NULL, {NOW})) \
              ON DUPLICATE KEY UPDATE status = VALUES(status), \
                  attempt = LEAST(GREATEST(attempt, 0) + IF(?7, 1, 0), 2147483647), \
                  downstream_key = COALESCE(VALUES(downstream_key), downstream_key), \
@@ -229,6 +241,11 @@ fn statements(causal: &str) -> FlowStatements {
             "UPDATE flows SET park_reason = NULL, owner_token = ?3, attempt = 1, \
                  lease_until = {NOW} + ?4, updated_at = {NOW} \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NOT NULL"
+        )),
+        wake: s(format!(
+            "UPDATE flows SET owner_token = ?3, lease_until = {NOW} + ?4, updated_at = {NOW} \
+             WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NULL \
+               AND status = 'RUNNING'"
         )),
         list: LISTINGS.map(|which| s(list_sql(which, causal))),
     }

@@ -61,6 +61,18 @@ impl FlowStore for PgStore {
         flow_sql::retry_steps::<Postgres>(conn, &STATEMENTS, kind, key, phase).await
     }
 
+    async fn wake_flow(
+        &self,
+        conn: &mut PgConnection,
+        kind: &str,
+        key: &str,
+        from: &str,
+        token: &str,
+        lease_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        flow_sql::wake_flow::<Postgres>(conn, &STATEMENTS, kind, key, from, token, lease_ms).await
+    }
+
     async fn unpark(
         &self,
         conn: &mut PgConnection,
@@ -169,7 +181,7 @@ static STATEMENTS: LazyLock<FlowStatements> = LazyLock::new(|| {
              INSERT INTO flow_steps AS s (kind, flow_key, step_index, phase, name, status, attempt, \
                  downstream_key, owner_token, output, error, started_at, finished_at) \
              SELECT $1, $2, $3, $4, $5, $6, CASE WHEN $7 THEN 1 ELSE 0 END, $8, $9, $10, $11, ms, \
-                 CASE WHEN $6 = 'STARTED' THEN NULL ELSE ms END FROM now \
+                 CASE WHEN $6 IN ('STARTED', 'WAITING') THEN NULL ELSE ms END FROM now \
              ON CONFLICT (kind, flow_key, step_index, phase) DO UPDATE SET status = EXCLUDED.status, \
                  attempt = LEAST(GREATEST(s.attempt, 0)::bigint + CASE WHEN $7 THEN 1 ELSE 0 END, 2147483647)::int, \
                  downstream_key = COALESCE(EXCLUDED.downstream_key, s.downstream_key), \
@@ -187,6 +199,12 @@ static STATEMENTS: LazyLock<FlowStatements> = LazyLock::new(|| {
                  lease_until = {MS} + $4, updated_at = {MS} \
              WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $5 \
                AND f.park_reason IS NOT NULL"
+        )),
+        wake: s(format!(
+            "WITH now AS {NOW} \
+             UPDATE flows AS f SET owner_token = $3, lease_until = {MS} + $4, updated_at = {MS} \
+             WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $5 \
+               AND f.park_reason IS NULL AND f.status = 'RUNNING'"
         )),
         list: LISTINGS.map(|which| s(list_sql(which))),
     }

@@ -63,6 +63,18 @@ impl FlowStore for SqliteStore {
         flow_sql::retry_steps::<Sqlite>(conn, &STATEMENTS, kind, key, phase).await
     }
 
+    async fn wake_flow(
+        &self,
+        conn: &mut SqliteConnection,
+        kind: &str,
+        key: &str,
+        from: &str,
+        token: &str,
+        lease_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        flow_sql::wake_flow::<Sqlite>(conn, &STATEMENTS, kind, key, from, token, lease_ms).await
+    }
+
     async fn unpark(
         &self,
         conn: &mut SqliteConnection,
@@ -162,7 +174,7 @@ static STATEMENTS: LazyLock<FlowStatements> = LazyLock::new(|| {
              INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, \
                  downstream_key, owner_token, output, error, started_at, finished_at) \
              SELECT ?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?7 THEN 1 ELSE 0 END, ?8, ?9, ?10, ?11, ms, \
-                 CASE WHEN ?6 = 'STARTED' THEN NULL ELSE ms END FROM now WHERE true \
+                 CASE WHEN ?6 IN ('STARTED', 'WAITING') THEN NULL ELSE ms END FROM now WHERE true \
              ON CONFLICT (kind, flow_key, step_index, phase) DO UPDATE SET status = excluded.status, \
                  attempt = MIN(MAX(attempt, 0) + CASE WHEN ?7 THEN 1 ELSE 0 END, 2147483647), \
                  downstream_key = COALESCE(excluded.downstream_key, downstream_key), \
@@ -179,6 +191,13 @@ static STATEMENTS: LazyLock<FlowStatements> = LazyLock::new(|| {
              UPDATE flows SET park_reason = NULL, owner_token = ?3, attempt = 1, \
                  lease_until = (SELECT ms FROM now) + ?4, updated_at = (SELECT ms FROM now) \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NOT NULL"
+        )),
+        wake: s(format!(
+            "WITH now AS {NOW} \
+             UPDATE flows SET owner_token = ?3, lease_until = (SELECT ms FROM now) + ?4, \
+                 updated_at = (SELECT ms FROM now) \
+             WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NULL \
+               AND status = 'RUNNING'"
         )),
         list: LISTINGS.map(|which| s(list_sql(which))),
     }

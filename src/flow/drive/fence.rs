@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::super::flows::{Flows, Held, millis};
 use super::super::steps::bounded_str;
 use super::super::{FlowStore, StepWrite, Touch};
+use crate::store::timers::NewTimer;
 use crate::store::{Lease, db_error};
 use crate::{Error, Result};
 
@@ -16,6 +17,18 @@ pub(crate) async fn write<S: FlowStore>(
     touch: &Touch<'_>,
     step: Option<&StepWrite<'_>>,
     retry: Option<&str>,
+) -> Result<()> {
+    write_arming(flows, held, touch, step, retry, None).await
+}
+
+/// [`write`], and with it, in the same commit, the timer of a wait step.
+pub(crate) async fn write_arming<S: FlowStore>(
+    flows: &Flows<S>,
+    held: &Held,
+    touch: &Touch<'_>,
+    step: Option<&StepWrite<'_>>,
+    retry: Option<&str>,
+    arm: Option<&NewTimer<'_>>,
 ) -> Result<()> {
     // The text an action or a service gave is cut where it came in; any other is cut
     // here, so that the record always lands (MariaDB's `TEXT` holds 64 KiB).
@@ -49,6 +62,12 @@ pub(crate) async fn write<S: FlowStore>(
     if let Some(phase) = retry {
         store
             .retry_steps(&mut tx, &held.kind, &held.key, phase)
+            .await
+            .map_err(db_error::<S>)?;
+    }
+    if let Some(timer) = arm {
+        store
+            .schedule_timer(&mut tx, timer)
             .await
             .map_err(db_error::<S>)?;
     }

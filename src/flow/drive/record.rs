@@ -301,7 +301,8 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
         error: Option<&str>,
     ) {
         let begun = self.rows.get(&(i, phase)).map_or(0, |r| r.attempt);
-        let attempt = if status == "STARTED" || self.def.specs[i].class == StepClass::Local {
+        let begins = matches!(status, "STARTED" | "WAITING");
+        let attempt = if begins || self.def.specs[i].class == StepClass::Local {
             begun + 1
         } else {
             begun

@@ -25,11 +25,12 @@ mod definitions;
 mod parking;
 mod recovery;
 mod runs;
+mod waits;
 
 // The bodies, for `conformance!` (through the suite's own re-export); a binary that runs
 // only some of them leaves the rest unused.
 #[allow(unused_imports)]
-pub use self::{definitions::*, parking::*, recovery::*, runs::*};
+pub use self::{definitions::*, parking::*, recovery::*, runs::*, waits::*};
 
 orderly::flow! {
     /// Creating an order: insert it, reserve stock (a warehouse call), use a coupon,

@@ -1,0 +1,253 @@
+//! Flows that wait: a wait step sleeps on a timer in the timers' table (armed in the
+//! step's fenced commit), the timer job wakes the flow once, and the flow runs on; a
+//! recovery job that finds the wait over (its lease ran out) wakes it instead, once; the
+//! flow's record says what it waits for and until when.
+
+use std::time::Instant;
+
+use orderly::Timers;
+use orderly::flow::{FlowWait, WAIT_MACHINE};
+use orderly::timer::TimerRound;
+
+use super::*;
+
+orderly::flow! {
+    /// Authorize a card, wait for the capture window to pass, then settle (capture or
+    /// void, by the order's state).
+    pub Hold {
+        kind: "hold";
+        version: 1;
+        steps: HoldStep {
+            Authorize: keyed + undo,
+            Window:    wait,
+            Settle:    local,
+        }
+    }
+}
+
+fn hold<S: FlowStore>(world: &Arc<World>, exec: Exec<S>, wait: Duration) -> Definition<S, Order> {
+    use HoldStep::*;
+    Definition::new(Hold)
+        .call(Authorize, call_action(world, "Authorize"))
+        .undo_call(Authorize, call_action(world, "Authorize:undo"))
+        .wait(Window, wait)
+        .local(Settle, local_on::<S>(world, "Settle", exec))
+}
+
+/// Flows on a fresh store with `Hold` registered (its wait `wait`), and the effects table.
+async fn hold_flows<B: Backend>(
+    b: &B,
+    world: &Arc<World>,
+    lease: Duration,
+    wait: Duration,
+) -> Flows<B::S> {
+    b.exec("CREATE TABLE flow_effects (flow_key VARCHAR(255) NOT NULL, what VARCHAR(64) NOT NULL)")
+        .await;
+    Flows::new(b.store(Duration::from_secs(10)).await, config(lease))
+        .unwrap()
+        .read_first(B::POLICY)
+        .register(hold(world, B::exec_conn, wait))
+        .unwrap()
+}
+
+/// Fires rounds of `job` until `n` wait timers were recorded, for at most 10 s.
+async fn fire_until<S: orderly::TimerStore>(job: &Timers<S>, n: usize) -> TimerRound {
+    let mut total = TimerRound::default();
+    let began = Instant::now();
+    while total.applied + total.moot < n {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "timers not fired: {total:?}"
+        );
+        let round = job.fire_once().await.unwrap();
+        total.applied += round.applied;
+        total.moot += round.moot;
+        total.claimed += round.claimed;
+        if round.claimed == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    total
+}
+
+/// Waits (at most 10 s) until the flow `key` is completed or compensated; its status.
+async fn finished<S: FlowStore>(f: &Flows<S>, key: &str) -> String {
+    let began = Instant::now();
+    loop {
+        let view = f
+            .get("hold", key)
+            .await
+            .unwrap()
+            .expect("the flow is recorded");
+        if matches!(view.flow.status.as_str(), "COMPLETED" | "COMPENSATED") {
+            return view.flow.status;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "flow {key} still {view:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The wait: the start answers `Sleeping` after the step before it, with the step row
+/// `WAITING`, the timer in the timers' table and the record's wait agreeing on when; a
+/// re-sent start is `InFlight`; the job fires nothing before it is due, then wakes the
+/// flow once and it runs on (each effect once); firing the same timer again (a job that
+/// died after the wake committed, before it marked the timer) is moot. A step after the
+/// wait that fails compensates the steps before it, the wait having nothing to undo.
+pub async fn flow_waits_on_a_timer_and_wakes_once<B: Backend>(b: &B) {
+    let world = Arc::new(World::default());
+    let wait = Duration::from_millis(400);
+    let f = hold_flows(b, &world, Duration::from_secs(30), wait).await;
+    let job = Timers::new(f.store().clone()).flows(f.clone());
+
+    let started = f.start(Hold, "h-1", &order(1)).await.unwrap();
+    assert_eq!(
+        started.outcome,
+        FlowOutcome::Sleeping {
+            step: "Window".into(),
+            wakes_after: wait
+        }
+    );
+    assert_eq!(world.calls_in_order(), ["hold:h-1:Authorize"]);
+    assert_eq!(
+        step_rows(&f, "hold", "h-1").await,
+        rows(&[
+            ("Authorize", "F", "SUCCEEDED", 1),
+            ("Window", "F", "WAITING", 1)
+        ])
+    );
+    let view = f.get("hold", "h-1").await.unwrap().unwrap();
+    let FlowWait { step, until_ms } = view.waits.clone().expect("the record says it waits");
+    assert_eq!(step, "Window");
+    let due_at = b
+        .scalar(&format!(
+            "SELECT due_at FROM timers WHERE machine = '{WAIT_MACHINE}' AND ref_id = 'h-1' \
+             AND status = 'PENDING'"
+        ))
+        .await;
+    assert!(
+        (due_at - until_ms).abs() <= 50,
+        "timer due {due_at}, record says {until_ms}"
+    );
+    let started_at = view.steps[1].started_at;
+    assert_eq!(until_ms - started_at, 400);
+
+    match f.start(Hold, "h-1", &order(1)).await {
+        Err(Error::InFlight { .. }) => {}
+        other => panic!("a re-sent start of a sleeping flow: {other:?}"),
+    }
+    // Not due yet: nothing fires.
+    let early = job.fire_once().await.unwrap();
+    assert_eq!(early.claimed, 0, "{early:?}");
+    assert_eq!(effects(b, "h-1", "Settle").await, 0);
+
+    let fired = fire_until(&job, 1).await;
+    assert_eq!((fired.applied, fired.moot), (1, 0), "{fired:?}");
+    assert_eq!(finished(&f, "h-1").await, "COMPLETED");
+    assert_eq!(effects(b, "h-1", "Settle").await, 1);
+    assert_eq!(world.calls_in_order(), ["hold:h-1:Authorize"]);
+    assert_eq!(
+        step_rows(&f, "hold", "h-1").await,
+        rows(&[
+            ("Authorize", "F", "SUCCEEDED", 1),
+            ("Window", "F", "SUCCEEDED", 1),
+            ("Settle", "F", "SUCCEEDED", 1),
+        ])
+    );
+    assert_eq!(f.get("hold", "h-1").await.unwrap().unwrap().waits, None);
+    let again = f.start(Hold, "h-1", &order(1)).await.unwrap();
+    assert!(again.replayed);
+    assert!(matches!(again.outcome, FlowOutcome::Completed(_)));
+
+    // The job died after the wake committed and before it marked the timer: it fires
+    // again, and finds the flow woken.
+    b.exec(&format!(
+        "UPDATE timers SET status = 'PENDING', outcome = NULL, lease_until = 0 \
+         WHERE machine = '{WAIT_MACHINE}' AND ref_id = 'h-1'"
+    ))
+    .await;
+    let refired = fire_until(&job, 1).await;
+    assert_eq!((refired.applied, refired.moot), (0, 1), "{refired:?}");
+    assert_eq!(effects(b, "h-1", "Settle").await, 1);
+
+    // Settling fails for good: the authorization is voided, once.
+    world.plan("Settle", Plan::Fail);
+    let started = f.start(Hold, "h-2", &order(2)).await.unwrap();
+    assert!(matches!(started.outcome, FlowOutcome::Sleeping { .. }));
+    fire_until(&job, 1).await;
+    assert_eq!(finished(&f, "h-2").await, "COMPENSATED");
+    assert_eq!(
+        world.calls_in_order(),
+        [
+            "hold:h-1:Authorize",
+            "hold:h-2:Authorize",
+            "hold:h-2:Authorize:undo"
+        ]
+    );
+    assert_eq!(effects(b, "h-2", "Settle").await, 0);
+}
+
+/// No timer job ran while the wait passed: once the wait and a lease more are over, the
+/// recovery job finds the flow due and wakes it, once; the timer, fired afterwards, is
+/// moot. And the two racing: flows whose wait and lease are both over, the timer job and
+/// the recovery job run at once (their rounds overlap in time); each flow is woken once
+/// and settles once, whichever took it, and every timer is recorded.
+pub async fn flow_wait_woken_once_by_the_timer_or_the_recovery<B: Backend>(b: &B) {
+    let world = Arc::new(World::default());
+    let (lease, wait) = (Duration::from_millis(200), Duration::from_millis(100));
+    let f = hold_flows(b, &world, lease, wait).await;
+    let job = Timers::new(f.store().clone()).flows(f.clone());
+
+    let started = f.start(Hold, "r-1", &order(1)).await.unwrap();
+    assert!(matches!(started.outcome, FlowOutcome::Sleeping { .. }));
+    // Before the lease ran out the recovery job has nothing to take, though the timer is
+    // due.
+    tokio::time::sleep(wait + Duration::from_millis(20)).await;
+    assert_eq!(f.recover(100).await.unwrap().taken, 0);
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    let recovered = f.recover(100).await.unwrap();
+    assert_eq!(
+        (recovered.taken, recovered.completed),
+        (1, 1),
+        "{recovered:?}"
+    );
+    assert_eq!(effects(b, "r-1", "Settle").await, 1);
+    let fired = fire_until(&job, 1).await;
+    assert_eq!((fired.applied, fired.moot), (0, 1), "{fired:?}");
+    assert_eq!(effects(b, "r-1", "Settle").await, 1);
+
+    // Rounds of flows whose wait and lease are both over, raced by the timer job and the
+    // recovery job, the recovery starting a little later each round: each side must win
+    // some flows over the rounds, and each flow is woken and settles once.
+    let (n, mut woke, mut took) = (6usize, 0, 0);
+    for round in 0..8u64 {
+        for i in 0..n {
+            let key = format!("race-{round}-{i}");
+            let started = f.start(Hold, &key, &order(i as i64)).await.unwrap();
+            assert!(matches!(started.outcome, FlowOutcome::Sleeping { .. }));
+        }
+        tokio::time::sleep(wait + lease + Duration::from_millis(50)).await;
+        let (timer, recovery) = tokio::join!(fire_until(&job, n), async {
+            tokio::time::sleep(Duration::from_millis(round * 3)).await;
+            f.recover(100).await.unwrap()
+        });
+        for i in 0..n {
+            let key = format!("race-{round}-{i}");
+            assert_eq!(finished(&f, &key).await, "COMPLETED");
+            assert_eq!(effects(b, &key, "Settle").await, 1, "{key}");
+        }
+        // A flow the timer woke was left to it; one the recovery took, the timer found
+        // taken.
+        assert_eq!(timer.applied + recovery.taken, n, "{timer:?} {recovery:?}");
+        assert_eq!(timer.moot, recovery.taken, "{timer:?} {recovery:?}");
+        woke += timer.applied;
+        took += recovery.taken;
+    }
+    println!("wait race: the timer woke {woke} flows, the recovery took {took}");
+    assert!(
+        woke > 0 && took > 0,
+        "one side won every race: timer {woke}, recovery {took}"
+    );
+}
