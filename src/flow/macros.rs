@@ -3,9 +3,9 @@
 /// Declares a flow: a unit struct implementing [`Flow`](crate::flow::Flow) and an enum
 /// of its steps, with the declaration checked at compile time.
 ///
-/// Each step is `Name: class` with `class` one of `local`, `keyed`, `unsafe`
+/// Each step is `Name: class` with `class` one of `local`, `keyed`, `unsafe`, `wait`
 /// ([`StepClass`](crate::flow::StepClass)), and `+ undo` if it has a compensation, or
-/// `+ nothing_to_undo` if it has no effect to undo. A keyed or unsafe step before the
+/// `+ nothing_to_undo` if it has no effect to undo (a `wait` takes neither). A keyed or unsafe step before the
 /// pivot needs one of the two. The optional `pivot` names the first step that is never
 /// compensated: it and the steps after it are only retried forward.
 ///

@@ -334,6 +334,7 @@ macro_rules! conformance {
     // The network faults, for a backend that implements `Networked`.
     (@networked $backend:ty) => {
         $crate::conformance!(@tests $backend;
+            a_flow_wait_cut_at_each_statement_wakes_once,
             in_doubt_commit_is_read_back,
             guarded_unit_cut_at_each_statement,
             resent_request_cut_under_its_write_is_replayed,

@@ -9,6 +9,7 @@ use orderly::Timers;
 use orderly::flow::{FlowWait, WAIT_MACHINE};
 use orderly::timer::TimerRound;
 
+use super::super::Networked;
 use super::*;
 
 orderly::flow! {
@@ -172,6 +173,18 @@ pub async fn flow_waits_on_a_timer_and_wakes_once<B: Backend>(b: &B) {
     assert_eq!((refired.applied, refired.moot), (0, 1), "{refired:?}");
     assert_eq!(effects(b, "h-1", "Settle").await, 1);
 
+    // A wait timer that names no step is set aside; one of a flow that does not exist is
+    // moot.
+    b.exec(&format!(
+        "INSERT INTO timers (machine, entity_id, event, ref_id, state, version, due_at, \
+             next_at, created_at) \
+         VALUES ('{WAIT_MACHINE}', 1, 'hold', 'nameless', NULL, NULL, 0, 0, 0), \
+                ('{WAIT_MACHINE}', 2, 'hold', 'ghost', 'Window', 1, 0, 0, 0)"
+    ))
+    .await;
+    let odd = job.fire_once().await.unwrap();
+    assert_eq!((odd.claimed, odd.dead, odd.moot), (2, 1, 1), "{odd:?}");
+
     // Settling fails for good: the authorization is voided, once.
     world.plan("Settle", Plan::Fail);
     let started = f.start(Hold, "h-2", &order(2)).await.unwrap();
@@ -250,4 +263,94 @@ pub async fn flow_wait_woken_once_by_the_timer_or_the_recovery<B: Backend>(b: &B
         woke > 0 && took > 0,
         "one side won every race: timer {woke}, recovery {took}"
     );
+}
+
+/// A flow's wait cut at each of its statements, before the server sees it, after the
+/// server answered it, and with the statement forwarded and the connection then cut: the
+/// sleep's timer insert (in the start's commit), and the wake's claim, hand-over and
+/// record of the firing. Whatever the cut call answered, a sound timer job and recovery
+/// job then finish the flow: it completes, its settling step applied once, its wait
+/// timers all fired, none left pending.
+pub async fn a_flow_wait_cut_at_each_statement_wakes_once<B: Networked>(b: &B) {
+    use crate::server::{Cut, Proxy};
+    let world = Arc::new(World::default());
+    let (lease, wait) = (Duration::from_millis(300), Duration::from_millis(50));
+    let f = hold_flows(b, &world, lease, wait).await;
+    let sound = Timers::new(f.store().clone()).flows(f.clone());
+    let points: [(&'static [u8], bool); 4] = [
+        (b"INTO timers (machine", false),
+        (b"SKIP LOCKED", true),
+        (b"status = 'RUNNING'", true),
+        (b"'FIRED'", true),
+    ];
+    let mut n = 0;
+    for (point, waking) in points {
+        for cut in [
+            Cut::Request(point),
+            Cut::ReplyTo(point),
+            Cut::Forward(point),
+        ] {
+            n += 1;
+            let key = format!("cut-{n}");
+            let proxy = Proxy::start(b.server(), cut).await;
+            let proxied = Flows::new(b.store_at(proxy.port, 2).await, config(lease))
+                .unwrap()
+                .register(hold(&world, B::exec_conn, wait))
+                .unwrap();
+            let answer = if waking {
+                let started = f.start(Hold, &key, &order(n)).await.unwrap();
+                assert!(matches!(started.outcome, FlowOutcome::Sleeping { .. }));
+                tokio::time::sleep(wait + Duration::from_millis(20)).await;
+                let job = Timers::new(proxied.store().clone())
+                    .with_config(orderly::TimersConfig {
+                        lease: Duration::from_secs(1),
+                        ..Default::default()
+                    })
+                    .unwrap()
+                    .flows(proxied.clone());
+                format!("{:?}", job.fire_once().await)
+            } else {
+                format!("{:?}", proxied.start(Hold, &key, &order(n)).await)
+            };
+            assert_eq!(
+                proxy.cuts(),
+                1,
+                "{cut:?}: the proxy never cut, so the test shows nothing ({answer})"
+            );
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let view = f.get("hold", &key).await.unwrap();
+                let done = view.as_ref().is_some_and(|v| v.flow.status == "COMPLETED");
+                let pending = b
+                    .scalar(&format!(
+                        "SELECT COUNT(*) FROM timers WHERE machine = '{WAIT_MACHINE}' \
+                         AND ref_id = '{key}' AND status = 'PENDING'"
+                    ))
+                    .await;
+                if done && pending == 0 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{cut:?}: never finished: {view:?}"
+                );
+                if view.is_none() {
+                    // The cut start never committed the flow: the caller starts it again.
+                    let _ = f.start(Hold, &key, &order(n)).await;
+                }
+                let round = sound.fire_once().await.unwrap();
+                assert_eq!(round.dead, 0, "{cut:?}: {round:?}");
+                f.recover(100).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(effects(b, &key, "Settle").await, 1, "{cut:?}");
+            let fired = b
+                .scalar(&format!(
+                    "SELECT COUNT(*) FROM timers WHERE machine = '{WAIT_MACHINE}' \
+                     AND ref_id = '{key}' AND status = 'FIRED' AND outcome = 'applied'"
+                ))
+                .await;
+            assert!(fired <= 1, "{cut:?}: {fired} timers woke the flow");
+        }
+    }
 }
