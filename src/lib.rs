@@ -175,6 +175,8 @@ macro_rules! leased {
     }};
 }
 
+#[cfg(feature = "admin")]
+pub mod admin;
 pub mod backend;
 mod coalesce;
 pub mod engine;

@@ -21,6 +21,8 @@
 //! Nothing below this folder imports it: the layers reach a backend only through their
 //! seam traits. See `docs/backends.md`, "Adding a backend".
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod audit_sql;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod batched;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

@@ -32,6 +32,7 @@
 use std::future::Future;
 use std::ops::DerefMut;
 
+pub mod audit;
 pub(crate) mod errors;
 mod lease;
 mod requests;

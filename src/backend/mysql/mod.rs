@@ -10,6 +10,7 @@ use crate::backend::migrations;
 use crate::store::{Store, Tables, db_error};
 use sqlx::migrate::Migrator;
 
+mod audit;
 mod flows;
 mod idempotency;
 mod outbox;

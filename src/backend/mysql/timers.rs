@@ -13,7 +13,7 @@ use crate::backend::timer_sql::{self, TimerStatements, decoded, shared_timer_met
 use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
 
 /// The database clock, in milliseconds since the epoch.
-const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+pub(super) const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
 
 /// The statements every backend shares, built once.
 pub(super) static STATEMENTS: LazyLock<TimerStatements> =

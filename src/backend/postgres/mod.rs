@@ -10,6 +10,7 @@ use crate::backend::migrations;
 use crate::store::{Tables, db_error};
 use sqlx::migrate::{Migrate, Migrator};
 
+mod audit;
 mod flows;
 mod idempotency;
 mod outbox;

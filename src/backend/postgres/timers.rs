@@ -11,7 +11,7 @@ use crate::backend::timer_sql::{self, TimerStatements, shared_timer_methods};
 use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
 
 /// The database clock, in milliseconds since the epoch.
-const NOW: &str = super::NOW;
+pub(super) const NOW: &str = super::NOW;
 
 /// The statements every backend shares, built once.
 pub(super) static STATEMENTS: LazyLock<TimerStatements> = LazyLock::new(|| {

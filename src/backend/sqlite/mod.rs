@@ -13,6 +13,7 @@ use crate::backend::migrations;
 use crate::store::{Tables, db_error};
 use sqlx::migrate::Migrator;
 
+mod audit;
 mod flows;
 mod idempotency;
 mod outbox;

@@ -12,7 +12,7 @@ use crate::backend::timer_sql::{self, TimerStatements, shared_timer_methods};
 use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
 
 /// The database clock, in milliseconds since the epoch.
-const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+pub(super) const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// The statements every backend shares, built once.
 pub(super) static STATEMENTS: LazyLock<TimerStatements> = LazyLock::new(|| {

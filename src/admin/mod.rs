@@ -1,0 +1,119 @@
+//! The operators' page: an axum [`Router`](axum::Router) to mount in the service
+//! (feature `admin`), over the stores it already has, that shows what is stuck and acts
+//! on it through the library's own fenced calls, each action recorded in an audit trail.
+//!
+//! ```rust,ignore
+//! let admin = Admin::new(store.clone())
+//!     .flows(flows.clone())
+//!     .machine(engine.clone())
+//!     .access(|parts: &http::request::Parts| match user_of(parts) {
+//!         Some(u) if u.is_admin() => Viewer::full(u.name),
+//!         Some(u) => Viewer::read_only(u.name),
+//!         None => Viewer::none(),
+//!     });
+//! let app = Router::new().nest("/admin", admin.router());
+//! ```
+//!
+//! Every page renders as HTML on the server (escaped: whatever the database holds is
+//! text on the page), and as JSON with `?format=json`. Actions are POSTs carrying a CSRF
+//! token bound to the viewer; a viewer without full access sees no action buttons and
+//! has a POST refused 403. The pages are described in `docs/admin.md`.
+
+mod actions;
+mod app;
+mod machines;
+mod page;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub use app::Admin;
+
+use crate::engine::Engine;
+use crate::flow::{FlowStore, Flows};
+use crate::machine::StateMachine;
+use crate::outbox::OutboxStore;
+use crate::store::audit::AuditStore;
+
+/// What a viewer may do on the page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Access {
+    /// Nothing: every page answers 403.
+    None,
+    /// Every page, no action.
+    ReadOnly,
+    /// Every page and every action.
+    Full,
+}
+
+/// Who is looking, and what they may do: what the application's resolver answers for a
+/// request ([`Admin::access`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Viewer {
+    /// Their name, as the audit trail records it.
+    pub who: String,
+    /// What they may do.
+    pub access: Access,
+}
+
+impl Viewer {
+    /// No access.
+    pub fn none() -> Self {
+        Viewer {
+            who: String::new(),
+            access: Access::None,
+        }
+    }
+
+    /// `who` may read every page.
+    pub fn read_only(who: impl Into<String>) -> Self {
+        Viewer {
+            who: who.into(),
+            access: Access::ReadOnly,
+        }
+    }
+
+    /// `who` may read every page and act.
+    pub fn full(who: impl Into<String>) -> Self {
+        Viewer {
+            who: who.into(),
+            access: Access::Full,
+        }
+    }
+}
+
+/// What the page needs of a store: flows (and with them records and timers), the outbox
+/// and the audit trail. Every backend of orderly is one.
+pub trait AdminStore: FlowStore + OutboxStore + AuditStore {}
+
+impl<S: FlowStore + OutboxStore + AuditStore> AdminStore for S {}
+
+/// The application's resolver.
+type Resolver = Arc<dyn Fn(&http::request::Parts) -> Viewer + Send + Sync>;
+
+/// The machines the page shows, by name.
+type Machines<S> = BTreeMap<&'static str, Arc<dyn machines::MachineView<S>>>;
+
+impl<S: AdminStore> Admin<S> {
+    /// The same page resuming parked flows through `flows` (its registered definitions).
+    pub fn flows(mut self, flows: Flows<S>) -> Self {
+        self.flows = Some(flows);
+        self
+    }
+
+    /// The same page showing machine `M`: its graph, and its entities' timelines.
+    pub fn machine<M: StateMachine>(mut self, engine: Engine<M, S>) -> Self {
+        self.machines.insert(M::NAME, Arc::new(engine));
+        self
+    }
+
+    /// The same page with `resolve` deciding who each request is and what they may do
+    /// (the application's own authentication). Without one, every request is refused.
+    pub fn access(
+        mut self,
+        resolve: impl Fn(&http::request::Parts) -> Viewer + Send + Sync + 'static,
+    ) -> Self {
+        self.resolver = Arc::new(resolve);
+        self
+    }
+}

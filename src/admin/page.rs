@@ -1,0 +1,99 @@
+//! The page's frame: the layout every page shares, its little CSS, and the forms of the
+//! actions (shown only to a viewer with full access, each carrying the CSRF token).
+
+use maud::{DOCTYPE, Markup, html};
+
+use super::Access;
+
+/// The page's style: embedded, nothing fetched.
+const CSS: &str = "
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2329;background:#f6f7f9}
+header{background:#1d2329;color:#fff;padding:.6em 1.2em;display:flex;gap:1.2em;align-items:center}
+header a{color:#cfe3ff;text-decoration:none}header b{margin-right:1em}
+header .who{margin-left:auto;color:#aab}
+main{padding:1em 1.2em}
+h1{font-size:1.3em;margin:.2em 0 .6em}h2{font-size:1.1em;margin:1.2em 0 .4em}
+table{border-collapse:collapse;background:#fff;width:100%;margin-bottom:1em}
+th,td{border:1px solid #dde1e6;padding:.3em .5em;text-align:left;vertical-align:top}
+th{background:#eef1f4;font-weight:600}
+td.err{color:#a4262c;max-width:32em;word-break:break-word}
+.cards{display:flex;gap:1em;flex-wrap:wrap}
+.card{background:#fff;border:1px solid #dde1e6;padding:.6em 1em;min-width:11em}
+.card .n{font-size:1.6em;font-weight:600}
+.bad{color:#a4262c}.ok{color:#107c10}
+form.inline{display:inline;margin:0}
+button{cursor:pointer;padding:.15em .6em}
+pre{background:#fff;border:1px solid #dde1e6;padding:.6em;overflow:auto}
+.flash{background:#e7f3e7;border:1px solid #107c10;padding:.4em .8em;margin-bottom:1em}
+input,select{padding:.15em .3em}
+";
+
+/// What every page is given: where it is mounted, who looks, and their CSRF token.
+pub(super) struct Frame {
+    /// The mount point with its trailing slash, for `<base>`: every link is relative.
+    pub(super) base: String,
+    /// The overview's own path: the mount point itself.
+    pub(super) home: String,
+    pub(super) who: String,
+    pub(super) access: Access,
+    pub(super) csrf: String,
+}
+
+impl Frame {
+    /// Whether action buttons are shown.
+    pub(super) fn acts(&self) -> bool {
+        self.access == Access::Full
+    }
+
+    /// The page: the header's links, the title, a notice if any, the body.
+    pub(super) fn page(&self, title: &str, notice: Option<&str>, body: Markup) -> Markup {
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                head {
+                    meta charset="utf-8";
+                    base href=(self.base);
+                    title { (title) " · orderly" }
+                    style { (maud::PreEscaped(CSS)) }
+                }
+                body {
+                    header {
+                        b { "orderly" }
+                        a href=(self.home) { "Overview" }
+                        a href="outbox" { "Dead events" }
+                        a href="flows" { "Parked flows" }
+                        a href="timers" { "Dead timers" }
+                        a href="audit" { "Audit" }
+                        span.who {
+                            (self.who) " · "
+                            (if self.acts() { "full access" } else { "read-only" })
+                        }
+                    }
+                    main {
+                        h1 { (title) }
+                        @if let Some(notice) = notice {
+                            p.flash id="notice" { (notice) }
+                        }
+                        (body)
+                    }
+                }
+            }
+        }
+    }
+
+    /// A POST form of hidden fields and one button, or nothing for a read-only viewer.
+    pub(super) fn action(&self, to: &str, fields: &[(&str, &str)], label: &str) -> Markup {
+        if !self.acts() {
+            return html! {};
+        }
+        html! {
+            form.inline method="post" action=(to) {
+                input type="hidden" name="csrf" value=(self.csrf);
+                @for (name, value) in fields {
+                    input type="hidden" name=(name) value=(value);
+                }
+                button type="submit" { (label) }
+            }
+        }
+    }
+}

@@ -1,0 +1,484 @@
+//! The operators' page on SQLite, PostgreSQL and MySQL/MariaDB, over HTTP (the router
+//! nested under `/admin`, driven with `oneshot`): who may see and act (no access, read
+//! only, full), the CSRF token, escaping of what the database holds, and every action
+//! (requeue one dead event, requeue every one a filter matches in batches, resume a
+//! parked flow, re-arm and cancel a dead timer), each checked in the database and in the
+//! audit trail.
+//!
+//! Servers: `ORDERLY_PG_URL` and `ORDERLY_MYSQL_URL`, as for their suites; each test
+//! makes a database of its own.
+
+mod server;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use futures_util::StreamExt;
+use orderly::admin::{Admin, AdminStore, Viewer};
+use orderly::flow::{Definition, FlowConfig, FlowOutcome, Flows, ParkReason, StepError};
+use orderly::{Engine, Store};
+use sqlx::{AssertSqlSafe, Connection};
+use tower::ServiceExt;
+
+orderly::state_machine! {
+    /// A shop's order: paying it emits an event.
+    pub Shop {
+        states: ShopState { Created, Paid, Cancelled }
+        events: ShopEvent { Pay, Cancel }
+        initial: Created;
+        terminal: [Paid, Cancelled];
+        transitions: {
+            Created + Pay    => Paid emits OrderPaid,
+            Created + Cancel => Cancelled,
+        }
+    }
+}
+
+orderly::flow! {
+    /// A payment at a gateway without idempotency keys.
+    pub Legacy {
+        kind: "legacy";
+        version: 1;
+        steps: LegacyStep {
+            Post: unsafe + nothing_to_undo,
+        }
+    }
+}
+
+/// A hostile reference and error text: shown as text, never as markup.
+const HOSTILE: &str = "<script>alert('x')</script>";
+
+/// How many dead events the bulk requeue moves (more than one of its batches), and how
+/// many it leaves (another error text).
+const BULK: i64 = 1_200;
+const OTHERS: i64 = 30;
+
+struct Page {
+    router: axum::Router,
+}
+
+impl Page {
+    async fn call(
+        &self,
+        user: &str,
+        method: &str,
+        uri: &str,
+        form: Option<String>,
+    ) -> (StatusCode, String, Option<String>) {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("x-user", user);
+        if form.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        }
+        let request = request.body(Body::from(form.unwrap_or_default())).unwrap();
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let location = response
+            .headers()
+            .get(header::LOCATION)
+            .map(|l| l.to_str().unwrap().to_string());
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, String::from_utf8(bytes.to_vec()).unwrap(), location)
+    }
+
+    async fn get(&self, user: &str, uri: &str) -> String {
+        let (status, body, _) = self.call(user, "GET", uri, None).await;
+        assert_eq!(status, StatusCode::OK, "GET {uri} as {user}: {body}");
+        body
+    }
+
+    async fn json(&self, user: &str, uri: &str) -> serde_json::Value {
+        let sep = if uri.contains('?') { '&' } else { '?' };
+        let body = self.get(user, &format!("{uri}{sep}format=json")).await;
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{uri}: {e}: {body}"))
+    }
+
+    /// A POST of `fields` as `user`: its status and where it sends them.
+    async fn post(
+        &self,
+        user: &str,
+        path: &str,
+        fields: &[(&str, &str)],
+    ) -> (StatusCode, String, Option<String>) {
+        let form = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(fields)
+            .finish();
+        self.call(user, "POST", path, Some(form)).await
+    }
+}
+
+/// The CSRF token in a page's forms.
+fn csrf_of(html: &str) -> String {
+    let at = html
+        .find("name=\"csrf\" value=\"")
+        .expect("the page has a form");
+    let rest = &html[at + "name=\"csrf\" value=\"".len()..];
+    rest[..rest.find('"').unwrap()].to_string()
+}
+
+async fn count<S: Store>(exec: &Exec<S>, sql: &str) -> i64 {
+    (exec.scalar)(sql.to_string()).await
+}
+
+/// Literal SQL on the test's database.
+struct Exec<S> {
+    run: Box<dyn Fn(String) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>,
+    scalar: Box<dyn Fn(String) -> futures_util::future::BoxFuture<'static, i64> + Send + Sync>,
+    _s: std::marker::PhantomData<S>,
+}
+
+/// [`Exec`] over a pool.
+macro_rules! exec_on {
+    ($pool:expr) => {{
+        let (p1, p2) = ($pool.clone(), $pool.clone());
+        Exec {
+            run: Box::new(move |sql: String| {
+                let p = p1.clone();
+                Box::pin(async move {
+                    sqlx::raw_sql(AssertSqlSafe(sql)).execute(&p).await.unwrap();
+                })
+            }),
+            scalar: Box::new(move |sql: String| {
+                let p = p2.clone();
+                Box::pin(async move {
+                    sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
+                        .fetch_one(&p)
+                        .await
+                        .unwrap()
+                })
+            }),
+            _s: std::marker::PhantomData,
+        }
+    }};
+}
+
+/// The whole suite on one store.
+async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
+    let engine: Engine<Shop, S> = Engine::new(store.clone()).unwrap();
+    // Dead events: one with a hostile reference and error, the bulk with one error text,
+    // the others with another.
+    let total = 1 + BULK + OTHERS;
+    futures_util::stream::iter(1..=total)
+        .for_each_concurrent(8, |id| {
+            let engine = engine.clone();
+            async move {
+                engine.create(id).await.unwrap();
+                let reference = if id == 1 {
+                    HOSTILE.to_string()
+                } else {
+                    format!("pay-{id}")
+                };
+                engine
+                    .transition(id, ShopEvent::Pay, &reference)
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    (exec.run)(format!(
+        "UPDATE outbox SET status = 'DEAD', last_error = CASE \
+             WHEN entity_id = 1 THEN '{}' \
+             WHEN entity_id <= {} THEN 'gateway timed out' ELSE 'schema rejected' END",
+        HOSTILE.replace('\'', "''"),
+        1 + BULK
+    ))
+    .await;
+    // A dead timer.
+    engine.create(99_999).await.unwrap();
+    engine
+        .schedule(99_999, ShopEvent::Cancel, "late", Duration::from_secs(3600))
+        .await
+        .unwrap();
+    (exec.run)(
+        "UPDATE timers SET status = 'DEAD', last_error = 'it kept failing' WHERE entity_id = 99999"
+            .into(),
+    )
+    .await;
+    // A parked flow: its unsafe call asked to be retried.
+    let down = Arc::new(AtomicBool::new(true));
+    let gateway = down.clone();
+    let def = Definition::<S, i64>::new(Legacy).call(LegacyStep::Post, move |_ctx| {
+        let down = gateway.clone();
+        Box::pin(async move {
+            if down.load(Ordering::SeqCst) {
+                Err(StepError::retry(HOSTILE))
+            } else {
+                Ok("posted")
+            }
+        })
+    });
+    let flows = Flows::new(store.clone(), FlowConfig::default())
+        .unwrap()
+        .register(def)
+        .unwrap();
+    let started = flows.start(Legacy, "L-1", &7i64).await.unwrap();
+    assert!(matches!(
+        started.outcome,
+        FlowOutcome::Parked {
+            reason: ParkReason::NeedsReconciliation,
+            ..
+        }
+    ));
+
+    let admin = Admin::new(store.clone())
+        .flows(flows.clone())
+        .machine(engine.clone())
+        .access(
+            |parts| match parts.headers.get("x-user").and_then(|u| u.to_str().ok()) {
+                Some("alice") => Viewer::full("alice"),
+                Some("bob") => Viewer::read_only("bob"),
+                _ => Viewer::none(),
+            },
+        );
+    let page = Page {
+        router: axum::Router::new().nest("/admin", admin.router()),
+    };
+
+    // Access.
+    let (status, _, _) = page.call("mallory", "GET", "/admin", None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let overview = page.json("bob", "/admin").await;
+    assert_eq!(overview["outbox"]["dead"], total);
+    assert_eq!(overview["timers"]["dead"], 1);
+    assert_eq!(overview["flows"]["parked"], 1);
+    let html = page.get("bob", "/admin").await;
+    assert!(html.contains("<base href=\"/admin/\">"), "{html}");
+    for path in ["/admin", "/admin/outbox", "/admin/flows", "/admin/timers"] {
+        let html = page.get("bob", path).await;
+        assert!(
+            !html.contains("method=\"post\""),
+            "{path} shows bob an action"
+        );
+    }
+    // Escaping: the hostile reference and error are text.
+    let dead = page.get("bob", "/admin/outbox?error=alert").await;
+    assert!(dead.contains("&lt;script&gt;alert"), "{dead}");
+    assert!(!dead.contains(HOSTILE), "a raw script on the page");
+    let timeline = page.get("bob", "/admin/entity?machine=Shop&id=1").await;
+    assert!(timeline.contains("&lt;script&gt;") && !timeline.contains(HOSTILE));
+    let flows_page = page.get("bob", "/admin/flows").await;
+    assert!(flows_page.contains("NEEDS_RECONCILIATION") && !flows_page.contains(HOSTILE));
+    let history = page.json("bob", "/admin/entity?machine=Shop&id=1").await;
+    assert_eq!(history["state"], "Paid");
+    assert_eq!(history["history"][0]["ref_id"], HOSTILE);
+    assert!(
+        page.get("bob", "/admin/graph?machine=Shop")
+            .await
+            .contains("stateDiagram-v2")
+    );
+
+    // Forged and tokenless POSTs change nothing.
+    let alice_page = page.get("alice", "/admin/outbox").await;
+    let token = csrf_of(&alice_page);
+    let one = [("machine", "Shop"), ("entity_id", "1"), ("version", "1")];
+    fn with<'a>(one: &[(&'a str, &'a str)], token: &'a str) -> Vec<(&'a str, &'a str)> {
+        let mut f = one.to_vec();
+        f.push(("csrf", token));
+        f
+    }
+    assert_eq!(
+        page.post("bob", "/admin/requeue", &with(&one, &token))
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        page.post("alice", "/admin/requeue", &one).await.0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        page.post("alice", "/admin/requeue", &with(&one, "00ff"))
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        page.post("mallory", "/admin/requeue", &with(&one, &token))
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    let dead_now = count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'").await;
+    assert_eq!(dead_now, total, "a refused POST changed something");
+    assert_eq!(count(&exec, "SELECT COUNT(*) FROM orderly_audit").await, 0);
+
+    // Requeue one.
+    let (status, body, location) = page
+        .post("alice", "/admin/requeue", &with(&one, &token))
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let location = location.unwrap();
+    assert!(location.starts_with("outbox?done="), "{location}");
+    assert_eq!(
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM outbox WHERE entity_id = 1 AND status = 'PENDING'"
+        )
+        .await,
+        1
+    );
+    let shown = page.get("alice", &format!("/admin/{location}")).await;
+    assert!(
+        shown.contains("outbox.requeue Shop 1 v1: 1 changed"),
+        "{shown}"
+    );
+    // Bad input: a clear 400, nothing changed.
+    let bad = [
+        ("machine", "Shop"),
+        ("entity_id", "one"),
+        ("version", "1"),
+        ("csrf", token.as_str()),
+    ];
+    let (status, body, _) = page.post("alice", "/admin/requeue", &bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("entity_id is an integer"), "{body}");
+
+    // Requeue every match of a filter: in batches, recorded once.
+    let bulk = [
+        ("machine", "Shop"),
+        ("event", ""),
+        ("error", "gateway"),
+        ("csrf", token.as_str()),
+    ];
+    let (status, body, location) = page.post("alice", "/admin/requeue-matching", &bulk).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    assert!(location.unwrap().contains("1200+changed"));
+    assert_eq!(
+        count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'").await,
+        OTHERS
+    );
+    let audit = page.json("bob", "/admin/audit").await;
+    let rows = audit["audit"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{audit}");
+    assert_eq!(rows[0]["who"], "alice");
+    assert_eq!(rows[0]["action"], "outbox.requeue");
+    assert_eq!(rows[0]["affected"], BULK);
+    assert_eq!(
+        rows[0]["target"],
+        "dead events where machine=Shop, error=gateway"
+    );
+    assert_eq!(rows[1]["affected"], 1);
+
+    // Resume the parked flow once the gateway is back.
+    down.store(false, Ordering::SeqCst);
+    let token = csrf_of(&page.get("alice", "/admin/flows").await);
+    let resume = [
+        ("kind", "legacy"),
+        ("key", "L-1"),
+        ("how", "retry"),
+        ("csrf", token.as_str()),
+    ];
+    let (status, body, _) = page.post("alice", "/admin/resume", &resume).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let view = flows.get("legacy", "L-1").await.unwrap().unwrap();
+    assert_eq!(view.flow.status, "COMPLETED");
+    assert_eq!(page.json("bob", "/admin").await["flows"]["parked"], 0);
+
+    // Re-arm the dead timer, then cancel it.
+    let token = csrf_of(&page.get("alice", "/admin/timers").await);
+    let key = [
+        ("machine", "Shop"),
+        ("entity_id", "99999"),
+        ("event", "Cancel"),
+        ("ref_id", "late"),
+        ("csrf", token.as_str()),
+    ];
+    assert_eq!(
+        page.post("alice", "/admin/rearm", &key).await.0,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM timers WHERE entity_id = 99999 AND status = 'PENDING'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        page.post("alice", "/admin/cancel-timer", &key).await.0,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM timers WHERE entity_id = 99999 AND status = 'CANCELLED'"
+        )
+        .await,
+        1
+    );
+    let audit = page.json("bob", "/admin/audit").await;
+    let actions: Vec<&str> = audit["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "timers.cancel",
+            "timers.rearm",
+            "flows.resume",
+            "outbox.requeue",
+            "outbox.requeue"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn admin_page_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("admin.db").display());
+    let store = orderly::SqliteStore::connect(&url).await.unwrap();
+    let exec = exec_on!(store.pool());
+    suite(store, exec).await;
+}
+
+#[tokio::test]
+async fn admin_page_on_postgres() {
+    let url = server::url(
+        "ORDERLY_PG_URL",
+        "postgres://postgres@127.0.0.1:5432/postgres",
+    );
+    let name = server::unique_db_name();
+    let mut conn = sqlx::PgConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {url} is required for this suite: {e}"));
+    sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let at = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
+    let store = orderly::backend::postgres::PgStore::connect(&at)
+        .await
+        .unwrap();
+    let exec = exec_on!(store.pool());
+    suite(store, exec).await;
+}
+
+#[tokio::test]
+async fn admin_page_on_mysql() {
+    let url = server::url("ORDERLY_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let name = server::unique_db_name();
+    let mut conn = sqlx::MySqlConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("MySQL/MariaDB at {url} is required for this suite: {e}"));
+    sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let at = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
+    let store = orderly::backend::mysql::MySqlStore::connect(&at)
+        .await
+        .unwrap();
+    let exec = exec_on!(store.pool());
+    suite(store, exec).await;
+}
