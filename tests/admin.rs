@@ -159,12 +159,20 @@ macro_rules! exec_on {
     }};
 }
 
-/// The whole suite on one store.
-async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
+/// What the pages show: dead events (one with a hostile reference and error, `bulk`
+/// with one error text, [`OTHERS`] with another), a dead timer, a parked flow (whose
+/// gateway comes back when `down` is cleared).
+struct Fixture<S: AdminStore> {
+    flows: Flows<S>,
+    down: Arc<AtomicBool>,
+    router: axum::Router,
+    exec: Exec<S>,
+    total: i64,
+}
+
+async fn fixture<S: AdminStore>(store: S, exec: Exec<S>, bulk: i64) -> Fixture<S> {
     let engine: Engine<Shop, S> = Engine::new(store.clone()).unwrap();
-    // Dead events: one with a hostile reference and error, the bulk with one error text,
-    // the others with another.
-    let total = 1 + BULK + OTHERS;
+    let total = 1 + bulk + OTHERS;
     futures_util::stream::iter(1..=total)
         .for_each_concurrent(8, |id| {
             let engine = engine.clone();
@@ -187,7 +195,7 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
              WHEN entity_id = 1 THEN '{}' \
              WHEN entity_id <= {} THEN 'gateway timed out' ELSE 'schema rejected' END",
         HOSTILE.replace('\'', "''"),
-        1 + BULK
+        1 + bulk
     ))
     .await;
     // A dead timer.
@@ -230,16 +238,39 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     let admin = Admin::new(store.clone())
         .flows(flows.clone())
         .machine(engine.clone())
-        .access(
-            |parts| match parts.headers.get("x-user").and_then(|u| u.to_str().ok()) {
+        .access(|parts| {
+            // The header a test sends, or the cookie a browser keeps.
+            let header = parts.headers.get("x-user").and_then(|u| u.to_str().ok());
+            let cookie = parts
+                .headers
+                .get(header::COOKIE)
+                .and_then(|c| c.to_str().ok())
+                .and_then(|c| c.split("; ").find_map(|kv| kv.strip_prefix("user=")));
+            match header.or(cookie) {
                 Some("alice") => Viewer::full("alice"),
                 Some("bob") => Viewer::read_only("bob"),
                 _ => Viewer::none(),
-            },
-        );
-    let page = Page {
+            }
+        });
+    Fixture {
+        flows,
+        down,
         router: axum::Router::new().nest("/admin", admin.router()),
-    };
+        exec,
+        total,
+    }
+}
+
+/// The whole suite on one store.
+async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
+    let Fixture {
+        flows,
+        down,
+        router,
+        exec,
+        total,
+    } = fixture(store, exec, BULK).await;
+    let page = Page { router };
 
     // Access.
     let (status, _, _) = page.call("mallory", "GET", "/admin", None).await;
@@ -340,23 +371,37 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.contains("entity_id is an integer"), "{body}");
 
-    // Requeue every match of a filter: in batches, recorded once.
-    let bulk = [
-        ("machine", "Shop"),
-        ("event", ""),
-        ("error", "gateway"),
-        ("csrf", token.as_str()),
-    ];
-    let (status, body, location) = page.post("alice", "/admin/requeue-matching", &bulk).await;
+    // Requeue every match of a filter: in batches, recorded once. First the few whose
+    // rows come after more than a batch of others (read on past them), then the many.
+    let bulk = |error: &'static str| {
+        [
+            ("machine", "Shop"),
+            ("event", ""),
+            ("error", error),
+            ("csrf", token.as_str()),
+        ]
+    };
+    let (status, body, location) = page
+        .post("alice", "/admin/requeue-matching", &bulk("schema"))
+        .await;
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
-    assert!(location.unwrap().contains("1200+changed"));
+    assert!(location.unwrap().contains(&format!("{OTHERS}+changed")));
     assert_eq!(
         count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'").await,
-        OTHERS
+        BULK
+    );
+    let (status, body, location) = page
+        .post("alice", "/admin/requeue-matching", &bulk("gateway"))
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    assert!(location.unwrap().contains(&format!("{BULK}+changed")));
+    assert_eq!(
+        count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'").await,
+        0
     );
     let audit = page.json("bob", "/admin/audit").await;
     let rows = audit["audit"].as_array().unwrap();
-    assert_eq!(rows.len(), 2, "{audit}");
+    assert_eq!(rows.len(), 3, "{audit}");
     assert_eq!(rows[0]["who"], "alice");
     assert_eq!(rows[0]["action"], "outbox.requeue");
     assert_eq!(rows[0]["affected"], BULK);
@@ -364,7 +409,8 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         rows[0]["target"],
         "dead events where machine=Shop, error=gateway"
     );
-    assert_eq!(rows[1]["affected"], 1);
+    assert_eq!(rows[1]["affected"], OTHERS);
+    assert_eq!(rows[2]["affected"], 1);
 
     // Resume the parked flow once the gateway is back.
     down.store(false, Ordering::SeqCst);
@@ -428,6 +474,7 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
             "timers.rearm",
             "flows.resume",
             "outbox.requeue",
+            "outbox.requeue",
             "outbox.requeue"
         ]
     );
@@ -481,4 +528,253 @@ async fn admin_page_on_mysql() {
         .unwrap();
     let exec = exec_on!(store.pool());
     suite(store, exec).await;
+}
+
+/// A WebDriver of Debian's `chromium-driver`, on a port of its own, killed (by pid) when
+/// the test ends.
+struct Driver {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Driver {
+    async fn start() -> Driver {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian's chromium-driver) is required for this test");
+        let up = server::eventually(Duration::from_secs(20), || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+        assert!(up, "chromedriver did not listen on {port}");
+        Driver { child, port }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The page in a real browser (headless Chromium through WebDriver), on SQLite: the
+/// overview, an entity's timeline opened through the form (the hostile reference shown
+/// as text, no script run), a dead event requeued with its button, a parked flow retried
+/// with its button, each page checked after; a read-only viewer sees no button. The
+/// screenshots are saved under the test's output directory (`admin-screens/`).
+#[tokio::test]
+async fn admin_page_in_a_browser() {
+    use fantoccini::{ClientBuilder, Locator};
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("admin.db").display());
+    let store = orderly::SqliteStore::connect(&url).await.unwrap();
+    let exec = exec_on!(store.pool());
+    let Fixture {
+        flows,
+        down,
+        router,
+        exec,
+        total,
+    } = fixture(store, exec, 3).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let screens = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("admin-screens");
+    std::fs::create_dir_all(&screens).unwrap();
+
+    let driver = Driver::start().await;
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1280,860"],
+        }),
+    );
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    let c = ClientBuilder::new(connector)
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .expect("a WebDriver session of headless Chromium");
+    // `localhost`, not the address: a cookie is set for a host name.
+    let base = format!("http://localhost:{}/admin", addr.port());
+    let shot = |name: &'static str| {
+        let c = c.clone();
+        let path = screens.join(name);
+        async move {
+            let png = c.screenshot().await.unwrap();
+            std::fs::write(&path, png).unwrap();
+        }
+    };
+
+    // Without a user the page is refused; alice has full access.
+    c.goto(&base).await.unwrap();
+    assert!(c.source().await.unwrap().contains("not yours to see"));
+    // The session cookie the application's resolver reads, set by the page's own script
+    // context (chromedriver refuses a cookie's domain on a loopback host).
+    c.execute("document.cookie = 'user=alice; path=/'", vec![])
+        .await
+        .unwrap();
+    c.goto(&base).await.unwrap();
+    assert_eq!(c.title().await.unwrap(), "Overview · orderly");
+    let cards = c
+        .find(Locator::Css(".cards"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(cards.contains(&format!("Events dead\n{total}")), "{cards}");
+    assert!(cards.contains("Flows parked\n1"), "{cards}");
+    shot("overview.png").await;
+
+    // The timeline, through the form.
+    c.find(Locator::Css("input[name=id]"))
+        .await
+        .unwrap()
+        .send_keys("1")
+        .await
+        .unwrap();
+    c.find(Locator::Css("form[action=entity] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let now = c
+        .find(Locator::Id("now"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(now, "Now Paid, version 1.");
+    let history = c
+        .find(Locator::Id("history"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        history.contains(HOSTILE),
+        "the reference is shown as text: {history}"
+    );
+    assert!(
+        c.get_alert_text().await.is_err(),
+        "a script of the database ran"
+    );
+    shot("timeline.png").await;
+
+    // A dead event requeued with its button.
+    c.goto(&format!("{base}/outbox")).await.unwrap();
+    let buttons = c.find_all(Locator::Css("#dead button")).await.unwrap();
+    assert_eq!(buttons.len(), total as usize);
+    buttons[0].click().await.unwrap();
+    let notice = c
+        .find(Locator::Id("notice"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(notice.ends_with(": 1 changed"), "{notice}");
+    assert_eq!(
+        c.find_all(Locator::Css("#dead button"))
+            .await
+            .unwrap()
+            .len(),
+        total as usize - 1
+    );
+    let dead = (exec.scalar)("SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'".into()).await;
+    assert_eq!(dead, total - 1);
+    shot("dead-events.png").await;
+
+    // The parked flow retried with its button, once its gateway is back.
+    down.store(false, Ordering::SeqCst);
+    c.goto(&format!("{base}/flows")).await.unwrap();
+    c.find(Locator::XPath(
+        "//table[@id='parked']//button[text()='Retry']",
+    ))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    let notice = c
+        .find(Locator::Id("notice"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        notice.starts_with("flows.resume flow legacy L-1: retry: 1 changed"),
+        "{notice}"
+    );
+    assert!(
+        c.find_all(Locator::Css("#parked button"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        flows
+            .get("legacy", "L-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .flow
+            .status,
+        "COMPLETED"
+    );
+    c.goto(&format!("{base}/audit")).await.unwrap();
+    let audit = c
+        .find(Locator::Css("main table"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        audit.contains("flows.resume") && audit.contains("outbox.requeue"),
+        "{audit}"
+    );
+    shot("audit.png").await;
+
+    // Bob reads, and sees no button.
+    c.execute("document.cookie = 'user=bob; path=/'", vec![])
+        .await
+        .unwrap();
+    for path in ["", "/outbox", "/flows", "/timers"] {
+        c.goto(&format!("{base}{path}")).await.unwrap();
+        assert!(
+            c.find_all(Locator::Css("main form[method=post]"))
+                .await
+                .unwrap()
+                .is_empty(),
+            "{path}"
+        );
+    }
+    c.goto(&format!("{base}/outbox")).await.unwrap();
+    assert_eq!(
+        c.find_all(Locator::Css("#dead tr")).await.unwrap().len(),
+        total as usize
+    );
+    shot("read-only.png").await;
+    c.close().await.unwrap();
 }

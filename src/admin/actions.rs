@@ -3,11 +3,13 @@
 //! with a redirect to the page it came from, carrying what it did.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 
 use axum::Form;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
 
 use super::Access;
 use super::AdminStore;
@@ -49,48 +51,78 @@ fn int(form: &Fields, name: &str) -> Result<i64> {
         .map_err(|_| Error::InvalidInput(format!("{name} is an integer, not {text:?}")))
 }
 
-/// Records the action, then sends the viewer back to `page` with `notice`.
+/// What an action did: how many things it changed, or the error it stopped at and how
+/// many it had changed by then.
+type Acted = std::result::Result<i64, (Error, i64)>;
+
+/// The longest `who` and `target` recorded (the audit table holds them).
+const MAX_WHO: usize = 255;
+const MAX_TARGET: usize = 4096;
+
+/// Records the action (what it changed, and why it stopped if it failed), then answers:
+/// a redirect to `page` with a notice of what changed; for a failure, its status (as a
+/// read's: 503 for what may pass, 500 otherwise; 400 for bad input) and the notice.
 async fn done<S: AdminStore>(
     app: &App<S>,
     seen: &Seen,
     page: &str,
     action: &str,
     target: &str,
-    affected: Result<i64>,
+    acted: Acted,
 ) -> Response {
-    let notice = match &affected {
-        Ok(n) => {
-            let entry = AuditEntry {
-                who: &seen.frame.who,
-                action,
-                target,
-                affected: *n,
-            };
-            let store = &app.store;
-            let recorded: Result<()> =
-                async { leased!(store, |c| store.record_audit(c, &entry)) }.await;
-            match recorded {
-                Ok(()) => format!("{action} {target}: {n} changed"),
-                // The action stands; only its record failed: say so.
-                Err(e) => {
-                    format!("{action} {target}: {n} changed, but the audit record failed: {e}")
-                }
-            }
-        }
-        Err(e) => format!("{action} {target} failed: {e}"),
+    let (n, failure) = match &acted {
+        Ok(n) => (*n, None),
+        Err((e, n)) => (*n, Some(e)),
     };
-    let status = match &affected {
-        Err(Error::InvalidInput(_)) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::SEE_OTHER,
+    let recorded_target = match failure {
+        None => bounded_str(target),
+        Some(e) => bounded_str(&format!("{target} (failed: {e})")),
     };
-    if status != StatusCode::SEE_OTHER {
+    let who: String = seen.frame.who.chars().take(MAX_WHO).collect();
+    let entry = AuditEntry {
+        who: &who,
+        action,
+        target: &recorded_target,
+        affected: n,
+    };
+    let store = &app.store;
+    let recorded: Result<()> = async { leased!(store, |c| store.record_audit(c, &entry)) }.await;
+    let mut notice = match failure {
+        None => format!("{action} {target}: {n} changed"),
+        Some(e) => format!("{action} {target} failed after {n} changed: {e}"),
+    };
+    if let Err(e) = recorded {
+        // The action stands; only its record failed: say so.
+        notice.push_str(&format!(" (the audit record failed: {e})"));
+    }
+    if let Some(e) = failure {
+        let status = match e {
+            Error::InvalidInput(_) => StatusCode::BAD_REQUEST,
+            e if e.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
         return (status, notice).into_response();
     }
     let query: String = form_urlencoded::Serializer::new(String::new())
         .append_pair("done", &notice)
+        .append_pair("sig", &app.sign(&notice))
         .finish();
     let location = format!("{page}?{query}");
-    (status, [(header::LOCATION, location)]).into_response()
+    (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+}
+
+/// `text` cut to [`MAX_TARGET`] bytes at a character boundary.
+fn bounded_str(text: &str) -> String {
+    let mut end = text.len().min(MAX_TARGET);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+/// A form field that does not read: 400, nothing done, nothing recorded.
+fn bad_input(e: &Error) -> Response {
+    (StatusCode::BAD_REQUEST, e.to_string()).into_response()
 }
 
 pub(super) async fn requeue<S: AdminStore>(
@@ -108,18 +140,17 @@ pub(super) async fn requeue<S: AdminStore>(
             version: int(&form, "version")?,
         })
     })();
-    let target = key.as_ref().map_or_else(
-        |_| "an event".to_string(),
-        |k| format!("{} {} v{}", k.machine, k.entity_id, k.version),
-    );
-    let affected = match key {
-        Ok(key) => Outbox::new(app.store.clone())
-            .requeue(&key)
-            .await
-            .map(i64::from),
-        Err(e) => Err(e),
+    let key = match key {
+        Ok(key) => key,
+        Err(e) => return bad_input(&e),
     };
-    done(&app, &seen, "outbox", "outbox.requeue", &target, affected).await
+    let target = format!("{} {} v{}", key.machine, key.entity_id, key.version);
+    let acted = Outbox::new(app.store.clone())
+        .requeue(&key)
+        .await
+        .map(i64::from)
+        .map_err(|e| (e, 0));
+    done(&app, &seen, "outbox", "outbox.requeue", &target, acted).await
 }
 
 /// Requeues every dead event the filter matches, a batch at a time, recorded once.
@@ -144,41 +175,50 @@ pub(super) async fn requeue_matching<S: AdminStore>(
         format!("dead events where {}", filter.join(", "))
     };
     let outbox = Outbox::new(app.store.clone());
-    let affected = async {
-        let mut requeued = 0i64;
-        // Each round reads the dead events up to a batch past the ones it leaves (those
-        // the filter does not match stay dead) and requeues the matching ones, which
-        // leave the dead state. It ends once a round has read every dead event, or
-        // requeued none.
-        let mut skipped = 0u32;
-        loop {
-            let limit = skipped.saturating_add(BATCH);
-            let rows = outbox.dead(limit).await?;
-            let all_read = rows.len() < limit as usize;
-            let matching: Vec<_> = rows
-                .iter()
-                .filter(|r| matches(&form, &r.machine, &r.event, r.last_error.as_deref()))
-                .collect();
-            skipped = u32::try_from(rows.len() - matching.len()).unwrap_or(u32::MAX);
-            let mut moved = 0;
-            for r in matching {
-                let key = EventKey {
-                    machine: r.machine.clone(),
-                    entity_id: r.entity_id,
-                    version: r.version,
-                };
-                if outbox.requeue(&key).await? {
-                    moved += 1;
+    let mut requeued = 0i64;
+    // Each round reads the dead events up to a batch past the ones it left dead (those
+    // the filter does not match, and any that did not move) and requeues the matching
+    // ones, which leave the dead state. It ends once a round has read every dead event.
+    let mut left = 0u32;
+    let acted = loop {
+        let limit = left.saturating_add(BATCH);
+        let rows = match outbox.dead(limit).await {
+            Ok(rows) => rows,
+            Err(e) => break Err((e, requeued)),
+        };
+        let all_read = rows.len() < limit as usize || limit == u32::MAX;
+        let mut moved = 0u32;
+        let mut failed = None;
+        for r in rows
+            .iter()
+            .filter(|r| matches(&form, &r.machine, &r.event, r.last_error.as_deref()))
+        {
+            let key = EventKey {
+                machine: r.machine.clone(),
+                entity_id: r.entity_id,
+                version: r.version,
+            };
+            match outbox.requeue(&key).await {
+                Ok(true) => moved += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    failed = Some(e);
+                    break;
                 }
             }
-            requeued += moved;
-            if all_read || moved == 0 {
-                return Ok::<_, Error>(requeued);
-            }
         }
+        requeued += i64::from(moved);
+        if let Some(e) = failed {
+            break Err((e, requeued));
+        }
+        if all_read {
+            break Ok(requeued);
+        }
+        left = u32::try_from(rows.len())
+            .unwrap_or(u32::MAX)
+            .saturating_sub(moved);
     };
-    let affected = affected.await;
-    done(&app, &seen, "outbox", "outbox.requeue", &target, affected).await
+    done(&app, &seen, "outbox", "outbox.requeue", &target, acted).await
 }
 
 pub(super) async fn resume<S: AdminStore>(
@@ -195,24 +235,31 @@ pub(super) async fn resume<S: AdminStore>(
     );
     let how = form.get("how").map_or("", String::as_str);
     let target = format!("flow {kind} {key}: {how}");
-    let affected = async {
-        let how = match how {
-            "retry" => Resume::Retry,
-            "compensate" => Resume::Compensate,
-            other => {
-                return Err(Error::InvalidInput(format!(
-                    "a resume is retry or compensate, not {other:?}"
-                )));
-            }
-        };
-        let flows = app
-            .flows
-            .as_ref()
-            .ok_or_else(|| Error::InvalidInput("no flows are registered with this page".into()))?;
-        flows.resume(kind, key, how).await.map(|_| 1)
+    let how = match how {
+        "retry" => Resume::Retry,
+        "compensate" => Resume::Compensate,
+        other => {
+            return bad_input(&Error::InvalidInput(format!(
+                "a resume is retry or compensate, not {other:?}"
+            )));
+        }
     };
-    let affected = affected.await;
-    done(&app, &seen, "flows", "flows.resume", &target, affected).await
+    let Some(flows) = app.flows.as_ref() else {
+        return bad_input(&Error::InvalidInput(
+            "no flows are registered with this page".into(),
+        ));
+    };
+    // A step that panics is this action's failure, not the page's.
+    let resumed = AssertUnwindSafe(flows.resume(kind, key, how))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::InvalidInput(format!(
+                "a step of flow {kind} {key} panicked"
+            )))
+        });
+    let acted = resumed.map(|_| 1).map_err(|e| (e, 0));
+    done(&app, &seen, "flows", "flows.resume", &target, acted).await
 }
 
 fn timer_key(form: &Fields) -> Result<(String, i64, String, String)> {
@@ -232,27 +279,23 @@ pub(super) async fn rearm<S: AdminStore>(
     if let Some(no) = allowed(&app, &seen, &form) {
         return no;
     }
-    let key = timer_key(&form);
-    let target = key.as_ref().map_or_else(
-        |_| "a timer".to_string(),
-        |(m, id, e, r)| format!("{m} {id} {e} {r}"),
-    );
-    let affected = match key {
-        Ok((machine, entity_id, event, ref_id)) => {
-            let key = TimerKey {
-                machine: &machine,
-                entity_id,
-                event: &event,
-                ref_id: &ref_id,
-            };
-            Timers::new(app.store.clone())
-                .rearm(&key)
-                .await
-                .map(i64::from)
-        }
-        Err(e) => Err(e),
+    let (machine, entity_id, event, ref_id) = match timer_key(&form) {
+        Ok(key) => key,
+        Err(e) => return bad_input(&e),
     };
-    done(&app, &seen, "timers", "timers.rearm", &target, affected).await
+    let target = format!("{machine} {entity_id} {event} {ref_id}");
+    let key = TimerKey {
+        machine: &machine,
+        entity_id,
+        event: &event,
+        ref_id: &ref_id,
+    };
+    let acted = Timers::new(app.store.clone())
+        .rearm(&key)
+        .await
+        .map(i64::from)
+        .map_err(|e| (e, 0));
+    done(&app, &seen, "timers", "timers.rearm", &target, acted).await
 }
 
 pub(super) async fn cancel_timer<S: AdminStore>(
@@ -263,25 +306,19 @@ pub(super) async fn cancel_timer<S: AdminStore>(
     if let Some(no) = allowed(&app, &seen, &form) {
         return no;
     }
-    let key = timer_key(&form);
-    let target = key.as_ref().map_or_else(
-        |_| "a timer".to_string(),
-        |(m, id, e, r)| format!("{m} {id} {e} {r}"),
-    );
-    let store = &app.store;
-    let affected = match key {
-        Ok((machine, entity_id, event, ref_id)) => {
-            let key = TimerKey {
-                machine: &machine,
-                entity_id,
-                event: &event,
-                ref_id: &ref_id,
-            };
-            let cancelled: Result<bool> =
-                async { leased!(store, |c| store.cancel_timer(c, &key)) }.await;
-            cancelled.map(i64::from)
-        }
-        Err(e) => Err(e),
+    let (machine, entity_id, event, ref_id) = match timer_key(&form) {
+        Ok(key) => key,
+        Err(e) => return bad_input(&e),
     };
-    done(&app, &seen, "timers", "timers.cancel", &target, affected).await
+    let target = format!("{machine} {entity_id} {event} {ref_id}");
+    let key = TimerKey {
+        machine: &machine,
+        entity_id,
+        event: &event,
+        ref_id: &ref_id,
+    };
+    let store = &app.store;
+    let cancelled: Result<bool> = async { leased!(store, |c| store.cancel_timer(c, &key)) }.await;
+    let acted = cancelled.map(i64::from).map_err(|e| (e, 0));
+    done(&app, &seen, "timers", "timers.cancel", &target, acted).await
 }

@@ -28,8 +28,8 @@ pub struct Admin<S: AdminStore> {
     pub(super) flows: Option<Flows<S>>,
     pub(super) machines: Machines<S>,
     pub(super) resolver: Resolver,
-    /// The key of the viewers' CSRF tokens: random for each page built.
-    secret: [u8; 32],
+    /// The key of the viewers' CSRF tokens: random for each page built, unless given.
+    secret: Vec<u8>,
 }
 
 impl<S: AdminStore> std::fmt::Debug for Admin<S> {
@@ -59,7 +59,7 @@ impl<S: AdminStore> Admin<S> {
             flows: None,
             machines: Machines::new(),
             resolver: Arc::new(|_: &Parts| Viewer::none()),
-            secret,
+            secret: secret.to_vec(),
         }
     }
 
@@ -90,6 +90,30 @@ impl<S: AdminStore> Admin<S> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key");
         mac.update(who.as_bytes());
         mac
+    }
+
+    /// The signature of a notice this page shows after an action.
+    pub(super) fn sign(&self, notice: &str) -> String {
+        self.csrf(&format!("notice\u{0}{notice}"))
+    }
+
+    /// Whether `sig` is this page's signature of `notice`.
+    fn signed(&self, notice: &str, sig: &str) -> bool {
+        self.csrf_holds(&format!("notice\u{0}{notice}"), sig)
+    }
+
+    /// The same page with the key of its CSRF tokens (and notices) set, so that every
+    /// replica of the service accepts the forms any of them drew. At least 32 bytes,
+    /// kept secret; [`Error::InvalidInput`] otherwise. By default a random key is drawn
+    /// for each page built.
+    pub fn csrf_key(mut self, key: &[u8]) -> crate::Result<Self> {
+        if key.len() < 32 {
+            return Err(Error::InvalidInput(
+                "a CSRF key is at least 32 bytes".into(),
+            ));
+        }
+        self.secret = key.to_vec();
+        Ok(self)
     }
 
     /// Whether `token` is `who`'s CSRF token (compared in constant time).
@@ -176,9 +200,12 @@ fn answer(
     }
 }
 
-/// The notice an action left in the query (`done`).
-fn notice(q: &HashMap<String, String>) -> Option<&str> {
-    q.get("done").map(String::as_str)
+/// The notice an action left in the query (`done`), if this page signed it (`sig`): a
+/// link made elsewhere shows none.
+fn notice<'q, S: AdminStore>(app: &Admin<S>, q: &'q HashMap<String, String>) -> Option<&'q str> {
+    let text = q.get("done")?;
+    let sig = q.get("sig")?;
+    app.signed(text, sig).then_some(text.as_str())
 }
 
 async fn audit_rows<S: AdminStore>(store: &S, limit: i64) -> crate::Result<Vec<AuditRow>> {
@@ -257,7 +284,7 @@ async fn overview<S: AdminStore>(
         h2 { "Latest actions" }
         (audit_table(&recent))
     };
-    answer(&seen, "Overview", notice(&q), data, body)
+    answer(&seen, "Overview", notice(&app, &q), data, body)
 }
 
 /// The form that opens an entity's timeline.
@@ -344,7 +371,7 @@ async fn dead_events<S: AdminStore>(
         @if !rows.is_empty() {
             (f.action("requeue-matching", &[
                 ("machine", &field("machine")), ("event", &field("event")), ("error", &field("error")),
-            ], &format!("Requeue all {} matching", rows.len())))
+            ], "Requeue every match"))
         }
         table id="dead" {
             tr { th { "Machine" } th { "Entity" } th { "Version" } th { "Event" } th { "Reference" }
@@ -367,7 +394,7 @@ async fn dead_events<S: AdminStore>(
             }
         }
     };
-    answer(&seen, "Dead events", notice(&q), data, body)
+    answer(&seen, "Dead events", notice(&app, &q), data, body)
 }
 
 async fn parked_flows<S: AdminStore>(
@@ -417,7 +444,7 @@ async fn parked_flows<S: AdminStore>(
             }
         }
     };
-    answer(&seen, "Parked flows", notice(&q), data, body)
+    answer(&seen, "Parked flows", notice(&app, &q), data, body)
 }
 
 async fn dead_timers<S: AdminStore>(
@@ -468,7 +495,7 @@ async fn dead_timers<S: AdminStore>(
             ul { @for c in &corrupt { li { (c) } } }
         }
     };
-    answer(&seen, "Dead timers", notice(&q), data, body)
+    answer(&seen, "Dead timers", notice(&app, &q), data, body)
 }
 
 async fn entity<S: AdminStore>(
@@ -537,7 +564,7 @@ async fn entity<S: AdminStore>(
             @for l in &lines {
                 tr {
                     td { (l.seq) } td { (l.from) } td { (l.to) } td { (l.event) } td { (l.ref_id) }
-                    td { (l.payload_hash.as_deref().map_or("", |h| &h[..h.len().min(12)])) }
+                    td { (l.payload_hash.as_deref().map_or_else(String::new, |h| h.chars().take(12).collect())) }
                     td { (l.actor.as_deref().unwrap_or("")) }
                     td { (l.reason.as_deref().unwrap_or("")) }
                     td { (l.at) }

@@ -17,37 +17,43 @@ use crate::store::{Lease, db_error};
 /// [`Timers::flows`]: crate::timer::Timers::flows
 pub const WAIT_MACHINE: &str = "flow:wait";
 
-/// The timer of a flow's wait at step `index` (its `attempt`-th): its event the flow's
+/// The timer of a flow's wait at step `index`, slept under `token`: its event the flow's
 /// kind, its reference the flow key, its state and version the step's name and position.
-/// Its entity is a hash of all of them, so each wait is a timer of its own, ordered
-/// after no other.
+/// Its entity is a hash of the flow, the step and the token ([`wait_entity`]), so each
+/// sleep is a timer of its own, ordered after no other, and a timer wakes only the sleep
+/// that armed it (not a later flow under the same key, after a purge).
 pub(super) fn wait_timer<'a>(
     kind: &'a str,
     key: &'a str,
     step: &'a str,
     index: usize,
-    attempt: i32,
+    token: &str,
     wait: Duration,
 ) -> NewTimer<'a> {
-    let mut hash = Sha256::new();
-    for part in [kind, key, &index.to_string(), &attempt.to_string()] {
-        hash.update(part.len().to_le_bytes());
-        hash.update(part.as_bytes());
-    }
-    let digest = hash.finalize();
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    let entity_id = i64::from_le_bytes(first) & i64::MAX;
     NewTimer {
         key: TimerKey {
             machine: WAIT_MACHINE,
-            entity_id,
+            entity_id: wait_entity(kind, key, index, token),
             event: kind,
             ref_id: key,
         },
         after_ms: millis(wait),
         at: Some((step, i64::try_from(index).unwrap_or(i64::MAX))),
     }
+}
+
+/// The entity of the timer of the sleep at step `index` of flow `(kind, key)` under
+/// `token`: the first 63 bits of a SHA-256 of them.
+fn wait_entity(kind: &str, key: &str, index: usize, token: &str) -> i64 {
+    let mut hash = Sha256::new();
+    for part in [kind, key, &index.to_string(), token] {
+        hash.update(part.len().to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    let digest = hash.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_le_bytes(first) & i64::MAX
 }
 
 /// How a wait timer's firing ended.
@@ -104,7 +110,12 @@ impl<S: FlowStore> Flows<S> {
         let waiting = steps
             .iter()
             .find(|s| s.phase == "F" && i64::from(s.step_index) == index && s.status == "WAITING");
-        let Some(waiting) = waiting.filter(|s| s.owner_token == flow.owner_token) else {
+        // The sleep this timer armed: still the flow's holder, and the timer its own.
+        let Some(waiting) = waiting.filter(|s| {
+            s.owner_token == flow.owner_token
+                && usize::try_from(index)
+                    .is_ok_and(|i| wait_entity(kind, key, i, &s.owner_token) == t.entity_id)
+        }) else {
             return Woken::Moot(format!(
                 "flow {kind} {key} was woken at step {step}, or taken over"
             ));

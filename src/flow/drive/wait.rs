@@ -18,7 +18,6 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
     /// timer is due, and then only if no timer job woke it in that lease.
     pub(super) async fn sleep(&mut self, i: usize, wait: Duration) -> Result<FlowOutcome> {
         let name = self.def.specs[i].name;
-        let attempt = self.rows.get(&(i, FORWARD)).map_or(0, |r| r.attempt) + 1;
         let out = format!("{{\"wait_ms\":{}}}", millis(wait));
         let write = self.step_write(i, FORWARD, "WAITING", true, Some(&out), None);
         let touch = Touch {
@@ -26,7 +25,14 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
             step_at: Some(to_i32(i)),
             ..self.fence(wait.saturating_add(self.flows.config.lease))
         };
-        let timer = wait_timer(&self.held.kind, &self.held.key, name, i, attempt, wait);
+        let timer = wait_timer(
+            &self.held.kind,
+            &self.held.key,
+            name,
+            i,
+            &self.held.token,
+            wait,
+        );
         write_arming(
             self.flows,
             &self.held,

@@ -189,6 +189,17 @@ pub async fn flow_waits_on_a_timer_and_wakes_once<B: Backend>(b: &B) {
     world.plan("Settle", Plan::Fail);
     let started = f.start(Hold, "h-2", &order(2)).await.unwrap();
     assert!(matches!(started.outcome, FlowOutcome::Sleeping { .. }));
+    // A timer of another sleep (an earlier flow under the key, since purged) wakes
+    // nothing.
+    b.exec(&format!(
+        "INSERT INTO timers (machine, entity_id, event, ref_id, state, version, due_at, \
+             next_at, created_at) \
+         VALUES ('{WAIT_MACHINE}', 7, 'hold', 'h-2', 'Window', 1, 0, 0, 0)"
+    ))
+    .await;
+    let stale = job.fire_once().await.unwrap();
+    assert_eq!((stale.claimed, stale.moot), (1, 1), "{stale:?}");
+    assert!(f.get("hold", "h-2").await.unwrap().unwrap().waits.is_some());
     fire_until(&job, 1).await;
     assert_eq!(finished(&f, "h-2").await, "COMPENSATED");
     assert_eq!(
