@@ -3,8 +3,8 @@
 //! (PostgreSQL or MariaDB by URL).
 //!
 //! ```sh
-//! cargo run --example service --features http,metrics            # 127.0.0.1:3000, SQLite
-//! cargo run --example service --features http,metrics,postgres -- --db postgres://127.0.0.1/test
+//! cargo run --example service --features http,metrics,admin      # 127.0.0.1:3000, SQLite
+//! cargo run --example service --features http,metrics,admin,postgres -- --db postgres://127.0.0.1/test
 //! ```
 //!
 //! | route | what |
@@ -36,6 +36,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use orderly::admin::{Admin, Viewer};
 use orderly::flow::{Ctx, Definition, FlowConfig, FlowOutcome, Flows, Listing, Resume, StepError};
 use orderly::http::{IdempotencyLayer, IdempotentRequest};
 use orderly::idempotency::{RecordStore, Work};
@@ -88,7 +89,12 @@ orderly::flow! {
 
 /// What a backend gives the service beyond orderly: its shop tables and their SQL.
 trait Shop:
-    Store + RecordStore + orderly::flow::FlowStore + orderly::outbox::OutboxStore + Sized
+    Store
+    + RecordStore
+    + orderly::flow::FlowStore
+    + orderly::outbox::OutboxStore
+    + orderly::store::audit::AuditStore
+    + Sized
 {
     /// Connects, migrates, creates the stock table and seeds `sku-1`, `sku-2` and
     /// `sku-slow`.
@@ -891,6 +897,19 @@ async fn serve<S: Shop>(
             get(move || std::future::ready(metrics.render())),
         )
         .with_state(app.clone());
+    // The operators' page. Who is who is the service's own sign-in to decide; this demo
+    // trusts a header: `x-user: operator` may act, `x-user: support` may only read.
+    let admin = Admin::new(app.store.clone())
+        .flows(app.flows.clone())
+        .machine(app.engine.clone())
+        .access(
+            |parts| match parts.headers.get("x-user").and_then(|u| u.to_str().ok()) {
+                Some("operator") => Viewer::full("operator"),
+                Some("support") => Viewer::read_only("support"),
+                _ => Viewer::none(),
+            },
+        );
+    let router = router.nest("/admin", admin.router());
 
     // The recovery jobs: requests whose server died half way (a request here is a flow,
     // which its own job finishes, so the record is released to run again), and flows.

@@ -642,7 +642,8 @@ async fn admin_page_in_a_browser() {
     assert!(cards.contains("Flows parked\n1"), "{cards}");
     shot("overview.png").await;
 
-    // The timeline, through the form.
+    // The timeline, through the form. (A click that navigates returns before the next
+    // page is there: each check after one waits for an element only that page has.)
     c.find(Locator::Css("input[name=id]"))
         .await
         .unwrap()
@@ -656,7 +657,9 @@ async fn admin_page_in_a_browser() {
         .await
         .unwrap();
     let now = c
-        .find(Locator::Id("now"))
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("now"))
         .await
         .unwrap()
         .text()
@@ -686,7 +689,9 @@ async fn admin_page_in_a_browser() {
     assert_eq!(buttons.len(), total as usize);
     buttons[0].click().await.unwrap();
     let notice = c
-        .find(Locator::Id("notice"))
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("notice"))
         .await
         .unwrap()
         .text()
@@ -716,7 +721,9 @@ async fn admin_page_in_a_browser() {
     .await
     .unwrap();
     let notice = c
-        .find(Locator::Id("notice"))
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("notice"))
         .await
         .unwrap()
         .text()

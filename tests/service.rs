@@ -10,7 +10,7 @@ mod example_service;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use example_service::{Service, get, open_transactions, post, scalar};
+use example_service::{Service, get, open_transactions, post, scalar, stuck_transactions};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -299,7 +299,7 @@ async fn story(db: &str) {
     assert!(replay.1, "the hung-up order was created again");
     for _ in 0..5 {
         assert_eq!(
-            open_transactions(db).await,
+            stuck_transactions(db).await,
             0,
             "a connection stayed in a transaction after the hung-up request"
         );
@@ -398,6 +398,56 @@ async fn story(db: &str) {
         .await
         .unwrap();
     assert!(metrics.contains("orderly_claims_total"), "{metrics}");
+
+    // The operators' page, mounted at /admin: support reads (no action, a POST refused),
+    // nobody else sees it.
+    let page = |user: Option<&'static str>, path: &str| {
+        let mut request = client.get(svc.url(path));
+        if let Some(user) = user {
+            request = request.header("x-user", user);
+        }
+        request.send()
+    };
+    assert_eq!(
+        page(None, "/admin").await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+    let overview: serde_json::Value = page(Some("support"), "/admin?format=json")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(overview["machines"], json!(["OrderMachine"]), "{overview}");
+    let html = page(Some("support"), "/admin/outbox")
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        html.contains("Dead events") && !html.contains("method=\"post\""),
+        "{html}"
+    );
+    let forged = client
+        .post(svc.url("/admin/requeue"))
+        .header("x-user", "support")
+        .form(&[
+            ("machine", "OrderMachine"),
+            ("entity_id", "1"),
+            ("version", "1"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+    let operator = page(Some("operator"), "/admin/flows")
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(operator.contains("operator · full access"), "{operator}");
     assert!(svc.stop().success(), "a graceful stop failed");
 }
 

@@ -137,6 +137,17 @@ pub async fn scalar(db: &str, sql: &'static str) -> i64 {
 /// take the write lock for a moment now and then; a transaction held open by a request
 /// (`sku-slow` holds one for 800 ms) outlasts the wait.
 pub async fn open_transactions(db: &str) -> i64 {
+    transactions(db, false).await
+}
+
+/// [`open_transactions`], counting on PostgreSQL and MariaDB only the transactions open
+/// for a second or more: one a request left behind, not one of the service's own jobs
+/// caught between two statements.
+pub async fn stuck_transactions(db: &str) -> i64 {
+    transactions(db, true).await
+}
+
+async fn transactions(db: &str, stuck: bool) -> i64 {
     if db.starts_with("sqlite:") {
         let options = orderly::backend::sqlite::connect_options(db)
             .unwrap()
@@ -153,20 +164,27 @@ pub async fn open_transactions(db: &str) -> i64 {
             Err(e) => panic!("{e}"),
         }
     } else if db.starts_with("mysql:") {
-        scalar(
-            db,
+        let sql = if stuck {
             "SELECT COUNT(*) FROM information_schema.innodb_trx t \
              JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
-             WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID() AND p.command = 'Sleep'",
-        )
-        .await
+             WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID() AND p.command = 'Sleep' \
+               AND t.trx_started <= NOW() - INTERVAL 1 SECOND"
+        } else {
+            "SELECT COUNT(*) FROM information_schema.innodb_trx t \
+             JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+             WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID() AND p.command = 'Sleep'"
+        };
+        scalar(db, sql).await
     } else {
-        scalar(
-            db,
+        let sql = if stuck {
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
-        )
-        .await
+             AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid() \
+             AND state_change <= clock_timestamp() - interval '1 second'"
+        } else {
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
+        };
+        scalar(db, sql).await
     }
 }
 
