@@ -13,7 +13,8 @@ use futures_util::FutureExt;
 
 use super::Access;
 use super::AdminStore;
-use super::app::{App, Seen, matches, refused};
+use super::app::{App, Seen, refused};
+use super::pages::matches;
 use crate::flow::Resume;
 use crate::outbox::{EventKey, Outbox};
 use crate::store::audit::AuditEntry;
@@ -271,31 +272,19 @@ fn timer_key(form: &Fields) -> Result<(String, i64, String, String)> {
     ))
 }
 
+/// What to do with a timer.
+#[derive(Clone, Copy)]
+enum OnTimer {
+    Rearm,
+    Cancel,
+}
+
 pub(super) async fn rearm<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
     Form(form): Form<Fields>,
 ) -> Response {
-    if let Some(no) = allowed(&app, &seen, &form) {
-        return no;
-    }
-    let (machine, entity_id, event, ref_id) = match timer_key(&form) {
-        Ok(key) => key,
-        Err(e) => return bad_input(&e),
-    };
-    let target = format!("{machine} {entity_id} {event} {ref_id}");
-    let key = TimerKey {
-        machine: &machine,
-        entity_id,
-        event: &event,
-        ref_id: &ref_id,
-    };
-    let acted = Timers::new(app.store.clone())
-        .rearm(&key)
-        .await
-        .map(i64::from)
-        .map_err(|e| (e, 0));
-    done(&app, &seen, "timers", "timers.rearm", &target, acted).await
+    on_timer(app, seen, form, OnTimer::Rearm).await
 }
 
 pub(super) async fn cancel_timer<S: AdminStore>(
@@ -303,6 +292,12 @@ pub(super) async fn cancel_timer<S: AdminStore>(
     seen: Seen,
     Form(form): Form<Fields>,
 ) -> Response {
+    on_timer(app, seen, form, OnTimer::Cancel).await
+}
+
+/// Re-arms a dead timer ([`Timers::rearm`]) or cancels a pending or dead one no job is
+/// firing (the store's fenced `cancel_timer`).
+async fn on_timer<S: AdminStore>(app: App<S>, seen: Seen, form: Fields, what: OnTimer) -> Response {
     if let Some(no) = allowed(&app, &seen, &form) {
         return no;
     }
@@ -318,7 +313,13 @@ pub(super) async fn cancel_timer<S: AdminStore>(
         ref_id: &ref_id,
     };
     let store = &app.store;
-    let cancelled: Result<bool> = async { leased!(store, |c| store.cancel_timer(c, &key)) }.await;
-    let acted = cancelled.map(i64::from).map_err(|e| (e, 0));
-    done(&app, &seen, "timers", "timers.cancel", &target, acted).await
+    let (action, changed) = match what {
+        OnTimer::Rearm => ("timers.rearm", Timers::new(store.clone()).rearm(&key).await),
+        OnTimer::Cancel => (
+            "timers.cancel",
+            async { leased!(store, |c| store.cancel_timer(c, &key)) }.await,
+        ),
+    };
+    let acted = changed.map(i64::from).map_err(|e| (e, 0));
+    done(&app, &seen, "timers", action, &target, acted).await
 }

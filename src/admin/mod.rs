@@ -23,6 +23,7 @@ mod actions;
 mod app;
 mod machines;
 mod page;
+mod pages;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

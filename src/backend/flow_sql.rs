@@ -195,21 +195,30 @@ pub(crate) async fn unpark<DB: Binds>(
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    let args = [
-        Arg::Str(kind),
-        Arg::Str(key),
-        Arg::Str(token),
-        Arg::I64(lease_ms),
-        Arg::Str(from),
-    ];
-    let done = s.unpark.query::<DB>(&args)?.execute(conn).await?;
-    Ok(DB::rows_affected(&done) == 1)
+    hand_over::<DB>(conn, &s.unpark, kind, key, from, token, lease_ms).await
 }
 
 /// [`FlowStore::wake_flow`](crate::flow::FlowStore::wake_flow).
 pub(crate) async fn wake_flow<DB: Binds>(
     conn: &mut DB::Connection,
     s: &FlowStatements,
+    kind: &str,
+    key: &str,
+    from: &str,
+    token: &str,
+    lease_ms: i64,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    hand_over::<DB>(conn, &s.wake, kind, key, from, token, lease_ms).await
+}
+
+/// A flow handed from token `from` to `token` by `statement` (an unpark or a wake):
+/// whether it was.
+async fn hand_over<DB: Binds>(
+    conn: &mut DB::Connection,
+    statement: &Statement,
     kind: &str,
     key: &str,
     from: &str,
@@ -226,7 +235,7 @@ where
         Arg::I64(lease_ms),
         Arg::Str(from),
     ];
-    let done = s.wake.query::<DB>(&args)?.execute(conn).await?;
+    let done = statement.query::<DB>(&args)?.execute(conn).await?;
     Ok(DB::rows_affected(&done) == 1)
 }
 
