@@ -217,7 +217,7 @@ pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
 }
 
 /// The store's apply-first unit of one request and of three, its future dropped at every
-/// await point, and then, 60 times each, dropped at a random moment after its first poll
+/// await point, and then, 120 times each, dropped at a random moment after its first poll
 /// (up to 400 µs to start with, longer while no drop lands after the commit), while the
 /// database works through the unit (the connection then
 /// discarded, as the engine's lease does): the unit wrote all of its requests or none,
@@ -260,7 +260,7 @@ pub async fn apply_first_unit_dropped_at_every_await_point<B: Backend>(b: &B) {
         let mut drops = 0;
         // k < 0: the drop lands at a random moment after the first poll; k >= 0: at the
         // k-th await point that was not ready at once, until the unit completes.
-        for k in (-60..0).chain(0..) {
+        for k in (-120..0).chain(0..) {
             if k < 0 && k % 10 == 0 {
                 if committed == 0 {
                     most = (most * 2).min(200_000);
