@@ -10,10 +10,10 @@
 #   4 observe, coalesce          spans and metrics; the turn, the queue, coalesced reads and claims
 #   5 engine, idempotency, outbox
 #   6 flow, timer                (use idempotency and the engine)
-#   7 http, admin, testing
+#   7 http, admin, cli, testing
 #   8 backend                    the dialects, implementing every seam from above
 cd "$(dirname "$0")/.."
-declare -A floor=([machine]=1 [error]=1 [support]=2 [store]=3 [observe]=4 [coalesce]=4 [engine]=5 [idempotency]=5 [outbox]=5 [flow]=6 [timer]=6 [http]=7 [admin]=7 [testing]=7 [backend]=8)
+declare -A floor=([machine]=1 [error]=1 [support]=2 [store]=3 [observe]=4 [coalesce]=4 [engine]=5 [idempotency]=5 [outbox]=5 [flow]=6 [timer]=6 [http]=7 [admin]=7 [cli]=7 [testing]=7 [backend]=8)
 declare -A root=([Error]=error [Result]=error [TokenRejection]=error [StateMachine]=machine [Transition]=machine [StateTimer]=machine
   [Store]=store [Tables]=store [WriteTurn]=store
   [Engine]=engine [EngineConfig]=engine [Outcome]=engine [ReadFirst]=engine [Record]=engine [Order]=engine [TransitionRequest]=engine [CreateRequest]=engine [CoalescedWrites]=engine [DEFAULT_MAX_EVENT_BODY]=engine

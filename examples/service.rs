@@ -94,6 +94,7 @@ trait Shop:
     + orderly::flow::FlowStore
     + orderly::outbox::OutboxStore
     + orderly::store::audit::AuditStore
+    + orderly::admin::lookup::LookupStore
     + Sized
 {
     /// Connects, migrates, creates the stock table and seeds `sku-1`, `sku-2` and
@@ -901,6 +902,7 @@ async fn serve<S: Shop>(
     // trusts a header: `x-user: operator` may act, `x-user: support` may only read.
     let admin = Admin::new(app.store.clone())
         .flows(app.flows.clone())
+        .records(records.clone())
         .machine(app.engine.clone())
         .access(
             |parts| match parts.headers.get("x-user").and_then(|u| u.to_str().ok()) {

@@ -178,6 +178,8 @@ macro_rules! leased {
 #[cfg(feature = "admin")]
 pub mod admin;
 pub mod backend;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod coalesce;
 pub mod engine;
 pub mod error;

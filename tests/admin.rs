@@ -18,8 +18,10 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use futures_util::StreamExt;
 use orderly::admin::{Admin, AdminStore, Viewer};
+use orderly::cli::{Cli, Exit};
 use orderly::flow::{Definition, FlowConfig, FlowOutcome, Flows, ParkReason, StepError};
-use orderly::{Engine, Store};
+use orderly::idempotency::{Claim, ScopeConfig};
+use orderly::{Engine, Records, Store};
 use sqlx::{AssertSqlSafe, Connection};
 use tower::ServiceExt;
 
@@ -160,14 +162,33 @@ macro_rules! exec_on {
 }
 
 /// What the pages show: dead events (one with a hostile reference and error, `bulk`
-/// with one error text, [`OTHERS`] with another), a dead timer, a parked flow (whose
-/// gateway comes back when `down` is cleared).
+/// with one error text, [`OTHERS`] with another), a dead timer, two parked flows (whose
+/// gateway comes back when `down` is cleared), a record stuck past its lease.
 struct Fixture<S: AdminStore> {
     flows: Flows<S>,
+    records: Records<S>,
+    engine: Engine<Shop, S>,
     down: Arc<AtomicBool>,
     router: axum::Router,
     exec: Exec<S>,
     total: i64,
+}
+
+/// The idempotency scope of the stuck record, and its key.
+const SCOPE: &str = "checkout";
+const STUCK_KEY: &str = "req-stuck";
+
+/// The page (and the command line) over the fixture's store, flows, records and machine.
+fn admin_of<S: AdminStore>(
+    store: &S,
+    flows: &Flows<S>,
+    records: &Records<S>,
+    engine: &Engine<Shop, S>,
+) -> Admin<S> {
+    Admin::new(store.clone())
+        .flows(flows.clone())
+        .records(records.clone())
+        .machine(engine.clone())
 }
 
 async fn fixture<S: AdminStore>(store: S, exec: Exec<S>, bulk: i64) -> Fixture<S> {
@@ -226,34 +247,49 @@ async fn fixture<S: AdminStore>(store: S, exec: Exec<S>, bulk: i64) -> Fixture<S
         .unwrap()
         .register(def)
         .unwrap();
-    let started = flows.start(Legacy, "L-1", &7i64).await.unwrap();
-    assert!(matches!(
-        started.outcome,
-        FlowOutcome::Parked {
-            reason: ParkReason::NeedsReconciliation,
-            ..
-        }
-    ));
-
-    let admin = Admin::new(store.clone())
-        .flows(flows.clone())
-        .machine(engine.clone())
-        .access(|parts| {
-            // The header a test sends, or the cookie a browser keeps.
-            let header = parts.headers.get("x-user").and_then(|u| u.to_str().ok());
-            let cookie = parts
-                .headers
-                .get(header::COOKIE)
-                .and_then(|c| c.to_str().ok())
-                .and_then(|c| c.split("; ").find_map(|kv| kv.strip_prefix("user=")));
-            match header.or(cookie) {
-                Some("alice") => Viewer::full("alice"),
-                Some("bob") => Viewer::read_only("bob"),
-                _ => Viewer::none(),
+    for key in ["L-1", "L-2"] {
+        let started = flows.start(Legacy, key, &7i64).await.unwrap();
+        assert!(matches!(
+            started.outcome,
+            FlowOutcome::Parked {
+                reason: ParkReason::NeedsReconciliation,
+                ..
             }
-        });
+        ));
+    }
+    // A record whose holder died: its lease runs out.
+    let records = Records::new(store.clone())
+        .scope(
+            SCOPE,
+            ScopeConfig {
+                lease: Duration::from_millis(100),
+                retention: Duration::from_secs(86_400),
+            },
+        )
+        .unwrap();
+    let Claim::Claimed(_) = records.claim(SCOPE, STUCK_KEY, &1).await.unwrap() else {
+        panic!("a new key is claimed");
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let admin = admin_of(&store, &flows, &records, &engine).access(|parts| {
+        // The header a test sends, or the cookie a browser keeps.
+        let header = parts.headers.get("x-user").and_then(|u| u.to_str().ok());
+        let cookie = parts
+            .headers
+            .get(header::COOKIE)
+            .and_then(|c| c.to_str().ok())
+            .and_then(|c| c.split("; ").find_map(|kv| kv.strip_prefix("user=")));
+        match header.or(cookie) {
+            Some("alice") => Viewer::full("alice"),
+            Some("bob") => Viewer::read_only("bob"),
+            _ => Viewer::none(),
+        }
+    });
     Fixture {
         flows,
+        records,
+        engine,
         down,
         router: axum::Router::new().nest("/admin", admin.router()),
         exec,
@@ -265,10 +301,12 @@ async fn fixture<S: AdminStore>(store: S, exec: Exec<S>, bulk: i64) -> Fixture<S
 async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     let Fixture {
         flows,
+        records,
         down,
         router,
         exec,
         total,
+        ..
     } = fixture(store, exec, BULK).await;
     let page = Page { router };
 
@@ -278,10 +316,17 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     let overview = page.json("bob", "/admin").await;
     assert_eq!(overview["outbox"]["dead"], total);
     assert_eq!(overview["timers"]["dead"], 1);
-    assert_eq!(overview["flows"]["parked"], 1);
+    assert_eq!(overview["flows"]["parked"], 2);
+    assert_eq!(overview["records"]["stuck"], 1);
     let html = page.get("bob", "/admin").await;
     assert!(html.contains("<base href=\"/admin/\">"), "{html}");
-    for path in ["/admin", "/admin/outbox", "/admin/flows", "/admin/timers"] {
+    for path in [
+        "/admin",
+        "/admin/outbox",
+        "/admin/flows",
+        "/admin/timers",
+        "/admin/records",
+    ] {
         let html = page.get("bob", path).await;
         assert!(
             !html.contains("method=\"post\""),
@@ -299,11 +344,64 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     let history = page.json("bob", "/admin/entity?machine=Shop&id=1").await;
     assert_eq!(history["state"], "Paid");
     assert_eq!(history["history"][0]["ref_id"], HOSTILE);
-    assert!(
-        page.get("bob", "/admin/graph?machine=Shop")
-            .await
-            .contains("stateDiagram-v2")
+    // The timeline's outbox events, with their publish status.
+    assert_eq!(history["events"][0]["id"], "Shop:1:1");
+    assert_eq!(history["events"][0]["status"], "DEAD");
+    assert_eq!(history["events"][0]["event"], "OrderPaid");
+
+    // Search: by a reference, a message id, an entity id, a record's key, a flow key.
+    let found = page.json("bob", "/admin/search?q=pay-5").await;
+    assert_eq!(found["history"][0]["machine"], "Shop");
+    assert_eq!(found["history"][0]["order_id"], 5);
+    assert_eq!(found["history"][0]["event"], "Pay");
+    assert_eq!(found["events"][0]["id"], "Shop:5:1");
+    assert_eq!(found["history"].as_array().unwrap().len(), 1, "{found}");
+    let found = page.json("bob", "/admin/search?q=Shop:7:1").await;
+    assert_eq!(found["events"][0]["ref_id"], "pay-7", "{found}");
+    let found = page.json("bob", "/admin/search?q=7").await;
+    assert_eq!(
+        found["entities"],
+        serde_json::json!([["Shop", 7]]),
+        "{found}"
     );
+    let found = page
+        .json("bob", &format!("/admin/search?q={STUCK_KEY}"))
+        .await;
+    assert_eq!(found["records"][0]["scope"], SCOPE, "{found}");
+    assert_eq!(found["records"][0]["status"], "PROCESSING");
+    let found = page.json("bob", "/admin/search?q=L-2").await;
+    assert_eq!(found["flows"][0]["kind"], "legacy", "{found}");
+    assert_eq!(found["flows"][0]["park_reason"], "NEEDS_RECONCILIATION");
+    let found = page.json("bob", "/admin/search?q=no-such-thing").await;
+    for kind in ["history", "events", "records", "flows", "entities"] {
+        assert_eq!(found[kind], serde_json::json!([]), "{kind}: {found}");
+    }
+    let html = page
+        .get(
+            "bob",
+            "/admin/search?q=%3Cscript%3Ealert(%27x%27)%3C%2Fscript%3E",
+        )
+        .await;
+    assert!(
+        html.contains("2 found for") && html.contains("&lt;script&gt;"),
+        "{html}"
+    );
+    assert!(!html.contains(HOSTILE), "a raw script on the page");
+    let (status, body, _) = page.call("bob", "GET", "/admin/search?q=a%0Ab", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body, _) = page
+        .call("bob", "GET", "/admin/outbox?older=soon", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let stuck = page.json("bob", "/admin/records").await;
+    assert_eq!(stuck["stuck"][0]["idem_key"], STUCK_KEY, "{stuck}");
+    let graph = page.get("bob", "/admin/graph?machine=Shop").await;
+    assert!(graph.contains("stateDiagram-v2"), "{graph}");
+    assert!(
+        graph.contains("<svg") && graph.contains(">Cancelled</text>"),
+        "{graph}"
+    );
+    assert!(graph.contains(">Pay / OrderPaid</text>"), "{graph}");
 
     // Forged and tokenless POSTs change nothing.
     let alice_page = page.get("alice", "/admin/outbox").await;
@@ -425,7 +523,58 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
     let view = flows.get("legacy", "L-1").await.unwrap().unwrap();
     assert_eq!(view.flow.status, "COMPLETED");
+    // The other is marked applied by hand (the gateway did post it), with its output;
+    // an output that is not JSON is refused, nothing done.
+    let applied = |output: &'static str| {
+        [
+            ("kind", "legacy"),
+            ("key", "L-2"),
+            ("how", "applied"),
+            ("output", output),
+            ("csrf", token.as_str()),
+        ]
+    };
+    let (status, body, _) = page.post("alice", "/admin/resume", &applied("{oops")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(
+        flows
+            .get("legacy", "L-2")
+            .await
+            .unwrap()
+            .unwrap()
+            .flow
+            .status,
+        "RUNNING"
+    );
+    let (status, body, _) = page
+        .post("alice", "/admin/resume", &applied("\"posted by hand\""))
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let view = flows.get("legacy", "L-2").await.unwrap().unwrap();
+    assert_eq!(view.flow.status, "COMPLETED");
+    assert!(view.flow.output.unwrap().contains("posted by hand"));
     assert_eq!(page.json("bob", "/admin").await["flows"]["parked"], 0);
+
+    // Release the stuck record: the next claim runs the request again.
+    let token = csrf_of(&page.get("alice", "/admin/records").await);
+    let release = [
+        ("scope", SCOPE),
+        ("key", STUCK_KEY),
+        ("csrf", token.as_str()),
+    ];
+    let (status, body, location) = page.post("alice", "/admin/release", &release).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    assert!(location.unwrap().contains("1+changed"));
+    assert_eq!(page.json("bob", "/admin").await["records"]["stuck"], 0);
+    let (_, _, location) = page.post("alice", "/admin/release", &release).await;
+    assert!(
+        location.unwrap().contains("0+changed"),
+        "a second release changed something"
+    );
+    assert!(matches!(
+        records.claim(SCOPE, STUCK_KEY, &1).await.unwrap(),
+        Claim::Claimed(_)
+    ));
 
     // Re-arm the dead timer, then cancel it.
     let token = csrf_of(&page.get("alice", "/admin/timers").await);
@@ -472,6 +621,9 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         [
             "timers.cancel",
             "timers.rearm",
+            "records.release",
+            "records.release",
+            "flows.resume",
             "flows.resume",
             "outbox.requeue",
             "outbox.requeue",
@@ -480,17 +632,250 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     );
 }
 
-#[tokio::test]
-async fn admin_page_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("admin.db").display());
-    let store = orderly::SqliteStore::connect(&url).await.unwrap();
-    let exec = exec_on!(store.pool());
-    suite(store, exec).await;
+/// One command of the command line: its exit code, what it printed, and its errors.
+async fn cli<S: AdminStore>(cli: &Cli<S>, args: &[&str]) -> (Exit, String, String) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let line = std::iter::once("orderly").chain(args.iter().copied());
+    let code = cli.run(line, &mut out, &mut err).await;
+    (
+        code,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
 }
 
-#[tokio::test]
-async fn admin_page_on_postgres() {
+/// A command that prints JSON: its exit code and the JSON, parsed back.
+async fn cli_json<S: AdminStore>(c: &Cli<S>, args: &[&str]) -> (Exit, serde_json::Value) {
+    let mut line = vec!["--json"];
+    line.extend_from_slice(args);
+    let (code, out, err) = cli(c, &line).await;
+    let json = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out} {err}"));
+    (code, json)
+}
+
+/// The `orderly` binary on `url`: its exit code and what it printed.
+fn binary(url: Option<&str>, args: &[&str]) -> (i32, String, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_orderly"));
+    command.env_remove("ORDERLY_DATABASE_URL");
+    if let Some(url) = url {
+        command.args(["--database-url", url]);
+    }
+    let out = command.args(args).output().unwrap();
+    (
+        out.status.code().expect("the binary exits, not killed"),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// The command line over the fixture: every command, its `--json` parsed back, each
+/// action checked in the database and the audit trail, and the exit codes; then the
+/// `orderly` binary against the database at `url`.
+async fn cli_suite<S: AdminStore>(store: S, exec: Exec<S>, url: &str) {
+    const FEW: i64 = 20;
+    let Fixture {
+        flows,
+        records,
+        engine,
+        down,
+        exec,
+        total,
+        ..
+    } = fixture(store.clone(), exec, FEW).await;
+    let c = Cli::new(admin_of(&store, &flows, &records, &engine));
+    let dead = || count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'");
+
+    let (code, o) = cli_json(&c, &["overview"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert_eq!(o["outbox"]["dead"], total);
+    assert_eq!(o["records"]["stuck"], 1);
+    assert_eq!(o["flows"]["parked"], 2);
+    let (code, out, _) = cli(&c, &["overview"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert!(
+        out.contains(&format!("events dead         {total}")),
+        "{out}"
+    );
+
+    // Reads.
+    let (code, found) = cli_json(&c, &["search", "pay-5"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert_eq!(found["history"][0]["order_id"], 5);
+    assert_eq!(found["events"][0]["id"], "Shop:5:1");
+    let (code, out, _) = cli(&c, &["search", "no-such-thing"]).await;
+    assert_eq!(code, Exit::NotFound);
+    assert!(out.contains("(none)"), "{out}");
+    let (code, t) = cli_json(&c, &["history", "Shop", "1"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert_eq!(t["history"][0]["ref_id"], HOSTILE);
+    assert_eq!(t["events"][0]["status"], "DEAD");
+    let (code, out, _) = cli(&c, &["history", "Shop", "1"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert!(out.starts_with("Shop 1: Paid at version 1"), "{out}");
+    assert_eq!(
+        cli(&c, &["history", "Shop", "424242"]).await.0,
+        Exit::NotFound
+    );
+    let (code, rows) = cli_json(&c, &["outbox", "dead", "--error", "schema"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert_eq!(rows.as_array().unwrap().len(), OTHERS as usize);
+    let (_, rows) = cli_json(&c, &["outbox", "dead", "--older-than", "1h"]).await;
+    assert_eq!(rows, serde_json::json!([]), "nothing is an hour old");
+    let (code, rows) = cli_json(&c, &["records", "stuck"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert_eq!(rows[0]["idem_key"], STUCK_KEY);
+    let (code, rows) = cli_json(&c, &["flows", "parked"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert_eq!(rows.as_array().unwrap().len(), 2);
+    let (code, rows) = cli_json(&c, &["timers", "dead"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert_eq!(rows[0]["entity_id"], 99_999);
+    let (code, out, _) = cli(&c, &["graph", "Shop"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert!(out.contains("stateDiagram-v2"), "{out}");
+
+    // Bad lines: nothing done.
+    for line in [
+        &["outbox", "requeue"][..],
+        &["outbox", "requeue", "--older-than", "soon"],
+        &["outbox", "requeue", "--id", "Shop:one:1"],
+        &["flows", "resume", "legacy", "L-1", "--how", "later"],
+        &["graph", "Nope"],
+        &["history", "Shop", "one"],
+        &["no-such-command"],
+    ] {
+        let (code, _, err) = cli(&c, line).await;
+        assert_eq!(code, Exit::Usage, "{line:?}: {err}");
+        assert!(!err.is_empty(), "{line:?} said nothing");
+    }
+    assert_eq!(dead().await, total, "a refused command changed something");
+    assert_eq!(count(&exec, "SELECT COUNT(*) FROM orderly_audit").await, 0);
+
+    // Actions.
+    let (code, _, err) = cli(
+        &c,
+        &[
+            "--who", "ops-bot", "outbox", "requeue", "--error", "gateway",
+        ],
+    )
+    .await;
+    assert_eq!(code, Exit::Ok, "{err}");
+    assert!(err.contains(&format!("requeued {FEW} so far")), "{err}");
+    assert_eq!(dead().await, total - FEW);
+    let (code, done) = cli_json(&c, &["outbox", "requeue", "--id", "Shop:1:1"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert_eq!(done["changed"], 1);
+    let (code, done) = cli_json(&c, &["outbox", "requeue", "--id", "Shop:1:1"]).await;
+    assert_eq!(code, Exit::NotFound, "requeued twice: {done}");
+    assert_eq!(done["changed"], 0);
+    assert_eq!(
+        cli(&c, &["records", "release", SCOPE, STUCK_KEY]).await.0,
+        Exit::Ok
+    );
+    assert_eq!(
+        cli(&c, &["records", "release", SCOPE, STUCK_KEY]).await.0,
+        Exit::NotFound
+    );
+    assert!(matches!(
+        records.claim(SCOPE, STUCK_KEY, &1).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    down.store(false, Ordering::SeqCst);
+    assert_eq!(
+        cli(&c, &["flows", "resume", "legacy", "L-1", "--how", "retry"])
+            .await
+            .0,
+        Exit::Ok
+    );
+    let line = [
+        "flows",
+        "resume",
+        "legacy",
+        "L-2",
+        "--how",
+        "applied",
+        "--output",
+        "\"by hand\"",
+    ];
+    assert_eq!(cli(&c, &line).await.0, Exit::Ok);
+    for key in ["L-1", "L-2"] {
+        assert_eq!(
+            flows.get("legacy", key).await.unwrap().unwrap().flow.status,
+            "COMPLETED"
+        );
+    }
+    let timer = ["Shop", "99999", "Cancel", "late"];
+    assert_eq!(
+        cli(&c, &[&["timers", "rearm"][..], &timer].concat())
+            .await
+            .0,
+        Exit::Ok
+    );
+    assert_eq!(
+        cli(&c, &[&["timers", "cancel"][..], &timer].concat())
+            .await
+            .0,
+        Exit::Ok
+    );
+    let (code, audit) = cli_json(&c, &["audit"]).await;
+    assert_eq!(code, Exit::Ok);
+    let actions: Vec<(&str, i64)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap(),
+                r["affected"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("timers.cancel", 1),
+            ("timers.rearm", 1),
+            ("flows.resume", 1),
+            ("flows.resume", 1),
+            ("records.release", 0),
+            ("records.release", 1),
+            ("outbox.requeue", 0),
+            ("outbox.requeue", 1),
+            ("outbox.requeue", FEW),
+        ]
+    );
+    assert_eq!(audit[8]["who"], "ops-bot");
+    assert_eq!(audit[8]["target"], "dead events where error=gateway");
+
+    // The binary: the same reads with nothing registered, and its exit codes.
+    let (code, out, err) = binary(
+        Some(url),
+        &["--json", "outbox", "dead", "--error", "schema"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), OTHERS as usize);
+    let (code, out, _) = binary(Some(url), &["--json", "search", "pay-9"]);
+    assert_eq!(code, 0);
+    let found: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(found["history"][0]["order_id"], 9, "{found}");
+    assert_eq!(binary(Some(url), &["search", "no-such-thing"]).0, 1);
+    let (code, _, err) = binary(Some(url), &["records", "release", SCOPE, "k"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("no idempotency records are registered"),
+        "{err}"
+    );
+    let (code, _, err) = binary(None, &["overview"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--database-url"), "{err}");
+    let (code, out, _) = binary(None, &["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("outbox"), "{out}");
+}
+
+/// A database of the test's own on the PostgreSQL server, migrated; its URL.
+async fn postgres_store() -> (orderly::backend::postgres::PgStore, String) {
     let url = server::url(
         "ORDERLY_PG_URL",
         "postgres://postgres@127.0.0.1:5432/postgres",
@@ -507,12 +892,11 @@ async fn admin_page_on_postgres() {
     let store = orderly::backend::postgres::PgStore::connect(&at)
         .await
         .unwrap();
-    let exec = exec_on!(store.pool());
-    suite(store, exec).await;
+    (store, at)
 }
 
-#[tokio::test]
-async fn admin_page_on_mysql() {
+/// A database of the test's own on the MySQL/MariaDB server, migrated; its URL.
+async fn mysql_store() -> (orderly::backend::mysql::MySqlStore, String) {
     let url = server::url("ORDERLY_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
     let name = server::unique_db_name();
     let mut conn = sqlx::MySqlConnection::connect(&url)
@@ -526,8 +910,58 @@ async fn admin_page_on_mysql() {
     let store = orderly::backend::mysql::MySqlStore::connect(&at)
         .await
         .unwrap();
+    (store, at)
+}
+
+#[tokio::test]
+async fn admin_page_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("admin.db").display());
+    let store = orderly::SqliteStore::connect(&url).await.unwrap();
     let exec = exec_on!(store.pool());
     suite(store, exec).await;
+}
+
+#[tokio::test]
+async fn command_line_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("cli.db").display());
+    let store = orderly::SqliteStore::connect(&url).await.unwrap();
+    let exec = exec_on!(store.pool());
+    cli_suite(store, exec, &url).await;
+    // A database that is not there is not made: a failure to open it, exit 3.
+    let missing = format!("sqlite://{}", dir.path().join("none/x.db").display());
+    let (code, _, err) = binary(Some(&missing), &["overview"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(!dir.path().join("none").exists());
+}
+
+#[tokio::test]
+async fn admin_page_on_postgres() {
+    let (store, _) = postgres_store().await;
+    let exec = exec_on!(store.pool());
+    suite(store, exec).await;
+}
+
+#[tokio::test]
+async fn command_line_on_postgres() {
+    let (store, at) = postgres_store().await;
+    let exec = exec_on!(store.pool());
+    cli_suite(store, exec, &at).await;
+}
+
+#[tokio::test]
+async fn admin_page_on_mysql() {
+    let (store, _) = mysql_store().await;
+    let exec = exec_on!(store.pool());
+    suite(store, exec).await;
+}
+
+#[tokio::test]
+async fn command_line_on_mysql() {
+    let (store, at) = mysql_store().await;
+    let exec = exec_on!(store.pool());
+    cli_suite(store, exec, &at).await;
 }
 
 /// A WebDriver of Debian's `chromium-driver`, on a port of its own, killed (by pid) when
@@ -587,6 +1021,7 @@ async fn admin_page_in_a_browser() {
         router,
         exec,
         total,
+        ..
     } = fixture(store, exec, 3).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -639,8 +1074,60 @@ async fn admin_page_in_a_browser() {
         .await
         .unwrap();
     assert!(cards.contains(&format!("Events dead\n{total}")), "{cards}");
-    assert!(cards.contains("Flows parked\n1"), "{cards}");
+    assert!(cards.contains("Flows parked\n2"), "{cards}");
+    assert!(cards.contains("Records stuck\n1"), "{cards}");
     shot("overview.png").await;
+
+    // Search a reference from the header's box; its entity's link opens the timeline.
+    c.find(Locator::Css("header input[name=q]"))
+        .await
+        .unwrap()
+        .send_keys("pay-3\u{E007}")
+        .await
+        .unwrap();
+    let found = c
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("found"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(found, "2 found for pay-3.");
+    let rows = c
+        .find(Locator::Id("found-history"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(rows.contains("Shop 3 1 Pay Created Paid"), "{rows}");
+    shot("search.png").await;
+    c.find(Locator::Css("#found-history a"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let now = c
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("now"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(now, "Now Paid, version 1.");
+    assert!(
+        c.current_url()
+            .await
+            .unwrap()
+            .as_str()
+            .ends_with("entity?machine=Shop&id=3")
+    );
+    c.goto(&base).await.unwrap();
 
     // The timeline, through the form. (A click that navigates returns before the next
     // page is there: each check after one waits for an element only that page has.)
@@ -733,11 +1220,16 @@ async fn admin_page_in_a_browser() {
         notice.starts_with("flows.resume flow legacy L-1: retry: 1 changed"),
         "{notice}"
     );
+    let parked = c
+        .find(Locator::Id("parked"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(
-        c.find_all(Locator::Css("#parked button"))
-            .await
-            .unwrap()
-            .is_empty()
+        !parked.contains("L-1") && parked.contains("L-2"),
+        "{parked}"
     );
     assert_eq!(
         flows
@@ -749,6 +1241,36 @@ async fn admin_page_in_a_browser() {
             .status,
         "COMPLETED"
     );
+    // The stuck record released with its button.
+    c.goto(&format!("{base}/records")).await.unwrap();
+    c.find(Locator::XPath(
+        "//table[@id='stuck']//button[text()='Release']",
+    ))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    let notice = c
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("notice"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        notice,
+        format!("records.release record {SCOPE} {STUCK_KEY}: 1 changed")
+    );
+    assert!(
+        c.find_all(Locator::Css("#stuck button"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    shot("records.png").await;
     c.goto(&format!("{base}/audit")).await.unwrap();
     let audit = c
         .find(Locator::Css("main table"))
@@ -762,12 +1284,25 @@ async fn admin_page_in_a_browser() {
         "{audit}"
     );
     shot("audit.png").await;
+    // The graph, drawn on the server.
+    c.goto(&format!("{base}/graph?machine=Shop")).await.unwrap();
+    let drawn = c
+        .find(Locator::Css("#picture svg"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in ["Created", "Paid", "Cancelled", "Pay / OrderPaid"] {
+        assert!(drawn.contains(name), "{name} is not drawn: {drawn}");
+    }
+    shot("graph.png").await;
 
     // Bob reads, and sees no button.
     c.execute("document.cookie = 'user=bob; path=/'", vec![])
         .await
         .unwrap();
-    for path in ["", "/outbox", "/flows", "/timers"] {
+    for path in ["", "/outbox", "/flows", "/timers", "/records"] {
         c.goto(&format!("{base}{path}")).await.unwrap();
         assert!(
             c.find_all(Locator::Css("main form[method=post]"))

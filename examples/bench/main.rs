@@ -94,6 +94,10 @@
 //! one `outbox backend=… c=… outbox_vs_hand=… replay_vs_outbox=…` and one `guarded
 //! backend=… c=… guarded_vs_hand=… replay_vs_guarded=…` per concurrency, and the
 //! `relay …` line, for scripts.
+//!
+//! With `--admin-history N` (or `--only admin`), the admin mode (`admin.rs`): the
+//! operators' page timed over a database of N history rows, and the engine with the page
+//! polled; its `admin …` line.
 
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;
@@ -108,6 +112,8 @@ use orderly::outbox::{
 use orderly::store::Store;
 use orderly::{Done, Engine, EngineConfig, Outcome, ReadFirst, Records, ScopeConfig};
 
+#[cfg(feature = "admin")]
+mod admin;
 #[macro_use]
 mod records;
 #[macro_use]
@@ -188,6 +194,8 @@ struct Args {
     relay_events: i64,
     timers: i64,
     nats: Option<String>,
+    /// History rows of the admin mode, if it runs.
+    admin_history: Option<i64>,
     /// The part run alone, if one is.
     only: Option<Only>,
 }
@@ -200,6 +208,7 @@ enum Only {
     Hot,
     Http,
     Timers,
+    Admin,
 }
 
 impl Args {
@@ -224,6 +233,7 @@ fn parse_args() -> Result<Args, BoxError> {
         relay_events: 20_000,
         timers: 20_000,
         nats: None,
+        admin_history: None,
         only: None,
     };
     let mut it = std::env::args().skip(1);
@@ -248,15 +258,17 @@ fn parse_args() -> Result<Args, BoxError> {
             "--relay-events" => args.relay_events = value()?.parse()?,
             "--timers" => args.timers = value()?.parse()?,
             "--nats" => args.nats = Some(value()?),
+            "--admin-history" => args.admin_history = Some(value()?.parse()?),
             "--only" => match value()?.as_str() {
                 "guarded" => args.only = Some(Only::Guarded),
                 "relay" => args.only = Some(Only::Relay),
                 "hot" => args.only = Some(Only::Hot),
                 "http" => args.only = Some(Only::Http),
                 "timers" => args.only = Some(Only::Timers),
+                "admin" => args.only = Some(Only::Admin),
                 other => {
                     return Err(format!(
-                        "--only {other}: only `guarded`, `relay`, `hot`, `http` or `timers` can run alone"
+                        "--only {other}: only `guarded`, `relay`, `hot`, `http`, `timers` or `admin` can run alone"
                     )
                     .into());
                 }
@@ -267,6 +279,12 @@ fn parse_args() -> Result<Args, BoxError> {
             }
             other => return Err(format!("unknown option {other} (see --help)").into()),
         }
+    }
+    if args.only == Some(Only::Admin) && args.admin_history.is_none() {
+        args.admin_history = Some(1_000_000);
+    }
+    if args.admin_history.is_some_and(|n| n < 100) {
+        return Err("--admin-history must be 100 or more".into());
     }
     if args.orders < 3 || args.rounds == 0 || args.concurrency.contains(&0) || args.seconds <= 0.0 {
         return Err("--orders, --concurrency and --seconds must be positive".into());
@@ -301,15 +319,31 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
   --only hot                        the hot-rows mode alone (the `hot` line)
   --only http                       the HTTP mode alone (the `http` line)
   --only timers                     the timers modes alone (the `timers` line)
+  --admin-history N                 also the admin mode (feature `admin`): the operators'
+                                    page over N history rows, N/10 outbox rows and N/100
+                                    records, and the engine with the page polled (an
+                                    `admin` line)
+  --only admin                      the admin mode alone [N = 1000000]
   --help                            this text
 
 It prints a table per concurrency and `ratio`, `coalesce`, `records`, `flows`, `outbox`,
 `guarded`, `relay`, `timers`, `deadline` (and `front`, `scale`) lines; docs/benchmarks.md reads them.
 ";
 
+/// What the bench needs of a store: with the `admin` feature, all the operators' page
+/// needs (the admin mode).
+#[cfg(feature = "admin")]
+trait BenchStore: orderly::admin::AdminStore {}
+#[cfg(feature = "admin")]
+impl<S: orderly::admin::AdminStore> BenchStore for S {}
+#[cfg(not(feature = "admin"))]
+trait BenchStore {}
+#[cfg(not(feature = "admin"))]
+impl<S> BenchStore for S {}
+
 /// What a backend provides to the bench: the raw patterns, and a reset between passes.
 trait BenchDb: Send + Sync + 'static {
-    type S: FlowStore + OutboxStore + orderly::TimerStore;
+    type S: BenchStore + FlowStore + OutboxStore + orderly::TimerStore;
     /// Runs literal SQL on the bench database.
     fn exec(&self, sql: String) -> impl Future<Output = Result<(), BoxError>> + Send;
     /// One round of the hand-written relay: in one transaction, up to `batch` pending
@@ -738,6 +772,14 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     }
     if args.runs(Only::Timers) {
         ratios.push(timers_pass(&db, args).await?);
+    }
+    if let Some(history) = args.admin_history.filter(|_| args.runs(Only::Admin)) {
+        #[cfg(feature = "admin")]
+        ratios.push(admin::admin_pass(&db, most, history, args).await?);
+        #[cfg(not(feature = "admin"))]
+        return Err(
+            format!("--admin-history {history}: the admin mode needs the `admin` feature").into(),
+        );
     }
     for line in scales.into_iter().chain(ratios) {
         println!("{line}");

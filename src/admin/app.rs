@@ -15,11 +15,13 @@ use super::page::Frame;
 use super::{Access, AdminStore, Machines, Resolver, Viewer, actions, pages};
 use crate::Error;
 use crate::flow::Flows;
+use crate::idempotency::Records;
 
 /// The operators' page over a store: build it, then mount [`router`](Self::router).
 pub struct Admin<S: AdminStore> {
     pub(super) store: S,
     pub(super) flows: Option<Flows<S>>,
+    pub(super) records: Option<Records<S>>,
     pub(super) machines: Machines<S>,
     pub(super) resolver: Resolver,
     /// The key of the viewers' CSRF tokens: random for each page built, unless given.
@@ -31,6 +33,7 @@ impl<S: AdminStore> std::fmt::Debug for Admin<S> {
         f.debug_struct("Admin")
             .field("machines", &self.machines.keys().collect::<Vec<_>>())
             .field("flows", &self.flows.is_some())
+            .field("records", &self.records.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -38,7 +41,7 @@ impl<S: AdminStore> std::fmt::Debug for Admin<S> {
 pub(super) type App<S> = Arc<Admin<S>>;
 
 /// How many rows a list shows.
-pub(super) const PAGE: u32 = 500;
+pub(super) const PAGE: u32 = super::ops::LIST_MAX;
 
 impl<S: AdminStore> Admin<S> {
     /// The page over `store`, showing its outbox, timers and audit trail; add the flows
@@ -51,6 +54,7 @@ impl<S: AdminStore> Admin<S> {
         Admin {
             store,
             flows: None,
+            records: None,
             machines: Machines::new(),
             resolver: Arc::new(|_: &Parts| Viewer::none()),
             secret: secret.to_vec(),
@@ -65,6 +69,8 @@ impl<S: AdminStore> Admin<S> {
             .route("/flows", get(pages::parked_flows::<S>))
             .route("/timers", get(pages::dead_timers::<S>))
             .route("/entity", get(pages::entity::<S>))
+            .route("/search", get(pages::search::<S>))
+            .route("/records", get(pages::stuck_records::<S>))
             .route("/graph", get(pages::graph::<S>))
             .route("/audit", get(pages::audit::<S>))
             .route("/requeue", post(actions::requeue::<S>))
@@ -72,11 +78,12 @@ impl<S: AdminStore> Admin<S> {
             .route("/resume", post(actions::resume::<S>))
             .route("/rearm", post(actions::rearm::<S>))
             .route("/cancel-timer", post(actions::cancel_timer::<S>))
+            .route("/release", post(actions::release::<S>))
             .with_state(Arc::new(self))
     }
 
     /// The CSRF token of `who`: an HMAC of their name under this page's key.
-    fn csrf(&self, who: &str) -> String {
+    pub(super) fn csrf(&self, who: &str) -> String {
         hex::encode(self.mac(who).finalize().into_bytes())
     }
 

@@ -21,7 +21,9 @@
 
 mod actions;
 mod app;
+pub mod lookup;
 mod machines;
+pub(crate) mod ops;
 mod page;
 mod pages;
 
@@ -30,8 +32,10 @@ use std::sync::Arc;
 
 pub use app::Admin;
 
+use self::lookup::LookupStore;
 use crate::engine::Engine;
 use crate::flow::{FlowStore, Flows};
+use crate::idempotency::Records;
 use crate::machine::StateMachine;
 use crate::outbox::OutboxStore;
 use crate::store::audit::AuditStore;
@@ -83,11 +87,11 @@ impl Viewer {
     }
 }
 
-/// What the page needs of a store: flows (and with them records and timers), the outbox
-/// and the audit trail. Every backend of orderly is one.
-pub trait AdminStore: FlowStore + OutboxStore + AuditStore {}
+/// What the page needs of a store: flows (and with them records and timers), the outbox,
+/// the audit trail and the operators' lookups. Every backend of orderly is one.
+pub trait AdminStore: FlowStore + OutboxStore + AuditStore + LookupStore {}
 
-impl<S: FlowStore + OutboxStore + AuditStore> AdminStore for S {}
+impl<S: FlowStore + OutboxStore + AuditStore + LookupStore> AdminStore for S {}
 
 /// The application's resolver.
 type Resolver = Arc<dyn Fn(&http::request::Parts) -> Viewer + Send + Sync>;
@@ -99,6 +103,13 @@ impl<S: AdminStore> Admin<S> {
     /// The same page resuming parked flows through `flows` (its registered definitions).
     pub fn flows(mut self, flows: Flows<S>) -> Self {
         self.flows = Some(flows);
+        self
+    }
+
+    /// The same page releasing stuck idempotency records through `records` (its
+    /// registered scopes, whose leases and retentions a release keeps).
+    pub fn records(mut self, records: Records<S>) -> Self {
+        self.records = Some(records);
         self
     }
 

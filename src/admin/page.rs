@@ -26,6 +26,7 @@ button{cursor:pointer;padding:.15em .6em}
 pre{background:#fff;border:1px solid #dde1e6;padding:.6em;overflow:auto}
 .flash{background:#e7f3e7;border:1px solid #107c10;padding:.4em .8em;margin-bottom:1em}
 input,select{padding:.15em .3em}
+header form.search input{width:16em}
 ";
 
 /// What every page is given: where it is mounted, who looks, and their CSRF token.
@@ -63,7 +64,11 @@ impl Frame {
                         a href="outbox" { "Dead events" }
                         a href="flows" { "Parked flows" }
                         a href="timers" { "Dead timers" }
+                        a href="records" { "Stuck records" }
                         a href="audit" { "Audit" }
+                        form.search method="get" action="search" {
+                            input type="search" name="q" placeholder="reference, key, message id";
+                        }
                         span.who {
                             (self.who) " · "
                             (if self.acts() { "full access" } else { "read-only" })
@@ -83,6 +88,17 @@ impl Frame {
 
     /// A POST form of hidden fields and one button, or nothing for a read-only viewer.
     pub(super) fn action(&self, to: &str, fields: &[(&str, &str)], label: &str) -> Markup {
+        self.action_with(to, fields, None, label)
+    }
+
+    /// The same form with one text field the viewer fills in: its name and placeholder.
+    pub(super) fn action_with(
+        &self,
+        to: &str,
+        fields: &[(&str, &str)],
+        input: Option<(&str, &str)>,
+        label: &str,
+    ) -> Markup {
         if !self.acts() {
             return html! {};
         }
@@ -91,6 +107,10 @@ impl Frame {
                 input type="hidden" name="csrf" value=(self.csrf);
                 @for (name, value) in fields {
                     input type="hidden" name=(name) value=(value);
+                }
+                @if let Some((name, placeholder)) = input {
+                    input type="text" name=(name) placeholder=(placeholder) size="10";
+                    " "
                 }
                 button type="submit" { (label) }
             }

@@ -12,10 +12,11 @@ use serde_json::json;
 
 use super::AdminStore;
 use super::app::{Admin, App, PAGE, Seen, failed};
+use super::ops::{Event, Filter, time_text};
+use crate::Error;
 use crate::flow::Listing;
 use crate::outbox::Outbox;
 use crate::store::audit::AuditRow;
-use crate::store::{Lease, db_error};
 use crate::timer::Timers;
 
 /// A page as HTML, or its data as JSON.
@@ -41,55 +42,22 @@ fn notice<'q, S: AdminStore>(app: &Admin<S>, q: &'q HashMap<String, String>) -> 
     app.signed(text, sig).then_some(text.as_str())
 }
 
-pub(super) async fn audit_rows<S: AdminStore>(
-    store: &S,
-    limit: i64,
-) -> crate::Result<Vec<AuditRow>> {
-    leased!(store, |c| store.list_audit(c, limit))
-}
-
 pub(super) async fn overview<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let store = &app.store;
-    let outbox = match Outbox::new(store.clone()).stats().await {
-        Ok(s) => s,
+    let o = match app.overview().await {
+        Ok(o) => o,
         Err(e) => return failed(&e),
     };
-    let timers = match Timers::new(store.clone()).stats().await {
-        Ok(s) => s,
-        Err(e) => return failed(&e),
-    };
-    let (parked, running) = match &app.flows {
-        None => (0, 0),
-        Some(f) => match (
-            f.list(Listing::Parked, None, PAGE).await,
-            f.list(Listing::Running, None, PAGE).await,
-        ) {
-            (Ok(p), Ok(r)) => (p.len(), r.len()),
-            (Err(e), _) | (_, Err(e)) => return failed(&e),
-        },
-    };
-    let recent = match audit_rows(store, 10).await {
+    let recent = match app.audit(10).await {
         Ok(rows) => rows,
         Err(e) => return failed(&e),
     };
     let machines: Vec<&str> = app.machines.keys().copied().collect();
-    let data = json!({
-        "outbox": {
-            "pending": outbox.pending, "dead": outbox.dead, "corrupt": outbox.corrupt,
-            "oldest_pending_ms": u64::try_from(outbox.oldest_pending.as_millis()).unwrap_or(u64::MAX),
-        },
-        "timers": {
-            "pending": timers.pending, "due": timers.due, "dead": timers.dead,
-            "oldest_late_ms": timers.oldest_late_ms,
-        },
-        "flows": { "parked": parked, "running": running },
-        "machines": machines,
-        "audit": recent,
-    });
+    let mut data = json!(o);
+    data["audit"] = json!(recent);
     let card = |label: &str, n: String, bad: bool, href: &str| {
         html! {
             a.card href=(href) style="color:inherit;text-decoration:none" {
@@ -100,14 +68,15 @@ pub(super) async fn overview<S: AdminStore>(
     };
     let body = html! {
         div.cards {
-            (card("Events pending", outbox.pending.to_string(), false, "outbox"))
-            (card("Events dead", outbox.dead.to_string(), outbox.dead > 0, "outbox"))
-            (card("Oldest pending", format!("{:.1} s", outbox.oldest_pending.as_secs_f64()), false, "outbox"))
-            (card("Flows parked", parked.to_string(), parked > 0, "flows"))
-            (card("Flows running", running.to_string(), false, "flows"))
-            (card("Timers due", timers.due.to_string(), false, "timers"))
-            (card("Timers dead", timers.dead.to_string(), timers.dead > 0, "timers"))
-            (card("Oldest lateness", format!("{:.1} s", timers.oldest_late_ms as f64 / 1000.0), false, "timers"))
+            (card("Events pending", o.outbox.pending.to_string(), false, "outbox"))
+            (card("Events dead", o.outbox.dead.to_string(), o.outbox.dead > 0, "outbox"))
+            (card("Oldest pending", format!("{:.1} s", o.outbox.oldest_pending_ms as f64 / 1000.0), false, "outbox"))
+            (card("Flows parked", o.flows.parked.to_string(), o.flows.parked > 0, "flows"))
+            (card("Flows running", o.flows.running.to_string(), false, "flows"))
+            (card("Records stuck", o.records.stuck.to_string(), o.records.stuck > 0, "records"))
+            (card("Timers due", o.timers.due.to_string(), false, "timers"))
+            (card("Timers dead", o.timers.dead.to_string(), o.timers.dead > 0, "timers"))
+            (card("Oldest lateness", format!("{:.1} s", o.timers.oldest_late_ms as f64 / 1000.0), false, "timers"))
         }
         h2 { "An entity's timeline" }
         (lookup(&machines, None, None))
@@ -157,56 +126,46 @@ fn audit_table(rows: &[AuditRow]) -> Markup {
     }
 }
 
-/// Milliseconds since the epoch as an RFC 3339 time.
-pub(super) fn time_text(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms).map_or_else(|| ms.to_string(), |t| t.to_rfc3339())
-}
-
-/// Whether `row` matches the filter `q` (`machine`, `event`, `error`), each field empty
-/// or absent meaning any.
-pub(super) fn matches(
-    q: &HashMap<String, String>,
-    machine: &str,
-    event: &str,
-    error: Option<&str>,
-) -> bool {
-    let want = |k: &str| q.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
-    want("machine").is_none_or(|m| m == machine)
-        && want("event").is_none_or(|e| e == event)
-        && want("error").is_none_or(|t| error.is_some_and(|e| e.contains(t)))
-}
-
 pub(super) async fn dead_events<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let rows = match Outbox::new(app.store.clone()).dead(PAGE).await {
+    let rows = match Outbox::new(app.store().clone()).dead(PAGE).await {
         Ok(rows) => rows,
         Err(e) => return failed(&e),
     };
-    let rows: Vec<_> = rows
-        .into_iter()
-        .filter(|r| matches(&q, &r.machine, &r.event, r.last_error.as_deref()))
-        .collect();
+    let filter = match Filter::from_fields(&q) {
+        Ok(filter) => filter,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    let rows: Vec<_> = rows.into_iter().filter(|r| filter.matches(r)).collect();
     let data = json!({ "dead": rows.iter().map(|r| json!({
         "machine": r.machine, "entity_id": r.entity_id, "version": r.version,
         "event": r.event, "ref_id": r.ref_id, "attempts": r.attempts,
         "last_error": r.last_error, "age_ms": r.age_ms,
     })).collect::<Vec<_>>() });
     let f = &seen.frame;
-    let field = |k: &str| q.get(k).cloned().unwrap_or_default();
+    let fields = filter.fields();
+    let field = |k: &str| {
+        fields
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map_or("", |(_, v)| v.as_str())
+    };
     let body = html! {
         form method="get" action="outbox" {
             "Machine " input type="text" name="machine" value=(field("machine"));
             " Event " input type="text" name="event" value=(field("event"));
             " Error contains " input type="text" name="error" value=(field("error"));
+            " Older than " input type="text" name="older" size="6" value=(field("older")) " s";
             " " button type="submit" { "Filter" }
         }
         p { (rows.len()) " dead events match." }
         @if !rows.is_empty() {
             (f.action("requeue-matching", &[
-                ("machine", &field("machine")), ("event", &field("event")), ("error", &field("error")),
+                ("machine", field("machine")), ("event", field("event")), ("error", field("error")),
+                ("older", field("older")),
             ], "Requeue every match"))
         }
         table id="dead" {
@@ -238,12 +197,13 @@ pub(super) async fn parked_flows<S: AdminStore>(
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let rows = match &app.flows {
-        None => Vec::new(),
-        Some(f) => match f.list(Listing::Parked, None, PAGE).await {
-            Ok(rows) => rows,
-            Err(e) => return failed(&e),
-        },
+    let listed = match app.flows_here() {
+        Ok(flows) => flows.list(Listing::Parked, None, PAGE).await,
+        Err(e) => Err(e),
+    };
+    let rows = match listed {
+        Ok(rows) => rows,
+        Err(e) => return failed(&e),
     };
     let data = json!({ "parked": rows.iter().map(|l| json!({
         "kind": l.flow.kind, "flow_key": l.flow.flow_key, "version": l.flow.version,
@@ -253,7 +213,7 @@ pub(super) async fn parked_flows<S: AdminStore>(
     let f = &seen.frame;
     let body = html! {
         @if app.flows.is_none() {
-            p { "No flows are registered with this page." }
+            p { "No flows are registered with this page: it lists them, and resumes none." }
         }
         table id="parked" {
             tr { th { "Kind" } th { "Key" } th { "Version" } th { "Status" } th { "Reason" }
@@ -270,6 +230,9 @@ pub(super) async fn parked_flows<S: AdminStore>(
                     td {
                         @if l.known {
                             (f.action("resume", &[("kind", &l.flow.kind), ("key", &l.flow.flow_key), ("how", "retry")], "Retry"))
+                            " "
+                            (f.action_with("resume", &[("kind", &l.flow.kind), ("key", &l.flow.flow_key), ("how", "applied")],
+                                Some(("output", "output JSON")), "Mark applied"))
                             " "
                             (f.action("resume", &[("kind", &l.flow.kind), ("key", &l.flow.flow_key), ("how", "compensate")], "Compensate"))
                         } @else {
@@ -288,7 +251,7 @@ pub(super) async fn dead_timers<S: AdminStore>(
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let rows = match Timers::new(app.store.clone()).dead(i64::from(PAGE)).await {
+    let rows = match Timers::new(app.store().clone()).dead(i64::from(PAGE)).await {
         Ok(rows) => rows,
         Err(e) => return failed(&e),
     };
@@ -351,13 +314,13 @@ pub(super) async fn entity<S: AdminStore>(
             lookup(&machines, machine, id_text),
         );
     };
-    let Some(view) = app.machines.get(machine) else {
+    if !app.knows_machine(machine) {
         return (
             StatusCode::NOT_FOUND,
             format!("no machine {machine} on this page"),
         )
             .into_response();
-    };
+    }
     let Ok(id) = id_text.parse::<i64>() else {
         return (
             StatusCode::BAD_REQUEST,
@@ -365,39 +328,23 @@ pub(super) async fn entity<S: AdminStore>(
         )
             .into_response();
     };
-    let (now, lines) = match view.timeline(id).await {
+    let t = match app.timeline(machine, id).await {
         Ok(t) => t,
         Err(e) => return failed(&e),
     };
-    let store = &app.store;
-    let timers: crate::Result<Vec<_>> =
-        async { leased!(store, |c| store.timers_of(c, machine, id)) }.await;
-    let timers = match timers {
-        Ok(t) => t,
-        Err(e) => return failed(&e),
-    };
-    let timers: Vec<_> = timers.into_iter().filter_map(Result::ok).collect();
-    let data = json!({
-        "machine": machine, "id": id,
-        "state": now.as_ref().map(|(s, _)| s), "version": now.as_ref().map(|(_, v)| v),
-        "history": lines,
-        "timers": timers.iter().map(|t| json!({
-            "event": t.event, "ref_id": t.ref_id, "due_at": t.due_at, "status": t.status,
-            "outcome": t.outcome, "last_error": t.last_error,
-        })).collect::<Vec<_>>(),
-    });
+    let data = json!(t);
     let title = format!("{machine} {id}");
     let body = html! {
         (lookup(&machines, Some(machine), Some(id_text)))
-        @match &now {
-            Some((state, version)) => p id="now" { "Now " b { (state) } ", version " (version) "." },
-            None => p id="now" { "No such entity." },
+        @match (&t.state, t.version) {
+            (Some(state), Some(version)) => p id="now" { "Now " b { (state) } ", version " (version) "." },
+            _ => p id="now" { "No such entity." },
         }
         h2 { "History" }
         table id="history" {
             tr { th { "Version" } th { "From" } th { "To" } th { "Event" } th { "Reference" }
                  th { "Payload" } th { "Who" } th { "Why" } th { "When" } }
-            @for l in &lines {
+            @for l in &t.history {
                 tr {
                     td { (l.seq) } td { (l.from) } td { (l.to) } td { (l.event) } td { (l.ref_id) }
                     td { (l.payload_hash.as_deref().map_or_else(String::new, |h| h.chars().take(12).collect())) }
@@ -407,10 +354,12 @@ pub(super) async fn entity<S: AdminStore>(
                 }
             }
         }
+        h2 { "Outbox events" }
+        (events_table(&t.events))
         h2 { "Timers" }
         table id="entity-timers" {
             tr { th { "Event" } th { "Reference" } th { "Due" } th { "Status" } th { "Outcome" } th { "Note" } }
-            @for t in &timers {
+            @for t in &t.timers {
                 tr {
                     td { (t.event) } td { (t.ref_id) } td { (time_text(t.due_at)) } td { (t.status) }
                     td { (t.outcome.as_deref().unwrap_or("")) }
@@ -422,27 +371,158 @@ pub(super) async fn entity<S: AdminStore>(
     answer(&seen, &title, None, data, body)
 }
 
+/// Outbox events with their publish status.
+fn events_table(events: &[Event]) -> Markup {
+    html! {
+        table.events {
+            tr { th { "Message id" } th { "Event" } th { "Reference" } th { "Status" }
+                 th { "Attempts" } th { "Last error" } }
+            @for e in events {
+                tr {
+                    td { (e.id) } td { (e.event) } td { (e.ref_id) }
+                    td.bad[e.status == "DEAD"] { (e.status) }
+                    td { (e.attempts) }
+                    td.err { (e.last_error.as_deref().unwrap_or("")) }
+                }
+            }
+        }
+    }
+}
+
+pub(super) async fn search<S: AdminStore>(
+    State(app): State<App<S>>,
+    seen: Seen,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let term = q.get("q").map_or("", |t| t.trim());
+    if term.is_empty() {
+        let body = html! { p { "Search by a reference, an idempotency key, a flow key, a message id or an entity id: the box at the top." } };
+        return answer(&seen, "Search", None, json!({}), body);
+    }
+    let found = match app.search(term).await {
+        Ok(found) => found,
+        Err(e @ Error::InvalidInput(_)) => {
+            return (StatusCode::BAD_REQUEST, e.to_string()).into_response();
+        }
+        Err(e) => return failed(&e),
+    };
+    let data = json!(found);
+    let entity = |machine: &str, id: i64| {
+        let machine: String = form_urlencoded::byte_serialize(machine.as_bytes()).collect();
+        format!("entity?machine={machine}&id={id}")
+    };
+    let body = html! {
+        p id="found" { (found.count()) " found for " b { (found.term) } "." }
+        @if !found.entities.is_empty() {
+            h2 { "Entities" }
+            ul { @for (m, id) in &found.entities {
+                li { @if m.is_empty() { (id) } @else { a href=(entity(m, *id)) { (m) " " (id) } } }
+            } }
+        }
+        @if !found.history.is_empty() {
+            h2 { "Transitions with this reference" }
+            table id="found-history" {
+                tr { th { "Machine" } th { "Entity" } th { "Version" } th { "Event" } th { "From" } th { "To" } }
+                @for h in &found.history {
+                    tr {
+                        td { (h.machine) }
+                        td { @if h.machine.is_empty() { (h.row.order_id) } @else { a href=(entity(&h.machine, h.row.order_id)) { (h.row.order_id) } } }
+                        td { (h.row.seq) } td { (h.row.event) } td { (h.row.from) } td { (h.row.to) }
+                    }
+                }
+            }
+        }
+        @if !found.events.is_empty() {
+            h2 { "Outbox events" }
+            (events_table(&found.events))
+        }
+        @if !found.records.is_empty() {
+            h2 { "Idempotency records with this key" }
+            table id="found-records" {
+                tr { th { "Scope" } th { "Key" } th { "Status" } th { "Attempt" } th { "Lease left" } }
+                @for r in &found.records {
+                    tr { td { (r.scope) } td { (r.idem_key) } td { (r.status) } td { (r.attempt) }
+                         td { (format!("{:.1} s", r.lease_left_ms as f64 / 1000.0)) } }
+                }
+            }
+        }
+        @if !found.flows.is_empty() {
+            h2 { "Flows with this key" }
+            table id="found-flows" {
+                tr { th { "Kind" } th { "Key" } th { "Status" } th { "Parked" } }
+                @for fl in &found.flows {
+                    tr { td { (fl.kind) } td { (fl.flow_key) } td { (fl.status) }
+                         td { (fl.park_reason.as_deref().unwrap_or("")) } }
+                }
+            }
+        }
+    };
+    answer(&seen, &format!("Search: {term}"), None, data, body)
+}
+
+pub(super) async fn stuck_records<S: AdminStore>(
+    State(app): State<App<S>>,
+    seen: Seen,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let scope = q.get("scope").map(|s| s.trim()).filter(|s| !s.is_empty());
+    let rows = match app.stuck_records(scope).await {
+        Ok(rows) => rows,
+        Err(e) => return failed(&e),
+    };
+    let data = json!({ "stuck": rows });
+    let f = &seen.frame;
+    let body = html! {
+        form method="get" action="records" {
+            "Scope " input type="text" name="scope" value=(scope.unwrap_or(""));
+            " " button type="submit" { "Filter" }
+        }
+        @if app.records.is_none() {
+            p { "No idempotency records are registered with this page: it lists them, and releases none." }
+        }
+        table id="stuck" {
+            tr { th { "Scope" } th { "Key" } th { "Attempt" } th { "Stuck for" } th { "Claimed" } th {} }
+            @for r in &rows {
+                tr {
+                    td { (r.scope) } td { (r.idem_key) } td { (r.attempt) }
+                    td { (format!("{:.0} s", r.stuck_ms as f64 / 1000.0)) }
+                    td { (format!("{:.0} s ago", r.age_ms as f64 / 1000.0)) }
+                    td { @if app.records.is_some() {
+                        (f.action("release", &[("scope", &r.scope), ("key", &r.idem_key)], "Release"))
+                    } }
+                }
+            }
+        }
+    };
+    answer(&seen, "Stuck records", notice(&app, &q), data, body)
+}
+
 pub(super) async fn graph<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     let machine = q.get("machine").map_or("", String::as_str);
-    let Some(view) = app.machines.get(machine) else {
+    let (Some(view), Some(text)) = (app.machines.get(machine), app.graph(machine)) else {
         return (
             StatusCode::NOT_FOUND,
             format!("no machine {machine:?} on this page"),
         )
             .into_response();
     };
-    let text = view.graph();
     let data = json!({ "machine": machine, "mermaid": text });
-    let body = html! { pre id="graph" { (text) } };
+    let body = html! {
+        // Drawn on the server, its text escaped there; nothing fetched.
+        div id="picture" style="overflow:auto;background:#fff;border:1px solid #dde1e6" {
+            (maud::PreEscaped(view.picture()))
+        }
+        details { summary { "As Mermaid text" } pre id="graph" { (text) } }
+    };
     answer(&seen, &format!("The graph of {machine}"), None, data, body)
 }
 
 pub(super) async fn audit<S: AdminStore>(State(app): State<App<S>>, seen: Seen) -> Response {
-    let rows = match audit_rows(&app.store, i64::from(PAGE)).await {
+    let rows = match app.audit(i64::from(PAGE)).await {
         Ok(rows) => rows,
         Err(e) => return failed(&e),
     };

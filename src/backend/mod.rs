@@ -27,6 +27,11 @@ pub(crate) mod audit_sql;
 mod batched;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod flow_sql;
+#[cfg(all(
+    feature = "admin",
+    any(feature = "sqlite", feature = "postgres", feature = "mysql")
+))]
+pub(crate) mod lookup_sql;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod migrations;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

@@ -217,8 +217,20 @@ where
         .query::<DB>(&[Arg::Str(status), Arg::I64(limit)])?
         .fetch_all(conn)
         .await?;
-    Ok(rows
-        .iter()
+    Ok(readable(&rows))
+}
+
+/// The rows that read as events; each that does not is named in the log (and listed by
+/// `list_corrupt`).
+pub(crate) fn readable<'r, R>(rows: &'r [R]) -> Vec<EventRow>
+where
+    R: sqlx::Row,
+    EventRow: sqlx::FromRow<'r, R>,
+    &'static str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    rows.iter()
         .filter_map(|row| match claimed(row) {
             Ok(event) => Some(event),
             Err(corrupt) => {
@@ -226,7 +238,7 @@ where
                 None
             }
         })
-        .collect())
+        .collect()
 }
 
 /// [`OutboxStore::mark_published`](crate::outbox::OutboxStore::mark_published) with the

@@ -231,6 +231,56 @@ impl<S: RecordStore> Records<S> {
         Ok(done)
     }
 
+    /// Releases one record stuck in PROCESSING past its lease, as an operator decides
+    /// that nothing happened downstream (or nothing that cannot be done again): takes it
+    /// over from the token it is held under, in one conditional update as the recovery
+    /// job does, then releases it, so that the next claim runs the request again.
+    /// `false` if it is not stuck (absent, finished, past its retention, or under a live
+    /// lease) or someone took it over first. An error after the takeover leaves the
+    /// record held under a lease of the scope's length: it is stuck again after it.
+    pub async fn release_stuck(&self, scope: &str, key: &str) -> Result<bool> {
+        let config = self.config(scope)?;
+        crate::support::input::validate_reference("an idempotency key", key)?;
+        let row = self.read(scope, key).await.map_err(db_error::<S>)?;
+        let Some(row) = row else {
+            return Ok(false);
+        };
+        let stuck = row.status == "PROCESSING" && row.lease_left_ms <= 0 && row.expired == 0;
+        let (true, Some(from)) = (stuck, row.owner_token.as_deref()) else {
+            return Ok(false);
+        };
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let take = TakeOver {
+            scope,
+            key,
+            from,
+            token: &token,
+            lease_ms: millis(config.lease),
+            retention_ms: millis(config.retention),
+        };
+        let taken = {
+            let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+            let out = self.store.take_over(lease.conn(), &take).await;
+            lease.release_after(&out);
+            out.map_err(db_error::<S>)?
+        };
+        let Some(attempt) = taken else {
+            return Ok(false);
+        };
+        let held = Claimed {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            token,
+            attempt,
+            marker: None,
+        };
+        match self.release(&held).await {
+            Ok(()) => Ok(true),
+            Err(Error::LeaseLost { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// How many records of `scope` are held right now, and how long the oldest has been
     /// (from its claim); also set as the `orderly_records_held` and
     /// `orderly_records_oldest_held_seconds` gauges. With the `metrics` feature,

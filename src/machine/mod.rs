@@ -255,4 +255,4 @@ mod render;
 
 #[doc(hidden)]
 pub use macros::__check;
-pub use render::{dot, duration_text, mermaid};
+pub use render::{dot, duration_text, mermaid, svg};

@@ -72,3 +72,156 @@ pub fn dot<M: StateMachine>() -> String {
     out.push_str("}\n");
     out
 }
+
+/// Text escaped for SVG and HTML.
+fn escaped(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Renders the graph as an SVG picture, laid out in columns by distance from the initial
+/// state: edges that go forward are straight arrows, edges that go back (or stay) curve
+/// below their states; terminal states have a double border. Self-contained: no script,
+/// no font or style fetched.
+pub fn svg<M: StateMachine>() -> String {
+    const H: i64 = 34;
+    const ROW: i64 = 96;
+    const GAP: i64 = 170;
+    const MARGIN: i64 = 40;
+    // Columns by shortest distance from the initial state; unreachable states last.
+    let mut states: Vec<String> = vec![M::INITIAL.to_string()];
+    let mut column: Vec<i64> = vec![0];
+    let mut i = 0;
+    while i < states.len() {
+        let from = states[i].clone();
+        let next: Vec<String> = M::TRANSITIONS
+            .iter()
+            .filter(|t| t.from.to_string() == from)
+            .map(|t| t.to.to_string())
+            .collect();
+        for to in next {
+            if !states.contains(&to) {
+                states.push(to);
+                column.push(column[i] + 1);
+            }
+        }
+        i += 1;
+    }
+    let last = column.iter().copied().max().unwrap_or(0) + 1;
+    let named = M::TRANSITIONS
+        .iter()
+        .flat_map(|t| [t.from.to_string(), t.to.to_string()])
+        .chain(M::TERMINAL.iter().map(|s| s.to_string()));
+    for s in named {
+        if !states.contains(&s) {
+            states.push(s);
+            column.push(last);
+        }
+    }
+    let width = |s: &str| (s.chars().count() as i64 * 8 + 28).max(84);
+    let box_w = states.iter().map(|s| width(s)).max().unwrap_or(84);
+    let mut row_of = vec![0i64; states.len()];
+    let mut rows_in: std::collections::BTreeMap<i64, i64> = Default::default();
+    for (k, c) in column.iter().enumerate() {
+        let n = rows_in.entry(*c).or_default();
+        row_of[k] = *n;
+        *n += 1;
+    }
+    let x = |k: usize| MARGIN + 30 + column[k] * (box_w + GAP);
+    let y = |k: usize| MARGIN + row_of[k] * ROW;
+    let at = |name: &str| states.iter().position(|s| s == name).unwrap_or(0);
+    let columns = column.iter().copied().max().unwrap_or(0) + 1;
+    let rows = rows_in.values().copied().max().unwrap_or(1);
+    let total_w = MARGIN * 2 + 30 + columns * box_w + (columns - 1) * GAP;
+    let total_h = MARGIN * 2 + rows * ROW + 40;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"graph\" width=\"{total_w}\" \
+         height=\"{total_h}\" viewBox=\"0 0 {total_w} {total_h}\" font-family=\"sans-serif\" \
+         font-size=\"12\"><title>{}</title>\
+         <defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" \
+         markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\">\
+         <path d=\"M 0 0 L 10 5 L 0 10 z\" fill=\"#44505c\"/></marker></defs>",
+        escaped(M::NAME)
+    );
+    // The initial state's dot.
+    let k0 = 0;
+    let _ = write!(
+        out,
+        "<circle cx=\"{}\" cy=\"{}\" r=\"6\" fill=\"#1d2329\"/>\
+         <line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#44505c\" marker-end=\"url(#arrow)\"/>",
+        MARGIN,
+        y(k0) + H / 2,
+        MARGIN + 6,
+        y(k0) + H / 2,
+        x(k0),
+        y(k0) + H / 2
+    );
+    // Edges first, under the states; a pair's several edges spread their labels.
+    let mut seen: std::collections::HashMap<(usize, usize), i64> = Default::default();
+    for t in M::TRANSITIONS {
+        let (a, b) = (at(t.from.as_ref()), at(t.to.as_ref()));
+        let nth = seen.entry((a, b)).or_default();
+        let shift = *nth * 15;
+        *nth += 1;
+        let text = escaped(&label::<M>(t));
+        if a == b {
+            let (cx, top) = (x(a) + box_w / 2, y(a));
+            let _ = write!(
+                out,
+                "<path d=\"M {} {top} C {} {} {} {} {} {top}\" fill=\"none\" stroke=\"#44505c\" \
+                 marker-end=\"url(#arrow)\"/><text x=\"{cx}\" y=\"{}\" text-anchor=\"middle\">{text}</text>",
+                cx - 14,
+                cx - 30,
+                top - 40,
+                cx + 30,
+                top - 40,
+                cx + 14,
+                top - 36 - shift
+            );
+        } else if column[b] > column[a] {
+            let (x1, y1) = (x(a) + box_w, y(a) + H / 2);
+            let (x2, y2) = (x(b), y(b) + H / 2);
+            let _ = write!(
+                out,
+                "<line x1=\"{x1}\" y1=\"{y1}\" x2=\"{x2}\" y2=\"{y2}\" stroke=\"#44505c\" \
+                 marker-end=\"url(#arrow)\"/><text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{text}</text>",
+                (x1 + x2) / 2,
+                (y1 + y2) / 2 - 6 - shift
+            );
+        } else {
+            let (x1, y1) = (x(a) + box_w / 2, y(a) + H);
+            let (x2, y2) = (x(b) + box_w / 2, y(b) + H);
+            let dip = y1.max(y2) + 34 + shift;
+            let _ = write!(
+                out,
+                "<path d=\"M {x1} {y1} C {x1} {dip} {x2} {dip} {x2} {y2}\" fill=\"none\" \
+                 stroke=\"#44505c\" stroke-dasharray=\"4 3\" marker-end=\"url(#arrow)\"/>\
+                 <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{text}</text>",
+                (x1 + x2) / 2,
+                dip + 4
+            );
+        }
+    }
+    for (k, s) in states.iter().enumerate() {
+        let terminal = M::TERMINAL.iter().any(|t| t.to_string() == *s);
+        let _ = write!(
+            out,
+            "<rect x=\"{}\" y=\"{}\" width=\"{box_w}\" height=\"{H}\" rx=\"8\" fill=\"#eef4fb\" \
+             stroke=\"#1d2329\" stroke-width=\"{}\"/>",
+            x(k),
+            y(k),
+            if terminal { 3 } else { 1 }
+        );
+        let _ = write!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-weight=\"600\">{}</text>",
+            x(k) + box_w / 2,
+            y(k) + H / 2 + 4,
+            escaped(s)
+        );
+    }
+    out.push_str("</svg>");
+    out
+}

@@ -48,7 +48,7 @@ pub(crate) use lease::Lease;
 pub use requests::{Apply, Audit, FirstWrite, Key, Observed, OwnedKey, Request, Txn, Written};
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) use rows::ObservedRow;
-pub use rows::{Entity, PositionedPrior, Prior, RawTransition};
+pub use rows::{Entity, PositionedPrior, Prior, RawTransition, RefRow};
 pub use tables::{MIGRATIONS_TABLE, Tables};
 
 /// A backend: coarse operations over the backend's own connection type.
@@ -383,6 +383,16 @@ pub trait Store: Clone + Send + Sync + 'static {
         conn: &mut Self::Conn,
         order_id: i64,
     ) -> impl Future<Output = Result<Vec<RawTransition>, sqlx::Error>> + Send;
+
+    /// Up to `limit` history rows of any entity made with the reference `ref_id`, by
+    /// entity and version (an operator's search: the history table has no index on the
+    /// reference alone, so this reads it whole unless the application adds one).
+    fn by_ref(
+        &self,
+        conn: &mut Self::Conn,
+        ref_id: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<RefRow>, sqlx::Error>> + Send;
 }
 
 /// A writer's turn on a database with one writer at a time ([`Store::write_turn`]): the

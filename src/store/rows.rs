@@ -78,6 +78,23 @@ impl From<ObservedRow> for super::Observed {
     }
 }
 
+/// A history row found by its reference (an operator's search), its names as stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct RefRow {
+    /// The entity.
+    pub order_id: i64,
+    /// Version of the entity after this transition.
+    pub seq: i64,
+    /// State before.
+    #[sqlx(rename = "from_status")]
+    pub from: String,
+    /// State after.
+    #[sqlx(rename = "to_status")]
+    pub to: String,
+    /// Event name.
+    pub event: String,
+}
+
 /// A history row as stored, before its names are parsed into the machine's types.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct RawTransition {

@@ -696,6 +696,15 @@ impl<S: Store> Store for Hooked<S> {
     ) -> Result<Vec<RawTransition>, sqlx::Error> {
         self.seen(self.inner.history(conn, order_id).await)
     }
+
+    async fn by_ref(
+        &self,
+        conn: &mut Self::Conn,
+        ref_id: &str,
+        limit: i64,
+    ) -> Result<Vec<orderly::store::RefRow>, sqlx::Error> {
+        self.seen(self.inner.by_ref(conn, ref_id, limit).await)
+    }
 }
 
 /// On a cycle, a twin of this request (on another engine) is applied between this

@@ -13,6 +13,8 @@ use sqlx::migrate::Migrator;
 mod audit;
 mod flows;
 mod idempotency;
+#[cfg(feature = "admin")]
+mod lookup;
 mod outbox;
 mod timers;
 mod transition_sql;

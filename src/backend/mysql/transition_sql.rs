@@ -52,6 +52,7 @@ pub(super) struct Sql {
     /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
     pub(super) emit: SqlStr,
     pub(super) history: SqlStr,
+    pub(super) by_ref: SqlStr,
     pub(super) batch_reads: BatchReads,
     /// The statements of a unit of several requests, whose text depends on its size.
     pub(super) units: super::units::UnitStatements,
@@ -155,6 +156,10 @@ impl Sql {
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \
                         CAST(payload AS CHAR) AS payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ? ORDER BY seq"
+            )),
+            by_ref: read(format!(
+                "SELECT order_id, seq, from_status, to_status, event FROM {h} \
+                 WHERE ref_id = ? ORDER BY order_id, seq LIMIT ?"
             )),
             batch_reads: BatchReads::new(|n| priors_sql(&h, n, causal)),
         }

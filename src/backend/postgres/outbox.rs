@@ -17,7 +17,7 @@ use crate::outbox::{
 
 /// An event's columns, its age on the database's clock.
 /// (`NULL` for an infinite `created_at`: the subtraction would fail the statement.)
-const EVENT_COLUMNS: &str = "o.machine, o.entity_id, o.version, o.event, o.transition, \
+pub(super) const EVENT_COLUMNS: &str = "o.machine, o.entity_id, o.version, o.event, o.transition, \
     o.from_status, o.to_status, o.ref_id, o.body, o.status, o.attempts, o.last_error, \
     CASE WHEN isfinite(o.created_at) \
         THEN (extract(epoch FROM clock_timestamp() - o.created_at) * 1000)::bigint END AS age_ms";

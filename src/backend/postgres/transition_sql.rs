@@ -37,6 +37,7 @@ pub(super) struct Sql {
     pub(super) apply: SqlStr,
     pub(super) apply_emitting: SqlStr,
     pub(super) history: SqlStr,
+    pub(super) by_ref: SqlStr,
     pub(super) batch_reads: BatchReads,
 }
 
@@ -209,6 +210,11 @@ impl Sql {
                         event::text AS event, ref_id::text AS ref_id, payload_hash::text AS payload_hash, \
                         payload::text AS payload, actor::text AS actor, reason::text AS reason, created_at \
                  FROM {h} WHERE order_id = $1 ORDER BY seq"
+            )),
+            by_ref: sql(format!(
+                "SELECT order_id::bigint AS order_id, seq::bigint AS seq, from_status::text AS from_status, \
+                        to_status::text AS to_status, event::text AS event \
+                 FROM {h} WHERE ref_id = $1 ORDER BY order_id, seq LIMIT $2"
             )),
             batch_reads: BatchReads::new(|n| priors_sql(&h, n)),
         }

@@ -12,7 +12,7 @@ use crate::backend::units::{end_unit, undo};
 use crate::backend::{BATCH_READ_MAX, in_place};
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, OwnedKey, PositionedPrior,
-    Prior, RawTransition, Request, Store, Txn, Written, is_unique_violation,
+    Prior, RawTransition, RefRow, Request, Store, Txn, Written, is_unique_violation,
 };
 
 impl Store for PgStore {
@@ -350,8 +350,20 @@ impl Store for PgStore {
             .fetch_all(conn)
             .await
     }
-}
 
+    async fn by_ref(
+        &self,
+        conn: &mut PgConnection,
+        ref_id: &str,
+        limit: i64,
+    ) -> Result<Vec<RefRow>, sqlx::Error> {
+        sqlx::query_as(self.transitions.by_ref.clone())
+            .bind(ref_id)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
+    }
+}
 /// Whether `e` is the outbox's primary key refusing a row: the outbox holds an event of
 /// the entity at that version already (its version was reused), not a twin request.
 pub(super) fn is_outbox_taken(e: &sqlx::Error) -> bool {

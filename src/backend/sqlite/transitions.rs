@@ -12,7 +12,7 @@ use crate::backend::stepwise::Stepwise;
 use crate::backend::units::{end_unit, undo};
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, Prior, RawTransition,
-    Request, Store, Tables, Txn, Written,
+    RefRow, Request, Store, Tables, Txn, Written,
 };
 
 /// Every statement of the layer, for one pair of tables.
@@ -38,6 +38,7 @@ pub(super) struct Sql {
     /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
     pub(super) emit: SqlStr,
     history: SqlStr,
+    by_ref: SqlStr,
     /// The statements of a unit of several requests, whose text depends on its size.
     pub(super) units: super::units::UnitStatements,
 }
@@ -89,6 +90,10 @@ impl Sql {
             history: sql(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ?1 ORDER BY seq"
+            )),
+            by_ref: sql(format!(
+                "SELECT order_id, seq, from_status, to_status, event FROM {h} \
+                 WHERE ref_id = ?1 ORDER BY order_id, seq LIMIT ?2"
             )),
         }
     }
@@ -389,6 +394,19 @@ impl Store for SqliteStore {
     ) -> Result<Vec<RawTransition>, sqlx::Error> {
         sqlx::query_as(self.transitions.history.clone())
             .bind(order_id)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn by_ref(
+        &self,
+        conn: &mut SqliteConnection,
+        ref_id: &str,
+        limit: i64,
+    ) -> Result<Vec<RefRow>, sqlx::Error> {
+        sqlx::query_as(self.transitions.by_ref.clone())
+            .bind(ref_id)
+            .bind(limit)
             .fetch_all(conn)
             .await
     }

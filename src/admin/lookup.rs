@@ -1,0 +1,114 @@
+//! What an operator looks things up by: a reference, an idempotency key, a flow key or a
+//! message id, and the records stuck in PROCESSING across every scope: the page's own
+//! seam. Reads only; each backend implements [`LookupStore`] in
+//! `src/backend/<backend>/lookup.rs`.
+
+use std::future::Future;
+
+use crate::outbox::EventRow;
+use crate::store::Store;
+
+/// An idempotency record found by its key.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct RecordHit {
+    /// Its scope (the operation).
+    pub scope: String,
+    /// Its key.
+    pub idem_key: String,
+    /// `PROCESSING`, `SUCCEEDED` or `FAILED`.
+    pub status: String,
+    /// How many times it was claimed.
+    pub attempt: i32,
+    /// Milliseconds left on its lease (negative once run out), by the database's clock.
+    pub lease_left_ms: i64,
+    /// Milliseconds since it was claimed first.
+    pub age_ms: i64,
+}
+
+/// A flow found by its key.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct FlowHit {
+    /// Its kind.
+    pub kind: String,
+    /// Its key.
+    pub flow_key: String,
+    /// `RUNNING`, `COMPENSATING`, `COMPLETED` or `COMPENSATED`.
+    pub status: String,
+    /// Why it is parked, if it is.
+    pub park_reason: Option<String>,
+}
+
+/// Which outbox events to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventsBy<'a> {
+    /// The events of the transitions made with this reference.
+    Ref(&'a str),
+    /// The events of one entity, by version.
+    Entity {
+        /// The machine.
+        machine: &'a str,
+        /// The entity.
+        entity_id: i64,
+    },
+    /// One event, by its message id's parts (`{machine}:{entity_id}:{version}`).
+    Id {
+        /// The machine.
+        machine: &'a str,
+        /// The entity.
+        entity_id: i64,
+        /// The entity's version the event was emitted at.
+        version: i64,
+    },
+}
+
+/// A record held in PROCESSING past its lease, in any scope.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct StuckRecord {
+    /// Its scope.
+    pub scope: String,
+    /// Its key.
+    pub idem_key: String,
+    /// How many times it was claimed.
+    pub attempt: i32,
+    /// Milliseconds since its lease ran out.
+    pub stuck_ms: i64,
+    /// Milliseconds since it was claimed first.
+    pub age_ms: i64,
+}
+
+/// A backend of the operators' lookups. Each read is one statement and returns at most
+/// `limit` rows.
+pub trait LookupStore: Store {
+    /// The records of any scope whose key is `key`.
+    fn records_by_key(
+        &self,
+        conn: &mut Self::Conn,
+        key: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<RecordHit>, sqlx::Error>> + Send;
+
+    /// The flows of any kind whose key is `key`.
+    fn flows_by_key(
+        &self,
+        conn: &mut Self::Conn,
+        key: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<FlowHit>, sqlx::Error>> + Send;
+
+    /// Outbox events, whatever their status (a row that does not read as an event is
+    /// left out; [`Outbox::corrupt`](crate::outbox::Outbox::corrupt) lists it).
+    fn events_by(
+        &self,
+        conn: &mut Self::Conn,
+        by: EventsBy<'_>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send;
+
+    /// The records of every scope held in PROCESSING past their lease (inside their
+    /// retention), the longest stuck first.
+    fn stuck_records(
+        &self,
+        conn: &mut Self::Conn,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<StuckRecord>, sqlx::Error>> + Send;
+}

@@ -1,0 +1,205 @@
+//! The operators' lookups, shared by every backend: written once with `?N` parameters,
+//! each backend's millisecond clock and its outbox event columns.
+
+use sqlx::Executor;
+
+use crate::admin::lookup::{EventsBy, FlowHit, RecordHit, StuckRecord};
+use crate::backend::outbox_sql::readable;
+use crate::backend::sql::{Arg, Binds, Params, Statement};
+use crate::outbox::EventRow;
+
+/// The statements, built once per backend.
+#[derive(Debug)]
+pub(crate) struct LookupStatements {
+    /// 1 key, 2 limit.
+    records: Statement,
+    /// 1 key, 2 limit.
+    flows: Statement,
+    /// 1 reference, 2 limit.
+    events_by_ref: Statement,
+    /// 1 machine, 2 entity, 3 limit.
+    events_of_entity: Statement,
+    /// 1 machine, 2 entity, 3 version, 4 limit.
+    event_by_id: Statement,
+    /// 1 limit.
+    stuck: Statement,
+}
+
+impl LookupStatements {
+    /// The statements with the backend's millisecond clock `now` (an expression), its
+    /// outbox event columns (over the alias `o`) and its parameter style.
+    pub(crate) fn new(now: &str, event_columns: &str, params: Params) -> Self {
+        let s = |sql: String| Statement::shared(sql, params);
+        let events = |filter: &str, limit: &str| {
+            s(format!(
+                "SELECT {event_columns} FROM outbox AS o WHERE {filter} \
+                 ORDER BY o.machine, o.entity_id, o.version LIMIT {limit}"
+            ))
+        };
+        LookupStatements {
+            records: s(format!(
+                "SELECT scope, idem_key, status, attempt, lease_until - {now} AS lease_left_ms, \
+                        {now} - created_at AS age_ms \
+                 FROM idempotency_records WHERE idem_key = ?1 ORDER BY scope LIMIT ?2"
+            )),
+            flows: s("SELECT kind, flow_key, status, park_reason FROM flows \
+                 WHERE flow_key = ?1 ORDER BY kind LIMIT ?2"
+                .to_string()),
+            events_by_ref: events("o.ref_id = ?1", "?2"),
+            events_of_entity: events("o.machine = ?1 AND o.entity_id = ?2", "?3"),
+            event_by_id: events(
+                "o.machine = ?1 AND o.entity_id = ?2 AND o.version = ?3",
+                "?4",
+            ),
+            stuck: s(format!(
+                "SELECT scope, idem_key, attempt, {now} - lease_until AS stuck_ms, \
+                        {now} - created_at AS age_ms \
+                 FROM idempotency_records \
+                 WHERE status = 'PROCESSING' AND lease_until <= {now} AND expires_at > {now} \
+                 ORDER BY lease_until LIMIT ?1"
+            )),
+        }
+    }
+}
+
+/// [`LookupStore::records_by_key`](crate::admin::lookup::LookupStore::records_by_key).
+pub(crate) async fn records<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    key: &str,
+    limit: i64,
+) -> Result<Vec<RecordHit>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    RecordHit: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.records
+        .query_as::<DB, RecordHit>(&[Arg::Str(key), Arg::I64(limit)])?
+        .fetch_all(conn)
+        .await
+}
+
+/// [`LookupStore::flows_by_key`](crate::admin::lookup::LookupStore::flows_by_key).
+pub(crate) async fn flows<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    key: &str,
+    limit: i64,
+) -> Result<Vec<FlowHit>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    FlowHit: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.flows
+        .query_as::<DB, FlowHit>(&[Arg::Str(key), Arg::I64(limit)])?
+        .fetch_all(conn)
+        .await
+}
+
+/// [`LookupStore::events_by`](crate::admin::lookup::LookupStore::events_by): a row that
+/// does not read as an event is left out (and named in the log).
+pub(crate) async fn events<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    by: EventsBy<'_>,
+    limit: i64,
+) -> Result<Vec<EventRow>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    EventRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+    &'static str: sqlx::ColumnIndex<DB::Row>,
+    String: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+{
+    let query = match by {
+        EventsBy::Ref(ref_id) => s
+            .events_by_ref
+            .query::<DB>(&[Arg::Str(ref_id), Arg::I64(limit)])?,
+        EventsBy::Entity { machine, entity_id } => s.events_of_entity.query::<DB>(&[
+            Arg::Str(machine),
+            Arg::I64(entity_id),
+            Arg::I64(limit),
+        ])?,
+        EventsBy::Id {
+            machine,
+            entity_id,
+            version,
+        } => s.event_by_id.query::<DB>(&[
+            Arg::Str(machine),
+            Arg::I64(entity_id),
+            Arg::I64(version),
+            Arg::I64(limit),
+        ])?,
+    };
+    let rows = query.fetch_all(conn).await?;
+    Ok(readable(&rows))
+}
+
+/// [`LookupStore::stuck_records`](crate::admin::lookup::LookupStore::stuck_records).
+pub(crate) async fn stuck<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    limit: i64,
+) -> Result<Vec<StuckRecord>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    StuckRecord: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.stuck
+        .query_as::<DB, StuckRecord>(&[Arg::I64(limit)])?
+        .fetch_all(conn)
+        .await
+}
+
+/// The backend's [`LookupStore`](crate::admin::lookup::LookupStore) over these
+/// statements.
+macro_rules! lookup_store {
+    ($store:ty, $db:ty, $conn:ty, $params:expr) => {
+        static LOOKUP: ::std::sync::LazyLock<$crate::backend::lookup_sql::LookupStatements> =
+            ::std::sync::LazyLock::new(|| {
+                $crate::backend::lookup_sql::LookupStatements::new(
+                    super::timers::NOW,
+                    super::outbox::EVENT_COLUMNS,
+                    $params,
+                )
+            });
+
+        impl $crate::admin::lookup::LookupStore for $store {
+            async fn records_by_key(
+                &self,
+                conn: &mut $conn,
+                key: &str,
+                limit: i64,
+            ) -> Result<Vec<$crate::admin::lookup::RecordHit>, sqlx::Error> {
+                $crate::backend::lookup_sql::records::<$db>(conn, &LOOKUP, key, limit).await
+            }
+
+            async fn flows_by_key(
+                &self,
+                conn: &mut $conn,
+                key: &str,
+                limit: i64,
+            ) -> Result<Vec<$crate::admin::lookup::FlowHit>, sqlx::Error> {
+                $crate::backend::lookup_sql::flows::<$db>(conn, &LOOKUP, key, limit).await
+            }
+
+            async fn events_by(
+                &self,
+                conn: &mut $conn,
+                by: $crate::admin::lookup::EventsBy<'_>,
+                limit: i64,
+            ) -> Result<Vec<$crate::outbox::EventRow>, sqlx::Error> {
+                $crate::backend::lookup_sql::events::<$db>(conn, &LOOKUP, by, limit).await
+            }
+
+            async fn stuck_records(
+                &self,
+                conn: &mut $conn,
+                limit: i64,
+            ) -> Result<Vec<$crate::admin::lookup::StuckRecord>, sqlx::Error> {
+                $crate::backend::lookup_sql::stuck::<$db>(conn, &LOOKUP, limit).await
+            }
+        }
+    };
+}
+pub(crate) use lookup_store;

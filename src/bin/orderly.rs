@@ -1,0 +1,123 @@
+//! `orderly`: the command line of `orderly::cli` with nothing registered, against the
+//! database at `--database-url URL` (first on the line) or `ORDERLY_DATABASE_URL`:
+//! `sqlite:`, `postgres:` or `mysql:`. It migrates nothing and creates nothing.
+//!
+//! ```text
+//! orderly --database-url postgres://… outbox dead --machine OrderMachine
+//! ```
+
+use std::ffi::OsString;
+use std::io::Write;
+
+use orderly::admin::Admin;
+use orderly::backend::mysql::MySqlStore;
+use orderly::backend::postgres::PgStore;
+use orderly::backend::sqlite::{SqliteStore, connect_options};
+use orderly::cli::{Cli, Exit};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let (url, args) = database_url(std::env::args_os().collect());
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    let code = run(url, args, &mut out, &mut err).await;
+    std::process::exit(code as i32);
+}
+
+/// The database's URL (from `--database-url` first on the line, or the environment)
+/// and the rest of the line.
+fn database_url(mut args: Vec<OsString>) -> (Option<String>, Vec<OsString>) {
+    let from_env = std::env::var("ORDERLY_DATABASE_URL").ok();
+    let Some(first) = args.get(1).and_then(|a| a.to_str()).map(str::to_string) else {
+        return (from_env, args);
+    };
+    if first == "--database-url" && args.len() > 2 {
+        let url = args.remove(2).to_string_lossy().into_owned();
+        args.remove(1);
+        return (Some(url), args);
+    }
+    if let Some(url) = first.strip_prefix("--database-url=") {
+        args.remove(1);
+        return (Some(url.to_string()), args);
+    }
+    (from_env, args)
+}
+
+async fn run(
+    url: Option<String>,
+    args: Vec<OsString>,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> Exit {
+    let wants_help = args
+        .iter()
+        .skip(1)
+        .any(|a| a == "--help" || a == "-h" || a == "help" || a == "--version" || a == "-V");
+    let Some(url) = url else {
+        if wants_help {
+            // Help needs no database.
+            let sqlite = SqliteStore::new(
+                sqlx::sqlite::SqlitePool::connect_lazy("sqlite::memory:")
+                    .expect("an in-memory URL reads"),
+            );
+            return Cli::new(Admin::new(sqlite)).run(args, out, err).await;
+        }
+        let _ = writeln!(
+            err,
+            "orderly: name the database: --database-url URL (first on the line), or ORDERLY_DATABASE_URL"
+        );
+        return Exit::Usage;
+    };
+    let fail = |err: &mut (dyn Write + Send), e: &dyn std::fmt::Display| {
+        let _ = writeln!(err, "orderly: cannot open the database: {e}");
+    };
+    if url.starts_with("sqlite:") {
+        let options = match connect_options(&url) {
+            Ok(o) => o.create_if_missing(false),
+            Err(e) => {
+                fail(err, &e);
+                return Exit::of(&e);
+            }
+        };
+        match sqlx::sqlite::SqlitePool::connect_with(options).await {
+            Ok(pool) => {
+                Cli::new(Admin::new(SqliteStore::new(pool)))
+                    .run(args, out, err)
+                    .await
+            }
+            Err(e) => {
+                fail(err, &e);
+                Exit::Retry
+            }
+        }
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        match sqlx::postgres::PgPool::connect(&url).await {
+            Ok(pool) => {
+                Cli::new(Admin::new(PgStore::new(pool)))
+                    .run(args, out, err)
+                    .await
+            }
+            Err(e) => {
+                fail(err, &e);
+                Exit::Retry
+            }
+        }
+    } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+        match sqlx::mysql::MySqlPool::connect(&url).await {
+            Ok(pool) => {
+                Cli::new(Admin::new(MySqlStore::new(pool)))
+                    .run(args, out, err)
+                    .await
+            }
+            Err(e) => {
+                fail(err, &e);
+                Exit::Retry
+            }
+        }
+    } else {
+        let _ = writeln!(
+            err,
+            "orderly: a database URL begins sqlite:, postgres: or mysql:, not {url:?}"
+        );
+        Exit::Usage
+    }
+}
