@@ -402,6 +402,13 @@ async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         "{graph}"
     );
     assert!(graph.contains(">Pay / OrderPaid</text>"), "{graph}");
+    // Entities by state: every one paid, but the one of the dead timer.
+    let states = page.json("bob", "/admin/graph?machine=Shop").await;
+    assert_eq!(
+        states["states"],
+        serde_json::json!([["Created", 1], ["Paid", total]]),
+        "{states}"
+    );
 
     // Forged and tokenless POSTs change nothing.
     let alice_page = page.get("alice", "/admin/outbox").await;
@@ -733,6 +740,12 @@ async fn cli_suite<S: AdminStore>(store: S, exec: Exec<S>, url: &str) {
     let (code, out, _) = cli(&c, &["graph", "Shop"]).await;
     assert_eq!(code, Exit::Ok);
     assert!(out.contains("stateDiagram-v2"), "{out}");
+    let (code, graph) = cli_json(&c, &["graph", "Shop"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert_eq!(
+        graph["states"],
+        serde_json::json!([["Created", 1], ["Paid", total]])
+    );
 
     // Bad lines: nothing done.
     for line in [

@@ -162,7 +162,7 @@ pub(crate) async fn admin_pass<B: BenchDb>(
     let dead = o["outbox"]["dead"].as_i64().unwrap_or(-1);
     let stuck = o["records"]["stuck"].as_i64().unwrap_or(-1);
     let (want_dead, want_stuck) = ((history / 10 + 99) / 100, (history / 100 + 99) / 100);
-    if dead < want_dead || stuck != want_stuck.min(500) {
+    if dead < want_dead || stuck < want_stuck.min(500) {
         return Err(format!(
             "admin: the overview counts {dead} dead events and {stuck} stuck records, \
              seeded {want_dead} and {want_stuck}"

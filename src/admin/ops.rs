@@ -405,6 +405,16 @@ impl<S: AdminStore> Admin<S> {
         self.machines.get(machine).map(|m| m.graph())
     }
 
+    /// How many entities of a registered machine are in each state (a read of its
+    /// entity table whole); `None` for a machine not registered.
+    pub(crate) async fn states(&self, machine: &str) -> Result<Option<Vec<(String, i64)>>> {
+        let Some(view) = self.machines.get(machine) else {
+            return Ok(None);
+        };
+        let store = view.store();
+        Ok(Some(leased!(store, |c| store.count_by_status(c))?))
+    }
+
     /// The latest `limit` actions of the audit trail, newest first.
     pub(crate) async fn audit(&self, limit: i64) -> Result<Vec<crate::store::audit::AuditRow>> {
         let store = &self.store;

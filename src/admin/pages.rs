@@ -510,11 +510,20 @@ pub(super) async fn graph<S: AdminStore>(
         )
             .into_response();
     };
-    let data = json!({ "machine": machine, "mermaid": text });
+    let states = match app.states(machine).await {
+        Ok(states) => states.unwrap_or_default(),
+        Err(e) => return failed(&e),
+    };
+    let data = json!({ "machine": machine, "mermaid": text, "states": states });
     let body = html! {
         // Drawn on the server, its text escaped there; nothing fetched.
         div id="picture" style="overflow:auto;background:#fff;border:1px solid #dde1e6" {
             (maud::PreEscaped(view.picture()))
+        }
+        h2 { "Entities by state" }
+        table id="states" {
+            tr { th { "State" } th { "Entities" } }
+            @for (state, n) in &states { tr { td { (state) } td { (n) } } }
         }
         details { summary { "As Mermaid text" } pre id="graph" { (text) } }
     };

@@ -445,15 +445,26 @@ impl<S: AdminStore> Cli<S> {
             Command::Timers(TimersCmd::Cancel(t)) => {
                 self.timer(who, OnTimer::Cancel, &t, out).await
             }
-            Command::Graph { machine } => match a.graph(&machine) {
-                Some(text) => out.show(
-                    &serde_json::json!({ "machine": machine, "mermaid": text }),
-                    || text.clone(),
-                ),
-                None => out.fail(&Error::InvalidInput(format!(
-                    "no machine {machine:?} is registered with this command line"
-                ))),
-            },
+            Command::Graph { machine } => {
+                let Some(text) = a.graph(&machine) else {
+                    return out.fail(&Error::InvalidInput(format!(
+                        "no machine {machine:?} is registered with this command line"
+                    )));
+                };
+                let states = match a.states(&machine).await {
+                    Ok(states) => states.unwrap_or_default(),
+                    Err(e) => return out.fail(&e),
+                };
+                let data =
+                    serde_json::json!({ "machine": machine, "mermaid": text, "states": states });
+                out.show(&data, || {
+                    let mut t = Table::new(["state", "entities"]);
+                    for (state, n) in &states {
+                        t.row([state, &n.to_string()]);
+                    }
+                    format!("{text}\n{}", t.render())
+                })
+            }
             Command::Audit { limit } => match a.audit(i64::from(limit)).await {
                 Ok(rows) => out.show(&rows, || {
                     let mut t = Table::new(["when", "who", "action", "on", "changed"]);

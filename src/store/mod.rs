@@ -384,6 +384,13 @@ pub trait Store: Clone + Send + Sync + 'static {
         order_id: i64,
     ) -> impl Future<Output = Result<Vec<RawTransition>, sqlx::Error>> + Send;
 
+    /// How many entities are in each state, by state (an operator's count: it reads the
+    /// entity table whole).
+    fn count_by_status(
+        &self,
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, sqlx::Error>> + Send;
+
     /// Up to `limit` history rows of any entity made with the reference `ref_id`, by
     /// entity and version (an operator's search: the history table has no index on the
     /// reference alone, so this reads it whole unless the application adds one).

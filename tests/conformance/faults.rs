@@ -697,6 +697,13 @@ impl<S: Store> Store for Hooked<S> {
         self.seen(self.inner.history(conn, order_id).await)
     }
 
+    async fn count_by_status(
+        &self,
+        conn: &mut Self::Conn,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        self.seen(self.inner.count_by_status(conn).await)
+    }
+
     async fn by_ref(
         &self,
         conn: &mut Self::Conn,

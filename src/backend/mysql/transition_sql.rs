@@ -53,6 +53,7 @@ pub(super) struct Sql {
     pub(super) emit: SqlStr,
     pub(super) history: SqlStr,
     pub(super) by_ref: SqlStr,
+    pub(super) by_status: SqlStr,
     pub(super) batch_reads: BatchReads,
     /// The statements of a unit of several requests, whose text depends on its size.
     pub(super) units: super::units::UnitStatements,
@@ -156,6 +157,9 @@ impl Sql {
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \
                         CAST(payload AS CHAR) AS payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ? ORDER BY seq"
+            )),
+            by_status: read(format!(
+                "SELECT status, CAST(COUNT(*) AS SIGNED) FROM {o} GROUP BY status ORDER BY status"
             )),
             by_ref: read(format!(
                 "SELECT order_id, seq, from_status, to_status, event FROM {h} \

@@ -425,4 +425,13 @@ impl Store for MySqlStore {
             .fetch_all(conn)
             .await
     }
+
+    async fn count_by_status(
+        &self,
+        conn: &mut MySqlConnection,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(self.sql().by_status.clone())
+            .fetch_all(conn)
+            .await
+    }
 }

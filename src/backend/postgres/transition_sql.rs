@@ -38,6 +38,7 @@ pub(super) struct Sql {
     pub(super) apply_emitting: SqlStr,
     pub(super) history: SqlStr,
     pub(super) by_ref: SqlStr,
+    pub(super) by_status: SqlStr,
     pub(super) batch_reads: BatchReads,
 }
 
@@ -210,6 +211,9 @@ impl Sql {
                         event::text AS event, ref_id::text AS ref_id, payload_hash::text AS payload_hash, \
                         payload::text AS payload, actor::text AS actor, reason::text AS reason, created_at \
                  FROM {h} WHERE order_id = $1 ORDER BY seq"
+            )),
+            by_status: sql(format!(
+                "SELECT status::text, COUNT(*)::bigint FROM {o} GROUP BY status ORDER BY status"
             )),
             by_ref: sql(format!(
                 "SELECT order_id::bigint AS order_id, seq::bigint AS seq, from_status::text AS from_status, \

@@ -363,6 +363,15 @@ impl Store for PgStore {
             .fetch_all(conn)
             .await
     }
+
+    async fn count_by_status(
+        &self,
+        conn: &mut PgConnection,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(self.transitions.by_status.clone())
+            .fetch_all(conn)
+            .await
+    }
 }
 /// Whether `e` is the outbox's primary key refusing a row: the outbox holds an event of
 /// the entity at that version already (its version was reused), not a twin request.

@@ -39,6 +39,7 @@ pub(super) struct Sql {
     pub(super) emit: SqlStr,
     history: SqlStr,
     by_ref: SqlStr,
+    by_status: SqlStr,
     /// The statements of a unit of several requests, whose text depends on its size.
     pub(super) units: super::units::UnitStatements,
 }
@@ -90,6 +91,9 @@ impl Sql {
             history: sql(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ?1 ORDER BY seq"
+            )),
+            by_status: sql(format!(
+                "SELECT status, COUNT(*) FROM {o} GROUP BY status ORDER BY status"
             )),
             by_ref: sql(format!(
                 "SELECT order_id, seq, from_status, to_status, event FROM {h} \
@@ -407,6 +411,15 @@ impl Store for SqliteStore {
         sqlx::query_as(self.transitions.by_ref.clone())
             .bind(ref_id)
             .bind(limit)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn count_by_status(
+        &self,
+        conn: &mut SqliteConnection,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(self.transitions.by_status.clone())
             .fetch_all(conn)
             .await
     }
