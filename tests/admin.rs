@@ -55,7 +55,7 @@ const HOSTILE: &str = "<script>alert('x')</script>";
 
 /// How many dead events the bulk requeue moves (more than one of its batches), and how
 /// many it leaves (another error text).
-const BULK: i64 = 1_200;
+const BULK: i64 = 10_000;
 const OTHERS: i64 = 30;
 
 struct Page {
@@ -942,9 +942,12 @@ async fn command_line_on_sqlite() {
     let store = orderly::SqliteStore::connect(&url).await.unwrap();
     let exec = exec_on!(store.pool());
     cli_suite(store, exec, &url).await;
-    // A database that is not there is not made: a failure to open it, exit 3.
+    // A database that is not there is not made: a failure to open it that another try
+    // will not mend, exit 4; a server that does not answer may come back, exit 3.
     let missing = format!("sqlite://{}", dir.path().join("none/x.db").display());
     let (code, _, err) = binary(Some(&missing), &["overview"]);
+    assert_eq!(code, 4, "{err}");
+    let (code, _, err) = binary(Some("postgres://postgres@127.0.0.1:1/none"), &["overview"]);
     assert_eq!(code, 3, "{err}");
     assert!(!dir.path().join("none").exists());
 }

@@ -43,7 +43,7 @@ pub struct FlowHit {
 pub enum EventsBy<'a> {
     /// The events of the transitions made with this reference.
     Ref(&'a str),
-    /// The events of one entity, by version.
+    /// The events of one entity, newest first.
     Entity {
         /// The machine.
         machine: &'a str,
@@ -104,11 +104,12 @@ pub trait LookupStore: Store {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send;
 
-    /// The records of every scope held in PROCESSING past their lease (inside their
-    /// retention), the longest stuck first.
+    /// The records of every scope, or of `scope`, held in PROCESSING past their lease
+    /// (inside their retention), the longest stuck first.
     fn stuck_records(
         &self,
         conn: &mut Self::Conn,
+        scope: Option<&str>,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<StuckRecord>, sqlx::Error>> + Send;
 }

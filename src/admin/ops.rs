@@ -353,11 +353,11 @@ impl<S: AdminStore> Admin<S> {
     /// of all.
     pub(crate) async fn stuck_records(&self, scope: Option<&str>) -> Result<Vec<StuckRecord>> {
         let store = &self.store;
-        let rows = leased!(store, |c| store.stuck_records(c, i64::from(LIST_MAX)))?;
-        Ok(rows
-            .into_iter()
-            .filter(|r| scope.is_none_or(|s| s == r.scope))
-            .collect())
+        leased!(store, |c| store.stuck_records(
+            c,
+            scope,
+            i64::from(LIST_MAX)
+        ))
     }
 
     /// The overview's counts.
@@ -611,16 +611,34 @@ impl<S: AdminStore> Admin<S> {
                 0,
             ));
         };
-        AssertUnwindSafe(flows.resume(kind, key, how))
+        // What the flow looked like before: an error after the resume unparked it
+        // (a step that failed, a deadline) is a failure after one change, not before.
+        let look = || async {
+            flows
+                .get(kind, key)
+                .await
+                .ok()
+                .flatten()
+                .map(|v| (v.flow.status, v.flow.park_reason, v.flow.updated_at))
+        };
+        let before = look().await;
+        let resumed = AssertUnwindSafe(flows.resume(kind, key, how))
             .catch_unwind()
             .await
             .unwrap_or_else(|_| {
-                Err(Error::InvalidInput(format!(
-                    "a step of flow {kind} {key} panicked"
-                )))
-            })
-            .map(|_| 1)
-            .map_err(|e| (e, 0))
+                Err(Error::RuleFailed {
+                    rule: "a flow step",
+                    reason: format!("a step of flow {kind} {key} panicked"),
+                })
+            });
+        match resumed {
+            Ok(_) => Ok(1),
+            Err(e) => {
+                let after = look().await;
+                let changed = before.is_some() && after.is_some() && before != after;
+                Err((e, i64::from(changed)))
+            }
+        }
     }
 
     /// Releases a record stuck in PROCESSING past its lease, through the registered

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::AdminStore;
 use super::app::{Admin, App, PAGE, Seen, failed};
-use super::ops::{Event, Filter, time_text};
+use super::ops::{Event, Filter, LIST_MAX, time_text};
 use crate::Error;
 use crate::flow::Listing;
 use crate::outbox::Outbox;
@@ -71,9 +71,9 @@ pub(super) async fn overview<S: AdminStore>(
             (card("Events pending", o.outbox.pending.to_string(), false, "outbox"))
             (card("Events dead", o.outbox.dead.to_string(), o.outbox.dead > 0, "outbox"))
             (card("Oldest pending", format!("{:.1} s", o.outbox.oldest_pending_ms as f64 / 1000.0), false, "outbox"))
-            (card("Flows parked", o.flows.parked.to_string(), o.flows.parked > 0, "flows"))
-            (card("Flows running", o.flows.running.to_string(), false, "flows"))
-            (card("Records stuck", o.records.stuck.to_string(), o.records.stuck > 0, "records"))
+            (card("Flows parked", capped(o.flows.parked), o.flows.parked > 0, "flows"))
+            (card("Flows running", capped(o.flows.running), false, "flows"))
+            (card("Records stuck", capped(o.records.stuck), o.records.stuck > 0, "records"))
             (card("Timers due", o.timers.due.to_string(), false, "timers"))
             (card("Timers dead", o.timers.dead.to_string(), o.timers.dead > 0, "timers"))
             (card("Oldest lateness", format!("{:.1} s", o.timers.oldest_late_ms as f64 / 1000.0), false, "timers"))
@@ -90,6 +90,15 @@ pub(super) async fn overview<S: AdminStore>(
         (audit_table(&recent))
     };
     answer(&seen, "Overview", notice(&app, &q), data, body)
+}
+
+/// A count made up to [`LIST_MAX`]: `500+` when it reached it.
+fn capped(n: usize) -> String {
+    if n >= LIST_MAX as usize {
+        format!("{n}+")
+    } else {
+        n.to_string()
+    }
 }
 
 /// The form that opens an entity's timeline.
@@ -174,7 +183,7 @@ pub(super) async fn dead_events<S: AdminStore>(
             @for r in &rows {
                 tr {
                     td { (r.machine) }
-                    td { a href={ "entity?machine=" (r.machine) "&id=" (r.entity_id) } { (r.entity_id) } }
+                    td { a href=(entity_link(&r.machine, r.entity_id)) { (r.entity_id) } }
                     td { (r.version) }
                     td { (r.event) }
                     td { (r.ref_id) }
@@ -371,6 +380,12 @@ pub(super) async fn entity<S: AdminStore>(
     answer(&seen, &title, None, data, body)
 }
 
+/// The link to an entity's timeline.
+fn entity_link(machine: &str, id: i64) -> String {
+    let machine: String = form_urlencoded::byte_serialize(machine.as_bytes()).collect();
+    format!("entity?machine={machine}&id={id}")
+}
+
 /// Outbox events with their publish status.
 fn events_table(events: &[Event]) -> Markup {
     html! {
@@ -407,10 +422,7 @@ pub(super) async fn search<S: AdminStore>(
         Err(e) => return failed(&e),
     };
     let data = json!(found);
-    let entity = |machine: &str, id: i64| {
-        let machine: String = form_urlencoded::byte_serialize(machine.as_bytes()).collect();
-        format!("entity?machine={machine}&id={id}")
-    };
+    let entity = entity_link;
     let body = html! {
         p id="found" { (found.count()) " found for " b { (found.term) } "." }
         @if !found.entities.is_empty() {
@@ -487,7 +499,7 @@ pub(super) async fn stuck_records<S: AdminStore>(
                     td { (r.scope) } td { (r.idem_key) } td { (r.attempt) }
                     td { (format!("{:.0} s", r.stuck_ms as f64 / 1000.0)) }
                     td { (format!("{:.0} s ago", r.age_ms as f64 / 1000.0)) }
-                    td { @if app.records.is_some() {
+                    td { @if app.records.as_ref().is_some_and(|rec| rec.scope_config(&r.scope).is_some()) {
                         (f.action("release", &[("scope", &r.scope), ("key", &r.idem_key)], "Release"))
                     } }
                 }

@@ -23,6 +23,8 @@ pub(crate) struct LookupStatements {
     event_by_id: Statement,
     /// 1 limit.
     stuck: Statement,
+    /// 1 scope, 2 limit.
+    stuck_of_scope: Statement,
 }
 
 impl LookupStatements {
@@ -30,10 +32,19 @@ impl LookupStatements {
     /// outbox event columns (over the alias `o`) and its parameter style.
     pub(crate) fn new(now: &str, event_columns: &str, params: Params) -> Self {
         let s = |sql: String| Statement::shared(sql, params);
-        let events = |filter: &str, limit: &str| {
+        let events = |filter: &str, order: &str, limit: &str| {
             s(format!(
-                "SELECT {event_columns} FROM outbox AS o WHERE {filter} \
-                 ORDER BY o.machine, o.entity_id, o.version LIMIT {limit}"
+                "SELECT {event_columns} FROM outbox AS o WHERE {filter} ORDER BY {order} LIMIT {limit}"
+            ))
+        };
+        let key = "o.machine, o.entity_id, o.version";
+        let stuck = |scope: &str, limit: &str| {
+            s(format!(
+                "SELECT scope, idem_key, attempt, {now} - lease_until AS stuck_ms, \
+                        {now} - created_at AS age_ms \
+                 FROM idempotency_records \
+                 WHERE {scope}status = 'PROCESSING' AND lease_until <= {now} AND expires_at > {now} \
+                 ORDER BY lease_until LIMIT {limit}"
             ))
         };
         LookupStatements {
@@ -45,19 +56,19 @@ impl LookupStatements {
             flows: s("SELECT kind, flow_key, status, park_reason FROM flows \
                  WHERE flow_key = ?1 ORDER BY kind LIMIT ?2"
                 .to_string()),
-            events_by_ref: events("o.ref_id = ?1", "?2"),
-            events_of_entity: events("o.machine = ?1 AND o.entity_id = ?2", "?3"),
+            events_by_ref: events("o.ref_id = ?1", key, "?2"),
+            events_of_entity: events(
+                "o.machine = ?1 AND o.entity_id = ?2",
+                "o.version DESC",
+                "?3",
+            ),
             event_by_id: events(
                 "o.machine = ?1 AND o.entity_id = ?2 AND o.version = ?3",
+                key,
                 "?4",
             ),
-            stuck: s(format!(
-                "SELECT scope, idem_key, attempt, {now} - lease_until AS stuck_ms, \
-                        {now} - created_at AS age_ms \
-                 FROM idempotency_records \
-                 WHERE status = 'PROCESSING' AND lease_until <= {now} AND expires_at > {now} \
-                 ORDER BY lease_until LIMIT ?1"
-            )),
+            stuck: stuck("", "?1"),
+            stuck_of_scope: stuck("scope = ?1 AND ", "?2"),
         }
     }
 }
@@ -139,16 +150,20 @@ where
 pub(crate) async fn stuck<DB: Binds>(
     conn: &mut DB::Connection,
     s: &LookupStatements,
+    scope: Option<&str>,
     limit: i64,
 ) -> Result<Vec<StuckRecord>, sqlx::Error>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     StuckRecord: for<'r> sqlx::FromRow<'r, DB::Row>,
 {
-    s.stuck
-        .query_as::<DB, StuckRecord>(&[Arg::I64(limit)])?
-        .fetch_all(conn)
-        .await
+    let query = match scope {
+        None => s.stuck.query_as::<DB, StuckRecord>(&[Arg::I64(limit)])?,
+        Some(scope) => s
+            .stuck_of_scope
+            .query_as::<DB, StuckRecord>(&[Arg::Str(scope), Arg::I64(limit)])?,
+    };
+    query.fetch_all(conn).await
 }
 
 /// The backend's [`LookupStore`](crate::admin::lookup::LookupStore) over these
@@ -195,9 +210,10 @@ macro_rules! lookup_store {
             async fn stuck_records(
                 &self,
                 conn: &mut $conn,
+                scope: Option<&str>,
                 limit: i64,
             ) -> Result<Vec<$crate::admin::lookup::StuckRecord>, sqlx::Error> {
-                $crate::backend::lookup_sql::stuck::<$db>(conn, &LOOKUP, limit).await
+                $crate::backend::lookup_sql::stuck::<$db>(conn, &LOOKUP, scope, limit).await
             }
         }
     };

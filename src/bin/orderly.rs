@@ -15,6 +15,9 @@ use orderly::backend::postgres::PgStore;
 use orderly::backend::sqlite::{SqliteStore, connect_options};
 use orderly::cli::{Cli, Exit};
 
+/// How long the binary waits for a database server to answer.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let (url, args) = database_url(std::env::args_os().collect());
@@ -48,10 +51,10 @@ async fn run(
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
 ) -> Exit {
-    let wants_help = args
-        .iter()
-        .skip(1)
-        .any(|a| a == "--help" || a == "-h" || a == "help" || a == "--version" || a == "-V");
+    // Help needs no database: `--help` anywhere, or `help` or `--version` as the command.
+    let first = args.get(1).and_then(|a| a.to_str());
+    let wants_help = args.iter().skip(1).any(|a| a == "--help" || a == "-h")
+        || matches!(first, Some("help" | "--version" | "-V"));
     let Some(url) = url else {
         if wants_help {
             // Help needs no database.
@@ -70,6 +73,13 @@ async fn run(
     let fail = |err: &mut (dyn Write + Send), e: &dyn std::fmt::Display| {
         let _ = writeln!(err, "orderly: cannot open the database: {e}");
     };
+    // A server that may come back is worth another try; a wrong URL, name or password
+    // is not.
+    let open_failed = |e: &sqlx::Error| match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => Exit::Retry,
+        sqlx::Error::Configuration(_) => Exit::Usage,
+        _ => Exit::Failed,
+    };
     if url.starts_with("sqlite:") {
         let options = match connect_options(&url) {
             Ok(o) => o.create_if_missing(false),
@@ -86,11 +96,16 @@ async fn run(
             }
             Err(e) => {
                 fail(err, &e);
-                Exit::Retry
+                open_failed(&e)
             }
         }
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        match sqlx::postgres::PgPool::connect(&url).await {
+        match sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(PATIENCE)
+            .connect(&url)
+            .await
+        {
             Ok(pool) => {
                 Cli::new(Admin::new(PgStore::new(pool)))
                     .run(args, out, err)
@@ -98,11 +113,16 @@ async fn run(
             }
             Err(e) => {
                 fail(err, &e);
-                Exit::Retry
+                open_failed(&e)
             }
         }
     } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-        match sqlx::mysql::MySqlPool::connect(&url).await {
+        match sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(PATIENCE)
+            .connect(&url)
+            .await
+        {
             Ok(pool) => {
                 Cli::new(Admin::new(MySqlStore::new(pool)))
                     .run(args, out, err)
@@ -110,7 +130,7 @@ async fn run(
             }
             Err(e) => {
                 fail(err, &e);
-                Exit::Retry
+                open_failed(&e)
             }
         }
     } else {

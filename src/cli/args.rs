@@ -16,7 +16,8 @@ pub enum Exit {
     /// Nothing to show or change: a search found nothing, an entity does not exist,
     /// the event was not dead, the record not stuck, the timer not re-armable.
     NotFound = 1,
-    /// The command line, or a value on it, does not read; nothing was done.
+    /// The command line, or a value on it, does not read, or names what cannot be acted
+    /// on (a flow that is not parked, a kind or scope not registered); nothing was done.
     Usage = 2,
     /// A failure that may pass (the database unreachable, busy, a deadline): run it
     /// again.
@@ -32,7 +33,7 @@ impl Exit {
     /// The exit code of a command that failed with `e`, having changed nothing.
     pub fn of(e: &Error) -> Self {
         match e {
-            Error::InvalidInput(_) => Exit::Usage,
+            Error::InvalidInput(_) | Error::FlowVersion { .. } => Exit::Usage,
             Error::NotFound { .. } => Exit::NotFound,
             e if e.is_retryable() => Exit::Retry,
             _ => Exit::Failed,

@@ -236,8 +236,9 @@ impl<S: RecordStore> Records<S> {
     /// over from the token it is held under, in one conditional update as the recovery
     /// job does, then releases it, so that the next claim runs the request again.
     /// `false` if it is not stuck (absent, finished, past its retention, or under a live
-    /// lease) or someone took it over first. An error after the takeover leaves the
-    /// record held under a lease of the scope's length: it is stuck again after it.
+    /// lease) or someone took it over first. An error after the takeover (the release
+    /// failed, or its lease was lost first: [`Error::LeaseLost`]) leaves the record held
+    /// under a lease of the scope's length: it is stuck again after it.
     pub async fn release_stuck(&self, scope: &str, key: &str) -> Result<bool> {
         let config = self.config(scope)?;
         crate::support::input::validate_reference("an idempotency key", key)?;
@@ -274,11 +275,7 @@ impl<S: RecordStore> Records<S> {
             attempt,
             marker: None,
         };
-        match self.release(&held).await {
-            Ok(()) => Ok(true),
-            Err(Error::LeaseLost { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.release(&held).await.map(|()| true)
     }
 
     /// How many records of `scope` are held right now, and how long the oldest has been
