@@ -25,10 +25,9 @@
 //! those whose clients hung up), and stops its recovery jobs and its outbox relay (which
 //! finishes the batch in hand).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Extension, MatchedPath, Path, State};
@@ -49,6 +48,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
+
+#[path = "service/pay.rs"]
+mod pay;
+use pay::{InMemoryGateway, PayOrder, PayStep, Payment, pay_order, short_hash};
 
 orderly::state_machine! {
     /// An order.
@@ -75,15 +78,6 @@ orderly::flow! {
         kind: "create_order";
         version: 1;
         steps: CreateStep { Insert: local + undo, Reserve: local + undo, }
-    }
-}
-
-orderly::flow! {
-    /// Paying an order at the gateway: an authorization, then its capture.
-    pub PayOrder {
-        kind: "pay_order";
-        version: 1;
-        steps: PayStep { Authorize: keyed + undo, Capture: keyed + undo, }
     }
 }
 
@@ -317,28 +311,6 @@ impl Sink for LogSink {
     }
 }
 
-/// The fake payment gateway: authorizations and captures by the caller's key, so a
-/// repeated call with the same key answers what the first did.
-#[derive(Default)]
-struct Gateway {
-    answers: Mutex<HashMap<String, Result<String, String>>>,
-}
-
-impl Gateway {
-    fn call(
-        &self,
-        key: &str,
-        answer: impl FnOnce() -> Result<String, String>,
-    ) -> Result<String, String> {
-        self.answers
-            .lock()
-            .unwrap()
-            .entry(key.to_string())
-            .or_insert_with(answer)
-            .clone()
-    }
-}
-
 #[derive(Serialize, Deserialize, Debug, Clone)]
 struct NewOrder {
     sku: String,
@@ -350,12 +322,6 @@ struct OrderToCreate {
     id: i64,
     sku: String,
     qty: i64,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone)]
-struct Payment {
-    order_id: i64,
-    card: String,
 }
 
 struct App<S: Shop> {
@@ -407,62 +373,6 @@ fn create_order<S: Shop>(engine: &Engine<OrderMachine, S>) -> Definition<S, Orde
                 Ok(())
             })
         })
-}
-
-fn pay_order<S: Shop>(gateway: &Arc<Gateway>) -> Definition<S, Payment> {
-    let (authorize, void, capture, refund) = (
-        gateway.clone(),
-        gateway.clone(),
-        gateway.clone(),
-        gateway.clone(),
-    );
-    Definition::new(PayOrder)
-        .call(PayStep::Authorize, move |ctx: &Ctx<Payment>| {
-            let gateway = authorize.clone();
-            Box::pin(async move {
-                let id = format!("auth_{}", short_hash(ctx.key()));
-                gateway.call(ctx.key(), || Ok(id)).map_err(StepError::fail)
-            })
-        })
-        .undo_call(PayStep::Authorize, move |ctx: &Ctx<Payment>| {
-            let gateway = void.clone();
-            Box::pin(async move {
-                gateway
-                    .call(ctx.key(), || Ok("voided".into()))
-                    .map_err(StepError::retry)
-            })
-        })
-        .undo_call(PayStep::Capture, move |ctx: &Ctx<Payment>| {
-            let gateway = refund.clone();
-            Box::pin(async move {
-                gateway
-                    .call(ctx.key(), || Ok("refunded".into()))
-                    .map_err(StepError::retry)
-            })
-        })
-        .call(PayStep::Capture, move |ctx: &Ctx<Payment>| {
-            let gateway = capture.clone();
-            Box::pin(async move {
-                if ctx.input().card.contains("slow") {
-                    tokio::time::sleep(Duration::from_millis(800)).await;
-                }
-                let declined = ctx.input().card.contains("decline");
-                let id = format!("pay_{}", short_hash(ctx.key()));
-                gateway
-                    .call(ctx.key(), || {
-                        if declined {
-                            Err("card declined".into())
-                        } else {
-                            Ok(id)
-                        }
-                    })
-                    .map_err(StepError::fail)
-            })
-        })
-}
-
-fn short_hash(text: &str) -> String {
-    hex::encode(&Sha256::digest(text.as_bytes())[..8])
 }
 
 /// An order id for an idempotency key: the same key, the same order.
@@ -843,14 +753,14 @@ async fn serve<S: Shop>(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let engine: Engine<OrderMachine, S> =
         Engine::new(store.clone())?.with_rules(RulesOf(Rules::<S>(std::marker::PhantomData)));
-    let gateway = Arc::new(Gateway::default());
+    let gateway = Arc::new(InMemoryGateway::default());
     let flow_config = FlowConfig {
         lease: args.lease,
         ..FlowConfig::default()
     };
     let flows = Flows::new(store.clone(), flow_config)?
         .register(create_order(&engine))?
-        .register(pay_order::<S>(&gateway))?;
+        .register(pay_order::<S, _>(&gateway))?;
     let records = Records::new(store).scope(
         "http",
         ScopeConfig {

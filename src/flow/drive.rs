@@ -9,7 +9,8 @@ use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
 
 use super::flows::{Drive, Flows, Held};
-use super::outcome::{Failure, FlowOutcome, ParkReason, is_live};
+use super::hook::{Phase, Point, Record, When};
+use super::outcome::{Failure, FlowOutcome, ParkReason, is_live, step_name};
 use super::steps::{Action, Definition, StepError};
 use super::{FlowStore, StepClass, StepRow, StepSpec, Touch, Undo};
 use crate::{Error, Result};
@@ -113,6 +114,7 @@ pub(super) async fn drive<S: FlowStore, I: DeserializeOwned + Send + Sync + 'sta
         outputs: Arc::default(),
     };
     run.learn(&steps);
+    run.point(When::After, Record::Claim, None, FORWARD).await?;
     let at = usize::try_from(at)
         .ok()
         .filter(|&at| at <= def.specs.len())
@@ -129,6 +131,31 @@ pub(super) async fn drive<S: FlowStore, I: DeserializeOwned + Send + Sync + 'sta
 }
 
 impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
+    /// A recorded point: the testing kit's hook, if there is one, may stop the run here
+    /// (an error) or hold it up.
+    async fn point(
+        &self,
+        when: When,
+        record: Record,
+        step: Option<usize>,
+        phase: &str,
+    ) -> Result<()> {
+        let Some(hook) = &self.flows.hook else {
+            return Ok(());
+        };
+        let point = Point {
+            when,
+            record,
+            step: step.map(|i| step_name(self.def.specs, i)),
+            phase: if phase == UNDO {
+                Phase::Undo
+            } else {
+                Phase::Forward
+            },
+        };
+        hook.at(&self.held.key, point).await
+    }
+
     fn learn(&mut self, steps: &[StepRow]) {
         let specs = self.def.specs;
         for row in steps {

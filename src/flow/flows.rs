@@ -79,6 +79,8 @@ pub struct Flows<S: FlowStore> {
     pub(super) first: FirstRound,
     /// The queue of concurrent starts, on a store that batches them (shared by clones).
     pub(super) starts: Option<Arc<Claims<S, super::starts::Owned>>>,
+    /// What the runner asks at each recorded point (the testing kit's faults).
+    pub(super) hook: Option<Arc<dyn super::hook::Hook>>,
 }
 
 impl<S: FlowStore> std::fmt::Debug for Flows<S> {

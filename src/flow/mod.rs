@@ -16,6 +16,7 @@
 mod def;
 mod drive;
 mod flows;
+pub(crate) mod hook;
 mod macros;
 mod outcome;
 mod recovery;

@@ -55,6 +55,7 @@ impl<S: FlowStore> Flows<S> {
             first: FirstRound::new(ReadFirst::Adaptive, S::READ_FIRST_FROM),
             starts: S::BATCHES_STARTS.then(|| Claims::new(store.clone(), START_LIMIT)),
             store,
+            hook: None,
         })
     }
 
@@ -110,6 +111,13 @@ impl<S: FlowStore> Flows<S> {
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// These flows, their runner asking `hook` at every recorded point.
+    #[cfg(feature = "testing")]
+    pub(crate) fn with_hook(mut self, hook: Arc<dyn super::hook::Hook>) -> Self {
+        self.hook = Some(hook);
+        self
     }
 
     /// The configuration.

@@ -11,6 +11,8 @@
 //! - [`check_rules`]: the same for a machine with guards and effects, against an
 //!   [`Oracle`] you write: a pure model of what each guard allows and each effect does
 //!   to your business data, compared with the data itself after every step.
+//! - [`flows`]: a kit that runs your own flows with faults at every point their runner
+//!   records, and checks every effect happened once.
 //!
 //! ```no_run
 //! # orderly::state_machine! {
@@ -47,6 +49,7 @@ use strum::IntoEnumIterator;
 use crate::store::Store;
 use crate::{Engine, Error, Judged, Outcome, StateMachine};
 
+pub mod flows;
 mod rules;
 
 pub use rules::{Oracle, check_rules, check_rules_concurrent};

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::super::hook::{Record, When};
 use super::super::outcome::{FlowOutcome, Outputs, ParkReason, step_name};
 use super::super::steps::{CallAction, Ctx, LocalAction, StepError};
 use super::super::{FlowStore, StepClass, StepWrite, Touch};
@@ -81,10 +82,14 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
             lease.release();
             return Err(lease_lost(&self.held));
         }
+        self.point(When::Before, Record::Commit, Some(i), phase)
+            .await?;
         // A commit whose acknowledgement is lost is reported as a retryable error: the
         // flow is then resumed from what the database holds.
         tx.commit().await.map_err(db_error::<S>)?;
         lease.release();
+        self.point(When::After, Record::Commit, Some(i), phase)
+            .await?;
         self.succeeded(i, phase, out);
         Ok(Ok(()))
     }
@@ -387,6 +392,27 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
         step: Option<&StepWrite<'_>>,
         retry: Option<&str>,
     ) -> Result<()> {
-        write(self.flows, &self.held, touch, step, retry).await
+        let record = match (step.map(|w| w.status), touch.park, touch.status) {
+            (Some(_), _, _) if step.is_some_and(|w| self.is_wait(w.index)) => Record::Wait,
+            (Some("STARTED"), _, _) => Record::Start,
+            (Some("SUCCEEDED"), _, _) => Record::Result,
+            (Some("RETRY"), _, _) => Record::Retry,
+            (Some(_), _, _) => Record::Failed,
+            (None, Some(_), _) => Record::Park,
+            (None, None, Some("COMPENSATED")) => Record::Compensated,
+            (None, None, _) => Record::Complete,
+        };
+        let at = step.and_then(|w| usize::try_from(w.index).ok());
+        let phase = step.map_or(FORWARD, |w| w.phase);
+        self.point(When::Before, record, at, phase).await?;
+        write(self.flows, &self.held, touch, step, retry).await?;
+        self.point(When::After, record, at, phase).await
+    }
+
+    fn is_wait(&self, index: i32) -> bool {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.def.specs.get(i))
+            .is_some_and(|s| s.class == StepClass::Wait)
     }
 }

@@ -1,0 +1,106 @@
+//! The points a held flow's runner records at, where the testing kit
+//! ([`orderly::testing::flows`](crate::testing)) stops, holds up or fails it. A runner
+//! without a hook (every runner outside a test) passes them by.
+
+use std::fmt;
+
+use futures_util::future::BoxFuture;
+
+use crate::Result;
+
+/// Forward or compensation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    /// The step itself.
+    Forward,
+    /// Its compensation.
+    Undo,
+}
+
+/// What is recorded at a point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Record {
+    /// The runner holds the flow: a start's insert or a recovery's claim committed.
+    Claim,
+    /// A call's start, recorded before the call is made.
+    Start,
+    /// The call to a downstream (a test double's point, not the runner's).
+    Call,
+    /// A call's result, recorded after it returned.
+    Result,
+    /// A local step's (or compensation's) checkpoint transaction: its writes and record.
+    Commit,
+    /// A step's wait for its retry.
+    Retry,
+    /// A step's failure, or a compensation given up.
+    Failed,
+    /// A wait step's sleep, or its waking.
+    Wait,
+    /// The flow parked.
+    Park,
+    /// The flow completed.
+    Complete,
+    /// The flow compensated.
+    Compensated,
+}
+
+/// Before or after the record is committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum When {
+    /// Before: nothing of it is written.
+    Before,
+    /// After its commit.
+    After,
+    /// During (a call).
+    At,
+}
+
+/// A recorded point of a flow's run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Point {
+    /// Before, at or after.
+    pub when: When,
+    /// What is recorded.
+    pub record: Record,
+    /// The step, if the record is one step's.
+    pub step: Option<String>,
+    /// Forward or compensation.
+    pub phase: Phase,
+}
+
+impl fmt::Display for Point {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let when = match self.when {
+            When::Before => "before",
+            When::After => "after",
+            When::At => "at",
+        };
+        let record = match self.record {
+            Record::Claim => "claim",
+            Record::Start => "start",
+            Record::Call => "call",
+            Record::Result => "result",
+            Record::Commit => "commit",
+            Record::Retry => "retry",
+            Record::Failed => "failed",
+            Record::Wait => "wait",
+            Record::Park => "park",
+            Record::Complete => "complete",
+            Record::Compensated => "compensated",
+        };
+        write!(f, "{when} {record}")?;
+        if let Some(step) = &self.step {
+            write!(f, " of {step}")?;
+        }
+        if self.phase == Phase::Undo {
+            f.write_str(" (undo)")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a runner asks at each point: `Ok` goes on (perhaps after a while), an error
+/// stops the run there as a crash or a lost acknowledgement would.
+pub(crate) trait Hook: Send + Sync {
+    fn at<'a>(&'a self, flow_key: &'a str, point: Point) -> BoxFuture<'a, Result<()>>;
+}

@@ -1,0 +1,383 @@
+//! What the kit checks after each run, and how it reports: the end the flow reached
+//! against the table of ends each fault allows, and every effect the doubles and the
+//! runners' commits show.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::doubles::Call;
+use super::plan::{Plan, Reached};
+use super::{Phase, Record, When};
+use crate::flow::{FlowRow, ParkReason, StepClass, StepSpec, Undo};
+
+/// Where a run left the flow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// Every step succeeded.
+    Completed,
+    /// A step failed and the steps before it were compensated.
+    Compensated,
+    /// Parked for an operator.
+    Parked(ParkReason),
+    /// Not finished within the kit's limit: its status (still running or compensating,
+    /// or never started).
+    Unfinished(String),
+}
+
+impl End {
+    pub(super) fn of(row: Option<&FlowRow>) -> End {
+        let Some(row) = row else {
+            return End::Unfinished("never started".into());
+        };
+        if let Some(reason) = &row.park_reason {
+            return ParkReason::from_str(reason).map_or_else(
+                |_| End::Unfinished(format!("parked for an unknown reason {reason}")),
+                End::Parked,
+            );
+        }
+        match row.status.as_str() {
+            "COMPLETED" => End::Completed,
+            "COMPENSATED" => End::Compensated,
+            other => End::Unfinished(format!(
+                "{other}, its lease {}",
+                if row.lease_left_ms > 0 {
+                    format!("{} ms from running out", row.lease_left_ms)
+                } else {
+                    "run out".to_string()
+                }
+            )),
+        }
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        !matches!(self, End::Unfinished(_))
+    }
+}
+
+impl fmt::Display for End {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            End::Completed => f.write_str("completed"),
+            End::Compensated => f.write_str("compensated"),
+            End::Parked(reason) => write!(f, "parked ({reason:?})"),
+            End::Unfinished(status) => write!(f, "unfinished: {status}"),
+        }
+    }
+}
+
+/// One run: its plan, where it ended, and what was wrong.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The plan.
+    pub plan: Plan,
+    /// The faults that happened (a planned point a run never reached has none).
+    pub fired: Vec<String>,
+    /// Where the flow ended.
+    pub end: End,
+    /// The ends the kit's table allows for this plan.
+    pub allowed: Vec<End>,
+    /// What the start was answered.
+    pub answer: String,
+    /// What the checks found wrong; empty when the run is sound.
+    pub problems: Vec<String>,
+    /// The points reached, in order.
+    pub trace: Vec<Reached>,
+    /// The calls the doubles took, in order.
+    pub calls: Vec<Call>,
+    /// How long the run took.
+    pub took: Duration,
+}
+
+impl RunReport {
+    /// Whether the checks found nothing wrong.
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+impl fmt::Display for RunReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "plan:     {}", self.plan)?;
+        if !self.fired.is_empty() {
+            writeln!(f, "happened: {}", self.fired.join("; "))?;
+        }
+        writeln!(f, "end:      {}", self.end)?;
+        writeln!(f, "answer:   {}", self.answer)?;
+        for p in &self.problems {
+            writeln!(f, "  problem: {p}")?;
+        }
+        let trace: Vec<String> = self.trace.iter().map(ToString::to_string).collect();
+        writeln!(f, "  points: {}", trace.join(", "))?;
+        let calls: Vec<String> = self
+            .calls
+            .iter()
+            .map(|c| {
+                let effect = if c.effect { "effect" } else { "no effect" };
+                format!("{}({}): {effect}", c.double, c.key)
+            })
+            .collect();
+        writeln!(f, "  calls:  {}", calls.join(", "))?;
+        write!(
+            f,
+            "  replay: kit.run(&\"{}\".parse().unwrap()).await",
+            self.plan
+        )
+    }
+}
+
+/// What [`Kit::exhaustive`](super::Kit::exhaustive) found.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The run with no fault, which the others are judged against.
+    pub baseline: RunReport,
+    /// The points the baseline reached: each was given each fault that fits it.
+    pub points: Vec<Reached>,
+    /// How many runs, the baseline included.
+    pub runs: usize,
+    /// The runs whose checks found something wrong.
+    pub failures: Vec<RunReport>,
+    /// How long it all took.
+    pub took: Duration,
+}
+
+impl Report {
+    /// Whether every run was sound.
+    pub fn ok(&self) -> bool {
+        self.failures.is_empty()
+    }
+
+    /// Panics with the report unless every run was sound.
+    #[track_caller]
+    pub fn assert_ok(&self) {
+        assert!(self.ok(), "{self}");
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} runs over {} points in {:.1?}: {} failed; the run with no fault ended {}",
+            self.runs,
+            self.points.len(),
+            self.took,
+            self.failures.len(),
+            self.baseline.end
+        )?;
+        let points: Vec<String> = self.points.iter().map(ToString::to_string).collect();
+        writeln!(f, "points: {}", points.join(", "))?;
+        for r in &self.failures {
+            writeln!(f, "\n{r}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What one run left, for the checks.
+pub(super) struct Seen<'a> {
+    pub specs: &'static [StepSpec],
+    pub pivot: Option<usize>,
+    pub prefix: &'a str,
+    pub plan: &'a Plan,
+    pub baseline: Option<&'a End>,
+    pub end: &'a End,
+    /// The start's answer, when it gave a settled outcome.
+    pub answered: Option<End>,
+    pub trace: &'a [Reached],
+    pub calls: &'a [Call],
+}
+
+/// The ends allowed for `plan`: the baseline's; and parked for reconciliation when a
+/// fault touches an unsafe step's call (nobody can know whether it took effect).
+pub(super) fn allowed(specs: &[StepSpec], plan: &Plan, baseline: Option<&End>) -> Vec<End> {
+    let mut ends: Vec<End> = baseline.into_iter().cloned().collect();
+    let unsafe_touched = specs.iter().any(|s| {
+        s.class == StepClass::Unsafe
+            && (plan.touches_call_of(s.name, Phase::Forward)
+                || plan.touches_call_of(s.name, Phase::Undo))
+    });
+    let reconcile = End::Parked(ParkReason::NeedsReconciliation);
+    if unsafe_touched && !ends.contains(&reconcile) {
+        ends.push(reconcile);
+    }
+    ends
+}
+
+/// An effect of one step's phase: a double's call that took it, or a local commit.
+#[derive(Debug, Clone)]
+struct Effect {
+    what: String,
+    /// Its place among the points the run reached.
+    at: usize,
+}
+
+/// The problems of a run.
+pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
+    let mut out = Vec::new();
+    let allowed = allowed(seen.specs, seen.plan, seen.baseline);
+    if !seen.end.finished() {
+        out.push(format!(
+            "the flow did not finish ({}): claimed, or waiting, past the kit's limit",
+            seen.end
+        ));
+    } else if !allowed.is_empty() && !allowed.contains(seen.end) {
+        let allowed: Vec<String> = allowed.iter().map(ToString::to_string).collect();
+        out.push(format!(
+            "the flow ended {}, where this plan allows {}",
+            seen.end,
+            allowed.join(" or ")
+        ));
+    }
+    if let Some(answered) = &seen.answered
+        && answered != seen.end
+    {
+        out.push(format!(
+            "the start was answered {answered}, but the flow ended {}",
+            seen.end
+        ));
+    }
+    let names: BTreeMap<&str, (usize, &StepSpec)> = seen
+        .specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name, (i, s)))
+        .collect();
+    // Every effect, by step and phase, at its place among the points reached.
+    let mut effects: BTreeMap<(usize, Phase), Vec<Effect>> = BTreeMap::new();
+    for call in seen.calls {
+        let rest = call.key.strip_prefix(seen.prefix).unwrap_or_default();
+        let (step, phase) = match rest.strip_suffix(":undo") {
+            Some(s) => (s, Phase::Undo),
+            None => (rest, Phase::Forward),
+        };
+        let stable = names.get(step);
+        if stable.is_none() {
+            let kind = if call.keyed { "keyed" } else { "unsafe" };
+            out.push(format!(
+                "the {kind} double {} was called with key {:?}, which is no step's stable \
+                 key ({}<step> or {}<step>:undo, as Ctx::key gives): a key that changes \
+                 between attempts lets a repeat take its effect again",
+                call.double, call.key, seen.prefix, seen.prefix
+            ));
+        }
+        // A key made from a step's stable key is counted as that step's.
+        let made_from = || {
+            let (name, (i, spec)) = names
+                .iter()
+                .filter(|(name, _)| rest.starts_with(&format!("{name}:")))
+                .max_by_key(|(name, _)| name.len())?;
+            let tail = &rest[name.len()..];
+            let phase = if tail.starts_with(":undo") {
+                Phase::Undo
+            } else {
+                Phase::Forward
+            };
+            Some((*i, *spec, phase))
+        };
+        let Some((index, spec, phase)) =
+            stable.map(|&(i, spec)| (i, spec, phase)).or_else(made_from)
+        else {
+            continue;
+        };
+        if spec.class == StepClass::Keyed && !call.keyed && phase == Phase::Forward {
+            out.push(format!(
+                "step {} is declared keyed, but calls {}, a downstream that takes no key: \
+                 declare it unsafe (a keyed step is made again after a crash)",
+                spec.name, call.double
+            ));
+        }
+        if call.effect {
+            effects.entry((index, phase)).or_default().push(Effect {
+                what: format!("a call to {}", call.double),
+                at: call.at,
+            });
+        }
+    }
+    for (place, reached) in seen.trace.iter().enumerate() {
+        let p = &reached.point;
+        if (p.when, p.record) != (When::After, Record::Commit) {
+            continue;
+        }
+        let Some(&(index, _)) = p.step.as_deref().and_then(|s| names.get(s)) else {
+            continue;
+        };
+        effects.entry((index, p.phase)).or_default().push(Effect {
+            what: "its commit".into(),
+            at: place,
+        });
+    }
+    for ((index, phase), list) in &effects {
+        if list.len() > 1 {
+            let what: Vec<&str> = list.iter().map(|e| e.what.as_str()).collect();
+            let name = seen.specs[*index].name;
+            let of = if *phase == Phase::Undo {
+                format!("the compensation of step {name}")
+            } else {
+                format!("step {name}")
+            };
+            out.push(format!(
+                "{of} took its effect {} times ({}): at most once",
+                list.len(),
+                what.join(", ")
+            ));
+        }
+    }
+    let applied = |i: usize, phase: Phase| effects.contains_key(&(i, phase));
+    match seen.end {
+        End::Completed => {
+            for (i, spec) in seen.specs.iter().enumerate() {
+                if spec.class == StepClass::Local && !applied(i, Phase::Forward) {
+                    out.push(format!(
+                        "the flow completed, but step {}'s commit never happened",
+                        spec.name
+                    ));
+                }
+                if applied(i, Phase::Undo) {
+                    out.push(format!(
+                        "the flow completed, but step {} was compensated",
+                        spec.name
+                    ));
+                }
+            }
+        }
+        End::Compensated => {
+            for (i, spec) in seen.specs.iter().enumerate() {
+                let compensable =
+                    spec.undo == Undo::Compensated && seen.pivot.is_none_or(|p| i < p);
+                let (done, undone) = (applied(i, Phase::Forward), applied(i, Phase::Undo));
+                if done && compensable && !undone {
+                    out.push(format!(
+                        "the flow compensated, but step {} took its effect and was not \
+                         compensated (a failure that may have taken effect must be \
+                         retried, not failed)",
+                        spec.name
+                    ));
+                }
+                if undone && !done {
+                    out.push(format!(
+                        "the flow compensated step {}, which took no effect",
+                        spec.name
+                    ));
+                }
+            }
+            let mut order: Vec<(usize, usize)> = effects
+                .iter()
+                .filter(|((_, phase), _)| *phase == Phase::Undo)
+                .filter_map(|((i, _), list)| list.first().map(|e| (e.at, *i)))
+                .collect();
+            order.sort_unstable();
+            if order.windows(2).any(|w| w[0].1 < w[1].1) {
+                let names: Vec<&str> = order.iter().map(|(_, i)| seen.specs[*i].name).collect();
+                out.push(format!(
+                    "the compensations ran in the order {}: the reverse of the steps' order \
+                     is required",
+                    names.join(", ")
+                ));
+            }
+        }
+        End::Parked(_) | End::Unfinished(_) => {}
+    }
+    out
+}

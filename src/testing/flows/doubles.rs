@@ -1,0 +1,371 @@
+//! What one run of the kit shares: its plan, the points its runners reached (the hook
+//! the runners ask), and the calls its test doubles took.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use super::plan::{Fault, Plan, Reached};
+use super::{Phase, Point, Record, When};
+use crate::flow::StepError;
+use crate::flow::hook::Hook;
+use crate::{Error, Result};
+
+/// One call a double took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The double's name.
+    pub double: String,
+    /// Whether the double is keyed (a repeat of a key takes no second effect).
+    pub keyed: bool,
+    /// The key it was called with.
+    pub key: String,
+    /// Whether this call took an effect.
+    pub effect: bool,
+    /// Its place among the points the run reached (its call's point), from 0.
+    pub at: usize,
+}
+
+/// What the runners and the doubles of one run share.
+pub(super) struct RunState {
+    plan: Plan,
+    /// How long a hang holds up.
+    hang: Duration,
+    /// `"{kind}:{flow_key}:"`: what the stable keys of the flow's steps begin with.
+    prefix: String,
+    inner: Mutex<Inner>,
+    /// Hangs not yet over.
+    hanging: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Inner {
+    hits: HashMap<Point, u32>,
+    trace: Vec<Reached>,
+    fired: Vec<(Reached, Fault)>,
+    /// A crash at a call stops the runner at its next point.
+    crash_next: bool,
+    calls: Vec<Call>,
+    /// Every key a keyed double answered, and its answer.
+    answers: HashMap<(String, String), std::result::Result<String, String>>,
+}
+
+impl RunState {
+    pub(super) fn new(plan: Plan, hang: Duration, prefix: String) -> Self {
+        RunState {
+            plan,
+            hang,
+            prefix,
+            inner: Mutex::default(),
+            hanging: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes `point` reached; the fault planned there, if any.
+    fn reach(&self, point: Point) -> (Reached, Option<Fault>, bool, usize) {
+        let mut inner = self.lock();
+        let n = inner.hits.entry(point.clone()).or_insert(0);
+        *n += 1;
+        let reached = Reached { point, nth: *n };
+        let place = inner.trace.len();
+        inner.trace.push(reached.clone());
+        let fault = self.plan.at(&reached.point, reached.nth);
+        if let Some(fault) = fault {
+            inner.fired.push((reached.clone(), fault));
+        }
+        let crash = std::mem::take(&mut inner.crash_next);
+        (reached, fault, crash, place)
+    }
+
+    pub(super) fn trace(&self) -> Vec<Reached> {
+        self.lock().trace.clone()
+    }
+
+    pub(super) fn fired(&self) -> Vec<(Reached, Fault)> {
+        self.lock().fired.clone()
+    }
+
+    pub(super) fn calls(&self) -> Vec<Call> {
+        self.lock().calls.clone()
+    }
+
+    /// Whether a hang is still holding a runner or a call up.
+    pub(super) fn hanging(&self) -> bool {
+        self.hanging.load(Ordering::SeqCst) > 0
+    }
+
+    pub(super) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    async fn hold_up(&self) {
+        self.hanging.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.hang).await;
+        self.hanging.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The point of a call with `key`: the step its stable key names, if it is one.
+    fn call_point(&self, key: &str) -> Point {
+        let rest = key.strip_prefix(&self.prefix);
+        let (step, phase) = match rest.map(|r| (r, r.strip_suffix(":undo"))) {
+            Some((_, Some(step))) => (Some(step.to_string()), Phase::Undo),
+            Some((step, None)) => (Some(step.to_string()), Phase::Forward),
+            None => (Some(key.to_string()), Phase::Forward),
+        };
+        Point {
+            when: When::At,
+            record: Record::Call,
+            step,
+            phase,
+        }
+    }
+
+    /// A call to a double: the plan's fault at it, the effect (taken, or answered
+    /// again for a keyed double's repeat), the call noted.
+    async fn call(
+        &self,
+        double: &str,
+        keyed: bool,
+        key: &str,
+        answer: impl FnOnce() -> std::result::Result<String, String>,
+    ) -> std::result::Result<String, CallError> {
+        let (reached, fault, _, place) = self.reach(self.call_point(key));
+        if fault == Some(Fault::Error) {
+            return Err(CallError::Unavailable(format!(
+                "testing kit: error {reached}"
+            )));
+        }
+        let answered = {
+            let mut inner = self.lock();
+            let slot = (double.to_string(), key.to_string());
+            let (answered, effect) = match inner.answers.get(&slot) {
+                Some(a) if keyed => (a.clone(), false),
+                _ => {
+                    // A refusal takes no effect.
+                    let a = answer();
+                    if keyed {
+                        inner.answers.insert(slot, a.clone());
+                    }
+                    let effect = a.is_ok();
+                    (a, effect)
+                }
+            };
+            inner.calls.push(Call {
+                double: double.to_string(),
+                keyed,
+                key: key.to_string(),
+                effect,
+                at: place,
+            });
+            if fault == Some(Fault::Crash) {
+                inner.crash_next = true;
+            }
+            answered
+        };
+        match fault {
+            Some(Fault::Crash | Fault::LostAnswer) => Err(CallError::Lost(format!(
+                "testing kit: {} {reached}",
+                fault_word(fault)
+            ))),
+            Some(Fault::Hang) => {
+                self.hold_up().await;
+                answered.map_err(CallError::Refused)
+            }
+            _ => answered.map_err(CallError::Refused),
+        }
+    }
+}
+
+fn fault_word(fault: Option<Fault>) -> String {
+    fault.map_or_else(String::new, |f| f.to_string())
+}
+
+/// The error the kit's crash and errors stop a runner with: retryable, as a lost
+/// connection is.
+fn stopped(fault: Fault, at: &Reached) -> Error {
+    Error::Database {
+        source: sqlx::Error::Protocol(format!("testing kit: {fault} {at}")),
+        retryable: true,
+    }
+}
+
+impl Hook for RunState {
+    fn at<'a>(&'a self, _flow_key: &'a str, point: Point) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let (reached, fault, crash, _) = self.reach(point);
+            if crash {
+                return Err(stopped(Fault::Crash, &reached));
+            }
+            match fault {
+                None => Ok(()),
+                Some(Fault::Hang) => {
+                    self.hold_up().await;
+                    Ok(())
+                }
+                Some(fault) => Err(stopped(fault, &reached)),
+            }
+        })
+    }
+}
+
+/// How a call to a double failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The downstream's own answer, a failure that stays one (a card declined): what the
+    /// call's `answer` gave as `Err`.
+    Refused(String),
+    /// The downstream could not be reached: no effect was taken.
+    Unavailable(String),
+    /// The answer was lost: the effect may have been taken.
+    Lost(String),
+}
+
+impl CallError {
+    /// Whether the call may succeed if made again: all but [`CallError::Refused`].
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, CallError::Refused(_))
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Refused(m) => write!(f, "refused: {m}"),
+            CallError::Unavailable(m) => write!(f, "unavailable: {m}"),
+            CallError::Lost(m) => write!(f, "answer lost: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// A refusal fails the step; the rest retry it.
+impl From<CallError> for StepError {
+    fn from(e: CallError) -> Self {
+        if e.is_retryable() {
+            StepError::retry(e)
+        } else {
+            StepError::fail(e)
+        }
+    }
+}
+
+/// The test doubles of one run: the definition under test is built with them (see
+/// [`Kit::new`](super::Kit::new)), and the kit inspects them after the run.
+#[derive(Clone)]
+pub struct Doubles {
+    pub(super) state: Arc<RunState>,
+}
+
+impl fmt::Debug for Doubles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Doubles")
+            .field("calls", &self.state.calls().len())
+            .finish()
+    }
+}
+
+impl Doubles {
+    /// A downstream that takes an idempotency key: the first call with a key takes its
+    /// effect, a repeat answers what the first did.
+    pub fn keyed(&self, name: &str) -> KeyedFake {
+        KeyedFake {
+            name: name.to_string(),
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// A downstream that cannot be made safe to repeat: every call takes its effect.
+    pub fn unsafe_fake(&self, name: &str) -> UnsafeFake {
+        UnsafeFake {
+            name: name.to_string(),
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Every call of the run so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state.calls()
+    }
+}
+
+/// A keyed downstream (see [`Doubles::keyed`]).
+#[derive(Clone)]
+pub struct KeyedFake {
+    name: String,
+    state: Arc<RunState>,
+}
+
+impl fmt::Debug for KeyedFake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedFake")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl KeyedFake {
+    /// Calls it with `key` (the step's [`Ctx::key`](crate::flow::Ctx::key)): the first
+    /// call with a key runs `answer`, its effect, and keeps what it gave; a repeat
+    /// answers that again. `Err` from `answer` is the downstream's refusal.
+    pub async fn call(
+        &self,
+        key: &str,
+        answer: impl FnOnce() -> std::result::Result<String, String>,
+    ) -> std::result::Result<String, CallError> {
+        self.state.call(&self.name, true, key, answer).await
+    }
+
+    /// The effects taken with `key`: 0 or 1.
+    pub fn effects(&self, key: &str) -> usize {
+        effects(&self.state, &self.name, key)
+    }
+}
+
+/// An unsafe downstream (see [`Doubles::unsafe_fake`]).
+#[derive(Clone)]
+pub struct UnsafeFake {
+    name: String,
+    state: Arc<RunState>,
+}
+
+impl fmt::Debug for UnsafeFake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UnsafeFake")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl UnsafeFake {
+    /// Calls it: `answer` runs every time, an effect each. `key` names the step
+    /// calling (its [`Ctx::key`](crate::flow::Ctx::key)); the downstream ignores it.
+    pub async fn call(
+        &self,
+        key: &str,
+        answer: impl FnOnce() -> std::result::Result<String, String>,
+    ) -> std::result::Result<String, CallError> {
+        self.state.call(&self.name, false, key, answer).await
+    }
+
+    /// The effects taken for `key`.
+    pub fn effects(&self, key: &str) -> usize {
+        effects(&self.state, &self.name, key)
+    }
+}
+
+fn effects(state: &RunState, double: &str, key: &str) -> usize {
+    state
+        .calls()
+        .iter()
+        .filter(|c| c.effect && c.double == double && c.key == key)
+        .count()
+}

@@ -1,0 +1,341 @@
+//! A kit that tests your own flows: it runs your definition, with your step code, and
+//! stops, holds up or fails it at every point its runner records, then checks that the
+//! flow ended where the table of ends allows and that every effect happened once.
+//!
+//! - [`Kit`]: one flow, one input. [`Kit::exhaustive`] runs it once with no fault, then
+//!   once for each point that run reached and each fault that fits there;
+//!   [`Kit::run`] runs one [`Plan`] (several faults); [`plans`] is a proptest strategy
+//!   over plans, which proptest shrinks to the fewest faults that still fail.
+//! - [`Doubles`]: the downstreams your steps call in a test: [`KeyedFake`] (takes an
+//!   idempotency key; a repeat takes no second effect) and [`UnsafeFake`] (every call
+//!   an effect). Build your definition over them in the closure you give the kit.
+//! - The faults ([`Fault`]): a crash (the runner stops; the recovery job takes over
+//!   once the lease runs out), a hang past the lease, a retryable error (or a commit's
+//!   acknowledgement lost), and at a call a lost answer.
+//! - The checks: the end is one the table allows for the plan (that of the run with no
+//!   fault; or parked for reconciliation when a fault touches an unsafe step's call);
+//!   every local step committed and every call's effect taken at most once, and on a
+//!   completed flow each local step once; every call made with its step's stable key;
+//!   no step declared keyed calling a downstream that takes no key; on a compensated
+//!   flow, exactly the steps that took effect compensated, in reverse order; nothing
+//!   left claimed; and the start's answer, when it gave an end, the end the database
+//!   holds.
+//!
+//! The plan is given to the run's own runner, so runs (and tests) go in parallel.
+
+mod check;
+mod doubles;
+mod plan;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::future::LocalBoxFuture;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use crate::flow::hook::{Phase, Point, Record, When};
+pub use check::{End, Report, RunReport};
+pub use doubles::{Call, CallError, Doubles, KeyedFake, UnsafeFake};
+pub use plan::{BadPlan, Fault, Plan, Reached, plans};
+
+use crate::Result;
+use crate::flow::{Definition, Flow, FlowConfig, FlowOutcome, FlowStore, Flows};
+use check::{Seen, allowed, problems};
+use doubles::RunState;
+
+type MakeStore<S> = Arc<dyn Fn() -> LocalBoxFuture<'static, Result<S>> + Send + Sync>;
+type Define<S, I> = Arc<dyn Fn(&Doubles) -> Definition<S, I> + Send + Sync>;
+
+/// The flow `D` with one input, under test.
+pub struct Kit<S: FlowStore, D: Flow, I> {
+    flow: D,
+    input: Arc<I>,
+    store: MakeStore<S>,
+    define: Define<S, I>,
+    config: FlowConfig,
+    limit: Duration,
+    parallel: usize,
+    baseline: Arc<tokio::sync::OnceCell<End>>,
+}
+
+impl<S: FlowStore, D: Flow, I> Clone for Kit<S, D, I>
+where
+    D: Copy,
+{
+    fn clone(&self) -> Self {
+        Kit {
+            flow: self.flow,
+            input: Arc::clone(&self.input),
+            store: Arc::clone(&self.store),
+            define: Arc::clone(&self.define),
+            config: self.config,
+            limit: self.limit,
+            parallel: self.parallel,
+            baseline: Arc::clone(&self.baseline),
+        }
+    }
+}
+
+impl<S: FlowStore, D: Flow, I> std::fmt::Debug for Kit<S, D, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kit")
+            .field("flow", &D::KIND)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<S, D, I> Kit<S, D, I>
+where
+    S: FlowStore,
+    D: Flow + Copy,
+    I: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// Flow `flow` started with `input`, on a store `store` makes for each run (a new
+    /// database, or one the runs share: each run's flow key is its own), with the
+    /// definition `define` builds over the run's doubles.
+    pub fn new<F, Fut>(
+        flow: D,
+        input: I,
+        store: F,
+        define: impl Fn(&Doubles) -> Definition<S, I> + Send + Sync + 'static,
+    ) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<S>> + 'static,
+    {
+        Kit {
+            flow,
+            input: Arc::new(input),
+            store: Arc::new(move || Box::pin(store())),
+            define: Arc::new(define),
+            config: FlowConfig {
+                lease: Duration::from_millis(80),
+                attempts: 10,
+                backoff: Duration::from_millis(5),
+                max_backoff: Duration::from_millis(20),
+                deadline: Duration::from_secs(10),
+            },
+            limit: Duration::from_secs(10),
+            parallel: 8,
+            baseline: Arc::default(),
+        }
+    }
+
+    /// The runners' lease (default 80 ms): a crash costs a run one lease, a hang holds
+    /// up for four.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long one run may take before its flow is reported unfinished (default 10 s).
+    pub fn limit(mut self, limit: Duration) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// How many runs [`Kit::exhaustive`] makes at once (default 8).
+    pub fn parallel(mut self, n: usize) -> Self {
+        self.parallel = n.max(1);
+        self
+    }
+
+    /// The end of the run with no fault, which every plan's ends are judged from.
+    async fn baseline(&self) -> Option<End> {
+        let end = self
+            .baseline
+            .get_or_init(|| async { self.run_against(&Plan::none(), None).await.end })
+            .await;
+        end.finished().then(|| end.clone())
+    }
+
+    /// The points a run with no fault reaches, each once, in order: where
+    /// [`plans`] may put faults.
+    pub async fn points(&self) -> Vec<Point> {
+        let run = self.run_against(&Plan::none(), None).await;
+        let mut points: Vec<Point> = Vec::new();
+        for r in run.trace {
+            if !points.contains(&r.point) {
+                points.push(r.point);
+            }
+        }
+        points
+    }
+
+    /// One run with the faults of `plan`, checked.
+    pub async fn run(&self, plan: &Plan) -> RunReport {
+        let baseline = self.baseline().await;
+        self.run_against(plan, baseline.as_ref()).await
+    }
+
+    /// The run with no fault, then one run for each point it reached (each time it
+    /// reached it) and each fault that fits there, `parallel` at a time.
+    pub async fn exhaustive(&self) -> Report {
+        let began = Instant::now();
+        let baseline_run = self.run_against(&Plan::none(), None).await;
+        let baseline = Some(baseline_run.end.clone()).filter(End::finished);
+        if let Some(end) = &baseline {
+            let _ = self.baseline.set(end.clone());
+        }
+        let points = baseline_run.trace.clone();
+        let plans: Vec<Plan> = points
+            .iter()
+            .flat_map(|at| {
+                Fault::ALL
+                    .into_iter()
+                    .filter(|f| f.fits(&at.point))
+                    .map(|f| Plan::one(at.clone(), f))
+            })
+            .collect();
+        let runs = plans.len() + 1;
+        let baseline_ref = baseline.as_ref();
+        let mut failures: Vec<RunReport> = futures_util::stream::iter(plans)
+            .map(|plan| async move { self.run_against(&plan, baseline_ref).await })
+            .buffer_unordered(self.parallel)
+            .filter(|r| std::future::ready(!r.ok()))
+            .collect()
+            .await;
+        if !baseline_run.ok() {
+            failures.insert(0, baseline_run.clone());
+        }
+        Report {
+            baseline: baseline_run,
+            points,
+            runs,
+            failures,
+            took: began.elapsed(),
+        }
+    }
+
+    async fn run_against(&self, plan: &Plan, baseline: Option<&End>) -> RunReport {
+        let began = Instant::now();
+        let key = format!("kit-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let state = Arc::new(RunState::new(
+            plan.clone(),
+            self.config.lease * 4,
+            format!("{}:{key}:", D::KIND),
+        ));
+        let report = |end: End, answer: String, problems: Vec<String>| RunReport {
+            plan: plan.clone(),
+            fired: state
+                .fired()
+                .iter()
+                .map(|(at, f)| format!("{f} {at}"))
+                .collect(),
+            allowed: allowed(D::STEPS, plan, baseline),
+            end,
+            answer,
+            problems,
+            trace: state.trace(),
+            calls: state.calls(),
+            took: began.elapsed(),
+        };
+        let flows = match self.flows(&state).await {
+            Ok(flows) => flows,
+            Err(e) => {
+                let problem = format!("the kit could not set the run up: {e}");
+                return report(
+                    End::Unfinished("never started".into()),
+                    String::new(),
+                    vec![problem],
+                );
+            }
+        };
+        let started = {
+            let (flows, key, input, flow) = (
+                flows.clone(),
+                key.clone(),
+                Arc::clone(&self.input),
+                self.flow,
+            );
+            tokio::spawn(async move { flows.start(flow, &key, &*input).await })
+        };
+        let until = began + self.limit;
+        let mut row = None;
+        loop {
+            if let Ok(view) = flows.get(D::KIND, &key).await {
+                row = view.map(|v| v.flow);
+            }
+            let end = End::of(row.as_ref());
+            let settled = end.finished() && !state.hanging() && started.is_finished();
+            if settled || Instant::now() > until {
+                break;
+            }
+            tokio::time::sleep(self.config.lease / 4).await;
+            if !end.finished() {
+                let _ = flows.recover(8).await;
+            }
+        }
+        let (answer, answered) = if started.is_finished() {
+            match started.await {
+                Ok(Ok(started)) => {
+                    let end = match &started.outcome {
+                        FlowOutcome::Completed(_) => Some(End::Completed),
+                        FlowOutcome::Compensated { .. } => Some(End::Compensated),
+                        FlowOutcome::Parked { reason, .. } => Some(End::Parked(*reason)),
+                        _ => None,
+                    };
+                    (format!("{:?}", started.outcome), end)
+                }
+                Ok(Err(e)) => (format!("error: {e}"), None),
+                Err(e) => (format!("the start panicked: {e}"), None),
+            }
+        } else {
+            started.abort();
+            ("none within the kit's limit".to_string(), None)
+        };
+        let end = End::of(row.as_ref());
+        let (trace, calls) = (state.trace(), state.calls());
+        let found = problems(&Seen {
+            specs: D::STEPS,
+            pivot: D::PIVOT,
+            prefix: state.prefix(),
+            plan,
+            baseline,
+            end: &end,
+            answered,
+            trace: &trace,
+            calls: &calls,
+        });
+        report(end, answer, found)
+    }
+
+    async fn flows(&self, state: &Arc<RunState>) -> Result<Flows<S>> {
+        let store = (self.store)().await?;
+        let doubles = Doubles {
+            state: Arc::clone(state),
+        };
+        let def = (self.define)(&doubles);
+        Flows::new(store, self.config)?
+            .with_hook(Arc::clone(state) as Arc<dyn crate::flow::hook::Hook>)
+            .register(def)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl<D, I> Kit<crate::SqliteStore, D, I>
+where
+    D: Flow + Copy,
+    I: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// [`Kit::new`] on a new SQLite database for each run, a file in the system's
+    /// temporary directory, removed when the process ends...
+    pub fn sqlite(
+        flow: D,
+        input: I,
+        define: impl Fn(&Doubles) -> Definition<crate::SqliteStore, I> + Send + Sync + 'static,
+    ) -> Self {
+        Kit::new(flow, input, fresh_sqlite, define)
+    }
+}
+
+/// A new SQLite database in memory, migrated.
+#[cfg(feature = "sqlite")]
+async fn fresh_sqlite() -> Result<crate::SqliteStore> {
+    let name = uuid::Uuid::new_v4().simple().to_string();
+    crate::SqliteStore::connect(&format!("sqlite:file:kit-{name}?mode=memory&cache=shared")).await
+}

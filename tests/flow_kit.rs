@@ -1,0 +1,419 @@
+//! The flow test kit (`orderly::testing::flows`): the service example's payment flow run
+//! with every fault at every point it records (and random plans of several), and flows
+//! written wrong on purpose, each caught with a readable report.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use orderly::SqliteStore;
+use orderly::flow::{Ctx, Definition, StepError};
+use orderly::testing::flows::{Doubles, Fault, Kit, Plan, Point, Record, Report, When, plans};
+use proptest::prelude::*;
+
+#[path = "../examples/service/pay.rs"]
+#[allow(dead_code)]
+mod pay;
+
+use pay::{Gateway, PayOrder, Payment, pay_order};
+
+/// The kit's keyed double as the payment flow's gateway.
+struct Fake(orderly::testing::flows::KeyedFake);
+
+impl Gateway for Fake {
+    async fn call(
+        &self,
+        key: &str,
+        answer: impl FnOnce() -> Result<String, String> + Send,
+    ) -> Result<String, StepError> {
+        self.0.call(key, answer).await.map_err(StepError::from)
+    }
+}
+
+fn payment_kit(card: &str) -> Kit<SqliteStore, PayOrder, Payment> {
+    let payment = Payment {
+        order_id: 7,
+        card: card.to_string(),
+    };
+    Kit::sqlite(PayOrder, payment, |doubles: &Doubles| {
+        pay_order(&Arc::new(Fake(doubles.keyed("gateway"))))
+    })
+}
+
+fn reached(report: &Report, text: &str) -> bool {
+    report.points.iter().any(|r| r.point.to_string() == text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payment_flow_survives_every_fault_at_every_point() {
+    for (card, end) in [("4242", "completed"), ("4000-decline", "compensated")] {
+        let began = Instant::now();
+        let report = payment_kit(card).exhaustive().await;
+        println!(
+            "payment flow, card {card}: {} runs over {} points in {:.1?}",
+            report.runs,
+            report.points.len(),
+            began.elapsed()
+        );
+        report.assert_ok();
+        assert_eq!(report.baseline.end.to_string(), end);
+        // The points are the runner's records and the gateway's calls.
+        assert!(reached(&report, "after claim"), "{report}");
+        assert!(reached(&report, "after start of Authorize"), "{report}");
+        assert!(reached(&report, "at call of Capture"), "{report}");
+        if end == "compensated" {
+            assert!(reached(&report, "before failed of Capture"), "{report}");
+            assert!(reached(&report, "at call of Authorize (undo)"), "{report}");
+            assert!(reached(&report, "after compensated"), "{report}");
+        } else {
+            // The capture's result completes the flow, in one commit.
+            assert!(reached(&report, "after result of Capture"), "{report}");
+        }
+        // Every fault that fits each point was run: three at a record, four at a call.
+        let calls = report
+            .points
+            .iter()
+            .filter(|r| r.point.record == Record::Call)
+            .count();
+        assert_eq!(report.runs, 1 + 3 * report.points.len() + calls);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_a_call_is_recovered_with_the_same_key() {
+    let kit = payment_kit("4242");
+    let plan: Plan = "crash at call of Capture #1".parse().unwrap();
+    let run = kit.run(&plan).await;
+    assert!(run.ok(), "{run}");
+    assert_eq!(run.fired, ["crash at call of Capture #1"], "{run}");
+    // The capture was called twice with its one key, and took one effect.
+    let captures: Vec<_> = run
+        .calls
+        .iter()
+        .filter(|c| c.key.ends_with(":Capture"))
+        .collect();
+    assert_eq!(captures.len(), 2, "{run}");
+    assert_eq!(captures.iter().filter(|c| c.effect).count(), 1, "{run}");
+    assert_eq!(captures[0].key, captures[1].key);
+    // The second call was the recovery job's: a claim came between them.
+    let claims = run
+        .trace
+        .iter()
+        .filter(|r| r.point.record == Record::Claim)
+        .count();
+    assert_eq!(claims, 2, "{run}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hang_past_the_lease_is_taken_over() {
+    let kit = payment_kit("4242");
+    let run = kit
+        .run(&"hang before result of Authorize #1".parse().unwrap())
+        .await;
+    assert!(run.ok(), "{run}");
+    // The held-up runner's write was refused after the recovery job claimed the flow:
+    // the point was reached twice, once by each runner.
+    let n = run
+        .trace
+        .iter()
+        .filter(|r| r.point.to_string() == "before result of Authorize")
+        .count();
+    assert_eq!(n, 2, "{run}");
+    // The held-up runner's own answer: its lease was lost.
+    assert!(run.answer.contains("lease"), "{run}");
+}
+
+#[test]
+fn a_plan_reads_back_from_its_text() {
+    let text = "crash after start of Capture #1; lost answer at call of Authorize (undo) #2; \
+                hang before complete #1; error after claim #3";
+    let plan: Plan = text.parse().unwrap();
+    assert_eq!(plan.faults.len(), 4);
+    assert_eq!(plan.to_string(), text);
+    assert_eq!(plan.faults[1].1, Fault::LostAnswer);
+    assert_eq!(plan.faults[2].0.point.when, When::Before);
+    assert_eq!("none".parse::<Plan>().unwrap(), Plan::none());
+    for bad in [
+        "crash",
+        "explode after claim #1",
+        "crash after claim",
+        "crash after claim #0",
+        "lost answer after start of A #1",
+        "crash sideways claim #1",
+        "crash after start of  #1",
+    ] {
+        assert!(bad.parse::<Plan>().is_err(), "{bad}");
+    }
+}
+
+fn points() -> Vec<Point> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(payment_kit("4242").points())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random plans of up to three faults: proptest shrinks a failing one to its
+    /// fewest faults, and its text replays it.
+    #[test]
+    fn the_payment_flow_survives_random_plans(plan in plans(points(), 3)) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let run = rt.block_on(payment_kit("4242").run(&plan));
+        prop_assert!(run.ok(), "{}", run);
+    }
+}
+
+// Flows written wrong on purpose: the kit must catch each, saying what is wrong.
+
+orderly::flow! {
+    pub Order {
+        kind: "kit_order";
+        version: 1;
+        steps: OrderStep { Reserve: keyed + undo, Charge: keyed + undo, }
+    }
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
+struct Input {
+    refuse_charge: bool,
+}
+
+/// A flow whose steps call the doubles as `reserve`, `release` and `charge` do.
+fn order_kit<F>(refuse_charge: bool, define: F) -> Kit<SqliteStore, Order, Input>
+where
+    F: Fn(&Doubles) -> Definition<SqliteStore, Input> + Send + Sync + 'static,
+{
+    Kit::sqlite(Order, Input { refuse_charge }, define)
+}
+
+fn charge(
+    doubles: &Doubles,
+) -> impl for<'c> Fn(&'c Ctx<Input>) -> orderly::idempotency::Work<'c, Result<String, StepError>>
++ Send
++ Sync
++ 'static {
+    let bank = doubles.keyed("bank");
+    move |ctx: &Ctx<Input>| {
+        let bank = bank.clone();
+        Box::pin(async move {
+            let refuse = ctx.input().refuse_charge;
+            bank.call(ctx.key(), || {
+                if refuse {
+                    Err("declined".into())
+                } else {
+                    Ok("charged".into())
+                }
+            })
+            .await
+            .map_err(StepError::from)
+        })
+    }
+}
+
+fn problems_of(report: &Report) -> String {
+    report
+        .failures
+        .iter()
+        .flat_map(|r| r.problems.iter().cloned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensation_that_is_not_idempotent_is_caught() {
+    let kit = order_kit(true, |d: &Doubles| {
+        let (stock, release) = (d.keyed("stock"), d.unsafe_fake("release"));
+        Definition::new(Order)
+            .call(OrderStep::Reserve, move |ctx: &Ctx<Input>| {
+                let stock = stock.clone();
+                Box::pin(async move {
+                    stock
+                        .call(ctx.key(), || Ok("held".into()))
+                        .await
+                        .map_err(StepError::from)
+                })
+            })
+            // Wrong: the release takes no key, so a repeat releases twice.
+            .undo_call(OrderStep::Reserve, move |ctx: &Ctx<Input>| {
+                let release = release.clone();
+                Box::pin(async move {
+                    release
+                        .call(ctx.key(), || Ok("released".into()))
+                        .await
+                        .map_err(StepError::from)
+                })
+            })
+            .call(OrderStep::Charge, charge(d))
+            .undo_call(OrderStep::Charge, |_ctx: &Ctx<Input>| {
+                Box::pin(async { Ok("refunded") })
+            })
+    });
+    let report = kit.exhaustive().await;
+    println!("{report}");
+    assert!(!report.ok());
+    let problems = problems_of(&report);
+    assert!(
+        problems.contains("the compensation of step Reserve took its effect 2 times"),
+        "{problems}"
+    );
+    // The report names the plan that shows it, and the plan replays it.
+    let failing = report
+        .failures
+        .iter()
+        .find(|r| r.plan.to_string() == "crash at call of Reserve (undo) #1")
+        .expect("a crash at the release's call repeats it");
+    assert!(!kit.run(&failing.plan).await.ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_changes_per_attempt_is_caught() {
+    let kit = order_kit(false, |d: &Doubles| {
+        let stock = d.keyed("stock");
+        Definition::new(Order)
+            .call(OrderStep::Reserve, move |ctx: &Ctx<Input>| {
+                let stock = stock.clone();
+                Box::pin(async move {
+                    // Wrong: a new key each attempt.
+                    let key = format!("{}:{}", ctx.key(), ctx.attempt());
+                    stock
+                        .call(&key, || Ok("held".into()))
+                        .await
+                        .map_err(StepError::from)
+                })
+            })
+            .undo_call(OrderStep::Reserve, |_ctx: &Ctx<Input>| {
+                Box::pin(async { Ok("released") })
+            })
+            .call(OrderStep::Charge, charge(d))
+            .undo_call(OrderStep::Charge, |_ctx: &Ctx<Input>| {
+                Box::pin(async { Ok("refunded") })
+            })
+    });
+    let report = kit.exhaustive().await;
+    let problems = problems_of(&report);
+    assert!(
+        problems.contains("which is no step's stable key"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("step Reserve took its effect 2 times"),
+        "{problems}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsafe_step_declared_keyed_is_caught() {
+    let kit = order_kit(false, |d: &Doubles| {
+        let sms = d.unsafe_fake("sms");
+        Definition::new(Order)
+            // Wrong: declared keyed, but the downstream takes no key.
+            .call(OrderStep::Reserve, move |ctx: &Ctx<Input>| {
+                let sms = sms.clone();
+                Box::pin(async move {
+                    sms.call(ctx.key(), || Ok("sent".into()))
+                        .await
+                        .map_err(StepError::from)
+                })
+            })
+            .undo_call(OrderStep::Reserve, |_ctx: &Ctx<Input>| {
+                Box::pin(async { Ok("nothing") })
+            })
+            .call(OrderStep::Charge, charge(d))
+            .undo_call(OrderStep::Charge, |_ctx: &Ctx<Input>| {
+                Box::pin(async { Ok("refunded") })
+            })
+    });
+    let report = kit.exhaustive().await;
+    assert!(!report.ok());
+    let problems = problems_of(&report);
+    assert!(
+        problems.contains("step Reserve is declared keyed, but calls sms"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("step Reserve took its effect 2 times"),
+        "{problems}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_treated_as_a_refusal_is_caught() {
+    let kit = order_kit(false, |d: &Doubles| {
+        let stock = d.keyed("stock");
+        Definition::new(Order)
+            .call(OrderStep::Reserve, move |ctx: &Ctx<Input>| {
+                let stock = stock.clone();
+                Box::pin(async move {
+                    // Wrong: every error fails the step, also one whose effect was taken.
+                    stock
+                        .call(ctx.key(), || Ok("held".into()))
+                        .await
+                        .map_err(StepError::fail)
+                })
+            })
+            .undo_call(OrderStep::Reserve, |_ctx: &Ctx<Input>| {
+                Box::pin(async { Ok("released") })
+            })
+            .call(OrderStep::Charge, charge(d))
+            .undo_call(OrderStep::Charge, |_ctx: &Ctx<Input>| {
+                Box::pin(async { Ok("refunded") })
+            })
+    });
+    let report = kit.exhaustive().await;
+    let problems = problems_of(&report);
+    assert!(
+        problems.contains("the flow ended compensated, where this plan allows completed"),
+        "{problems}"
+    );
+    let run = report
+        .failures
+        .iter()
+        .find(|r| r.plan.to_string() == "lost answer at call of Reserve #1")
+        .expect("a lost answer at the reservation");
+    assert!(
+        run.problems
+            .iter()
+            .any(|p| p.contains("step Reserve took its effect and was not compensated")),
+        "{run}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsafe_step_declared_unsafe_passes_parked_for_reconciliation() {
+    orderly::flow! {
+        pub Notify {
+            kind: "kit_notify";
+            version: 1;
+            steps: NotifyStep { Mark: local, Send: unsafe + nothing_to_undo, }
+        }
+    }
+    let kit = Kit::sqlite(
+        Notify,
+        Input {
+            refuse_charge: false,
+        },
+        |d: &Doubles| {
+            let sms = d.unsafe_fake("sms");
+            Definition::new(Notify)
+                .local(NotifyStep::Mark, |_conn, _ctx: &Ctx<Input>| {
+                    Box::pin(async { Ok(1) })
+                })
+                .call(NotifyStep::Send, move |ctx: &Ctx<Input>| {
+                    let sms = sms.clone();
+                    Box::pin(async move {
+                        sms.call(ctx.key(), || Ok("sent".into()))
+                            .await
+                            .map_err(StepError::from)
+                    })
+                })
+        },
+    );
+    let report = kit.exhaustive().await;
+    report.assert_ok();
+    // A crash at the call parks the flow: nobody knows whether the message went.
+    let run = kit.run(&"crash at call of Send #1".parse().unwrap()).await;
+    assert!(run.ok(), "{run}");
+    assert_eq!(run.end.to_string(), "parked (NeedsReconciliation)");
+    // The local step committed once, whatever the fault.
+    assert!(reached(&report, "after commit of Mark"), "{report}");
+}
