@@ -417,3 +417,116 @@ async fn an_unsafe_step_declared_unsafe_passes_parked_for_reconciliation() {
     // The local step committed once, whatever the fault.
     assert!(reached(&report, "after commit of Mark"), "{report}");
 }
+
+// Definition versions: flows recorded by one release, checked against the next.
+
+mod ship {
+    orderly::flow! {
+        pub Ship {
+            kind: "kit_ship";
+            version: 1;
+            steps: ShipStep { Pack: local, Send: keyed + undo, }
+        }
+    }
+}
+
+mod ship_edited {
+    // Version 1 edited in place: a step renamed without a new version.
+    orderly::flow! {
+        pub Ship {
+            kind: "kit_ship";
+            version: 1;
+            steps: ShipStep { Pack: local, Post: keyed + undo, }
+        }
+    }
+}
+
+mod ship_next {
+    orderly::flow! {
+        pub Ship {
+            kind: "kit_ship";
+            version: 2;
+            steps: ShipStep { Pack: local, Label: local, Send: keyed + undo, }
+        }
+    }
+}
+
+/// A definition whose keyed step is always down: its flows wait for a retry.
+macro_rules! waiting_definition {
+    ($flow:path, $step:ident, $($local:ident),+) => {{
+        use $flow as flow;
+        let mut def = Definition::<SqliteStore, i64>::new(flow::Ship);
+        $(def = def.local(flow::ShipStep::$local, |_conn, _ctx: &Ctx<i64>| Box::pin(async { Ok(1) }));)+
+        def.call(flow::ShipStep::$step, |_ctx: &Ctx<i64>| {
+            Box::pin(async { Err::<String, _>(StepError::retry("the carrier is down")) })
+        })
+        .undo_call(flow::ShipStep::$step, |_ctx: &Ctx<i64>| Box::pin(async { Ok("void") }))
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saved_flows_are_checked_against_the_next_release() {
+    use orderly::flow::{FlowConfig, FlowOutcome, Flows};
+    use orderly::testing::flows::versions::{Saved, save, unfinishable};
+    use std::time::Duration;
+
+    let name = uuid::Uuid::new_v4().simple().to_string();
+    let store = SqliteStore::connect(&format!(
+        "sqlite:file:versions-{name}?mode=memory&cache=shared"
+    ))
+    .await
+    .unwrap();
+    let config = FlowConfig {
+        backoff: Duration::from_secs(60),
+        max_backoff: Duration::from_secs(60),
+        ..FlowConfig::default()
+    };
+    let flows = |defs: Vec<Definition<SqliteStore, i64>>| {
+        defs.into_iter()
+            .try_fold(Flows::new(store.clone(), config).unwrap(), Flows::register)
+            .unwrap()
+    };
+    let v1 = flows(vec![waiting_definition!(ship, Send, Pack)]);
+    for i in 0..3 {
+        let started = v1
+            .start(ship::Ship, &format!("ship-{i}"), &i)
+            .await
+            .unwrap();
+        assert!(
+            matches!(started.outcome, FlowOutcome::Waiting { .. }),
+            "{started:?}"
+        );
+    }
+    let saved = save(&v1).await.unwrap();
+    assert_eq!(saved.len(), 3);
+    assert!(
+        saved
+            .iter()
+            .all(|s| s.steps.len() == 2 && s.declared.is_some())
+    );
+    // Kept beside a test as JSON, and read back.
+    let json = serde_json::to_string(&saved).unwrap();
+    let saved: Vec<Saved> = serde_json::from_str(&json).unwrap();
+
+    assert_eq!(unfinishable(&v1, &saved), Vec::<String>::new());
+
+    let edited = flows(vec![waiting_definition!(ship_edited, Post, Pack)]);
+    let problems = unfinishable(&edited, &saved).join("\n");
+    assert!(
+        problems.contains("flow kit_ship ship-0 (version 1) recorded step Send at #1, which version 1 now names Post"),
+        "{problems}"
+    );
+
+    let next = flows(vec![waiting_definition!(ship_next, Send, Pack, Label)]);
+    let problems = unfinishable(&next, &saved).join("\n");
+    assert!(
+        problems.contains("is not registered in this release"),
+        "{problems}"
+    );
+
+    let both = flows(vec![
+        waiting_definition!(ship, Send, Pack),
+        waiting_definition!(ship_next, Send, Pack, Label),
+    ]);
+    assert_eq!(unfinishable(&both, &saved), Vec::<String>::new());
+}

@@ -120,6 +120,16 @@ impl<S: FlowStore> Flows<S> {
         self
     }
 
+    /// The steps and pivot of the definition registered for `(kind, version)`.
+    #[cfg(feature = "testing")]
+    pub(crate) fn declared(
+        &self,
+        kind: &str,
+        version: i32,
+    ) -> Option<(&'static [StepSpec], Option<usize>)> {
+        self.def(kind, version).map(|d| (d.specs(), d.pivot()))
+    }
+
     /// The configuration.
     pub fn config(&self) -> &FlowConfig {
         &self.config

@@ -21,11 +21,15 @@
 //!   left claimed; and the start's answer, when it gave an end, the end the database
 //!   holds.
 //!
+//! - [`versions`]: the unfinished flows of a store saved, and checked against the
+//!   definitions a new release registers.
+//!
 //! The plan is given to the run's own runner, so runs (and tests) go in parallel.
 
 mod check;
 mod doubles;
 mod plan;
+pub mod versions;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -322,8 +326,7 @@ where
     D: Flow + Copy,
     I: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    /// [`Kit::new`] on a new SQLite database for each run, a file in the system's
-    /// temporary directory, removed when the process ends...
+    /// [`Kit::new`] on a new SQLite database in memory for each run.
     pub fn sqlite(
         flow: D,
         input: I,
