@@ -16,6 +16,8 @@ use sqlx::migrate::Migrator;
 mod audit;
 mod flows;
 mod idempotency;
+#[cfg(feature = "testing")]
+mod kit;
 #[cfg(feature = "admin")]
 mod lookup;
 mod outbox;

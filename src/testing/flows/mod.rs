@@ -319,26 +319,3 @@ where
             .register(def)
     }
 }
-
-#[cfg(feature = "sqlite")]
-impl<D, I> Kit<crate::SqliteStore, D, I>
-where
-    D: Flow + Copy,
-    I: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
-    /// [`Kit::new`] on a new SQLite database in memory for each run.
-    pub fn sqlite(
-        flow: D,
-        input: I,
-        define: impl Fn(&Doubles) -> Definition<crate::SqliteStore, I> + Send + Sync + 'static,
-    ) -> Self {
-        Kit::new(flow, input, fresh_sqlite, define)
-    }
-}
-
-/// A new SQLite database in memory, migrated.
-#[cfg(feature = "sqlite")]
-async fn fresh_sqlite() -> Result<crate::SqliteStore> {
-    let name = uuid::Uuid::new_v4().simple().to_string();
-    crate::SqliteStore::connect(&format!("sqlite:file:kit-{name}?mode=memory&cache=shared")).await
-}

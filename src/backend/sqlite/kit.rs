@@ -1,0 +1,30 @@
+//! The flow test kit on SQLite: a new database in memory for each run.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::SqliteStore;
+use crate::Result;
+use crate::flow::{Definition, Flow};
+use crate::testing::flows::{Doubles, Kit};
+
+impl<D, I> Kit<SqliteStore, D, I>
+where
+    D: Flow + Copy,
+    I: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// [`Kit::new`] on a new SQLite database in memory for each run.
+    pub fn sqlite(
+        flow: D,
+        input: I,
+        define: impl Fn(&Doubles) -> Definition<SqliteStore, I> + Send + Sync + 'static,
+    ) -> Self {
+        Kit::new(flow, input, fresh, define)
+    }
+}
+
+/// A new SQLite database in memory, shared by the pool's connections, migrated.
+async fn fresh() -> Result<SqliteStore> {
+    let name = uuid::Uuid::new_v4().simple().to_string();
+    SqliteStore::connect(&format!("sqlite:file:kit-{name}?mode=memory&cache=shared")).await
+}
