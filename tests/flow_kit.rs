@@ -530,3 +530,155 @@ async fn saved_flows_are_checked_against_the_next_release() {
     ]);
     assert_eq!(unfinishable(&both, &saved), Vec::<String>::new());
 }
+
+// A request's work (`Records::run`), with the same faults and doubles.
+
+mod work {
+    use orderly::idempotency::{Done, Failure, Work};
+    use orderly::testing::flows::{Doubles, WorkKit};
+    use orderly::{Error, SqliteStore};
+    use sqlx::SqliteConnection;
+
+    type Kit = WorkKit<SqliteStore, serde_json::Value, String, String>;
+
+    fn db(e: sqlx::Error) -> Error {
+        Error::InvalidInput(e.to_string())
+    }
+
+    /// A refund: its row (a local effect, committed with the record) and the bank's
+    /// refund, by a key made from the request's.
+    fn refund(
+        d: Doubles,
+        conn: &mut SqliteConnection,
+    ) -> Work<'_, orderly::Result<Done<String, String>>> {
+        Box::pin(async move {
+            sqlx::query("CREATE TABLE IF NOT EXISTS refunds (request TEXT PRIMARY KEY)")
+                .execute(&mut *conn)
+                .await
+                .map_err(db)?;
+            sqlx::query("INSERT INTO refunds (request) VALUES (?)")
+                .bind(d.key())
+                .execute(&mut *conn)
+                .await
+                .map_err(db)?;
+            let id = d
+                .keyed("bank")
+                .call(&format!("refund:{}", d.key()), || Ok("rf_1".into()))
+                .await
+                .map_err(|e| Error::InvalidInput(e.to_string()))?;
+            Ok(Done::Succeeded(id))
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_s_work_survives_every_fault_at_every_point() {
+        let kit: Kit = WorkKit::sqlite(serde_json::json!({"amount": 500}), refund);
+        let report = kit.exhaustive().await;
+        println!(
+            "refund work: {} runs over {} points in {:.1?}",
+            report.runs,
+            report.points.len(),
+            report.took
+        );
+        report.assert_ok();
+        let points: Vec<String> = report.points.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            points,
+            [
+                "after claim #1",
+                "at call of bank #1",
+                "before commit #1",
+                "after commit #1"
+            ]
+        );
+        // A crash before the commit: the work ran twice, committed once, and the bank
+        // refunded once.
+        let run = kit.run(&"crash before commit #1".parse().unwrap()).await;
+        assert!(run.ok(), "{run}");
+        assert_eq!(run.works, 2, "{run}");
+        assert_eq!(run.calls.iter().filter(|c| c.effect).count(), 1, "{run}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stored_refusal_is_replayed() {
+        let kit: Kit = WorkKit::sqlite(
+            serde_json::json!({"amount": 0}),
+            |_d: Doubles, _conn: &mut SqliteConnection| {
+                Box::pin(async {
+                    Ok(Done::Failed(
+                        "nothing to refund".to_string(),
+                        Failure::Terminal,
+                    ))
+                })
+            },
+        );
+        let report = kit.exhaustive().await;
+        report.assert_ok();
+        assert_eq!(
+            report.baseline.outcome.as_deref(),
+            Some(r#"{"Err":"nothing to refund"}"#)
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unsafe_call_in_a_request_s_work_is_caught() {
+        let kit: Kit = WorkKit::sqlite(
+            serde_json::json!({}),
+            |d: Doubles, _conn: &mut SqliteConnection| {
+                Box::pin(async move {
+                    // Wrong: the mailer takes no key, and the work runs again after a crash.
+                    let sent = d
+                        .unsafe_fake("mailer")
+                        .call(d.key(), || Ok("sent".into()))
+                        .await
+                        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+                    Ok(Done::Succeeded(sent))
+                })
+            },
+        );
+        let report = kit.exhaustive().await;
+        assert!(!report.ok());
+        let run = report
+            .failures
+            .iter()
+            .find(|r| r.plan.to_string() == "crash before commit #1")
+            .expect("a crash before the commit runs the work again");
+        assert!(
+            run.problems
+                .iter()
+                .any(|p| p.contains("the work's calls to the unsafe double mailer took 2 effects")),
+            "{run}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_made_anew_in_a_request_s_work_is_caught() {
+        let kit: Kit = WorkKit::sqlite(
+            serde_json::json!({}),
+            |d: Doubles, _conn: &mut SqliteConnection| {
+                Box::pin(async move {
+                    // Wrong: a new key on every run of the work.
+                    let key = uuid::Uuid::new_v4().to_string();
+                    let id = d
+                        .keyed("bank")
+                        .call(&key, || Ok("rf".into()))
+                        .await
+                        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+                    Ok(Done::Succeeded(id))
+                })
+            },
+        );
+        let report = kit.exhaustive().await;
+        let problems: Vec<String> = report
+            .failures
+            .iter()
+            .flat_map(|r| r.problems.clone())
+            .collect();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("called the keyed double bank with 2 keys")),
+            "{report}"
+        );
+    }
+}

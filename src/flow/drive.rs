@@ -9,10 +9,10 @@ use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
 
 use super::flows::{Drive, Flows, Held};
-use super::hook::{Phase, Point, Record, When};
 use super::outcome::{Failure, FlowOutcome, ParkReason, is_live, step_name};
 use super::steps::{Action, Definition, StepError};
 use super::{FlowStore, StepClass, StepRow, StepSpec, Touch, Undo};
+use crate::support::hook::{Phase, Point, Record, When};
 use crate::{Error, Result};
 
 mod fence;

@@ -16,7 +16,6 @@
 mod def;
 mod drive;
 mod flows;
-pub(crate) mod hook;
 mod macros;
 mod outcome;
 mod recovery;

@@ -115,7 +115,7 @@ impl<S: FlowStore> Flows<S> {
 
     /// These flows, their runner asking `hook` at every recorded point.
     #[cfg(feature = "testing")]
-    pub(crate) fn with_hook(mut self, hook: Arc<dyn super::hook::Hook>) -> Self {
+    pub(crate) fn with_hook(mut self, hook: Arc<dyn crate::support::hook::Hook>) -> Self {
         self.hook = Some(hook);
         self
     }

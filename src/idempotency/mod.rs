@@ -82,6 +82,8 @@ pub struct Records<S> {
     claims: Option<Arc<crate::coalesce::claims::Claims<S, claims::Owned>>>,
     #[cfg(feature = "redis")]
     front: Option<Arc<RedisFront>>,
+    /// What [`Records::run`] asks at its recorded points (the testing kit's faults).
+    hook: crate::support::hook::Slot,
 }
 
 /// What a claim found.
@@ -169,7 +171,15 @@ impl<S: RecordStore> Records<S> {
             claims,
             #[cfg(feature = "redis")]
             front: None,
+            hook: crate::support::hook::Slot::default(),
         }
+    }
+
+    /// These records, [`Records::run`] asking `hook` at each recorded point.
+    #[cfg(feature = "testing")]
+    pub(crate) fn with_hook(mut self, hook: Arc<dyn crate::support::hook::Hook>) -> Self {
+        self.hook = crate::support::hook::Slot(Some(hook));
+        self
     }
 
     /// Whether concurrent claims are coalesced: while one claim statement is in flight,

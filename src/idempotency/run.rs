@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use super::{Claim, Claimed, Failure, RecordStore, Records, Stored};
 use crate::Error;
 use crate::store::{ErrorClass, Lease, Txn, db_error};
+use crate::support::hook::{Phase, Point, Record, When};
 
 /// The future a request's work returns: boxed, because it borrows the transaction's
 /// connection (`|tx| Box::pin(async move { … })`).
@@ -71,6 +72,8 @@ impl<S: RecordStore> Records<S> {
             Claim::Replayed(stored) => return Ok(replay(&stored)?),
             Claim::Claimed(held) => held,
         };
+        // The testing kit may stop the run here, as a crash would: the record stays held.
+        self.point(&held, When::After, Record::Claim).await?;
         let guard = ReleaseOnDrop {
             records: Some(self.clone()),
             held: held.clone(),
@@ -89,7 +92,20 @@ impl<S: RecordStore> Records<S> {
                 }
                 Err(e.into())
             }
+            Err(Failed::Stopped(e)) => Err(e.into()),
         }
+    }
+
+    /// A recorded point of a run: the testing kit's hook, if there is one, may stop the
+    /// run there (an error) or hold it up.
+    async fn point(&self, held: &Claimed, when: When, record: Record) -> Result<(), Error> {
+        let point = Point {
+            when,
+            record,
+            step: None,
+            phase: Phase::Forward,
+        };
+        self.hook.at(&held.key, point).await
     }
 
     async fn run_held<R, F, E, W>(&self, held: &Claimed, work: W) -> Result<Ran<R, F>, Failed<E>>
@@ -122,6 +138,9 @@ impl<S: RecordStore> Records<S> {
                     }
                     return Err(Failed::Orderly(e));
                 }
+                if let Err(e) = self.point(held, When::Before, Record::Commit).await {
+                    return Err(Failed::Stopped(e));
+                }
                 match tx.commit().await {
                     Ok(()) => lease.release(),
                     Err(e) if S::classify(&e) == ErrorClass::ConnectionLost => {
@@ -135,6 +154,9 @@ impl<S: RecordStore> Records<S> {
                     Err(e) => return Err(orderly(e)),
                 }
                 self.unmark_held(held).await;
+                if let Err(e) = self.point(held, When::After, Record::Commit).await {
+                    return Err(Failed::Stopped(e));
+                }
                 Ok(Ran {
                     outcome: Ok(result),
                     replayed: false,
@@ -143,9 +165,15 @@ impl<S: RecordStore> Records<S> {
             Done::Failed(failure, kind) => {
                 tx.rollback().await.map_err(orderly)?;
                 lease.release();
+                if let Err(e) = self.point(held, When::Before, Record::Failed).await {
+                    return Err(Failed::Stopped(e));
+                }
                 self.fail(held, &failure, kind)
                     .await
                     .map_err(Failed::Orderly)?;
+                if let Err(e) = self.point(held, When::After, Record::Failed).await {
+                    return Err(Failed::Stopped(e));
+                }
                 Ok(Ran {
                     outcome: Err(failure),
                     replayed: false,
@@ -192,6 +220,8 @@ impl<S: RecordStore> Drop for ReleaseOnDrop<S> {
 enum Failed<E> {
     Work(E),
     Orderly(Error),
+    /// The testing kit stopped the run, as a crash would: nothing more is written.
+    Stopped(Error),
 }
 
 fn replay<R: DeserializeOwned, F: DeserializeOwned>(stored: &Stored) -> Result<Ran<R, F>, Error> {

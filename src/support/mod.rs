@@ -5,6 +5,7 @@
 //! background jobs' retry delays (`retry.rs`). It imports no layer.
 
 pub(crate) mod detach;
+pub(crate) mod hook;
 pub(crate) mod input;
 pub(crate) mod read_first;
 pub(crate) mod retry;

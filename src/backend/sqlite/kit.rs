@@ -6,7 +6,8 @@ use serde::de::DeserializeOwned;
 use super::SqliteStore;
 use crate::Result;
 use crate::flow::{Definition, Flow};
-use crate::testing::flows::{Doubles, Kit};
+use crate::idempotency::{Done, Work};
+use crate::testing::flows::{Doubles, Kit, WorkKit};
 
 impl<D, I> Kit<SqliteStore, D, I>
 where
@@ -20,6 +21,27 @@ where
         define: impl Fn(&Doubles) -> Definition<SqliteStore, I> + Send + Sync + 'static,
     ) -> Self {
         Kit::new(flow, input, fresh, define)
+    }
+}
+
+impl<P, R, F> WorkKit<SqliteStore, P, R, F>
+where
+    P: Serialize + Send + Sync + 'static,
+    R: Serialize + DeserializeOwned + Send + Sync + 'static,
+    F: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// [`WorkKit::new`] on a new SQLite database in memory for each run.
+    pub fn sqlite<W>(payload: P, work: W) -> Self
+    where
+        W: for<'c> Fn(
+                Doubles,
+                &'c mut <SqliteStore as crate::Store>::Conn,
+            ) -> Work<'c, Result<Done<R, F>>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        WorkKit::new(payload, fresh, work)
     }
 }
 

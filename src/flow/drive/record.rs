@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::hook::{Record, When};
 use super::super::outcome::{FlowOutcome, Outputs, ParkReason, step_name};
 use super::super::steps::{CallAction, Ctx, LocalAction, StepError};
 use super::super::{FlowStore, StepClass, StepWrite, Touch};
 use super::fence::{fence, lease_lost, to_i32, write};
 use super::{FORWARD, Run, Seen, Then, UNDO};
+use crate::support::hook::{Record, When};
 use tracing::Instrument;
 
 use crate::store::{Lease, db_error};

@@ -127,22 +127,41 @@ impl fmt::Display for RunReport {
     }
 }
 
-/// What [`Kit::exhaustive`](super::Kit::exhaustive) found.
+/// A run's report, as [`Report`] lists them.
+pub trait Judged: fmt::Display {
+    /// Whether the checks found nothing wrong.
+    fn sound(&self) -> bool;
+    /// Where the run ended, in words.
+    fn ended(&self) -> String;
+}
+
+impl Judged for RunReport {
+    fn sound(&self) -> bool {
+        self.ok()
+    }
+
+    fn ended(&self) -> String {
+        self.end.to_string()
+    }
+}
+
+/// What an exhaustive run ([`Kit::exhaustive`](super::Kit::exhaustive),
+/// [`WorkKit::exhaustive`](super::WorkKit::exhaustive)) found.
 #[derive(Debug, Clone)]
-pub struct Report {
+pub struct Report<T = RunReport> {
     /// The run with no fault, which the others are judged against.
-    pub baseline: RunReport,
+    pub baseline: T,
     /// The points the baseline reached: each was given each fault that fits it.
     pub points: Vec<Reached>,
     /// How many runs, the baseline included.
     pub runs: usize,
     /// The runs whose checks found something wrong.
-    pub failures: Vec<RunReport>,
+    pub failures: Vec<T>,
     /// How long it all took.
     pub took: Duration,
 }
 
-impl Report {
+impl<T: Judged> Report<T> {
     /// Whether every run was sound.
     pub fn ok(&self) -> bool {
         self.failures.is_empty()
@@ -155,7 +174,7 @@ impl Report {
     }
 }
 
-impl fmt::Display for Report {
+impl<T: Judged> fmt::Display for Report<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
@@ -164,7 +183,7 @@ impl fmt::Display for Report {
             self.points.len(),
             self.took,
             self.failures.len(),
-            self.baseline.end
+            self.baseline.ended()
         )?;
         let points: Vec<String> = self.points.iter().map(ToString::to_string).collect();
         writeln!(f, "points: {}", points.join(", "))?;

@@ -12,7 +12,7 @@ use futures_util::future::BoxFuture;
 use super::plan::{Fault, Plan, Reached};
 use super::{Phase, Point, Record, When};
 use crate::flow::StepError;
-use crate::flow::hook::Hook;
+use crate::support::hook::Hook;
 use crate::{Error, Result};
 
 /// One call a double took.
@@ -35,8 +35,9 @@ pub(super) struct RunState {
     plan: Plan,
     /// How long a hang holds up.
     hang: Duration,
-    /// `"{kind}:{flow_key}:"`: what the stable keys of the flow's steps begin with.
-    prefix: String,
+    /// `"{kind}:{flow_key}:"`: what the stable keys of the flow's steps begin with;
+    /// `None` for a request's work, whose calls' points are named by their double.
+    prefix: Option<String>,
     inner: Mutex<Inner>,
     /// Hangs not yet over.
     hanging: AtomicUsize,
@@ -52,10 +53,12 @@ struct Inner {
     calls: Vec<Call>,
     /// Every key a keyed double answered, and its answer.
     answers: HashMap<(String, String), std::result::Result<String, String>>,
+    /// How many times a request's work began.
+    works: usize,
 }
 
 impl RunState {
-    pub(super) fn new(plan: Plan, hang: Duration, prefix: String) -> Self {
+    pub(super) fn new(plan: Plan, hang: Duration, prefix: Option<String>) -> Self {
         RunState {
             plan,
             hang,
@@ -103,7 +106,16 @@ impl RunState {
     }
 
     pub(super) fn prefix(&self) -> &str {
-        &self.prefix
+        self.prefix.as_deref().unwrap_or_default()
+    }
+
+    /// How many times a request's work began.
+    pub(super) fn works(&self) -> usize {
+        self.lock().works
+    }
+
+    pub(super) fn work_began(&self) {
+        self.lock().works += 1;
     }
 
     async fn hold_up(&self) {
@@ -112,9 +124,18 @@ impl RunState {
         self.hanging.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// The point of a call with `key`: the step its stable key names, if it is one.
-    fn call_point(&self, key: &str) -> Point {
-        let rest = key.strip_prefix(&self.prefix);
+    /// The point of a call to `double` with `key`: the step its stable key names, if
+    /// it is one; in a request's work, the double.
+    fn call_point(&self, double: &str, key: &str) -> Point {
+        let Some(prefix) = &self.prefix else {
+            return Point {
+                when: When::At,
+                record: Record::Call,
+                step: Some(double.to_string()),
+                phase: Phase::Forward,
+            };
+        };
+        let rest = key.strip_prefix(prefix.as_str());
         let (step, phase) = match rest.map(|r| (r, r.strip_suffix(":undo"))) {
             Some((_, Some(step))) => (Some(step.to_string()), Phase::Undo),
             Some((step, None)) => (Some(step.to_string()), Phase::Forward),
@@ -137,7 +158,7 @@ impl RunState {
         key: &str,
         answer: impl FnOnce() -> std::result::Result<String, String>,
     ) -> std::result::Result<String, CallError> {
-        let (reached, fault, _, place) = self.reach(self.call_point(key));
+        let (reached, fault, _, place) = self.reach(self.call_point(double, key));
         if fault == Some(Fault::Error) {
             return Err(CallError::Unavailable(format!(
                 "testing kit: error {reached}"
@@ -263,6 +284,8 @@ impl From<CallError> for StepError {
 #[derive(Clone)]
 pub struct Doubles {
     pub(super) state: Arc<RunState>,
+    /// The run's flow key, or its request's idempotency key.
+    pub(super) key: String,
 }
 
 impl fmt::Debug for Doubles {
@@ -274,6 +297,12 @@ impl fmt::Debug for Doubles {
 }
 
 impl Doubles {
+    /// The run's flow key, or, for a request's work, its idempotency key: what a
+    /// downstream's key is made from.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
     /// A downstream that takes an idempotency key: the first call with a key takes its
     /// effect, a repeat answers what the first did.
     pub fn keyed(&self, name: &str) -> KeyedFake {

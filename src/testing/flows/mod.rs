@@ -21,6 +21,8 @@
 //!   left claimed; and the start's answer, when it gave an end, the end the database
 //!   holds.
 //!
+//! - [`WorkKit`]: the same for a request's work ([`Records::run`](crate::Records::run)),
+//!   run by a client that retries.
 //! - [`versions`]: the unfinished flows of a store saved, and checked against the
 //!   definitions a new release registers.
 //!
@@ -30,6 +32,7 @@ mod check;
 mod doubles;
 mod plan;
 pub mod versions;
+mod work;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -40,17 +43,18 @@ use futures_util::future::LocalBoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-pub use crate::flow::hook::{Phase, Point, Record, When};
-pub use check::{End, Report, RunReport};
+pub use crate::support::hook::{Phase, Point, Record, When};
+pub use check::{End, Judged, Report, RunReport};
 pub use doubles::{Call, CallError, Doubles, KeyedFake, UnsafeFake};
 pub use plan::{BadPlan, Fault, Plan, Reached, plans};
+pub use work::{WorkFn, WorkKit, WorkReport};
 
 use crate::Result;
 use crate::flow::{Definition, Flow, FlowConfig, FlowOutcome, FlowStore, Flows};
 use check::{Seen, allowed, problems};
 use doubles::RunState;
 
-type MakeStore<S> = Arc<dyn Fn() -> LocalBoxFuture<'static, Result<S>> + Send + Sync>;
+pub(super) type MakeStore<S> = Arc<dyn Fn() -> LocalBoxFuture<'static, Result<S>> + Send + Sync>;
 type Define<S, I> = Arc<dyn Fn(&Doubles) -> Definition<S, I> + Send + Sync>;
 
 /// The flow `D` with one input, under test.
@@ -117,7 +121,7 @@ where
             store: Arc::new(move || Box::pin(store())),
             define: Arc::new(define),
             config: FlowConfig {
-                lease: Duration::from_millis(80),
+                lease: Duration::from_millis(200),
                 attempts: 10,
                 backoff: Duration::from_millis(5),
                 max_backoff: Duration::from_millis(20),
@@ -129,7 +133,7 @@ where
         }
     }
 
-    /// The runners' lease (default 80 ms): a crash costs a run one lease, a hang holds
+    /// The runners' lease (default 200 ms): a crash costs a run one lease, a hang holds
     /// up for four.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease.max(Duration::from_millis(10));
@@ -186,15 +190,7 @@ where
             let _ = self.baseline.set(end.clone());
         }
         let points = baseline_run.trace.clone();
-        let plans: Vec<Plan> = points
-            .iter()
-            .flat_map(|at| {
-                Fault::ALL
-                    .into_iter()
-                    .filter(|f| f.fits(&at.point))
-                    .map(|f| Plan::one(at.clone(), f))
-            })
-            .collect();
+        let plans = plan::each_fault_at(&points);
         let runs = plans.len() + 1;
         let baseline_ref = baseline.as_ref();
         let mut failures: Vec<RunReport> = futures_util::stream::iter(plans)
@@ -221,7 +217,7 @@ where
         let state = Arc::new(RunState::new(
             plan.clone(),
             self.config.lease * 4,
-            format!("{}:{key}:", D::KIND),
+            Some(format!("{}:{key}:", D::KIND)),
         ));
         let report = |end: End, answer: String, problems: Vec<String>| RunReport {
             plan: plan.clone(),
@@ -238,7 +234,7 @@ where
             calls: state.calls(),
             took: began.elapsed(),
         };
-        let flows = match self.flows(&state).await {
+        let flows = match self.flows(&state, &key).await {
             Ok(flows) => flows,
             Err(e) => {
                 let problem = format!("the kit could not set the run up: {e}");
@@ -308,14 +304,15 @@ where
         report(end, answer, found)
     }
 
-    async fn flows(&self, state: &Arc<RunState>) -> Result<Flows<S>> {
+    async fn flows(&self, state: &Arc<RunState>, key: &str) -> Result<Flows<S>> {
         let store = (self.store)().await?;
         let doubles = Doubles {
             state: Arc::clone(state),
+            key: key.to_string(),
         };
         let def = (self.define)(&doubles);
         Flows::new(store, self.config)?
-            .with_hook(Arc::clone(state) as Arc<dyn crate::flow::hook::Hook>)
+            .with_hook(Arc::clone(state) as Arc<dyn crate::support::hook::Hook>)
             .register(def)
     }
 }

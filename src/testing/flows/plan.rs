@@ -203,6 +203,20 @@ fn fault_at(text: &str) -> Option<(Reached, Fault)> {
     Some((Reached { point, nth }, fault))
 }
 
+/// One plan for each point reached (each time it was reached) and each fault that fits
+/// there.
+pub(super) fn each_fault_at(points: &[Reached]) -> Vec<Plan> {
+    points
+        .iter()
+        .flat_map(|at| {
+            Fault::ALL
+                .into_iter()
+                .filter(|f| f.fits(&at.point))
+                .map(|f| Plan::one(at.clone(), f))
+        })
+        .collect()
+}
+
 /// Plans of 1 to `most` faults at the points given (those a run reaches: see
 /// [`Kit::points`](super::Kit::points)), each at the point's first or second reach.
 /// proptest shrinks a failing plan to its fewest faults.

@@ -1,6 +1,6 @@
-//! The points a held flow's runner records at, where the testing kit
-//! (`orderly::testing::flows`) stops, holds up or fails it. A runner
-//! without a hook (every runner outside a test) passes them by.
+//! The points a held flow's runner (or a request's run) records at, where the testing
+//! kit (`orderly::testing::flows`) stops, holds up or fails it. Without a hook (every
+//! run outside a test) they are passed by.
 
 // Without the kit, nothing reaches a call's point (the doubles' own).
 #![cfg_attr(not(feature = "testing"), allow(dead_code))]
@@ -106,4 +106,28 @@ impl fmt::Display for Point {
 /// stops the run there as a crash or a lost acknowledgement would.
 pub(crate) trait Hook: Send + Sync {
     fn at<'a>(&'a self, flow_key: &'a str, point: Point) -> BoxFuture<'a, Result<()>>;
+}
+
+/// The hook a run asks, if any.
+#[derive(Clone, Default)]
+pub(crate) struct Slot(pub(crate) Option<std::sync::Arc<dyn Hook>>);
+
+impl Slot {
+    /// Asks the hook, if there is one, at `point` of the run of `key`.
+    pub(crate) async fn at(&self, key: &str, point: Point) -> Result<()> {
+        match &self.0 {
+            Some(hook) => hook.at(key, point).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Slot(hook)"
+        } else {
+            "Slot(none)"
+        })
+    }
 }
