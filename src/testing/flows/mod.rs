@@ -102,9 +102,10 @@ where
     D: Flow + Copy,
     I: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    /// Flow `flow` started with `input`, on a store `store` makes for each run (a new
-    /// database, or one the runs share: each run's flow key is its own), with the
-    /// definition `define` builds over the run's doubles.
+    /// Flow `flow` started with `input`, on a store `store` makes for each run, with the
+    /// definition `define` builds over the run's doubles. Each run drives the recovery
+    /// job of its own runners, which claims any due flow of the kind: give each run a
+    /// database of its own, or runs sharing one a [`parallel`](Self::parallel) of 1.
     pub fn new<F, Fut>(
         flow: D,
         input: I,
