@@ -12,7 +12,7 @@ use super::flows::{Drive, Flows, Held};
 use super::outcome::{Failure, FlowOutcome, ParkReason, is_live, step_name};
 use super::steps::{Action, Definition, StepError};
 use super::{FlowStore, StepClass, StepRow, StepSpec, Touch, Undo};
-use crate::support::hook::{Phase, Point, Record, When};
+use crate::support::hook::{Phase, Point, Record, Stop, When};
 use crate::{Error, Result};
 
 mod fence;
@@ -140,9 +140,9 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
         step: Option<usize>,
         phase: &str,
     ) -> Result<()> {
-        let Some(hook) = &self.flows.hook else {
+        if self.flows.hook.0.is_none() {
             return Ok(());
-        };
+        }
         let point = Point {
             when,
             record,
@@ -153,7 +153,13 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
                 Phase::Forward
             },
         };
-        hook.at(&self.held.key, point).await
+        // Whether as a crash or an error, the runner stops: every recorded point's
+        // write error ends its run.
+        self.flows
+            .hook
+            .at(&self.held.key, point)
+            .await
+            .map_err(Stop::into_error)
     }
 
     fn learn(&mut self, steps: &[StepRow]) {

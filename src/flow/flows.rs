@@ -80,7 +80,7 @@ pub struct Flows<S: FlowStore> {
     /// The queue of concurrent starts, on a store that batches them (shared by clones).
     pub(super) starts: Option<Arc<Claims<S, super::starts::Owned>>>,
     /// What the runner asks at each recorded point (the testing kit's faults).
-    pub(super) hook: Option<Arc<dyn crate::support::hook::Hook>>,
+    pub(super) hook: crate::support::hook::Slot,
 }
 
 impl<S: FlowStore> std::fmt::Debug for Flows<S> {

@@ -55,7 +55,7 @@ impl<S: FlowStore> Flows<S> {
             first: FirstRound::new(ReadFirst::Adaptive, S::READ_FIRST_FROM),
             starts: S::BATCHES_STARTS.then(|| Claims::new(store.clone(), START_LIMIT)),
             store,
-            hook: None,
+            hook: crate::support::hook::Slot::default(),
         })
     }
 
@@ -116,7 +116,7 @@ impl<S: FlowStore> Flows<S> {
     /// These flows, their runner asking `hook` at every recorded point.
     #[cfg(feature = "testing")]
     pub(crate) fn with_hook(mut self, hook: Arc<dyn crate::support::hook::Hook>) -> Self {
-        self.hook = Some(hook);
+        self.hook = crate::support::hook::Slot(Some(hook));
         self
     }
 

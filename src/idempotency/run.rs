@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use super::{Claim, Claimed, Failure, RecordStore, Records, Stored};
 use crate::Error;
 use crate::store::{ErrorClass, Lease, Txn, db_error};
-use crate::support::hook::{Phase, Point, Record, When};
+use crate::support::hook::{Phase, Point, Record, Stop, When};
 
 /// The future a request's work returns: boxed, because it borrows the transaction's
 /// connection (`|tx| Box::pin(async move { … })`).
@@ -73,7 +73,9 @@ impl<S: RecordStore> Records<S> {
             Claim::Claimed(held) => held,
         };
         // The testing kit may stop the run here, as a crash would: the record stays held.
-        self.point(&held, When::After, Record::Claim).await?;
+        self.point(&held, When::After, Record::Claim)
+            .await
+            .map_err(Stop::into_error)?;
         let guard = ReleaseOnDrop {
             records: Some(self.clone()),
             held: held.clone(),
@@ -98,7 +100,7 @@ impl<S: RecordStore> Records<S> {
 
     /// A recorded point of a run: the testing kit's hook, if there is one, may stop the
     /// run there (an error) or hold it up.
-    async fn point(&self, held: &Claimed, when: When, record: Record) -> Result<(), Error> {
+    async fn point(&self, held: &Claimed, when: When, record: Record) -> Result<(), Stop> {
         let point = Point {
             when,
             record,
@@ -130,6 +132,11 @@ impl<S: RecordStore> Records<S> {
         };
         match decided {
             Done::Succeeded(result) => {
+                // The work's writes are made, the record's not: an error here is a
+                // failed write (the record is released), a crash leaves it held.
+                if let Err(stop) = self.point(held, When::Before, Record::Commit).await {
+                    return Err(stop.before());
+                }
                 // Our own transaction: the write needs no savepoint of its own, since a
                 // failure rolls the whole transaction back anyway.
                 if let Err(e) = self.complete_on(&mut tx, held, &result, Txn::Own).await {
@@ -137,9 +144,6 @@ impl<S: RecordStore> Records<S> {
                         lease.release();
                     }
                     return Err(Failed::Orderly(e));
-                }
-                if let Err(e) = self.point(held, When::Before, Record::Commit).await {
-                    return Err(Failed::Stopped(e));
                 }
                 match tx.commit().await {
                     Ok(()) => lease.release(),
@@ -154,8 +158,8 @@ impl<S: RecordStore> Records<S> {
                     Err(e) => return Err(orderly(e)),
                 }
                 self.unmark_held(held).await;
-                if let Err(e) = self.point(held, When::After, Record::Commit).await {
-                    return Err(Failed::Stopped(e));
+                if let Err(stop) = self.point(held, When::After, Record::Commit).await {
+                    return Err(Failed::Stopped(stop.into_error()));
                 }
                 Ok(Ran {
                     outcome: Ok(result),
@@ -165,14 +169,14 @@ impl<S: RecordStore> Records<S> {
             Done::Failed(failure, kind) => {
                 tx.rollback().await.map_err(orderly)?;
                 lease.release();
-                if let Err(e) = self.point(held, When::Before, Record::Failed).await {
-                    return Err(Failed::Stopped(e));
+                if let Err(stop) = self.point(held, When::Before, Record::Failed).await {
+                    return Err(stop.before());
                 }
                 self.fail(held, &failure, kind)
                     .await
                     .map_err(Failed::Orderly)?;
-                if let Err(e) = self.point(held, When::After, Record::Failed).await {
-                    return Err(Failed::Stopped(e));
+                if let Err(stop) = self.point(held, When::After, Record::Failed).await {
+                    return Err(Failed::Stopped(stop.into_error()));
                 }
                 Ok(Ran {
                     outcome: Err(failure),
@@ -222,6 +226,17 @@ enum Failed<E> {
     Orderly(Error),
     /// The testing kit stopped the run, as a crash would: nothing more is written.
     Stopped(Error),
+}
+
+impl Stop {
+    /// A stop before a write: an error is that write failing (the record is then
+    /// released, as for any failed write), a crash leaves everything as it is.
+    fn before<E>(self) -> Failed<E> {
+        match self {
+            Stop::Crash(e) => Failed::Stopped(e),
+            Stop::Error(e) => Failed::Orderly(e),
+        }
+    }
 }
 
 fn replay<R: DeserializeOwned, F: DeserializeOwned>(stored: &Stored) -> Result<Ran<R, F>, Error> {

@@ -9,8 +9,6 @@ use std::fmt;
 
 use futures_util::future::BoxFuture;
 
-use crate::Result;
-
 /// Forward or compensation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Phase {
@@ -35,13 +33,15 @@ pub enum Record {
     Commit,
     /// A step's wait for its retry.
     Retry,
-    /// A step's failure, or a compensation given up.
+    /// A step's failure (the flow turns to compensating), a compensation given up, or
+    /// a request's failure stored.
     Failed,
-    /// A wait step's sleep, or its waking.
+    /// A wait step's waking.
     Wait,
-    /// The flow parked.
+    /// The flow parked (with the step's record that led to it, if any).
     Park,
-    /// The flow completed.
+    /// The flow completed by a write of its own (a step's result usually completes it
+    /// in the same commit: then that result is the point).
     Complete,
     /// The flow compensated.
     Compensated,
@@ -102,10 +102,30 @@ impl fmt::Display for Point {
     }
 }
 
-/// What a runner asks at each point: `Ok` goes on (perhaps after a while), an error
-/// stops the run there as a crash or a lost acknowledgement would.
+/// How a hook stops a run.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// As a crash: nothing more is written.
+    Crash(crate::Error),
+    /// As a retryable error of the database at that point: the run handles it as it
+    /// handles one.
+    Error(crate::Error),
+}
+
+impl Stop {
+    pub(crate) fn into_error(self) -> crate::Error {
+        match self {
+            Stop::Crash(e) | Stop::Error(e) => e,
+        }
+    }
+}
+
+/// What a run asks at each point: `Ok` goes on (perhaps after a while); a stop ends
+/// the run there.
 pub(crate) trait Hook: Send + Sync {
-    fn at<'a>(&'a self, flow_key: &'a str, point: Point) -> BoxFuture<'a, Result<()>>;
+    /// `key`: the flow key, or the request's idempotency key.
+    fn at<'a>(&'a self, key: &'a str, point: Point)
+    -> BoxFuture<'a, std::result::Result<(), Stop>>;
 }
 
 /// The hook a run asks, if any.
@@ -114,7 +134,7 @@ pub(crate) struct Slot(pub(crate) Option<std::sync::Arc<dyn Hook>>);
 
 impl Slot {
     /// Asks the hook, if there is one, at `point` of the run of `key`.
-    pub(crate) async fn at(&self, key: &str, point: Point) -> Result<()> {
+    pub(crate) async fn at(&self, key: &str, point: Point) -> std::result::Result<(), Stop> {
         match &self.0 {
             Some(hook) => hook.at(key, point).await,
             None => Ok(()),

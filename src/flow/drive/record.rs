@@ -70,6 +70,9 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
                 return Ok(Err(e));
             }
         };
+        // The action's writes are made, its record not: a stop here rolls them back.
+        self.point(When::Before, Record::Commit, Some(i), phase)
+            .await?;
         let write = self.step_write(i, phase, "SUCCEEDED", true, Some(&out), None);
         let completed = self.completion(i, phase, &out, then)?;
         let touch = self.after_success(then, completed.as_deref());
@@ -82,8 +85,6 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
             lease.release();
             return Err(lease_lost(&self.held));
         }
-        self.point(When::Before, Record::Commit, Some(i), phase)
-            .await?;
         // A commit whose acknowledgement is lost is reported as a retryable error: the
         // flow is then resumed from what the database holds.
         tx.commit().await.map_err(db_error::<S>)?;
@@ -392,13 +393,13 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
         step: Option<&StepWrite<'_>>,
         retry: Option<&str>,
     ) -> Result<()> {
-        let record = match (step.map(|w| w.status), touch.park, touch.status) {
-            (Some(_), _, _) if step.is_some_and(|w| self.is_wait(w.index)) => Record::Wait,
-            (Some("STARTED"), _, _) => Record::Start,
-            (Some("SUCCEEDED"), _, _) => Record::Result,
-            (Some("RETRY"), _, _) => Record::Retry,
-            (Some(_), _, _) => Record::Failed,
-            (None, Some(_), _) => Record::Park,
+        let record = match (touch.park, step.map(|w| w.status), touch.status) {
+            (Some(_), _, _) => Record::Park,
+            (None, Some(_), _) if step.is_some_and(|w| self.is_wait(w.index)) => Record::Wait,
+            (None, Some("STARTED"), _) => Record::Start,
+            (None, Some("SUCCEEDED"), _) => Record::Result,
+            (None, Some("RETRY"), _) => Record::Retry,
+            (None, Some(_), _) => Record::Failed,
             (None, None, Some("COMPENSATED")) => Record::Compensated,
             (None, None, _) => Record::Complete,
         };

@@ -7,7 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use super::doubles::Call;
+use super::doubles::{Call, split_key};
 use super::plan::{Plan, Reached};
 use super::{Phase, Record, When};
 use crate::flow::{FlowRow, ParkReason, StepClass, StepSpec, Undo};
@@ -224,14 +224,6 @@ pub(super) fn allowed(specs: &[StepSpec], plan: &Plan, baseline: Option<&End>) -
     ends
 }
 
-/// An effect of one step's phase: a double's call that took it, or a local commit.
-#[derive(Debug, Clone)]
-struct Effect {
-    what: String,
-    /// Its place among the points the run reached.
-    at: usize,
-}
-
 /// The problems of a run.
 pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
     let mut out = Vec::new();
@@ -263,14 +255,11 @@ pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
         .enumerate()
         .map(|(i, s)| (s.name, (i, s)))
         .collect();
-    // Every effect, by step and phase, at its place among the points reached.
-    let mut effects: BTreeMap<(usize, Phase), Vec<Effect>> = BTreeMap::new();
+    // Every effect, by step, phase and what took it (a double, or the step's commit),
+    // at its place among the points reached.
+    let mut effects: BTreeMap<(usize, Phase, String), Vec<usize>> = BTreeMap::new();
     for call in seen.calls {
-        let rest = call.key.strip_prefix(seen.prefix).unwrap_or_default();
-        let (step, phase) = match rest.strip_suffix(":undo") {
-            Some(s) => (s, Phase::Undo),
-            None => (rest, Phase::Forward),
-        };
+        let (step, phase) = split_key(seen.prefix, &call.key).unwrap_or(("", Phase::Forward));
         let stable = names.get(step);
         if stable.is_none() {
             let kind = if call.keyed { "keyed" } else { "unsafe" };
@@ -283,12 +272,12 @@ pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
         }
         // A key made from a step's stable key is counted as that step's.
         let made_from = || {
+            let rest = call.key.strip_prefix(seen.prefix)?;
             let (name, (i, spec)) = names
                 .iter()
                 .filter(|(name, _)| rest.starts_with(&format!("{name}:")))
                 .max_by_key(|(name, _)| name.len())?;
-            let tail = &rest[name.len()..];
-            let phase = if tail.starts_with(":undo") {
+            let phase = if rest[name.len()..].starts_with(":undo") {
                 Phase::Undo
             } else {
                 Phase::Forward
@@ -300,18 +289,25 @@ pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
         else {
             continue;
         };
-        if spec.class == StepClass::Keyed && !call.keyed && phase == Phase::Forward {
+        if spec.class == StepClass::Keyed && !call.keyed {
+            let of = if phase == Phase::Undo {
+                "its compensation calls"
+            } else {
+                "calls"
+            };
             out.push(format!(
-                "step {} is declared keyed, but calls {}, a downstream that takes no key: \
-                 declare it unsafe (a keyed step is made again after a crash)",
+                "step {} is declared keyed, but {of} {}, a downstream that takes no key: \
+                 declare it unsafe (a keyed step, and its compensation, is made again after \
+                 a crash)",
                 spec.name, call.double
             ));
         }
         if call.effect {
-            effects.entry((index, phase)).or_default().push(Effect {
-                what: format!("a call to {}", call.double),
-                at: call.at,
-            });
+            let what = format!("a call to {}", call.double);
+            effects
+                .entry((index, phase, what))
+                .or_default()
+                .push(call.at);
         }
     }
     for (place, reached) in seen.trace.iter().enumerate() {
@@ -322,14 +318,14 @@ pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
         let Some(&(index, _)) = p.step.as_deref().and_then(|s| names.get(s)) else {
             continue;
         };
-        effects.entry((index, p.phase)).or_default().push(Effect {
-            what: "its commit".into(),
-            at: place,
-        });
+        let what = "its commit".to_string();
+        effects
+            .entry((index, p.phase, what))
+            .or_default()
+            .push(place);
     }
-    for ((index, phase), list) in &effects {
+    for ((index, phase, what), list) in &effects {
         if list.len() > 1 {
-            let what: Vec<&str> = list.iter().map(|e| e.what.as_str()).collect();
             let name = seen.specs[*index].name;
             let of = if *phase == Phase::Undo {
                 format!("the compensation of step {name}")
@@ -337,13 +333,12 @@ pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
                 format!("step {name}")
             };
             out.push(format!(
-                "{of} took its effect {} times ({}): at most once",
-                list.len(),
-                what.join(", ")
+                "{of} took its effect {} times ({what}): at most once",
+                list.len()
             ));
         }
     }
-    let applied = |i: usize, phase: Phase| effects.contains_key(&(i, phase));
+    let applied = |i: usize, phase: Phase| effects.keys().any(|(j, p, _)| (*j, *p) == (i, phase));
     match seen.end {
         End::Completed => {
             for (i, spec) in seen.specs.iter().enumerate() {
@@ -381,11 +376,15 @@ pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
                     ));
                 }
             }
-            let mut order: Vec<(usize, usize)> = effects
-                .iter()
-                .filter(|((_, phase), _)| *phase == Phase::Undo)
-                .filter_map(|((i, _), list)| list.first().map(|e| (e.at, *i)))
-                .collect();
+            // Each compensation at its first effect, in the order they came.
+            let mut first: BTreeMap<usize, usize> = BTreeMap::new();
+            for ((i, phase, _), list) in &effects {
+                if let (Phase::Undo, Some(&at)) = (phase, list.iter().min()) {
+                    let slot = first.entry(*i).or_insert(at);
+                    *slot = (*slot).min(at);
+                }
+            }
+            let mut order: Vec<(usize, usize)> = first.into_iter().map(|(i, at)| (at, i)).collect();
             order.sort_unstable();
             if order.windows(2).any(|w| w[0].1 < w[1].1) {
                 let names: Vec<&str> = order.iter().map(|(_, i)| seen.specs[*i].name).collect();

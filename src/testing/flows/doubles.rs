@@ -11,9 +11,9 @@ use futures_util::future::BoxFuture;
 
 use super::plan::{Fault, Plan, Reached};
 use super::{Phase, Point, Record, When};
+use crate::Error;
 use crate::flow::StepError;
-use crate::support::hook::Hook;
-use crate::{Error, Result};
+use crate::support::hook::{Hook, Stop};
 
 /// One call a double took.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,9 +38,13 @@ pub(super) struct RunState {
     /// `"{kind}:{flow_key}:"`: what the stable keys of the flow's steps begin with;
     /// `None` for a request's work, whose calls' points are named by their double.
     prefix: Option<String>,
+    /// The run's flow key, or its request's key: points of another's are passed by.
+    key: String,
     inner: Mutex<Inner>,
     /// Hangs not yet over.
     hanging: AtomicUsize,
+    /// A crash at a call in a request's work: the attempt waiting on it is dropped.
+    pub(super) dropped: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -55,16 +59,20 @@ struct Inner {
     answers: HashMap<(String, String), std::result::Result<String, String>>,
     /// How many times a request's work began.
     works: usize,
+    /// Whether a request's work stored a retryable failure (a repeat runs it again).
+    retryable_failure: bool,
 }
 
 impl RunState {
-    pub(super) fn new(plan: Plan, hang: Duration, prefix: Option<String>) -> Self {
+    pub(super) fn new(plan: Plan, hang: Duration, prefix: Option<String>, key: String) -> Self {
         RunState {
             plan,
             hang,
             prefix,
+            key,
             inner: Mutex::default(),
             hanging: AtomicUsize::new(0),
+            dropped: tokio::sync::Notify::new(),
         }
     }
 
@@ -72,8 +80,8 @@ impl RunState {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Notes `point` reached; the fault planned there, if any.
-    fn reach(&self, point: Point) -> (Reached, Option<Fault>, bool, usize) {
+    /// Notes `point` reached; the fault planned there, if any, and the point's place.
+    fn reach(&self, point: Point) -> (Reached, Option<Fault>, usize) {
         let mut inner = self.lock();
         let n = inner.hits.entry(point.clone()).or_insert(0);
         *n += 1;
@@ -84,8 +92,7 @@ impl RunState {
         if let Some(fault) = fault {
             inner.fired.push((reached.clone(), fault));
         }
-        let crash = std::mem::take(&mut inner.crash_next);
-        (reached, fault, crash, place)
+        (reached, fault, place)
     }
 
     pub(super) fn trace(&self) -> Vec<Reached> {
@@ -118,33 +125,32 @@ impl RunState {
         self.lock().works += 1;
     }
 
+    pub(super) fn stored_retryable_failure(&self) {
+        self.lock().retryable_failure = true;
+    }
+
+    pub(super) fn retryable_failure(&self) -> bool {
+        self.lock().retryable_failure
+    }
+
     async fn hold_up(&self) {
         self.hanging.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.hang).await;
         self.hanging.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// The point of a call to `double` with `key`: the step its stable key names, if
-    /// it is one; in a request's work, the double.
+    /// The point of a call to `double` with `key`: the step its stable key names (or
+    /// the whole key, if it does not begin as the flow's keys do); in a request's work,
+    /// the double.
     fn call_point(&self, double: &str, key: &str) -> Point {
-        let Some(prefix) = &self.prefix else {
-            return Point {
-                when: When::At,
-                record: Record::Call,
-                step: Some(double.to_string()),
-                phase: Phase::Forward,
-            };
-        };
-        let rest = key.strip_prefix(prefix.as_str());
-        let (step, phase) = match rest.map(|r| (r, r.strip_suffix(":undo"))) {
-            Some((_, Some(step))) => (Some(step.to_string()), Phase::Undo),
-            Some((step, None)) => (Some(step.to_string()), Phase::Forward),
-            None => (Some(key.to_string()), Phase::Forward),
+        let (step, phase) = match &self.prefix {
+            None => (double, Phase::Forward),
+            Some(prefix) => split_key(prefix, key).unwrap_or((key, Phase::Forward)),
         };
         Point {
             when: When::At,
             record: Record::Call,
-            step,
+            step: Some(step.to_string()),
             phase,
         }
     }
@@ -158,7 +164,7 @@ impl RunState {
         key: &str,
         answer: impl FnOnce() -> std::result::Result<String, String>,
     ) -> std::result::Result<String, CallError> {
-        let (reached, fault, _, place) = self.reach(self.call_point(double, key));
+        let (reached, fault, place) = self.reach(self.call_point(double, key));
         if fault == Some(Fault::Error) {
             return Err(CallError::Unavailable(format!(
                 "testing kit: error {reached}"
@@ -191,6 +197,12 @@ impl RunState {
             }
             answered
         };
+        if fault == Some(Fault::Crash) && self.prefix.is_none() {
+            // In a request's work: the attempt is dropped here, its transaction rolled
+            // back, as a client hanging up or a task cancelled would.
+            self.dropped.notify_one();
+            std::future::pending::<()>().await;
+        }
         match fault {
             Some(Fault::Crash | Fault::LostAnswer) => Err(CallError::Lost(format!(
                 "testing kit: {} {reached}",
@@ -219,11 +231,20 @@ fn stopped(fault: Fault, at: &Reached) -> Error {
 }
 
 impl Hook for RunState {
-    fn at<'a>(&'a self, _flow_key: &'a str, point: Point) -> BoxFuture<'a, Result<()>> {
+    fn at<'a>(
+        &'a self,
+        key: &'a str,
+        point: Point,
+    ) -> BoxFuture<'a, std::result::Result<(), Stop>> {
         Box::pin(async move {
-            let (reached, fault, crash, _) = self.reach(point);
-            if crash {
-                return Err(stopped(Fault::Crash, &reached));
+            if key != self.key {
+                // Another run's, on a shared database: not this run's to judge.
+                return Ok(());
+            }
+            let (reached, fault, _) = self.reach(point);
+            // A crash at a call stops the runner at its first point after it.
+            if std::mem::take(&mut self.lock().crash_next) {
+                return Err(Stop::Crash(stopped(Fault::Crash, &reached)));
             }
             match fault {
                 None => Ok(()),
@@ -231,10 +252,21 @@ impl Hook for RunState {
                     self.hold_up().await;
                     Ok(())
                 }
-                Some(fault) => Err(stopped(fault, &reached)),
+                Some(Fault::Error) => Err(Stop::Error(stopped(Fault::Error, &reached))),
+                Some(fault) => Err(Stop::Crash(stopped(fault, &reached))),
             }
         })
     }
+}
+
+/// The step and phase a flow's call key names: `{prefix}{step}` or
+/// `{prefix}{step}:undo`; `None` for a key that does not begin with `prefix`.
+pub(super) fn split_key<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, Phase)> {
+    let rest = key.strip_prefix(prefix)?;
+    Some(match rest.strip_suffix(":undo") {
+        Some(step) => (step, Phase::Undo),
+        None => (rest, Phase::Forward),
+    })
 }
 
 /// How a call to a double failed.

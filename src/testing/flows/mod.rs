@@ -16,11 +16,11 @@
 //!   fault; or parked for reconciliation when a fault touches an unsafe step's call);
 //!   every local step committed and every call's effect taken at most once, and on a
 //!   completed flow each local step once; every call made with its step's stable key;
-//!   no step declared keyed calling a downstream that takes no key; on a compensated
-//!   flow, exactly the steps that took effect compensated, in reverse order; nothing
-//!   left claimed; and the start's answer, when it gave an end, the end the database
-//!   holds.
-//!
+//!   no step declared keyed (nor its compensation) calling a downstream that takes no
+//!   key; on a compensated flow, exactly the steps that took effect compensated, in
+//!   reverse order; the flow finished within the limit (nothing left claimed); the
+//!   start's answer, when it gave an end, the end the database holds; and your own
+//!   checks ([`Kit::after`]).
 //! - [`WorkKit`]: the same for a request's work ([`Records::run`](crate::Records::run)),
 //!   run by a client that retries.
 //! - [`versions`]: the unfinished flows of a store saved, and checked against the
@@ -55,6 +55,8 @@ use check::{Seen, allowed, problems};
 use doubles::RunState;
 
 pub(super) type MakeStore<S> = Arc<dyn Fn() -> LocalBoxFuture<'static, Result<S>> + Send + Sync>;
+type After<S> =
+    Arc<dyn for<'a> Fn(&'a S, &'a str, &'a End) -> LocalBoxFuture<'a, Vec<String>> + Send + Sync>;
 type Define<S, I> = Arc<dyn Fn(&Doubles) -> Definition<S, I> + Send + Sync>;
 
 /// The flow `D` with one input, under test.
@@ -67,6 +69,7 @@ pub struct Kit<S: FlowStore, D: Flow, I> {
     limit: Duration,
     parallel: usize,
     baseline: Arc<tokio::sync::OnceCell<End>>,
+    after: Vec<After<S>>,
 }
 
 impl<S: FlowStore, D: Flow, I> Clone for Kit<S, D, I>
@@ -83,6 +86,7 @@ where
             limit: self.limit,
             parallel: self.parallel,
             baseline: Arc::clone(&self.baseline),
+            after: self.after.clone(),
         }
     }
 }
@@ -131,7 +135,23 @@ where
             limit: Duration::from_secs(10),
             parallel: 8,
             baseline: Arc::default(),
+            after: Vec::new(),
         }
+    }
+
+    /// A check of your own, made after every run: given the run's store, its flow key
+    /// and where the flow ended, it answers what is wrong (nothing, if empty). The kit
+    /// sees its runners' commits, not the rows your local steps wrote: check those here
+    /// (`|store, key, end| Box::pin(async move { … })`).
+    pub fn after<F>(mut self, check: F) -> Self
+    where
+        F: for<'a> Fn(&'a S, &'a str, &'a End) -> LocalBoxFuture<'a, Vec<String>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.after.push(Arc::new(check));
+        self
     }
 
     /// The runners' lease (default 200 ms): a crash costs a run one lease, a hang holds
@@ -213,12 +233,24 @@ where
     }
 
     async fn run_against(&self, plan: &Plan, baseline: Option<&End>) -> RunReport {
+        let mut report = self.run_once(plan, baseline).await;
+        if baseline.is_none() && !plan.faults.is_empty() {
+            report.problems.push(
+                "the run with no fault did not finish: there is no end to judge this one's by"
+                    .into(),
+            );
+        }
+        report
+    }
+
+    async fn run_once(&self, plan: &Plan, baseline: Option<&End>) -> RunReport {
         let began = Instant::now();
-        let key = format!("kit-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let key = run_key();
         let state = Arc::new(RunState::new(
             plan.clone(),
             self.config.lease * 4,
             Some(format!("{}:{key}:", D::KIND)),
+            key.clone(),
         ));
         let report = |end: End, answer: String, problems: Vec<String>| RunReport {
             plan: plan.clone(),
@@ -257,19 +289,28 @@ where
         };
         let until = began + self.limit;
         let mut row = None;
+        // The recovery job: a round every quarter lease, each on a task of its own, so
+        // that a runner held up in one round is taken over by a later one.
+        let mut rounds = Vec::new();
         loop {
             if let Ok(view) = flows.get(D::KIND, &key).await {
                 row = view.map(|v| v.flow);
             }
             let end = End::of(row.as_ref());
-            let settled = end.finished() && !state.hanging() && started.is_finished();
+            rounds.retain(|r: &tokio::task::JoinHandle<_>| !r.is_finished());
+            let settled =
+                end.finished() && !state.hanging() && started.is_finished() && rounds.is_empty();
             if settled || Instant::now() > until {
                 break;
             }
             tokio::time::sleep(self.config.lease / 4).await;
             if !end.finished() {
-                let _ = flows.recover(8).await;
+                let flows = flows.clone();
+                rounds.push(tokio::spawn(async move { flows.recover(8).await }));
             }
+        }
+        for round in rounds {
+            round.abort();
         }
         let (answer, answered) = if started.is_finished() {
             match started.await {
@@ -302,6 +343,10 @@ where
             trace: &trace,
             calls: &calls,
         });
+        let mut found = found;
+        for check in &self.after {
+            found.extend(check(flows.store(), &key, &end).await);
+        }
         report(end, answer, found)
     }
 
@@ -316,4 +361,10 @@ where
             .with_hook(Arc::clone(state) as Arc<dyn crate::support::hook::Hook>)
             .register(def)
     }
+}
+
+/// A run's own key: its flow key, or its request's idempotency key.
+pub(super) fn run_key() -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("kit-{}", &id[..12])
 }

@@ -52,6 +52,8 @@ pub struct Saved {
     pub steps: Vec<SavedStep>,
     /// The steps its definition declared.
     pub declared: Option<Vec<SavedSpec>>,
+    /// Its definition's pivot, if it had one.
+    pub pivot: Option<String>,
 }
 
 fn class_name(class: StepClass) -> &'static str {
@@ -77,46 +79,47 @@ fn saved_specs(specs: &[StepSpec]) -> Vec<SavedSpec> {
 /// The unfinished flows (running, waiting, stuck or parked) on `flows`' store, saved.
 pub async fn save<S: FlowStore>(flows: &Flows<S>) -> Result<Vec<Saved>> {
     let mut saved = Vec::new();
-    for which in [Listing::Running, Listing::Stuck, Listing::Parked] {
-        let mut after: Option<(String, String)> = None;
-        loop {
-            let page = flows
-                .list(
-                    which,
-                    after.as_ref().map(|(k, f)| (k.as_str(), f.as_str())),
-                    500,
-                )
-                .await?;
-            let Some(last) = page.last() else { break };
-            after = Some((last.flow.kind.clone(), last.flow.flow_key.clone()));
-            for listed in page {
-                let row = listed.flow;
-                let Some(view) = flows.get(&row.kind, &row.flow_key).await? else {
-                    continue;
-                };
-                let declared = flows
-                    .declared(&row.kind, row.version)
-                    .map(|(specs, _)| saved_specs(specs));
-                saved.push(Saved {
-                    kind: row.kind,
-                    key: row.flow_key,
-                    version: row.version,
-                    status: row.status,
-                    parked: row.park_reason,
-                    step_at: row.step_at,
-                    steps: view
-                        .steps
-                        .into_iter()
-                        .map(|s| SavedStep {
-                            index: s.step_index,
-                            phase: s.phase,
-                            name: s.name,
-                            status: s.status,
-                        })
-                        .collect(),
-                    declared,
-                });
+    // One listing of every flow: one that moves between running and stuck while the
+    // pages are read is read once.
+    let mut after: Option<(String, String)> = None;
+    loop {
+        let from = after.as_ref().map(|(k, f)| (k.as_str(), f.as_str()));
+        let page = flows.list(Listing::All, from, 500).await?;
+        let Some(last) = page.last() else { break };
+        after = Some((last.flow.kind.clone(), last.flow.flow_key.clone()));
+        for listed in page {
+            let row = listed.flow;
+            let unfinished = row.park_reason.is_some()
+                || matches!(row.status.as_str(), "RUNNING" | "COMPENSATING");
+            if !unfinished {
+                continue;
             }
+            let Some(view) = flows.get(&row.kind, &row.flow_key).await? else {
+                continue;
+            };
+            let shape = flows.declared(&row.kind, row.version);
+            let declared = shape.map(|(specs, _)| saved_specs(specs));
+            let pivot = shape.and_then(|(specs, p)| p.and_then(|p| specs.get(p)));
+            saved.push(Saved {
+                kind: row.kind,
+                key: row.flow_key,
+                version: row.version,
+                status: row.status,
+                parked: row.park_reason,
+                step_at: row.step_at,
+                steps: view
+                    .steps
+                    .into_iter()
+                    .map(|s| SavedStep {
+                        index: s.step_index,
+                        phase: s.phase,
+                        name: s.name,
+                        status: s.status,
+                    })
+                    .collect(),
+                declared,
+                pivot: pivot.map(|s| s.name.to_string()),
+            });
         }
     }
     Ok(saved)
@@ -128,7 +131,7 @@ pub fn unfinishable<S: FlowStore>(flows: &Flows<S>, saved: &[Saved]) -> Vec<Stri
     let mut out = Vec::new();
     for flow in saved {
         let name = format!("flow {} {} (version {})", flow.kind, flow.key, flow.version);
-        let Some((specs, _)) = flows.declared(&flow.kind, flow.version) else {
+        let Some((specs, pivot)) = flows.declared(&flow.kind, flow.version) else {
             out.push(format!(
                 "{name} is not registered in this release: runners leave it alone; keep \
                  version {} registered until its flows finish",
@@ -163,6 +166,16 @@ pub fn unfinishable<S: FlowStore>(flows: &Flows<S>, saved: &[Saved]) -> Vec<Stri
         let Some(declared) = &flow.declared else {
             continue;
         };
+        let pivot_now = pivot.and_then(|p| specs.get(p)).map(|s| s.name);
+        if flow.pivot.as_deref() != pivot_now {
+            out.push(format!(
+                "{name} ran under a version {} whose pivot was {}; it is now {}: a changed \
+                 definition needs a new version",
+                flow.version,
+                flow.pivot.as_deref().unwrap_or("none"),
+                pivot_now.unwrap_or("none")
+            ));
+        }
         for (i, was) in declared.iter().enumerate() {
             let Some(now) = specs.get(i) else {
                 out.push(format!(

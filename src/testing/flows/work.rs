@@ -17,7 +17,7 @@ use super::doubles::{Call, RunState};
 use super::plan::{self, Plan, Reached};
 use super::{Doubles, MakeStore, Record, Report, When};
 use crate::Result;
-use crate::idempotency::{Done, Ran, RecordStore, Records, ScopeConfig, Work};
+use crate::idempotency::{Done, Failure, Ran, RecordStore, Records, ScopeConfig, Work};
 
 /// The scope the kit's requests run in.
 const SCOPE: &str = "kit";
@@ -46,6 +46,8 @@ pub struct WorkReport {
     pub problems: Vec<String>,
     /// The points reached, in order.
     pub trace: Vec<Reached>,
+    /// Where in `trace` the repeat after the run began.
+    pub repeat_from: usize,
     /// The calls the doubles took.
     pub calls: Vec<Call>,
     /// How long the run took.
@@ -191,7 +193,8 @@ where
         let began = Instant::now();
         let (baseline_run, baseline) = self.run_against(&Plan::none(), None).await;
         let _ = self.baseline.set(baseline.clone());
-        let points = baseline_run.trace.clone();
+        let points =
+            baseline_run.trace[..baseline_run.repeat_from.min(baseline_run.trace.len())].to_vec();
         let plans = plan::each_fault_at(&points);
         let runs = plans.len() + 1;
         let judged = baseline.as_ref();
@@ -228,7 +231,13 @@ where
         baseline: Option<&Baseline>,
     ) -> (WorkReport, Option<Baseline>) {
         let began = Instant::now();
-        let state = Arc::new(RunState::new(plan.clone(), self.lease * 4, None));
+        let key = super::run_key();
+        let state = Arc::new(RunState::new(
+            plan.clone(),
+            self.lease * 4,
+            None,
+            key.clone(),
+        ));
         let mut report = WorkReport {
             plan: plan.clone(),
             fired: Vec::new(),
@@ -237,6 +246,7 @@ where
             works: 0,
             problems: Vec::new(),
             trace: Vec::new(),
+            repeat_from: 0,
             calls: Vec::new(),
             took: Duration::ZERO,
         };
@@ -249,27 +259,37 @@ where
                 return (report, None);
             }
         };
-        let key = format!("kit-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        let attempt = || {
+        let attempt = |records: &Records<S>| {
             let (records, key, payload) = (records.clone(), key.clone(), Arc::clone(&self.payload));
             let doubles = Doubles {
                 state: Arc::clone(&state),
                 key: key.clone(),
             };
             let work = Arc::clone(&self.work);
+            let state = Arc::clone(&doubles.state);
             tokio::spawn(async move {
-                records
-                    .run(SCOPE, &key, &*payload, move |conn| {
-                        doubles.state.work_began();
-                        work(doubles.clone(), conn)
-                    })
-                    .await
+                let run = records.run(SCOPE, &key, &*payload, move |conn| {
+                    let state = Arc::clone(&doubles.state);
+                    state.work_began();
+                    let work = work(doubles.clone(), conn);
+                    Box::pin(async move {
+                        let out = work.await;
+                        if let Ok(Done::Failed(_, Failure::Retryable)) = &out {
+                            state.stored_retryable_failure();
+                        }
+                        out
+                    }) as Work<'_, _>
+                });
+                tokio::select! {
+                    ran = run => Some(ran),
+                    () = state.dropped.notified() => None,
+                }
             })
         };
         // The client: an attempt; another after a retryable error, or beside one that has
         // not answered within two leases (the client timed out).
         let until = began + self.limit;
-        let mut running = vec![(attempt(), Instant::now())];
+        let mut running = vec![(attempt(&records), Instant::now())];
         let mut first: Option<serde_json::Value> = None;
         let mut outcomes: Vec<serde_json::Value> = Vec::new();
         loop {
@@ -280,7 +300,8 @@ where
                     continue;
                 }
                 match task.await {
-                    Ok(Ok(ran)) => {
+                    Ok(None) => report.answers.push("dropped at its call".into()),
+                    Ok(Some(Ok(ran))) => {
                         let value = outcome_json(&ran);
                         report.answers.push(format!(
                             "{value}{}",
@@ -289,7 +310,7 @@ where
                         first.get_or_insert_with(|| value.clone());
                         outcomes.push(value);
                     }
-                    Ok(Err(e)) => report.answers.push(format!("error: {e}")),
+                    Ok(Some(Err(e))) => report.answers.push(format!("error: {e}")),
                     Err(e) => report.answers.push(format!("the attempt panicked: {e}")),
                 }
             }
@@ -307,21 +328,32 @@ where
                 .iter()
                 .all(|(_, since)| since.elapsed() > self.lease * 2);
             if first.is_none() && waited {
-                running.push((attempt(), Instant::now()));
+                running.push((attempt(&records), Instant::now()));
             }
             tokio::time::sleep(self.lease / 4).await;
         }
         // Once all is over: a repeat is answered from the record, the work not run again.
         let works = state.works();
-        let again = attempt().await;
+        let reached_before = state.trace().len();
+        // The repeat asks no hook: the plan's faults are the attempts'.
+        let plain = Records::new(records.store().clone()).scope(SCOPE, self.scope_config());
+        let again = match plain {
+            Ok(plain) => attempt(&plain).await,
+            Err(e) => Ok(Some(Err(e))),
+        };
+        report.repeat_from = reached_before;
         report.works = state.works();
         report.outcome = first.as_ref().map(ToString::to_string);
         let calls = state.calls();
         let succeeded = first.as_ref().map(|v| v.get("Ok").is_some());
         let problems = &mut report.problems;
+        // A stored retryable failure is run again by the next claim: the repeat then
+        // runs the work, and may be answered otherwise.
+        let rerun = state.retryable_failure();
         match (&first, &again) {
             (None, _) => problems.push("no attempt was answered within the kit's limit".into()),
-            (Some(first), Ok(Ok(ran))) => {
+            (Some(_), Ok(Some(Ok(_)))) if rerun => {}
+            (Some(first), Ok(Some(Ok(ran)))) => {
                 let value = outcome_json(ran);
                 if !ran.replayed || &value != first {
                     problems.push(format!(
@@ -331,9 +363,10 @@ where
                     ));
                 }
             }
-            (Some(_), Ok(Err(e))) => problems.push(format!(
+            (Some(_), Ok(Some(Err(e)))) => problems.push(format!(
                 "a repeat after the run was answered {e}: the record is still held, or lost"
             )),
+            (Some(_), Ok(None)) => problems.push("a repeat after the run was dropped".into()),
             (Some(_), Err(e)) => problems.push(format!("a repeat after the run panicked: {e}")),
         }
         if let Some(first) = &first
@@ -344,11 +377,11 @@ where
                 report.answers.join(" | ")
             ));
         }
-        if state.works() != works {
+        if state.works() != works && !rerun {
             problems.push("a repeat after the run ran the work again".into());
         }
         let trace = state.trace();
-        let commits = trace
+        let commits = trace[..reached_before.min(trace.len())]
             .iter()
             .filter(|r| (r.point.when, r.point.record) == (When::After, Record::Commit))
             .count();
@@ -403,14 +436,17 @@ where
         (report, this)
     }
 
-    async fn records(&self, state: &Arc<RunState>) -> Result<Records<S>> {
-        let store = (self.store)().await?;
-        let config = ScopeConfig {
+    fn scope_config(&self) -> ScopeConfig {
+        ScopeConfig {
             lease: self.lease,
             retention: Duration::from_secs(3600),
-        };
+        }
+    }
+
+    async fn records(&self, state: &Arc<RunState>) -> Result<Records<S>> {
+        let store = (self.store)().await?;
         Ok(Records::new(store)
-            .scope(SCOPE, config)?
+            .scope(SCOPE, self.scope_config())?
             .with_hook(Arc::clone(state) as Arc<dyn crate::support::hook::Hook>))
     }
 }
