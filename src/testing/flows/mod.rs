@@ -5,7 +5,8 @@
 //! - [`Kit`]: one flow, one input. [`Kit::exhaustive`] runs it once with no fault, then
 //!   once for each point that run reached and each fault that fits there;
 //!   [`Kit::run`] runs one [`Plan`] (several faults); [`plans`] is a proptest strategy
-//!   over plans, which proptest shrinks to the fewest faults that still fail.
+//!   over plans, which proptest shrinks, and [`Kit::minimize`] takes out every fault a
+//!   failing plan does not need.
 //! - [`Doubles`]: the downstreams your steps call in a test: [`KeyedFake`] (takes an
 //!   idempotency key; a repeat takes no second effect) and [`UnsafeFake`] (every call
 //!   an effect). Build your definition over them in the closure you give the kit.
@@ -199,6 +200,25 @@ where
     pub async fn run(&self, plan: &Plan) -> RunReport {
         let baseline = self.baseline().await;
         self.run_against(plan, baseline.as_ref()).await
+    }
+
+    /// `plan` with every fault it does not need taken out: each is dropped in turn, and
+    /// left out if the run without it still fails. No single fault of the answer can be
+    /// dropped (proptest's shrinking tries each deletion once, before it shrinks the
+    /// faults that remain, so its smallest plan may still hold one that is not needed).
+    pub async fn minimize(&self, plan: &Plan) -> Plan {
+        let mut plan = plan.clone();
+        let mut i = 0;
+        while i < plan.faults.len() && plan.faults.len() > 1 {
+            let mut fewer = plan.clone();
+            fewer.faults.remove(i);
+            if self.run(&fewer).await.ok() {
+                i += 1;
+            } else {
+                plan = fewer;
+            }
+        }
+        plan
     }
 
     /// The run with no fault, then one run for each point it reached (each time it

@@ -219,7 +219,8 @@ pub(super) fn each_fault_at(points: &[Reached]) -> Vec<Plan> {
 
 /// Plans of 1 to `most` faults at the points given (those a run reaches: see
 /// [`Kit::points`](super::Kit::points)), each at the point's first or second reach.
-/// proptest shrinks a failing plan to its fewest faults.
+/// proptest shrinks a failing plan (then [`Kit::minimize`](super::Kit::minimize) takes out
+/// the faults it does not need).
 pub fn plans(points: Vec<Point>, most: usize) -> impl Strategy<Value = Plan> {
     let n = points.len().max(1);
     let one = (0..n, 0..Fault::ALL.len(), 1u32..=2).prop_filter_map(
