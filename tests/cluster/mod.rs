@@ -71,20 +71,21 @@ impl Cluster {
             .collect()
     }
 
-    /// Each node's checksum of the orders and the history, in key order.
+    /// Each node's checksum of the orders and the history, in key order, read causally
+    /// (`wsrep_sync_wait`): a node still applying what another certified waits for it.
     pub async fn node_digests(&self) -> Vec<(i64, String)> {
         let mut digests = Vec::new();
         for store in &self.stores {
             let pool = store.pool();
             let orders: (i64, Option<String>) = sqlx::query_as(
-                "SELECT COUNT(*), SHA2(GROUP_CONCAT(CONCAT_WS(':', id, status, version) ORDER BY id SEPARATOR ','), 256) \
+                "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT COUNT(*), SHA2(GROUP_CONCAT(CONCAT_WS(':', id, status, version) ORDER BY id SEPARATOR ','), 256) \
                  FROM (SELECT * FROM orders ORDER BY id) o",
             )
             .fetch_one(pool)
             .await
             .unwrap();
             let history: (i64, Option<String>) = sqlx::query_as(
-                "SELECT COUNT(*), SHA2(GROUP_CONCAT(CONCAT_WS(':', order_id, seq, from_status, to_status, event, ref_id) \
+                "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT COUNT(*), SHA2(GROUP_CONCAT(CONCAT_WS(':', order_id, seq, from_status, to_status, event, ref_id) \
                  ORDER BY order_id, seq SEPARATOR ','), 256) FROM order_transitions",
             )
             .fetch_one(pool)
