@@ -13,7 +13,7 @@ use std::time::Duration;
 use conformance::{Adaptive, Always, Backend, OrderEvent, OrderMachine, Policy};
 use orderly::backend::postgres::migrate;
 use orderly::store::{ErrorClass, Store};
-use orderly::{Engine, EngineConfig, PgStore, ReadFirst, Tables};
+use orderly::{Engine, EngineConfig, Error, PgStore, ReadFirst, Tables};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Transaction};
 
@@ -256,6 +256,26 @@ async fn deadlock_is_retried_and_rejudged() {
         .await,
         "no deadlock was recorded: the test did not provoke what it claims"
     );
+    b.cleanup().await;
+}
+
+/// A write on a read-only server (what a connection that lands on a standby after a
+/// failover gets: 25006) is a lost connection: discarded, retryable, never a wrong answer.
+#[tokio::test]
+async fn a_read_only_server_is_a_lost_connection() {
+    let b = <Pg>::fresh().await;
+    let mut tx = b.pool.begin_with("BEGIN READ ONLY").await.unwrap();
+    let err = sqlx::query("INSERT INTO orders (id, status, version) VALUES (98, 'Created', 0)")
+        .execute(&mut *tx)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("25006")
+    );
+    assert_eq!(PgStore::classify(&err), ErrorClass::ConnectionLost);
+    assert!(Error::from(err).is_retryable());
+    drop(tx);
     b.cleanup().await;
 }
 
