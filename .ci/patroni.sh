@@ -40,6 +40,21 @@ NODES=(1 2)
 log() { printf 'patroni: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+# What the cluster says, and the end of every log, on stderr: what a failed start leaves
+# for the reader, before a clean deletes the files.
+diagnose() {
+  local n f
+  for n in "${NODES[@]}"; do
+    log "n$n /cluster: $(rest "$n" /cluster 2>/dev/null || echo unreachable)"
+  done
+  for f in "$BASE"/etcd.log "$BASE"/n1.log "$BASE"/n2.log "$BASE"/haproxy.log; do
+    [ -f "$f" ] || continue
+    log "--- the end of $f"
+    tail -n 40 "$f" >&2 || true
+  done
+}
+fail() { log "ERROR: $*"; diagnose; exit 1; }
+
 pg_port() { echo $((PORT + $1)); }
 rest_port() { echo $((58007 + $1)); }
 node_dir() { echo "$BASE/n$1"; }
@@ -191,7 +206,7 @@ start_etcd() {
     curl -sf "http://127.0.0.1:$ETCD_CLIENT/health" >/dev/null 2>&1 && return 0
     sleep 0.1
   done
-  die "etcd did not come up; see $BASE/etcd.log"
+  fail "etcd did not come up"
 }
 
 start_node() {
@@ -276,11 +291,11 @@ cmd_start() {
   chmod 0755 "$BASE"
   start_etcd
   start_node 1
-  wait_for primary || die "node 1 did not become primary; see $BASE/n1.log"
+  wait_for primary || fail "node 1 did not become primary"
   start_node 2
-  wait_for healthy || die "no sync standby; see $BASE/n2.log"
+  wait_for healthy || fail "no sync standby"
   start_haproxy
-  writable || die "the endpoint does not take writes; see $BASE/haproxy.log"
+  writable || fail "the endpoint does not take writes"
   log "up: primary $(primary), endpoint $(url)"
   url
 }
@@ -327,7 +342,7 @@ cmd_restart() {
   local n=${1:-}
   case "$n" in 1 | 2) ;; *) die "restart 1 or 2" ;; esac
   start_node "$n"
-  wait_for healthy || die "node $n did not rejoin; see $BASE/n$n.log"
+  wait_for healthy || fail "node $n did not rejoin"
   log "n$n rejoined; primary $(primary)"
 }
 

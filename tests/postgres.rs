@@ -279,6 +279,49 @@ async fn a_read_only_server_is_a_lost_connection() {
     b.cleanup().await;
 }
 
+/// A pooled connection that turned read-only, as one still open to a primary demoted in
+/// a failover is: the transition's write fails there with 25006, the engine discards the
+/// connection and applies on a fresh one, within the call. The pool holds one connection,
+/// so a second backend afterwards shows the read-only one was dropped, not reused.
+#[tokio::test]
+async fn a_connection_turned_read_only_is_replaced_within_the_call() {
+    let b = <Pg>::fresh().await;
+    let setup: Engine<OrderMachine, PgStore> = Engine::new(b.small_store(1).await).unwrap();
+    setup.create(7).await.unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(b.options.clone())
+        .await
+        .unwrap();
+    let read_only: i32 = {
+        let mut conn = pool.acquire().await.unwrap();
+        sqlx::query("SET SESSION default_transaction_read_only = on")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap()
+    };
+    let engine: Engine<OrderMachine, PgStore> = Engine::new(PgStore::new(pool.clone())).unwrap();
+    let answer = engine.transition(7, OrderEvent::Pay, "p-1").await;
+    assert!(
+        matches!(answer, Ok(orderly::Outcome::Applied { .. })),
+        "{answer:?}"
+    );
+    let (backend, setting): (i32, String) =
+        sqlx::query_as("SELECT pg_backend_pid(), current_setting('default_transaction_read_only')")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_ne!(backend, read_only, "the read-only connection was reused");
+    assert_eq!(setting, "off");
+    assert_eq!(engine.history(7).await.unwrap().len(), 1);
+    pool.close().await;
+    b.cleanup().await;
+}
+
 /// Under SERIALIZABLE, concurrent writers of one row get 40001; the engine classifies it
 /// retryable and the storm still ends with one application.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
