@@ -23,13 +23,16 @@
 #
 # Environment:
 #   ORDERLY_PATRONI_DIR   base directory (default /tmp/orderly-patroni)
-#   ORDERLY_PATRONI_PORT  the endpoint's port (default 55430); node N's PostgreSQL listens
-#                         on +N, its REST API on 58007+N; etcd on 23790 and 23800
+#   ORDERLY_PATRONI_PORT  the endpoint's port (default 15430); node N's PostgreSQL listens
+#                         on +N, its REST API on 18007+N; etcd on 23790 and 23800. All
+#                         below the kernel's ephemeral range (32768-60999): a port in it
+#                         can be taken by any outgoing connection of an earlier step (the
+#                         Galera cluster's left HAProxy unable to bind once)
 #   ORDERLY_PATRONI_TIMEOUT  seconds to wait for the cluster (default 90)
 set -euo pipefail
 
 BASE=${ORDERLY_PATRONI_DIR:-/tmp/orderly-patroni}
-PORT=${ORDERLY_PATRONI_PORT:-55430}
+PORT=${ORDERLY_PATRONI_PORT:-15430}
 TIMEOUT=${ORDERLY_PATRONI_TIMEOUT:-90}
 ETCD_CLIENT=23790
 ETCD_PEER=23800
@@ -56,7 +59,7 @@ diagnose() {
 fail() { log "ERROR: $*"; diagnose; exit 1; }
 
 pg_port() { echo $((PORT + $1)); }
-rest_port() { echo $((58007 + $1)); }
+rest_port() { echo $((18007 + $1)); }
 node_dir() { echo "$BASE/n$1"; }
 url() { echo "postgres://postgres@127.0.0.1:$PORT/postgres"; }
 
@@ -285,6 +288,14 @@ cmd_start() {
   ensure_packages
   if [ -d "$BASE" ] && [ ! -f "$BASE/$MARKER" ]; then
     die "$BASE exists and is not this script's; set ORDERLY_PATRONI_DIR"
+  fi
+  # Nothing of this cluster running: each of its ports must be free.
+  local p
+  if ! live_pid "$BASE/etcd.pid" "$BASE/etcd" >/dev/null; then
+    for p in "$PORT" "$(pg_port 1)" "$(pg_port 2)" "$(rest_port 1)" "$(rest_port 2)" \
+      "$ETCD_CLIENT" "$ETCD_PEER"; do
+      if ss -Htln "sport = :$p" | grep -q .; then die "port $p is taken by another listener"; fi
+    done
   fi
   mkdir -p "$BASE"
   touch "$BASE/$MARKER"

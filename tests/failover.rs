@@ -15,7 +15,7 @@
 //! publishes every event, in version order per order, again only what it published but
 //! could not record. Its own test binary: no other test may run on the cluster it kills.
 //!
-//! Endpoint: `ORDERLY_PATRONI_URL` (default `postgres://postgres@127.0.0.1:55430/postgres`).
+//! Endpoint: `ORDERLY_PATRONI_URL` (default `postgres://postgres@127.0.0.1:15430/postgres`).
 
 mod conformance;
 mod server;
@@ -56,7 +56,7 @@ const LEASE: Duration = Duration::from_secs(3);
 
 fn url() -> String {
     std::env::var("ORDERLY_PATRONI_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:55430/postgres".into())
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:15430/postgres".into())
 }
 
 /// `.ci/patroni.sh` with `args`: whether it succeeded, and its standard output.
