@@ -148,6 +148,8 @@ where
 #[derive(Clone, Default)]
 struct Shared {
     stop: Arc<AtomicBool>,
+    /// Set once every other load has ended: the relay then drains the outbox and stops.
+    drain: Arc<AtomicBool>,
     applied: Arc<AtomicUsize>,
     requests: Arc<AtomicUsize>,
     flows: Arc<AtomicUsize>,
@@ -367,6 +369,8 @@ async fn round(lab: &Lab, what: &'static str, kill: &str) -> String {
     let requests = join_all(requests).await;
     let starts = join_all(starts).await;
     let recovery = recovery.await.unwrap();
+    // Every transition is answered by now, its event written if it landed.
+    shared.drain.store(true, Ordering::SeqCst);
     let (relay_rounds, unrecorded) = relaying.await.unwrap();
     let after = patroni_must(&["primary"]).await;
     assert_ne!(before, after, "{what}: the primary did not change");
@@ -594,7 +598,7 @@ fn recovery_load(flows: Flows<PgStore>, shared: Shared) -> JoinHandle<Vec<Round>
 }
 
 /// The relay, round after round: how many each published. Its error rounds back off.
-/// It goes on after the loads stop, until the outbox is empty; the events it published
+/// It goes on after the other loads have ended, until the outbox is empty; the events it published
 /// but could not record are kept.
 fn relay_load(
     relay: Relay<PgStore, RecordingSink>,
@@ -620,7 +624,7 @@ fn relay_load(
                 answer,
             });
             n += 1;
-            if shared.stopping() {
+            if shared.drain.load(Ordering::SeqCst) {
                 let since = *stopped.get_or_insert_with(Instant::now);
                 if outbox.stats().await.is_ok_and(|s| s.pending == 0) {
                     break;
