@@ -11,6 +11,7 @@
 #   .ci/patroni.sh restart N        start node N's Patroni again, wait until it streams
 #   .ci/patroni.sh status           Patroni's view of the cluster (JSON); exit 0 only with a
 #                                   running leader and a running sync standby
+#   .ci/patroni.sh diagnose         print the cluster's view and the end of every log (stderr)
 #   .ci/patroni.sh url              print the endpoint's URL
 #   .ci/patroni.sh clean            stop, then delete $ORDERLY_PATRONI_DIR
 #
@@ -69,6 +70,7 @@ ensure_packages() {
   command -v etcd >/dev/null 2>&1 || want+=(etcd-server)
   command -v haproxy >/dev/null 2>&1 || want+=(haproxy)
   command -v curl >/dev/null 2>&1 || want+=(curl)
+  command -v ss >/dev/null 2>&1 || want+=(iproute2)
   [ -x "$BIN/postgres" ] || want+=(postgresql-15)
   if [ "${#want[@]}" -eq 0 ]; then return 0; fi
   log "installing ${want[*]}"
@@ -292,9 +294,11 @@ cmd_start() {
   # Nothing of this cluster running: each of its ports must be free.
   local p
   if ! live_pid "$BASE/etcd.pid" "$BASE/etcd" >/dev/null; then
+    local held
     for p in "$PORT" "$(pg_port 1)" "$(pg_port 2)" "$(rest_port 1)" "$(rest_port 2)" \
       "$ETCD_CLIENT" "$ETCD_PEER"; do
-      if ss -Htln "sport = :$p" | grep -q .; then die "port $p is taken by another listener"; fi
+      held=$(ss -Htan state listening state established "( sport = :$p )") || die "ss failed"
+      [ -z "$held" ] || die "port $p is taken: $held"
     done
   fi
   mkdir -p "$BASE"
@@ -342,10 +346,9 @@ cmd_kill_postgres() {
 cmd_kill_node() {
   local n pid
   n=$(node_arg "${1:-}")
-  if pid=$(live_pid "$BASE/n$n.pid" "$BASE/n$n.yml"); then
-    kill -KILL "$pid"
-    log "n$n: patroni $pid killed"
-  fi
+  pid=$(live_pid "$BASE/n$n.pid" "$BASE/n$n.yml") || die "node $n has no patroni"
+  kill -KILL "$pid"
+  log "n$n: patroni $pid killed"
   cmd_kill_postgres "$n"
 }
 
@@ -376,7 +379,8 @@ case "${1:-}" in
   kill-node) cmd_kill_node "${2:-}" ;;
   restart) cmd_restart "${2:-}" ;;
   status) cmd_status ;;
+  diagnose) diagnose ;;
   url) url ;;
   clean) cmd_clean ;;
-  *) die "usage: $0 start|stop|primary|kill-postgres N|kill-node N|restart N|status|url|clean" ;;
+  *) die "usage: $0 start|stop|primary|kill-postgres N|kill-node N|restart N|status|diagnose|url|clean" ;;
 esac

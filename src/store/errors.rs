@@ -134,9 +134,9 @@ pub(crate) fn classify_postgres(err: &sqlx::Error) -> ErrorClass {
     };
     match code.as_deref() {
         Some("40001" | "40P01" | "55P03") => ErrorClass::Retryable,
-        // 25006 `read_only_sql_transaction`: the connection is on a standby (a primary
-        // demoted in a failover, or an endpoint that routed it there). Nothing was
-        // written; the connection is discarded, and the next one finds the primary.
+        // 25006 `read_only_sql_transaction`: the connection is on a standby (an endpoint
+        // still routing to a node that is no longer the primary). Nothing was written;
+        // the connection is discarded, and the next one finds the primary.
         Some("57P01" | "57P02" | "57P03" | "40003" | "25006") => ErrorClass::ConnectionLost,
         Some(c) if c.starts_with("08") => ErrorClass::ConnectionLost,
         _ => ErrorClass::Fatal,

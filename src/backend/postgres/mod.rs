@@ -108,8 +108,8 @@ impl PgStore {
 /// ended by `pg_terminate_backend` or a fast shutdown), 57P02 `crash_shutdown`, 57P03
 /// `cannot_connect_now`, and 40003 `statement_completion_unknown` (the server lost track
 /// of whether the statement finished), and 25006 `read_only_sql_transaction` (the
-/// connection is on a standby: after a failover, the old primary demoted; the
-/// connection is discarded); besides the I/O errors every backend shares.
+/// connection is on a standby, where an endpoint still routing to a former primary
+/// sent it; the connection is discarded); besides the I/O errors every backend shares.
 /// A connection the server would not open now: the database not accepting connections
 /// (55000, `ALLOW_CONNECTIONS false`), starting up or shutting down (57P03, 57P01,
 /// 57P02), too many connections (53300), a connection failure (class 08).
