@@ -935,6 +935,67 @@ async fn admin_page_on_sqlite() {
     suite(store, exec).await;
 }
 
+/// SQLite keeps any value in any column: an outbox row whose entity id or version is
+/// not an integer is set `DEAD` by the relay's first claim, and the dead-events page
+/// lists it, as stored and with its reason, beside the events that read.
+#[tokio::test]
+async fn corrupt_outbox_rows_show_on_the_dead_events_page_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("corrupt.db").display());
+    let store = orderly::SqliteStore::connect(&url).await.unwrap();
+    let exec: Exec<orderly::SqliteStore> = exec_on!(store.pool());
+    let engine: Engine<Shop, _> = Engine::new(store.clone()).unwrap();
+    for id in 1..=3 {
+        engine.create(id).await.unwrap();
+        engine
+            .transition(id, ShopEvent::Pay, &format!("pay-{id}"))
+            .await
+            .unwrap();
+    }
+    (exec.run)("UPDATE outbox SET entity_id = 'zz' WHERE entity_id = 1".into()).await;
+    (exec.run)("UPDATE outbox SET version = 'abc' WHERE entity_id = 2".into()).await;
+    struct Nowhere;
+    impl orderly::outbox::Sink for Nowhere {
+        async fn publish(
+            &self,
+            _: &orderly::outbox::Message,
+        ) -> Result<(), orderly::outbox::SinkError> {
+            Ok(())
+        }
+    }
+    let relay = orderly::outbox::Relay::new(store.clone(), Nowhere);
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.published, round.corrupt), (1, 2), "{round:?}");
+    assert_eq!(
+        count(&exec, "SELECT count(*) FROM outbox WHERE status = 'DEAD'").await,
+        2,
+        "both set aside at the first claim"
+    );
+    let admin = Admin::new(store.clone()).access(|_| Viewer::read_only("bob"));
+    let page = Page {
+        router: axum::Router::new().nest("/admin", admin.router()),
+    };
+    let dead = page.json("bob", "/admin/outbox").await;
+    let corrupt = dead["corrupt"].as_array().unwrap();
+    let keys: Vec<_> = corrupt
+        .iter()
+        .map(|c| (c["entity_id"].as_str().unwrap(), c["version"].as_str().unwrap()))
+        .collect();
+    assert_eq!(keys, [("2", "abc"), ("zz", "1")], "{dead}");
+    assert!(
+        corrupt
+            .iter()
+            .all(|c| c["reason"] == "an entity id or version that is not an integer"
+                && c["status"] == "DEAD"),
+        "{dead}"
+    );
+    let html = page.get("bob", "/admin/outbox").await;
+    assert!(
+        html.contains("Rows orderly never writes") && html.contains("<td>zz</td>"),
+        "{html}"
+    );
+}
+
 #[tokio::test]
 async fn command_line_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();

@@ -22,7 +22,7 @@ pub(super) fn validate_ref(ref_id: &str) -> Result<()> {
 pub(super) const MAX_REASON_LEN: usize = 1000;
 
 /// Who asked and why: the actor is checked as a reference is ("actor", 1 to 255
-/// characters, no control characters, no padding); the reason is free text (line
+/// characters, no control or invisible format characters, no padding); the reason is free text (line
 /// breaks allowed) of 1 to [`MAX_REASON_LEN`] characters, without NUL, which no backend
 /// stores in text.
 pub(super) fn validate_audit(audit: &crate::store::Audit<'_>) -> Result<()> {

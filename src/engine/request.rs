@@ -95,7 +95,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
 
     /// Who asks for this transition (a user, an operator, a service), stored with the
     /// history row it writes and returned by [`history`](Engine::history): 1 to 255
-    /// characters, no control characters, no spaces at either end, else
+    /// characters, no control or invisible format characters, no spaces at either end, else
     /// [`Error::InvalidInput`](crate::Error::InvalidInput) when awaited. Not part of the
     /// request's identity: a repeat by someone else is still a replay, and the row keeps
     /// the first call's actor.

@@ -10,8 +10,13 @@ use crate::{Error, Result};
 pub const MAX_REF_LEN: usize = 255;
 
 /// A caller's reference (a transition's `ref_id`, an idempotency key): 1 to
-/// [`MAX_REF_LEN`] characters, no control characters, no whitespace at either end, so a
-/// padded copy can never be taken for another reference. `what` names it in the error.
+/// [`MAX_REF_LEN`] characters, no whitespace at either end, so a padded copy can never be
+/// taken for another reference; no control character (C0, DEL, C1), no format character
+/// (Unicode category Cf: the bidirectional controls U+202A–U+202E and U+2066–U+2069,
+/// zero-width spaces and joiners, the byte order mark, soft hyphens, tag characters) and
+/// no line or paragraph separator (U+2028, U+2029), so that a reference shown on the
+/// operators' page, by the command line or in a log reads as what it is and cannot
+/// display as another. `what` names it in the error.
 pub(crate) fn validate_reference(what: &str, value: &str) -> Result<()> {
     if value.trim().is_empty() {
         return Err(Error::InvalidInput(format!("{what} must not be empty")));
@@ -27,12 +32,30 @@ pub(crate) fn validate_reference(what: &str, value: &str) -> Result<()> {
             "{what} is {len} characters long; the limit is {MAX_REF_LEN}"
         )));
     }
-    if value.chars().any(char::is_control) {
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
         return Err(Error::InvalidInput(format!(
-            "{what} must not contain control characters"
+            "{what} must not contain control characters (U+{:04X})",
+            u32::from(c)
+        )));
+    }
+    if let Some(c) = value.chars().find(|&c| invisible(c)) {
+        return Err(Error::InvalidInput(format!(
+            "{what} must not contain invisible format characters (U+{:04X})",
+            u32::from(c)
         )));
     }
     Ok(())
+}
+
+/// A character that changes how the text around it displays without being seen itself:
+/// a format character (category Cf, bidirectional controls among them) or a line or
+/// paragraph separator.
+fn invisible(c: char) -> bool {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    matches!(
+        c.general_category(),
+        GeneralCategory::Format | GeneralCategory::LineSeparator | GeneralCategory::ParagraphSeparator
+    )
 }
 
 /// A payload's fingerprint and JSON text.

@@ -187,10 +187,25 @@ pub async fn corrupt_status_is_reported_not_panicked<B: Backend>(b: &B) {
 pub async fn bad_input_is_rejected_before_any_query<B: Backend>(b: &B) {
     let e = engine(b).await;
     e.create(1).await.unwrap();
-    for bad in ["", "   ", &"x".repeat(256), "p\n1", "p-1 ", " p-1"] {
+    // Blank, too long, padded, a control character (C0, C1), and characters that change
+    // how a reference displays without being seen: a right-to-left override (so that
+    // `pay_1\u{202E}2ab` shows as `pay_1ba2`), an isolate, a zero-width space and joiner,
+    // a byte order mark, a soft hyphen, a tag character, a line separator.
+    for bad in [
+        "", "   ", &"x".repeat(256), "p\n1", "p-1 ", " p-1", "p\u{85}1", "pay_1\u{202E}2ab",
+        "pay_\u{2067}1\u{2069}", "pay\u{200B}1", "pay\u{200D}1", "\u{FEFF}pay_1",
+        "pay\u{AD}1", "pay\u{E0041}1", "pay\u{2028}1",
+    ] {
         let err = e.transition(1, Pay, bad).await.unwrap_err();
         assert!(matches!(err, Error::InvalidInput(_)), "{bad:?}: {err:?}");
     }
+    // Letters of any script, emoji and other visible symbols are references like any.
+    for (i, good) in ["заказ-1", "注文-1", "pay_😀"].into_iter().enumerate() {
+        let id = 100 + i as i64;
+        e.create(id).await.unwrap();
+        e.transition(id, Pay, good).await.unwrap();
+    }
+    assert!(e.history(1).await.unwrap().is_empty(), "a refused reference wrote nothing");
     let err = e.transition_named(1, "Teleport", "t-1").await.unwrap_err();
     assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
     assert!(Tables::new("orders; DROP TABLE orders", "h").is_err());

@@ -95,7 +95,7 @@ impl OutboxStore for SqliteStore {
             .bind(c.limit)
             .fetch_all(conn)
             .await?;
-        Ok(rows.iter().map(claimed).collect())
+        Ok(rows.iter().map(set_dead_or_claimed).collect())
     }
 
     async fn list_corrupt(
@@ -165,18 +165,45 @@ impl OutboxStore for SqliteStore {
     }
 }
 
-/// The statement of `claim_events`, built once.
+/// A claimed row the claim itself set `DEAD` (its key is not an integer): reported as
+/// set aside, with the reason it was given; any other row as it reads.
+fn set_dead_or_claimed(row: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
+    use sqlx::Row;
+    if row.try_get::<String, _>("status").is_ok_and(|s| s == "DEAD") {
+        return Err(crate::outbox::CorruptEvent {
+            key: None,
+            reason: row
+                .try_get::<String, _>("last_error")
+                .unwrap_or_else(|_| NOT_AN_INTEGER_KEY.into()),
+        });
+    }
+    claimed(row)
+}
+
+/// Why a row whose entity id or version is not an integer is set aside.
+const NOT_AN_INTEGER_KEY: &str = "an entity id or version that is not an integer";
+
+/// The statement of `claim_events`, built once. SQLite keeps any value in any column: a
+/// pending row whose entity id or version is not an integer can be neither ordered among
+/// its entity's events nor named as a message, so the claim that meets it sets it `DEAD`
+/// with its reason (a relay cannot fence a later write to a key it cannot name). Such a
+/// row holds back no other event: whose entity it was cannot be known.
 static CLAIM_EVENTS: LazyLock<SqlStr> = LazyLock::new(|| {
+    let key = "typeof(entity_id) = 'integer' AND typeof(version) = 'integer'";
     AssertSqlSafe(format!(
         "UPDATE outbox SET owner_token = ?1, lease_until = {NOW} + ?2, \
-             attempts = MIN(MAX(attempts, 0) + 1, 2147483647) \
+             attempts = MIN(MAX(attempts, 0) + 1, 2147483647), \
+             status = CASE WHEN {key} THEN status ELSE 'DEAD' END, \
+             last_error = CASE WHEN {key} THEN last_error \
+                 ELSE 'corrupt row: {NOT_AN_INTEGER_KEY} (entity id ' || quote(entity_id) || ', version ' \
+                     || quote(version) || '): set aside by the relay, never published' END \
          WHERE (machine, entity_id, version) IN ( \
              SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
              WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} \
-               AND {INTEGER_KEY} \
-               AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
+               AND (NOT ({INTEGER_KEY}) \
+                 OR NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
                    AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' \
-                   AND p.version < o.version) \
+                   AND p.version < o.version)) \
              LIMIT ?3) \
          RETURNING {EVENT_COLUMNS}"
     ))
