@@ -332,9 +332,19 @@ impl Store for MySqlStore {
         // prefix included): a unit that began on a lagging node could find no entity the
         // cluster acknowledged, or judge it at an older state. The wait comes first, in
         // the same round trip.
-        let begin = (self.causal_reads() == Some(true))
-            .then_some("SET STATEMENT wsrep_sync_wait = 1 FOR SELECT 1; START TRANSACTION");
-        crate::backend::units::begin_rules_unit::<sqlx::MySql>(conn, txn, begin).await
+        //
+        // SERIALIZABLE (for this transaction only): InnoDB takes a shared lock for every
+        // plain read, so a guard's read of a shared row (the stock it checks before its
+        // effect takes one) is as safe as a locking one. Two units that both read the
+        // last one and both take it deadlock; the loser (1213) is judged again, guard
+        // included, from a fresh read.
+        let begin = if self.causal_reads() == Some(true) {
+            "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT 1; \
+             SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION"
+        } else {
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION"
+        };
+        crate::backend::units::begin_rules_unit::<sqlx::MySql>(conn, txn, Some(begin)).await
     }
 
     async fn end_rules_unit(

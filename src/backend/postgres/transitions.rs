@@ -302,7 +302,16 @@ impl Store for PgStore {
         conn: &mut PgConnection,
         txn: Txn,
     ) -> Result<usize, sqlx::Error> {
-        crate::backend::units::begin_rules_unit::<sqlx::Postgres>(conn, txn, None).await
+        // SERIALIZABLE: a guard's plain read of a shared row (the stock it checks before
+        // its effect takes one) is as safe as a locking one. Two units that both read
+        // the last one and both take it cannot both commit: the loser gets 40001 and is
+        // judged again, guard included, from a fresh read.
+        crate::backend::units::begin_rules_unit::<sqlx::Postgres>(
+            conn,
+            txn,
+            Some("BEGIN ISOLATION LEVEL SERIALIZABLE"),
+        )
+        .await
     }
 
     async fn end_rules_unit(
