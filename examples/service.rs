@@ -21,6 +21,9 @@
 //! | `GET /graph` | the order's state graph (Mermaid) |
 //! | `GET /metrics` | Prometheus text |
 //!
+//! Every error answer is `application/problem+json` (RFC 9457), one `type` per cause,
+//! with `Retry-After` where a retry is the answer (the table is in `service/problem.rs`).
+//!
 //! On SIGINT or SIGTERM it stops taking connections, finishes the requests in hand (also
 //! those whose clients hung up), and stops its recovery jobs and its outbox relay (which
 //! finishes the batch in hand).
@@ -51,7 +54,10 @@ use tokio::sync::watch;
 
 #[path = "service/pay.rs"]
 mod pay;
+#[path = "service/problem.rs"]
+mod problem;
 use pay::{InMemoryGateway, PayOrder, PayStep, Payment, pay_order, short_hash};
+use problem::{failed, invalid, no_key, paid_by_another, problem};
 
 orderly::state_machine! {
     /// An order.
@@ -386,44 +392,6 @@ fn answer(status: StatusCode, body: serde_json::Value) -> Response {
     (status, Json(body)).into_response()
 }
 
-/// An error's answer: a client's mistake as 4xx (kept by the layer), the rest as 503
-/// (not kept: a repeat runs again). A flow another runner holds is 409 with
-/// `Retry-After`: the client sent the same payment again (under another key) while the
-/// first still runs; the layer does not keep an answer that carries `Retry-After`, so
-/// the client's retry runs again and gets the first payment's answer.
-fn failed(e: Error) -> Response {
-    let status = match &e {
-        Error::NotFound { .. } => StatusCode::NOT_FOUND,
-        Error::InvalidTransition { .. } | Error::RefConflict { .. } => StatusCode::CONFLICT,
-        Error::InvalidInput(_) => StatusCode::BAD_REQUEST,
-        Error::PayloadMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-        Error::InFlight { retry_after, .. } => {
-            // The flow's lease is the latest it can still run; a payment is done in about
-            // a second.
-            let after = retry_after.min(&Duration::from_secs(1)).as_secs().max(1);
-            let body = json!({
-                "error": "the same request is already being processed; retry after the delay in Retry-After",
-                "conflict": "in-flight",
-            });
-            return (
-                StatusCode::CONFLICT,
-                [(axum::http::header::RETRY_AFTER, after.to_string())],
-                Json(body),
-            )
-                .into_response();
-        }
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    let mut response = answer(status, json!({ "error": e.to_string() }));
-    if status == StatusCode::SERVICE_UNAVAILABLE && e.is_retryable() {
-        response.headers_mut().insert(
-            axum::http::header::RETRY_AFTER,
-            axum::http::HeaderValue::from_static("1"),
-        );
-    }
-    response
-}
-
 /// The request's key: the layer's, or without the layer (`--no-idempotency-layer`, to
 /// measure its cost) the header itself.
 fn key_of<S: Shop>(
@@ -446,13 +414,10 @@ async fn create<S: Shop>(
     Json(body): Json<NewOrder>,
 ) -> Response {
     let Some(key) = key_of(key.as_ref(), &headers) else {
-        return answer(StatusCode::BAD_REQUEST, json!({ "error": "no key" }));
+        return no_key();
     };
     if body.qty <= 0 || body.qty > 1000 {
-        return answer(
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "qty must be 1 to 1000" }),
-        );
+        return invalid("qty must be 1 to 1000");
     }
     let id = order_id(&key);
     let input = OrderToCreate {
@@ -469,9 +434,15 @@ async fn create<S: Shop>(
             FlowOutcome::Completed(_) => {
                 answer(StatusCode::CREATED, json!({ "id": id, "state": "Created" }))
             }
-            FlowOutcome::Compensated { error, .. } => {
-                answer(StatusCode::CONFLICT, json!({ "id": id, "error": error }))
-            }
+            FlowOutcome::Compensated { error, .. } => problem(
+                StatusCode::CONFLICT,
+                "order-not-created",
+                "Order not created",
+                format!("the order's creation was undone: {error}"),
+            )
+            .with("id", id)
+            .with("error", error)
+            .into_response(),
             other => answer(
                 StatusCode::ACCEPTED,
                 json!({ "id": id, "flow": format!("{other:?}") }),
@@ -494,10 +465,15 @@ async fn pay<S: Shop>(
     match app.engine.get(id).await {
         Ok(order) if order.state == OrderState::Created => {}
         Ok(order) => {
-            return answer(
+            return problem(
                 StatusCode::CONFLICT,
-                json!({ "error": format!("the order is {}", order.state) }),
-            );
+                "invalid-transition",
+                "Not allowed in the order's state",
+                format!("the order is {}", order.state),
+            )
+            .with("state", order.state.to_string())
+            .with("event", "Pay")
+            .into_response();
         }
         Err(e) => return failed(e),
     }
@@ -518,10 +494,16 @@ async fn pay<S: Shop>(
                     json!({ "order_id": id, "payment_id": payment }),
                 )
             }
-            FlowOutcome::Compensated { error, .. } => answer(
+            FlowOutcome::Compensated { error, .. } => problem(
                 StatusCode::PAYMENT_REQUIRED,
-                json!({ "order_id": id, "error": error, "voided": true }),
-            ),
+                "payment-declined",
+                "Payment declined",
+                format!("the payment was declined and its authorization voided: {error}"),
+            )
+            .with("order_id", id)
+            .with("error", error)
+            .with("voided", true)
+            .into_response(),
             other => answer(
                 StatusCode::ACCEPTED,
                 json!({ "order_id": id, "flow": format!("{other:?}") }),
@@ -549,10 +531,9 @@ async fn callback<S: Shop>(State(app): State<Shared<S>>, Json(c): Json<Callback>
         Ok(Outcome::Replayed { to, .. }) => {
             answer(StatusCode::OK, json!({ "state": to, "replayed": true }))
         }
-        Err(Error::RefConflict { existing_ref, .. }) => answer(
-            StatusCode::CONFLICT,
-            json!({ "error": "the order is paid by another payment: refund this one", "paid_by": existing_ref }),
-        ),
+        Err(Error::RefConflict { existing_ref, .. }) => {
+            paid_by_another(existing_ref).into_response()
+        }
         Err(e) => failed(e),
     }
 }
@@ -564,15 +545,12 @@ async fn ship<S: Shop>(
     headers: HeaderMap,
 ) -> Response {
     let Some(key) = key_of(key.as_ref(), &headers) else {
-        return answer(StatusCode::BAD_REQUEST, json!({ "error": "no key" }));
+        return no_key();
     };
     match app.engine.transition(id, OrderEvent::Ship, &key).await {
         Ok(outcome) => answer(StatusCode::OK, json!({ "state": outcome.state() })),
-        // The guard refused: an answer about the order, which the layer keeps for the key.
-        Err(Error::Refused { code, message, .. }) => answer(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            json!({ "error": message, "code": code }),
-        ),
+        // The guard refused (422 `refused` with its code): an answer about the order,
+        // which the layer keeps for the key.
         Err(e) => failed(e),
     }
 }
@@ -638,12 +616,7 @@ async fn resume<S: Shop>(
         Some(serde_json::Value::Object(o)) if o.contains_key("applied") => {
             Resume::Applied(o["applied"].clone())
         }
-        _ => {
-            return answer(
-                StatusCode::BAD_REQUEST,
-                json!({ "error": "how: \"retry\", \"compensate\" or {\"applied\": …}" }),
-            );
-        }
+        _ => return invalid("how: \"retry\", \"compensate\" or {\"applied\": …}"),
     };
     match app.flows.resume(&kind, &key, how).await {
         Ok(outcome) => answer(StatusCode::OK, json!({ "outcome": format!("{outcome:?}") })),
@@ -795,6 +768,9 @@ async fn serve<S: Shop>(
         .route("/webhooks/gateway", post(callback::<S>))
         .route("/flows/parked", get(parked::<S>))
         .route("/flows/{kind}/{key}/resume", post(resume::<S>));
+    // Every error answer problem+json, the framework's own too (a body or path that does
+    // not read, a method a route does not take, a route that does not exist).
+    let router = router.fallback(problem::no_route);
     let router = if args.no_layer {
         router
     } else {
@@ -807,6 +783,7 @@ async fn serve<S: Shop>(
             "/metrics",
             get(move || std::future::ready(metrics.render())),
         )
+        .layer(axum::middleware::map_response(problem::as_problem))
         .with_state(app.clone());
     // The operators' page. Who is who is the service's own sign-in to decide; this demo
     // trusts a header: `x-user: operator` may act, `x-user: support` may only read.

@@ -979,14 +979,19 @@ async fn corrupt_outbox_rows_show_on_the_dead_events_page_on_sqlite() {
     let corrupt = dead["corrupt"].as_array().unwrap();
     let keys: Vec<_> = corrupt
         .iter()
-        .map(|c| (c["entity_id"].as_str().unwrap(), c["version"].as_str().unwrap()))
+        .map(|c| {
+            (
+                c["entity_id"].as_str().unwrap(),
+                c["version"].as_str().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(keys, [("2", "abc"), ("zz", "1")], "{dead}");
     assert!(
-        corrupt
-            .iter()
-            .all(|c| c["reason"] == "an entity id or version that is not an integer"
-                && c["status"] == "DEAD"),
+        corrupt.iter().all(
+            |c| c["reason"] == "an entity id or version that is not an integer"
+                && c["status"] == "DEAD"
+        ),
         "{dead}"
     );
     let html = page.get("bob", "/admin/outbox").await;

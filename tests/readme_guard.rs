@@ -83,7 +83,10 @@ macro_rules! race {
             "CREATE TABLE shop_stock (sku VARCHAR(20) PRIMARY KEY, qty BIGINT NOT NULL)".into(),
             format!("INSERT INTO shop_stock (sku, qty) VALUES ('lamp', {LAMPS})"),
         ] {
-            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await.unwrap();
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&pool)
+                .await
+                .unwrap();
         }
         for id in 1..=ORDERS {
             sqlx::raw_sql(AssertSqlSafe(format!(
@@ -150,7 +153,10 @@ async fn the_readmes_guard_ships_ten_lamps_to_sixty_four_orders() {
     recorder.install().unwrap();
 
     // PostgreSQL.
-    let url = server::url("ORDERLY_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres");
+    let url = server::url(
+        "ORDERLY_PG_URL",
+        "postgres://postgres@127.0.0.1:5432/postgres",
+    );
     let admin = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap();
     let name = server::unique_db_name();
     let mut conn = sqlx::PgConnection::connect_with(&admin)
@@ -171,7 +177,10 @@ async fn the_readmes_guard_ships_ten_lamps_to_sixty_four_orders() {
          serialization failures retried {conflicts}"
     );
     assert_eq!((applied, refused, left, shipped), (10, 54, 0, 10));
-    assert!(conflicts > 0, "no two shipments met: the race did not happen");
+    assert!(
+        conflicts > 0,
+        "no two shipments met: the race did not happen"
+    );
     pool.close().await;
     sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
         .execute(&mut conn)
@@ -200,7 +209,10 @@ async fn the_readmes_guard_ships_ten_lamps_to_sixty_four_orders() {
          deadlocks retried {conflicts}"
     );
     assert_eq!((applied, refused, left, shipped), (10, 54, 0, 10));
-    assert!(conflicts > 0, "no two shipments met: the race did not happen");
+    assert!(
+        conflicts > 0,
+        "no two shipments met: the race did not happen"
+    );
     pool.close().await;
     sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE {name}")))
         .execute(&mut conn)

@@ -2,7 +2,8 @@
 //! its connection in the first milliseconds never holds its key; a database refusing
 //! connections is 503 with `Retry-After`; a key in flight is told when its request is
 //! likely done; the same payment sent under a second key while the first runs is a 409
-//! with `Retry-After`, and its retry gets the first payment's answer.
+//! with `Retry-After`, and its retry gets the first payment's answer; every error answer
+//! is problem+json, one type per cause.
 
 mod example_service;
 
@@ -347,10 +348,18 @@ async fn a_duplicate_payment_under_a_second_key_is_409_with_retry_after() {
         .await
         .unwrap();
     let status = second.status();
+    assert_eq!(
+        second.headers()["content-type"],
+        "application/problem+json",
+        "the in-flight answer is problem+json"
+    );
     let after = second.headers().get("retry-after").cloned();
     let body: serde_json::Value = second.json().await.unwrap();
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    assert_eq!(body["conflict"], "in-flight", "{body}");
+    assert_eq!(
+        body["type"], "urn:orderly:problem:idempotency-key-in-flight",
+        "the layer's in-flight type, whoever answers: {body}"
+    );
     let after: u64 = after
         .expect("Retry-After")
         .to_str()
@@ -371,4 +380,226 @@ async fn a_duplicate_payment_under_a_second_key_is_409_with_retry_after() {
     assert_eq!(status, StatusCode::ACCEPTED, "{again}");
     assert!(!replayed, "the 409 was kept and replayed");
     assert_eq!(again["payment_id"], paid["payment_id"]);
+}
+
+/// An error answer: status, content type, `Retry-After`, body.
+async fn answer_of(
+    request: reqwest::RequestBuilder,
+) -> (StatusCode, String, Option<String>, serde_json::Value) {
+    let response = request.send().await.expect("the service answers");
+    let status = response.status();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let (kind, after) = (
+        header("content-type").unwrap_or_default(),
+        header("retry-after"),
+    );
+    let body = response.json().await.unwrap_or(serde_json::Value::Null);
+    (status, kind, after, body)
+}
+
+/// Every error answer of the service, its handlers' and the framework's (a body that is
+/// no JSON, a wrong media type, a path that does not read, an unknown route, a method a
+/// route does not take) and the layer's: `application/problem+json` with `type`,
+/// `title`, `status` (the response's) and `detail`, one type per cause; the causes a
+/// client retries carry `Retry-After` (the in-flight case in
+/// [`a_duplicate_payment_under_a_second_key_is_409_with_retry_after`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_answer_is_problem_json_one_type_per_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("service.db").display());
+    let svc = Service::start(&db);
+    let client = reqwest::Client::new();
+    let (status, _, order) = post(
+        &client,
+        &svc.url("/orders"),
+        Some("problems-1"),
+        json!({"sku": "sku-1", "qty": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{order}");
+    let id = order["id"].as_i64().unwrap();
+    let (status, _, paid) = post(
+        &client,
+        &svc.url(&format!("/orders/{id}/pay")),
+        Some("problems-pay"),
+        json!({"card": "4242"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{paid}");
+    let (status, _, called) = post(
+        &client,
+        &svc.url("/webhooks/gateway"),
+        None,
+        json!({"order_id": id, "payment_id": paid["payment_id"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{called}");
+    let hold = client
+        .put(svc.url(&format!("/orders/{id}/hold")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hold.status(), StatusCode::OK);
+    let keyed = |r: reqwest::RequestBuilder, key: &str| r.header("Idempotency-Key", key);
+    let cases: Vec<(&str, reqwest::RequestBuilder, StatusCode, &str)> = vec![
+        (
+            "no key",
+            client
+                .post(svc.url("/orders"))
+                .json(&json!({"sku": "sku-1", "qty": 1})),
+            StatusCode::BAD_REQUEST,
+            "urn:orderly:problem:idempotency-key-missing",
+        ),
+        (
+            "a quantity out of range",
+            keyed(client.post(svc.url("/orders")), "problems-2")
+                .json(&json!({"sku": "sku-1", "qty": 0})),
+            StatusCode::BAD_REQUEST,
+            "urn:shop:problem:invalid-request",
+        ),
+        (
+            "a body that is no JSON",
+            keyed(client.post(svc.url("/orders")), "problems-3")
+                .header("content-type", "application/json")
+                .body("{not json"),
+            StatusCode::BAD_REQUEST,
+            "urn:shop:problem:invalid-request",
+        ),
+        (
+            "a body of the wrong media type",
+            keyed(client.post(svc.url("/orders")), "problems-4")
+                .header("content-type", "text/plain")
+                .body("sku-1"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "urn:shop:problem:unsupported-media-type",
+        ),
+        (
+            "JSON of the wrong shape",
+            keyed(client.post(svc.url("/orders")), "problems-5").json(&json!({"sku": 7})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "urn:shop:problem:unprocessable-request",
+        ),
+        (
+            "an id that is no number",
+            client.get(svc.url("/orders/abc")),
+            StatusCode::BAD_REQUEST,
+            "urn:shop:problem:invalid-request",
+        ),
+        (
+            "no such order",
+            client.get(svc.url("/orders/987654321")),
+            StatusCode::NOT_FOUND,
+            "urn:shop:problem:not-found",
+        ),
+        (
+            "no such route",
+            client.get(svc.url("/nowhere")),
+            StatusCode::NOT_FOUND,
+            "urn:shop:problem:not-found",
+        ),
+        (
+            "a method the route does not take",
+            client.delete(svc.url("/orders")),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "urn:shop:problem:method-not-allowed",
+        ),
+        (
+            "paying a paid order",
+            keyed(
+                client.post(svc.url(&format!("/orders/{id}/pay"))),
+                "problems-6",
+            )
+            .json(&json!({"card": "4242"})),
+            StatusCode::CONFLICT,
+            "urn:shop:problem:invalid-transition",
+        ),
+        (
+            "a second payment's callback",
+            client
+                .post(svc.url("/webhooks/gateway"))
+                .json(&json!({"order_id": id, "payment_id": "pay_other"})),
+            StatusCode::CONFLICT,
+            "urn:shop:problem:paid-by-another-payment",
+        ),
+        (
+            "a callback whose reference reads as another",
+            client
+                .post(svc.url("/webhooks/gateway"))
+                .json(&json!({"order_id": id, "payment_id": "pay_1\u{202E}2ab"})),
+            StatusCode::BAD_REQUEST,
+            "urn:shop:problem:invalid-request",
+        ),
+        (
+            "shipping an order on hold",
+            keyed(
+                client.post(svc.url(&format!("/orders/{id}/ship"))),
+                "problems-7",
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "urn:shop:problem:refused",
+        ),
+        (
+            "a resumption of no known kind",
+            client
+                .post(svc.url("/flows/pay/none/resume"))
+                .json(&json!({"how": "sideways"})),
+            StatusCode::BAD_REQUEST,
+            "urn:shop:problem:invalid-request",
+        ),
+    ];
+    for (what, request, want_status, want_type) in cases {
+        let (status, kind, after, body) = answer_of(request).await;
+        assert_eq!(status, want_status, "{what}: {body}");
+        assert_eq!(kind, "application/problem+json", "{what}: {body}");
+        assert_eq!(body["type"], want_type, "{what}: {body}");
+        assert_eq!(body["status"], status.as_u16(), "{what}: {body}");
+        assert!(
+            body["title"].as_str().is_some_and(|t| !t.is_empty())
+                && body["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{what}: {body}"
+        );
+        assert_eq!(after, None, "{what}: a retry is not the answer");
+        if want_type.ends_with("paid-by-another-payment") {
+            assert_eq!(
+                body["paid_by"].as_str().map(|p| p.starts_with("pay_")),
+                Some(true),
+                "{body}"
+            );
+        }
+        if want_type.ends_with("refused") {
+            assert_eq!(body["code"], "on_hold", "{body}");
+        }
+    }
+    // A declined card: the payment's own type, the authorization voided.
+    let (status, _, order) = post(
+        &client,
+        &svc.url("/orders"),
+        Some("problems-8"),
+        json!({"sku": "sku-1", "qty": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{order}");
+    let (status, kind, after, body) = answer_of(
+        client
+            .post(svc.url(&format!("/orders/{}/pay", order["id"])))
+            .header("Idempotency-Key", "problems-9")
+            .json(&json!({"card": "decline-4000"})),
+    )
+    .await;
+    assert_eq!(
+        (status, kind.as_str(), after, body["type"].as_str()),
+        (
+            StatusCode::PAYMENT_REQUIRED,
+            "application/problem+json",
+            None,
+            Some("urn:shop:problem:payment-declined")
+        ),
+        "{body}"
+    );
+    assert_eq!(body["voided"], true, "{body}");
 }

@@ -149,7 +149,14 @@ pub async fn claim_follows_the_outcome_table<B: Backend>(b: &B) {
     ));
 
     // Row 8: bad input is refused before any write.
-    for key in ["", " k", "k\u{0}", "k\u{202E}1", "k\u{200B}", &"k".repeat(256)] {
+    for key in [
+        "",
+        " k",
+        "k\u{0}",
+        "k\u{202E}1",
+        "k\u{200B}",
+        &"k".repeat(256),
+    ] {
         assert!(
             matches!(
                 r.claim("payments", key, &body).await,

@@ -192,9 +192,21 @@ pub async fn bad_input_is_rejected_before_any_query<B: Backend>(b: &B) {
     // `pay_1\u{202E}2ab` shows as `pay_1ba2`), an isolate, a zero-width space and joiner,
     // a byte order mark, a soft hyphen, a tag character, a line separator.
     for bad in [
-        "", "   ", &"x".repeat(256), "p\n1", "p-1 ", " p-1", "p\u{85}1", "pay_1\u{202E}2ab",
-        "pay_\u{2067}1\u{2069}", "pay\u{200B}1", "pay\u{200D}1", "\u{FEFF}pay_1",
-        "pay\u{AD}1", "pay\u{E0041}1", "pay\u{2028}1",
+        "",
+        "   ",
+        &"x".repeat(256),
+        "p\n1",
+        "p-1 ",
+        " p-1",
+        "p\u{85}1",
+        "pay_1\u{202E}2ab",
+        "pay_\u{2067}1\u{2069}",
+        "pay\u{200B}1",
+        "pay\u{200D}1",
+        "\u{FEFF}pay_1",
+        "pay\u{AD}1",
+        "pay\u{E0041}1",
+        "pay\u{2028}1",
     ] {
         let err = e.transition(1, Pay, bad).await.unwrap_err();
         assert!(matches!(err, Error::InvalidInput(_)), "{bad:?}: {err:?}");
@@ -205,7 +217,10 @@ pub async fn bad_input_is_rejected_before_any_query<B: Backend>(b: &B) {
         e.create(id).await.unwrap();
         e.transition(id, Pay, good).await.unwrap();
     }
-    assert!(e.history(1).await.unwrap().is_empty(), "a refused reference wrote nothing");
+    assert!(
+        e.history(1).await.unwrap().is_empty(),
+        "a refused reference wrote nothing"
+    );
     let err = e.transition_named(1, "Teleport", "t-1").await.unwrap_err();
     assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
     assert!(Tables::new("orders; DROP TABLE orders", "h").is_err());

@@ -169,7 +169,10 @@ impl OutboxStore for SqliteStore {
 /// set aside, with the reason it was given; any other row as it reads.
 fn set_dead_or_claimed(row: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
     use sqlx::Row;
-    if row.try_get::<String, _>("status").is_ok_and(|s| s == "DEAD") {
+    if row
+        .try_get::<String, _>("status")
+        .is_ok_and(|s| s == "DEAD")
+    {
         return Err(crate::outbox::CorruptEvent {
             key: None,
             reason: row
