@@ -150,6 +150,15 @@ mod read_first {
 }
 
 /// Busy and locked codes, as SQLite reports them, are retryable; others are not.
+/// `conformance::a_dropped_guarded_call_keeps_the_callers_writes`, on SQLite alone for
+/// now (tests/suite_complete.rs says why not on the servers yet).
+#[tokio::test]
+async fn a_dropped_guarded_call_keeps_the_callers_writes() {
+    let b = <Sqlite3>::fresh().await;
+    conformance::a_dropped_guarded_call_keeps_the_callers_writes(&b).await;
+    b.cleanup().await;
+}
+
 #[tokio::test]
 async fn sqlite_busy_codes_are_retryable() {
     use orderly::store::{ErrorClass, Store};

@@ -36,11 +36,28 @@ const BACKENDS: [(&str, &str, bool); 3] = [
 ];
 
 /// Bodies that apply to some backends only, and why.
-const NOT_ON: [(&str, &str, &str); 1] = [(
-    "deadlock_scenario",
-    "sqlite",
-    "one writer at a time: SQLite has no deadlocks",
-)];
+const NOT_ON: [(&str, &str, &str); 3] = [
+    (
+        "deadlock_scenario",
+        "sqlite",
+        "one writer at a time: SQLite has no deadlocks",
+    ),
+    // Open defects (issue 52, part 1), each reproduced by this body at a fixed poll: on
+    // PostgreSQL a drop while the unit's savepoint is being opened makes sqlx queue a
+    // plain ROLLBACK of the caller's transaction (the caller's earlier row lost, its
+    // later one autocommitted); on MariaDB the caller's connection hangs after a drop
+    // at the unit's first statement. To be listed in conformance! once both are fixed.
+    (
+        "a_dropped_guarded_call_keeps_the_callers_writes",
+        "postgres",
+        "open defect: a drop at the unit's SAVEPOINT loses the caller's transaction",
+    ),
+    (
+        "a_dropped_guarded_call_keeps_the_callers_writes",
+        "mysql",
+        "open defect: a drop at the unit's first statement hangs the caller's connection",
+    ),
+];
 
 /// `(name, bound)` of every `pub async fn name<B: Bound>` in the suite.
 fn bodies() -> Vec<(String, String)> {

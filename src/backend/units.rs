@@ -104,9 +104,14 @@ pub(crate) async fn end_rules_unit<DB: Database>(
 }
 
 /// Gives up a rules unit without a round trip (a dropped call, a lost connection): its
-/// undo is queued for the connection's next use, and sqlx's count is back to `depth`.
+/// undo is queued for the connection's next use, one rollback per transaction or
+/// savepoint open above `depth`. Counted once: on SQLite sqlx's count falls only when
+/// its worker thread runs each queued rollback, so a loop that read the count after
+/// each would queue rollbacks until the worker caught up, and the extra ones undid the
+/// caller's own transaction.
 pub(crate) fn abandon_rules_unit<DB: Database>(conn: &mut DB::Connection, depth: usize) {
-    while DB::TransactionManager::get_transaction_depth(conn) > depth {
+    let open = DB::TransactionManager::get_transaction_depth(conn).saturating_sub(depth);
+    for _ in 0..open {
         DB::TransactionManager::start_rollback(conn);
     }
 }

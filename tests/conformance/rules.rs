@@ -269,6 +269,78 @@ pub async fn guarded_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
     super::faults::assert_pool_clean(b, &store).await;
     shipments_agree(b, &e, &ids, stock).await;
 }
+/// A guarded call inside a caller's transaction, dropped after each of its polls in
+/// turn (before its savepoint, while it is opened, at the lock, the guard's read, the
+/// effect's write, the history insert, the release): the caller wrote a row before the
+/// call and writes one after it. The caller's connection answers within 2 s; a commit
+/// that succeeds holds both of the caller's rows and the unit whole (shipped with the
+/// stock taken) or not at all; a commit that fails holds nothing. Never a commit that
+/// lost the first row.
+pub async fn a_dropped_guarded_call_keeps_the_callers_writes<B: Backend>(b: &B) {
+    let stock = 1_000;
+    shop_tables(b, stock).await;
+    b.exec("DROP TABLE IF EXISTS caller_rows").await;
+    b.exec("CREATE TABLE caller_rows (k BIGINT NOT NULL, what VARCHAR(10) NOT NULL)")
+        .await;
+    let (e, _, _) = shop_engine::<B>(b.store(Duration::from_secs(10)).await);
+    let ids: Vec<i64> = (2000..2060).collect();
+    paid_orders(b, &e, &ids).await;
+    let (mut dropped, mut failed_commits) = (0, 0);
+    for (k, &id) in ids.iter().enumerate() {
+        let insert =
+            |what: &str| format!("INSERT INTO caller_rows (k, what) VALUES ({id}, '{what}')");
+        let mut tx = b.begin().await;
+        B::exec_in(&mut tx, &insert("before")).await;
+        let reference = format!("ship-{id}");
+        let call = e.transition(id, Ship, &reference).within(&mut tx);
+        let answer = super::faults::poll_at_most(call.into_future(), k).await;
+        match &answer {
+            None => dropped += 1,
+            Some(Ok(Outcome::Applied { .. })) => {}
+            Some(other) => panic!("order {id}: {other:?}"),
+        }
+        let after = tokio::time::timeout(
+            Duration::from_secs(2),
+            B::exec_conn(&mut tx, insert("after")),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!("order {id}, dropped at poll {k}: the caller's connection hung")
+        });
+        let committed = match after {
+            Ok(()) => tokio::time::timeout(Duration::from_secs(2), B::try_commit(tx))
+                .await
+                .unwrap_or_else(|_| panic!("order {id}: the caller's commit hung")),
+            Err(_) => {
+                B::rollback(tx).await;
+                false
+            }
+        };
+        let rows = b
+            .scalar(&format!("SELECT count(*) FROM caller_rows WHERE k = {id}"))
+            .await;
+        let shipped = e.history(id).await.unwrap().len() == 2;
+        if committed {
+            assert_eq!(
+                rows, 2,
+                "order {id}, dropped at poll {k}: the caller's rows"
+            );
+        } else {
+            failed_commits += 1;
+            assert_eq!((rows, shipped), (0, false), "order {id}: a failed commit");
+        }
+        if answer.is_some() {
+            assert!(committed && shipped, "order {id}: answered Applied");
+        }
+    }
+    assert!(
+        dropped > 3,
+        "dropped {dropped} times: the test shows nothing"
+    );
+    println!("dropped {dropped} calls; {failed_commits} commits failed loudly");
+    shipments_agree(b, &e, &ids, stock).await;
+}
+
 async fn version<B: Backend>(b: &B, id: i64) -> i64 {
     b.scalar(&format!("SELECT version FROM orders WHERE id = {id}"))
         .await
