@@ -144,6 +144,53 @@ macro_rules! race {
     }};
 }
 
+/// On a database of its own on the server at `$env` (or `$default`): the race of the
+/// README's machine in module `$m` over `$Store`, its answers, and the retried errors of
+/// `$backend` with `$codes` that show the race happened; the database dropped by
+/// `$drop` after.
+macro_rules! on_server {
+    ($snap:expr, $name:literal, $Conn:ty, $Store:ty, $m:ident, $env:literal, $default:literal,
+     $backend:literal, $codes:expr, $drop:literal) => {{
+        let url = server::url($env, $default);
+        let admin = <$Conn as Connection>::Options::from_str(&url).unwrap();
+        let db = server::unique_db_name();
+        let mut conn = <$Conn>::connect_with(&admin)
+            .await
+            .unwrap_or_else(|e| panic!("{} at {url} is required for this test: {e}", $name));
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {db}")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let db_url = format!("{}/{db}", url.rsplit_once('/').unwrap().0);
+        let store = <$Store>::connect(&db_url).await.unwrap();
+        let pool = store.pool().clone();
+        let _ = retried($snap, $backend, $codes);
+        let (applied, refused, left, shipped) = race!($m, $m::shop(store).unwrap(), pool.clone());
+        let conflicts = retried($snap, $backend, $codes);
+        println!(
+            "{}: applied {applied}, refused {refused}, stock {left}, shipped {shipped}, \
+             retried conflicts {conflicts}",
+            $name
+        );
+        assert_eq!(
+            (applied, refused, left, shipped),
+            (10, 54, 0, 10),
+            "{}",
+            $name
+        );
+        assert!(
+            conflicts > 0,
+            "{}: no two shipments met: the race did not happen",
+            $name
+        );
+        pool.close().await;
+        sqlx::raw_sql(AssertSqlSafe(format!($drop, db = db)))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }};
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_readmes_guard_ships_ten_lamps_to_sixty_four_orders() {
     // One recorder for the binary: the two races run one after the other, each counted
@@ -151,71 +198,28 @@ async fn the_readmes_guard_ships_ten_lamps_to_sixty_four_orders() {
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     recorder.install().unwrap();
-
-    // PostgreSQL.
-    let url = server::url(
+    on_server!(
+        &snap,
+        "PostgreSQL",
+        sqlx::PgConnection,
+        orderly::PgStore,
+        pg,
         "ORDERLY_PG_URL",
         "postgres://postgres@127.0.0.1:5432/postgres",
+        "postgres",
+        &["40001", "40P01"],
+        "DROP DATABASE {db} WITH (FORCE)"
     );
-    let admin = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap();
-    let name = server::unique_db_name();
-    let mut conn = sqlx::PgConnection::connect_with(&admin)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {url} is required for this test: {e}"));
-    sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let db_url = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
-    let store = orderly::PgStore::connect(&db_url).await.unwrap();
-    let pool = store.pool().clone();
-    let _ = retried(&snap, "postgres", &["40001"]);
-    let (applied, refused, left, shipped) = race!(pg, pg::shop(store).unwrap(), pool.clone());
-    let conflicts = retried(&snap, "postgres", &["40001", "40P01"]);
-    println!(
-        "postgres: applied {applied}, refused {refused}, stock {left}, shipped {shipped}, \
-         serialization failures retried {conflicts}"
+    on_server!(
+        &snap,
+        "MariaDB",
+        sqlx::MySqlConnection,
+        orderly::MySqlStore,
+        my,
+        "ORDERLY_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
+        "mysql",
+        &["1213", "1205"],
+        "DROP DATABASE {db}"
     );
-    assert_eq!((applied, refused, left, shipped), (10, 54, 0, 10));
-    assert!(
-        conflicts > 0,
-        "no two shipments met: the race did not happen"
-    );
-    pool.close().await;
-    sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-
-    // MariaDB.
-    let url = server::url("ORDERLY_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
-    let admin = sqlx::mysql::MySqlConnectOptions::from_str(&url).unwrap();
-    let name = server::unique_db_name();
-    let mut conn = sqlx::MySqlConnection::connect_with(&admin)
-        .await
-        .unwrap_or_else(|e| panic!("MariaDB at {url} is required for this test: {e}"));
-    sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let db_url = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
-    let store = orderly::MySqlStore::connect(&db_url).await.unwrap();
-    let pool = store.pool().clone();
-    let _ = retried(&snap, "mysql", &["1213"]);
-    let (applied, refused, left, shipped) = race!(my, my::shop(store).unwrap(), pool.clone());
-    let conflicts = retried(&snap, "mysql", &["1213", "1205"]);
-    println!(
-        "mariadb: applied {applied}, refused {refused}, stock {left}, shipped {shipped}, \
-         deadlocks retried {conflicts}"
-    );
-    assert_eq!((applied, refused, left, shipped), (10, 54, 0, 10));
-    assert!(
-        conflicts > 0,
-        "no two shipments met: the race did not happen"
-    );
-    pool.close().await;
-    sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE {name}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
 }
