@@ -1285,6 +1285,30 @@ async fn admin_page_in_a_browser() {
     let dead = (exec.scalar)("SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'".into()).await;
     assert_eq!(dead, total - 1);
     shot("dead-events.png").await;
+    // A row orderly never writes (SQLite keeps text in an integer column): listed under
+    // the dead events as stored, with why.
+    (exec.run)(
+        "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, \
+         to_status, ref_id, status) VALUES ('Shop', 'zz', 1, 'OrderPaid', 'Pay', 'Created', \
+         'Paid', 'pay-zz', 'DEAD')"
+            .into(),
+    )
+    .await;
+    c.goto(&format!("{base}/outbox")).await.unwrap();
+    let corrupt = c
+        .find(Locator::Css("#corrupt"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        corrupt.contains("zz")
+            && corrupt.contains("an entity id or version that is not an integer"),
+        "{corrupt}"
+    );
+    shot("dead-events-corrupt.png").await;
+    (exec.run)("DELETE FROM outbox WHERE entity_id = 'zz'".into()).await;
 
     // The parked flow retried with its button, once its gateway is back.
     down.store(false, Ordering::SeqCst);

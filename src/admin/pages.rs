@@ -172,6 +172,20 @@ pub(super) async fn dead_events<S: AdminStore>(
             .map_or("", |(_, v)| v.as_str())
     };
     let body = html! {
+        // Rare, and nothing a requeue mends: shown first, where an operator looks.
+        @if !corrupt.is_empty() {
+            h2 { "Rows orderly never writes" }
+            p { "No relay publishes these; the relay sets aside each it claims. Mend or delete them by hand." }
+            table id="corrupt" {
+                tr { th { "Machine" } th { "Entity" } th { "Version" } th { "Status" } th { "Why" } }
+                @for c in &corrupt {
+                    tr {
+                        td { (c.machine) } td { (c.entity_id) } td { (c.version) }
+                        td { (c.status) } td.err { (c.reason) }
+                    }
+                }
+            }
+        }
         form method="get" action="outbox" {
             "Machine " input type="text" name="machine" value=(field("machine"));
             " Event " input type="text" name="event" value=(field("event"));
@@ -203,19 +217,6 @@ pub(super) async fn dead_events<S: AdminStore>(
                         ("machine", &r.machine), ("entity_id", &r.entity_id.to_string()),
                         ("version", &r.version.to_string()),
                     ], "Requeue")) }
-                }
-            }
-        }
-        @if !corrupt.is_empty() {
-            h2 { "Rows orderly never writes" }
-            p { "No relay publishes these; the relay sets aside each it claims. Mend or delete them by hand." }
-            table id="corrupt" {
-                tr { th { "Machine" } th { "Entity" } th { "Version" } th { "Status" } th { "Why" } }
-                @for c in &corrupt {
-                    tr {
-                        td { (c.machine) } td { (c.entity_id) } td { (c.version) }
-                        td { (c.status) } td.err { (c.reason) }
-                    }
                 }
             }
         }
