@@ -579,3 +579,19 @@ async fn refused_connections_are_unavailable() {
     assert!(records.claim("s", "k-1", &"body").await.is_ok());
     b.cleanup().await;
 }
+
+/// A guarded call dropped inside the caller's transaction, at each poll and under random
+/// deadlines (not on MariaDB: tests/suite_complete.rs says why).
+#[tokio::test]
+async fn a_dropped_guarded_call_keeps_the_callers_writes() {
+    let b = <Pg>::fresh().await;
+    conformance::a_dropped_guarded_call_keeps_the_callers_writes(&b).await;
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn random_deadlines_keep_the_callers_writes() {
+    let b = <Pg>::fresh().await;
+    conformance::random_deadlines_keep_the_callers_writes(&b).await;
+    b.cleanup().await;
+}

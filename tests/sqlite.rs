@@ -149,9 +149,8 @@ mod read_first {
     crate::conformance!(super::Sqlite3<super::Always>);
 }
 
-/// Busy and locked codes, as SQLite reports them, are retryable; others are not.
-/// `conformance::a_dropped_guarded_call_keeps_the_callers_writes`, on SQLite alone for
-/// now (tests/suite_complete.rs says why not on the servers yet).
+/// A guarded call dropped inside the caller's transaction, at each poll and under random
+/// deadlines (not on MariaDB: tests/suite_complete.rs says why).
 #[tokio::test]
 async fn a_dropped_guarded_call_keeps_the_callers_writes() {
     let b = <Sqlite3>::fresh().await;
@@ -159,6 +158,14 @@ async fn a_dropped_guarded_call_keeps_the_callers_writes() {
     b.cleanup().await;
 }
 
+#[tokio::test]
+async fn random_deadlines_keep_the_callers_writes() {
+    let b = <Sqlite3>::fresh().await;
+    conformance::random_deadlines_keep_the_callers_writes(&b).await;
+    b.cleanup().await;
+}
+
+/// Busy and locked codes, as SQLite reports them, are retryable; others are not.
 #[tokio::test]
 async fn sqlite_busy_codes_are_retryable() {
     use orderly::store::{ErrorClass, Store};

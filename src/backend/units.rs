@@ -2,6 +2,8 @@
 //! applied something, rolled back otherwise, and rolled back after an error), and which
 //! requests of a batch it writes together.
 
+use std::mem::ManuallyDrop;
+
 use sqlx::{Database, Transaction};
 use sqlx_core::transaction::TransactionManager;
 
@@ -68,18 +70,34 @@ pub(crate) fn tried<'a, 'r>(requests: &'a [Request<'r>]) -> Vec<Tried<'a, 'r>> {
 /// sqlx counts transactions (so that the unit's own savepoints nest inside it): with
 /// `begin` (the backend's `BEGIN`, if not sqlx's) on the engine's own connection, a
 /// savepoint inside the caller's transaction. Returns sqlx's count of open transactions
-/// before it, for [`end_rules_unit`] and [`abandon_rules_unit`].
+/// before it, for [`end_rules_unit`], [`end_caller_unit`] and [`abandon_rules_unit`].
+///
+/// With `forget`, sqlx's `begin` is forgotten, not dropped, if this call is dropped
+/// while it runs: on PostgreSQL, dropped while its `SAVEPOINT` is in flight, it queues a
+/// rollback at the caller's count (a plain `ROLLBACK` of the caller's whole transaction
+/// at one level, after which the caller's statements would autocommit). Forgotten (a
+/// small allocation leaked), it leaves at most an empty savepoint of the unit's name in
+/// the caller's transaction, which holds no write and needs no undo. Not on SQLite,
+/// whose `begin` holds its worker's lock until dropped.
 pub(crate) async fn begin_rules_unit<DB: Database>(
     conn: &mut DB::Connection,
     txn: crate::store::Txn,
     begin: Option<&'static str>,
+    forget: bool,
 ) -> Result<usize, sqlx::Error> {
     let depth = DB::TransactionManager::get_transaction_depth(conn);
     let statement = match txn {
         crate::store::Txn::Own => begin.map(sqlx::SqlSafeStr::into_sql_str),
         crate::store::Txn::Caller => None,
     };
-    DB::TransactionManager::begin(conn, statement).await?;
+    if !forget {
+        DB::TransactionManager::begin(conn, statement).await?;
+        return Ok(depth);
+    }
+    let mut begin = ManuallyDrop::new(Box::pin(DB::TransactionManager::begin(conn, statement)));
+    let begun = (&mut *begin).await;
+    drop(ManuallyDrop::into_inner(begin));
+    begun?;
     Ok(depth)
 }
 
@@ -101,6 +119,47 @@ pub(crate) async fn end_rules_unit<DB: Database>(
         abandon_rules_unit::<DB>(conn, depth);
     }
     ended
+}
+
+/// Ends a rules unit inside the caller's transaction (`depth`, the caller's count, is
+/// above 0) so that a drop at any point leaves the caller's transaction as it was, or
+/// with the unit whole in it. sqlx's own `RELEASE SAVEPOINT`, dropped in flight, would
+/// leave its count one level high: the undo then queued names a savepoint the server
+/// released (on PostgreSQL the caller's transaction aborts on it), and a count left
+/// high would make the caller's `commit()` a `RELEASE`. Instead, kept (`commit`), the
+/// unit's savepoint is replaced by an empty one of the same name (`keep`, one message:
+/// sent whole or not at all); then, either way, sqlx's count is brought back without a
+/// round trip by the rollback [`abandon_rules_unit`] queues, which undoes the unit if it
+/// was not kept and nothing if it was. The unit's name is left on an empty savepoint in
+/// the caller's transaction, which the server drops at the caller's commit.
+pub(crate) async fn end_caller_unit<DB: Database>(
+    conn: &mut DB::Connection,
+    commit: bool,
+    depth: usize,
+    keep: fn(usize) -> String,
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let kept = match commit {
+        true => sqlx::raw_sql(sqlx::AssertSqlSafe(keep(depth)))
+            .execute(&mut *conn)
+            .await
+            .map(drop),
+        false => Ok(()),
+    };
+    abandon_rules_unit::<DB>(conn, depth);
+    kept
+}
+
+/// The savepoint sqlx opens for a unit inside a caller's transaction at `depth`, as a
+/// statement (`SAVEPOINT name`), and its release.
+pub(crate) fn unit_savepoint(depth: usize) -> (String, String) {
+    use sqlx_core::transaction::{begin_ansi_transaction_sql, commit_ansi_transaction_sql};
+    (
+        begin_ansi_transaction_sql(depth).as_str().to_owned(),
+        commit_ansi_transaction_sql(depth + 1).as_str().to_owned(),
+    )
 }
 
 /// Gives up a rules unit without a round trip (a dropped call, a lost connection): its

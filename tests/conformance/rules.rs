@@ -269,6 +269,7 @@ pub async fn guarded_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
     super::faults::assert_pool_clean(b, &store).await;
     shipments_agree(b, &e, &ids, stock).await;
 }
+
 /// A guarded call inside a caller's transaction, dropped after each of its polls in
 /// turn (before its savepoint, while it is opened, at the lock, the guard's read, the
 /// effect's write, the history insert, the release): the caller wrote a row before the
@@ -278,67 +279,177 @@ pub async fn guarded_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
 /// lost the first row.
 pub async fn a_dropped_guarded_call_keeps_the_callers_writes<B: Backend>(b: &B) {
     let stock = 1_000;
+    let (e, ids) = caller_rows_and_orders(b, stock, 2000..2060).await;
+    let mut tally = Tally::default();
+    for (k, &id) in ids.iter().enumerate() {
+        tally.add(cut_call(b, &e, id, DropAt::Polls(k)).await.0);
+    }
+    assert!(
+        tally.dropped > 3,
+        "dropped {} times: the test shows nothing",
+        tally.dropped
+    );
+    println!("{tally:?}");
+    shipments_agree(b, &e, &ids, stock).await;
+}
+
+/// 200 guarded calls inside the caller's transaction, each under a deadline drawn at
+/// random up to a call's own time, so that drops land wherever the call happens
+/// to be (opening the savepoint, in the guard, in a write, releasing); each checked as
+/// in [`a_dropped_guarded_call_keeps_the_callers_writes`].
+pub async fn random_deadlines_keep_the_callers_writes<B: Backend>(b: &B) {
+    let stock = 1_000;
+    let (e, ids) = caller_rows_and_orders(b, stock, 3000..3210).await;
+    // A call's own time: the median of the last ten answered (the first ten not cut),
+    // so that the deadlines follow the calls as connections warm up.
+    let mut times = std::collections::VecDeque::new();
+    for &id in &ids[..10] {
+        let (answer, took) = cut_call(b, &e, id, DropAt::Never).await;
+        times.push_back(took);
+        assert_eq!(answer, Became::Answered, "order {id}");
+    }
+    let mut tally = Tally::default();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut longest = Duration::ZERO;
+    for &id in &ids[10..] {
+        let mut sorted: Vec<Duration> = times.iter().copied().collect();
+        sorted.sort();
+        let span = sorted[sorted.len() / 2].as_micros().max(50) as u64;
+        // xorshift64: a fixed sequence of fractions of the span.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let deadline = Duration::from_micros(seed % span);
+        longest = longest.max(deadline);
+        let (became, took) = cut_call(b, &e, id, DropAt::After(deadline)).await;
+        if became == Became::Answered {
+            times.pop_front();
+            times.push_back(took);
+        }
+        tally.add(became);
+    }
+    println!("{tally:?} (deadlines up to {longest:?})");
+    assert!(
+        tally.dropped >= 20 && tally.answered >= 20,
+        "{tally:?}: the deadlines cut too few calls, or too many, to show anything"
+    );
+    shipments_agree(b, &e, &ids, stock).await;
+}
+
+/// A shop of `stock` and paid orders `ids`, and the table of the caller's own rows.
+async fn caller_rows_and_orders<B: Backend>(
+    b: &B,
+    stock: i64,
+    ids: std::ops::Range<i64>,
+) -> (Shop_<B>, Vec<i64>) {
     shop_tables(b, stock).await;
     b.exec("DROP TABLE IF EXISTS caller_rows").await;
     b.exec("CREATE TABLE caller_rows (k BIGINT NOT NULL, what VARCHAR(10) NOT NULL)")
         .await;
     let (e, _, _) = shop_engine::<B>(b.store(Duration::from_secs(10)).await);
-    let ids: Vec<i64> = (2000..2060).collect();
+    let ids: Vec<i64> = ids.collect();
     paid_orders(b, &e, &ids).await;
-    let (mut dropped, mut failed_commits) = (0, 0);
-    for (k, &id) in ids.iter().enumerate() {
-        let insert =
-            |what: &str| format!("INSERT INTO caller_rows (k, what) VALUES ({id}, '{what}')");
-        let mut tx = b.begin().await;
-        B::exec_in(&mut tx, &insert("before")).await;
-        let reference = format!("ship-{id}");
-        let call = e.transition(id, Ship, &reference).within(&mut tx);
-        let answer = super::faults::poll_at_most(call.into_future(), k).await;
-        match &answer {
-            None => dropped += 1,
-            Some(Ok(Outcome::Applied { .. })) => {}
-            Some(other) => panic!("order {id}: {other:?}"),
-        }
-        let after = tokio::time::timeout(
-            Duration::from_secs(2),
-            B::exec_conn(&mut tx, insert("after")),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            panic!("order {id}, dropped at poll {k}: the caller's connection hung")
-        });
-        let committed = match after {
-            Ok(()) => tokio::time::timeout(Duration::from_secs(2), B::try_commit(tx))
-                .await
-                .unwrap_or_else(|_| panic!("order {id}: the caller's commit hung")),
-            Err(_) => {
-                B::rollback(tx).await;
-                false
+    (e, ids)
+}
+
+/// Where a call inside the caller's transaction is cut.
+#[derive(Clone, Copy, Debug)]
+enum DropAt {
+    /// Dropped after its k-th poll that did not finish it.
+    Polls(usize),
+    /// Dropped when the deadline passes.
+    After(Duration),
+    /// Not cut.
+    Never,
+}
+
+/// What became of a cut call.
+#[derive(Debug, PartialEq)]
+enum Became {
+    Answered,
+    Dropped,
+    /// Dropped, and the caller's commit then failed (nothing of the transaction stayed).
+    DroppedCommitFailed,
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    answered: usize,
+    dropped: usize,
+    commits_failed: usize,
+}
+
+impl Tally {
+    fn add(&mut self, cut: Became) {
+        match cut {
+            Became::Answered => self.answered += 1,
+            Became::Dropped => self.dropped += 1,
+            Became::DroppedCommitFailed => {
+                self.dropped += 1;
+                self.commits_failed += 1;
             }
-        };
-        let rows = b
-            .scalar(&format!("SELECT count(*) FROM caller_rows WHERE k = {id}"))
-            .await;
-        let shipped = e.history(id).await.unwrap().len() == 2;
-        if committed {
-            assert_eq!(
-                rows, 2,
-                "order {id}, dropped at poll {k}: the caller's rows"
-            );
-        } else {
-            failed_commits += 1;
-            assert_eq!((rows, shipped), (0, false), "order {id}: a failed commit");
-        }
-        if answer.is_some() {
-            assert!(committed && shipped, "order {id}: answered Applied");
         }
     }
-    assert!(
-        dropped > 3,
-        "dropped {dropped} times: the test shows nothing"
-    );
-    println!("dropped {dropped} calls; {failed_commits} commits failed loudly");
-    shipments_agree(b, &e, &ids, stock).await;
+}
+
+/// The caller begins, writes a row, makes the guarded call (`Ship`, whose effect takes
+/// stock) cut as `cut` says, writes a second row and commits. Checked: the connection
+/// answers within 2 s; a commit that succeeds kept both of the caller's rows; one that
+/// fails kept nothing, the unit's writes included; an answered call's move committed.
+/// Returns what became of the call, and how long it ran.
+async fn cut_call<B: Backend>(b: &B, e: &Shop_<B>, id: i64, cut: DropAt) -> (Became, Duration) {
+    let insert = |what: &str| format!("INSERT INTO caller_rows (k, what) VALUES ({id}, '{what}')");
+    let mut tx = b.begin().await;
+    B::exec_in(&mut tx, &insert("before")).await;
+    let reference = format!("ship-{id}");
+    let call = e
+        .transition(id, Ship, &reference)
+        .within(&mut tx)
+        .into_future();
+    let started = std::time::Instant::now();
+    let answer = match cut {
+        DropAt::Polls(k) => super::faults::poll_at_most(call, k).await,
+        DropAt::After(deadline) => tokio::time::timeout(deadline, call).await.ok(),
+        DropAt::Never => Some(call.await),
+    };
+    let took = started.elapsed();
+    match &answer {
+        None | Some(Ok(Outcome::Applied { .. })) => {}
+        Some(other) => panic!("order {id}: {other:?}"),
+    }
+    let after = tokio::time::timeout(
+        Duration::from_secs(2),
+        B::exec_conn(&mut tx, insert("after")),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("order {id}, cut {cut:?}: the caller's connection hung"));
+    let committed = match after {
+        Ok(()) => tokio::time::timeout(Duration::from_secs(2), B::try_commit(tx))
+            .await
+            .unwrap_or_else(|_| panic!("order {id}, cut {cut:?}: the caller's commit hung")),
+        Err(_) => {
+            B::rollback(tx).await;
+            false
+        }
+    };
+    let rows = b
+        .scalar(&format!("SELECT count(*) FROM caller_rows WHERE k = {id}"))
+        .await;
+    let shipped = e.history(id).await.unwrap().len() == 2;
+    if committed {
+        assert_eq!(rows, 2, "order {id}, cut {cut:?}: the caller's rows");
+    } else {
+        assert_eq!((rows, shipped), (0, false), "order {id}: a failed commit");
+    }
+    let became = match answer {
+        Some(_) => {
+            assert!(committed && shipped, "order {id}: answered Applied");
+            Became::Answered
+        }
+        None if committed => Became::Dropped,
+        None => Became::DroppedCommitFailed,
+    };
+    (became, took)
 }
 
 async fn version<B: Backend>(b: &B, id: i64) -> i64 {

@@ -175,6 +175,7 @@ impl OutboxStore for MySqlStore {
             conn,
             crate::store::Txn::Own,
             Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"),
+            false,
         )
         .await?;
         let mut rows: Vec<ClaimedEvent> = sqlx::query(LOCK_EVENTS.clone())

@@ -344,7 +344,7 @@ impl Store for MySqlStore {
         } else {
             "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION"
         };
-        crate::backend::units::begin_rules_unit::<sqlx::MySql>(conn, txn, Some(begin)).await
+        crate::backend::units::begin_rules_unit::<sqlx::MySql>(conn, txn, Some(begin), false).await
     }
 
     async fn end_rules_unit(
@@ -353,7 +353,15 @@ impl Store for MySqlStore {
         commit: bool,
         depth: usize,
     ) -> Result<(), sqlx::Error> {
-        crate::backend::units::end_rules_unit::<sqlx::MySql>(conn, commit, depth).await
+        if depth == 0 {
+            return crate::backend::units::end_rules_unit::<sqlx::MySql>(conn, commit, depth).await;
+        }
+        // A SAVEPOINT of a name the transaction holds replaces it on MariaDB: the unit's
+        // writes stay, under an empty savepoint of the same name.
+        crate::backend::units::end_caller_unit::<sqlx::MySql>(conn, commit, depth, |d| {
+            crate::backend::units::unit_savepoint(d).0
+        })
+        .await
     }
 
     fn abandon_rules_unit(&self, conn: &mut MySqlConnection, depth: usize) {

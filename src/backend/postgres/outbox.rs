@@ -109,8 +109,13 @@ impl OutboxStore for PgStore {
         conn: &mut PgConnection,
         limit: i64,
     ) -> Result<Option<Vec<ClaimedEvent>>, sqlx::Error> {
-        crate::backend::units::begin_rules_unit::<Postgres>(conn, crate::store::Txn::Own, None)
-            .await?;
+        crate::backend::units::begin_rules_unit::<Postgres>(
+            conn,
+            crate::store::Txn::Own,
+            None,
+            false,
+        )
+        .await?;
         let rows = sqlx::query(LOCK_EVENTS.clone())
             .bind(limit)
             .fetch_all(conn)

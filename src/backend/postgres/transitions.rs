@@ -314,6 +314,7 @@ impl Store for PgStore {
             conn,
             txn,
             Some("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+            true,
         )
         .await
     }
@@ -324,7 +325,18 @@ impl Store for PgStore {
         commit: bool,
         depth: usize,
     ) -> Result<(), sqlx::Error> {
-        crate::backend::units::end_rules_unit::<sqlx::Postgres>(conn, commit, depth).await
+        if depth == 0 {
+            return crate::backend::units::end_rules_unit::<sqlx::Postgres>(conn, commit, depth)
+                .await;
+        }
+        // Released and opened again in one message: a savepoint of a name nests on
+        // PostgreSQL, so the empty one left for the queued rollback sits at the caller's
+        // level, not inside the unit.
+        crate::backend::units::end_caller_unit::<sqlx::Postgres>(conn, commit, depth, |d| {
+            let (open, release) = crate::backend::units::unit_savepoint(d);
+            format!("{release}; {open}")
+        })
+        .await
     }
 
     fn abandon_rules_unit(&self, conn: &mut PgConnection, depth: usize) {

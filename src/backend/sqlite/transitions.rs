@@ -363,8 +363,13 @@ impl Store for SqliteStore {
         conn: &mut SqliteConnection,
         txn: Txn,
     ) -> Result<usize, sqlx::Error> {
-        crate::backend::units::begin_rules_unit::<sqlx::Sqlite>(conn, txn, Some("BEGIN IMMEDIATE"))
-            .await
+        crate::backend::units::begin_rules_unit::<sqlx::Sqlite>(
+            conn,
+            txn,
+            Some("BEGIN IMMEDIATE"),
+            false,
+        )
+        .await
     }
 
     async fn end_rules_unit(
