@@ -109,10 +109,10 @@ const DYING: &str = "ORDERLY_EXAMPLE_DYING_SERVER";
 fn records_of(store: &SqliteStore) -> Result<Records<SqliteStore>, Error> {
     Records::new(store.clone()).scope(
         "create-order",
-        ScopeConfig {
-            lease: Duration::from_millis(500),
-            retention: Duration::from_secs(3 * 24 * 3600),
-        },
+        ScopeConfig::new(
+            Duration::from_millis(500),
+            Duration::from_secs(3 * 24 * 3600),
+        ),
     )
 }
 

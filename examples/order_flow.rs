@@ -193,10 +193,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .execute(store.pool())
     .await?;
     let coupons = Arc::new(Coupons::default());
-    let config = FlowConfig {
-        lease: Duration::from_millis(500),
-        ..FlowConfig::default()
-    };
+    let config = FlowConfig::default().lease(Duration::from_millis(500));
     let flows = Flows::new(store.clone(), config)?.register(definition(&coupons))?;
     let stock = || async {
         sqlx::query_scalar::<_, i64>("SELECT available FROM stock WHERE sku = 'sku-1'")

@@ -727,19 +727,13 @@ async fn serve<S: Shop>(
     let engine: Engine<OrderMachine, S> =
         Engine::new(store.clone())?.with_rules(RulesOf(Rules::<S>(std::marker::PhantomData)));
     let gateway = Arc::new(InMemoryGateway::default());
-    let flow_config = FlowConfig {
-        lease: args.lease,
-        ..FlowConfig::default()
-    };
+    let flow_config = FlowConfig::default().lease(args.lease);
     let flows = Flows::new(store.clone(), flow_config)?
         .register(create_order(&engine))?
         .register(pay_order::<S, _>(&gateway))?;
     let records = Records::new(store).scope(
         "http",
-        ScopeConfig {
-            lease: args.lease,
-            retention: Duration::from_secs(24 * 3600),
-        },
+        ScopeConfig::new(args.lease, Duration::from_secs(24 * 3600)),
     )?;
     let layer = IdempotencyLayer::new(records.clone(), "http")?
         .route_of(|parts| {

@@ -156,6 +156,8 @@
 //! `status` and `version` columns and leaves the rest alone;
 //! [`Engine::create_tables`] makes or upgrades a history table under a name of yours.
 #![warn(missing_docs)]
+// On docs.rs (and in CI's docs.rs-style build), each item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 extern crate self as orderly;

@@ -261,10 +261,7 @@ async fn fixture<S: AdminStore>(store: S, exec: Exec<S>, bulk: i64) -> Fixture<S
     let records = Records::new(store.clone())
         .scope(
             SCOPE,
-            ScopeConfig {
-                lease: Duration::from_millis(100),
-                retention: Duration::from_secs(86_400),
-            },
+            ScopeConfig::new(Duration::from_millis(100), Duration::from_secs(86_400)),
         )
         .unwrap();
     let Claim::Claimed(_) = records.claim(SCOPE, STUCK_KEY, &1).await.unwrap() else {

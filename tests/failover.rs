@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use conformance::flows::{Order, Shop, World, config, shop_on};
 use conformance::outbox::{Recorder, RecordingSink};
-use orderly::flow::{FlowConfig, Flows, Listing, Started};
+use orderly::flow::{Flows, Listing, Started};
 use orderly::outbox::{Outbox, Relay, RelayConfig};
 use orderly::{Done, Engine, EngineConfig, Error, Outcome, PgStore, Records, ScopeConfig};
 use sqlx::PgConnection;
@@ -258,19 +258,13 @@ async fn every_layer_survives_the_primary_killed() {
     let engine = Engine::new(store.clone()).unwrap();
     let alone = Engine::with_config(
         store.clone(),
-        EngineConfig {
-            coalesce_writes: false,
-            ..EngineConfig::default()
-        },
+        EngineConfig::default().coalesce_writes(false),
     )
     .unwrap();
     let records = Records::new(store.clone())
         .scope(
             "payments",
-            ScopeConfig {
-                lease: LEASE,
-                retention: Duration::from_secs(3600),
-            },
+            ScopeConfig::new(LEASE, Duration::from_secs(3600)),
         )
         .unwrap()
         .deadline(DEADLINE)
@@ -305,16 +299,10 @@ async fn round(lab: &Lab, what: &'static str, kill: &str) -> String {
     let shared = Shared::default();
     let doubts = IN_DOUBT.load(Ordering::SeqCst);
     let world = Arc::new(World::default());
-    let flows = Flows::new(
-        lab.store.clone(),
-        FlowConfig {
-            deadline: DEADLINE,
-            ..config(LEASE)
-        },
-    )
-    .unwrap()
-    .register(shop_on::<PgStore>(&world, exec_pg))
-    .unwrap();
+    let flows = Flows::new(lab.store.clone(), config(LEASE).deadline(DEADLINE))
+        .unwrap()
+        .register(shop_on::<PgStore>(&world, exec_pg))
+        .unwrap();
     let rec = Arc::new(Recorder::default());
     // Flows whose runner died before the kill (a panic at their reservation), held until
     // their lease runs out: the recovery job, which starts its rounds at the kill, must
@@ -675,13 +663,13 @@ fn relay_load(
 ) -> JoinHandle<(Vec<Round>, Unrecorded)> {
     let outbox = Outbox::new(store.clone());
     let relay = Relay::new(store, RecordingSink::new(rec.clone(), n))
-        .with_config(RelayConfig {
-            batch: 16,
-            lease: LEASE,
-            publish_timeout: Duration::from_secs(1),
-            idle: Duration::from_millis(5),
-            ..RelayConfig::default()
-        })
+        .with_config(
+            RelayConfig::default()
+                .batch(16)
+                .lease(LEASE)
+                .publish_timeout(Duration::from_secs(1))
+                .idle(Duration::from_millis(5)),
+        )
         .unwrap();
     tokio::spawn(async move {
         let (mut calls, mut unrecorded) = (Vec::new(), HashSet::new());

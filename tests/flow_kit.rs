@@ -476,11 +476,9 @@ async fn saved_flows_are_checked_against_the_next_release() {
     ))
     .await
     .unwrap();
-    let config = FlowConfig {
-        backoff: Duration::from_secs(60),
-        max_backoff: Duration::from_secs(60),
-        ..FlowConfig::default()
-    };
+    let config = FlowConfig::default()
+        .backoff(Duration::from_secs(60))
+        .max_backoff(Duration::from_secs(60));
     let flows = |defs: Vec<Definition<SqliteStore, i64>>| {
         defs.into_iter()
             .try_fold(Flows::new(store.clone(), config).unwrap(), Flows::register)

@@ -605,11 +605,11 @@ async fn relays_on_every_node_publish_each_event_once_in_order() {
         .enumerate()
         .map(|(n, store)| {
             let relay = Relay::new(store.clone(), RecordingSink::new(rec.clone(), n))
-                .with_config(RelayConfig {
-                    batch: 16,
-                    idle: Duration::from_millis(5),
-                    ..RelayConfig::default()
-                })
+                .with_config(
+                    RelayConfig::default()
+                        .batch(16)
+                        .idle(Duration::from_millis(5)),
+                )
                 .unwrap();
             let (writing, collisions, rec) = (writing.clone(), collisions.clone(), rec.clone());
             tokio::spawn(async move {
@@ -796,10 +796,7 @@ async fn records_work_across_nodes_completes_each_request_once() {
             Records::new(s.clone())
                 .scope(
                     "payments",
-                    ScopeConfig {
-                        lease: Duration::from_secs(10),
-                        retention: Duration::from_secs(3600),
-                    },
+                    ScopeConfig::new(Duration::from_secs(10), Duration::from_secs(3600)),
                 )
                 .unwrap()
         })
@@ -1155,13 +1152,13 @@ async fn timer_jobs_on_every_node_fire_each_timer_once() {
         .enumerate()
         .map(|(n, e)| {
             let job = Timers::new(e.store().clone())
-                .with_config(orderly::TimersConfig {
-                    batch: 16,
-                    lease: Duration::from_secs(2),
-                    min_backoff: Duration::from_millis(50),
-                    max_backoff: Duration::from_millis(500),
-                    ..Default::default()
-                })
+                .with_config(
+                    orderly::TimersConfig::default()
+                        .batch(16)
+                        .lease(Duration::from_secs(2))
+                        .min_backoff(Duration::from_millis(50))
+                        .max_backoff(Duration::from_millis(500)),
+                )
                 .unwrap()
                 .fire(e.clone());
             let store = e.store().clone();

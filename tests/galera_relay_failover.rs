@@ -39,19 +39,19 @@ async fn node_killed_mid_relay_others_finish_in_order() {
         .enumerate()
         .map(|(n, store)| {
             let relay = Relay::new(store.clone(), RecordingSink::new(rec.clone(), n))
-                .with_config(RelayConfig {
-                    batch: 8,
-                    // Longer than the stall while the cluster evicts the dead node
-                    // (commits wait for evs.suspect_timeout, 5 s, and more): a survivor's
-                    // lease that ran out while its mark waited would let another relay
-                    // publish the event again, which the outbox allows (at-least-once,
-                    // the message id dedupes) but this test does not, since it asks that
-                    // only the killed node's publishes come twice.
-                    lease: Duration::from_secs(20),
-                    publish_timeout: Duration::from_secs(1),
-                    idle: Duration::from_millis(5),
-                    ..RelayConfig::default()
-                })
+                .with_config(
+                    RelayConfig::default()
+                        .batch(8)
+                        // Longer than the stall while the cluster evicts the dead node
+                        // (commits wait for evs.suspect_timeout, 5 s, and more): a survivor's
+                        // lease that ran out while its mark waited would let another relay
+                        // publish the event again, which the outbox allows (at-least-once,
+                        // the message id dedupes) but this test does not, since it asks that
+                        // only the killed node's publishes come twice.
+                        .lease(Duration::from_secs(20))
+                        .publish_timeout(Duration::from_secs(1))
+                        .idle(Duration::from_millis(5)),
+                )
                 .unwrap();
             let (stop, killed) = (stop.clone(), killed.clone());
             let rec = rec.clone();

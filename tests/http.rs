@@ -122,10 +122,7 @@ async fn rig() -> Rig {
     let records = Records::new(store)
         .scope(
             "http",
-            ScopeConfig {
-                lease: Duration::from_secs(10),
-                retention: Duration::from_secs(3600),
-            },
+            ScopeConfig::new(Duration::from_secs(10), Duration::from_secs(3600)),
         )
         .unwrap();
     Rig {

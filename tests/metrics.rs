@@ -251,10 +251,7 @@ async fn scenario(snap: &Snapshotter) {
     let records = Records::new(store.clone())
         .scope(
             "pay",
-            ScopeConfig {
-                lease: Duration::from_secs(30),
-                retention: Duration::from_secs(3600),
-            },
+            ScopeConfig::new(Duration::from_secs(30), Duration::from_secs(3600)),
         )
         .unwrap();
     let claims = |outcome: &str| {

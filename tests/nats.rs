@@ -118,23 +118,18 @@ fn drain<K: Sink>(relay: Relay<PgStore, K>) -> tokio::task::JoinHandle<()> {
 
 /// [`config`], claiming by lease.
 fn leased(batch: u32) -> RelayConfig {
-    RelayConfig {
-        claim: Claim::Lease,
-        ..config(batch)
-    }
+    config(batch).claim(Claim::Lease)
 }
 
 fn config(batch: u32) -> RelayConfig {
-    RelayConfig {
-        batch,
-        lease: Duration::from_secs(5),
-        publish_timeout: Duration::from_secs(2),
-        max_attempts: 1000,
-        min_backoff: Duration::from_millis(20),
-        max_backoff: Duration::from_millis(500),
-        idle: Duration::from_millis(20),
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .batch(batch)
+        .lease(Duration::from_secs(5))
+        .publish_timeout(Duration::from_secs(2))
+        .max_attempts(1000)
+        .min_backoff(Duration::from_millis(20))
+        .max_backoff(Duration::from_millis(500))
+        .idle(Duration::from_millis(20))
 }
 
 /// A sink that publishes through NATS until `hold` is set; a publish after that reaches
@@ -402,11 +397,11 @@ async fn the_relay_waits_through_a_broker_outage() {
     // One event per entity per round, a round every 20 ms at most: the outage lands in
     // the middle of the work.
     let relay = Relay::new(store.clone(), sink)
-        .with_config(RelayConfig {
-            publish_timeout: Duration::from_millis(500),
-            lease: Duration::from_secs(2),
-            ..config(entities as u32)
-        })
+        .with_config(
+            config(entities as u32)
+                .publish_timeout(Duration::from_millis(500))
+                .lease(Duration::from_secs(2)),
+        )
         .unwrap();
     let outbox = relay.outbox().clone();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -500,10 +495,7 @@ async fn event_bodies_fit_the_servers_max_payload() {
         .unwrap();
     let engine = orderly::Engine::<PaymentMachine, _>::with_config(
         store.clone(),
-        orderly::EngineConfig {
-            max_event_body,
-            ..Default::default()
-        },
+        orderly::EngineConfig::default().max_event_body(max_event_body),
     )
     .unwrap();
     // A JSON string of n bytes: n - 2 characters between its quotes.
@@ -524,10 +516,7 @@ async fn event_bodies_fit_the_servers_max_payload() {
         .await
         .unwrap();
     let relay = Relay::new(store, sink)
-        .with_config(RelayConfig {
-            max_attempts: 1,
-            ..RelayConfig::default()
-        })
+        .with_config(RelayConfig::default().max_attempts(1))
         .unwrap();
     let round = relay.relay_once().await.unwrap();
     assert_eq!((round.published, round.dead), (1, 0), "{round:?}");

@@ -427,10 +427,7 @@ async fn a_caller_giving_up_mid_read_strands_no_one() {
     let b = <Pg>::fresh().await;
     let e: Engine<OrderMachine, PgStore> = Engine::with_config(
         b.store(Duration::from_secs(20)).await,
-        EngineConfig {
-            read_first: ReadFirst::Always,
-            ..EngineConfig::default()
-        },
+        EngineConfig::default().read_first(ReadFirst::Always),
     )
     .unwrap();
     e.create(1).await.unwrap();
@@ -515,10 +512,7 @@ async fn refused_connections_are_unavailable() {
     let store = b.store(Duration::from_secs(10)).await;
     let engine = Engine::<OrderMachine, _>::with_config(
         store.clone(),
-        EngineConfig {
-            deadline: Duration::from_secs(2),
-            ..EngineConfig::default()
-        },
+        EngineConfig::default().deadline(Duration::from_secs(2)),
     )
     .unwrap();
     engine.create(1).await.unwrap();
@@ -527,10 +521,7 @@ async fn refused_connections_are_unavailable() {
         .unwrap()
         .scope(
             "s",
-            ScopeConfig {
-                lease: Duration::from_secs(30),
-                retention: Duration::from_secs(3600),
-            },
+            ScopeConfig::new(Duration::from_secs(30), Duration::from_secs(3600)),
         )
         .unwrap();
     let refuse = |allow: bool| {

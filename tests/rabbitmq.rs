@@ -103,13 +103,11 @@ async fn store_with(dir: &tempfile::TempDir, entities: i64, per_entity: i64) -> 
 }
 
 fn config() -> RelayConfig {
-    RelayConfig {
-        batch: 16,
-        min_backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_millis(50),
-        max_attempts: 100,
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .batch(16)
+        .min_backoff(Duration::from_millis(10))
+        .max_backoff(Duration::from_millis(50))
+        .max_attempts(100)
 }
 
 /// Four relays race over 300 events of 30 entities into a queue that holds at most 20
@@ -344,10 +342,7 @@ async fn returns_are_never_mistaken_for_another_publish() {
         .unwrap();
     let sink = RabbitSink::connect(&amqp_url(), &name).await.unwrap();
     let relay = Relay::new(store.clone(), sink)
-        .with_config(RelayConfig {
-            batch: 40,
-            ..config()
-        })
+        .with_config(config().batch(40))
         .unwrap();
     let round = relay.relay_once().await.unwrap();
     assert_eq!(

@@ -35,19 +35,9 @@ async fn records(
     let store = SqliteStore::connect(&db).await.unwrap();
     // Scopes unique per test run: the shared Redis keeps markers of other runs.
     let scope = format!("pay-{}", uuid_like());
-    let config = FrontConfig {
-        ttl: FRONT_TTL,
-        timeout,
-        ..FrontConfig::default()
-    };
+    let config = FrontConfig::default().ttl(FRONT_TTL).timeout(timeout);
     let r = Records::new(store)
-        .scope(
-            &scope,
-            ScopeConfig {
-                lease: LEASE,
-                retention: Duration::from_secs(3600),
-            },
-        )
+        .scope(&scope, ScopeConfig::new(LEASE, Duration::from_secs(3600)))
         .unwrap()
         .front(RedisFront::new(url, config).unwrap());
     (dir, r, scope)
@@ -152,10 +142,7 @@ async fn only_identical_requests_are_shed() {
     let r = r
         .scope(
             &format!("{scope}:x"),
-            ScopeConfig {
-                lease: LEASE,
-                retention: Duration::from_secs(3600),
-            },
+            ScopeConfig::new(LEASE, Duration::from_secs(3600)),
         )
         .unwrap();
     let one = claimed(r.claim(&format!("{scope}:x"), "k", &"a").await.unwrap());
@@ -289,10 +276,7 @@ fn bad_front_configuration_is_invalid_input() {
         RedisFront::new("not a url", FrontConfig::default()),
         Err(Error::InvalidInput(_))
     ));
-    let zero = FrontConfig {
-        timeout: Duration::ZERO,
-        ..FrontConfig::default()
-    };
+    let zero = FrontConfig::default().timeout(Duration::ZERO);
     assert!(matches!(
         RedisFront::new(&redis_url(), zero),
         Err(Error::InvalidInput(_))

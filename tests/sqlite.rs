@@ -204,11 +204,9 @@ async fn busy_database_is_retried_then_applied() {
     use conformance::{OrderEvent, OrderMachine, OrderState};
     use orderly::{Engine, EngineConfig, Outcome};
     let b = <Sqlite3>::fresh().await;
-    let config = EngineConfig {
-        max_attempts: 50,
-        max_backoff: Duration::from_millis(20),
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig::default()
+        .max_attempts(50)
+        .max_backoff(Duration::from_millis(20));
     let e: Engine<OrderMachine, SqliteStore> =
         Engine::with_config(b.store(Duration::from_millis(10)).await, config).unwrap();
     e.create(1).await.unwrap();
@@ -297,10 +295,7 @@ async fn records_writers_take_turns_at_the_write_lock() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     let b = <Sqlite3>::fresh().await;
-    let config = ScopeConfig {
-        lease: Duration::from_secs(30),
-        retention: Duration::from_secs(3600),
-    };
+    let config = ScopeConfig::new(Duration::from_secs(30), Duration::from_secs(3600));
     let records = |store| Records::new(store).scope("s", config).unwrap();
     let ran = Arc::new(AtomicUsize::new(0));
     // 16 calls on `stores` (round robin): how many failed.

@@ -550,10 +550,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     let share = args.orders / 7;
     let alone_engine = Engine::<OrderMachine, B::S>::with_config(
         engine.store().clone(),
-        EngineConfig {
-            coalesce_writes: false,
-            ..EngineConfig::default()
-        },
+        EngineConfig::default().coalesce_writes(false),
     )?;
     let slice = args.seconds / args.rounds as f64;
     let concurrency: &[usize] = if args.runs(Only::Guarded) {

@@ -112,11 +112,7 @@ pub(crate) async fn relay_pass<B: BenchDb, K: Sink + Clone>(
             (Claim::Lease, &mut lease_time),
         ] {
             seed().await?;
-            let config = RelayConfig {
-                batch: 128,
-                claim,
-                ..RelayConfig::default()
-            };
+            let config = RelayConfig::default().batch(128).claim(claim);
             let start = Instant::now();
             let done = Arc::new(AtomicI64::new(0));
             let loops: Vec<_> = (0..4)

@@ -496,10 +496,7 @@ impl BenchDb for Db {
             .connect_with(self.pool.connect_options().as_ref().clone())
             .await?;
         let store = PgStore::new(pool.clone());
-        let config = |read_first| EngineConfig {
-            read_first,
-            ..EngineConfig::default()
-        };
+        let config = |read_first| EngineConfig::default().read_first(read_first);
         let writer =
             Engine::<OrderMachine, _>::with_config(store.clone(), config(ReadFirst::Never))?;
         let reader =

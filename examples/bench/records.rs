@@ -70,10 +70,7 @@ pub(crate) fn bench_records<S: FlowStore>(store: S) -> Records<S> {
     Records::new(store)
         .scope(
             SCOPE,
-            ScopeConfig {
-                lease: Duration::from_secs(30),
-                retention: Duration::from_secs(24 * 3600),
-            },
+            ScopeConfig::new(Duration::from_secs(30), Duration::from_secs(24 * 3600)),
         )
         .expect("a valid scope")
 }

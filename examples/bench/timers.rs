@@ -83,11 +83,7 @@ async fn jobs<B: BenchDb>(
     let loops: Vec<_> = (0..4)
         .map(|_| {
             let job = Timers::new(engine.store().clone())
-                .with_config(TimersConfig {
-                    batch: 128,
-                    idle,
-                    ..TimersConfig::default()
-                })
+                .with_config(TimersConfig::default().batch(128).idle(idle))
                 .map(|job| job.fire(engine.clone()));
             let done = done.clone();
             tokio::spawn(async move {

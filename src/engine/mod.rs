@@ -144,6 +144,7 @@ pub struct Record<M: StateMachine> {
 }
 
 /// How an engine retries and when it reads first.
+#[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Attempts per request before [`Error::Contention`]. Default 10.
@@ -179,6 +180,17 @@ pub struct EngineConfig {
     /// included); 1 byte to 64 MiB.
     pub max_event_body: usize,
 }
+
+crate::support::config::setters!(EngineConfig {
+    max_attempts: u32,
+    min_backoff: Duration,
+    max_backoff: Duration,
+    in_doubt_timeout: Duration,
+    read_first: ReadFirst,
+    deadline: Duration,
+    coalesce_writes: bool,
+    max_event_body: usize,
+});
 
 /// The default [`EngineConfig::max_event_body`].
 pub const DEFAULT_MAX_EVENT_BODY: usize = (1 << 20) - (16 << 10);

@@ -16,6 +16,7 @@ use crate::coalesce::claims::Claims;
 use crate::support::read_first::FirstRound;
 
 /// How flows run.
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlowConfig {
     /// How long a runner holds a flow (renewed at every recorded point) before the
@@ -36,6 +37,14 @@ pub struct FlowConfig {
     /// [`Error::InFlight`](crate::Error::InFlight) while it runs, then its recorded outcome. Default 30 s.
     pub deadline: Duration,
 }
+
+crate::support::config::setters!(FlowConfig {
+    lease: Duration,
+    attempts: u32,
+    backoff: Duration,
+    max_backoff: Duration,
+    deadline: Duration,
+});
 
 impl Default for FlowConfig {
     fn default() -> Self {

@@ -17,6 +17,7 @@ use redis::{Client, Script};
 use crate::{Error, Result};
 
 /// How the front behaves.
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrontConfig {
     /// How long a marker lives (capped at the scope's lease): the window in which
@@ -28,6 +29,12 @@ pub struct FrontConfig {
     /// After Redis failed, how long the front stays out of the way before trying again.
     pub pause_after_failure: Duration,
 }
+
+crate::support::config::setters!(FrontConfig {
+    ttl: Duration,
+    timeout: Duration,
+    pause_after_failure: Duration,
+});
 
 impl Default for FrontConfig {
     fn default() -> Self {

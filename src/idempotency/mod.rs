@@ -59,6 +59,7 @@ const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
 const CLAIM_ROUNDS: u32 = 8;
 
 /// How a scope's records live.
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScopeConfig {
     /// How long a claim holds its record before another may take it over.
@@ -68,6 +69,19 @@ pub struct ScopeConfig {
     /// never absent while its holder's lease is live.
     pub retention: Duration,
 }
+
+impl ScopeConfig {
+    /// A scope whose claims hold their record for `lease` and whose records are kept for
+    /// `retention` ([`Records::scope`] refuses a retention not longer than the lease).
+    pub fn new(lease: Duration, retention: Duration) -> Self {
+        ScopeConfig { lease, retention }
+    }
+}
+
+crate::support::config::setters!(ScopeConfig {
+    lease: Duration,
+    retention: Duration,
+});
 
 /// The idempotency records of one store. Cheap to clone.
 #[derive(Debug, Clone)]

@@ -22,6 +22,7 @@ use crate::{Error, Result};
 const MAX_BATCH: u32 = 1000;
 
 /// How a relay claims, publishes and retries.
+#[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// The most events claimed (and published together) in one round, 1 to 1000.
@@ -44,6 +45,17 @@ pub struct RelayConfig {
     /// How a round holds the events it publishes. Default [`Claim::Lock`].
     pub claim: Claim,
 }
+
+crate::support::config::setters!(RelayConfig {
+    batch: u32,
+    lease: Duration,
+    publish_timeout: Duration,
+    max_attempts: u32,
+    min_backoff: Duration,
+    max_backoff: Duration,
+    idle: Duration,
+    claim: Claim,
+});
 
 /// How a relay's round holds the events it publishes, so that no other relay publishes
 /// them at the same time.

@@ -2,8 +2,10 @@
 //! its caller stops waiting (`detach.rs`), when a call reads before it writes
 //! (`read_first.rs`), what comes in from a caller (`input.rs`: references, payload
 //! fingerprints), free text bounded before it is recorded (`text.rs`), and the
-//! background jobs' retry delays (`retry.rs`). It imports no layer.
+//! background jobs' retry delays (`retry.rs`), and the setters of the public
+//! configuration structs (`config.rs`). It imports no layer.
 
+pub(crate) mod config;
 pub(crate) mod detach;
 pub(crate) mod hook;
 pub(crate) mod input;

@@ -12,6 +12,7 @@ const MAX_BATCH: u32 = 1000;
 const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 
 /// How a timer job claims, fires and retries.
+#[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct TimersConfig {
     /// The most timers of one machine claimed (and fired together) in one round, 1 to
@@ -35,6 +36,16 @@ pub struct TimersConfig {
     /// connection of the engine's pool while it fires). Default 8.
     pub concurrency: usize,
 }
+
+crate::support::config::setters!(TimersConfig {
+    batch: u32,
+    lease: Duration,
+    max_attempts: u32,
+    min_backoff: Duration,
+    max_backoff: Duration,
+    idle: Duration,
+    concurrency: usize,
+});
 
 impl Default for TimersConfig {
     fn default() -> Self {

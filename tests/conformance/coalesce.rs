@@ -175,11 +175,9 @@ pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
     );
 
     // Through the engine: every round has one poisoned entity among 31 sound ones.
-    let config = EngineConfig {
-        max_attempts: 2,
-        read_first: ReadFirst::Never,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig::default()
+        .max_attempts(2)
+        .read_first(ReadFirst::Never);
     let e: Eng<B> = Engine::with_config(b.store(Duration::from_secs(10)).await, config).unwrap();
     for round in 1..=5_i64 {
         let ids: Vec<i64> = (0..32).map(|i| 100 * round + i).collect();
@@ -448,11 +446,9 @@ pub async fn callers_dropped_around_their_unit<B: Backend>(b: &B) {
     // sent after it queue behind its turn until their deadline passes. Each is told
     // nothing was sent (`Unavailable`, or `DeadlineExceeded` not in doubt), and its write
     // is never sent later, when the turn comes to its queue: its re-send applies.
-    let config = EngineConfig {
-        deadline: Duration::from_millis(100),
-        read_first: ReadFirst::Never,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig::default()
+        .deadline(Duration::from_millis(100))
+        .read_first(ReadFirst::Never);
     let hurried: Eng<B> =
         Engine::with_config(b.store(Duration::from_secs(10)).await, config).unwrap();
     let ids: Vec<i64> = (0..CALLERS).map(|i| 100_000 + i).collect();

@@ -14,7 +14,7 @@ use orderly::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, OwnedKey, Prior, RawTransition, Request,
     Store, Txn, Written,
 };
-use orderly::{Engine, EngineConfig, Error, Outcome, ReadFirst};
+use orderly::{Engine, Error, Outcome, ReadFirst};
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 
@@ -239,10 +239,7 @@ pub async fn in_doubt_commit_is_read_back<B: Networked>(b: &B) {
         direct.create(id).await.unwrap();
         let proxy = crate::server::Proxy::start(b.server(), B::CUT).await;
         proxy.refuse_after_cut();
-        let config = EngineConfig {
-            in_doubt_timeout: Duration::from_millis(500),
-            ..config(policy)
-        };
+        let config = config(policy).in_doubt_timeout(Duration::from_millis(500));
         // One connection, so none opened before the cut is left to read with.
         let store = b.store_at(proxy.port, 1).await;
         let e: Eng<B> = Engine::with_config(store, config).unwrap();
@@ -341,10 +338,7 @@ pub async fn dead_database_answers_within_the_deadline<B: Networked>(b: &B) {
     }
     let proxy =
         crate::server::Proxy::start(b.server(), Cut::Request(b"no request holds this")).await;
-    let config = EngineConfig {
-        deadline,
-        ..config(ReadFirst::Never)
-    };
+    let config = config(ReadFirst::Never).deadline(deadline);
     let e: Eng<B> = Engine::with_config(b.store_at(proxy.port, 4).await, config).unwrap();
     assert!(e.transition(0, Pay, "p-0").await.unwrap().is_applied());
     proxy.freeze();
@@ -460,10 +454,7 @@ pub async fn killed_connections_are_retryable<B: Networked>(b: &B) {
     for id in 0..ORDERS {
         direct.create(id).await.unwrap();
     }
-    let config = EngineConfig {
-        max_attempts: 1,
-        ..config(ReadFirst::Adaptive)
-    };
+    let config = config(ReadFirst::Adaptive).max_attempts(1);
     let store = b.store_at(b.server().port(), 8).await;
     let e: Eng<B> = Engine::with_config(store, config).unwrap();
     let next = Arc::new(AtomicUsize::new(0));

@@ -18,11 +18,9 @@ orderly::flow! {
 }
 
 async fn slow_flows<B: Backend>(b: &B, deadline: Duration) -> Flows<B::S> {
-    let config = FlowConfig {
-        lease: Duration::from_secs(30),
-        deadline,
-        ..FlowConfig::default()
-    };
+    let config = FlowConfig::default()
+        .lease(Duration::from_secs(30))
+        .deadline(deadline);
     let def = Definition::new(Slow).call(SlowStep::Wait, |ctx: &Ctx<u64>| {
         let ms = *ctx.input();
         Box::pin(async move {
@@ -89,10 +87,7 @@ pub async fn a_flow_whose_caller_stops_waiting_runs_to_its_end<B: Backend>(b: &B
     replayed_completed(&f, "late", 600).await;
 
     // A zero deadline is refused.
-    let zero = FlowConfig {
-        deadline: Duration::ZERO,
-        ..FlowConfig::default()
-    };
+    let zero = FlowConfig::default().deadline(Duration::ZERO);
     assert!(matches!(
         Flows::new(b.store(Duration::from_secs(10)).await, zero),
         Err(Error::InvalidInput(_))

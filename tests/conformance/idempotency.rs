@@ -22,18 +22,12 @@ pub(crate) async fn records<B: Backend>(b: &B, lease: Duration) -> Records<B::S>
         .read_first(B::POLICY)
         .scope(
             "payments",
-            ScopeConfig {
-                lease,
-                retention: Duration::from_secs(3600),
-            },
+            ScopeConfig::new(lease, Duration::from_secs(3600)),
         )
         .unwrap()
         .scope(
             "short",
-            ScopeConfig {
-                lease: Duration::from_millis(100),
-                retention: SHORT_RETENTION,
-            },
+            ScopeConfig::new(Duration::from_millis(100), SHORT_RETENTION),
         )
         .unwrap()
 }
@@ -191,10 +185,7 @@ pub async fn claim_follows_the_outcome_table<B: Backend>(b: &B) {
         Records::new(r.store().clone())
             .scope(
                 "bad name!",
-                ScopeConfig {
-                    lease: Duration::from_secs(1),
-                    retention: Duration::from_secs(1)
-                }
+                ScopeConfig::new(Duration::from_secs(1), Duration::from_secs(1))
             )
             .is_err()
     );

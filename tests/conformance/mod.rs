@@ -385,10 +385,7 @@ pub(crate) async fn engine<B: Backend>(b: &B) -> Eng<B> {
 
 /// The default configuration with `policy`.
 pub(crate) fn config(policy: ReadFirst) -> EngineConfig {
-    EngineConfig {
-        read_first: policy,
-        ..EngineConfig::default()
-    }
+    EngineConfig::default().read_first(policy)
 }
 
 /// An engine on `store` that starts its transitions as `policy` says.

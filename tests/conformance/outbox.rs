@@ -163,16 +163,15 @@ fn fast(batch: u32) -> RelayConfig {
 
 /// A quick config claiming by `claim`.
 fn fast_by(batch: u32, claim: Claim) -> RelayConfig {
-    RelayConfig {
-        claim,
-        batch,
-        lease: Duration::from_secs(30),
-        publish_timeout: Duration::from_secs(10),
-        max_attempts: 3,
-        min_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(5),
-        idle: Duration::from_millis(5),
-    }
+    RelayConfig::default()
+        .claim(claim)
+        .batch(batch)
+        .lease(Duration::from_secs(30))
+        .publish_timeout(Duration::from_secs(10))
+        .max_attempts(3)
+        .min_backoff(Duration::from_millis(1))
+        .max_backoff(Duration::from_millis(5))
+        .idle(Duration::from_millis(5))
 }
 
 /// Runs `relay` until the outbox has nothing pending, or panics after 120 s.
@@ -613,10 +612,7 @@ pub async fn corrupt_rows_are_set_aside_and_hold_back_only_their_entity<B: Backe
 /// written.
 pub async fn event_bodies_are_bounded_when_written<B: Backend>(b: &B) {
     use super::{OrderEvent, OrderState};
-    let config = orderly::EngineConfig {
-        max_event_body: 1000,
-        ..super::config(B::POLICY)
-    };
+    let config = super::config(B::POLICY).max_event_body(1000);
     let e = orderly::Engine::<super::OrderMachine, _>::with_config(
         b.store(Duration::from_secs(10)).await,
         config,
@@ -661,10 +657,7 @@ pub async fn event_bodies_are_bounded_when_written<B: Backend>(b: &B) {
     assert_eq!(pending[0].body.as_deref(), Some(fits.to_string().as_str()));
     let bad = orderly::Engine::<super::OrderMachine, _>::with_config(
         b.store(Duration::from_secs(10)).await,
-        orderly::EngineConfig {
-            max_event_body: 0,
-            ..super::config(B::POLICY)
-        },
+        super::config(B::POLICY).max_event_body(0),
     );
     assert!(matches!(bad, Err(Error::InvalidInput(_))));
 }
@@ -679,11 +672,9 @@ pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backen
     let store = b.store(Duration::from_secs(10)).await;
     let rec = Arc::new(Recorder::default());
     let lease = Duration::from_millis(400);
-    let config = RelayConfig {
-        lease,
-        publish_timeout: Duration::from_millis(200),
-        ..fast_by(4, Claim::Lease)
-    };
+    let config = fast_by(4, Claim::Lease)
+        .lease(lease)
+        .publish_timeout(Duration::from_millis(200));
     let relay = Relay::new(
         store.clone(),
         RecordingSink {
@@ -1156,22 +1147,18 @@ pub async fn outbox_purge_and_stats<B: Backend>(b: &B) {
     );
     assert!(matches!(
         Relay::new(outbox.store().clone(), orderly::outbox::ChannelSink::new().0)
-            .with_config(RelayConfig {
-                batch: 0,
-                lease: Duration::from_secs(1),
-                publish_timeout: Duration::from_secs(1),
-                ..RelayConfig::default()
-            }),
+            .with_config(RelayConfig::default()
+                .batch(0)
+                .lease(Duration::from_secs(1))
+                .publish_timeout(Duration::from_secs(1))),
         Err(Error::InvalidInput(m)) if m.contains("batch") && m.contains("lease")
     ));
     assert!(matches!(
         Relay::new(outbox.store().clone(), orderly::outbox::ChannelSink::new().0)
-            .with_config(RelayConfig {
-                batch: 1001,
-                idle: Duration::ZERO,
-                max_backoff: Duration::from_secs(2 * 24 * 3600),
-                ..RelayConfig::default()
-            }),
+            .with_config(RelayConfig::default()
+                .batch(1001)
+                .idle(Duration::ZERO)
+                .max_backoff(Duration::from_secs(2 * 24 * 3600))),
         Err(Error::InvalidInput(m)) if m.contains("batch") && m.contains("idle") && m.contains("max_backoff")
     ));
 }
@@ -1226,10 +1213,7 @@ pub async fn events_commit_with_records_run<B: Backend>(b: &B) {
     let r = Records::new(b.store(Duration::from_secs(10)).await)
         .scope(
             "orders",
-            orderly::ScopeConfig {
-                lease: Duration::from_secs(30),
-                retention: Duration::from_secs(3600),
-            },
+            orderly::ScopeConfig::new(Duration::from_secs(30), Duration::from_secs(3600)),
         )
         .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
@@ -1458,14 +1442,14 @@ pub(crate) async fn relay_child<B: Backend>(spec: &str) {
         count: Arc::new(AtomicUsize::new(0)),
     };
     let relay = Relay::new(store, sink)
-        .with_config(RelayConfig {
-            lease: Duration::from_secs(1),
-            publish_timeout: Duration::from_millis(400),
-            // Hung publishes time out and are retried until the kill: none may go dead
-            // first, however late the kill comes on a loaded machine.
-            max_attempts: 1000,
-            ..fast_by(8, claim)
-        })
+        .with_config(
+            fast_by(8, claim)
+                .lease(Duration::from_secs(1))
+                .publish_timeout(Duration::from_millis(400))
+                // Hung publishes time out and are retried until the kill: none may go dead
+                // first, however late the kill comes on a loaded machine.
+                .max_attempts(1000),
+        )
         .unwrap();
     relay.run(std::future::pending()).await.unwrap();
 }

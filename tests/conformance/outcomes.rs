@@ -240,10 +240,7 @@ pub async fn bad_input_is_rejected_before_any_query<B: Backend>(b: &B) {
 }
 
 pub async fn contention_after_the_retry_budget<B: Backend>(b: &B) {
-    let config = EngineConfig {
-        max_attempts: 3,
-        ..config(B::POLICY)
-    };
+    let config = config(B::POLICY).max_attempts(3);
     let e: Eng<B> = Engine::with_config(b.store(Duration::from_millis(200)).await, config).unwrap();
     e.create(1).await.unwrap();
     // Another transaction holds the row (and on SQLite, the write lock) past every attempt.

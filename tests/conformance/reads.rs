@@ -8,10 +8,10 @@ use super::*;
 /// transaction: one that the store's apply-first attempt waits for and a plain read does
 /// not (the point of reading first in a storm: replays do not queue behind writers).
 pub async fn adaptive_reads_first_in_a_replay_storm<B: Backend>(b: &B, blocker: &str) {
-    let config = |read_first| EngineConfig {
-        max_attempts: 2,
-        read_first,
-        ..EngineConfig::default()
+    let config = |read_first| {
+        EngineConfig::default()
+            .max_attempts(2)
+            .read_first(read_first)
     };
     let wait = Duration::from_millis(200);
     let adaptive: Eng<B> =

@@ -23,13 +23,7 @@ fn orders<S: orderly::idempotency::RecordStore>(
 ) -> Records<S> {
     Records::new(store)
         .read_first(policy)
-        .scope(
-            "orders",
-            ScopeConfig {
-                lease: LEASE,
-                retention: Duration::from_secs(3600),
-            },
-        )
+        .scope("orders", ScopeConfig::new(LEASE, Duration::from_secs(3600)))
         .unwrap()
 }
 
@@ -190,10 +184,7 @@ pub async fn records_calls_dropped_in_flight_finish_off_task<B: Backend>(b: &B) 
         .read_first(orderly::ReadFirst::Never)
         .scope(
             "orders",
-            ScopeConfig {
-                lease: Duration::from_secs(30),
-                retention: Duration::from_secs(3600),
-            },
+            ScopeConfig::new(Duration::from_secs(30), Duration::from_secs(3600)),
         )
         .unwrap();
     // The claim, behind an uncommitted insert of its record.

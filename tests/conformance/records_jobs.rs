@@ -351,10 +351,7 @@ pub async fn run_commits_the_work_with_its_record<B: Backend>(b: &B) {
         .read_first(B::POLICY)
         .scope(
             "orders",
-            orderly::ScopeConfig {
-                lease: Duration::from_secs(30),
-                retention: Duration::from_secs(3600),
-            },
+            orderly::ScopeConfig::new(Duration::from_secs(30), Duration::from_secs(3600)),
         )
         .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));

@@ -288,10 +288,7 @@ pub async fn records_agree_with_the_table_model<B: Backend>(b: &B) {
             .read_first(B::POLICY)
             .scope(
                 &scope,
-                ScopeConfig {
-                    lease: Duration::from_secs(600),
-                    retention: Duration::from_secs(3600),
-                },
+                ScopeConfig::new(Duration::from_secs(600), Duration::from_secs(3600)),
             )
             .unwrap();
         tokio::task::block_in_place(|| handle.block_on(check(b, &r, &scope, &ops)))

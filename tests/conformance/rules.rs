@@ -133,11 +133,9 @@ type Shop_<B> = Engine<Shop, <B as Backend>::S>;
 /// An engine over `store` with the counted rules.
 fn shop_engine<B: Backend>(store: B::S) -> (Shop_<B>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let (guards, effects) = (Arc::default(), Arc::default());
-    let config = EngineConfig {
-        read_first: B::POLICY,
-        deadline: Duration::from_secs(60),
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig::default()
+        .read_first(B::POLICY)
+        .deadline(Duration::from_secs(60));
     let engine = Engine::with_config(store, config)
         .unwrap()
         .with_rules(RulesOf(Counted::<B> {
@@ -833,10 +831,7 @@ async fn kit_engine<B: Backend>(b: &B) -> Shop_<B> {
     shop_tables(b, 0).await;
     Engine::<Shop, _>::with_config(
         b.store(Duration::from_secs(30)).await,
-        EngineConfig {
-            read_first: B::POLICY,
-            ..EngineConfig::default()
-        },
+        EngineConfig::default().read_first(B::POLICY),
     )
     .unwrap()
     .with_rules(RulesOf(KitRules::<B>(PhantomData)))

@@ -39,10 +39,7 @@ type TEng<B> = Engine<Unpaid, <B as Backend>::S>;
 async fn timed_engine<B: Backend>(b: &B) -> TEng<B> {
     Engine::with_config(
         b.store(Duration::from_secs(10)).await,
-        EngineConfig {
-            read_first: B::POLICY,
-            ..EngineConfig::default()
-        },
+        EngineConfig::default().read_first(B::POLICY),
     )
     .unwrap()
 }
@@ -264,10 +261,7 @@ pub async fn timer_jobs_race_over_many_due_timers<B: Backend>(b: &B) {
     let jobs: Vec<Timers<B::S>> = (0..4)
         .map(|_| {
             Timers::new(engine.store().clone())
-                .with_config(orderly::TimersConfig {
-                    batch: 16,
-                    ..Default::default()
-                })
+                .with_config(orderly::TimersConfig::default().batch(16))
                 .unwrap()
                 .fire(engine.clone())
         })
@@ -614,11 +608,9 @@ pub(crate) async fn timer_child<B: Backend>(spec: &str) {
     let store = B::child_store(handle).await;
     let engine: Engine<Expiring, B::S> = Engine::with_config(
         store.clone(),
-        EngineConfig {
+        EngineConfig::default()
             // The hang must outlast the kill, however late it comes.
-            deadline: Duration::from_secs(600),
-            ..EngineConfig::default()
-        },
+            .deadline(Duration::from_secs(600)),
     )
     .unwrap()
     .with_rules(orderly::RulesOf(HangOn {
@@ -626,11 +618,11 @@ pub(crate) async fn timer_child<B: Backend>(spec: &str) {
         dir: Some(dir.into()),
     }));
     let job = Timers::new(store)
-        .with_config(orderly::TimersConfig {
-            lease: Duration::from_secs(1),
-            concurrency: 1,
-            ..Default::default()
-        })
+        .with_config(
+            orderly::TimersConfig::default()
+                .lease(Duration::from_secs(1))
+                .concurrency(1),
+        )
         .unwrap()
         .fire(engine);
     job.fire_once().await.unwrap();
@@ -661,12 +653,12 @@ pub async fn a_timer_job_cut_at_each_statement_fires_each_once<B: Networked>(b: 
             let proxy = Proxy::start(b.server(), cut).await;
             let proxied: TEng<B> = Engine::new(b.store_at(proxy.port, 2).await).unwrap();
             let job = Timers::new(proxied.store().clone())
-                .with_config(orderly::TimersConfig {
-                    lease: Duration::from_secs(1),
-                    min_backoff: Duration::from_millis(50),
-                    max_backoff: Duration::from_millis(200),
-                    ..Default::default()
-                })
+                .with_config(
+                    orderly::TimersConfig::default()
+                        .lease(Duration::from_secs(1))
+                        .min_backoff(Duration::from_millis(50))
+                        .max_backoff(Duration::from_millis(200)),
+                )
                 .unwrap()
                 .fire(proxied);
             let answer = job.fire_once().await;

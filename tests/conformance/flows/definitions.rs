@@ -87,10 +87,7 @@ pub async fn flow_bad_definitions_are_rejected<B: Backend>(b: &B) {
         .unwrap()
         .register(legacy::<B>(&world));
     assert!(matches!(twice, Err(Error::InvalidInput(m)) if m.contains("twice")));
-    let zero = FlowConfig {
-        attempts: 0,
-        ..FlowConfig::default()
-    };
+    let zero = FlowConfig::default().attempts(0);
     assert!(Flows::new(store.clone(), zero).is_err());
 
     let f = flows(b, &world, Duration::from_secs(30)).await;

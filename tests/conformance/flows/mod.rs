@@ -273,13 +273,11 @@ pub fn legacy<B: Backend>(world: &Arc<World>) -> Definition<B::S, Order> {
 }
 
 pub fn config(lease: Duration) -> FlowConfig {
-    FlowConfig {
-        lease,
-        attempts: 4,
-        backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(20),
-        ..FlowConfig::default()
-    }
+    FlowConfig::default()
+        .lease(lease)
+        .attempts(4)
+        .backoff(Duration::from_millis(1))
+        .max_backoff(Duration::from_millis(20))
 }
 
 /// Flows on a fresh store with `Shop` and `Legacy` registered, and the effects table.

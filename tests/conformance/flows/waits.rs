@@ -313,10 +313,7 @@ pub async fn a_flow_wait_cut_at_each_statement_wakes_once<B: Networked>(b: &B) {
                 assert!(matches!(started.outcome, FlowOutcome::Sleeping { .. }));
                 tokio::time::sleep(wait + Duration::from_millis(20)).await;
                 let job = Timers::new(proxied.store().clone())
-                    .with_config(orderly::TimersConfig {
-                        lease: Duration::from_secs(1),
-                        ..Default::default()
-                    })
+                    .with_config(orderly::TimersConfig::default().lease(Duration::from_secs(1)))
                     .unwrap()
                     .flows(proxied.clone());
                 format!("{:?}", job.fire_once().await)
