@@ -162,21 +162,6 @@
 
 extern crate self as orderly;
 
-/// Runs one statement of `$store` on a leased connection `$c`: the connection goes back
-/// to the pool once the statement ran to its end, and is closed if it was lost or the
-/// future dropped.
-macro_rules! leased {
-    ($store:expr, |$c:ident| $statement:expr) => {{
-        let mut lease = Lease::<S>::acquire($store).await.map_err(db_error::<S>)?;
-        let out = {
-            let $c = lease.conn();
-            $statement.await
-        };
-        lease.release_after(&out);
-        out.map_err(db_error::<S>)
-    }};
-}
-
 #[cfg(feature = "admin")]
 pub mod admin;
 pub mod backend;

@@ -15,7 +15,7 @@ use crate::flow::{FlowConfig, Flows, Listing, Resume};
 use crate::outbox::{EventKey, EventRow, Outbox};
 use crate::store::audit::AuditEntry;
 use crate::store::timers::TimerRow;
-use crate::store::{Lease, RefRow, Store, db_error};
+use crate::store::{Lease, RefRow, Store};
 use crate::timer::{TimerKey, Timers};
 use crate::{Error, Result};
 
@@ -320,8 +320,8 @@ async fn raw_timeline<S: Store>(
     store: &S,
     id: i64,
 ) -> Result<(Option<crate::store::Entity>, Vec<Line>)> {
-    let now = leased!(store, |c| store.get(c, id))?;
-    let rows = leased!(store, |c| store.history(c, id))?;
+    let now = Lease::run(store, async |c| store.get(c, id).await).await?;
+    let rows = Lease::run(store, async |c| store.history(c, id).await).await?;
     let lines = rows
         .into_iter()
         .map(|r| Line {
@@ -353,11 +353,10 @@ impl<S: AdminStore> Admin<S> {
     /// of all.
     pub(crate) async fn stuck_records(&self, scope: Option<&str>) -> Result<Vec<StuckRecord>> {
         let store = &self.store;
-        leased!(store, |c| store.stuck_records(
-            c,
-            scope,
-            i64::from(LIST_MAX)
-        ))
+        Lease::run(store, async |c| {
+            store.stuck_records(c, scope, i64::from(LIST_MAX)).await
+        })
+        .await
     }
 
     /// The overview's counts.
@@ -412,13 +411,15 @@ impl<S: AdminStore> Admin<S> {
             return Ok(None);
         };
         let store = view.store();
-        Ok(Some(leased!(store, |c| store.count_by_status(c))?))
+        Ok(Some(
+            Lease::run(store, async |c| store.count_by_status(c).await).await?,
+        ))
     }
 
     /// The latest `limit` actions of the audit trail, newest first.
     pub(crate) async fn audit(&self, limit: i64) -> Result<Vec<crate::store::audit::AuditRow>> {
         let store = &self.store;
-        leased!(store, |c| store.list_audit(c, limit))
+        Lease::run(store, async |c| store.list_audit(c, limit).await).await
     }
 
     /// Whether `machine` is registered with this page.
@@ -435,8 +436,8 @@ impl<S: AdminStore> Admin<S> {
             machine,
             entity_id: id,
         };
-        let events = leased!(store, |c| store.events_by(c, by, FOUND_MAX))?;
-        let timers = leased!(store, |c| store.timers_of(c, machine, id))?;
+        let events = Lease::run(store, async |c| store.events_by(c, by, FOUND_MAX).await).await?;
+        let timers = Lease::run(store, async |c| store.timers_of(c, machine, id).await).await?;
         Ok(Timeline {
             machine: machine.to_string(),
             id,
@@ -476,32 +477,39 @@ impl<S: AdminStore> Admin<S> {
             self.machines.iter().map(|(n, m)| (*n, m.store())).collect()
         };
         for (machine, store) in &stores {
-            let rows = leased!(*store, |c| store.by_ref(c, term, FOUND_MAX))?;
+            let rows = Lease::run(*store, async |c| store.by_ref(c, term, FOUND_MAX).await).await?;
             found.history.extend(rows.into_iter().map(|row| HistoryHit {
                 machine: machine.to_string(),
                 row,
             }));
             if let Ok(id) = term.parse::<i64>()
-                && leased!(*store, |c| store.get(c, id))?.is_some()
+                && Lease::run(*store, async |c| store.get(c, id).await)
+                    .await?
+                    .is_some()
             {
                 found.entities.push((machine.to_string(), id));
             }
         }
         let store = &self.store;
-        found.records = leased!(store, |c| store.records_by_key(c, term, FOUND_MAX))?;
-        found.flows = leased!(store, |c| store.flows_by_key(c, term, FOUND_MAX))?;
-        let mut events = leased!(store, |c| store.events_by(
-            c,
-            EventsBy::Ref(term),
-            FOUND_MAX
-        ))?;
+        found.records = Lease::run(store, async |c| {
+            store.records_by_key(c, term, FOUND_MAX).await
+        })
+        .await?;
+        found.flows = Lease::run(store, async |c| {
+            store.flows_by_key(c, term, FOUND_MAX).await
+        })
+        .await?;
+        let mut events = Lease::run(store, async |c| {
+            store.events_by(c, EventsBy::Ref(term), FOUND_MAX).await
+        })
+        .await?;
         if let Some((machine, entity_id, version)) = message_id(term) {
             let by = EventsBy::Id {
                 machine,
                 entity_id,
                 version,
             };
-            events.extend(leased!(store, |c| store.events_by(c, by, 1))?);
+            events.extend(Lease::run(store, async |c| store.events_by(c, by, 1).await).await?);
         }
         found.events = events.into_iter().map(Event::from).collect();
         Ok(found)
@@ -533,7 +541,7 @@ impl<S: AdminStore> Admin<S> {
         };
         let store = &self.store;
         let recorded: Result<()> =
-            async { leased!(store, |c| store.record_audit(c, &entry)) }.await;
+            async { Lease::run(store, async |c| store.record_audit(c, &entry).await).await }.await;
         let mut notice = match failure {
             None => format!("{action} {target}: {n} changed"),
             Some(e) => format!("{action} {target} failed after {n} changed: {e}"),
@@ -669,7 +677,7 @@ impl<S: AdminStore> Admin<S> {
             OnTimer::Rearm => ("timers.rearm", Timers::new(store.clone()).rearm(key).await),
             OnTimer::Cancel => (
                 "timers.cancel",
-                async { leased!(store, |c| store.cancel_timer(c, key)) }.await,
+                async { Lease::run(store, async |c| store.cancel_timer(c, key).await).await }.await,
             ),
         };
         (action, changed.map(i64::from).map_err(|e| (e, 0)))

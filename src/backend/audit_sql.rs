@@ -71,32 +71,3 @@ where
         .fetch_all(conn)
         .await
 }
-
-/// The backend's [`AuditStore`](crate::store::audit::AuditStore) over these statements.
-macro_rules! audit_store {
-    ($store:ty, $db:ty, $conn:ty, $params:expr) => {
-        static AUDIT: ::std::sync::LazyLock<$crate::backend::audit_sql::AuditStatements> =
-            ::std::sync::LazyLock::new(|| {
-                $crate::backend::audit_sql::AuditStatements::new(super::timers::NOW, $params)
-            });
-
-        impl $crate::store::audit::AuditStore for $store {
-            async fn record_audit(
-                &self,
-                conn: &mut $conn,
-                entry: &$crate::store::audit::AuditEntry<'_>,
-            ) -> Result<(), sqlx::Error> {
-                $crate::backend::audit_sql::record::<$db>(conn, &AUDIT, entry).await
-            }
-
-            async fn list_audit(
-                &self,
-                conn: &mut $conn,
-                limit: i64,
-            ) -> Result<Vec<$crate::store::audit::AuditRow>, sqlx::Error> {
-                $crate::backend::audit_sql::list::<$db>(conn, &AUDIT, limit).await
-            }
-        }
-    };
-}
-pub(crate) use audit_store;

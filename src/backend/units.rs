@@ -132,6 +132,7 @@ pub(crate) async fn end_rules_unit<DB: Database>(
 /// round trip by the rollback [`abandon_rules_unit`] queues, which undoes the unit if it
 /// was not kept and nothing if it was. The unit's name is left on an empty savepoint in
 /// the caller's transaction, which the server drops at the caller's commit.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn end_caller_unit<DB: Database>(
     conn: &mut DB::Connection,
     commit: bool,
@@ -154,6 +155,7 @@ where
 
 /// The savepoint sqlx opens for a unit inside a caller's transaction at `depth`, as a
 /// statement (`SAVEPOINT name`), and its release.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn unit_savepoint(depth: usize) -> (String, String) {
     use sqlx_core::transaction::{begin_ansi_transaction_sql, commit_ansi_transaction_sql};
     (

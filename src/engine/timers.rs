@@ -29,7 +29,7 @@ impl<M: StateMachine, S: crate::store::timers::TimerStore> Engine<M, S> {
         let timer = self.new_timer(order_id, event, ref_id, after)?;
         within_deadline(self.config.deadline, true, async {
             let store = &self.store;
-            leased!(store, |c| store.schedule_timer(c, &timer))
+            Lease::run(store, async |c| store.schedule_timer(c, &timer).await).await
         })
         .await
     }
@@ -92,7 +92,7 @@ impl<M: StateMachine, S: crate::store::timers::TimerStore> Engine<M, S> {
         };
         within_deadline(self.config.deadline, true, async {
             let store = &self.store;
-            leased!(store, |c| store.cancel_timer(c, &key))
+            Lease::run(store, async |c| store.cancel_timer(c, &key).await).await
         })
         .await
     }
@@ -102,7 +102,7 @@ impl<M: StateMachine, S: crate::store::timers::TimerStore> Engine<M, S> {
     pub async fn timers(&self, order_id: i64) -> Result<Vec<crate::store::timers::ClaimedTimer>> {
         within_deadline(self.config.deadline, false, async {
             let store = &self.store;
-            leased!(store, |c| store.timers_of(c, M::NAME, order_id))
+            Lease::run(store, async |c| store.timers_of(c, M::NAME, order_id).await).await
         })
         .await
     }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::{CorruptRow, EventKey, EventRow, OutboxStore};
 use super::{MAX_LEASE, millis};
-use crate::store::{Lease, db_error};
+use crate::store::Lease;
 use crate::{Error, Result};
 
 /// Counts of the outbox as it is now.
@@ -43,7 +43,10 @@ impl<S: OutboxStore> Outbox<S> {
     /// Pending and dead counts, and the oldest pending event's age.
     pub async fn stats(&self) -> Result<OutboxStats> {
         let max_lease = millis(MAX_LEASE);
-        let row = leased!(&self.store, |c| self.store.outbox_stats(c, max_lease))?;
+        let row = Lease::run(&self.store, async |c| {
+            self.store.outbox_stats(c, max_lease).await
+        })
+        .await?;
         let stats = OutboxStats {
             pending: u64::try_from(row.pending).unwrap_or(0),
             dead: u64::try_from(row.dead).unwrap_or(0),
@@ -72,35 +75,37 @@ impl<S: OutboxStore> Outbox<S> {
     /// moved to the dead state with its reason, and listed by [`dead`](Self::dead).
     pub async fn corrupt(&self, limit: u32) -> Result<Vec<CorruptRow>> {
         let max_lease = millis(MAX_LEASE);
-        leased!(&self.store, |c| self.store.list_corrupt(
-            c,
-            max_lease,
-            i64::from(limit)
-        ))
+        Lease::run(&self.store, async |c| {
+            self.store
+                .list_corrupt(c, max_lease, i64::from(limit))
+                .await
+        })
+        .await
     }
 
     /// Up to `limit` events in the dead state, with their last errors.
     pub async fn dead(&self, limit: u32) -> Result<Vec<EventRow>> {
-        leased!(&self.store, |c| self.store.list_events(
-            c,
-            "DEAD",
-            i64::from(limit)
-        ))
+        Lease::run(&self.store, async |c| {
+            self.store.list_events(c, "DEAD", i64::from(limit)).await
+        })
+        .await
     }
 
     /// Up to `limit` events waiting to be published.
     pub async fn pending(&self, limit: u32) -> Result<Vec<EventRow>> {
-        leased!(&self.store, |c| self.store.list_events(
-            c,
-            "PENDING",
-            i64::from(limit)
-        ))
+        Lease::run(&self.store, async |c| {
+            self.store.list_events(c, "PENDING", i64::from(limit)).await
+        })
+        .await
     }
 
     /// Puts a dead event back in line (due now, its attempts reset); whether it was dead.
     /// The entity's later events follow it once it is published.
     pub async fn requeue(&self, key: &EventKey) -> Result<bool> {
-        leased!(&self.store, |c| self.store.requeue_event(c, key))
+        Lease::run(&self.store, async |c| {
+            self.store.requeue_event(c, key).await
+        })
+        .await
     }
 
     /// Deletes up to `batch` events published more than `retention` ago (never a pending
@@ -110,10 +115,11 @@ impl<S: OutboxStore> Outbox<S> {
             return Err(Error::InvalidInput("a purge batch must be positive".into()));
         }
         let retention = millis(retention);
-        leased!(&self.store, |c| self.store.purge_published(
-            c,
-            retention,
-            i64::from(batch)
-        ))
+        Lease::run(&self.store, async |c| {
+            self.store
+                .purge_published(c, retention, i64::from(batch))
+                .await
+        })
+        .await
     }
 }

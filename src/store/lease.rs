@@ -13,6 +13,7 @@
 //! server roll back whatever was open. The price of a cancelled call is one reconnect;
 //! a call that completes pays nothing.
 
+use super::errors::db_error;
 use super::{ErrorClass, Store};
 
 /// A connection borrowed from a store's pool: closed on drop unless released.
@@ -87,6 +88,19 @@ impl<S: Store> Lease<S> {
 
     /// Releases the connection after work that ended with `result`, unless that work
     /// lost the connection, which is then closed.
+    /// Runs one `statement` of `store` on a leased connection: the connection goes back
+    /// to the pool once the statement ran to its end, and is closed if it was lost or
+    /// the future dropped. Errors are the store's, judged as [`db_error`] judges them.
+    pub(crate) async fn run<T>(
+        store: &S,
+        statement: impl AsyncFnOnce(&mut S::Conn) -> Result<T, sqlx::Error>,
+    ) -> crate::Result<T> {
+        let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
+        let out = statement(lease.conn()).await;
+        lease.release_after(&out);
+        out.map_err(db_error::<S>)
+    }
+
     pub(crate) fn release_after<T>(self, result: &Result<T, sqlx::Error>) {
         match result {
             Err(e) if S::classify(e) == ErrorClass::ConnectionLost => drop(self),

@@ -13,7 +13,7 @@ use super::{ClaimTimers, ClaimedTimer, FailedTimer, TimerRow, TimerStats, TimerS
 use crate::engine::{Engine, Outcome, parse_event};
 use crate::flow::{FlowStore, Flows, WAIT_MACHINE, Woken};
 use crate::machine::StateMachine;
-use crate::store::{Lease, db_error};
+use crate::store::Lease;
 use crate::support::retry::millis;
 use crate::support::text::bounded;
 use crate::{Error, Result};
@@ -195,7 +195,8 @@ impl<S: TimerStore> Timers<S> {
             limit: i64::from(self.config.batch),
         };
         let store = &self.store;
-        let claimed: Vec<ClaimedTimer> = leased!(store, |c| store.claim_timers(c, &claim))?;
+        let claimed: Vec<ClaimedTimer> =
+            Lease::run(store, async |c| store.claim_timers(c, &claim).await).await?;
         let mut round = TimerRound {
             claimed: claimed.len(),
             ..TimerRound::default()
@@ -257,7 +258,7 @@ impl<S: TimerStore> Timers<S> {
                 note: note.as_deref(),
             })
             .collect();
-        let marked = leased!(store, |c| store.mark_fired(c, &token, &fired))?;
+        let marked = Lease::run(store, async |c| store.mark_fired(c, &token, &fired).await).await?;
         let lost = fired
             .len()
             .saturating_sub(usize::try_from(marked).unwrap_or(usize::MAX));
@@ -300,7 +301,7 @@ impl<S: TimerStore> Timers<S> {
             dead,
         };
         let store = &self.store;
-        let wrote = leased!(store, |c| store.mark_timer_failed(c, &failed))?;
+        let wrote = Lease::run(store, async |c| store.mark_timer_failed(c, &failed).await).await?;
         // Counted as recorded: a failure whose claim was taken over is only `lost`.
         if wrote && dead {
             round.dead += 1;
@@ -344,7 +345,7 @@ impl<S: TimerStore> Timers<S> {
     /// Counts of the timers as they are now (the overdue gauge is set from them).
     pub async fn stats(&self) -> Result<TimerStats> {
         let store = &self.store;
-        let stats = leased!(store, |c| store.timer_stats(c))?;
+        let stats = Lease::run(store, async |c| store.timer_stats(c).await).await?;
         crate::observe::timers_overdue(stats.due, stats.oldest_late_ms);
         Ok(stats)
     }
@@ -353,13 +354,13 @@ impl<S: TimerStore> Timers<S> {
     pub async fn dead(&self, limit: i64) -> Result<Vec<ClaimedTimer>> {
         check_limit(limit)?;
         let store = &self.store;
-        leased!(store, |c| store.list_timers(c, "DEAD", limit))
+        Lease::run(store, async |c| store.list_timers(c, "DEAD", limit).await).await
     }
 
     /// Puts a dead timer back to pending, due now; whether it was dead.
     pub async fn rearm(&self, key: &super::TimerKey<'_>) -> Result<bool> {
         let store = &self.store;
-        leased!(store, |c| store.rearm_timer(c, key))
+        Lease::run(store, async |c| store.rearm_timer(c, key).await).await
     }
 
     /// Deletes up to `limit` (1 to 100,000) fired or cancelled timers that ended more
@@ -372,7 +373,10 @@ impl<S: TimerStore> Timers<S> {
         }
         let store = &self.store;
         let retention_ms = millis(retention);
-        leased!(store, |c| store.purge_timers(c, retention_ms, limit))
+        Lease::run(store, async |c| {
+            store.purge_timers(c, retention_ms, limit).await
+        })
+        .await
     }
 
     /// The delay before the next try of a timer claimed `attempts` times.

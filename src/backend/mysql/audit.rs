@@ -1,8 +1,31 @@
 //! The audit trail on MySQL/MariaDB.
 
+use crate::backend::audit_sql;
+use crate::backend::audit_sql::AuditStatements;
+use crate::backend::sql::Params;
+use crate::store::audit::{AuditEntry, AuditRow, AuditStore};
 use sqlx::mysql::{MySql, MySqlConnection};
+use std::sync::LazyLock;
 
 use super::MySqlStore;
-use crate::backend::sql::Params;
 
-crate::backend::audit_sql::audit_store!(MySqlStore, MySql, MySqlConnection, Params::Plain);
+static AUDIT: LazyLock<AuditStatements> =
+    LazyLock::new(|| AuditStatements::new(super::timers::NOW, Params::Plain));
+
+impl AuditStore for MySqlStore {
+    async fn record_audit(
+        &self,
+        conn: &mut MySqlConnection,
+        entry: &AuditEntry<'_>,
+    ) -> Result<(), sqlx::Error> {
+        audit_sql::record::<MySql>(conn, &AUDIT, entry).await
+    }
+
+    async fn list_audit(
+        &self,
+        conn: &mut MySqlConnection,
+        limit: i64,
+    ) -> Result<Vec<AuditRow>, sqlx::Error> {
+        audit_sql::list::<MySql>(conn, &AUDIT, limit).await
+    }
+}

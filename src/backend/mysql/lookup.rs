@@ -1,8 +1,57 @@
 //! The operators' lookups on MySQL/MariaDB.
 
+use crate::admin::lookup::{EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord};
+use crate::backend::lookup_sql;
+use crate::backend::lookup_sql::LookupStatements;
+use crate::backend::sql::Params;
+use crate::outbox::EventRow;
 use sqlx::mysql::{MySql, MySqlConnection};
+use std::sync::LazyLock;
 
 use super::MySqlStore;
-use crate::backend::sql::Params;
 
-crate::backend::lookup_sql::lookup_store!(MySqlStore, MySql, MySqlConnection, Params::Plain);
+static LOOKUP: LazyLock<LookupStatements> = LazyLock::new(|| {
+    LookupStatements::new(
+        super::timers::NOW,
+        super::outbox::EVENT_COLUMNS,
+        Params::Plain,
+    )
+});
+
+impl LookupStore for MySqlStore {
+    async fn records_by_key(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &str,
+        limit: i64,
+    ) -> Result<Vec<RecordHit>, sqlx::Error> {
+        lookup_sql::records::<MySql>(conn, &LOOKUP, key, limit).await
+    }
+
+    async fn flows_by_key(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &str,
+        limit: i64,
+    ) -> Result<Vec<FlowHit>, sqlx::Error> {
+        lookup_sql::flows::<MySql>(conn, &LOOKUP, key, limit).await
+    }
+
+    async fn events_by(
+        &self,
+        conn: &mut MySqlConnection,
+        by: EventsBy<'_>,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        lookup_sql::events::<MySql>(conn, &LOOKUP, by, limit).await
+    }
+
+    async fn stuck_records(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<StuckRecord>, sqlx::Error> {
+        lookup_sql::stuck::<MySql>(conn, &LOOKUP, scope, limit).await
+    }
+}

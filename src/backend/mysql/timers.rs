@@ -2,6 +2,8 @@
 //! `backend/timer_sql.rs`. The claim locks the chosen timers (`FOR UPDATE SKIP LOCKED`),
 //! writes its token on them and reads them back, in one short transaction.
 
+use crate::backend::timer_sql::ListBy;
+use crate::timer::{FailedTimer, FiredTimer, NewTimer, TimerKey, TimerStats};
 use std::sync::LazyLock;
 
 use sqlx::mysql::{MySql, MySqlConnection};
@@ -9,7 +11,7 @@ use sqlx::{AssertSqlSafe, Connection};
 
 use super::MySqlStore;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
-use crate::backend::timer_sql::{self, TimerStatements, decoded, shared_timer_methods};
+use crate::backend::timer_sql::{self, TimerStatements, decoded};
 use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
 
 /// The database clock, in milliseconds since the epoch.
@@ -44,7 +46,70 @@ static PURGE: LazyLock<Statement> = LazyLock::new(|| {
 });
 
 impl TimerStore for MySqlStore {
-    shared_timer_methods!(MySql, MySqlConnection, STATEMENTS);
+    async fn schedule_timer(
+        &self,
+        conn: &mut MySqlConnection,
+        timer: &NewTimer<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::schedule::<MySql>(conn, &STATEMENTS, timer).await
+    }
+
+    async fn mark_fired(
+        &self,
+        conn: &mut MySqlConnection,
+        token: &str,
+        fired: &[FiredTimer<'_>],
+    ) -> Result<u64, sqlx::Error> {
+        timer_sql::fired::<MySql>(conn, &STATEMENTS, token, fired).await
+    }
+
+    async fn mark_timer_failed(
+        &self,
+        conn: &mut MySqlConnection,
+        failed: &FailedTimer<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::failed::<MySql>(conn, &STATEMENTS, failed).await
+    }
+
+    async fn cancel_timer(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &TimerKey<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::cancel_or_rearm::<MySql>(conn, &STATEMENTS, key, false).await
+    }
+
+    async fn rearm_timer(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &TimerKey<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::cancel_or_rearm::<MySql>(conn, &STATEMENTS, key, true).await
+    }
+
+    async fn list_timers(
+        &self,
+        conn: &mut MySqlConnection,
+        status: &str,
+        limit: i64,
+    ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
+        let by = ListBy::Status(status, limit);
+        timer_sql::list::<MySql>(conn, &STATEMENTS, by).await
+    }
+
+    async fn timers_of(
+        &self,
+        conn: &mut MySqlConnection,
+        machine: &str,
+        entity_id: i64,
+    ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
+        let by = ListBy::Entity(machine, entity_id);
+        timer_sql::list::<MySql>(conn, &STATEMENTS, by).await
+    }
+
+    async fn timer_stats(&self, conn: &mut MySqlConnection) -> Result<TimerStats, sqlx::Error> {
+        timer_sql::stats::<MySql>(conn, &STATEMENTS).await
+    }
 
     async fn claim_timers(
         &self,

@@ -1,8 +1,57 @@
 //! The operators' lookups on PostgreSQL.
 
+use crate::admin::lookup::{EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord};
+use crate::backend::lookup_sql;
+use crate::backend::lookup_sql::LookupStatements;
+use crate::backend::sql::Params;
+use crate::outbox::EventRow;
 use sqlx::postgres::{PgConnection, Postgres};
+use std::sync::LazyLock;
 
 use super::PgStore;
-use crate::backend::sql::Params;
 
-crate::backend::lookup_sql::lookup_store!(PgStore, Postgres, PgConnection, Params::Dollar);
+static LOOKUP: LazyLock<LookupStatements> = LazyLock::new(|| {
+    LookupStatements::new(
+        super::timers::NOW,
+        super::outbox::EVENT_COLUMNS,
+        Params::Dollar,
+    )
+});
+
+impl LookupStore for PgStore {
+    async fn records_by_key(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+        limit: i64,
+    ) -> Result<Vec<RecordHit>, sqlx::Error> {
+        lookup_sql::records::<Postgres>(conn, &LOOKUP, key, limit).await
+    }
+
+    async fn flows_by_key(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+        limit: i64,
+    ) -> Result<Vec<FlowHit>, sqlx::Error> {
+        lookup_sql::flows::<Postgres>(conn, &LOOKUP, key, limit).await
+    }
+
+    async fn events_by(
+        &self,
+        conn: &mut PgConnection,
+        by: EventsBy<'_>,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        lookup_sql::events::<Postgres>(conn, &LOOKUP, by, limit).await
+    }
+
+    async fn stuck_records(
+        &self,
+        conn: &mut PgConnection,
+        scope: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<StuckRecord>, sqlx::Error> {
+        lookup_sql::stuck::<Postgres>(conn, &LOOKUP, scope, limit).await
+    }
+}

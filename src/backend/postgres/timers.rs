@@ -1,13 +1,15 @@
 //! Timers on PostgreSQL: [`TimerStore`] over the statements in `backend/timer_sql.rs`.
 //! The claim is one `UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED) … RETURNING`.
 
+use crate::backend::timer_sql::ListBy;
+use crate::timer::{FailedTimer, FiredTimer, NewTimer, TimerKey, TimerStats};
 use std::sync::LazyLock;
 
 use sqlx::postgres::{PgConnection, Postgres};
 
 use super::PgStore;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
-use crate::backend::timer_sql::{self, TimerStatements, shared_timer_methods};
+use crate::backend::timer_sql::{self, TimerStatements};
 use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
 
 /// The database clock, in milliseconds since the epoch.
@@ -42,7 +44,70 @@ static PURGE: LazyLock<Statement> =
     LazyLock::new(|| Statement::shared(timer_sql::purge_sql(NOW), Params::Dollar));
 
 impl TimerStore for PgStore {
-    shared_timer_methods!(Postgres, PgConnection, STATEMENTS);
+    async fn schedule_timer(
+        &self,
+        conn: &mut PgConnection,
+        timer: &NewTimer<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::schedule::<Postgres>(conn, &STATEMENTS, timer).await
+    }
+
+    async fn mark_fired(
+        &self,
+        conn: &mut PgConnection,
+        token: &str,
+        fired: &[FiredTimer<'_>],
+    ) -> Result<u64, sqlx::Error> {
+        timer_sql::fired::<Postgres>(conn, &STATEMENTS, token, fired).await
+    }
+
+    async fn mark_timer_failed(
+        &self,
+        conn: &mut PgConnection,
+        failed: &FailedTimer<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::failed::<Postgres>(conn, &STATEMENTS, failed).await
+    }
+
+    async fn cancel_timer(
+        &self,
+        conn: &mut PgConnection,
+        key: &TimerKey<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::cancel_or_rearm::<Postgres>(conn, &STATEMENTS, key, false).await
+    }
+
+    async fn rearm_timer(
+        &self,
+        conn: &mut PgConnection,
+        key: &TimerKey<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::cancel_or_rearm::<Postgres>(conn, &STATEMENTS, key, true).await
+    }
+
+    async fn list_timers(
+        &self,
+        conn: &mut PgConnection,
+        status: &str,
+        limit: i64,
+    ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
+        let by = ListBy::Status(status, limit);
+        timer_sql::list::<Postgres>(conn, &STATEMENTS, by).await
+    }
+
+    async fn timers_of(
+        &self,
+        conn: &mut PgConnection,
+        machine: &str,
+        entity_id: i64,
+    ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
+        let by = ListBy::Entity(machine, entity_id);
+        timer_sql::list::<Postgres>(conn, &STATEMENTS, by).await
+    }
+
+    async fn timer_stats(&self, conn: &mut PgConnection) -> Result<TimerStats, sqlx::Error> {
+        timer_sql::stats::<Postgres>(conn, &STATEMENTS).await
+    }
 
     async fn claim_timers(
         &self,

@@ -2,13 +2,15 @@
 //! single writer makes the claim one `UPDATE … RETURNING` of the timers its subquery
 //! chose.
 
+use crate::backend::timer_sql::ListBy;
+use crate::timer::{FailedTimer, FiredTimer, NewTimer, TimerKey, TimerStats};
 use std::sync::LazyLock;
 
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use super::SqliteStore;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
-use crate::backend::timer_sql::{self, TimerStatements, shared_timer_methods};
+use crate::backend::timer_sql::{self, TimerStatements};
 use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
 
 /// The database clock, in milliseconds since the epoch.
@@ -41,7 +43,70 @@ static PURGE: LazyLock<Statement> =
     LazyLock::new(|| Statement::shared(timer_sql::purge_sql(NOW), Params::Numbered));
 
 impl TimerStore for SqliteStore {
-    shared_timer_methods!(Sqlite, SqliteConnection, STATEMENTS);
+    async fn schedule_timer(
+        &self,
+        conn: &mut SqliteConnection,
+        timer: &NewTimer<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::schedule::<Sqlite>(conn, &STATEMENTS, timer).await
+    }
+
+    async fn mark_fired(
+        &self,
+        conn: &mut SqliteConnection,
+        token: &str,
+        fired: &[FiredTimer<'_>],
+    ) -> Result<u64, sqlx::Error> {
+        timer_sql::fired::<Sqlite>(conn, &STATEMENTS, token, fired).await
+    }
+
+    async fn mark_timer_failed(
+        &self,
+        conn: &mut SqliteConnection,
+        failed: &FailedTimer<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::failed::<Sqlite>(conn, &STATEMENTS, failed).await
+    }
+
+    async fn cancel_timer(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &TimerKey<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::cancel_or_rearm::<Sqlite>(conn, &STATEMENTS, key, false).await
+    }
+
+    async fn rearm_timer(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &TimerKey<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        timer_sql::cancel_or_rearm::<Sqlite>(conn, &STATEMENTS, key, true).await
+    }
+
+    async fn list_timers(
+        &self,
+        conn: &mut SqliteConnection,
+        status: &str,
+        limit: i64,
+    ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
+        let by = ListBy::Status(status, limit);
+        timer_sql::list::<Sqlite>(conn, &STATEMENTS, by).await
+    }
+
+    async fn timers_of(
+        &self,
+        conn: &mut SqliteConnection,
+        machine: &str,
+        entity_id: i64,
+    ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
+        let by = ListBy::Entity(machine, entity_id);
+        timer_sql::list::<Sqlite>(conn, &STATEMENTS, by).await
+    }
+
+    async fn timer_stats(&self, conn: &mut SqliteConnection) -> Result<TimerStats, sqlx::Error> {
+        timer_sql::stats::<Sqlite>(conn, &STATEMENTS).await
+    }
 
     async fn claim_timers(
         &self,

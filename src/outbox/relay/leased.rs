@@ -4,7 +4,7 @@
 use super::{Relay, RelayRound, set_aside, sort_out};
 use crate::Result;
 use crate::outbox::{EventKey, FailedEvent, OutboxStore, Sink, millis};
-use crate::store::{Lease, db_error};
+use crate::store::Lease;
 use crate::support::text::bounded;
 
 impl<S: OutboxStore, K: Sink> Relay<S, K> {
@@ -17,7 +17,7 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
             lease_ms: millis(self.config.lease),
             limit: i64::from(self.config.batch),
         };
-        let claimed = leased!(store, |c| store.claim_events(c, &claim))?;
+        let claimed = Lease::run(store, async |c| store.claim_events(c, &claim).await).await?;
         let mut round = RelayRound {
             claimed: claimed.len(),
             ..RelayRound::default()
@@ -32,7 +32,10 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
         }
         let (published, failed) = self.publish_batch(&rows).await;
         if !published.is_empty() {
-            let marked = leased!(store, |c| store.mark_published(c, &token, &published))?;
+            let marked = Lease::run(store, async |c| {
+                store.mark_published(c, &token, &published).await
+            })
+            .await?;
             let marked = usize::try_from(marked).unwrap_or(0);
             round.published = marked;
             round.lost += published.len().saturating_sub(marked);
@@ -49,7 +52,7 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
             };
             // One failure that cannot be recorded does not keep the others from being
             // recorded: it is due again when its claim runs out.
-            match leased!(store, |c| store.mark_failed(c, &failure)) {
+            match Lease::run(store, async |c| store.mark_failed(c, &failure).await).await {
                 Ok(false) => round.lost += 1,
                 Ok(true) if dead => round.dead += 1,
                 Ok(true) => round.retried += 1,
@@ -87,7 +90,8 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
             retry_in_ms: 0,
             dead: true,
         };
-        let mark = async { leased!(store, |c| store.mark_failed(c, &failure)) };
+        let mark =
+            async { Lease::run(store, async |c| store.mark_failed(c, &failure).await).await };
         match mark.await {
             Ok(true) => {}
             Ok(false) => round.lost += 1,
