@@ -13,10 +13,13 @@
 //! |---|---|
 //! | `sql.rs` | statements written once with numbered parameters, each dialect's placeholders |
 //! | `records_sql.rs`, `flow_sql.rs`, `outbox_sql.rs` | the statements of the idempotency, flow and outbox layers whose values every dialect binds alike |
+//! | `errors.rs` | the error classes every driver shares, and a user's own driver error classified by its backend |
 //! | `units.rs` | how a write unit ends, and which requests of a batch go together |
 //! | `stepwise.rs` | the write units of the dialects that write a transition statement by statement (MySQL/MariaDB, SQLite) |
 //! | `batched.rs` | batched reads of requests' history rows |
 //! | `migrations.rs` | orderly's migrations in a table of their own |
+//! | `rows.rs` | the judge's read as one decoded row |
+//! | `tables.rs` | the configured tables' names quoted, their probes and added columns |
 //!
 //! Nothing below this folder imports it: the layers reach a backend only through their
 //! seam traits. See `docs/backends.md`, "Adding a backend".
@@ -25,6 +28,7 @@
 pub(crate) mod audit_sql;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod batched;
+pub(crate) mod errors;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod flow_sql;
 #[cfg(all(
@@ -39,9 +43,13 @@ pub(crate) mod outbox_sql;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod records_sql;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod rows;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) mod stepwise;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod tables;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod timer_sql;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

@@ -11,7 +11,8 @@ use std::future::Future;
 use sqlx::{Connection, Database, Transaction};
 
 use super::units::{end_unit, undo};
-use crate::store::{Apply, FirstWrite, Request, Written, is_unique_violation};
+use crate::backend::errors::is_unique_violation;
+use crate::store::{Apply, FirstWrite, Request, Written};
 
 /// A backend's connection.
 pub(crate) type Conn<S> = <<S as Stepwise>::Db as Database>::Connection;

@@ -30,11 +30,7 @@ impl<S: Store> Lease<S> {
     pub(crate) async fn acquire(store: &S) -> Result<Self, sqlx::Error> {
         let conn = store.acquire().await?;
         crate::support::detach::mark_connected();
-        Ok(Lease {
-            conn: Some(conn),
-            _turn: None,
-            for_write: false,
-        })
+        Ok(Lease::held(conn))
     }
 
     /// Borrows a connection for a write, after taking the store's writer's turn (if it
@@ -56,8 +52,7 @@ impl<S: Store> Lease<S> {
         self.for_write
     }
 
-    /// Holds a connection already borrowed (by a store, before its first statement).
-    #[cfg(feature = "mysql")]
+    /// Holds a connection already borrowed.
     pub(crate) fn held(conn: S::Pooled) -> Self {
         Lease {
             conn: Some(conn),
@@ -67,7 +62,6 @@ impl<S: Store> Lease<S> {
     }
 
     /// Hands the connection on, its conversation finished.
-    #[cfg(feature = "mysql")]
     pub(crate) fn into_inner(mut self) -> Option<S::Pooled> {
         self.conn.take()
     }
@@ -82,12 +76,10 @@ impl<S: Store> Lease<S> {
 
     /// Returns the connection to the pool: the work on it ran to its end, and no
     /// transaction of orderly's is open on it.
-    pub(crate) fn release(mut self) {
-        drop(self.conn.take());
+    pub(crate) fn release(self) {
+        drop(self.into_inner());
     }
 
-    /// Releases the connection after work that ended with `result`, unless that work
-    /// lost the connection, which is then closed.
     /// Runs one `statement` of `store` on a leased connection: the connection goes back
     /// to the pool once the statement ran to its end, and is closed if it was lost or
     /// the future dropped. Errors are the store's, judged as [`db_error`] judges them.
@@ -101,6 +93,8 @@ impl<S: Store> Lease<S> {
         out.map_err(db_error::<S>)
     }
 
+    /// Releases the connection after work that ended with `result`, unless that work
+    /// lost the connection, which is then closed.
     pub(crate) fn release_after<T>(self, result: &Result<T, sqlx::Error>) {
         match result {
             Err(e) if S::classify(e) == ErrorClass::ConnectionLost => drop(self),

@@ -42,12 +42,8 @@ pub mod timers;
 
 pub use errors::ErrorClass;
 pub(crate) use errors::db_error;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) use errors::is_unique_violation;
 pub(crate) use lease::Lease;
 pub use requests::{Apply, Audit, FirstWrite, Key, Observed, OwnedKey, Request, Txn, Written};
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) use rows::ObservedRow;
 pub use rows::{Entity, PositionedPrior, Prior, RawTransition, RefRow};
 pub use tables::{MIGRATIONS_TABLE, Tables};
 

@@ -41,43 +41,6 @@ pub struct PositionedPrior {
     pub prior: Prior,
 }
 
-/// The judge's read as one row: the entity, left-joined to this request's history row,
-/// whose columns are all NULL when it is absent.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct ObservedRow {
-    status: String,
-    version: i64,
-    from_status: Option<String>,
-    to_status: Option<String>,
-    payload_hash: Option<String>,
-    seq: Option<i64>,
-    write_id: Option<i64>,
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-impl From<ObservedRow> for super::Observed {
-    fn from(row: ObservedRow) -> Self {
-        let prior = match (row.from_status, row.to_status, row.seq) {
-            (Some(from), Some(to), Some(seq)) => Some(Prior {
-                seq,
-                from,
-                to,
-                payload_hash: row.payload_hash,
-                write_id: row.write_id,
-            }),
-            _ => None,
-        };
-        super::Observed {
-            entity: Entity {
-                status: row.status,
-                version: row.version,
-            },
-            prior,
-        }
-    }
-}
-
 /// A history row found by its reference (an operator's search), its names as stored.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
 pub struct RefRow {

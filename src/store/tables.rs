@@ -47,46 +47,6 @@ impl Tables {
     pub fn history(&self) -> &str {
         &self.history
     }
-
-    /// The statement that selects `columns` of one table (`history`, or the entity
-    /// table) from no row, names quoted with `q`: it fails if a column is missing.
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub(crate) fn probe_sql(&self, q: char, history: bool, columns: &[&str]) -> String {
-        let table = if history { &self.history } else { &self.orders };
-        let columns: Vec<String> = columns.iter().map(|c| quote(c, q)).collect();
-        format!(
-            "SELECT {} FROM {} WHERE 1 = 0",
-            columns.join(", "),
-            quote(table, q)
-        )
-    }
-
-    /// The statement that adds `column` of type `ty` to one table, names quoted with `q`.
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub(crate) fn add_column_sql(&self, q: char, history: bool, column: &str, ty: &str) -> String {
-        let table = if history { &self.history } else { &self.orders };
-        format!(
-            "ALTER TABLE {} ADD COLUMN {} {ty}",
-            quote(table, q),
-            quote(column, q)
-        )
-    }
-
-    /// One table's name, as configured.
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub(crate) fn name(&self, history: bool) -> String {
-        if history {
-            self.history.clone()
-        } else {
-            self.orders.clone()
-        }
-    }
-
-    /// Both names quoted with `q` (the backend's identifier quote).
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub(crate) fn quoted(&self, q: char) -> (String, String) {
-        (quote(&self.orders, q), quote(&self.history, q))
-    }
 }
 
 fn validate_name(name: &str) -> Result<String, Error> {
@@ -106,12 +66,4 @@ fn validate_name(name: &str) -> Result<String, Error> {
             "table name {name:?} is not an identifier ([A-Za-z_][A-Za-z0-9_]*, optionally schema-qualified)"
         )))
     }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-fn quote(name: &str, q: char) -> String {
-    name.split('.')
-        .map(|p| format!("{q}{p}{q}"))
-        .collect::<Vec<_>>()
-        .join(".")
 }

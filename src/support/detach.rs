@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// Whether `err` means that no connection was to be had: the pool's timeout, or a
-/// server's refusal (see `store::errors::refused`).
+/// server's refusal (see `backend::errors::refused`).
 pub(crate) fn no_connection(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::PoolTimedOut => true,

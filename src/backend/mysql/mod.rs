@@ -11,6 +11,7 @@ use crate::store::{Store, Tables, db_error};
 use sqlx::migrate::Migrator;
 
 mod audit;
+pub(crate) mod errors;
 mod flows;
 mod idempotency;
 #[cfg(feature = "admin")]
@@ -211,7 +212,7 @@ impl MySqlStore {
 /// server shutting down (1053), a Galera node not ready (1047), a host blocked after
 /// failed connects (1129).
 pub(crate) fn refused(err: sqlx::Error) -> sqlx::Error {
-    crate::store::errors::refused(err, |db| {
+    crate::backend::errors::refused(err, |db| {
         db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
             .is_some_and(|e| matches!(e.number(), 1040 | 1203 | 1053 | 1047 | 1129))
     })

@@ -10,12 +10,13 @@ use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
 use super::transition_sql::{Sql, at};
+use crate::backend::rows::ObservedRow;
 use crate::backend::stepwise::Stepwise;
 use crate::backend::units::{end_unit, undo};
 use crate::backend::{BATCH_READ_MAX, in_place};
 use crate::store::{
-    Apply, Entity, ErrorClass, FirstWrite, Key, Lease, Observed, ObservedRow, OwnedKey,
-    PositionedPrior, Prior, RawTransition, RefRow, Request, Store, Txn, Written,
+    Apply, Entity, ErrorClass, FirstWrite, Key, Lease, Observed, OwnedKey, PositionedPrior, Prior,
+    RawTransition, RefRow, Request, Store, Txn, Written,
 };
 
 impl MySqlStore {
@@ -156,7 +157,7 @@ impl Store for MySqlStore {
     }
 
     fn classify(err: &sqlx::Error) -> ErrorClass {
-        crate::store::errors::classify_mysql(err)
+        super::errors::classify(err)
     }
 
     /// The floor's statements for one request: `BEGIN`; the update guarded by the

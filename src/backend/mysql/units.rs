@@ -8,9 +8,10 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use super::MySqlStore;
 use super::transition_sql::{CAUSAL, LIVE};
 use crate::backend::Tried;
+use crate::backend::errors::is_unique_violation;
 use crate::backend::sql::BySize;
 use crate::backend::stepwise::Stepwise;
-use crate::store::{Apply, FirstWrite, Request, is_unique_violation};
+use crate::store::{Apply, FirstWrite, Request};
 
 impl MySqlStore {
     /// The apply-first writes of requests of distinct entities in an open transaction: a

@@ -11,6 +11,7 @@ use crate::store::{Tables, db_error};
 use sqlx::migrate::{Migrate, Migrator};
 
 mod audit;
+pub(crate) mod errors;
 mod flows;
 mod idempotency;
 #[cfg(feature = "admin")]
@@ -114,7 +115,7 @@ impl PgStore {
 /// (55000, `ALLOW_CONNECTIONS false`), starting up or shutting down (57P03, 57P01,
 /// 57P02), too many connections (53300), a connection failure (class 08).
 pub(crate) fn refused(err: sqlx::Error) -> sqlx::Error {
-    crate::store::errors::refused(err, |db| {
+    crate::backend::errors::refused(err, |db| {
         db.code().is_some_and(|code| {
             matches!(&*code, "55000" | "57P01" | "57P02" | "57P03" | "53300")
                 || code.starts_with("08")

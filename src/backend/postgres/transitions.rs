@@ -8,11 +8,13 @@ use sqlx::Connection;
 use sqlx::postgres::{PgConnection, Postgres};
 
 use super::PgStore;
+use crate::backend::errors::is_unique_violation;
+use crate::backend::rows::ObservedRow;
 use crate::backend::units::{end_unit, undo};
 use crate::backend::{BATCH_READ_MAX, in_place};
 use crate::store::{
-    Apply, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, OwnedKey, PositionedPrior,
-    Prior, RawTransition, RefRow, Request, Store, Txn, Written, is_unique_violation,
+    Apply, Entity, ErrorClass, FirstWrite, Key, Observed, OwnedKey, PositionedPrior, Prior,
+    RawTransition, RefRow, Request, Store, Txn, Written,
 };
 
 impl Store for PgStore {
@@ -105,7 +107,7 @@ impl Store for PgStore {
     }
 
     fn classify(err: &sqlx::Error) -> ErrorClass {
-        crate::store::errors::classify_postgres(err)
+        super::errors::classify(err)
     }
 
     /// One statement for one request, any number of source states, atomic on its own.

@@ -3,7 +3,8 @@
 
 use super::PgStore;
 use super::transitions::is_outbox_taken;
-use crate::store::{FirstWrite, PositionedPrior, Prior, Request, Txn, is_unique_violation};
+use crate::backend::errors::is_unique_violation;
+use crate::store::{FirstWrite, PositionedPrior, Prior, Request, Txn};
 use sqlx::postgres::PgConnection;
 
 impl PgStore {

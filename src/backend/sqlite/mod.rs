@@ -14,6 +14,7 @@ use crate::store::{Tables, db_error};
 use sqlx::migrate::Migrator;
 
 mod audit;
+pub(crate) mod errors;
 mod flows;
 mod idempotency;
 #[cfg(feature = "testing")]

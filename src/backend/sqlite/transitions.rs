@@ -8,11 +8,12 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::SqliteStore;
+use crate::backend::rows::ObservedRow;
 use crate::backend::stepwise::Stepwise;
 use crate::backend::units::{end_unit, undo};
 use crate::store::{
-    Apply, Entity, ErrorClass, FirstWrite, Key, Observed, ObservedRow, Prior, RawTransition,
-    RefRow, Request, Store, Tables, Txn, Written,
+    Apply, Entity, ErrorClass, FirstWrite, Key, Observed, Prior, RawTransition, RefRow, Request,
+    Store, Tables, Txn, Written,
 };
 
 /// Every statement of the layer, for one pair of tables.
@@ -201,7 +202,7 @@ impl Store for SqliteStore {
     }
 
     fn classify(err: &sqlx::Error) -> ErrorClass {
-        crate::store::errors::classify_sqlite(err)
+        super::errors::classify(err)
     }
 
     /// The floor's statements for one request: `BEGIN IMMEDIATE`; the update guarded by the

@@ -10,9 +10,10 @@ use sqlx::{Connection, Row, Transaction};
 
 use super::SqliteStore;
 use crate::backend::Tried;
+use crate::backend::errors::is_unique_violation;
 use crate::backend::sql::BySize;
 use crate::backend::stepwise::Stepwise;
-use crate::store::{Apply, FirstWrite, Request, Txn, is_unique_violation};
+use crate::store::{Apply, FirstWrite, Request, Txn};
 
 impl SqliteStore {
     /// A write unit: `BEGIN IMMEDIATE` on the engine's connection, a savepoint inside the

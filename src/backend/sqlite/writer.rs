@@ -21,8 +21,8 @@ use rusqlite::{CachedStatement, Connection, OpenFlags, ToSql};
 use sqlx::SqlStr;
 use sqlx::sqlite::SqliteConnection;
 
+use super::errors::{SQLITE_PRIMARY_KEY, SQLITE_UNIQUE, WriterError};
 use super::units::UnitStatements;
-use crate::store::errors::{SQLITE_PRIMARY_KEY, SQLITE_UNIQUE, WriterError};
 use crate::store::{FirstWrite, Request};
 
 /// Work for the writer's thread, on its connection.
