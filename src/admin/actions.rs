@@ -11,8 +11,9 @@ use axum::response::{IntoResponse, Response};
 
 use super::Access;
 use super::AdminStore;
-use super::app::{App, Seen, refused};
 use super::ops::{Acted, Filter, OnTimer, resume_how};
+use super::panel::App;
+use super::seen::{Seen, refused};
 use crate::outbox::EventKey;
 use crate::timer::TimerKey;
 use crate::{Error, Result};

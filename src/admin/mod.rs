@@ -26,11 +26,13 @@ mod machines;
 pub(crate) mod ops;
 mod page;
 mod pages;
+pub(crate) mod panel;
+mod seen;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use app::Admin;
+pub use panel::Admin;
 
 use self::lookup::LookupStore;
 use crate::engine::Engine;

@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 use serde::Serialize;
 
 use super::AdminStore;
-use super::app::Admin;
+use super::panel::{Admin, LIST_MAX};
 use crate::admin::lookup::{EventsBy, FlowHit, RecordHit, StuckRecord};
 use crate::flow::{FlowConfig, Flows, Listing, Resume};
 use crate::outbox::{EventKey, EventRow, Outbox};
@@ -154,9 +154,6 @@ pub(crate) struct FlowCounts {
 pub(crate) struct RecordCounts {
     pub(crate) stuck: usize,
 }
-
-/// How many rows a list reads (and a count counts) at most.
-pub(crate) const LIST_MAX: u32 = 500;
 
 /// A history row found by its reference, with its machine.
 #[derive(Debug, Clone, Serialize)]

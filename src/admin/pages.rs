@@ -11,8 +11,9 @@ use maud::{Markup, html};
 use serde_json::json;
 
 use super::AdminStore;
-use super::app::{Admin, App, PAGE, Seen, failed};
-use super::ops::{Event, Filter, LIST_MAX, time_text};
+use super::ops::{Event, Filter, time_text};
+use super::panel::{Admin, App, LIST_MAX, PAGE};
+use super::seen::{Seen, failed};
 use crate::Error;
 use crate::flow::Listing;
 use crate::outbox::Outbox;

@@ -13,7 +13,8 @@
 //! |---|---|
 //! | `sql.rs` | statements written once with numbered parameters, each dialect's placeholders |
 //! | `records_sql.rs`, `flow_sql.rs`, `outbox_sql.rs` | the statements of the idempotency, flow and outbox layers whose values every dialect binds alike |
-//! | `errors.rs` | the error classes every driver shares, and a user's own driver error classified by its backend |
+//! | `errors.rs` | the error classes every driver shares |
+//! | `classify.rs` | a user's own driver error classified by its backend |
 //! | `units.rs` | how a write unit ends, and which requests of a batch go together |
 //! | `stepwise.rs` | the write units of the dialects that write a transition statement by statement (MySQL/MariaDB, SQLite) |
 //! | `batched.rs` | batched reads of requests' history rows |
@@ -28,6 +29,8 @@
 pub(crate) mod audit_sql;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod batched;
+mod classify;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod errors;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod flow_sql;

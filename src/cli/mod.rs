@@ -27,9 +27,8 @@ use serde::Serialize;
 use self::args::{Args, Command, FlowsCmd, OutboxCmd, RecordsCmd, TimersCmd};
 use self::table::Table;
 use crate::Error;
-use crate::admin::ops::{
-    Acted, Event, Filter, LIST_MAX, OnTimer, message_id, resume_how, time_text,
-};
+use crate::admin::ops::{Acted, Event, Filter, OnTimer, message_id, resume_how, time_text};
+use crate::admin::panel::LIST_MAX;
 use crate::admin::{Admin, AdminStore};
 use crate::flow::Listing;
 use crate::outbox::{EventKey, Outbox};

@@ -8,6 +8,7 @@ use super::input::parse_state;
 use super::judge::{self, Refusal, Verdict};
 use super::req::{Conn, Req, abandoned, outbox_taken};
 use super::settle::{own_write, settle};
+use super::step::{Step, retry_or_fail};
 use super::writes::{First, first_turn, request_of};
 use super::{Engine, Outcome};
 use crate::machine::StateMachine;
@@ -79,19 +80,6 @@ async fn read_first<M: StateMachine, S: Store>(
         }
     };
     Some(judge::replay::<M>(&prior?, req.key, req.event, req.hash()))
-}
-
-/// What the loop does after one attempt.
-pub(super) enum Step<S> {
-    Done(Result<Outcome<S>>),
-    /// Read again; the reason is for the trace.
-    Retry(&'static str),
-    /// The connection failed (and is discarded). `wrote`: at or after this attempt's
-    /// write was sent, so the write may have committed.
-    Lost {
-        error: sqlx::Error,
-        wrote: bool,
-    },
 }
 
 /// The retry loop: attempts until one answers, within [`EngineConfig::max_attempts`]
@@ -297,28 +285,5 @@ async fn attempt<M: StateMachine, S: Store>(
         Ok(Written::Lost) => Step::Retry("lost the conditional update"),
         Ok(Written::OutboxTaken) => Step::Done(Err(outbox_taken(key))),
         Err(e) => retry_or_fail::<M, S>(e, txn, true),
-    }
-}
-
-/// The next step after a database error. Inside a caller's transaction every error ends
-/// the request: a retryable one (a deadlock, a lost connection) took the caller's
-/// transaction with it, and the caller runs the whole transaction again. `wrote`: the
-/// error came at or after the attempt's write was sent.
-pub(super) fn retry_or_fail<M: StateMachine, S: Store>(
-    e: sqlx::Error,
-    txn: Txn,
-    wrote: bool,
-) -> Step<M::State> {
-    match S::classify(&e) {
-        _ if txn == Txn::Caller => Step::Done(Err(db_error::<S>(e))),
-        ErrorClass::Retryable => {
-            crate::observe::retryable_db_error(S::BACKEND, "retryable", &e);
-            Step::Retry("retryable database error")
-        }
-        ErrorClass::ConnectionLost => {
-            crate::observe::retryable_db_error(S::BACKEND, "connection_lost", &e);
-            Step::Lost { error: e, wrote }
-        }
-        ErrorClass::Fatal => Step::Done(Err(db_error::<S>(e))),
     }
 }

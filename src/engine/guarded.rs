@@ -9,11 +9,11 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use futures_util::FutureExt;
 
-use super::attempt::{Step, retry_or_fail};
 use super::judge::{self, Refusal, Verdict};
 use super::req::{Req, abandoned, outbox_taken};
 use super::rules::{Halt, Judged};
 use super::settle::own_write;
+use super::step::{Step, retry_or_fail};
 use super::{Engine, Outcome};
 use crate::Error;
 use crate::machine::StateMachine;

@@ -48,6 +48,7 @@ mod request;
 mod rules;
 mod schema;
 mod settle;
+mod step;
 mod timers;
 mod writes;
 

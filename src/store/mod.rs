@@ -23,9 +23,9 @@
 //! answered for itself): the engine's coalesced writes (`coalesce/writes.rs`) reach the
 //! store through it.
 //!
-//! This folder holds the seam only: the [`Store`] trait, the rows it returns
-//! (`rows.rs`), table names (`tables.rs`), error classes and each dialect's codes
-//! (`errors.rs`), pooled connections that go back to the pool only when their conversation
+//! This folder holds the seam only, in no dialect: the [`Store`] trait, the rows it
+//! returns (`rows.rs`), table names (`tables.rs`), error classes (`errors.rs`; each
+//! dialect's codes are its backend's), pooled connections that go back to the pool only when their conversation
 //! ended (`lease.rs`). The backends implement it from
 //! above, in [`crate::backend`].
 

@@ -2,6 +2,7 @@
 //! or causal reads.
 
 use crate::backend::BatchReads;
+use crate::backend::sql::BySize;
 use crate::store::{Tables, Txn};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
@@ -56,7 +57,7 @@ pub(super) struct Sql {
     pub(super) by_status: SqlStr,
     pub(super) batch_reads: BatchReads,
     /// The statements of a unit of several requests, whose text depends on its size.
-    pub(super) units: super::units::UnitStatements,
+    pub(super) units: UnitStatements,
 }
 
 pub(super) fn at(txn: Txn) -> usize {
@@ -77,7 +78,7 @@ impl Sql {
         let locking = |f: &dyn Fn(&str) -> String, lock: &str| [read(f("")), read(f(lock))];
         let live = if causal { LIVE } else { "" };
         Sql {
-            units: super::units::UnitStatements::new(&o, &h, causal),
+            units: UnitStatements::new(&o, &h, causal),
             insert_order: sql(format!(
                 "INSERT INTO {o} (id, status, version) VALUES (?, ?, 0) ON DUPLICATE KEY UPDATE id = id"
             )),
@@ -185,5 +186,87 @@ fn priors_sql(h: &str, n: usize, causal: bool) -> String {
          JOIN {h} AS h ON h.order_id = q.order_id AND h.event = q.event AND h.ref_id = q.ref_id",
         if causal { CAUSAL } else { "" },
         rows.join(" UNION ALL ")
+    )
+}
+
+/// The statements of a unit of several requests, in size classes (see `first_writes`),
+/// built once per class.
+#[derive(Debug)]
+pub(super) struct UnitStatements {
+    /// The entities' locking read by the primary key: their ids.
+    pub(super) lock: BySize,
+    /// Which of the requests are recorded: `(order_id, event, ref_id)` each.
+    pub(super) recorded: BySize,
+    /// The entities moved: `(id, to)` each, then each id.
+    pub(super) update: BySize,
+    /// The history rows, 11 values each.
+    pub(super) record: BySize,
+    /// The outbox rows, 9 values each.
+    pub(super) emit: BySize,
+}
+
+impl UnitStatements {
+    /// The statements over the entity table `o` and the history table `h` (quoted),
+    /// on Galera if `causal`: the writes kept inside the transaction (`LIVE`), the read
+    /// of recorded requests written causal (which Galera does not wait for inside a
+    /// transaction: a request another node recorded and this node has not applied is
+    /// refused at certification instead).
+    pub(super) fn new(o: &str, h: &str, causal: bool) -> Self {
+        let live = if causal { LIVE } else { "" };
+        let causal = if causal { CAUSAL } else { "" };
+        let (lo, rh, uo, ih) = (o.to_string(), h.to_string(), o.to_string(), h.to_string());
+        UnitStatements {
+            lock: BySize::new(move |n| {
+                format!(
+                    "SELECT id, status, CAST(version AS SIGNED) FROM {lo} FORCE INDEX (PRIMARY) \
+                     WHERE id IN ({list}) ORDER BY id FOR UPDATE",
+                    list = vec!["?"; n].join(", ")
+                )
+            }),
+            recorded: BySize::new(move |n| {
+                format!(
+                    "{causal}SELECT order_id FROM {rh} WHERE {asked}",
+                    asked = vec!["(order_id = ? AND event = ? AND ref_id = ?)"; n].join(" OR ")
+                )
+            }),
+            update: BySize::new(move |n| {
+                format!(
+                    "UPDATE {uo} SET status = CASE id {cases} END, version = version + 1 WHERE id IN ({ids}){live}",
+                    cases = vec!["WHEN ? THEN ?"; n].join(" "),
+                    ids = vec!["?"; n].join(", ")
+                )
+            }),
+            record: BySize::new(move |n| {
+                format!(
+                    "INSERT INTO {ih} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                     {rows}",
+                    rows = padded_rows(11, n, live)
+                )
+            }),
+            emit: BySize::new(move |n| {
+                format!(
+                    "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                     {rows}",
+                    rows = padded_rows(9, n, live)
+                )
+            }),
+        }
+    }
+}
+
+/// The rows of a multi-row insert as a `SELECT` of `rows` rows of `width` parameters,
+/// `UNION ALL`ed, keeping only those whose first value is not NULL (the padding of a
+/// size class) and that meet `live`.
+fn padded_rows(width: usize, rows: usize, live: &str) -> String {
+    let first: Vec<String> = (0..width).map(|c| format!("? AS c{c}")).collect();
+    let rest = vec!["?"; width].join(", ");
+    let mut union = format!("SELECT {}", first.join(", "));
+    for _ in 1..rows {
+        union.push_str(&format!(" UNION ALL SELECT {rest}"));
+    }
+    let columns: Vec<String> = (0..width).map(|c| format!("x.c{c}")).collect();
+    format!(
+        "SELECT {} FROM ({union}) AS x WHERE x.c0 IS NOT NULL{live}",
+        columns.join(", ")
     )
 }

@@ -6,10 +6,8 @@
 use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
-use super::transition_sql::{CAUSAL, LIVE};
 use crate::backend::Tried;
 use crate::backend::errors::is_unique_violation;
-use crate::backend::sql::BySize;
 use crate::backend::stepwise::Stepwise;
 use crate::store::{Apply, FirstWrite, Request};
 
@@ -298,86 +296,4 @@ fn not_given<T>(what: &str, changed: u64, given: usize) -> Option<T> {
         "a coalesced unit's statement changed rows it was not given; the unit is undone"
     );
     None
-}
-
-/// The statements of a unit of several requests, in size classes (see `first_writes`),
-/// built once per class.
-#[derive(Debug)]
-pub(super) struct UnitStatements {
-    /// The entities' locking read by the primary key: their ids.
-    lock: BySize,
-    /// Which of the requests are recorded: `(order_id, event, ref_id)` each.
-    recorded: BySize,
-    /// The entities moved: `(id, to)` each, then each id.
-    update: BySize,
-    /// The history rows, 11 values each.
-    record: BySize,
-    /// The outbox rows, 9 values each.
-    emit: BySize,
-}
-
-impl UnitStatements {
-    /// The statements over the entity table `o` and the history table `h` (quoted),
-    /// on Galera if `causal`: the writes kept inside the transaction (`LIVE`), the read
-    /// of recorded requests written causal (which Galera does not wait for inside a
-    /// transaction: a request another node recorded and this node has not applied is
-    /// refused at certification instead).
-    pub(super) fn new(o: &str, h: &str, causal: bool) -> Self {
-        let live = if causal { LIVE } else { "" };
-        let causal = if causal { CAUSAL } else { "" };
-        let (lo, rh, uo, ih) = (o.to_string(), h.to_string(), o.to_string(), h.to_string());
-        UnitStatements {
-            lock: BySize::new(move |n| {
-                format!(
-                    "SELECT id, status, CAST(version AS SIGNED) FROM {lo} FORCE INDEX (PRIMARY) \
-                     WHERE id IN ({list}) ORDER BY id FOR UPDATE",
-                    list = vec!["?"; n].join(", ")
-                )
-            }),
-            recorded: BySize::new(move |n| {
-                format!(
-                    "{causal}SELECT order_id FROM {rh} WHERE {asked}",
-                    asked = vec!["(order_id = ? AND event = ? AND ref_id = ?)"; n].join(" OR ")
-                )
-            }),
-            update: BySize::new(move |n| {
-                format!(
-                    "UPDATE {uo} SET status = CASE id {cases} END, version = version + 1 WHERE id IN ({ids}){live}",
-                    cases = vec!["WHEN ? THEN ?"; n].join(" "),
-                    ids = vec!["?"; n].join(", ")
-                )
-            }),
-            record: BySize::new(move |n| {
-                format!(
-                    "INSERT INTO {ih} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
-                     {rows}",
-                    rows = padded_rows(11, n, live)
-                )
-            }),
-            emit: BySize::new(move |n| {
-                format!(
-                    "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
-                     {rows}",
-                    rows = padded_rows(9, n, live)
-                )
-            }),
-        }
-    }
-}
-
-/// The rows of a multi-row insert as a `SELECT` of `rows` rows of `width` parameters,
-/// `UNION ALL`ed, keeping only those whose first value is not NULL (the padding of a
-/// size class) and that meet `live`.
-fn padded_rows(width: usize, rows: usize, live: &str) -> String {
-    let first: Vec<String> = (0..width).map(|c| format!("? AS c{c}")).collect();
-    let rest = vec!["?"; width].join(", ");
-    let mut union = format!("SELECT {}", first.join(", "));
-    for _ in 1..rows {
-        union.push_str(&format!(" UNION ALL SELECT {rest}"));
-    }
-    let columns: Vec<String> = (0..width).map(|c| format!("x.c{c}")).collect();
-    format!(
-        "SELECT {} FROM ({union}) AS x WHERE x.c0 IS NOT NULL{live}",
-        columns.join(", ")
-    )
 }

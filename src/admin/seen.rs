@@ -1,0 +1,75 @@
+//! Who is looking at a request (with their CSRF token), and the answers every page and
+//! action gives when it cannot go on.
+
+use axum::extract::{FromRequestParts, OriginalUri};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+
+use super::page::Frame;
+use super::panel::App;
+use super::{Access, AdminStore};
+use crate::Error;
+
+/// Who is looking at this request, and how to answer: the frame of the page, and
+/// whether JSON was asked for (`?format=json`).
+pub(super) struct Seen {
+    pub(super) frame: Frame,
+    pub(super) json: bool,
+}
+
+impl<S: AdminStore> FromRequestParts<App<S>> for Seen {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App<S>) -> Result<Self, Response> {
+        let viewer = (app.resolver)(parts);
+        if viewer.access == Access::None {
+            return Err(refused("this page is not yours to see"));
+        }
+        let path = parts.uri.path();
+        let original = parts
+            .extensions
+            .get::<OriginalUri>()
+            .map_or(path, |o| o.0.path());
+        // The mount point: the original path less the router's own.
+        let mount = original
+            .strip_suffix(path)
+            .unwrap_or_else(|| original.trim_end_matches('/'));
+        let mount = mount.trim_end_matches('/');
+        let base = format!("{mount}/");
+        let home = if mount.is_empty() {
+            "/".to_string()
+        } else {
+            mount.to_string()
+        };
+        let json = parts
+            .uri
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "format=json"));
+        Ok(Seen {
+            frame: Frame {
+                base,
+                home,
+                csrf: app.csrf(&viewer.who),
+                who: viewer.who,
+                access: viewer.access,
+            },
+            json,
+        })
+    }
+}
+
+/// 403, with why.
+pub(super) fn refused(why: &str) -> Response {
+    (StatusCode::FORBIDDEN, why.to_string()).into_response()
+}
+
+/// The answer to a failed read: 503 for what may pass, 500 otherwise; the error as text.
+pub(super) fn failed(e: &Error) -> Response {
+    let status = if e.is_retryable() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    (status, e.to_string()).into_response()
+}
