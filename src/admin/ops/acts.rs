@@ -1,0 +1,195 @@
+//! What the page and the command line do, each through the library's own fenced calls
+//! and recorded in the audit trail.
+
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
+
+use super::{Acted, BATCH, Filter, MAX_TARGET, MAX_WHO, OnTimer};
+use crate::admin::AdminStore;
+use crate::admin::panel::Admin;
+use crate::flow::Resume;
+use crate::outbox::{EventKey, Outbox};
+use crate::store::Lease;
+use crate::store::audit::AuditEntry;
+use crate::timer::{TimerKey, Timers};
+use crate::{Error, Result};
+
+/// `text` cut to `max` bytes at a character boundary.
+fn bounded(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+impl<S: AdminStore> Admin<S> {
+    /// Records an action (what it changed, and why it stopped if it failed) in the
+    /// audit trail; returns the notice that tells what it did.
+    pub(crate) async fn record(
+        &self,
+        who: &str,
+        action: &str,
+        target: &str,
+        acted: &Acted,
+    ) -> String {
+        let (n, failure) = match acted {
+            Ok(n) => (*n, None),
+            Err((e, n)) => (*n, Some(e)),
+        };
+        let recorded_target = match failure {
+            None => bounded(target, MAX_TARGET),
+            Some(e) => bounded(&format!("{target} (failed: {e})"), MAX_TARGET),
+        };
+        let who = bounded(who, MAX_WHO);
+        let entry = AuditEntry {
+            who: &who,
+            action,
+            target: &recorded_target,
+            affected: n,
+        };
+        let store = &self.store;
+        let recorded: Result<()> =
+            async { Lease::run(store, async |c| store.record_audit(c, &entry).await).await }.await;
+        let mut notice = match failure {
+            None => format!("{action} {target}: {n} changed"),
+            Some(e) => format!("{action} {target} failed after {n} changed: {e}"),
+        };
+        if let Err(e) = recorded {
+            // The action stands; only its record failed: say so.
+            notice.push_str(&format!(" (the audit record failed: {e})"));
+        }
+        notice
+    }
+
+    /// Requeues one dead event.
+    pub(crate) async fn requeue_one(&self, key: &EventKey) -> Acted {
+        Outbox::new(self.store.clone())
+            .requeue(key)
+            .await
+            .map(i64::from)
+            .map_err(|e| (e, 0))
+    }
+
+    /// Requeues every dead event `filter` matches, a batch at a time; `progress` is
+    /// told the count so far after each batch.
+    pub(crate) async fn requeue_matching(
+        &self,
+        filter: &Filter,
+        progress: &mut (dyn FnMut(i64) + Send),
+    ) -> Acted {
+        let outbox = Outbox::new(self.store.clone());
+        let mut requeued = 0i64;
+        // Each round reads the dead events up to a batch past the ones it left dead (those
+        // the filter does not match, and any that did not move) and requeues the matching
+        // ones, which leave the dead state. It ends once a round has read every dead event.
+        let mut left = 0u32;
+        loop {
+            let limit = left.saturating_add(BATCH);
+            let rows = outbox.dead(limit).await.map_err(|e| (e, requeued))?;
+            let all_read = rows.len() < limit as usize || limit == u32::MAX;
+            let mut moved = 0u32;
+            let mut failed = None;
+            for r in rows.iter().filter(|r| filter.matches(r)) {
+                let key = EventKey {
+                    machine: r.machine.clone(),
+                    entity_id: r.entity_id,
+                    version: r.version,
+                };
+                match outbox.requeue(&key).await {
+                    Ok(true) => moved += 1,
+                    Ok(false) => {}
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            requeued += i64::from(moved);
+            if let Some(e) = failed {
+                return Err((e, requeued));
+            }
+            progress(requeued);
+            if all_read {
+                return Ok(requeued);
+            }
+            left = u32::try_from(rows.len())
+                .unwrap_or(u32::MAX)
+                .saturating_sub(moved);
+        }
+    }
+
+    /// Resumes a parked flow through the registered flows (a step that panics is this
+    /// action's failure).
+    pub(crate) async fn resume_flow(&self, kind: &str, key: &str, how: Resume) -> Acted {
+        let Some(flows) = self.flows.as_ref() else {
+            return Err((
+                Error::InvalidInput("no flows are registered here".into()),
+                0,
+            ));
+        };
+        // What the flow looked like before: an error after the resume unparked it
+        // (a step that failed, a deadline) is a failure after one change, not before.
+        let look = || async {
+            flows
+                .get(kind, key)
+                .await
+                .ok()
+                .flatten()
+                .map(|v| (v.flow.status, v.flow.park_reason, v.flow.updated_at))
+        };
+        let before = look().await;
+        let resumed = AssertUnwindSafe(flows.resume(kind, key, how))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::RuleFailed {
+                    rule: "a flow step",
+                    reason: format!("a step of flow {kind} {key} panicked"),
+                })
+            });
+        match resumed {
+            Ok(_) => Ok(1),
+            Err(e) => {
+                let after = look().await;
+                let changed = before.is_some() && after.is_some() && before != after;
+                Err((e, i64::from(changed)))
+            }
+        }
+    }
+
+    /// Releases a record stuck in PROCESSING past its lease, through the registered
+    /// records ([`Records::release_stuck`](crate::Records::release_stuck)).
+    pub(crate) async fn release_record(&self, scope: &str, key: &str) -> Acted {
+        let Some(records) = self.records.as_ref() else {
+            return Err((
+                Error::InvalidInput("no idempotency records are registered here".into()),
+                0,
+            ));
+        };
+        records
+            .release_stuck(scope, key)
+            .await
+            .map(i64::from)
+            .map_err(|e| (e, 0))
+    }
+
+    /// Re-arms a dead timer ([`Timers::rearm`]) or cancels a pending or dead one no job
+    /// is firing (the store's fenced `cancel_timer`); the action's name and what it did.
+    pub(crate) async fn on_timer(
+        &self,
+        key: &TimerKey<'_>,
+        what: OnTimer,
+    ) -> (&'static str, Acted) {
+        let store = &self.store;
+        let (action, changed) = match what {
+            OnTimer::Rearm => ("timers.rearm", Timers::new(store.clone()).rearm(key).await),
+            OnTimer::Cancel => (
+                "timers.cancel",
+                async { Lease::run(store, async |c| store.cancel_timer(c, key).await).await }.await,
+            ),
+        };
+        (action, changed.map(i64::from).map_err(|e| (e, 0)))
+    }
+}

@@ -1,0 +1,217 @@
+//! What the page and the command line read: the overview, an entity's timeline, the
+//! search, the audit trail.
+
+use super::FOUND_MAX;
+use super::views::{
+    Event, FlowCounts, Found, HistoryHit, Line, OutboxCounts, Overview, RecordCounts, Timeline,
+    TimerCounts, TimerLine, message_id,
+};
+use crate::admin::AdminStore;
+use crate::admin::lookup::{EventsBy, StuckRecord};
+use crate::admin::panel::{Admin, LIST_MAX};
+use crate::flow::{FlowConfig, Flows, Listing};
+use crate::outbox::Outbox;
+use crate::store::{Lease, Store};
+use crate::timer::Timers;
+use crate::{Error, Result};
+
+/// The entity's state and its history, read raw from `store` (names as stored).
+async fn raw_timeline<S: Store>(
+    store: &S,
+    id: i64,
+) -> Result<(Option<crate::store::Entity>, Vec<Line>)> {
+    let now = Lease::run(store, async |c| store.get(c, id).await).await?;
+    let rows = Lease::run(store, async |c| store.history(c, id).await).await?;
+    let lines = rows
+        .into_iter()
+        .map(|r| Line {
+            seq: r.seq,
+            from: r.from,
+            to: r.to,
+            event: r.event,
+            ref_id: r.ref_id,
+            payload_hash: r.payload_hash,
+            actor: r.actor,
+            reason: r.reason,
+            at: r.created_at.to_rfc3339(),
+        })
+        .collect();
+    Ok((now, lines))
+}
+
+impl<S: AdminStore> Admin<S> {
+    /// The registered flows, or the store's flows under no definition (which lists
+    /// them, and resumes none).
+    pub(crate) fn flows_here(&self) -> Result<Flows<S>> {
+        match &self.flows {
+            Some(flows) => Ok(flows.clone()),
+            None => Flows::new(self.store.clone(), FlowConfig::default()),
+        }
+    }
+
+    /// Up to [`LIST_MAX`] records stuck in PROCESSING past their lease, of one scope or
+    /// of all.
+    pub(crate) async fn stuck_records(&self, scope: Option<&str>) -> Result<Vec<StuckRecord>> {
+        let store = &self.store;
+        Lease::run(store, async |c| {
+            store.stuck_records(c, scope, i64::from(LIST_MAX)).await
+        })
+        .await
+    }
+
+    /// The overview's counts.
+    pub(crate) async fn overview(&self) -> Result<Overview> {
+        let outbox = Outbox::new(self.store.clone()).stats().await?;
+        let timers = Timers::new(self.store.clone()).stats().await?;
+        let flows = self.flows_here()?;
+        let parked = flows.list(Listing::Parked, None, LIST_MAX).await?.len();
+        let running = flows.list(Listing::Running, None, LIST_MAX).await?.len();
+        let stuck = self.stuck_records(None).await?.len();
+        Ok(Overview {
+            outbox: OutboxCounts {
+                pending: outbox.pending,
+                dead: outbox.dead,
+                corrupt: outbox.corrupt,
+                oldest_pending_ms: u64::try_from(outbox.oldest_pending.as_millis())
+                    .unwrap_or(u64::MAX),
+            },
+            timers: TimerCounts {
+                pending: timers.pending,
+                due: timers.due,
+                dead: timers.dead,
+                oldest_late_ms: timers.oldest_late_ms,
+            },
+            flows: FlowCounts { parked, running },
+            records: RecordCounts { stuck },
+            machines: self.machines.keys().map(|m| m.to_string()).collect(),
+        })
+    }
+
+    /// The store of `machine`'s entities: its registered engine's, else the page's own.
+    fn entities_of(&self, machine: &str) -> &S {
+        self.machines
+            .get(machine)
+            .map_or(&self.store, |m| m.store())
+    }
+
+    /// The store the page reads.
+    pub(crate) fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The graph of a registered machine, as Mermaid text.
+    pub(crate) fn graph(&self, machine: &str) -> Option<String> {
+        self.machines.get(machine).map(|m| m.graph())
+    }
+
+    /// How many entities of a registered machine are in each state (a read of its
+    /// entity table whole); `None` for a machine not registered.
+    pub(crate) async fn states(&self, machine: &str) -> Result<Option<Vec<(String, i64)>>> {
+        let Some(view) = self.machines.get(machine) else {
+            return Ok(None);
+        };
+        let store = view.store();
+        Ok(Some(
+            Lease::run(store, async |c| store.count_by_status(c).await).await?,
+        ))
+    }
+
+    /// The latest `limit` actions of the audit trail, newest first.
+    pub(crate) async fn audit(&self, limit: i64) -> Result<Vec<crate::store::audit::AuditRow>> {
+        let store = &self.store;
+        Lease::run(store, async |c| store.list_audit(c, limit).await).await
+    }
+
+    /// Whether `machine` is registered with this page.
+    pub(crate) fn knows_machine(&self, machine: &str) -> bool {
+        self.machines.contains_key(machine)
+    }
+
+    /// Entity `id` of `machine`: its state and history (from the machine's store, or the
+    /// page's own for a machine not registered), its outbox events and its timers.
+    pub(crate) async fn timeline(&self, machine: &str, id: i64) -> Result<Timeline> {
+        let (now, history) = raw_timeline(self.entities_of(machine), id).await?;
+        let store = &self.store;
+        let by = EventsBy::Entity {
+            machine,
+            entity_id: id,
+        };
+        let events = Lease::run(store, async |c| store.events_by(c, by, FOUND_MAX).await).await?;
+        let timers = Lease::run(store, async |c| store.timers_of(c, machine, id).await).await?;
+        Ok(Timeline {
+            machine: machine.to_string(),
+            id,
+            state: now.as_ref().map(|e| e.status.clone()),
+            version: now.as_ref().map(|e| e.version),
+            history,
+            events: events.into_iter().map(Event::from).collect(),
+            timers: timers
+                .into_iter()
+                .filter_map(|t| t.ok())
+                .map(TimerLine::from)
+                .collect(),
+        })
+    }
+
+    /// Everything `term` names: history rows of every registered machine (or of the
+    /// page's own store if none is) made with it as their reference, records and flows
+    /// with it as their key, outbox events with it as their reference or message id, and
+    /// for an integer, the entities with that id.
+    pub(crate) async fn search(&self, term: &str) -> Result<Found> {
+        let term = term.trim();
+        if term.is_empty() {
+            return Err(Error::InvalidInput("a search needs a term".into()));
+        }
+        crate::support::input::validate_reference("a search term", term)?;
+        let mut found = Found {
+            term: term.to_string(),
+            history: Vec::new(),
+            records: Vec::new(),
+            flows: Vec::new(),
+            events: Vec::new(),
+            entities: Vec::new(),
+        };
+        let stores: Vec<(&str, &S)> = if self.machines.is_empty() {
+            vec![("", &self.store)]
+        } else {
+            self.machines.iter().map(|(n, m)| (*n, m.store())).collect()
+        };
+        for (machine, store) in &stores {
+            let rows = Lease::run(*store, async |c| store.by_ref(c, term, FOUND_MAX).await).await?;
+            found.history.extend(rows.into_iter().map(|row| HistoryHit {
+                machine: machine.to_string(),
+                row,
+            }));
+            if let Ok(id) = term.parse::<i64>()
+                && Lease::run(*store, async |c| store.get(c, id).await)
+                    .await?
+                    .is_some()
+            {
+                found.entities.push((machine.to_string(), id));
+            }
+        }
+        let store = &self.store;
+        found.records = Lease::run(store, async |c| {
+            store.records_by_key(c, term, FOUND_MAX).await
+        })
+        .await?;
+        found.flows = Lease::run(store, async |c| {
+            store.flows_by_key(c, term, FOUND_MAX).await
+        })
+        .await?;
+        let mut events = Lease::run(store, async |c| {
+            store.events_by(c, EventsBy::Ref(term), FOUND_MAX).await
+        })
+        .await?;
+        if let Some((machine, entity_id, version)) = message_id(term) {
+            let by = EventsBy::Id {
+                machine,
+                entity_id,
+                version,
+            };
+            events.extend(Lease::run(store, async |c| store.events_by(c, by, 1).await).await?);
+        }
+        found.events = events.into_iter().map(Event::from).collect();
+        Ok(found)
+    }
+}
