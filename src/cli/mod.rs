@@ -16,23 +16,25 @@
 //! registered: every read, requeue, timer action and audit, no resume or release.
 //! The commands are described in `docs/admin.md`.
 
+mod acts;
 mod args;
+mod out;
 mod table;
 
 use std::io::Write;
 
 use clap::Parser;
-use serde::Serialize;
 
 use self::args::{Args, Command, FlowsCmd, OutboxCmd, RecordsCmd, TimersCmd};
+use self::out::Out;
 use self::table::Table;
 use crate::Error;
-use crate::admin::ops::{Acted, Event, Filter, OnTimer, message_id, resume_how, time_text};
+use crate::admin::ops::{Event, Filter, OnTimer, message_id, resume_how, time_text};
 use crate::admin::panel::LIST_MAX;
 use crate::admin::{Admin, AdminStore};
 use crate::flow::Listing;
 use crate::outbox::{EventKey, Outbox};
-use crate::timer::{TimerKey, Timers};
+use crate::timer::Timers;
 
 pub use args::Exit;
 
@@ -44,40 +46,6 @@ pub struct Cli<S: AdminStore> {
 impl<S: AdminStore> std::fmt::Debug for Cli<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cli").field("admin", &self.admin).finish()
-    }
-}
-
-/// What a command prints: its data, as a table or as JSON.
-struct Out<'w> {
-    json: bool,
-    out: &'w mut (dyn Write + Send),
-    err: &'w mut (dyn Write + Send),
-}
-
-impl Out<'_> {
-    /// Prints `data` as JSON, or `table` for a person.
-    fn show<T: Serialize>(&mut self, data: &T, table: impl FnOnce() -> String) -> Exit {
-        let text = if self.json {
-            match serde_json::to_string_pretty(data) {
-                Ok(text) => text,
-                Err(e) => return self.fail(&Error::InvalidInput(e.to_string())),
-            }
-        } else {
-            table()
-        };
-        let _ = writeln!(self.out, "{text}");
-        Exit::Ok
-    }
-
-    /// A line on the error stream (progress, and why a command failed).
-    fn note(&mut self, text: &str) {
-        let _ = writeln!(self.err, "{text}");
-    }
-
-    /// Says why the command failed, and the exit code that means it.
-    fn fail(&mut self, e: &Error) -> Exit {
-        self.note(&format!("orderly: {e}"));
-        Exit::of(e)
     }
 }
 
@@ -481,58 +449,6 @@ impl<S: AdminStore> Cli<S> {
                 Err(e) => out.fail(&e),
             },
         }
-    }
-
-    /// Re-arms or cancels one timer.
-    async fn timer(
-        &self,
-        who: &str,
-        what: OnTimer,
-        t: &args::TimerArgs,
-        out: &mut Out<'_>,
-    ) -> Exit {
-        let key = TimerKey {
-            machine: &t.machine,
-            entity_id: t.entity_id,
-            event: &t.event,
-            ref_id: &t.ref_id,
-        };
-        let target = format!("{} {} {} {}", t.machine, t.entity_id, t.event, t.ref_id);
-        let (action, acted) = self.admin.on_timer(&key, what).await;
-        self.acted(who, action, &target, acted, out).await
-    }
-
-    /// Records an action in the audit trail, prints what it did, and its exit code:
-    /// nothing changed is [`Exit::NotFound`], a failure after some changed
-    /// [`Exit::Partial`].
-    async fn acted(
-        &self,
-        who: &str,
-        action: &str,
-        target: &str,
-        acted: Acted,
-        out: &mut Out<'_>,
-    ) -> Exit {
-        let notice = self.admin.record(who, action, target, &acted).await;
-        let (changed, code) = match &acted {
-            Ok(0) => (0, Exit::NotFound),
-            Ok(n) => (*n, Exit::Ok),
-            Err((e, 0)) => (0, Exit::of(e)),
-            Err((_, n)) => (*n, Exit::Partial),
-        };
-        let data = serde_json::json!({
-            "action": action, "target": target, "changed": changed,
-            "error": acted.as_ref().err().map(|(e, _)| e.to_string()),
-        });
-        if acted.is_err() {
-            out.note(&format!("orderly: {notice}"));
-            if out.json {
-                out.show(&data, String::new);
-            }
-        } else {
-            out.show(&data, || notice.clone());
-        }
-        code
     }
 }
 

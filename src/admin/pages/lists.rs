@@ -1,0 +1,250 @@
+//! The lists of what is stuck: dead events, parked flows, dead timers, records stuck in
+//! PROCESSING.
+
+use std::collections::HashMap;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use maud::html;
+use serde_json::json;
+
+use super::{answer, entity_link, notice};
+use crate::admin::AdminStore;
+use crate::admin::ops::{Filter, time_text};
+use crate::admin::panel::{App, PAGE};
+use crate::admin::seen::{Seen, failed};
+use crate::flow::Listing;
+use crate::outbox::Outbox;
+use crate::timer::Timers;
+
+pub(in crate::admin) async fn dead_events<S: AdminStore>(
+    State(app): State<App<S>>,
+    seen: Seen,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let rows = match Outbox::new(app.store().clone()).dead(PAGE).await {
+        Ok(rows) => rows,
+        Err(e) => return failed(&e),
+    };
+    let filter = match Filter::from_fields(&q) {
+        Ok(filter) => filter,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    // Rows orderly never writes (a key that is not an integer, a status it does not
+    // know, a column of the wrong type) are not events: listed apart, as stored.
+    let corrupt = match Outbox::new(app.store().clone()).corrupt(PAGE).await {
+        Ok(rows) => rows,
+        Err(e) => return failed(&e),
+    };
+    let rows: Vec<_> = rows.into_iter().filter(|r| filter.matches(r)).collect();
+    let data = json!({ "dead": rows.iter().map(|r| json!({
+        "machine": r.machine, "entity_id": r.entity_id, "version": r.version,
+        "event": r.event, "ref_id": r.ref_id, "attempts": r.attempts,
+        "last_error": r.last_error, "age_ms": r.age_ms,
+    })).collect::<Vec<_>>(), "corrupt": corrupt.iter().map(|c| json!({
+        "machine": c.machine, "entity_id": c.entity_id, "version": c.version,
+        "status": c.status, "reason": c.reason,
+    })).collect::<Vec<_>>() });
+    let f = &seen.frame;
+    let fields = filter.fields();
+    let field = |k: &str| {
+        fields
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map_or("", |(_, v)| v.as_str())
+    };
+    let body = html! {
+        // Rare, and nothing a requeue mends: shown first, where an operator looks.
+        @if !corrupt.is_empty() {
+            h2 { "Rows orderly never writes" }
+            p { "No relay publishes these; the relay sets aside each it claims. Mend or delete them by hand." }
+            table id="corrupt" {
+                tr { th { "Machine" } th { "Entity" } th { "Version" } th { "Status" } th { "Why" } }
+                @for c in &corrupt {
+                    tr {
+                        td { (c.machine) } td { (c.entity_id) } td { (c.version) }
+                        td { (c.status) } td.err { (c.reason) }
+                    }
+                }
+            }
+        }
+        form method="get" action="outbox" {
+            "Machine " input type="text" name="machine" value=(field("machine"));
+            " Event " input type="text" name="event" value=(field("event"));
+            " Error contains " input type="text" name="error" value=(field("error"));
+            " Older than " input type="text" name="older" size="6" value=(field("older")) " s";
+            " " button type="submit" { "Filter" }
+        }
+        p { (rows.len()) " dead events match." }
+        @if !rows.is_empty() {
+            (f.action("requeue-matching", &[
+                ("machine", field("machine")), ("event", field("event")), ("error", field("error")),
+                ("older", field("older")),
+            ], "Requeue every match"))
+        }
+        table id="dead" {
+            tr { th { "Machine" } th { "Entity" } th { "Version" } th { "Event" } th { "Reference" }
+                 th { "Attempts" } th { "Last error" } th { "Age" } th {} }
+            @for r in &rows {
+                tr {
+                    td { (r.machine) }
+                    td { a href=(entity_link(&r.machine, r.entity_id)) { (r.entity_id) } }
+                    td { (r.version) }
+                    td { (r.event) }
+                    td { (r.ref_id) }
+                    td { (r.attempts) }
+                    td.err { (r.last_error.as_deref().unwrap_or("")) }
+                    td { (r.age_ms.map_or_else(String::new, |ms| format!("{:.0} s", ms as f64 / 1000.0))) }
+                    td { (f.action("requeue", &[
+                        ("machine", &r.machine), ("entity_id", &r.entity_id.to_string()),
+                        ("version", &r.version.to_string()),
+                    ], "Requeue")) }
+                }
+            }
+        }
+    };
+    answer(&seen, "Dead events", notice(&app, &q), data, body)
+}
+
+pub(in crate::admin) async fn parked_flows<S: AdminStore>(
+    State(app): State<App<S>>,
+    seen: Seen,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let listed = match app.flows_here() {
+        Ok(flows) => flows.list(Listing::Parked, None, PAGE).await,
+        Err(e) => Err(e),
+    };
+    let rows = match listed {
+        Ok(rows) => rows,
+        Err(e) => return failed(&e),
+    };
+    let data = json!({ "parked": rows.iter().map(|l| json!({
+        "kind": l.flow.kind, "flow_key": l.flow.flow_key, "version": l.flow.version,
+        "status": l.flow.status, "park_reason": l.flow.park_reason, "step_at": l.flow.step_at,
+        "last_error": l.flow.last_error, "known": l.known,
+    })).collect::<Vec<_>>() });
+    let f = &seen.frame;
+    let body = html! {
+        @if app.flows.is_none() {
+            p { "No flows are registered with this page: it lists them, and resumes none." }
+        }
+        table id="parked" {
+            tr { th { "Kind" } th { "Key" } th { "Version" } th { "Status" } th { "Reason" }
+                 th { "Step" } th { "Last error" } th {} }
+            @for l in &rows {
+                tr {
+                    td { (l.flow.kind) }
+                    td { (l.flow.flow_key) }
+                    td { (l.flow.version) }
+                    td { (l.flow.status) }
+                    td { (l.flow.park_reason.as_deref().unwrap_or("")) }
+                    td { (l.flow.step_at) }
+                    td.err { (l.flow.last_error.as_deref().unwrap_or("")) }
+                    td {
+                        @if l.known {
+                            (f.action("resume", &[("kind", &l.flow.kind), ("key", &l.flow.flow_key), ("how", "retry")], "Retry"))
+                            " "
+                            (f.action_with("resume", &[("kind", &l.flow.kind), ("key", &l.flow.flow_key), ("how", "applied")],
+                                Some(("output", "output JSON")), "Mark applied"))
+                            " "
+                            (f.action("resume", &[("kind", &l.flow.kind), ("key", &l.flow.flow_key), ("how", "compensate")], "Compensate"))
+                        } @else {
+                            "version not registered here"
+                        }
+                    }
+                }
+            }
+        }
+    };
+    answer(&seen, "Parked flows", notice(&app, &q), data, body)
+}
+
+pub(in crate::admin) async fn dead_timers<S: AdminStore>(
+    State(app): State<App<S>>,
+    seen: Seen,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let rows = match Timers::new(app.store().clone()).dead(i64::from(PAGE)).await {
+        Ok(rows) => rows,
+        Err(e) => return failed(&e),
+    };
+    let (rows, corrupt): (Vec<_>, Vec<_>) = rows.into_iter().partition(Result::is_ok);
+    let rows: Vec<_> = rows.into_iter().flatten().collect();
+    let corrupt: Vec<String> = corrupt
+        .into_iter()
+        .filter_map(|c| c.err())
+        .map(|c| c.to_string())
+        .collect();
+    let data = json!({
+        "dead": rows.iter().map(|t| json!({
+            "machine": t.machine, "entity_id": t.entity_id, "event": t.event, "ref_id": t.ref_id,
+            "due_at": t.due_at, "attempts": t.attempts, "last_error": t.last_error,
+        })).collect::<Vec<_>>(),
+        "corrupt": corrupt,
+    });
+    let f = &seen.frame;
+    let body = html! {
+        table id="timers" {
+            tr { th { "Machine" } th { "Entity" } th { "Event" } th { "Reference" } th { "Due" }
+                 th { "Attempts" } th { "Last error" } th {} }
+            @for t in &rows {
+                @let key = [("machine", t.machine.as_str()), ("entity_id", &t.entity_id.to_string()),
+                            ("event", t.event.as_str()), ("ref_id", t.ref_id.as_str())];
+                tr {
+                    td { (t.machine) }
+                    td { (t.entity_id) }
+                    td { (t.event) }
+                    td { (t.ref_id) }
+                    td { (time_text(t.due_at)) }
+                    td { (t.attempts) }
+                    td.err { (t.last_error.as_deref().unwrap_or("")) }
+                    td { (f.action("rearm", &key, "Re-arm")) " " (f.action("cancel-timer", &key, "Cancel")) }
+                }
+            }
+        }
+        @if !corrupt.is_empty() {
+            h2 { "Rows that do not read" }
+            ul { @for c in &corrupt { li { (c) } } }
+        }
+    };
+    answer(&seen, "Dead timers", notice(&app, &q), data, body)
+}
+
+pub(in crate::admin) async fn stuck_records<S: AdminStore>(
+    State(app): State<App<S>>,
+    seen: Seen,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let scope = q.get("scope").map(|s| s.trim()).filter(|s| !s.is_empty());
+    let rows = match app.stuck_records(scope).await {
+        Ok(rows) => rows,
+        Err(e) => return failed(&e),
+    };
+    let data = json!({ "stuck": rows });
+    let f = &seen.frame;
+    let body = html! {
+        form method="get" action="records" {
+            "Scope " input type="text" name="scope" value=(scope.unwrap_or(""));
+            " " button type="submit" { "Filter" }
+        }
+        @if app.records.is_none() {
+            p { "No idempotency records are registered with this page: it lists them, and releases none." }
+        }
+        table id="stuck" {
+            tr { th { "Scope" } th { "Key" } th { "Attempt" } th { "Stuck for" } th { "Claimed" } th {} }
+            @for r in &rows {
+                tr {
+                    td { (r.scope) } td { (r.idem_key) } td { (r.attempt) }
+                    td { (format!("{:.0} s", r.stuck_ms as f64 / 1000.0)) }
+                    td { (format!("{:.0} s ago", r.age_ms as f64 / 1000.0)) }
+                    td { @if app.records.as_ref().is_some_and(|rec| rec.scope_config(&r.scope).is_some()) {
+                        (f.action("release", &[("scope", &r.scope), ("key", &r.idem_key)], "Release"))
+                    } }
+                }
+            }
+        }
+    };
+    answer(&seen, "Stuck records", notice(&app, &q), data, body)
+}
