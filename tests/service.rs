@@ -1,4 +1,4 @@
-//! End to end: the example service (`examples/service.rs`) as a real process on
+//! End to end: the example service (`examples/service/`) as a real process on
 //! loopback, driven over real HTTP by reqwest, on SQLite, PostgreSQL and MariaDB (a database
 //! of the test's own): one order for 64 concurrent identical requests, a callback
 //! delivered three times at once, a second payment refused with the winner's id, the

@@ -1,4 +1,4 @@
-//! The HTTP layer's mode: the example service (`examples/service.rs`) as a process of its
+//! The HTTP layer's mode: the example service (`examples/service/`) as a process of its
 //! own, `POST /orders` under load with the `Idempotency-Key` layer and without it
 //! (`--no-idempotency-layer`, the same handler and flow), on a hot stock row and on many.
 

@@ -1,4 +1,4 @@
-//! The example service (`examples/service.rs`) as a real process on loopback, for the
+//! The example service (`examples/service/`) as a real process on loopback, for the
 //! suites that drive it over real HTTP.
 #![allow(dead_code)]
 
