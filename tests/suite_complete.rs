@@ -2,7 +2,7 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 25] = [
+const BODIES: [&str; 29] = [
     include_str!("conformance/mod.rs"),
     include_str!("conformance/audit.rs"),
     include_str!("conformance/coalesce.rs"),
@@ -15,7 +15,11 @@ const BODIES: [&str; 25] = [
     include_str!("conformance/flows/runs.rs"),
     include_str!("conformance/flows/waits.rs"),
     include_str!("conformance/idempotency.rs"),
-    include_str!("conformance/outbox.rs"),
+    include_str!("conformance/outbox/mod.rs"),
+    include_str!("conformance/outbox/relays.rs"),
+    include_str!("conformance/outbox/cancel.rs"),
+    include_str!("conformance/outbox/killed.rs"),
+    include_str!("conformance/outbox/events.rs"),
     include_str!("conformance/records_faults.rs"),
     include_str!("conformance/records_jobs.rs"),
     include_str!("conformance/records_model.rs"),
