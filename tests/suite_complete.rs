@@ -2,11 +2,15 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 32] = [
+const BODIES: [&str; 36] = [
     include_str!("conformance/mod.rs"),
     include_str!("conformance/audit.rs"),
     include_str!("conformance/coalesce.rs"),
-    include_str!("conformance/faults.rs"),
+    include_str!("conformance/faults/mod.rs"),
+    include_str!("conformance/faults/cancel.rs"),
+    include_str!("conformance/faults/lost.rs"),
+    include_str!("conformance/faults/hooked.rs"),
+    include_str!("conformance/faults/identity.rs"),
     include_str!("conformance/flow_deadline.rs"),
     include_str!("conformance/flows/mod.rs"),
     include_str!("conformance/flows/definitions.rs"),
