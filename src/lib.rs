@@ -28,11 +28,13 @@
 //!
 //! ## [`store`]: the seam
 //!
-//! The [`Store`] trait is a handful of coarse operations, each one round trip or one
-//! atomic unit the store owns: the apply-first write, the judge's read, the write after
-//! a read, the refusal's read, the batched read of many requests, create/get/history, and
-//! error classification. The two write units are where anything that must commit with a
-//! transition joins it. Rows, table names, error classes and leases live here too.
+//! The [`Store`] trait holds a transition's operations, each one round trip or one atomic
+//! unit the store owns: the apply-first write, the judge's read, the write after a read,
+//! the refusal's read, the batched read of many requests, create/get/history; a guarded
+//! request's unit (begin, lock, prior, apply, arm timers, end); the probes and DDL of
+//! the tables it is configured with; two operators' reads; and error classification.
+//! The two write units are where anything that must commit with a transition joins it.
+//! Rows, table names, error classes and leases live here too, in no dialect.
 //!
 //! ## [`backend`]: the dialects
 //!
