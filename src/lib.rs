@@ -1,4 +1,4 @@
-#![doc = include_str!("../README.md")]
+#![cfg_attr(not(doctest), doc = include_str!("../README.md"))]
 //!
 //! # The modules
 //!
@@ -163,6 +163,36 @@
 #![forbid(unsafe_code)]
 
 extern crate self as orderly;
+
+/// Every Rust fragment of the README and of the guides under `docs/`, compiled as doc
+/// tests (`cargo test --all-features --doc`): the features they use are all on.
+#[cfg(all(
+    doctest,
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "testing",
+    feature = "nats",
+    feature = "cli"
+))]
+mod guides {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/admin.md")]
+    struct Admin;
+    #[doc = include_str!("../docs/backends.md")]
+    struct Backends;
+    #[doc = include_str!("../docs/flows.md")]
+    struct Flows;
+    #[doc = include_str!("../docs/http.md")]
+    struct Http;
+    #[doc = include_str!("../docs/idempotency.md")]
+    struct Idempotency;
+    #[doc = include_str!("../docs/outbox.md")]
+    struct Outbox;
+    #[doc = include_str!("../docs/timers.md")]
+    struct Timers;
+}
 
 #[cfg(feature = "admin")]
 pub mod admin;
