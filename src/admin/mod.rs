@@ -2,7 +2,15 @@
 //! (feature `admin`), over the stores it already has, that shows what is stuck and acts
 //! on it through the library's own fenced calls, each action recorded in an audit trail.
 //!
-//! ```rust,ignore
+//! ```rust,no_run
+//! # use axum::Router;
+//! # use orderly::admin::{Admin, Viewer};
+//! # use orderly::{Engine, Flows, SqliteStore};
+//! # orderly::state_machine! { pub OrderMachine { states: OrderState { Created, Paid } events: OrderEvent { Pay } initial: Created; terminal: [Paid]; transitions: { Created + Pay => Paid, } } }
+//! # struct User { name: String, admin: bool }
+//! # impl User { fn is_admin(&self) -> bool { self.admin } }
+//! # fn user_of(_parts: &http::request::Parts) -> Option<User> { None }
+//! # fn mount(store: SqliteStore, flows: Flows<SqliteStore>, engine: Engine<OrderMachine, SqliteStore>) -> Router {
 //! let admin = Admin::new(store.clone())
 //!     .flows(flows.clone())
 //!     .machine(engine.clone())
@@ -12,6 +20,8 @@
 //!         None => Viewer::none(),
 //!     });
 //! let app = Router::new().nest("/admin", admin.router());
+//! # app
+//! # }
 //! ```
 //!
 //! Every page renders as HTML on the server (escaped: whatever the database holds is

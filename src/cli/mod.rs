@@ -7,9 +7,15 @@
 //! mounts, so that its machines (graphs), flows (resume) and record scopes (release)
 //! are known:
 //!
-//! ```rust,ignore
+//! ```rust,no_run
+//! # use orderly::admin::Admin;
+//! # use orderly::cli::Cli;
+//! # use orderly::{Engine, Flows, Records, SqliteStore};
+//! # orderly::state_machine! { pub OrderMachine { states: OrderState { Created, Paid } events: OrderEvent { Pay } initial: Created; terminal: [Paid]; transitions: { Created + Pay => Paid, } } }
+//! # async fn cli(store: SqliteStore, engine: Engine<OrderMachine, SqliteStore>, flows: Flows<SqliteStore>, records: Records<SqliteStore>) {
 //! let admin = Admin::new(store.clone()).machine(engine).flows(flows).records(records);
 //! std::process::exit(Cli::new(admin).main().await);
+//! # }
 //! ```
 //!
 //! The `orderly` binary of this crate is the same command line with nothing
