@@ -234,7 +234,7 @@ pub use idempotency::{
 #[cfg(feature = "redis")]
 pub use idempotency::{FrontConfig, RedisFront};
 pub use machine::{StateMachine, StateTimer, Transition};
-pub use store::{Store, Tables, WriteTurn};
+pub use store::{Schema, Store, Tables, WriteTurn};
 pub use timer::{TimerStore, Timers, TimersConfig};
 
 #[doc(hidden)]

@@ -117,19 +117,34 @@ async fn create<S: Store>(store: &S, conn: &mut S::Conn) -> Result<(), sqlx::Err
     Ok(())
 }
 
+/// Selects `columns` of a table from no row: an error if it lacks one. Nothing to run
+/// (a store whose schema checks nothing) is no error.
+async fn probe<S: Store>(
+    store: &S,
+    conn: &mut S::Conn,
+    history: bool,
+    columns: &[&'static str],
+) -> Result<(), sqlx::Error> {
+    let sql = store.probe_sql(history, columns);
+    if sql.is_empty() {
+        return Ok(());
+    }
+    store.run_sql(conn, sql).await
+}
+
 /// The first column missing: `(in the history table, its name)`.
 async fn missing<S: Store>(
     store: &S,
     conn: &mut S::Conn,
 ) -> Result<Option<(bool, &'static str)>, sqlx::Error> {
     for (history, columns) in [(false, ORDERS), (true, HISTORY)] {
-        match store.probe_columns(conn, history, columns).await {
+        match probe(store, conn, history, columns).await {
             Ok(()) => continue,
             Err(e) if S::classify(&e) != ErrorClass::Fatal => return Err(e),
             Err(e) => {
                 // One of them: which.
                 for column in columns {
-                    match store.probe_columns(conn, history, &[column]).await {
+                    match probe(store, conn, history, &[column]).await {
                         Ok(()) => {}
                         Err(e) if S::classify(&e) != ErrorClass::Fatal => return Err(e),
                         Err(_) => return Ok(Some((history, column))),

@@ -23,7 +23,8 @@
 //! answered for itself): the engine's coalesced writes (`coalesce/writes.rs`) reach the
 //! store through it.
 //!
-//! This folder holds the seam only, in no dialect: the [`Store`] trait, the rows it
+//! This folder holds the seam only, in no dialect: the [`Store`] trait and the
+//! [`Schema`] its tables are written by (`schema.rs`), the rows it
 //! returns (`rows.rs`), table names (`tables.rs`), error classes (`errors.rs`; each
 //! dialect's codes are its backend's), pooled connections that go back to the pool only when their conversation
 //! ended (`lease.rs`). The backends implement it from
@@ -37,6 +38,7 @@ pub(crate) mod errors;
 mod lease;
 mod requests;
 mod rows;
+mod schema;
 mod tables;
 pub mod timers;
 
@@ -45,6 +47,7 @@ pub(crate) use errors::db_error;
 pub(crate) use lease::Lease;
 pub use requests::{Apply, Audit, FirstWrite, Key, Observed, OwnedKey, Request, Txn, Written};
 pub use rows::{Entity, PositionedPrior, Prior, RawTransition, RefRow};
+pub use schema::Schema;
 pub use tables::{MIGRATIONS_TABLE, Tables};
 
 /// A backend: coarse operations over the backend's own connection type.
@@ -53,7 +56,7 @@ pub use tables::{MIGRATIONS_TABLE, Tables};
 /// [`Txn::Caller`]: its reads see the latest commits (locking reads where the isolation
 /// level would otherwise return the transaction's snapshot), and its write unit is a
 /// savepoint, so a lost race is undone without aborting the caller's transaction.
-pub trait Store: Clone + Send + Sync + 'static {
+pub trait Store: Schema + Clone + Send + Sync + 'static {
     /// The backend's connection (`SqliteConnection`, `PgConnection`, `MySqlConnection`).
     type Conn: Send;
     /// A connection borrowed from the store's pool.
@@ -87,22 +90,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Borrows a connection from the pool.
     fn acquire(&self) -> impl Future<Output = Result<Self::Pooled, sqlx::Error>> + Send;
 
-    /// Selects `columns` of the entity table (or, with `history`, the history table)
-    /// from no row: an error if the table lacks one (see
-    /// [`Engine::check_tables`](crate::Engine::check_tables)). The default checks
-    /// nothing.
-    fn probe_columns(
-        &self,
-        conn: &mut Self::Conn,
-        history: bool,
-        columns: &[&'static str],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
-        let _ = (conn, history, columns);
-        std::future::ready(Ok(()))
-    }
-
-    /// Runs one statement that returns no rows (the DDL of
-    /// [`Engine::create_tables`](crate::Engine::create_tables)). The default runs nothing.
+    /// Runs one statement that returns no rows (the DDL and the column probes of
+    /// [`Engine::create_tables`](crate::Engine::create_tables), written by the store's
+    /// [`Schema`]). The default runs nothing.
     fn run_sql(
         &self,
         conn: &mut Self::Conn,
@@ -110,26 +100,6 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
         let _ = (conn, sql);
         std::future::ready(Ok(()))
-    }
-
-    /// The statements that create the entity and history tables under their configured
-    /// names, in this version's layout, where they do not exist (see
-    /// [`Engine::create_tables`](crate::Engine::create_tables)). The default has none.
-    fn create_tables_sql(&self) -> Vec<String> {
-        Vec::new()
-    }
-
-    /// The entity table's name (or, with `history`, the history table's), as configured.
-    fn table_name(&self, history: bool) -> String {
-        let _ = history;
-        String::new()
-    }
-
-    /// The statement that adds `column` (one orderly needs) to the entity table (or, with
-    /// `history`, the history table), in this backend's dialect.
-    fn add_column_sql(&self, history: bool, column: &str) -> String {
-        let _ = (history, column);
-        String::new()
     }
 
     /// A turn at writing, taken before the connection of one of the idempotency

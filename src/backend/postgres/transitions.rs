@@ -42,61 +42,11 @@ impl Store for PgStore {
         self.pool.acquire().await.map_err(super::refused)
     }
 
-    fn probe_columns(
-        &self,
-        conn: &mut Self::Conn,
-        history: bool,
-        columns: &[&'static str],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
-        let sql = self.tables.probe_sql('"', history, columns);
-        async move {
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .execute(conn)
-                .await
-                .map(|_| ())
-        }
-    }
-
-    fn table_name(&self, history: bool) -> String {
-        self.tables.name(history)
-    }
-
     async fn run_sql(&self, conn: &mut Self::Conn, sql: String) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .execute(conn)
             .await
             .map(|_| ())
-    }
-
-    fn create_tables_sql(&self) -> Vec<String> {
-        let (orders, history) = self.tables.quoted('"');
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {orders} (id BIGINT PRIMARY KEY, status TEXT NOT NULL, \
-                 version BIGINT NOT NULL DEFAULT 0, created_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {history} (order_id BIGINT NOT NULL, seq BIGINT NOT NULL, \
-                 from_status TEXT NOT NULL, to_status TEXT NOT NULL, event TEXT NOT NULL, \
-                 ref_id TEXT NOT NULL, payload_hash TEXT NULL, payload JSONB NULL, \
-                 write_id BIGINT NULL, actor TEXT NULL, reason TEXT NULL, \
-                 created_at TIMESTAMPTZ NOT NULL DEFAULT now(), \
-                 PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))"
-            ),
-        ]
-    }
-
-    fn add_column_sql(&self, history: bool, column: &str) -> String {
-        let ty = match column {
-            "version" => "BIGINT NOT NULL DEFAULT 0",
-            "id" | "order_id" | "seq" => "BIGINT NOT NULL",
-            "payload" => "JSONB NULL",
-            "write_id" => "BIGINT NULL",
-            "payload_hash" | "actor" | "reason" => "TEXT NULL",
-            "created_at" => "TIMESTAMPTZ NOT NULL DEFAULT now()",
-            _ => "TEXT NOT NULL",
-        };
-        self.tables.add_column_sql('"', history, column, ty)
     }
 
     fn discard(conn: Self::Pooled) {

@@ -22,6 +22,7 @@ mod kit;
 #[cfg(feature = "admin")]
 mod lookup;
 mod outbox;
+mod schema;
 mod timers;
 mod transitions;
 mod units;

@@ -34,6 +34,7 @@ mod doubles;
 mod plan;
 pub mod versions;
 mod work;
+mod work_report;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -48,7 +49,8 @@ pub use crate::support::hook::{Phase, Point, Record, When};
 pub use check::{End, Judged, Report, RunReport};
 pub use doubles::{Call, CallError, Doubles, KeyedFake, UnsafeFake};
 pub use plan::{BadPlan, Fault, Plan, Reached, plans};
-pub use work::{WorkFn, WorkKit, WorkReport};
+pub use work::{WorkFn, WorkKit};
+pub use work_report::WorkReport;
 
 use crate::Result;
 use crate::flow::{Definition, Flow, FlowConfig, FlowOutcome, FlowStore, Flows};

@@ -52,6 +52,9 @@ impl<S: Store> Hooked<S> {
     }
 }
 
+/// Creates and checks no table (the default schema): its tables are its inner store's.
+impl<S: Store> orderly::store::Schema for Hooked<S> {}
+
 impl<S: Store> Store for Hooked<S> {
     type Conn = S::Conn;
     type Pooled = S::Pooled;
