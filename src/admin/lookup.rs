@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use crate::outbox::EventRow;
-use crate::store::Store;
+use crate::store::{RefRow, Store};
 
 /// An idempotency record found by its key.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
@@ -79,6 +79,23 @@ pub struct StuckRecord {
 /// A backend of the operators' lookups. Each read is one statement and returns at most
 /// `limit` rows.
 pub trait LookupStore: Store {
+    /// How many entities are in each state, by state (an operator's count: it reads the
+    /// entity table whole).
+    fn count_by_status(
+        &self,
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, sqlx::Error>> + Send;
+
+    /// Up to `limit` history rows of any entity made with the reference `ref_id`, by
+    /// entity and version (an operator's search: the history table has no index on the
+    /// reference alone, so this reads it whole unless the application adds one).
+    fn by_ref(
+        &self,
+        conn: &mut Self::Conn,
+        ref_id: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<RefRow>, sqlx::Error>> + Send;
+
     /// The records of any scope whose key is `key`.
     fn records_by_key(
         &self,

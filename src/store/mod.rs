@@ -349,23 +349,6 @@ pub trait Store: Schema + Clone + Send + Sync + 'static {
         conn: &mut Self::Conn,
         order_id: i64,
     ) -> impl Future<Output = Result<Vec<RawTransition>, sqlx::Error>> + Send;
-
-    /// How many entities are in each state, by state (an operator's count: it reads the
-    /// entity table whole).
-    fn count_by_status(
-        &self,
-        conn: &mut Self::Conn,
-    ) -> impl Future<Output = Result<Vec<(String, i64)>, sqlx::Error>> + Send;
-
-    /// Up to `limit` history rows of any entity made with the reference `ref_id`, by
-    /// entity and version (an operator's search: the history table has no index on the
-    /// reference alone, so this reads it whole unless the application adds one).
-    fn by_ref(
-        &self,
-        conn: &mut Self::Conn,
-        ref_id: &str,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<RefRow>, sqlx::Error>> + Send;
 }
 
 /// A writer's turn on a database with one writer at a time ([`Store::write_turn`]): the

@@ -53,7 +53,9 @@ pub(super) struct Sql {
     /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
     pub(super) emit: SqlStr,
     pub(super) history: SqlStr,
+    #[cfg(feature = "admin")]
     pub(super) by_ref: SqlStr,
+    #[cfg(feature = "admin")]
     pub(super) by_status: SqlStr,
     pub(super) batch_reads: BatchReads,
     /// The statements of a unit of several requests, whose text depends on its size.
@@ -159,9 +161,11 @@ impl Sql {
                         CAST(payload AS CHAR) AS payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ? ORDER BY seq"
             )),
+            #[cfg(feature = "admin")]
             by_status: read(format!(
                 "SELECT status, CAST(COUNT(*) AS SIGNED) FROM {o} GROUP BY status ORDER BY status"
             )),
+            #[cfg(feature = "admin")]
             by_ref: read(format!(
                 "SELECT order_id, seq, from_status, to_status, event FROM {h} \
                  WHERE ref_id = ? ORDER BY order_id, seq LIMIT ?"

@@ -16,7 +16,7 @@ use crate::backend::units::{end_unit, undo};
 use crate::backend::{BATCH_READ_MAX, in_place};
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Lease, Observed, OwnedKey, PositionedPrior, Prior,
-    RawTransition, RefRow, Request, Store, Txn, Written,
+    RawTransition, Request, Store, Txn, Written,
 };
 
 impl MySqlStore {
@@ -368,28 +368,6 @@ impl Store for MySqlStore {
     ) -> Result<Vec<RawTransition>, sqlx::Error> {
         sqlx::query_as(self.sql().history.clone())
             .bind(order_id)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn by_ref(
-        &self,
-        conn: &mut MySqlConnection,
-        ref_id: &str,
-        limit: i64,
-    ) -> Result<Vec<RefRow>, sqlx::Error> {
-        sqlx::query_as(self.sql().by_ref.clone())
-            .bind(ref_id)
-            .bind(limit)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn count_by_status(
-        &self,
-        conn: &mut MySqlConnection,
-    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
-        sqlx::query_as(self.sql().by_status.clone())
             .fetch_all(conn)
             .await
     }

@@ -37,7 +37,9 @@ pub(super) struct Sql {
     pub(super) apply: SqlStr,
     pub(super) apply_emitting: SqlStr,
     pub(super) history: SqlStr,
+    #[cfg(feature = "admin")]
     pub(super) by_ref: SqlStr,
+    #[cfg(feature = "admin")]
     pub(super) by_status: SqlStr,
     pub(super) batch_reads: BatchReads,
 }
@@ -212,9 +214,11 @@ impl Sql {
                         payload::text AS payload, actor::text AS actor, reason::text AS reason, created_at \
                  FROM {h} WHERE order_id = $1 ORDER BY seq"
             )),
+            #[cfg(feature = "admin")]
             by_status: sql(format!(
                 "SELECT status::text, COUNT(*)::bigint FROM {o} GROUP BY status ORDER BY status"
             )),
+            #[cfg(feature = "admin")]
             by_ref: sql(format!(
                 "SELECT order_id::bigint AS order_id, seq::bigint AS seq, from_status::text AS from_status, \
                         to_status::text AS to_status, event::text AS event \

@@ -14,7 +14,7 @@ use crate::backend::units::{end_unit, undo};
 use crate::backend::{BATCH_READ_MAX, in_place};
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, OwnedKey, PositionedPrior, Prior,
-    RawTransition, RefRow, Request, Store, Txn, Written,
+    RawTransition, Request, Store, Txn, Written,
 };
 
 impl Store for PgStore {
@@ -324,28 +324,6 @@ impl Store for PgStore {
     ) -> Result<Vec<RawTransition>, sqlx::Error> {
         sqlx::query_as(self.transitions.history.clone())
             .bind(order_id)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn by_ref(
-        &self,
-        conn: &mut PgConnection,
-        ref_id: &str,
-        limit: i64,
-    ) -> Result<Vec<RefRow>, sqlx::Error> {
-        sqlx::query_as(self.transitions.by_ref.clone())
-            .bind(ref_id)
-            .bind(limit)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn count_by_status(
-        &self,
-        conn: &mut PgConnection,
-    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
-        sqlx::query_as(self.transitions.by_status.clone())
             .fetch_all(conn)
             .await
     }

@@ -5,6 +5,7 @@ use crate::backend::lookup_sql;
 use crate::backend::lookup_sql::LookupStatements;
 use crate::backend::sql::Params;
 use crate::outbox::EventRow;
+use crate::store::RefRow;
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 use std::sync::LazyLock;
 
@@ -19,6 +20,28 @@ static LOOKUP: LazyLock<LookupStatements> = LazyLock::new(|| {
 });
 
 impl LookupStore for SqliteStore {
+    async fn by_ref(
+        &self,
+        conn: &mut SqliteConnection,
+        ref_id: &str,
+        limit: i64,
+    ) -> Result<Vec<RefRow>, sqlx::Error> {
+        sqlx::query_as(self.transitions.by_ref.clone())
+            .bind(ref_id)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn count_by_status(
+        &self,
+        conn: &mut SqliteConnection,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(self.transitions.by_status.clone())
+            .fetch_all(conn)
+            .await
+    }
+
     async fn records_by_key(
         &self,
         conn: &mut SqliteConnection,

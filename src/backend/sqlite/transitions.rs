@@ -12,8 +12,8 @@ use crate::backend::rows::ObservedRow;
 use crate::backend::stepwise::Stepwise;
 use crate::backend::units::{end_unit, undo};
 use crate::store::{
-    Apply, Entity, ErrorClass, FirstWrite, Key, Observed, Prior, RawTransition, RefRow, Request,
-    Store, Tables, Txn, Written,
+    Apply, Entity, ErrorClass, FirstWrite, Key, Observed, Prior, RawTransition, Request, Store,
+    Tables, Txn, Written,
 };
 
 /// Every statement of the layer, for one pair of tables.
@@ -39,8 +39,10 @@ pub(super) struct Sql {
     /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
     pub(super) emit: SqlStr,
     history: SqlStr,
-    by_ref: SqlStr,
-    by_status: SqlStr,
+    #[cfg(feature = "admin")]
+    pub(super) by_ref: SqlStr,
+    #[cfg(feature = "admin")]
+    pub(super) by_status: SqlStr,
     /// The statements of a unit of several requests, whose text depends on its size.
     pub(super) units: super::units::UnitStatements,
 }
@@ -93,9 +95,11 @@ impl Sql {
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ?1 ORDER BY seq"
             )),
+            #[cfg(feature = "admin")]
             by_status: sql(format!(
                 "SELECT status, COUNT(*) FROM {o} GROUP BY status ORDER BY status"
             )),
+            #[cfg(feature = "admin")]
             by_ref: sql(format!(
                 "SELECT order_id, seq, from_status, to_status, event FROM {h} \
                  WHERE ref_id = ?1 ORDER BY order_id, seq LIMIT ?2"
@@ -354,28 +358,6 @@ impl Store for SqliteStore {
     ) -> Result<Vec<RawTransition>, sqlx::Error> {
         sqlx::query_as(self.transitions.history.clone())
             .bind(order_id)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn by_ref(
-        &self,
-        conn: &mut SqliteConnection,
-        ref_id: &str,
-        limit: i64,
-    ) -> Result<Vec<RefRow>, sqlx::Error> {
-        sqlx::query_as(self.transitions.by_ref.clone())
-            .bind(ref_id)
-            .bind(limit)
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn count_by_status(
-        &self,
-        conn: &mut SqliteConnection,
-    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
-        sqlx::query_as(self.transitions.by_status.clone())
             .fetch_all(conn)
             .await
     }

@@ -153,20 +153,4 @@ impl<S: Store> Store for Hooked<S> {
     ) -> Result<Vec<RawTransition>, sqlx::Error> {
         self.seen(self.inner.history(conn, order_id).await)
     }
-
-    async fn count_by_status(
-        &self,
-        conn: &mut Self::Conn,
-    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
-        self.seen(self.inner.count_by_status(conn).await)
-    }
-
-    async fn by_ref(
-        &self,
-        conn: &mut Self::Conn,
-        ref_id: &str,
-        limit: i64,
-    ) -> Result<Vec<orderly::store::RefRow>, sqlx::Error> {
-        self.seen(self.inner.by_ref(conn, ref_id, limit).await)
-    }
 }
