@@ -17,7 +17,7 @@ use super::step::{Step, retry_or_fail};
 use super::{Engine, Outcome};
 use crate::Error;
 use crate::machine::StateMachine;
-use crate::store::{ErrorClass, Store, Txn, Written};
+use crate::store::{Store, Txn, Unit, Written};
 
 /// How the unit ends.
 enum End<S> {
@@ -25,63 +25,6 @@ enum End<S> {
     Commit(Outcome<S>),
     /// Undo it, then take this step.
     Undo(Step<S>),
-}
-
-/// An open unit, given up (its undo queued, the connection as it was) if the call is
-/// dropped before it ends.
-pub(super) struct Open<'a, S: Store> {
-    store: &'a S,
-    conn: &'a mut S::Conn,
-    /// sqlx's count of open transactions before the unit; `None` once it has ended.
-    depth: Option<usize>,
-}
-
-impl<'a, S: Store> Open<'a, S> {
-    /// Opens a unit on `conn` (see [`Store::begin_rules_unit`]).
-    pub(super) async fn begin(
-        store: &'a S,
-        conn: &'a mut S::Conn,
-        txn: Txn,
-    ) -> Result<Self, sqlx::Error> {
-        let depth = store.begin_rules_unit(conn, txn).await?;
-        Ok(Open {
-            store,
-            conn,
-            depth: Some(depth),
-        })
-    }
-
-    /// The unit's connection.
-    pub(super) fn conn(&mut self) -> &mut S::Conn {
-        self.conn
-    }
-
-    /// Ends the unit after the error `e`: undone, or, on a connection that failed, given
-    /// up without a round trip. Returns `e`.
-    pub(super) async fn fail(mut self, e: sqlx::Error) -> sqlx::Error {
-        if S::classify(&e) != ErrorClass::ConnectionLost {
-            let _ = self.end(false).await;
-        }
-        e
-    }
-
-    /// Ends the unit: committed if `commit`, else undone.
-    pub(super) async fn end(&mut self, commit: bool) -> Result<(), sqlx::Error> {
-        let Some(depth) = self.depth else {
-            return Ok(());
-        };
-        let ended = self.store.end_rules_unit(self.conn, commit, depth).await;
-        self.depth = None;
-        ended
-    }
-}
-
-impl<S: Store> Drop for Open<'_, S> {
-    fn drop(&mut self) {
-        if let Some(depth) = self.depth.take() {
-            self.store.abandon_rules_unit(self.conn, depth);
-        }
-    }
 }
 
 /// One attempt in a unit of its own.
@@ -96,17 +39,17 @@ pub(super) async fn attempt<M: StateMachine, S: Store>(
     if !req.stage.wrote() {
         return Step::Done(Err(abandoned(req)));
     }
-    let mut unit = match Open::begin(store, conn, txn).await {
+    let mut unit = match store.begin_unit(conn, txn).await {
         Ok(unit) => unit,
         Err(e) => return retry_or_fail::<M, S>(e, txn, false),
     };
-    match judged(engine, unit.conn, txn, req).await {
-        Ok(End::Commit(outcome)) => match unit.end(true).await {
+    match judged(engine, &mut unit, req).await {
+        Ok(End::Commit(outcome)) => match unit.commit().await {
             Ok(()) => Step::Done(Ok(outcome)),
             // The commit was sent: in doubt, read back by the write id.
             Err(e) => retry_or_fail::<M, S>(e, txn, true),
         },
-        Ok(End::Undo(step)) => match unit.end(false).await {
+        Ok(End::Undo(step)) => match unit.rollback().await {
             Ok(()) => step,
             Err(e) => retry_or_fail::<M, S>(e, txn, false),
         },
@@ -119,26 +62,24 @@ pub(super) async fn attempt<M: StateMachine, S: Store>(
 /// Inside the unit: lock, judge, guard, effect, write.
 async fn judged<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
-    conn: &mut S::Conn,
-    txn: Txn,
+    unit: &mut Unit<'_, S>,
     req: &Req<'_, M>,
 ) -> std::result::Result<End<M::State>, sqlx::Error> {
-    let store = &engine.store;
     let key = req.key;
     // The entity locked, and this request's history row as committed when the lock was
     // granted: every request recorded for the entity was written under that lock. Where
     // the locked entity's state proves the request unrecorded, no history is read.
     let mut unread = false;
     let (entity, prior) = if engine.repeatable(req.event) || req.read_history.load(Relaxed) {
-        store.lock_observe(conn, key, txn).await?
+        unit.lock_observe(key).await?
     } else {
-        let entity = store.lock(conn, key.order_id).await?;
+        let entity = unit.lock(key.order_id).await?;
         match &entity {
             Some(e) if engine.unrecorded_at(req.event, &e.status) => {
                 unread = true;
                 (entity, None)
             }
-            _ => (entity, store.prior(conn, key, txn).await?),
+            _ => (entity, unit.prior(key).await?),
         }
     };
     let verdict = judge::judge::<M>(entity.as_ref(), prior.as_ref(), key, req.event, req.hash());
@@ -165,7 +106,7 @@ async fn judged<M: StateMachine, S: Store>(
             }))));
         }
         Verdict::Refused { state } => {
-            let latest = store.latest_ref(conn, key, txn).await?;
+            let latest = unit.latest_ref(key).await?;
             return Ok(End::Undo(
                 match judge::refuse::<M>(state, key, req.event, latest) {
                     Refusal::Answer(e) => Step::Done(Err(e)),
@@ -192,9 +133,7 @@ async fn judged<M: StateMachine, S: Store>(
         .map(|t| (t.event.into(), t.after_ms))
         .collect();
     if !timers.is_empty() || edge.is_some_and(|e| e.guard.is_some() || e.effect.is_some()) {
-        store
-            .write_before_rules(conn, key.order_id, version)
-            .await?;
+        unit.check_open(key.order_id, version).await?;
     }
     let judged = Judged::<M> {
         order_id: key.order_id,
@@ -207,7 +146,7 @@ async fn judged<M: StateMachine, S: Store>(
     };
     for rule in [edge.and_then(|e| e.guard), edge.and_then(|e| e.effect)] {
         let Some(rule) = rule else { continue };
-        match run(engine, rule, conn, &judged).await {
+        match run(engine, rule, unit.conn(), &judged).await {
             Ok(()) => {}
             Err(Halt::Database(e)) => return Err(e),
             Err(Halt::Refuse { code, message }) => {
@@ -226,7 +165,7 @@ async fn judged<M: StateMachine, S: Store>(
         }
     }
     let apply = req.apply(from, to, version);
-    let written = store.apply_in_unit(conn, &apply).await?;
+    let written = unit.apply(&apply).await?;
     if written == Written::Applied && !timers.is_empty() {
         let arm = crate::store::timers::Arm {
             machine: M::NAME,
@@ -235,7 +174,7 @@ async fn judged<M: StateMachine, S: Store>(
             version: version + 1,
             timers: &timers,
         };
-        store.arm_timers(conn, &arm).await?;
+        unit.arm(&arm).await?;
     }
     Ok(match written {
         Written::Applied => End::Commit(Outcome::Applied {

@@ -397,11 +397,8 @@ async fn create<M: StateMachine, S: Store>(
     if timers.is_empty() {
         return store.create(conn, order_id, initial, txn).await;
     }
-    let mut unit = super::guarded::Open::begin(store, conn, txn).await?;
-    let entity = match store
-        .create(unit.conn(), order_id, initial, Txn::Caller)
-        .await
-    {
+    let mut unit = store.begin_unit(conn, txn).await?;
+    let entity = match unit.create(order_id, initial).await {
         Ok(entity) => entity,
         Err(e) => return Err(unit.fail(e).await),
     };
@@ -413,11 +410,11 @@ async fn create<M: StateMachine, S: Store>(
             version: 0,
             timers: &timers,
         };
-        if let Err(e) = store.arm_timers(unit.conn(), &arm).await {
+        if let Err(e) = unit.arm(&arm).await {
             return Err(unit.fail(e).await);
         }
     }
-    unit.end(true).await?;
+    unit.commit().await?;
     Ok(entity)
 }
 

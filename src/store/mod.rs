@@ -41,6 +41,7 @@ mod rows;
 mod schema;
 mod tables;
 pub mod timers;
+mod unit;
 
 pub use errors::ErrorClass;
 pub(crate) use errors::db_error;
@@ -49,6 +50,7 @@ pub use requests::{Apply, Audit, FirstWrite, Key, Observed, OwnedKey, Request, T
 pub use rows::{Entity, PositionedPrior, Prior, RawTransition, RefRow};
 pub use schema::Schema;
 pub use tables::{MIGRATIONS_TABLE, Tables};
+pub use unit::Unit;
 
 /// A backend: coarse operations over the backend's own connection type.
 ///
@@ -175,6 +177,18 @@ pub trait Store: Schema + Clone + Send + Sync + 'static {
         txn: Txn,
     ) -> impl Future<Output = Result<Written, sqlx::Error>> + Send;
 
+    /// Opens the unit of a guarded request (or of a create that arms timers) on `conn`:
+    /// a transaction, or a savepoint inside the caller's for [`Txn::Caller`]. Every
+    /// statement of the unit goes through the [`Unit`], which ends it once: committed,
+    /// undone, or, dropped before either, abandoned.
+    fn begin_unit<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        txn: Txn,
+    ) -> impl Future<Output = Result<Unit<'a, Self>, sqlx::Error>> + Send {
+        Unit::begin(self, conn, txn)
+    }
+
     /// Opens the unit of a request whose edge has a guard or an effect: a transaction
     /// on the engine's own connection ([`Txn::Own`]; on SQLite `BEGIN IMMEDIATE`), a
     /// savepoint inside the caller's transaction ([`Txn::Caller`]). Returns what
@@ -211,6 +225,14 @@ pub trait Store: Schema + Clone + Send + Sync + 'static {
     /// as it was before the unit (`depth`).
     fn abandon_rules_unit(&self, conn: &mut Self::Conn, depth: usize) {
         let _ = (conn, depth);
+    }
+
+    /// Gives up a unit whose commit or rollback was in flight when its call was dropped:
+    /// the server may have run it or not. By default as
+    /// [`abandon_rules_unit`](Self::abandon_rules_unit); a backend whose driver keeps
+    /// state about an end it ran but could not report (SQLite's worker) settles it here.
+    fn abandon_ending_unit(&self, conn: &mut Self::Conn, depth: usize) {
+        self.abandon_rules_unit(conn, depth);
     }
 
     /// The write after a read inside a unit of

@@ -340,6 +340,10 @@ impl Store for SqliteStore {
         crate::backend::units::abandon_rules_unit::<sqlx::Sqlite>(conn, depth);
     }
 
+    fn abandon_ending_unit(&self, conn: &mut SqliteConnection, depth: usize) {
+        super::units::abandon_ending_unit(conn, depth);
+    }
+
     async fn get(
         &self,
         conn: &mut SqliteConnection,

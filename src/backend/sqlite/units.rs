@@ -392,3 +392,21 @@ fn placeholders(rows: usize, width: usize) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// Gives up a rules unit whose commit or rollback was in flight when its call was
+/// dropped. sqlx's worker thread runs the end whether or not its answer is still awaited;
+/// one it ran but could not report makes it ignore the next rollback queued without an
+/// answer, which it expects from a dropped `Transaction`. Here none comes: left set, that
+/// mark would swallow the undo of a later unit abandoned on this connection (whose
+/// savepoint would then stay open, and turn the caller's `commit()` into a `RELEASE`).
+/// So a rollback is always queued: if the worker had not yet run the end (sqlx's count is
+/// still above `depth`), it runs the end, then ignores this rollback; if it had run it,
+/// it ignores this rollback; if the end never reached it, this rollback undoes the unit.
+pub(super) fn abandon_ending_unit(conn: &mut SqliteConnection, depth: usize) {
+    use sqlx_core::transaction::TransactionManager;
+    type Manager = <Sqlite as sqlx::Database>::TransactionManager;
+    let open = Manager::get_transaction_depth(conn).saturating_sub(depth);
+    for _ in 0..open.max(1) {
+        Manager::start_rollback(conn);
+    }
+}
