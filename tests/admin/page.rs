@@ -1,0 +1,346 @@
+//! The page over HTTP: who may see and act, the CSRF token, escaping, and every action,
+//! each checked in the database and in the audit trail.
+
+use super::*;
+
+/// The whole suite on one store.
+pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
+    let Fixture {
+        flows,
+        records,
+        down,
+        router,
+        exec,
+        total,
+        ..
+    } = fixture(store, exec, BULK).await;
+    let page = Page { router };
+
+    // Access.
+    let (status, _, _) = page.call("mallory", "GET", "/admin", None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let overview = page.json("bob", "/admin").await;
+    assert_eq!(overview["outbox"]["dead"], total);
+    assert_eq!(overview["timers"]["dead"], 1);
+    assert_eq!(overview["flows"]["parked"], 2);
+    assert_eq!(overview["records"]["stuck"], 1);
+    let html = page.get("bob", "/admin").await;
+    assert!(html.contains("<base href=\"/admin/\">"), "{html}");
+    for path in [
+        "/admin",
+        "/admin/outbox",
+        "/admin/flows",
+        "/admin/timers",
+        "/admin/records",
+    ] {
+        let html = page.get("bob", path).await;
+        assert!(
+            !html.contains("method=\"post\""),
+            "{path} shows bob an action"
+        );
+    }
+    // Escaping: the hostile reference and error are text.
+    let dead = page.get("bob", "/admin/outbox?error=alert").await;
+    assert!(dead.contains("&lt;script&gt;alert"), "{dead}");
+    assert!(!dead.contains(HOSTILE), "a raw script on the page");
+    let timeline = page.get("bob", "/admin/entity?machine=Shop&id=1").await;
+    assert!(timeline.contains("&lt;script&gt;") && !timeline.contains(HOSTILE));
+    let flows_page = page.get("bob", "/admin/flows").await;
+    assert!(flows_page.contains("NEEDS_RECONCILIATION") && !flows_page.contains(HOSTILE));
+    let history = page.json("bob", "/admin/entity?machine=Shop&id=1").await;
+    assert_eq!(history["state"], "Paid");
+    assert_eq!(history["history"][0]["ref_id"], HOSTILE);
+    // The timeline's outbox events, with their publish status.
+    assert_eq!(history["events"][0]["id"], "Shop:1:1");
+    assert_eq!(history["events"][0]["status"], "DEAD");
+    assert_eq!(history["events"][0]["event"], "OrderPaid");
+
+    // Search: by a reference, a message id, an entity id, a record's key, a flow key.
+    let found = page.json("bob", "/admin/search?q=pay-5").await;
+    assert_eq!(found["history"][0]["machine"], "Shop");
+    assert_eq!(found["history"][0]["order_id"], 5);
+    assert_eq!(found["history"][0]["event"], "Pay");
+    assert_eq!(found["events"][0]["id"], "Shop:5:1");
+    assert_eq!(found["history"].as_array().unwrap().len(), 1, "{found}");
+    let found = page.json("bob", "/admin/search?q=Shop:7:1").await;
+    assert_eq!(found["events"][0]["ref_id"], "pay-7", "{found}");
+    let found = page.json("bob", "/admin/search?q=7").await;
+    assert_eq!(
+        found["entities"],
+        serde_json::json!([["Shop", 7]]),
+        "{found}"
+    );
+    let found = page
+        .json("bob", &format!("/admin/search?q={STUCK_KEY}"))
+        .await;
+    assert_eq!(found["records"][0]["scope"], SCOPE, "{found}");
+    assert_eq!(found["records"][0]["status"], "PROCESSING");
+    let found = page.json("bob", "/admin/search?q=L-2").await;
+    assert_eq!(found["flows"][0]["kind"], "legacy", "{found}");
+    assert_eq!(found["flows"][0]["park_reason"], "NEEDS_RECONCILIATION");
+    let found = page.json("bob", "/admin/search?q=no-such-thing").await;
+    for kind in ["history", "events", "records", "flows", "entities"] {
+        assert_eq!(found[kind], serde_json::json!([]), "{kind}: {found}");
+    }
+    let html = page
+        .get(
+            "bob",
+            "/admin/search?q=%3Cscript%3Ealert(%27x%27)%3C%2Fscript%3E",
+        )
+        .await;
+    assert!(
+        html.contains("2 found for") && html.contains("&lt;script&gt;"),
+        "{html}"
+    );
+    assert!(!html.contains(HOSTILE), "a raw script on the page");
+    let (status, body, _) = page.call("bob", "GET", "/admin/search?q=a%0Ab", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body, _) = page
+        .call("bob", "GET", "/admin/outbox?older=soon", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let stuck = page.json("bob", "/admin/records").await;
+    assert_eq!(stuck["stuck"][0]["idem_key"], STUCK_KEY, "{stuck}");
+    let graph = page.get("bob", "/admin/graph?machine=Shop").await;
+    assert!(graph.contains("stateDiagram-v2"), "{graph}");
+    assert!(
+        graph.contains("<svg") && graph.contains(">Cancelled</text>"),
+        "{graph}"
+    );
+    assert!(graph.contains(">Pay / OrderPaid</text>"), "{graph}");
+    // Entities by state: every one paid, but the one of the dead timer.
+    let states = page.json("bob", "/admin/graph?machine=Shop").await;
+    assert_eq!(
+        states["states"],
+        serde_json::json!([["Created", 1], ["Paid", total]]),
+        "{states}"
+    );
+
+    // Forged and tokenless POSTs change nothing.
+    let alice_page = page.get("alice", "/admin/outbox").await;
+    let token = csrf_of(&alice_page);
+    let one = [("machine", "Shop"), ("entity_id", "1"), ("version", "1")];
+    fn with<'a>(one: &[(&'a str, &'a str)], token: &'a str) -> Vec<(&'a str, &'a str)> {
+        let mut f = one.to_vec();
+        f.push(("csrf", token));
+        f
+    }
+    assert_eq!(
+        page.post("bob", "/admin/requeue", &with(&one, &token))
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        page.post("alice", "/admin/requeue", &one).await.0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        page.post("alice", "/admin/requeue", &with(&one, "00ff"))
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        page.post("mallory", "/admin/requeue", &with(&one, &token))
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    let dead_now = count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'").await;
+    assert_eq!(dead_now, total, "a refused POST changed something");
+    assert_eq!(count(&exec, "SELECT COUNT(*) FROM orderly_audit").await, 0);
+
+    // Requeue one.
+    let (status, body, location) = page
+        .post("alice", "/admin/requeue", &with(&one, &token))
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let location = location.unwrap();
+    assert!(location.starts_with("outbox?done="), "{location}");
+    assert_eq!(
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM outbox WHERE entity_id = 1 AND status = 'PENDING'"
+        )
+        .await,
+        1
+    );
+    let shown = page.get("alice", &format!("/admin/{location}")).await;
+    assert!(
+        shown.contains("outbox.requeue Shop 1 v1: 1 changed"),
+        "{shown}"
+    );
+    // Bad input: a clear 400, nothing changed.
+    let bad = [
+        ("machine", "Shop"),
+        ("entity_id", "one"),
+        ("version", "1"),
+        ("csrf", token.as_str()),
+    ];
+    let (status, body, _) = page.post("alice", "/admin/requeue", &bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("entity_id is an integer"), "{body}");
+
+    // Requeue every match of a filter: in batches, recorded once. First the few whose
+    // rows come after more than a batch of others (read on past them), then the many.
+    let bulk = |error: &'static str| {
+        [
+            ("machine", "Shop"),
+            ("event", ""),
+            ("error", error),
+            ("csrf", token.as_str()),
+        ]
+    };
+    let (status, body, location) = page
+        .post("alice", "/admin/requeue-matching", &bulk("schema"))
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    assert!(location.unwrap().contains(&format!("{OTHERS}+changed")));
+    assert_eq!(
+        count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'").await,
+        BULK
+    );
+    let (status, body, location) = page
+        .post("alice", "/admin/requeue-matching", &bulk("gateway"))
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    assert!(location.unwrap().contains(&format!("{BULK}+changed")));
+    assert_eq!(
+        count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'").await,
+        0
+    );
+    let audit = page.json("bob", "/admin/audit").await;
+    let rows = audit["audit"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{audit}");
+    assert_eq!(rows[0]["who"], "alice");
+    assert_eq!(rows[0]["action"], "outbox.requeue");
+    assert_eq!(rows[0]["affected"], BULK);
+    assert_eq!(
+        rows[0]["target"],
+        "dead events where machine=Shop, error=gateway"
+    );
+    assert_eq!(rows[1]["affected"], OTHERS);
+    assert_eq!(rows[2]["affected"], 1);
+
+    // Resume the parked flow once the gateway is back.
+    down.store(false, Ordering::SeqCst);
+    let token = csrf_of(&page.get("alice", "/admin/flows").await);
+    let resume = [
+        ("kind", "legacy"),
+        ("key", "L-1"),
+        ("how", "retry"),
+        ("csrf", token.as_str()),
+    ];
+    let (status, body, _) = page.post("alice", "/admin/resume", &resume).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let view = flows.get("legacy", "L-1").await.unwrap().unwrap();
+    assert_eq!(view.flow.status, "COMPLETED");
+    // The other is marked applied by hand (the gateway did post it), with its output;
+    // an output that is not JSON is refused, nothing done.
+    let applied = |output: &'static str| {
+        [
+            ("kind", "legacy"),
+            ("key", "L-2"),
+            ("how", "applied"),
+            ("output", output),
+            ("csrf", token.as_str()),
+        ]
+    };
+    let (status, body, _) = page.post("alice", "/admin/resume", &applied("{oops")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(
+        flows
+            .get("legacy", "L-2")
+            .await
+            .unwrap()
+            .unwrap()
+            .flow
+            .status,
+        "RUNNING"
+    );
+    let (status, body, _) = page
+        .post("alice", "/admin/resume", &applied("\"posted by hand\""))
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let view = flows.get("legacy", "L-2").await.unwrap().unwrap();
+    assert_eq!(view.flow.status, "COMPLETED");
+    assert!(view.flow.output.unwrap().contains("posted by hand"));
+    assert_eq!(page.json("bob", "/admin").await["flows"]["parked"], 0);
+
+    // Release the stuck record: the next claim runs the request again.
+    let token = csrf_of(&page.get("alice", "/admin/records").await);
+    let release = [
+        ("scope", SCOPE),
+        ("key", STUCK_KEY),
+        ("csrf", token.as_str()),
+    ];
+    let (status, body, location) = page.post("alice", "/admin/release", &release).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    assert!(location.unwrap().contains("1+changed"));
+    assert_eq!(page.json("bob", "/admin").await["records"]["stuck"], 0);
+    let (_, _, location) = page.post("alice", "/admin/release", &release).await;
+    assert!(
+        location.unwrap().contains("0+changed"),
+        "a second release changed something"
+    );
+    assert!(matches!(
+        records.claim(SCOPE, STUCK_KEY, &1).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+
+    // Re-arm the dead timer, then cancel it.
+    let token = csrf_of(&page.get("alice", "/admin/timers").await);
+    let key = [
+        ("machine", "Shop"),
+        ("entity_id", "99999"),
+        ("event", "Cancel"),
+        ("ref_id", "late"),
+        ("csrf", token.as_str()),
+    ];
+    assert_eq!(
+        page.post("alice", "/admin/rearm", &key).await.0,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM timers WHERE entity_id = 99999 AND status = 'PENDING'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        page.post("alice", "/admin/cancel-timer", &key).await.0,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM timers WHERE entity_id = 99999 AND status = 'CANCELLED'"
+        )
+        .await,
+        1
+    );
+    let audit = page.json("bob", "/admin/audit").await;
+    let actions: Vec<&str> = audit["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "timers.cancel",
+            "timers.rearm",
+            "records.release",
+            "records.release",
+            "flows.resume",
+            "flows.resume",
+            "outbox.requeue",
+            "outbox.requeue",
+            "outbox.requeue"
+        ]
+    );
+}
