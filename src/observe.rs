@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 
 /// The outcome label of an error: what the caller is told, in a word.
 pub(crate) fn error_label(e: &Error) -> &'static str {

@@ -14,9 +14,10 @@ use super::AdminStore;
 use super::ops::{Acted, Filter, OnTimer, resume_how};
 use super::panel::App;
 use super::seen::{Seen, refused};
+use crate::error::Error;
+use crate::error::Result;
 use crate::outbox::EventKey;
 use crate::timer::TimerKey;
-use crate::{Error, Result};
 
 type Fields = HashMap<String, String>;
 

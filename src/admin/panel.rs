@@ -8,7 +8,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::{AdminStore, Machines, Resolver, Viewer};
-use crate::Error;
+use crate::error::Error;
 use crate::flow::Flows;
 use crate::idempotency::Records;
 
@@ -84,7 +84,7 @@ impl<S: AdminStore> Admin<S> {
     /// replica of the service accepts the forms any of them drew. At least 32 bytes,
     /// kept secret; [`Error::InvalidInput`] otherwise. By default a random key is drawn
     /// for each page built.
-    pub fn csrf_key(mut self, key: &[u8]) -> crate::Result<Self> {
+    pub fn csrf_key(mut self, key: &[u8]) -> crate::error::Result<Self> {
         if key.len() < 32 {
             return Err(Error::InvalidInput(
                 "a CSRF key is at least 32 bytes".into(),

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use super::page::Frame;
 use super::panel::App;
 use super::{Access, AdminStore};
-use crate::Error;
+use crate::error::Error;
 
 /// Who is looking at this request, and how to answer: the frame of the page, and
 /// whether JSON was asked for (`?format=json`).

@@ -3,7 +3,7 @@
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use super::errors::classify_common;
-use crate::Error;
+use crate::error::Error;
 use crate::store::ErrorClass;
 
 /// A driver error from your own statements (inside [`Records::run`](crate::Records::run)'s

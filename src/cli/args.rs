@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::Error;
 use crate::admin::ops::Filter;
+use crate::error::Error;
 
 /// What the process's exit code says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

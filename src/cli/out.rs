@@ -6,7 +6,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::Exit;
-use crate::Error;
+use crate::error::Error;
 
 /// What a command prints: its data, as a table or as JSON.
 pub(super) struct Out<'w> {

@@ -11,9 +11,10 @@ use super::settle::{own_write, settle};
 use super::step::{Step, retry_or_fail};
 use super::writes::{First, first_turn, request_of};
 use super::{Engine, Outcome};
+use crate::error::Error;
+use crate::error::Result;
 use crate::machine::StateMachine;
 use crate::store::{ErrorClass, FirstWrite, Store, Txn, Written, db_error};
-use crate::{Error, Result};
 
 /// A request on the engine's own connections: read first if the policy says so, then
 /// the retry loop; counted once for [`ReadFirst::Adaptive`](super::ReadFirst::Adaptive).

@@ -15,7 +15,7 @@ use super::rules::{Halt, Judged};
 use super::settle::own_write;
 use super::step::{Step, retry_or_fail};
 use super::{Engine, Outcome};
-use crate::Error;
+use crate::error::Error;
 use crate::machine::StateMachine;
 use crate::store::{Store, Txn, Unit, Written};
 

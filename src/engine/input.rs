@@ -2,11 +2,12 @@
 //! (status names, versions, history rows), checked before it is trusted.
 
 use super::Record;
+use crate::error::Error;
+use crate::error::Result;
 use crate::machine::StateMachine;
 use crate::store::RawTransition;
 pub use crate::support::input::MAX_REF_LEN;
 pub(crate) use crate::support::input::{Payload, fingerprint, validate_reference};
-use crate::{Error, Result};
 
 /// Parses an event name as received from a client or a queue.
 pub fn parse_event<M: StateMachine>(name: &str) -> Result<M::Event> {

@@ -3,9 +3,10 @@
 
 use super::Outcome;
 use super::input::{parse_state, parse_version};
+use crate::error::Error;
+use crate::error::Result;
 use crate::machine::StateMachine;
 use crate::store::{Entity, Key, Prior};
-use crate::{Error, Result};
 
 /// What to do next.
 #[derive(Debug)]

@@ -34,9 +34,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::error::Error;
+use crate::error::Result;
 use crate::machine::{StateMachine, validate};
 use crate::store::{Entity, Lease, Store, db_error};
-use crate::{Error, Result};
 
 mod attempt;
 mod edges;

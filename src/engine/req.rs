@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::detach::Stage;
 use super::input::Payload;
-use crate::Error;
+use crate::error::Error;
 use crate::machine::StateMachine;
 use crate::store::{Apply, Audit, Key, Lease, Store, Txn};
 

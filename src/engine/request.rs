@@ -14,7 +14,7 @@ use super::detach::{Detached, Stage};
 use super::input::{Payload, fingerprint, validate_audit, validate_ref};
 use super::req::{Conn, Req, write_id};
 use super::{Engine, Order, Outcome, created};
-use crate::Result;
+use crate::error::Result;
 use crate::machine::StateMachine;
 use crate::store::{Audit, Key, Lease, Store, Txn, db_error};
 
@@ -169,7 +169,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
         if let Some(body) = &event_body
             && body.len() > limit
         {
-            return Err(crate::Error::InvalidInput(format!(
+            return Err(crate::error::Error::InvalidInput(format!(
                 "the event body is {} bytes, more than max_event_body ({limit})",
                 body.len()
             )));
@@ -226,8 +226,9 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
 
 /// An event body as the outbox stores it: JSON text (bounded when the request runs).
 fn event_body<B: Serialize + ?Sized>(body: &B) -> Result<String> {
-    serde_json::to_string(body)
-        .map_err(|e| crate::Error::InvalidInput(format!("the event body does not serialize: {e}")))
+    serde_json::to_string(body).map_err(|e| {
+        crate::error::Error::InvalidInput(format!("the event body does not serialize: {e}"))
+    })
 }
 
 /// What a pooled call owns.
@@ -283,11 +284,11 @@ async fn pooled<M: StateMachine, S: Store>(
 }
 
 /// The answer of a call whose deadline passed, by how far it got.
-pub(super) fn past_deadline(stage: &Stage, deadline: std::time::Duration) -> crate::Error {
+pub(super) fn past_deadline(stage: &Stage, deadline: std::time::Duration) -> crate::error::Error {
     if stage.never_connected() {
-        crate::Error::Unavailable { waited: deadline }
+        crate::error::Error::Unavailable { waited: deadline }
     } else {
-        crate::Error::DeadlineExceeded {
+        crate::error::Error::DeadlineExceeded {
             deadline,
             in_doubt: stage.sent_a_write(),
         }

@@ -4,9 +4,10 @@
 //! instead of a database error on every call.
 
 use super::Engine;
+use crate::error::Error;
+use crate::error::Result;
 use crate::machine::StateMachine;
 use crate::store::{ErrorClass, Lease, Store, db_error};
-use crate::{Error, Result};
 
 /// The entity table's columns orderly reads and writes.
 const ORDERS: &[&str] = &["id", "status", "version"];

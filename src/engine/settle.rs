@@ -8,9 +8,10 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use super::judge;
 use super::req::Req;
 use super::{Engine, Outcome};
+use crate::error::Error;
+use crate::error::Result;
 use crate::machine::StateMachine;
 use crate::store::{Lease, Store, Txn};
-use crate::{Error, Result};
 
 /// Settles a request whose connection failed at or after its write was sent: reads the
 /// request back by its identity on fresh connections, for at most

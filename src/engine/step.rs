@@ -2,7 +2,7 @@
 //! and the step a database error leads to.
 
 use super::Outcome;
-use crate::Result;
+use crate::error::Result;
 use crate::machine::StateMachine;
 use crate::store::{ErrorClass, Store, Txn, db_error};
 

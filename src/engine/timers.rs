@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use super::{Engine, input, within_deadline};
+use crate::error::Error;
+use crate::error::Result;
 use crate::machine::StateMachine;
 use crate::store::{Lease, db_error};
-use crate::{Error, Result};
 
 /// Timers scheduled by hand: an event for an entity at a time, and its cancellation by
 /// its reference (a state's own timers are armed by the moves that enter it; see

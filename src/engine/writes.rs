@@ -5,9 +5,9 @@
 use super::input::parse_state;
 use super::req::{Conn, Req, abandoned, outbox_taken};
 use super::{Engine, Outcome};
-use crate::Result;
 use crate::coalesce::queue::Entered;
 use crate::coalesce::writes::{Answer, Slot};
+use crate::error::Result;
 use crate::machine::StateMachine;
 use crate::store::{FirstWrite, Request, Store};
 

@@ -12,8 +12,9 @@ use super::flows::{Drive, Flows, Held};
 use super::outcome::{Failure, FlowOutcome, ParkReason, is_live, step_name};
 use super::steps::{Action, Definition, StepError};
 use super::{FlowStore, StepClass, StepRow, StepSpec, Touch, Undo};
+use crate::error::Error;
+use crate::error::Result;
 use crate::support::hook::{Phase, Point, Record, Stop, When};
-use crate::{Error, Result};
 
 mod fence;
 mod record;

@@ -11,8 +11,8 @@ use futures_util::future::BoxFuture;
 
 use super::outcome::FlowOutcome;
 use super::{FlowStore, StepSpec};
-use crate::Result;
 use crate::coalesce::claims::Claims;
+use crate::error::Result;
 use crate::support::read_first::FirstRound;
 
 /// How flows run.

@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use super::{FlowRow, FlowStep, StepRow, StepSpec};
-use crate::{Error, Result};
+use crate::error::Error;
+use crate::error::Result;
 
 /// Why a flow is parked: it waits for an operator's [`Flows::resume`](super::Flows::resume).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumString, strum::IntoStaticStr)]

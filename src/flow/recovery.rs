@@ -13,8 +13,9 @@ use futures_util::FutureExt;
 use super::flows::{Flows, Held, millis};
 use super::outcome::{FlowOutcome, FlowView, Listed};
 use super::{FlowStore, Listing, TakeDue};
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::{Lease, db_error};
-use crate::{Error, Result};
 
 /// What one round of the recovery job did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -5,8 +5,9 @@ use super::drive::{lease_lost, to_i32, write};
 use super::flows::{Flows, Held, millis};
 use super::outcome::{FlowOutcome, Resume, is_live, recorded};
 use super::{FlowStore, StepWrite, Touch};
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::{Lease, db_error};
-use crate::{Error, Result};
 use tracing::Instrument;
 
 impl<S: FlowStore> Flows<S> {

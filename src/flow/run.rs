@@ -13,13 +13,14 @@ use super::flows::{Drive, FlowConfig, Flows, Held, millis};
 use super::outcome::{FlowOutcome, Started, is_live, recorded};
 use super::steps::Definition;
 use super::{Flow, FlowRow, FlowStore, StepRow, StepSpec};
-use crate::ReadFirst;
 use crate::coalesce::claims::{Claims, CoalescedClaims};
 use crate::coalesce::queue::Entered;
+use crate::engine::ReadFirst;
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::{ErrorClass, Lease, db_error};
 use crate::support::input::{fingerprint_of, validate_reference};
 use crate::support::read_first::FirstRound;
-use crate::{Error, Result};
 
 /// How many times a start reads and tries again when the flow changes under it.
 const START_ROUNDS: u32 = 8;

@@ -13,8 +13,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Flow, FlowStep, FlowStore, StepClass, StepSpec, Undo};
+use crate::error::Error;
+use crate::error::Result;
 use crate::idempotency::Work;
-use crate::{Error, Result};
 
 pub use crate::support::text::MAX_ERROR_BYTES;
 pub(crate) use crate::support::text::{bounded, bounded_str};

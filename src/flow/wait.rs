@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 
 use super::FlowStore;
 use super::flows::{Flows, Held, millis};
-use crate::Error;
+use crate::error::Error;
 use crate::store::timers::{NewTimer, TimerKey, TimerRow};
 use crate::store::{Lease, db_error};
 

@@ -33,8 +33,9 @@ use http::{Method, StatusCode};
 use http_body_util::{Either, Full};
 use tower_layer::Layer;
 
+use crate::error::Error;
+use crate::error::Result;
 use crate::idempotency::{RecordStore, Records};
-use crate::{Error, Result};
 
 mod key;
 mod problem;

@@ -21,8 +21,9 @@ use super::key::{self, KeyProblem};
 use super::problem::Problem;
 use super::stored::StoredResponse;
 use super::{Config, IDEMPOTENT_REPLAYED, InFlight, KeyRule, LayerBody, RoutePolicy};
+use crate::error::Error;
+use crate::error::Result;
 use crate::idempotency::{Claim, Claimed, RecordStore, Records, Stored};
-use crate::{Error, Result};
 
 /// The layer's service around `Inner`.
 #[derive(Clone)]

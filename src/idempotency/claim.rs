@@ -11,9 +11,10 @@ use super::{
     CLAIM_ROUNDS, Claim, Claimed, NewClaim, RecordRow, RecordStore, Records, Stored, millis,
 };
 use crate::coalesce::queue::Entered;
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::{ErrorClass, Lease, db_error};
 use crate::support::input::{fingerprint_of, validate_reference};
-use crate::{Error, Result};
 
 impl<S: RecordStore> Records<S> {
     /// Claims `(scope, key)` for a request with `payload` (any serializable value; `&()`

@@ -4,8 +4,9 @@
 use serde::Serialize;
 
 use super::{Claimed, Failure, Finish, RecordStore, Records, millis};
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::{ErrorClass, Lease, Txn, db_error};
-use crate::{Error, Result};
 
 impl<S: RecordStore> Records<S> {
     /// Completes the held record with `result`, stored as JSON and replayed byte for byte

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use redis::{Client, Script};
 
-use crate::{Error, Result};
+use crate::error::Error;
+
+use crate::error::Result;
 
 /// How the front behaves.
 #[non_exhaustive]

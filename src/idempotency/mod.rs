@@ -23,10 +23,11 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::ReadFirst;
+use crate::engine::ReadFirst;
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::Lease;
 use crate::support::read_first::FirstRound;
-use crate::{Error, Result};
 
 mod claim;
 mod claims;

@@ -9,8 +9,9 @@ use tracing::Instrument;
 use futures_util::FutureExt;
 
 use super::{Claimed, Failure, RecordStore, Records, TakeOver, millis};
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::{Lease, db_error};
-use crate::{Error, Result};
 
 /// A record the recovery job took over: the request it stands for was claimed, and its
 /// holder's lease ran out before it completed, failed or released it.

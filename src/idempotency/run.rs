@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Claim, Claimed, Failure, RecordStore, Records, Stored};
-use crate::Error;
+use crate::error::Error;
 use crate::store::{ErrorClass, Lease, Txn, db_error};
 use crate::support::hook::{Phase, Point, Record, Stop, When};
 

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use super::{MAX_SPAN, RecordStore, Records, millis};
+use crate::error::Error;
+use crate::error::Result;
 use crate::error::TokenRejection;
 use crate::store::{Lease, db_error};
 use crate::support::input::validate_reference;
-use crate::{Error, Result};
 
 impl<S: RecordStore> Records<S> {
     /// Issues a new one-time token for `scope` (a known scope), valid for `ttl`: 128

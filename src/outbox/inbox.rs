@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use super::OutboxStore;
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::{Lease, db_error};
-use crate::{Error, Result};
 
 /// The longest consumer name, in bytes.
 const MAX_CONSUMER: usize = 128;

@@ -14,8 +14,9 @@ use futures_util::future::join_all;
 use super::view::Outbox;
 use super::{ClaimedEvent, EventKey, EventRow, Message, OutboxStore, Sink, SinkError};
 use super::{MAX_LEASE, millis};
+use crate::error::Error;
+use crate::error::Result;
 use crate::support::text::bounded;
-use crate::{Error, Result};
 
 /// The largest batch a relay claims: its keys are bound three parameters each, well
 /// inside every backend's limit.

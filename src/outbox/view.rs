@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use super::{CorruptRow, EventKey, EventRow, OutboxStore};
 use super::{MAX_LEASE, millis};
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::Lease;
-use crate::{Error, Result};
 
 /// Counts of the outbox as it is now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

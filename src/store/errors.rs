@@ -3,7 +3,7 @@
 //! classes every driver shares are in `backend/errors.rs`.
 
 use super::Store;
-use crate::Error;
+use crate::error::Error;
 
 /// How a store classifies a database error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -86,7 +86,7 @@ impl<S: Store> Lease<S> {
     pub(crate) async fn run<T>(
         store: &S,
         statement: impl AsyncFnOnce(&mut S::Conn) -> Result<T, sqlx::Error>,
-    ) -> crate::Result<T> {
+    ) -> crate::error::Result<T> {
         let mut lease = Lease::acquire(store).await.map_err(db_error::<S>)?;
         let out = statement(lease.conn()).await;
         lease.release_after(&out);

@@ -1,6 +1,6 @@
 //! Table names: validated identifiers, quoted in each backend's SQL.
 
-use crate::Error;
+use crate::error::Error;
 
 /// The table orderly records its applied migrations in, beside the application's own
 /// `_sqlx_migrations`.

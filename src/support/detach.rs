@@ -56,22 +56,24 @@ pub(crate) fn mark_connected() {
 pub(crate) async fn within_deadline<T>(
     deadline: Duration,
     writes: bool,
-    call: impl Future<Output = crate::Result<T>>,
-) -> crate::Result<T> {
+    call: impl Future<Output = crate::error::Result<T>>,
+) -> crate::error::Result<T> {
     let stage = Arc::new(Stage::default());
     let started = tokio::time::Instant::now();
     match tokio::time::timeout(deadline, CALL.scope(stage.clone(), call)).await {
-        Ok(Err(crate::Error::Database {
+        Ok(Err(crate::error::Error::Database {
             source,
             retryable: true,
         })) if stage.never_connected() && no_connection(&source) => {
-            Err(crate::Error::Unavailable {
+            Err(crate::error::Error::Unavailable {
                 waited: started.elapsed(),
             })
         }
         Ok(answer) => answer,
-        Err(_) if stage.never_connected() => Err(crate::Error::Unavailable { waited: deadline }),
-        Err(_) => Err(crate::Error::DeadlineExceeded {
+        Err(_) if stage.never_connected() => {
+            Err(crate::error::Error::Unavailable { waited: deadline })
+        }
+        Err(_) => Err(crate::error::Error::DeadlineExceeded {
             deadline,
             in_doubt: writes,
         }),
@@ -88,12 +90,12 @@ pub(crate) async fn within_deadline<T>(
 pub(crate) async fn finished_off_task<T, A, U>(
     deadline: Duration,
     writes: bool,
-    call: impl Future<Output = crate::Result<T>> + Send + 'static,
+    call: impl Future<Output = crate::error::Result<T>> + Send + 'static,
     abandoned: A,
-) -> crate::Result<T>
+) -> crate::error::Result<T>
 where
     T: Send + 'static,
-    A: FnOnce(crate::Result<T>) -> U + Send + 'static,
+    A: FnOnce(crate::error::Result<T>) -> U + Send + 'static,
     U: Future<Output = ()> + Send + 'static,
 {
     let stage = Arc::new(Stage::default());
@@ -109,17 +111,17 @@ where
     });
     let detached = Detached::new(work, deadline, stage.clone());
     match tokio::time::timeout(deadline, detached).await {
-        Ok(Some(Err(crate::Error::Database {
+        Ok(Some(Err(crate::error::Error::Database {
             source,
             retryable: true,
         }))) if stage.never_connected() && no_connection(&source) => {
-            Err(crate::Error::Unavailable {
+            Err(crate::error::Error::Unavailable {
                 waited: started.elapsed(),
             })
         }
         Ok(Some(answer)) => answer,
         // Abandoned while it was being polled here: it cannot be (the caller is here).
-        Ok(None) => Err(crate::Error::DeadlineExceeded {
+        Ok(None) => Err(crate::error::Error::DeadlineExceeded {
             deadline,
             in_doubt: writes,
         }),
@@ -154,11 +156,11 @@ pub(crate) fn abandoned() -> bool {
 }
 
 /// The answer of a call whose deadline passed, by how far it got.
-fn past_deadline(stage: &Stage, deadline: Duration, writes: bool) -> crate::Error {
+fn past_deadline(stage: &Stage, deadline: Duration, writes: bool) -> crate::error::Error {
     if stage.never_connected() {
-        crate::Error::Unavailable { waited: deadline }
+        crate::error::Error::Unavailable { waited: deadline }
     } else {
-        crate::Error::DeadlineExceeded {
+        crate::error::Error::DeadlineExceeded {
             deadline,
             in_doubt: writes,
         }

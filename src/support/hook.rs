@@ -106,14 +106,14 @@ impl fmt::Display for Point {
 #[derive(Debug)]
 pub(crate) enum Stop {
     /// As a crash: nothing more is written.
-    Crash(crate::Error),
+    Crash(crate::error::Error),
     /// As a retryable error of the database at that point: the run handles it as it
     /// handles one.
-    Error(crate::Error),
+    Error(crate::error::Error),
 }
 
 impl Stop {
-    pub(crate) fn into_error(self) -> crate::Error {
+    pub(crate) fn into_error(self) -> crate::error::Error {
         match self {
             Stop::Crash(e) | Stop::Error(e) => e,
         }

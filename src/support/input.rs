@@ -4,7 +4,9 @@
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::{Error, Result};
+use crate::error::Error;
+
+use crate::error::Result;
 
 /// Longest accepted `ref_id`, in characters.
 pub const MAX_REF_LEN: usize = 255;

@@ -46,8 +46,12 @@ use std::ops::Range;
 use proptest::prelude::*;
 use strum::IntoEnumIterator;
 
+use crate::engine::Engine;
+use crate::engine::Judged;
+use crate::engine::Outcome;
+use crate::error::Error;
+use crate::machine::StateMachine;
 use crate::store::Store;
-use crate::{Engine, Error, Judged, Outcome, StateMachine};
 
 pub mod flows;
 mod rules;

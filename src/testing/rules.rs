@@ -7,8 +7,12 @@ use std::future::Future;
 use std::pin::Pin;
 
 use super::{Model, RequestKey, Step};
+use crate::engine::Engine;
+use crate::engine::Judged;
+use crate::engine::Outcome;
+use crate::error::Error;
+use crate::machine::StateMachine;
 use crate::store::Store;
-use crate::{Engine, Error, Judged, Outcome, StateMachine};
 
 /// A pure model of a machine's guards and effects over your business data: what each
 /// guard allows and what each effect changes, kept in memory.

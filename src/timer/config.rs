@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use crate::{Error, Result};
+use crate::error::Error;
+
+use crate::error::Result;
 
 /// The largest batch a job claims.
 const MAX_BATCH: u32 = 1000;

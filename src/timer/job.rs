@@ -11,12 +11,13 @@ use futures_util::StreamExt;
 use super::config::{TimerRound, TimersConfig};
 use super::{ClaimTimers, ClaimedTimer, FailedTimer, TimerRow, TimerStats, TimerStore};
 use crate::engine::{Engine, Outcome, parse_event};
+use crate::error::Error;
+use crate::error::Result;
 use crate::flow::{FlowStore, Flows, WAIT_MACHINE, Woken};
 use crate::machine::StateMachine;
 use crate::store::Lease;
 use crate::support::retry::millis;
 use crate::support::text::bounded;
-use crate::{Error, Result};
 
 /// How one firing ended.
 enum Fired {

@@ -8,12 +8,13 @@ use futures_util::FutureExt;
 use super::{Acted, BATCH, Filter, MAX_TARGET, MAX_WHO, OnTimer};
 use crate::admin::AdminStore;
 use crate::admin::panel::Admin;
+use crate::error::Error;
+use crate::error::Result;
 use crate::flow::Resume;
 use crate::outbox::{EventKey, Outbox};
 use crate::store::Lease;
 use crate::store::audit::AuditEntry;
 use crate::timer::{TimerKey, Timers};
-use crate::{Error, Result};
 
 /// `text` cut to `max` bytes at a character boundary.
 fn bounded(text: &str, max: usize) -> String {

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use crate::flow::Resume;
 use crate::outbox::EventRow;
 
-use crate::{Error, Result};
+use crate::error::Error;
+
+use crate::error::Result;
 
 /// Which dead events a list or a bulk requeue takes: each field absent meaning any.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -18,7 +18,7 @@ pub(crate) const FOUND_MAX: i64 = 100;
 
 /// What an action did: how many things it changed, or the error it stopped at and how
 /// many it had changed by then.
-pub(crate) type Acted = std::result::Result<i64, (crate::Error, i64)>;
+pub(crate) type Acted = std::result::Result<i64, (crate::error::Error, i64)>;
 
 /// The longest `who` and `target` recorded (the audit table holds them).
 const MAX_WHO: usize = 255;
@@ -29,7 +29,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::Error;
+    use crate::error::Error;
 
     #[test]
     fn message_ids_read_back_into_their_parts() {

@@ -9,11 +9,12 @@ use super::views::{
 use crate::admin::AdminStore;
 use crate::admin::lookup::{EventsBy, StuckRecord};
 use crate::admin::panel::{Admin, LIST_MAX};
+use crate::error::Error;
+use crate::error::Result;
 use crate::flow::{FlowConfig, Flows, Listing};
 use crate::outbox::Outbox;
 use crate::store::{Lease, Store};
 use crate::timer::Timers;
-use crate::{Error, Result};
 
 /// The entity's state and its history, read raw from `store` (names as stored).
 async fn raw_timeline<S: Store>(

@@ -9,11 +9,11 @@ use maud::html;
 use serde_json::json;
 
 use super::{answer, entity_link, events_table, lookup};
-use crate::Error;
 use crate::admin::AdminStore;
 use crate::admin::ops::time_text;
 use crate::admin::panel::App;
 use crate::admin::seen::{Seen, failed};
+use crate::error::Error;
 
 pub(in crate::admin) async fn entity<S: AdminStore>(
     State(app): State<App<S>>,

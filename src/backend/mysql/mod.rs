@@ -5,8 +5,8 @@ use std::sync::{Arc, OnceLock};
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 
-use crate::Error;
 use crate::backend::migrations;
+use crate::error::Error;
 use crate::store::{Store, Tables, db_error};
 use sqlx::migrate::Migrator;
 

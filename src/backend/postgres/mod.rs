@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use crate::Error;
 use crate::backend::migrations;
+use crate::error::Error;
 use crate::store::{Tables, db_error};
 use sqlx::migrate::{Migrate, Migrator};
 

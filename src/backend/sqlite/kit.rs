@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::SqliteStore;
-use crate::Result;
+use crate::error::Result;
 use crate::flow::{Definition, Flow};
 use crate::idempotency::{Done, Work};
 use crate::testing::flows::{Doubles, Kit, WorkKit};
@@ -35,7 +35,7 @@ where
     where
         W: for<'c> Fn(
                 Doubles,
-                &'c mut <SqliteStore as crate::Store>::Conn,
+                &'c mut <SqliteStore as crate::store::Store>::Conn,
             ) -> Work<'c, Result<Done<R, F>>>
             + Send
             + Sync

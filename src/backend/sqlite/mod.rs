@@ -8,8 +8,8 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use crate::Error;
 use crate::backend::migrations;
+use crate::error::Error;
 use crate::store::{Tables, db_error};
 use sqlx::migrate::Migrator;
 

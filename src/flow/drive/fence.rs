@@ -6,9 +6,10 @@ use std::time::Duration;
 use super::super::flows::{Flows, Held, millis};
 use super::super::steps::bounded_str;
 use super::super::{FlowStore, StepWrite, Touch};
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::timers::NewTimer;
 use crate::store::{Lease, db_error};
-use crate::{Error, Result};
 
 /// A fenced write in a transaction of its own (see `Run::write`).
 pub(crate) async fn write<S: FlowStore>(

@@ -13,8 +13,9 @@ use super::{FORWARD, Run, Seen, Then, UNDO};
 use crate::support::hook::{Record, When};
 use tracing::Instrument;
 
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::{Lease, db_error};
-use crate::{Error, Result};
 
 /// Runs a step in `span`, and records its outcome there.
 async fn traced(

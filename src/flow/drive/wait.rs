@@ -10,7 +10,7 @@ use super::super::wait::wait_timer;
 use super::super::{FlowStore, Touch};
 use super::fence::{to_i32, write_arming};
 use super::{FORWARD, Run, Then};
-use crate::Result;
+use crate::error::Result;
 
 impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
     /// Step `i` waits `wait`: the flow sleeps until the timer job wakes it. Its lease

@@ -2,7 +2,7 @@
 //! token in every later statement.
 
 use super::{Relay, RelayRound, set_aside, sort_out};
-use crate::Result;
+use crate::error::Result;
 use crate::outbox::{EventKey, FailedEvent, OutboxStore, Sink, millis};
 use crate::store::Lease;
 use crate::support::text::bounded;

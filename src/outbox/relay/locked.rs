@@ -2,7 +2,7 @@
 //! transaction: nothing is written for the claim itself.
 
 use super::{Relay, RelayRound, set_aside, sort_out};
-use crate::Result;
+use crate::error::Result;
 use crate::outbox::{EventKey, FailedEvent, OutboxStore, Sink};
 use crate::store::{Lease, db_error};
 use crate::support::text::bounded;

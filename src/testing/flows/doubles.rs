@@ -11,7 +11,7 @@ use futures_util::future::BoxFuture;
 
 use super::plan::{Fault, Plan, Reached};
 use super::{Phase, Point, Record, When};
-use crate::Error;
+use crate::error::Error;
 use crate::flow::StepError;
 use crate::support::hook::{Hook, Stop};
 

@@ -52,7 +52,7 @@ pub use plan::{BadPlan, Fault, Plan, Reached, plans};
 pub use work::{WorkFn, WorkKit};
 pub use work_report::WorkReport;
 
-use crate::Result;
+use crate::error::Result;
 use crate::flow::{Definition, Flow, FlowConfig, FlowOutcome, FlowStore, Flows};
 use check::{Seen, allowed, problems};
 use doubles::RunState;

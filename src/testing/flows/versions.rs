@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::Result;
+use crate::error::Result;
 use crate::flow::{FlowStore, Flows, Listing, StepClass, StepSpec, Undo};
 
 /// A declared step, as saved.

@@ -15,7 +15,7 @@ use super::doubles::RunState;
 use super::plan::{self, Plan};
 use super::work_report::Baseline;
 use super::{Doubles, MakeStore, Record, Report, When, WorkReport};
-use crate::Result;
+use crate::error::Result;
 use crate::idempotency::{Done, Failure, Ran, RecordStore, Records, ScopeConfig, Work};
 
 /// The scope the kit's requests run in.
