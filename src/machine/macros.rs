@@ -278,14 +278,14 @@ macro_rules! state_machine {
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
         $vis struct $machine;
 
-        impl $crate::machine::StateMachine for $machine {
+        impl $crate::StateMachine for $machine {
             type State = $state_ty;
             type Event = $event_ty;
             const NAME: &'static str = stringify!($machine);
             const INITIAL: $state_ty = $state_ty::$initial;
             const TERMINAL: &'static [$state_ty] = &[$($state_ty::$terminal),*];
-            const TRANSITIONS: &'static [$crate::machine::Transition<$state_ty, $event_ty>] = &[
-                $( $crate::machine::Transition {
+            const TRANSITIONS: &'static [$crate::Transition<$state_ty, $event_ty>] = &[
+                $( $crate::Transition {
                     from: $state_ty::$from,
                     event: $event_ty::$ev,
                     to: $state_ty::$to,
@@ -316,28 +316,28 @@ macro_rules! state_machine {
                     fn $guard_name(
                         &self,
                         conn: &mut C,
-                        judged: &$crate::engine::Judged<'_, $machine>,
-                    ) -> impl ::core::future::Future<Output = ::core::result::Result<(), $crate::engine::Halt>> + Send;
+                        judged: &$crate::Judged<'_, $machine>,
+                    ) -> impl ::core::future::Future<Output = ::core::result::Result<(), $crate::Halt>> + Send;
                 )*
                 $(
                     #[doc = concat!("The effect `", stringify!($effect_name), "`: the business write of the move; an error undoes the whole unit.")]
                     fn $effect_name(
                         &self,
                         conn: &mut C,
-                        judged: &$crate::engine::Judged<'_, $machine>,
-                    ) -> impl ::core::future::Future<Output = ::core::result::Result<(), $crate::engine::Halt>> + Send;
+                        judged: &$crate::Judged<'_, $machine>,
+                    ) -> impl ::core::future::Future<Output = ::core::result::Result<(), $crate::Halt>> + Send;
                 )*
             }
 
             impl<__OrderlyConn: Send, __OrderlyRules: $rules_ty<__OrderlyConn>>
-                $crate::Rules<$machine, __OrderlyConn> for $crate::engine::RulesOf<__OrderlyRules>
+                $crate::Rules<$machine, __OrderlyConn> for $crate::RulesOf<__OrderlyRules>
             {
                 fn run<'a>(
                     &'a self,
                     name: &'static str,
                     conn: &'a mut __OrderlyConn,
-                    judged: &'a $crate::engine::Judged<'a, $machine>,
-                ) -> $crate::engine::RuleFuture<'a> {
+                    judged: &'a $crate::Judged<'a, $machine>,
+                ) -> $crate::RuleFuture<'a> {
                     $( if name == stringify!($guard_name) {
                         return ::std::boxed::Box::pin(
                             <__OrderlyRules as $rules_ty<__OrderlyConn>>::$guard_name(&self.0, conn, judged),
@@ -349,7 +349,7 @@ macro_rules! state_machine {
                         );
                     } )*
                     ::std::boxed::Box::pin(::core::future::ready(::core::result::Result::Err(
-                        $crate::engine::Halt::unknown(name),
+                        $crate::Halt::unknown(name),
                     )))
                 }
             }
