@@ -1,135 +1,5 @@
-//! [`state_machine!`](crate::state_machine): the declaration users write, and the
-//! compile-time checks it runs.
-
-/// Compile-time checks used by the macro. Each takes the table as `(from, event, to)`
-/// discriminants, and a message naming the problem to panic with (const evaluation turns
-/// the panic into a compile error).
-#[doc(hidden)]
-pub mod __check {
-    /// Panics with `msg` if `(from, event)` appears more than once.
-    pub const fn unique_row(rows: &[(usize, usize, usize)], from: usize, event: usize, msg: &str) {
-        let mut count = 0;
-        let mut i = 0;
-        while i < rows.len() {
-            if rows[i].0 == from && rows[i].1 == event {
-                count += 1;
-            }
-            i += 1;
-        }
-        if count > 1 {
-            panic!("{}", msg);
-        }
-    }
-
-    /// Panics with `msg` if `state` cannot be reached from `initial`.
-    pub const fn reachable(
-        rows: &[(usize, usize, usize)],
-        initial: usize,
-        state: usize,
-        msg: &str,
-    ) {
-        assert!(state < 128, "state_machine!: at most 128 states");
-        let mut seen: u128 = 1 << initial;
-        // Fixed point: at most one pass per state.
-        let mut pass = 0;
-        while pass < 128 {
-            let mut i = 0;
-            while i < rows.len() {
-                if seen & (1 << rows[i].0) != 0 {
-                    seen |= 1 << rows[i].2;
-                }
-                i += 1;
-            }
-            pass += 1;
-        }
-        if seen & (1 << state) == 0 {
-            panic!("{}", msg);
-        }
-    }
-
-    /// Panics with `msg` unless a row leaves `from` on `event`.
-    pub const fn has_row(rows: &[(usize, usize, usize)], from: usize, event: usize, msg: &str) {
-        let mut i = 0;
-        while i < rows.len() {
-            if rows[i].0 == from && rows[i].1 == event {
-                return;
-            }
-            i += 1;
-        }
-        panic!("{}", msg);
-    }
-
-    /// Panics with `msg` if the timer `(state, event)` appears more than once.
-    pub const fn unique_timer(timers: &[(usize, usize)], state: usize, event: usize, msg: &str) {
-        let mut count = 0;
-        let mut i = 0;
-        while i < timers.len() {
-            if timers[i].0 == state && timers[i].1 == event {
-                count += 1;
-            }
-            i += 1;
-        }
-        if count > 1 {
-            panic!("{}", msg);
-        }
-    }
-
-    /// A timer's delay, `n` `unit`s, in milliseconds; panics naming the problem if the
-    /// unit is unknown or the delay is not 1 ms to 366 days.
-    pub const fn timer_ms(n: i128, unit: &str) -> u64 {
-        let size: i128 = if eq(unit, "ms") {
-            1
-        } else if eq(unit, "s")
-            || eq(unit, "sec")
-            || eq(unit, "secs")
-            || eq(unit, "second")
-            || eq(unit, "seconds")
-        {
-            1000
-        } else if eq(unit, "min") || eq(unit, "mins") || eq(unit, "minute") || eq(unit, "minutes") {
-            60 * 1000
-        } else if eq(unit, "h") || eq(unit, "hour") || eq(unit, "hours") {
-            3600 * 1000
-        } else if eq(unit, "day") || eq(unit, "days") {
-            24 * 3600 * 1000
-        } else {
-            panic!("state_machine!: a timer's unit is one of ms, s, min, h, days")
-        };
-        if n <= 0 {
-            panic!("state_machine!: a timer's delay must be positive");
-        }
-        if n > super::super::MAX_TIMER_MS as i128 / size {
-            panic!("state_machine!: a timer's delay must be at most 366 days");
-        }
-        (n * size) as u64
-    }
-
-    const fn eq(a: &str, b: &str) -> bool {
-        let (a, b) = (a.as_bytes(), b.as_bytes());
-        if a.len() != b.len() {
-            return false;
-        }
-        let mut i = 0;
-        while i < a.len() {
-            if a[i] != b[i] {
-                return false;
-            }
-            i += 1;
-        }
-        true
-    }
-
-    /// Panics with `msg` if any row leaves `terminal`.
-    pub const fn no_edge_out_of(rows: &[(usize, usize, usize)], terminal: usize, msg: &str) {
-        let mut i = 0;
-        while i < rows.len() {
-            if rows[i].0 == terminal {
-                panic!("{}", msg);
-            }
-            i += 1;
-        }
-    }
-}
+//! [`state_machine!`](crate::state_machine): the declaration users write; the
+//! compile-time checks it runs are in `check.rs`.
 
 /// Declares a state machine: the state and event enums, the `const` transition table and
 /// the [`StateMachine`](crate::StateMachine) impl, with the graph checked at compile time.
@@ -201,7 +71,31 @@ pub mod __check {
 /// assert!(orderly::machine::mermaid::<Checkout>().contains("Cancel (after 30 min)"));
 /// ```
 ///
+/// A state is stored (in the entity table's `status`, the history, timers' references,
+/// the graph's pictures and the operators' page) under its variant's name, or under the
+/// name it declares, for a table whose rows already say something else:
+///
+/// ```
+/// orderly::state_machine! {
+///     pub Refund {
+///         states: RefundState { New = "new", Paid = "paid", Rejected = "rejected" }
+///         events: RefundEvent { Pay, Reject }
+///         initial: New;
+///         terminal: [Paid, Rejected];
+///         transitions: {
+///             New + Pay    => Paid,
+///             New + Reject => Rejected,
+///         }
+///     }
+/// }
+/// assert_eq!(RefundState::Paid.as_ref(), "paid");
+/// assert_eq!("new".parse::<RefundState>().unwrap(), RefundState::New);
+/// assert!("New".parse::<RefundState>().is_err()); // no longer a stored name
+/// ```
+///
 /// Rejected at compile time, with a message naming the problem:
+/// - two states stored under one name, or a stored name that is empty, longer than 64
+///   bytes, or holds a space or a control character,
 /// - a duplicate `(state, event)` row,
 /// - a state unreachable from the initial state,
 /// - an edge out of a terminal state,
@@ -217,7 +111,7 @@ macro_rules! state_machine {
     (
         $(#[$meta:meta])*
         $vis:vis $machine:ident {
-            states: $state_ty:ident { $($state:ident),+ $(,)? }
+            states: $state_ty:ident { $($state:ident $(= $stored:literal)?),+ $(,)? }
             events: $event_ty:ident { $($event:ident),+ $(,)? }
             initial: $initial:ident;
             terminal: [ $($terminal:ident),* $(,)? ];
@@ -250,6 +144,7 @@ macro_rules! state_machine {
         $vis enum $state_ty {
             $(
                 #[allow(missing_docs)]
+                $(#[strum(to_string = $stored)] #[serde(rename = $stored)])?
                 $state
             ),+
         }
@@ -367,6 +262,13 @@ macro_rules! state_machine {
         };
 
         const _: () = {
+            $crate::machine::__check::stored_names(
+                &[$( $crate::__stored!($state $(, $stored)?) ),+],
+                concat!(
+                    "state_machine!: the stored names of `", stringify!($state_ty),
+                    "` must differ from each other, each 1 to 64 bytes without a space or control character"
+                ),
+            );
             const ROWS: &[(usize, usize, usize)] = &[
                 $( ($state_ty::$from as usize, $event_ty::$ev as usize, $state_ty::$to as usize) ),+
             ];
@@ -445,5 +347,18 @@ macro_rules! __emits {
     };
     ($emitted:ident) => {
         ::core::option::Option::Some(stringify!($emitted))
+    };
+}
+
+/// The stored name of one state of [`state_machine!`](crate::state_machine): the one
+/// declared (`Paid = "paid"`), or the variant's own.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __stored {
+    ($state:ident) => {
+        stringify!($state)
+    };
+    ($state:ident, $stored:literal) => {
+        $stored
     };
 }

@@ -250,9 +250,10 @@ pub fn validate<M: StateMachine>() -> Result<(), GraphError> {
     }
 }
 
+#[doc(hidden)]
+#[path = "check.rs"]
+pub mod __check;
 mod macros;
 mod render;
 
-#[doc(hidden)]
-pub use macros::__check;
 pub use render::{dot, duration_text, mermaid, svg};

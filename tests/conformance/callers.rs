@@ -199,3 +199,83 @@ pub async fn custom_table_names_drive_an_existing_table<B: Backend>(b: &B) {
     // The default tables were not touched.
     assert_eq!(b.scalar("SELECT COUNT(*) FROM order_transitions").await, 0);
 }
+
+orderly::state_machine! {
+    /// A graph whose states are stored under the names an application's rows already
+    /// use.
+    pub Lowercase {
+        states: LowerState { New = "new", Paid = "paid", Refunded = "refunded" }
+        events: LowerEvent { Pay, Refund }
+        initial: New;
+        terminal: [Refunded];
+        transitions: {
+            New + Pay => Paid,
+            Paid + Refund => Refunded,
+        }
+    }
+}
+
+/// An application's table whose rows say `'new'` and `'paid'`, driven by a graph that
+/// maps its states to those names: reads, moves, replays, history rows and creates use
+/// them; the variant's own name in a row is no state of the graph (`CorruptState`).
+pub async fn stored_state_names_are_the_applications<B: Backend>(b: &B) {
+    let e: Engine<Lowercase, B::S> = with_policy(b.custom_store().await, B::POLICY);
+    b.exec("INSERT INTO shop_orders (id, customer, status, version) VALUES (21, 'ada', 'new', 0)")
+        .await;
+    let moved = Outcome::Applied {
+        from: LowerState::New,
+        to: LowerState::Paid,
+        version: 1,
+    };
+    assert_eq!(
+        e.transition(21, LowerEvent::Pay, "p-21").await.unwrap(),
+        moved
+    );
+    assert!(matches!(
+        e.transition(21, LowerEvent::Pay, "p-21").await.unwrap(),
+        Outcome::Replayed {
+            to: LowerState::Paid,
+            version: 1,
+            ..
+        }
+    ));
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM shop_orders WHERE id = 21 AND status = 'paid'")
+            .await,
+        1,
+        "the row says 'paid'"
+    );
+    assert_eq!(
+        b.scalar(
+            "SELECT COUNT(*) FROM shop_order_log WHERE order_id = 21 \
+             AND from_status = 'new' AND to_status = 'paid'"
+        )
+        .await,
+        1,
+        "the history row says 'new' -> 'paid'"
+    );
+    let order = e.get(21).await.unwrap();
+    assert_eq!((order.state, order.version), (LowerState::Paid, 1));
+    assert_eq!(e.history(21).await.unwrap().len(), 1);
+    // A create stores the initial state's name.
+    e.create(22).await.unwrap();
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM shop_orders WHERE id = 22 AND status = 'new'")
+            .await,
+        1
+    );
+    // The variant's own name is no stored name of this graph.
+    b.exec("INSERT INTO shop_orders (id, customer, status, version) VALUES (23, 'bo', 'New', 0)")
+        .await;
+    let err = e.transition(23, LowerEvent::Pay, "p-23").await.unwrap_err();
+    assert!(
+        matches!(err, Error::CorruptState { order_id: 23, .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM shop_orders WHERE id = 23 AND status = 'New'")
+            .await,
+        1,
+        "the corrupt row is left as it was"
+    );
+}

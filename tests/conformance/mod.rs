@@ -229,6 +229,7 @@ macro_rules! conformance {
             caller_transaction_commits_or_rolls_back_both,
             caller_transactions_race_one_applies,
             custom_table_names_drive_an_existing_table,
+            stored_state_names_are_the_applications,
             identical_requests_storm_one_applied,
             distinct_refs_storm_one_wins,
             hot_rows_no_lost_update_no_double_apply,
