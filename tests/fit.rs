@@ -160,6 +160,18 @@ macro_rules! fit_suite {
                     engine.get(8).await,
                     Err(orderly::Error::NotFound { .. })
                 ));
+                // Without the application's row, the insert of `(id, status, version)`
+                // meets the business columns' NOT NULL: the database's refusal, not
+                // retryable, and nothing written.
+                let refused = engine.create(10).await.unwrap_err();
+                assert!(
+                    matches!(refused, orderly::Error::Database { retryable: false, .. }),
+                    "{refused:?}"
+                );
+                assert!(matches!(
+                    engine.get(10).await,
+                    Err(orderly::Error::NotFound { .. })
+                ));
 
                 let approved = engine
                     .transition(7, RefundEvent::Approve, "ticket-7")
