@@ -190,6 +190,8 @@ mod guides {
     struct Idempotency;
     #[doc = include_str!("../docs/outbox.md")]
     struct Outbox;
+    #[doc = include_str!("../docs/testing.md")]
+    struct Testing;
     #[doc = include_str!("../docs/timers.md")]
     struct Timers;
 }
