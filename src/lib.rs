@@ -225,7 +225,7 @@ pub use backend::postgres::PgStore;
 pub use backend::sqlite::SqliteStore;
 pub use engine::{
     CoalescedWrites, CreateRequest, DEFAULT_MAX_EVENT_BODY, Engine, EngineConfig, Halt, Judged,
-    Order, Outcome, ReadFirst, Record, RuleFuture, Rules, RulesOf, TransitionRequest,
+    Order, Outcome, ReadFirst, Record, RuleConn, RuleFuture, Rules, RulesOf, TransitionRequest,
 };
 pub use error::{Error, Result, TokenRejection};
 pub use flow::{Definition, FlowConfig, FlowOutcome, Flows, Resume, Started, StepError};

@@ -2,7 +2,7 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 36] = [
+const BODIES: [&str; 37] = [
     include_str!("conformance/mod.rs"),
     include_str!("conformance/audit.rs"),
     include_str!("conformance/coalesce.rs"),
@@ -32,6 +32,7 @@ const BODIES: [&str; 36] = [
     include_str!("conformance/rules/dropped.rs"),
     include_str!("conformance/rules/kit.rs"),
     include_str!("conformance/rules/layers.rs"),
+    include_str!("conformance/rules/once.rs"),
     include_str!("conformance/storms.rs"),
     include_str!("conformance/reads.rs"),
     include_str!("conformance/outcomes.rs"),

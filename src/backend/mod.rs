@@ -48,6 +48,8 @@ pub(crate) mod records_sql;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod rows;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod rule_conn;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) mod stepwise;

@@ -46,6 +46,7 @@ mod input;
 mod judge;
 mod req;
 mod request;
+pub(crate) mod rule_conn;
 mod rules;
 mod schema;
 mod settle;
@@ -58,6 +59,7 @@ pub use crate::support::read_first::ReadFirst;
 use crate::support::{detach, read_first};
 pub use input::{MAX_REF_LEN, parse_event};
 pub use request::{CreateRequest, TransitionRequest};
+pub use rule_conn::{Arg, RuleConn};
 pub use rules::{Halt, Judged, RuleFuture, Rules, RulesOf};
 
 use detach::within_deadline;

@@ -250,6 +250,7 @@ macro_rules! conformance {
             write_unit_carries_several_requests,
             guards_and_effects_run_once_inside_the_unit,
             guards_judge_what_the_locked_data_says,
+            rules_written_once_run_on_every_backend,
             guarded_calls_dropped_at_every_await_point,
             rules_agree_with_the_oracle,
             rules_agree_with_the_oracle_in_races,

@@ -17,6 +17,7 @@ mod idempotency;
 #[cfg(feature = "admin")]
 mod lookup;
 mod outbox;
+mod rule_conn;
 mod schema;
 mod timers;
 mod transition_sql;

@@ -22,6 +22,7 @@ mod kit;
 #[cfg(feature = "admin")]
 mod lookup;
 mod outbox;
+mod rule_conn;
 mod schema;
 mod timers;
 mod transitions;

@@ -4,10 +4,11 @@
 mod dropped;
 mod kit;
 mod layers;
+mod once;
 
 // Each suite runs the bodies it lists; the others stay unused in its binary.
 #[allow(unused_imports)]
-pub use self::{dropped::*, kit::*, layers::*};
+pub use self::{dropped::*, kit::*, layers::*, once::*};
 
 use std::marker::PhantomData;
 use std::sync::Arc;
