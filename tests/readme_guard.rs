@@ -35,7 +35,7 @@ fn the_readme_shows_the_guard_this_test_runs() {
     let readme = include_str!("../README.md");
     let pg = include_str!("readme/guard_pg.rs");
     assert!(
-        readme.contains(&format!("```rust,ignore\n{pg}```")),
+        readme.contains(&format!("```rust,no_run\n{pg}```")),
         "the README's guard fragment is not tests/readme/guard_pg.rs"
     );
     let my = include_str!("readme/guard_mysql.rs");
