@@ -27,3 +27,20 @@ where
     }
     query
 }
+
+/// The first column of `row` as an integer: a 64-bit column, or a 32- or 16-bit one
+/// widened (PostgreSQL decodes `i64` from `BIGINT` only).
+pub(crate) fn integer<R: sqlx::Row>(row: &R) -> Result<Option<i64>, sqlx::Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<i32>: sqlx::Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<i16>: sqlx::Decode<'r, R::Database> + Type<R::Database>,
+{
+    row.try_get::<Option<i64>, _>(0).or_else(|wide| {
+        row.try_get::<Option<i32>, _>(0)
+            .map(|v| v.map(i64::from))
+            .or_else(|_| row.try_get::<Option<i16>, _>(0).map(|v| v.map(i64::from)))
+            .map_err(|_| wide)
+    })
+}

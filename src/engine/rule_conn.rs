@@ -13,7 +13,8 @@ pub enum Arg<'a> {
     Text(&'a str),
     /// A boolean.
     Bool(bool),
-    /// SQL `NULL`.
+    /// SQL `NULL`, typed as an integer (PostgreSQL infers no type for it: for a `NULL`
+    /// of another type, write it in the statement).
     Null,
 }
 
@@ -52,13 +53,15 @@ impl<'a> From<&'a String> for Arg<'a> {
 /// Mine`) runs on SQLite in tests and on PostgreSQL or MySQL/MariaDB in production.
 ///
 /// A statement's values are bound to `?` placeholders, in order (rewritten to `$1`, `$2`,
-/// … on PostgreSQL; a `?` inside quotes is left alone). Its SQL text is the
+/// … on PostgreSQL; a `?` inside quotes or a comment is left alone; write no `?` in a
+/// PostgreSQL dollar-quoted string or `E'…'` escape string). Its SQL text is the
 /// application's own, never a caller's input. Errors are the database's: `?` turns them
 /// into [`Halt::Database`](super::Halt::Database), which the engine treats as its own (a
 /// deadlock judges the request again).
 pub trait RuleConn: Send {
-    /// The first column of the first row, as an integer; `None` if there is no row (or
-    /// it is `NULL`).
+    /// The first column of the first row, as an integer (a `BIGINT`, `INTEGER` or
+    /// `SMALLINT` column; cast other numbers, such as a `SUM` or a `NUMERIC`, to
+    /// `BIGINT`/`SIGNED` in the statement); `None` if there is no row (or it is `NULL`).
     fn fetch_i64<'a>(
         &'a mut self,
         sql: &'a str,

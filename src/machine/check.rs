@@ -121,26 +121,32 @@ pub const fn no_edge_out_of(rows: &[(usize, usize, usize)], terminal: usize, msg
     }
 }
 
-/// Panics with `what` if a stored name is empty, longer than 64 bytes, holds a space or
-/// a control character, or is another state's.
-pub const fn stored_names(names: &[&str], what: &str) {
+/// Panics with `what` if two states have one stored name (`all`, every state's), or if a
+/// declared stored name (`declared`) is empty, longer than 64 bytes, or holds anything but
+/// ASCII letters, digits, `_`, `-` and `.` (a name that goes into timers' references, the
+/// graph's pictures and the operators' page as it is).
+pub const fn stored_names(all: &[&str], declared: &[&str], what: &str) {
     let mut i = 0;
-    while i < names.len() {
-        let n = names[i].as_bytes();
+    while i < declared.len() {
+        let n = declared[i].as_bytes();
         if n.is_empty() || n.len() > 64 {
             panic!("{}", what);
         }
         let mut k = 0;
         while k < n.len() {
             let c = n[k];
-            if c <= b' ' || c == 0x7f {
+            if !(c.is_ascii_alphanumeric() || c == b'_' || c == b'-' || c == b'.') {
                 panic!("{}", what);
             }
             k += 1;
         }
+        i += 1;
+    }
+    let mut i = 0;
+    while i < all.len() {
         let mut j = i + 1;
-        while j < names.len() {
-            if eq(names[i], names[j]) {
+        while j < all.len() {
+            if eq(all[i], all[j]) {
                 panic!("{}", what);
             }
             j += 1;

@@ -94,8 +94,8 @@
 /// ```
 ///
 /// Rejected at compile time, with a message naming the problem:
-/// - two states stored under one name, or a stored name that is empty, longer than 64
-///   bytes, or holds a space or a control character,
+/// - two states stored under one name, or a declared stored name that is not 1 to 64
+///   ASCII letters, digits, `_`, `-` or `.`,
 /// - a duplicate `(state, event)` row,
 /// - a state unreachable from the initial state,
 /// - an edge out of a terminal state,
@@ -264,9 +264,10 @@ macro_rules! state_machine {
         const _: () = {
             $crate::machine::__check::stored_names(
                 &[$( $crate::__stored!($state $(, $stored)?) ),+],
+                &[$($( $stored, )?)+],
                 concat!(
                     "state_machine!: the stored names of `", stringify!($state_ty),
-                    "` must differ from each other, each 1 to 64 bytes without a space or control character"
+                    "` must differ from each other, and a declared one be 1 to 64 ASCII letters, digits, `_`, `-` or `.`"
                 ),
             );
             const ROWS: &[(usize, usize, usize)] = &[

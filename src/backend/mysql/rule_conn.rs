@@ -3,17 +3,14 @@
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::backend::rule_conn::bound;
+use crate::backend::rule_conn::{bound, integer};
 use crate::engine::{Arg, RuleConn};
 
 impl RuleConn for MySqlConnection {
     async fn fetch_i64(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Option<i64>, sqlx::Error> {
         let query = bound(sqlx::query(AssertSqlSafe(sql)), args);
         let row = query.fetch_optional(self).await?;
-        Ok(row
-            .map(|r| r.try_get::<Option<i64>, _>(0))
-            .transpose()?
-            .flatten())
+        Ok(row.as_ref().map(integer).transpose()?.flatten())
     }
 
     async fn fetch_text(

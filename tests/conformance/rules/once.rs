@@ -116,4 +116,6 @@ where
         .await
         .unwrap();
     assert_eq!(text.as_deref(), Some("a?b"));
+    // An integer literal (PostgreSQL's INTEGER, not BIGINT) reads as an integer too.
+    assert_eq!((*conn).fetch_i64("SELECT 7", &[]).await.unwrap(), Some(7));
 }
