@@ -35,8 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("orderly-expiring-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let url = format!("sqlite://{}", dir.join("orders.db").display());
-    let engine: Engine<ExpiringOrder, SqliteStore> =
-        Engine::new(SqliteStore::connect(&url).await?)?;
+    let engine: Engine<ExpiringOrder, SqliteStore> = Engine::new(SqliteStore::demo(&url).await?)?;
     println!("{}", mermaid::<ExpiringOrder>());
 
     // Two orders; each create arms its Created timer in the same unit.

@@ -95,7 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("orderly-guarded-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let url = format!("sqlite://{}", dir.join("shop.db").display());
-    let store = SqliteStore::connect(&url).await?;
+    let store = SqliteStore::demo(&url).await?;
     for sql in [
         "CREATE TABLE order_amounts (id INTEGER PRIMARY KEY, due INTEGER NOT NULL)",
         "CREATE TABLE stock (sku TEXT PRIMARY KEY, qty INTEGER NOT NULL)",

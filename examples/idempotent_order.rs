@@ -126,7 +126,7 @@ const ORDER_44: CreateOrder = CreateOrder {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(url) = std::env::var(DYING) {
         // The server that dies: its claim commits, its work writes and stalls.
-        let store = SqliteStore::connect(&url).await?;
+        let store = SqliteStore::demo(&url).await?;
         let engine: Orders = Engine::new(store.clone())?;
         let records = records_of(&store)?;
         let _ = create_order(
@@ -142,7 +142,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("orderly-idempotent-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let url = format!("sqlite://{}", dir.join("shop.db").display());
-    let store = SqliteStore::connect(&url).await?;
+    let store = SqliteStore::demo(&url).await?;
     sqlx::raw_sql(
         "CREATE TABLE stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL); \
          CREATE TABLE reservations (order_id INTEGER NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL); \
@@ -193,7 +193,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut dying = std::process::Command::new(std::env::current_exe()?)
         .env(DYING, &url)
         .spawn()?;
-    let claimed = "SELECT COUNT(*) FROM idempotency_records WHERE idem_key = 'req-44'";
+    let claimed = "SELECT COUNT(*) FROM orderly_idempotency_records WHERE idem_key = 'req-44'";
     let waited = std::time::Instant::now();
     while sqlx::query_scalar::<_, i64>(claimed)
         .fetch_one(store.pool())

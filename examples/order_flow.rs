@@ -184,7 +184,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("orderly-flow-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let url = format!("sqlite://{}", dir.join("shop.db").display());
-    let store = SqliteStore::connect(&url).await?;
+    let store = SqliteStore::demo(&url).await?;
     sqlx::raw_sql(
         "CREATE TABLE shop_orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL); \
          CREATE TABLE stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL); \

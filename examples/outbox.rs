@@ -71,10 +71,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let nats = std::env::args().skip_while(|a| a != "--nats").nth(1);
     let dir = std::env::temp_dir().join(format!("orderly-outbox-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let shop = SqliteStore::connect(&format!("sqlite://{}", dir.join("shop.db").display())).await?;
+    let shop = SqliteStore::demo(&format!("sqlite://{}", dir.join("shop.db").display())).await?;
     let orders: Engine<OrderMachine, SqliteStore> = Engine::new(shop.clone())?;
-    let depot =
-        SqliteStore::connect(&format!("sqlite://{}", dir.join("depot.db").display())).await?;
+    let depot = SqliteStore::demo(&format!("sqlite://{}", dir.join("depot.db").display())).await?;
     let warehouse: Engine<PickMachine, SqliteStore> = Engine::new(depot)?;
 
     println!("The shop: a payment callback delivered twice, then the order ships");

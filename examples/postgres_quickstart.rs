@@ -71,7 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .or_else(|| std::env::var("DATABASE_URL").ok())
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
-    let store = PgStore::connect(&url).await?;
+    let store = PgStore::demo(&url).await?;
     let pool = store.pool().clone();
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS ledger (order_id BIGINT NOT NULL, \

@@ -39,7 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("orderly-quickstart-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let url = format!("sqlite://{}", dir.join("orders.db").display());
-    let engine: Engine<OrderMachine, SqliteStore> = Engine::new(SqliteStore::connect(&url).await?)?;
+    let engine: Engine<OrderMachine, SqliteStore> = Engine::new(SqliteStore::demo(&url).await?)?;
 
     println!("Order 1: a payment callback delivered three times");
     engine.create(1).await?;

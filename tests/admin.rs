@@ -140,15 +140,18 @@ struct Exec<S> {
 macro_rules! exec_on {
     ($pool:expr) => {{
         let (p1, p2) = ($pool.clone(), $pool.clone());
+        // orderly's tables as the tests write them, or in PostgreSQL's schema.
+        let pg = std::any::type_name_of_val(&$pool).contains("Postgres");
+        let named = move |sql: String| if pg { server::in_schema(&sql) } else { sql };
         Exec {
             run: Box::new(move |sql: String| {
-                let p = p1.clone();
+                let (p, sql) = (p1.clone(), named(sql));
                 Box::pin(async move {
                     sqlx::raw_sql(AssertSqlSafe(sql)).execute(&p).await.unwrap();
                 })
             }),
             scalar: Box::new(move |sql: String| {
-                let p = p2.clone();
+                let (p, sql) = (p2.clone(), named(sql));
                 Box::pin(async move {
                     sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
                         .fetch_one(&p)
@@ -212,7 +215,7 @@ async fn fixture<S: AdminStore>(store: S, exec: Exec<S>, bulk: i64) -> Fixture<S
         })
         .await;
     (exec.run)(format!(
-        "UPDATE outbox SET status = 'DEAD', last_error = CASE \
+        "UPDATE orderly_outbox SET status = 'DEAD', last_error = CASE \
              WHEN entity_id = 1 THEN '{}' \
              WHEN entity_id <= {} THEN 'gateway timed out' ELSE 'schema rejected' END",
         HOSTILE.replace('\'', "''"),
@@ -226,7 +229,7 @@ async fn fixture<S: AdminStore>(store: S, exec: Exec<S>, bulk: i64) -> Fixture<S
         .await
         .unwrap();
     (exec.run)(
-        "UPDATE timers SET status = 'DEAD', last_error = 'it kept failing' WHERE entity_id = 99999"
+        "UPDATE orderly_timers SET status = 'DEAD', last_error = 'it kept failing' WHERE entity_id = 99999"
             .into(),
     )
     .await;
@@ -309,7 +312,7 @@ async fn postgres_store() -> (orderly::backend::postgres::PgStore, String) {
         .await
         .unwrap();
     let at = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
-    let store = orderly::backend::postgres::PgStore::connect(&at)
+    let store = orderly::backend::postgres::PgStore::demo(&at)
         .await
         .unwrap();
     (store, at)
@@ -327,7 +330,7 @@ async fn mysql_store() -> (orderly::backend::mysql::MySqlStore, String) {
         .await
         .unwrap();
     let at = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
-    let store = orderly::backend::mysql::MySqlStore::connect(&at)
+    let store = orderly::backend::mysql::MySqlStore::demo(&at)
         .await
         .unwrap();
     (store, at)
@@ -337,7 +340,7 @@ async fn mysql_store() -> (orderly::backend::mysql::MySqlStore, String) {
 async fn admin_page_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("admin.db").display());
-    let store = orderly::SqliteStore::connect(&url).await.unwrap();
+    let store = orderly::SqliteStore::demo(&url).await.unwrap();
     let exec = exec_on!(store.pool());
     suite(store, exec).await;
 }
@@ -349,7 +352,7 @@ async fn admin_page_on_sqlite() {
 async fn corrupt_outbox_rows_show_on_the_dead_events_page_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("corrupt.db").display());
-    let store = orderly::SqliteStore::connect(&url).await.unwrap();
+    let store = orderly::SqliteStore::demo(&url).await.unwrap();
     let exec: Exec<orderly::SqliteStore> = exec_on!(store.pool());
     let engine: Engine<Shop, _> = Engine::new(store.clone()).unwrap();
     for id in 1..=3 {
@@ -359,8 +362,8 @@ async fn corrupt_outbox_rows_show_on_the_dead_events_page_on_sqlite() {
             .await
             .unwrap();
     }
-    (exec.run)("UPDATE outbox SET entity_id = 'zz' WHERE entity_id = 1".into()).await;
-    (exec.run)("UPDATE outbox SET version = 'abc' WHERE entity_id = 2".into()).await;
+    (exec.run)("UPDATE orderly_outbox SET entity_id = 'zz' WHERE entity_id = 1".into()).await;
+    (exec.run)("UPDATE orderly_outbox SET version = 'abc' WHERE entity_id = 2".into()).await;
     struct Nowhere;
     impl orderly::outbox::Sink for Nowhere {
         async fn publish(
@@ -374,7 +377,11 @@ async fn corrupt_outbox_rows_show_on_the_dead_events_page_on_sqlite() {
     let round = relay.relay_once().await.unwrap();
     assert_eq!((round.published, round.corrupt), (1, 2), "{round:?}");
     assert_eq!(
-        count(&exec, "SELECT count(*) FROM outbox WHERE status = 'DEAD'").await,
+        count(
+            &exec,
+            "SELECT count(*) FROM orderly_outbox WHERE status = 'DEAD'"
+        )
+        .await,
         2,
         "both set aside at the first claim"
     );
@@ -412,7 +419,7 @@ async fn corrupt_outbox_rows_show_on_the_dead_events_page_on_sqlite() {
 async fn command_line_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("cli.db").display());
-    let store = orderly::SqliteStore::connect(&url).await.unwrap();
+    let store = orderly::SqliteStore::demo(&url).await.unwrap();
     let exec = exec_on!(store.pool());
     cli_suite(store, exec, &url).await;
     // A database that is not there is not made: a failure to open it that another try

@@ -245,7 +245,7 @@ impl tracing::Subscriber for InDoubtCounter {
 #[ignore = "needs the Patroni pair of .ci/patroni.sh; run with --ignored"]
 async fn every_layer_survives_the_primary_killed() {
     tracing::subscriber::set_global_default(InDoubtCounter).unwrap();
-    let store = PgStore::connect(&url()).await.unwrap();
+    let store = PgStore::demo(&url()).await.unwrap();
     orderly::backend::postgres::migrate(store.pool())
         .await
         .unwrap();

@@ -1,8 +1,11 @@
 //! orderly inside an application that already exists: the application's own sqlx
-//! migrations (`tests/fit/migrations/<backend>/`, a `refunds` table with business
-//! columns) beside orderly's, run in either order, then orderly upgraded by one
-//! migration; and a database an earlier orderly migrated through the application's
-//! `_sqlx_migrations`, moved to orderly's own table. On SQLite, PostgreSQL and MySQL.
+//! migrations (`tests/fit/migrations/<backend>/`: a `refunds` table with business
+//! columns, then its own `orders`, `outbox` and `timers`) beside orderly's, which keep
+//! to their namespace, run in either order on a fresh database, then orderly upgraded
+//! by one migration; the application's rows untouched, its orders' stored states
+//! (`'new'`, `'paid'`) read and written; and a database an earlier orderly migrated
+//! (its tables under the common names, its migrations in `_sqlx_migrations`) moved into
+//! the namespace. On SQLite, PostgreSQL and MySQL.
 //!
 //! Servers: `ORDERLY_PG_URL` and `ORDERLY_MYSQL_URL`, as for their suites; each test
 //! makes a database of its own.
@@ -11,7 +14,6 @@ mod server;
 
 use std::str::FromStr;
 
-use orderly::store::MIGRATIONS_TABLE;
 use orderly::{Engine, Tables};
 use sqlx::{AssertSqlSafe, Connection};
 
@@ -29,16 +31,43 @@ orderly::state_machine! {
     }
 }
 
+orderly::state_machine! {
+    /// The application's orders, whose rows say `'new'` and `'paid'`.
+    pub PayMachine {
+        states: PayState { New = "new", Paid = "paid" }
+        events: PayEvent { Pay }
+        initial: New;
+        terminal: [Paid];
+        transitions: {
+            New + Pay => Paid,
+        }
+    }
+}
+
 /// The three scenarios, on one backend: `$fresh` is an empty database's pool (and
 /// whatever keeps it alive), `$app` the application's migrations.
 macro_rules! fit_suite {
-    ($backend:ident, $Pool:ty, $Store:ty, $app:literal, $fresh:path) => {
+    ($backend:ident, $Pool:ty, $Store:ty, $app:literal, $legacy:literal, $ours:literal, $ns:literal, $fresh:path) => {
         mod $backend {
             use super::*;
             use orderly::backend::$backend::{migrate, migrator};
             use sqlx::migrate::Migrator;
 
             static APP: Migrator = sqlx::migrate!($app);
+            /// Where orderly records its migrations.
+            const MIGRATIONS_TABLE: &str = $ours;
+
+            /// One of orderly's tables as this backend names it.
+            fn ns(table: &str) -> String {
+                format!("{}{table}", $ns)
+            }
+
+            async fn count(pool: &$Pool, sql: &str) -> i64 {
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.to_string()))
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            }
 
             async fn versions(pool: &$Pool, table: &str) -> Vec<i64> {
                 let sql = format!("SELECT version FROM {table} ORDER BY version");
@@ -56,16 +85,43 @@ macro_rules! fit_suite {
                 APP.iter().map(|m| m.version).collect()
             }
 
-            /// orderly works on the database: a refund created and approved once.
+            /// orderly works on the application's own `orders`: an order the application
+            /// inserted (born `'new'`) paid once, its row saying `'paid'`; the
+            /// application's own `outbox` and `timers` rows untouched, and orderly's
+            /// history in its namespace.
             async fn works(pool: &$Pool) {
-                let engine: Engine<RefundMachine, $Store> =
-                    Engine::new(<$Store>::new(pool.clone())).unwrap();
-                engine.create(1).await.unwrap();
-                let approved = engine
-                    .transition(1, RefundEvent::Approve, "ticket-1")
+                let engine: Engine<PayMachine, $Store> =
+                    Engine::new(<$Store>::new(pool.clone(), Tables::new("orders").unwrap()))
+                        .unwrap();
+                engine.check_tables().await.unwrap();
+                sqlx::raw_sql(
+                    "INSERT INTO orders (id, customer, amount_cents) VALUES (1, 'ana', 1250)",
+                )
+                .execute(pool)
+                .await
+                .unwrap();
+                assert_eq!(engine.get(1).await.unwrap().state, PayState::New);
+                let paid = engine.transition(1, PayEvent::Pay, "pay-1").await.unwrap();
+                assert!(paid.is_applied(), "{paid:?}");
+                let replay = engine.transition(1, PayEvent::Pay, "pay-1").await.unwrap();
+                assert!(matches!(replay, orderly::Outcome::Replayed { .. }), "{replay:?}");
+                let status: String = sqlx::query_scalar("SELECT status FROM orders WHERE id = 1")
+                    .fetch_one(pool)
                     .await
                     .unwrap();
-                assert!(approved.is_applied(), "{approved:?}");
+                assert_eq!(status, "paid");
+                let history = format!("SELECT COUNT(*) FROM {} WHERE order_id = 1", ns("transitions"));
+                assert_eq!(count(pool, &history).await, 1);
+                assert_eq!(
+                    count(pool, "SELECT COUNT(*) FROM outbox WHERE topic = 'newsletter' AND payload = 'the application''s own event'").await,
+                    1
+                );
+                assert_eq!(count(pool, "SELECT COUNT(*) FROM outbox").await, 1);
+                assert_eq!(
+                    count(pool, "SELECT COUNT(*) FROM timers WHERE name = 'nightly-report' AND fire_at = 86400000").await,
+                    1
+                );
+                assert_eq!(count(pool, "SELECT COUNT(*) FROM timers").await, 1);
             }
 
             #[tokio::test]
@@ -119,9 +175,9 @@ macro_rules! fit_suite {
                 let (pool, _keep) = $fresh().await;
                 APP.run(&pool).await.unwrap();
                 migrate(&pool).await.unwrap();
-                let tables = Tables::new("refunds", "refund_log").unwrap();
+                let tables = Tables::new("refunds").and_then(|t| t.with_history("refund_log")).unwrap();
                 let engine: Engine<RefundMachine, $Store> =
-                    Engine::new(<$Store>::with_tables(pool.clone(), tables)).unwrap();
+                    Engine::new(<$Store>::new(pool.clone(), tables)).unwrap();
                 let statements = engine.tables_sql();
                 assert!(
                     statements.iter().any(|s| s.contains("refund_log")),
@@ -228,9 +284,9 @@ macro_rules! fit_suite {
                     let (pool, keep) = $fresh().await;
                     APP.run(&pool).await.unwrap();
                     migrate(&pool).await.unwrap();
-                    let tables = Tables::new("refunds", "refund_log").unwrap();
+                    let tables = Tables::new("refunds").and_then(|t| t.with_history("refund_log")).unwrap();
                     let engine: Engine<RefundMachine, $Store> =
-                        Engine::new(<$Store>::with_tables(pool.clone(), tables)).unwrap();
+                        Engine::new(<$Store>::new(pool.clone(), tables)).unwrap();
                     engine.create_tables().await.unwrap();
                     (pool, keep, engine)
                 });
@@ -265,32 +321,55 @@ macro_rules! fit_suite {
                 assert!(cases.into_inner() >= 12, "every case ran");
             }
 
-            /// A database an earlier orderly migrated through `_sqlx_migrations`: three
-            /// processes' worth of `migrate` at once move its rows over exactly once,
-            /// apply the newest migration, and leave the table to the application.
+            /// A database an earlier orderly migrated through `_sqlx_migrations`, its
+            /// tables under the common names, one migration short: three processes'
+            /// worth of `migrate` at once finish its migrations, move its tables into the
+            /// namespace with their rows, and leave `_sqlx_migrations`, `orders` and the
+            /// common names to the application.
             #[tokio::test]
-            async fn an_earlier_orderlys_rows_move_out_of_the_applications_table() {
+            async fn an_earlier_orderlys_tables_move_into_the_namespace() {
                 let (pool, _keep) = $fresh().await;
-                let all = ours();
-                let earlier = &all[..all.len() - 1];
-                let mut legacy = migrator();
+                let mut legacy = sqlx::migrate!($legacy);
                 legacy.dangerous_set_table_name("_sqlx_migrations");
+                let all: Vec<i64> = legacy.iter().map(|m| m.version).collect();
                 legacy
-                    .run_to(*earlier.last().unwrap(), &pool)
+                    .run_to(all[all.len() - 2], &pool)
                     .await
                     .unwrap();
-                assert_eq!(versions(&pool, "_sqlx_migrations").await, earlier);
+                for sql in [
+                    "INSERT INTO orders (id, status, version) VALUES (5, 'paid', 1)",
+                    "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+                     VALUES (5, 1, 'new', 'paid', 'Pay', 'pay-5')",
+                    "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                     VALUES ('PayMachine', 5, 1, 'Paid', 'Pay', 'new', 'paid', 'pay-5')",
+                ] {
+                    sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+                }
                 let (a, b, c) = tokio::join!(migrate(&pool), migrate(&pool), migrate(&pool));
                 for upgraded in [a, b, c] {
                     upgraded.expect("an earlier orderly's database upgraded");
                 }
                 assert_eq!(versions(&pool, "_sqlx_migrations").await, Vec::<i64>::new());
-                assert_eq!(versions(&pool, MIGRATIONS_TABLE).await, all);
-                APP.run(&pool)
-                    .await
-                    .expect("the application's migrations, once orderly's rows moved");
-                assert_eq!(versions(&pool, "_sqlx_migrations").await, app());
-                works(&pool).await;
+                assert_eq!(versions(&pool, MIGRATIONS_TABLE).await, ours());
+                // The rows moved with their tables; the common names are free.
+                let moved = format!("SELECT COUNT(*) FROM {} WHERE ref_id = 'pay-5'", ns("outbox"));
+                assert_eq!(count(&pool, &moved).await, 1);
+                for free in ["outbox", "order_transitions", "timers", "flows", "inbox"] {
+                    sqlx::raw_sql(AssertSqlSafe(format!("CREATE TABLE {free} (id INTEGER)")))
+                        .execute(&pool)
+                        .await
+                        .unwrap_or_else(|e| panic!("{free} is still taken: {e}"));
+                }
+                // The earlier entity table stays the application's, its history readable.
+                let engine: Engine<PayMachine, $Store> =
+                    Engine::new(<$Store>::new(pool.clone(), Tables::new("orders").unwrap()))
+                        .unwrap();
+                let history = engine.history(5).await.unwrap();
+                assert_eq!(history.len(), 1);
+                assert_eq!(history[0].ref_id, "pay-5");
+                let replay = engine.transition(5, PayEvent::Pay, "pay-5").await.unwrap();
+                assert!(matches!(replay, orderly::Outcome::Replayed { .. }), "{replay:?}");
+                migrate(&pool).await.expect("idempotent after the move");
             }
         }
     };
@@ -354,6 +433,9 @@ fit_suite!(
     sqlx::SqlitePool,
     orderly::SqliteStore,
     "tests/fit/migrations/sqlite",
+    "migrations/legacy/sqlite",
+    "orderly_migrations",
+    "orderly_",
     fresh_sqlite
 );
 fit_suite!(
@@ -361,6 +443,9 @@ fit_suite!(
     sqlx::PgPool,
     orderly::backend::postgres::PgStore,
     "tests/fit/migrations/postgres",
+    "migrations/legacy/postgres",
+    "orderly.migrations",
+    "orderly.",
     fresh_postgres
 );
 fit_suite!(
@@ -368,5 +453,8 @@ fit_suite!(
     sqlx::MySqlPool,
     orderly::backend::mysql::MySqlStore,
     "tests/fit/migrations/mysql",
+    "migrations/legacy/mysql",
+    "orderly_migrations",
+    "orderly_",
     fresh_mysql
 );

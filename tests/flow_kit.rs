@@ -471,7 +471,7 @@ async fn saved_flows_are_checked_against_the_next_release() {
     use std::time::Duration;
 
     let name = uuid::Uuid::new_v4().simple().to_string();
-    let store = SqliteStore::connect(&format!(
+    let store = SqliteStore::demo(&format!(
         "sqlite:file:versions-{name}?mode=memory&cache=shared"
     ))
     .await

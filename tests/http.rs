@@ -114,7 +114,7 @@ struct Rig {
 async fn rig() -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("http.db").display());
-    let store = SqliteStore::connect(&url).await.unwrap();
+    let store = SqliteStore::demo(&url).await.unwrap();
     sqlx::query("CREATE TABLE http_effects (note TEXT NOT NULL)")
         .execute(store.pool())
         .await

@@ -230,8 +230,11 @@ async fn unsound_hand_written_graph_is_refused() {
     );
     // A lazy pool never connects: the engine refuses the machine before any I/O.
     let pool = sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap();
-    let err =
-        orderly::Engine::<by_hand::Unsound, _>::new(orderly::SqliteStore::new(pool)).unwrap_err();
+    let err = orderly::Engine::<by_hand::Unsound, _>::new(orderly::SqliteStore::new(
+        pool,
+        orderly::Tables::new("orders").unwrap(),
+    ))
+    .unwrap_err();
     assert!(matches!(err, orderly::Error::InvalidMachine(_)), "{err:?}");
 }
 

@@ -148,7 +148,7 @@ async fn scenario(snap: &Snapshotter) {
         |snap: &Snapshotter, name: &str, labels: &[(&str, &str)]| seen.value(snap, name, labels);
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("m.db").display());
-    let store = SqliteStore::connect(&url).await.unwrap();
+    let store = SqliteStore::demo(&url).await.unwrap();
     let transitions = |outcome: &str| {
         value(
             snap,
@@ -209,6 +209,7 @@ async fn scenario(snap: &Snapshotter) {
             )
             .await
             .unwrap(),
+        orderly::Tables::demo(),
     );
     let blocked: Engine<PayMachine, SqliteStore> = Engine::new(impatient).unwrap();
     blocked.create(2).await.unwrap();
@@ -407,7 +408,7 @@ async fn scenario(snap: &Snapshotter) {
         .transition(102, TimedEvent::Pay, "pay-102")
         .await
         .unwrap();
-    sqlx::query("UPDATE timers SET due_at = due_at - 3600000 - 5000, next_at = 0 WHERE entity_id IN (101, 102)")
+    sqlx::query("UPDATE orderly_timers SET due_at = due_at - 3600000 - 5000, next_at = 0 WHERE entity_id IN (101, 102)")
         .execute(store.pool())
         .await
         .unwrap();

@@ -70,6 +70,11 @@ impl<P: Policy> Backend for My<P> {
             .await
             .unwrap();
         migrate(&pool).await.unwrap();
+        conformance::create_app_orders(
+            &MySqlStore::new(pool.clone(), conformance::app_tables()),
+            &pool,
+        )
+        .await;
         My {
             admin,
             options,
@@ -82,7 +87,7 @@ impl<P: Policy> Backend for My<P> {
     const POLICY: ReadFirst = P::READ_FIRST;
 
     async fn store(&self, lock_timeout: Duration) -> MySqlStore {
-        MySqlStore::new(self.pool(lock_timeout).await)
+        MySqlStore::new(self.pool(lock_timeout).await, conformance::app_tables())
     }
 
     async fn custom_store(&self) -> MySqlStore {
@@ -98,8 +103,10 @@ impl<P: Policy> Backend for My<P> {
              PRIMARY KEY (order_id, seq), UNIQUE KEY (order_id, event, ref_id)) COLLATE utf8mb4_bin",
         )
         .await;
-        let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
-        MySqlStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
+        let tables = Tables::new("shop_orders")
+            .and_then(|t| t.with_history("shop_order_log"))
+            .unwrap();
+        MySqlStore::new(self.pool(Duration::from_secs(10)).await, tables)
     }
 
     async fn small_store(&self, max: u32) -> MySqlStore {
@@ -108,7 +115,7 @@ impl<P: Policy> Backend for My<P> {
             .connect_with(self.options.clone())
             .await
             .unwrap();
-        MySqlStore::new(pool)
+        MySqlStore::new(pool, conformance::app_tables())
     }
 
     fn pool_counts(store: &MySqlStore) -> (u32, usize) {
@@ -177,7 +184,7 @@ impl<P: Policy> Backend for My<P> {
             .connect_with(options)
             .await
             .unwrap();
-        MySqlStore::new(pool)
+        MySqlStore::new(pool, conformance::app_tables())
     }
 }
 
@@ -203,7 +210,7 @@ impl<P: Policy> conformance::Networked for My<P> {
             .connect_with(self.options.clone().host("127.0.0.1").port(port))
             .await
             .unwrap();
-        MySqlStore::new(pool)
+        MySqlStore::new(pool, conformance::app_tables())
     }
 
     async fn kill_sessions(&self) -> usize {

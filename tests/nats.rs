@@ -73,7 +73,7 @@ fn seed_sql(entities: i64, per_entity: i64) -> Vec<String> {
     rows.chunks(1000)
         .map(|chunk| {
             format!(
-                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
                  VALUES {}",
                 chunk.join(", ")
             )
@@ -189,7 +189,7 @@ async fn eight_relays_publish_10000_events_in_order() {
         .unwrap();
     orderly::backend::postgres::migrate(&pool).await.unwrap();
     for sql in seed_sql(entities, per_entity) {
-        sqlx::raw_sql(AssertSqlSafe(sql))
+        sqlx::raw_sql(AssertSqlSafe(server::in_schema(&sql)))
             .execute(&pool)
             .await
             .unwrap();
@@ -210,7 +210,7 @@ async fn eight_relays_publish_10000_events_in_order() {
             .connect_with(options.clone())
             .await
             .unwrap();
-        let store = PgStore::new(pool);
+        let store = PgStore::new(pool, orderly::Tables::new("orders").unwrap());
         let sink = NatsSink::connect(&nats_url(), &prefix).await.unwrap();
         let task = if n == 0 {
             let sink = Stalling {
@@ -250,7 +250,7 @@ async fn eight_relays_publish_10000_events_in_order() {
         .join(", ");
     // Claimed by the dropped relay and not recorded: still pending under its claim.
     let still_held: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM outbox WHERE status = 'PENDING' AND owner_token IS NOT NULL \
+        "SELECT COUNT(*) FROM orderly.outbox WHERE status = 'PENDING' AND owner_token IS NOT NULL \
          AND (entity_id, version) IN ({held_keys})"
     )))
     .fetch_one(&pool)
@@ -260,14 +260,17 @@ async fn eight_relays_publish_10000_events_in_order() {
     for relay in relays {
         relay.await.unwrap();
     }
-    let outbox = Outbox::new(PgStore::new(pool.clone()));
+    let outbox = Outbox::new(PgStore::new(
+        pool.clone(),
+        orderly::Tables::new("orders").unwrap(),
+    ));
     let stats = outbox.stats().await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 0));
     let events = stream_events(&mut stream).await;
     assert_in_order(&events, entities, per_entity);
     // What the dropped relay held was taken over: claimed again by another relay.
     let taken_over: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM outbox WHERE status = 'PUBLISHED' AND attempts >= 2 \
+        "SELECT COUNT(*) FROM orderly.outbox WHERE status = 'PUBLISHED' AND attempts >= 2 \
          AND (entity_id, version) IN ({held_keys})"
     )))
     .fetch_one(&pool)
@@ -383,7 +386,7 @@ async fn the_relay_waits_through_a_broker_outage() {
         "the test's own nats-server did not start"
     );
     let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
-    let store = SqliteStore::connect(&db).await.unwrap();
+    let store = SqliteStore::demo(&db).await.unwrap();
     for sql in seed_sql(entities, per_entity) {
         sqlx::raw_sql(AssertSqlSafe(sql))
             .execute(store.pool())
@@ -490,7 +493,7 @@ async fn event_bodies_fit_the_servers_max_payload() {
     let max_event_body = max - 16 * 1024;
     assert_eq!(max_event_body, orderly::DEFAULT_MAX_EVENT_BODY);
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::connect(&format!("sqlite://{}", dir.path().join("o.db").display()))
+    let store = SqliteStore::demo(&format!("sqlite://{}", dir.path().join("o.db").display()))
         .await
         .unwrap();
     let engine = orderly::Engine::<PaymentMachine, _>::with_config(

@@ -47,6 +47,10 @@ impl<P: Policy> Backend for Pg<P> {
 
     harness_sql_methods!(PgConnection);
 
+    fn sql(sql: &str) -> String {
+        conformance::in_schema(sql)
+    }
+
     async fn fresh() -> Self {
         let url = server::url(
             "ORDERLY_PG_URL",
@@ -68,6 +72,11 @@ impl<P: Policy> Backend for Pg<P> {
             .await
             .unwrap();
         migrate(&pool).await.unwrap();
+        conformance::create_app_orders(
+            &PgStore::new(pool.clone(), conformance::app_tables()),
+            &pool,
+        )
+        .await;
         Pg {
             admin,
             options,
@@ -80,7 +89,7 @@ impl<P: Policy> Backend for Pg<P> {
     const POLICY: ReadFirst = P::READ_FIRST;
 
     async fn store(&self, lock_timeout: Duration) -> PgStore {
-        PgStore::new(self.pool(lock_timeout).await)
+        PgStore::new(self.pool(lock_timeout).await, conformance::app_tables())
     }
 
     async fn custom_store(&self) -> PgStore {
@@ -95,8 +104,10 @@ impl<P: Policy> Backend for Pg<P> {
              PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))",
         )
         .await;
-        let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
-        PgStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
+        let tables = Tables::new("shop_orders")
+            .and_then(|t| t.with_history("shop_order_log"))
+            .unwrap();
+        PgStore::new(self.pool(Duration::from_secs(10)).await, tables)
     }
 
     async fn small_store(&self, max: u32) -> PgStore {
@@ -105,7 +116,7 @@ impl<P: Policy> Backend for Pg<P> {
             .connect_with(self.options.clone())
             .await
             .unwrap();
-        PgStore::new(pool)
+        PgStore::new(pool, conformance::app_tables())
     }
 
     fn pool_counts(store: &PgStore) -> (u32, usize) {
@@ -167,7 +178,7 @@ impl<P: Policy> Backend for Pg<P> {
             .connect_with(options)
             .await
             .unwrap();
-        PgStore::new(pool)
+        PgStore::new(pool, conformance::app_tables())
     }
 }
 
@@ -192,7 +203,7 @@ impl<P: Policy> conformance::Networked for Pg<P> {
             .connect_with(self.options.clone().host("127.0.0.1").port(port))
             .await
             .unwrap();
-        PgStore::new(pool)
+        PgStore::new(pool, conformance::app_tables())
     }
 
     async fn kill_sessions(&self) -> usize {
@@ -304,7 +315,8 @@ async fn a_connection_turned_read_only_is_replaced_within_the_call() {
             .await
             .unwrap()
     };
-    let engine: Engine<OrderMachine, PgStore> = Engine::new(PgStore::new(pool.clone())).unwrap();
+    let engine: Engine<OrderMachine, PgStore> =
+        Engine::new(PgStore::new(pool.clone(), conformance::app_tables())).unwrap();
     let answer = engine.transition(7, OrderEvent::Pay, "p-1").await;
     assert!(
         matches!(answer, Ok(orderly::Outcome::Applied { .. })),
@@ -369,7 +381,8 @@ async fn serialization_failures_are_retried() {
         )
         .await
         .unwrap();
-    let store = conformance::Hooked::new(PgStore::new(pool), None, false);
+    let store =
+        conformance::Hooked::new(PgStore::new(pool, conformance::app_tables()), None, false);
     let e: Engine<OrderMachine, _> = Engine::new(store.clone()).unwrap();
     e.create(1).await.unwrap();
     // A rival changes the row and commits while the storm waits on its lock, so every
@@ -412,7 +425,7 @@ async fn adaptive_policy_reads_first_during_a_replay_storm() {
     let b = <Pg>::fresh().await;
     conformance::adaptive_reads_first_in_a_replay_storm(
         &b,
-        "LOCK TABLE order_transitions IN SHARE MODE",
+        "LOCK TABLE orderly.transitions IN SHARE MODE",
     )
     .await;
     b.cleanup().await;
@@ -437,7 +450,7 @@ async fn a_caller_giving_up_mid_read_strands_no_one() {
     let mut held = b.begin().await;
     Pg::<Adaptive>::exec_in(
         &mut held,
-        "LOCK TABLE order_transitions IN ACCESS EXCLUSIVE MODE",
+        "LOCK TABLE orderly.transitions IN ACCESS EXCLUSIVE MODE",
     )
     .await;
     let leader = tokio::spawn({
@@ -477,7 +490,10 @@ async fn a_caller_giving_up_mid_read_strands_no_one() {
     // And the engine reads on as before.
     let again = e.transition(1, OrderEvent::Pay, "p-1").await.unwrap();
     assert!(!again.is_applied());
-    assert_eq!(b.scalar("SELECT count(*) FROM order_transitions").await, 1);
+    assert_eq!(
+        b.scalar("SELECT count(*) FROM orderly.transitions").await,
+        1
+    );
     b.cleanup().await;
 }
 

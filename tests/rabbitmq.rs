@@ -80,7 +80,7 @@ async fn remove(channel: &Channel, name: &str) {
 
 async fn store_with(dir: &tempfile::TempDir, entities: i64, per_entity: i64) -> SqliteStore {
     let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
-    let store = SqliteStore::connect(&db).await.unwrap();
+    let store = SqliteStore::demo(&db).await.unwrap();
     let mut rows = Vec::new();
     for entity in 1..=entities {
         for version in 1..=per_entity {
@@ -91,7 +91,7 @@ async fn store_with(dir: &tempfile::TempDir, entities: i64, per_entity: i64) -> 
     }
     for chunk in rows.chunks(500) {
         sqlx::raw_sql(AssertSqlSafe(format!(
-            "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+            "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
              VALUES {}",
             chunk.join(", ")
         )))
@@ -315,7 +315,7 @@ async fn returns_are_never_mistaken_for_another_publish() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_with(&dir, 40, 1).await;
     // Odd entities emit an event no binding takes.
-    sqlx::raw_sql("UPDATE outbox SET event = 'OrderLost' WHERE entity_id % 2 = 1")
+    sqlx::raw_sql("UPDATE orderly_outbox SET event = 'OrderLost' WHERE entity_id % 2 = 1")
         .execute(store.pool())
         .await
         .unwrap();

@@ -162,7 +162,7 @@ macro_rules! on_server {
             .await
             .unwrap();
         let db_url = format!("{}/{db}", url.rsplit_once('/').unwrap().0);
-        let store = <$Store>::connect(&db_url).await.unwrap();
+        let store = <$Store>::demo(&db_url).await.unwrap();
         let pool = store.pool().clone();
         let _ = retried($snap, $backend, $codes);
         let (applied, refused, left, shipped) = race!($m, $m::shop(store).unwrap(), pool.clone());

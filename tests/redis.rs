@@ -32,7 +32,7 @@ async fn records(
 ) -> (tempfile::TempDir, Records<SqliteStore>, String) {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("records.db").display());
-    let store = SqliteStore::connect(&db).await.unwrap();
+    let store = SqliteStore::demo(&db).await.unwrap();
     // Scopes unique per test run: the shared Redis keeps markers of other runs.
     let scope = format!("pay-{}", uuid_like());
     let config = FrontConfig::default().ttl(FRONT_TTL).timeout(timeout);

@@ -357,7 +357,7 @@ async fn story(db: &str) {
         }
         held = scalar(
             db,
-            "SELECT COUNT(*) FROM idempotency_records WHERE status = 'PROCESSING'",
+            "SELECT COUNT(*) FROM orderly_idempotency_records WHERE status = 'PROCESSING'",
         )
         .await;
         svc = Service::start(db);
@@ -375,7 +375,7 @@ async fn story(db: &str) {
     assert_eq!(
         scalar(
             db,
-            "SELECT COUNT(*) FROM idempotency_records WHERE status = 'PROCESSING'"
+            "SELECT COUNT(*) FROM orderly_idempotency_records WHERE status = 'PROCESSING'"
         )
         .await,
         0,

@@ -45,6 +45,11 @@ impl<P: Policy> Backend for Sqlite3<P> {
             .await
             .unwrap();
         migrate(&pool).await.unwrap();
+        conformance::create_app_orders(
+            &SqliteStore::new(pool.clone(), conformance::app_tables()),
+            &pool,
+        )
+        .await;
         Sqlite3 {
             _dir: dir,
             url,
@@ -56,7 +61,7 @@ impl<P: Policy> Backend for Sqlite3<P> {
     const POLICY: ReadFirst = P::READ_FIRST;
 
     async fn store(&self, lock_timeout: Duration) -> SqliteStore {
-        SqliteStore::new(self.pool(lock_timeout).await)
+        SqliteStore::new(self.pool(lock_timeout).await, conformance::app_tables())
     }
 
     async fn custom_store(&self) -> SqliteStore {
@@ -71,8 +76,10 @@ impl<P: Policy> Backend for Sqlite3<P> {
              PRIMARY KEY (order_id, seq), UNIQUE (order_id, event, ref_id))",
         )
         .await;
-        let tables = Tables::new("shop_orders", "shop_order_log").unwrap();
-        SqliteStore::with_tables(self.pool(Duration::from_secs(10)).await, tables)
+        let tables = Tables::new("shop_orders")
+            .and_then(|t| t.with_history("shop_order_log"))
+            .unwrap();
+        SqliteStore::new(self.pool(Duration::from_secs(10)).await, tables)
     }
 
     async fn small_store(&self, max: u32) -> SqliteStore {
@@ -81,7 +88,7 @@ impl<P: Policy> Backend for Sqlite3<P> {
             .connect_with(connect_options(&self.url).unwrap())
             .await
             .unwrap();
-        SqliteStore::new(pool)
+        SqliteStore::new(pool, conformance::app_tables())
     }
 
     fn pool_counts(store: &SqliteStore) -> (u32, usize) {
@@ -136,7 +143,7 @@ impl<P: Policy> Backend for Sqlite3<P> {
             .connect_with(connect_options(handle).unwrap())
             .await
             .unwrap();
-        SqliteStore::new(pool)
+        SqliteStore::new(pool, conformance::app_tables())
     }
 }
 
@@ -357,7 +364,10 @@ async fn units_on_a_file_go_through_the_stores_own_connection() {
         version: 1,
     };
     let b = <Sqlite3>::fresh().await;
-    let store = SqliteStore::new(b.pool(Duration::from_millis(50)).await);
+    let store = SqliteStore::new(
+        b.pool(Duration::from_millis(50)).await,
+        conformance::app_tables(),
+    );
     assert_eq!(store.writes_on_own_connection(), None);
     let e: Engine<OrderMachine, SqliteStore> = Engine::new(store.clone()).unwrap();
     e.create(1).await.unwrap();
@@ -393,7 +403,12 @@ async fn units_on_a_file_go_through_the_stores_own_connection() {
             .await
             .unwrap();
         migrate(&pool).await.unwrap();
-        let store = SqliteStore::new(pool);
+        conformance::create_app_orders(
+            &SqliteStore::new(pool.clone(), conformance::app_tables()),
+            &pool,
+        )
+        .await;
+        let store = SqliteStore::new(pool, conformance::app_tables());
         let e: Engine<OrderMachine, SqliteStore> = Engine::new(store.clone()).unwrap();
         e.create(order).await.unwrap();
         assert_eq!(

@@ -22,12 +22,14 @@ const ASKS: usize = 200;
 /// Removes the mode's rows.
 async fn clear<B: BenchDb>(db: &B) -> Result<(), BoxError> {
     db.exec(format!(
-        "DELETE FROM order_transitions WHERE order_id <= {FIRST}"
+        "DELETE FROM orderly_transitions WHERE order_id <= {FIRST}"
     ))
     .await?;
-    db.exec(format!("DELETE FROM outbox WHERE entity_id <= {FIRST}"))
-        .await?;
-    db.exec("DELETE FROM idempotency_records WHERE scope = 'admin-bench'".into())
+    db.exec(format!(
+        "DELETE FROM orderly_outbox WHERE entity_id <= {FIRST}"
+    ))
+    .await?;
+    db.exec("DELETE FROM orderly_idempotency_records WHERE scope = 'admin-bench'".into())
         .await?;
     Ok(())
 }
@@ -53,7 +55,7 @@ async fn seed<B: BenchDb>(db: &B, history: i64) -> Result<(), BoxError> {
     clear(db).await?;
     fill(
         db,
-        "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id)",
+        "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id)",
         history,
         |g| {
             format!(
@@ -66,7 +68,7 @@ async fn seed<B: BenchDb>(db: &B, history: i64) -> Result<(), BoxError> {
     .await?;
     fill(
         db,
-        "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, \
+        "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, \
          to_status, ref_id, status, last_error)",
         history / 10,
         |i| {
@@ -86,7 +88,7 @@ async fn seed<B: BenchDb>(db: &B, history: i64) -> Result<(), BoxError> {
     let now = db.now_ms_sql();
     fill(
         db,
-        "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+        "INSERT INTO orderly_idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
          attempt, lease_until, expires_at, result, terminal, created_at, updated_at)",
         history / 100,
         |i| {

@@ -182,9 +182,31 @@ pub(super) fn history_inserts(rows: i64) -> Vec<String> {
                 .map(|g| format!("({}, {}, 'Created', 'Paid', 'Pay', 'pre-{g}')", -1 - g / 4, g % 4 + 1))
                 .collect();
             format!(
-                "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES {}",
+                "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES {}",
                 values.join(",")
             )
         })
         .collect()
+}
+
+/// `sql` with orderly's tables as the shared benches write them (`orderly_outbox`, as
+/// MariaDB and SQLite name them) named as PostgreSQL keeps them (`orderly.outbox`).
+#[cfg(feature = "postgres")]
+pub(super) fn in_schema(sql: &str) -> String {
+    const TABLES: [&str; 9] = [
+        "transitions",
+        "idempotency_records",
+        "one_time_tokens",
+        "flow_steps",
+        "flows",
+        "outbox",
+        "inbox",
+        "timers",
+        "audit",
+    ];
+    let mut out = sql.to_owned();
+    for table in TABLES {
+        out = out.replace(&format!("orderly_{table}"), &format!("orderly.{table}"));
+    }
+    out
 }

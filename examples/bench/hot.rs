@@ -31,7 +31,7 @@ fn hot_entity(n: i64) -> i64 {
 async fn hot_rows<B: BenchDb>(db: &B) -> Result<(), BoxError> {
     let last = HOT_FIRST + HOT_ENTITIES - 1;
     db.exec(format!(
-        "DELETE FROM order_transitions WHERE order_id BETWEEN {HOT_FIRST} AND {last}"
+        "DELETE FROM orderly_transitions WHERE order_id BETWEEN {HOT_FIRST} AND {last}"
     ))
     .await?;
     db.exec(format!(
@@ -101,7 +101,7 @@ pub(crate) async fn hot_pass<B: BenchDb>(
     // Every request recorded once: the history holds exactly what both modes applied.
     let applied = db
         .count(format!(
-            "SELECT COUNT(*) FROM order_transitions WHERE order_id BETWEEN {HOT_FIRST} AND {}",
+            "SELECT COUNT(*) FROM orderly_transitions WHERE order_id BETWEEN {HOT_FIRST} AND {}",
             HOT_FIRST + HOT_ENTITIES - 1
         ))
         .await?;

@@ -36,13 +36,20 @@ impl Db {
             .connect_with(admin.database(name))
             .await?;
         migrate(&pool).await?;
+        // The bench's own entity table, `orders`, as an application's migration makes it.
+        let tables = orderly::Tables::new("orders")?;
+        for sql in
+            orderly::Schema::create_tables_sql(&orderly::MySqlStore::new(pool.clone(), tables))
+        {
+            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
+        }
         for sql in order_inserts(args.orders) {
             sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
         }
         for sql in history_inserts(history_rows) {
             sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
         }
-        sqlx::raw_sql("ANALYZE TABLE orders, order_transitions")
+        sqlx::raw_sql("ANALYZE TABLE orders, orderly_transitions")
             .execute(&pool)
             .await?;
         Ok(Db { pool })
@@ -91,7 +98,7 @@ impl BenchDb for Db {
     ) -> Result<usize, BoxError> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<(i64, i64, String)> = sqlx::query_as(
-            "SELECT id, entity_id, ref_id FROM timers WHERE status = 'PENDING' \
+            "SELECT id, entity_id, ref_id FROM orderly_timers WHERE status = 'PENDING' \
              AND next_at <= CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) \
              ORDER BY next_at LIMIT ? FOR UPDATE SKIP LOCKED",
         )
@@ -107,7 +114,7 @@ impl BenchDb for Db {
         if !rows.is_empty() {
             let ids: Vec<String> = rows.iter().map(|r| r.0.to_string()).collect();
             sqlx::query(AssertSqlSafe(format!(
-                "UPDATE timers SET status = 'FIRED', outcome = 'applied', fired_at = 0 WHERE id IN ({})",
+                "UPDATE orderly_timers SET status = 'FIRED', outcome = 'applied', fired_at = 0 WHERE id IN ({})",
                 ids.join(", ")
             )))
             .execute(&mut *tx)
@@ -148,7 +155,7 @@ impl BenchDb for Db {
             .await?
             .rows_affected();
         ensure(n == 1, "hot-hand", id)?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
             .bind(id).bind(version + 1).bind("Open").bind("Open").bind("Touch").bind(ref_id)
             .execute(&mut *tx).await?;
         tx.commit().await?;
@@ -158,7 +165,7 @@ impl BenchDb for Db {
     async fn relay_hand<K: Sink>(&self, batch: i64, sink: &K) -> Result<usize, BoxError> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<EventRow> = sqlx::query_as(
-            "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, CAST(0 AS SIGNED) AS age_ms FROM outbox WHERE status = 'PENDING' \
+            "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, CAST(0 AS SIGNED) AS age_ms FROM orderly_outbox WHERE status = 'PENDING' \
              LIMIT ? FOR UPDATE SKIP LOCKED",
         )
         .bind(batch)
@@ -168,8 +175,9 @@ impl BenchDb for Db {
         if !rows.is_empty() {
             let keys =
                 vec!["(machine = ? AND entity_id = ? AND version = ?)"; rows.len()].join(" OR ");
-            let sql =
-                format!("UPDATE outbox SET status = 'PUBLISHED', published_at = 0 WHERE {keys}");
+            let sql = format!(
+                "UPDATE orderly_outbox SET status = 'PUBLISHED', published_at = 0 WHERE {keys}"
+            );
             let mut update = sqlx::query(AssertSqlSafe(sql));
             for row in &rows {
                 update = update
@@ -184,7 +192,11 @@ impl BenchDb for Db {
     }
 
     fn engine(&self) -> Engine<OrderMachine, MySqlStore> {
-        Engine::new(MySqlStore::new(self.pool.clone())).expect("valid machine")
+        Engine::new(MySqlStore::new(
+            self.pool.clone(),
+            orderly::Tables::new("orders").unwrap(),
+        ))
+        .expect("valid machine")
     }
 
     async fn floor(&self, id: i64) -> Result<(), BoxError> {
@@ -193,7 +205,7 @@ impl BenchDb for Db {
             .bind("Paid").bind(id).bind("Created").bind(0_i64)
             .execute(&mut *tx).await?.rows_affected();
         ensure(n == 1, "floor", id)?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
             .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
             .execute(&mut *tx).await?;
         tx.commit().await?;
@@ -207,7 +219,7 @@ impl BenchDb for Db {
                 .bind("Paid").bind(id).bind("Created").bind(0_i64)
                 .execute(&mut *tx).await?.rows_affected();
             ensure(n == 1, "floor-batch", id)?;
-            sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+            sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
                 .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
                 .execute(&mut *tx).await?;
         }
@@ -221,10 +233,10 @@ impl BenchDb for Db {
             .bind("Paid").bind(id).bind("Created").bind(0_i64)
             .execute(&mut *tx).await?.rows_affected();
         ensure(n == 1, "out-hand", id)?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
             .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
             .execute(&mut *tx).await?;
-        sqlx::query("INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
             .bind("EmitMachine").bind(id).bind(1_i64).bind("OrderPaid").bind("Pay").bind("Created").bind("Paid").bind(bench_ref(id))
             .execute(&mut *tx).await?;
         tx.commit().await?;
@@ -273,7 +285,7 @@ impl BenchDb for Db {
         sqlx::query("UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?")
             .bind("Paid").bind(id).bind(&status).bind(version)
             .execute(&mut *tx).await?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
             .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
             .execute(&mut *tx).await?;
         sqlx::query("INSERT INTO bench_ledger (order_id, amount) VALUES (?, ?)")
@@ -296,7 +308,7 @@ impl BenchDb for Db {
         sqlx::query("UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?")
             .bind("Paid").bind(id).bind(&status).bind(version)
             .execute(&mut *tx).await?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)")
             .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
             .execute(&mut *tx).await?;
         tx.commit().await?;
@@ -305,7 +317,7 @@ impl BenchDb for Db {
 
     async fn read(&self, id: i64) -> Result<(), BoxError> {
         let seq: Option<i64> = sqlx::query_scalar(
-            "SELECT seq FROM order_transitions WHERE order_id = ? AND event = ? AND ref_id = ?",
+            "SELECT seq FROM orderly_transitions WHERE order_id = ? AND event = ? AND ref_id = ?",
         )
         .bind(id)
         .bind("Pay")
@@ -321,14 +333,14 @@ impl BenchDb for Db {
             self.pool.begin(),
             id,
             &HandSql {
-                claim: "INSERT IGNORE INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                claim: "INSERT IGNORE INTO orderly_idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
                         attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
                     VALUES ('hand', ?, ?, 'PROCESSING', ?, 1, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 30000, \
                         CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 86400000, NULL, FALSE, \
                         CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED))",
                 update: "UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?",
-                insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)",
-                complete: "UPDATE idempotency_records SET status = 'SUCCEEDED', result = ?, \
+                insert: "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)",
+                complete: "UPDATE orderly_idempotency_records SET status = 'SUCCEEDED', result = ?, \
                            updated_at = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) \
                        WHERE scope = 'hand' AND idem_key = ? AND owner_token = ? AND status = 'PROCESSING'",
             }
@@ -341,17 +353,17 @@ impl BenchDb for Db {
             self.pool.begin(),
             id,
             &FlowSql {
-                claim: "INSERT IGNORE INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) VALUES ('hand', ?, 1, ?, ?, 'RUNNING', NULL, 0, ?, 1, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 30000, NULL, NULL, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED))",
+                claim: "INSERT IGNORE INTO orderly_flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) VALUES ('hand', ?, 1, ?, ?, 'RUNNING', NULL, 0, ?, 1, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 30000, NULL, NULL, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED))",
                 update: "UPDATE orders SET status = ?, version = version + 1 WHERE id = ? AND status = ? AND version = ?",
-                insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)",
-                step: "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) VALUES ('hand', ?, ?, 'F', ?, 'SUCCEEDED', 1, NULL, ?, ?, NULL, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED))",
-                touch: "UPDATE flows SET step_at = ?, status = ?, output = COALESCE(?, output), attempt = 1, lease_until = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 30000, updated_at = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) WHERE kind = 'hand' AND flow_key = ? AND owner_token = ? AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
+                insert: "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?, ?, ?, ?, ?, ?)",
+                step: "INSERT INTO orderly_flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) VALUES ('hand', ?, ?, 'F', ?, 'SUCCEEDED', 1, NULL, ?, ?, NULL, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED))",
+                touch: "UPDATE orderly_flows SET step_at = ?, status = ?, output = COALESCE(?, output), attempt = 1, lease_until = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 30000, updated_at = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) WHERE kind = 'hand' AND flow_key = ? AND owner_token = ? AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
             }
         )
     }
 
     async fn reset(&self) -> Result<(), BoxError> {
-        sqlx::raw_sql("DELETE FROM order_transitions WHERE order_id > 0")
+        sqlx::raw_sql("DELETE FROM orderly_transitions WHERE order_id > 0")
             .execute(&self.pool)
             .await?;
         for table in ["idempotency_records", "flows", "flow_steps", "outbox"] {

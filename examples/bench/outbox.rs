@@ -87,7 +87,7 @@ pub(crate) async fn relay_pass<B: BenchDb, K: Sink + Clone>(
     let events = args.relay_events.max(4);
     let entities = (events / 4).max(1);
     let seed = || async {
-        db.exec("DELETE FROM outbox".into()).await?;
+        db.exec("DELETE FROM orderly_outbox".into()).await?;
         let mut rows = Vec::new();
         for i in 0..events {
             let (entity, version) = (i % entities + 1, i / entities + 1);
@@ -97,7 +97,7 @@ pub(crate) async fn relay_pass<B: BenchDb, K: Sink + Clone>(
         }
         for chunk in rows.chunks(1000) {
             db.exec(format!(
-                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) VALUES {}",
+                "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) VALUES {}",
                 chunk.join(", ")
             ))
             .await?;
@@ -170,7 +170,7 @@ pub(crate) async fn relay_pass<B: BenchDb, K: Sink + Clone>(
         }
         hand_time += start.elapsed();
     }
-    db.exec("DELETE FROM outbox".into()).await?;
+    db.exec("DELETE FROM orderly_outbox".into()).await?;
     let rate = |t: Duration| 2.0 * events as f64 / t.as_secs_f64();
     println!(
         "{:<10} {:>8} events {:>10.0}/s   (4 relays, batches of 128 held by row locks where the store can, {entities} entities, sink: {sink_name})",

@@ -50,6 +50,12 @@ impl Db {
             .connect_with(admin.database(name))
             .await?;
         migrate(&pool).await?;
+        // The bench's own entity table, `orders`, as an application's migration makes it.
+        let tables = orderly::Tables::new("orders")?;
+        for sql in orderly::Schema::create_tables_sql(&orderly::PgStore::new(pool.clone(), tables))
+        {
+            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
+        }
         sqlx::raw_sql(AssertSqlSafe(format!(
             "INSERT INTO orders (id, status, version) SELECT g, 'Created', 0 FROM generate_series(1, {}) g",
             args.orders
@@ -59,7 +65,7 @@ impl Db {
         if history_rows > 0 {
             // Other orders' history (negative ids), four transitions per order.
             sqlx::raw_sql(AssertSqlSafe(format!(
-                "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+                "INSERT INTO orderly.transitions (order_id, seq, from_status, to_status, event, ref_id) \
                  SELECT -1 - g / 4, g % 4 + 1, 'Created', 'Paid', 'Pay', 'pre-' || g FROM generate_series(0, {} - 1) g",
                 history_rows
             )))
@@ -70,11 +76,11 @@ impl Db {
         // hold: the statements of both lanes are planned against tables that are not
         // empty (docs/benchmarks.md, "Idempotency records").
         sqlx::raw_sql(AssertSqlSafe(format!(
-            "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+            "INSERT INTO orderly.idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
                  attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
              SELECT s, 'pre-' || g, 'h', 'SUCCEEDED', 't', 1, 0, 9000000000000, NULL, FALSE, 0, 0 \
              FROM generate_series(0, {n} - 1) g, (VALUES ('hand'), ('{scope}')) AS lane(s); \
-             INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
+             INSERT INTO orderly.flows (kind, flow_key, version, input_hash, input, status, park_reason, \
                  step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
              SELECT k, 'pre-' || g, 1, 'h', '{{}}', 'COMPLETED', NULL, 2, 't', 1, 0, NULL, NULL, 0, 0 \
              FROM generate_series(0, {n} - 1) g, (VALUES ('hand'), ('{kind}')) AS lane(k)",
@@ -93,7 +99,7 @@ impl BenchDb for Db {
     type S = PgStore;
 
     async fn exec(&self, sql: String) -> Result<(), BoxError> {
-        sqlx::raw_sql(AssertSqlSafe(sql))
+        sqlx::raw_sql(AssertSqlSafe(super::db::in_schema(&sql)))
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -133,7 +139,7 @@ impl BenchDb for Db {
     ) -> Result<usize, BoxError> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<(i64, i64, String)> = sqlx::query_as(
-            "SELECT id, entity_id, ref_id FROM timers WHERE status = 'PENDING' \
+            "SELECT id, entity_id, ref_id FROM orderly.timers WHERE status = 'PENDING' \
              AND next_at <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
              ORDER BY next_at LIMIT $1 FOR UPDATE SKIP LOCKED",
         )
@@ -147,7 +153,7 @@ impl BenchDb for Db {
                 .await?;
         }
         let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-        sqlx::query("UPDATE timers SET status = 'FIRED', outcome = 'applied', fired_at = 0 WHERE id = ANY($1)")
+        sqlx::query("UPDATE orderly.timers SET status = 'FIRED', outcome = 'applied', fired_at = 0 WHERE id = ANY($1)")
             .bind(ids)
             .execute(&mut *tx)
             .await?;
@@ -166,9 +172,11 @@ impl BenchDb for Db {
     }
 
     async fn count(&self, sql: String) -> Result<i64, BoxError> {
-        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_one(&self.pool)
-            .await?)
+        Ok(
+            sqlx::query_scalar(AssertSqlSafe(super::db::in_schema(&sql)))
+                .fetch_one(&self.pool)
+                .await?,
+        )
     }
 
     async fn hot_hand(&self, id: i64, ref_id: &str) -> Result<(), BoxError> {
@@ -187,7 +195,7 @@ impl BenchDb for Db {
                 .await?
                 .rows_affected();
         ensure(n == 1, "hot-hand", id)?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)")
+        sqlx::query("INSERT INTO orderly.transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(id).bind(version + 1).bind("Open").bind("Open").bind("Touch").bind(ref_id)
             .execute(&mut *tx).await?;
         tx.commit().await?;
@@ -197,7 +205,7 @@ impl BenchDb for Db {
     async fn relay_hand<K: Sink>(&self, batch: i64, sink: &K) -> Result<usize, BoxError> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<EventRow> = sqlx::query_as(
-            "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, 0::bigint AS age_ms FROM outbox WHERE status = 'PENDING' \
+            "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, 0::bigint AS age_ms FROM orderly.outbox WHERE status = 'PENDING' \
              LIMIT $1 FOR UPDATE SKIP LOCKED",
         )
         .bind(batch)
@@ -208,7 +216,7 @@ impl BenchDb for Db {
         let entities: Vec<i64> = rows.iter().map(|r| r.entity_id).collect();
         let versions: Vec<i64> = rows.iter().map(|r| r.version).collect();
         sqlx::query(
-            "UPDATE outbox SET status = 'PUBLISHED', published_at = 0 \
+            "UPDATE orderly.outbox SET status = 'PUBLISHED', published_at = 0 \
              WHERE (machine, entity_id, version) IN (SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bigint[]))",
         )
         .bind(machines).bind(entities).bind(versions)
@@ -218,14 +226,18 @@ impl BenchDb for Db {
     }
 
     fn engine(&self) -> Engine<OrderMachine, PgStore> {
-        Engine::new(PgStore::new(self.pool.clone())).expect("valid machine")
+        Engine::new(PgStore::new(
+            self.pool.clone(),
+            orderly::Tables::new("orders").unwrap(),
+        ))
+        .expect("valid machine")
     }
 
     async fn floor(&self, id: i64) -> Result<(), BoxError> {
         let n = sqlx::query(
             "WITH u AS (UPDATE orders SET status = $2, version = version + 1 \
                WHERE id = $1 AND status = $3 AND version = $4 RETURNING version) \
-             INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+             INSERT INTO orderly.transitions (order_id, seq, from_status, to_status, event, ref_id) \
              SELECT $1, version, $3, $2, $5, $6 FROM u",
         )
         .bind(id)
@@ -258,7 +270,7 @@ impl BenchDb for Db {
              u AS (UPDATE orders o SET status = 'Paid', version = o.version + 1 \
                    FROM n WHERE o.id = n.id AND o.status = 'Created' AND o.version = 0 \
                    RETURNING o.id, o.version) \
-             INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+             INSERT INTO orderly.transitions (order_id, seq, from_status, to_status, event, ref_id) \
              SELECT id, version, 'Created', 'Paid', 'Pay', 'pay-' || id FROM u;\n",
         )?;
         let options = self.pool.connect_options();
@@ -300,12 +312,12 @@ impl BenchDb for Db {
             .find_map(|l| l.strip_prefix("tps = ")?.split(' ').next()?.parse().ok())
             .ok_or_else(|| format!("pgbench printed no rate: {stdout}"))?;
         let applied: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM order_transitions WHERE order_id >= $1")
+            sqlx::query_scalar("SELECT count(*) FROM orderly.transitions WHERE order_id >= $1")
                 .bind(FIRST)
                 .fetch_one(&self.pool)
                 .await?;
         self.exec(format!(
-            "DELETE FROM order_transitions WHERE order_id >= {FIRST}; \
+            "DELETE FROM orderly.transitions WHERE order_id >= {FIRST}; \
              DELETE FROM orders WHERE id >= {FIRST}; DROP SEQUENCE pgbench_ids"
         ))
         .await?;
@@ -321,7 +333,7 @@ impl BenchDb for Db {
             let n = sqlx::query(
                 "WITH u AS (UPDATE orders SET status = $2, version = version + 1 \
                    WHERE id = $1 AND status = $3 AND version = $4 RETURNING version) \
-                 INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+                 INSERT INTO orderly.transitions (order_id, seq, from_status, to_status, event, ref_id) \
                  SELECT $1, version, $3, $2, $5, $6 FROM u",
             )
             .bind(id).bind("Paid").bind("Created").bind(0_i64).bind("Pay").bind(bench_ref(id))
@@ -336,9 +348,9 @@ impl BenchDb for Db {
         let n = sqlx::query(
             "WITH u AS (UPDATE orders SET status = $2, version = version + 1 \
                WHERE id = $1 AND status = $3 AND version = $4 RETURNING version), \
-             h AS (INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+             h AS (INSERT INTO orderly.transitions (order_id, seq, from_status, to_status, event, ref_id) \
                SELECT $1, version, $3, $2, $5, $6 FROM u) \
-             INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+             INSERT INTO orderly.outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
              SELECT 'EmitMachine', $1, version, 'OrderPaid', $5, $3, $2, $6 FROM u",
         )
         .bind(id).bind("Paid").bind("Created").bind(0_i64).bind("Pay").bind(bench_ref(id))
@@ -388,7 +400,7 @@ impl BenchDb for Db {
         sqlx::query("UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 AND version = $4")
             .bind("Paid").bind(id).bind(&status).bind(version)
             .execute(&mut *tx).await?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)")
+        sqlx::query("INSERT INTO orderly.transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
             .execute(&mut *tx).await?;
         sqlx::query("INSERT INTO bench_ledger (order_id, amount) VALUES ($1, $2)")
@@ -411,7 +423,7 @@ impl BenchDb for Db {
         sqlx::query("UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 AND version = $4")
             .bind("Paid").bind(id).bind(&status).bind(version)
             .execute(&mut *tx).await?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)")
+        sqlx::query("INSERT INTO orderly.transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
             .execute(&mut *tx).await?;
         tx.commit().await?;
@@ -420,7 +432,7 @@ impl BenchDb for Db {
 
     async fn read(&self, id: i64) -> Result<(), BoxError> {
         let seq: Option<i64> = sqlx::query_scalar(
-            "SELECT seq FROM order_transitions WHERE order_id = $1 AND event = $2 AND ref_id = $3",
+            "SELECT seq FROM orderly.transitions WHERE order_id = $1 AND event = $2 AND ref_id = $3",
         )
         .bind(id)
         .bind("Pay")
@@ -436,14 +448,14 @@ impl BenchDb for Db {
             self.pool.begin(),
             id,
             &HandSql {
-                claim: "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                claim: "INSERT INTO orderly.idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
                         attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
                     SELECT 'hand', $1, $2, 'PROCESSING', $3, 1, ms + 30000, ms + 86400000, NULL, FALSE, ms, ms \
                     FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now \
                     ON CONFLICT DO NOTHING",
                 update: "UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 AND version = $4",
-                insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)",
-                complete: "UPDATE idempotency_records SET status = 'SUCCEEDED', result = $1, \
+                insert: "INSERT INTO orderly.transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)",
+                complete: "UPDATE orderly.idempotency_records SET status = 'SUCCEEDED', result = $1, \
                            updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
                        WHERE scope = 'hand' AND idem_key = $2 AND owner_token = $3 AND (status || '') = 'PROCESSING'",
             }
@@ -456,28 +468,28 @@ impl BenchDb for Db {
             self.pool.begin(),
             id,
             &FlowSql {
-                claim: "INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) SELECT 'hand', $1, 1, $2, $3, 'RUNNING', NULL, 0, $4, 1, ms + 30000, NULL, NULL, ms, ms FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now ON CONFLICT DO NOTHING",
+                claim: "INSERT INTO orderly.flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) SELECT 'hand', $1, 1, $2, $3, 'RUNNING', NULL, 0, $4, 1, ms + 30000, NULL, NULL, ms, ms FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now ON CONFLICT DO NOTHING",
                 update: "UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 AND version = $4",
-                insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)",
-                step: "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) SELECT 'hand', $1, $2, 'F', $3, 'SUCCEEDED', 1, NULL, $4, $5, NULL, ms, ms FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now",
-                touch: "UPDATE flows SET step_at = $1, status = $2, output = COALESCE($3, output), attempt = 1, lease_until = (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 30000, updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint WHERE kind = 'hand' AND flow_key = $4 AND owner_token = $5 AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
+                insert: "INSERT INTO orderly.transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ($1, $2, $3, $4, $5, $6)",
+                step: "INSERT INTO orderly.flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) SELECT 'hand', $1, $2, 'F', $3, 'SUCCEEDED', 1, NULL, $4, $5, NULL, ms, ms FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) now",
+                touch: "UPDATE orderly.flows SET step_at = $1, status = $2, output = COALESCE($3, output), attempt = 1, lease_until = (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 30000, updated_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint WHERE kind = 'hand' AND flow_key = $4 AND owner_token = $5 AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
             }
         )
     }
 
     async fn reset(&self) -> Result<(), BoxError> {
         sqlx::raw_sql(
-            "DELETE FROM order_transitions WHERE order_id > 0; \
+            "DELETE FROM orderly.transitions WHERE order_id > 0; \
              UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0; \
-             DELETE FROM idempotency_records WHERE idem_key NOT LIKE 'pre-%'; \
-             DELETE FROM flows WHERE flow_key NOT LIKE 'pre-%'; \
-             DELETE FROM flow_steps; \
-             DELETE FROM outbox;",
+             DELETE FROM orderly.idempotency_records WHERE idem_key NOT LIKE 'pre-%'; \
+             DELETE FROM orderly.flows WHERE flow_key NOT LIKE 'pre-%'; \
+             DELETE FROM orderly.flow_steps; \
+             DELETE FROM orderly.outbox;",
         )
         .execute(&self.pool)
         .await?;
         sqlx::raw_sql(
-            "VACUUM ANALYZE orders, order_transitions, idempotency_records, flows, flow_steps, outbox",
+            "VACUUM ANALYZE orders, orderly.transitions, orderly.idempotency_records, orderly.flows, orderly.flow_steps, orderly.outbox",
         )
         .execute(&self.pool)
         .await?;
@@ -495,7 +507,7 @@ impl BenchDb for Db {
             .max_connections(1)
             .connect_with(self.pool.connect_options().as_ref().clone())
             .await?;
-        let store = PgStore::new(pool.clone());
+        let store = PgStore::new(pool.clone(), orderly::Tables::new("orders").unwrap());
         let config = |read_first| EngineConfig::default().read_first(read_first);
         let writer =
             Engine::<OrderMachine, _>::with_config(store.clone(), config(ReadFirst::Never))?;

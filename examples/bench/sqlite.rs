@@ -31,6 +31,13 @@ impl Db {
             .connect_with(connect_options(&url)?)
             .await?;
         migrate(&pool).await?;
+        // The bench's own entity table, `orders`, as an application's migration makes it.
+        let tables = orderly::Tables::new("orders")?;
+        for sql in
+            orderly::Schema::create_tables_sql(&orderly::SqliteStore::new(pool.clone(), tables))
+        {
+            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
+        }
         for sql in order_inserts(args.orders) {
             sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await?;
         }
@@ -62,7 +69,7 @@ fn direct_loop(
         "UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4",
     )?;
     let mut insert = conn.prepare(
-        "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?;
     let mut micros = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(per_commit.max(1)) {
@@ -93,7 +100,7 @@ async fn sqlite_floor_statements(conn: &mut SqliteConnection, id: i64) -> Result
         .bind("Paid").bind(id).bind("Created").bind(0_i64)
         .execute(&mut *conn).await?.rows_affected();
     ensure(n == 1, "floor", id)?;
-    sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+    sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
         .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
         .execute(conn).await?;
     Ok(())
@@ -134,7 +141,7 @@ impl BenchDb for Db {
     ) -> Result<usize, BoxError> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rows: Vec<(i64, i64, String)> = sqlx::query_as(
-            "SELECT id, entity_id, ref_id FROM timers WHERE status = 'PENDING' \
+            "SELECT id, entity_id, ref_id FROM orderly_timers WHERE status = 'PENDING' \
              AND next_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) \
              ORDER BY next_at LIMIT ?1",
         )
@@ -150,7 +157,7 @@ impl BenchDb for Db {
         if !rows.is_empty() {
             let ids: Vec<String> = rows.iter().map(|r| r.0.to_string()).collect();
             sqlx::query(AssertSqlSafe(format!(
-                "UPDATE timers SET status = 'FIRED', outcome = 'applied', fired_at = 0 WHERE id IN ({})",
+                "UPDATE orderly_timers SET status = 'FIRED', outcome = 'applied', fired_at = 0 WHERE id IN ({})",
                 ids.join(", ")
             )))
             .execute(&mut *tx)
@@ -192,7 +199,7 @@ impl BenchDb for Db {
                 .await?
                 .rows_affected();
         ensure(n == 1, "hot-hand", id)?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+        sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
             .bind(id).bind(version + 1).bind("Open").bind("Open").bind("Touch").bind(ref_id)
             .execute(&mut *tx).await?;
         tx.commit().await?;
@@ -202,14 +209,14 @@ impl BenchDb for Db {
     async fn relay_hand<K: Sink>(&self, batch: i64, sink: &K) -> Result<usize, BoxError> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rows: Vec<EventRow> = sqlx::query_as(
-            "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, 0 AS age_ms FROM outbox WHERE status = 'PENDING' LIMIT ?1",
+            "SELECT machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, status, attempts, last_error, 0 AS age_ms FROM orderly_outbox WHERE status = 'PENDING' LIMIT ?1",
         )
         .bind(batch)
         .fetch_all(&mut *tx)
         .await?;
         publish_all(sink, &rows).await?;
         for row in &rows {
-            sqlx::query("UPDATE outbox SET status = 'PUBLISHED', published_at = 0 WHERE machine = ?1 AND entity_id = ?2 AND version = ?3")
+            sqlx::query("UPDATE orderly_outbox SET status = 'PUBLISHED', published_at = 0 WHERE machine = ?1 AND entity_id = ?2 AND version = ?3")
                 .bind(&row.machine).bind(row.entity_id).bind(row.version)
                 .execute(&mut *tx).await?;
         }
@@ -218,7 +225,11 @@ impl BenchDb for Db {
     }
 
     fn engine(&self) -> Engine<OrderMachine, SqliteStore> {
-        Engine::new(SqliteStore::new(self.pool.clone())).expect("valid machine")
+        Engine::new(SqliteStore::new(
+            self.pool.clone(),
+            orderly::Tables::new("orders").unwrap(),
+        ))
+        .expect("valid machine")
     }
 
     async fn floor(&self, id: i64) -> Result<(), BoxError> {
@@ -227,7 +238,7 @@ impl BenchDb for Db {
             .bind("Paid").bind(id).bind("Created").bind(0_i64)
             .execute(&mut *tx).await?.rows_affected();
         ensure(n == 1, "floor", id)?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+        sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
             .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
             .execute(&mut *tx).await?;
         tx.commit().await?;
@@ -270,10 +281,10 @@ impl BenchDb for Db {
             .bind("Paid").bind(id).bind("Created").bind(0_i64)
             .execute(&mut *tx).await?.rows_affected();
         ensure(n == 1, "out-hand", id)?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+        sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
             .bind(id).bind(1_i64).bind("Created").bind("Paid").bind("Pay").bind(bench_ref(id))
             .execute(&mut *tx).await?;
-        sqlx::query("INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")
+        sqlx::query("INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")
             .bind("EmitMachine").bind(id).bind(1_i64).bind("OrderPaid").bind("Pay").bind("Created").bind("Paid").bind(bench_ref(id))
             .execute(&mut *tx).await?;
         tx.commit().await?;
@@ -322,7 +333,7 @@ impl BenchDb for Db {
         sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
             .bind("Paid").bind(id).bind(&status).bind(version)
             .execute(&mut *tx).await?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+        sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
             .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
             .execute(&mut *tx).await?;
         sqlx::query("INSERT INTO bench_ledger (order_id, amount) VALUES (?1, ?2)")
@@ -345,7 +356,7 @@ impl BenchDb for Db {
         sqlx::query("UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4")
             .bind("Paid").bind(id).bind(&status).bind(version)
             .execute(&mut *tx).await?;
-        sqlx::query("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+        sqlx::query("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
             .bind(id).bind(version + 1).bind(&status).bind("Paid").bind("Pay").bind(bench_ref(id))
             .execute(&mut *tx).await?;
         tx.commit().await?;
@@ -354,7 +365,7 @@ impl BenchDb for Db {
 
     async fn read(&self, id: i64) -> Result<(), BoxError> {
         let seq: Option<i64> = sqlx::query_scalar(
-            "SELECT seq FROM order_transitions WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3",
+            "SELECT seq FROM orderly_transitions WHERE order_id = ?1 AND event = ?2 AND ref_id = ?3",
         )
         .bind(id)
         .bind("Pay")
@@ -370,14 +381,14 @@ impl BenchDb for Db {
             self.pool.begin_with("BEGIN IMMEDIATE"),
             id,
             &HandSql {
-                claim: "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+                claim: "INSERT INTO orderly_idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
                         attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
                     SELECT 'hand', ?1, ?2, 'PROCESSING', ?3, 1, ms + 30000, ms + 86400000, NULL, 0, ms, ms \
                     FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms) WHERE true \
                     ON CONFLICT DO NOTHING",
                 update: "UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4",
-                insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                complete: "UPDATE idempotency_records SET status = 'SUCCEEDED', result = ?1, \
+                insert: "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                complete: "UPDATE orderly_idempotency_records SET status = 'SUCCEEDED', result = ?1, \
                            updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
                        WHERE scope = 'hand' AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'",
             }
@@ -390,23 +401,23 @@ impl BenchDb for Db {
             self.pool.begin_with("BEGIN IMMEDIATE"),
             id,
             &FlowSql {
-                claim: "INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) SELECT 'hand', ?1, 1, ?2, ?3, 'RUNNING', NULL, 0, ?4, 1, ms + 30000, NULL, NULL, ms, ms FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms) WHERE true ON CONFLICT DO NOTHING",
+                claim: "INSERT INTO orderly_flows (kind, flow_key, version, input_hash, input, status, park_reason, step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) SELECT 'hand', ?1, 1, ?2, ?3, 'RUNNING', NULL, 0, ?4, 1, ms + 30000, NULL, NULL, ms, ms FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms) WHERE true ON CONFLICT DO NOTHING",
                 update: "UPDATE orders SET status = ?1, version = version + 1 WHERE id = ?2 AND status = ?3 AND version = ?4",
-                insert: "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                step: "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) SELECT 'hand', ?1, ?2, 'F', ?3, 'SUCCEEDED', 1, NULL, ?4, ?5, NULL, ms, ms FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)",
-                touch: "UPDATE flows SET step_at = ?1, status = ?2, output = COALESCE(?3, output), attempt = 1, lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + 30000, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) WHERE kind = 'hand' AND flow_key = ?4 AND owner_token = ?5 AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
+                insert: "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                step: "INSERT INTO orderly_flow_steps (kind, flow_key, step_index, phase, name, status, attempt, downstream_key, owner_token, output, error, started_at, finished_at) SELECT 'hand', ?1, ?2, 'F', ?3, 'SUCCEEDED', 1, NULL, ?4, ?5, NULL, ms, ms FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS ms)",
+                touch: "UPDATE orderly_flows SET step_at = ?1, status = ?2, output = COALESCE(?3, output), attempt = 1, lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + 30000, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) WHERE kind = 'hand' AND flow_key = ?4 AND owner_token = ?5 AND park_reason IS NULL AND status IN ('RUNNING', 'COMPENSATING')",
             }
         )
     }
 
     async fn reset(&self) -> Result<(), BoxError> {
         sqlx::raw_sql(
-            "DELETE FROM order_transitions WHERE order_id > 0; \
+            "DELETE FROM orderly_transitions WHERE order_id > 0; \
              UPDATE orders SET status = 'Created', version = 0 WHERE version <> 0; \
-             DELETE FROM idempotency_records; \
-             DELETE FROM flows; \
-             DELETE FROM flow_steps; \
-             DELETE FROM outbox; \
+             DELETE FROM orderly_idempotency_records; \
+             DELETE FROM orderly_flows; \
+             DELETE FROM orderly_flow_steps; \
+             DELETE FROM orderly_outbox; \
              PRAGMA wal_checkpoint(TRUNCATE);",
         )
         .execute(&self.pool)

@@ -28,9 +28,9 @@ const BASE: i64 = 2_000_000_000;
 
 /// Removes the timers modes' entities, history and timers.
 async fn clear<B: BenchDb>(db: &B) -> Result<(), BoxError> {
-    db.exec("DELETE FROM timers".into()).await?;
+    db.exec("DELETE FROM orderly_timers".into()).await?;
     db.exec(format!(
-        "DELETE FROM order_transitions WHERE order_id >= {BASE}"
+        "DELETE FROM orderly_transitions WHERE order_id >= {BASE}"
     ))
     .await?;
     db.exec(format!("DELETE FROM orders WHERE id >= {BASE}"))
@@ -63,7 +63,7 @@ async fn seed<B: BenchDb>(db: &B, n: i64, due: impl Fn(i64) -> String) -> Result
             })
             .collect();
         db.exec(format!(
-            "INSERT INTO timers (machine, entity_id, event, ref_id, state, version, due_at, \
+            "INSERT INTO orderly_timers (machine, entity_id, event, ref_id, state, version, due_at, \
              next_at, created_at) VALUES {}",
             timers.join(", ")
         ))
@@ -174,13 +174,13 @@ pub(crate) async fn timers_pass<B: BenchDb>(db: &Arc<B>, args: &Args) -> Result<
         job_time += jobs::<B>(&engine, n, Duration::from_millis(1)).await?;
         let fired = db
             .count(
-                "SELECT COUNT(*) FROM timers WHERE status = 'FIRED' AND outcome = 'applied'".into(),
+                "SELECT COUNT(*) FROM orderly_timers WHERE status = 'FIRED' AND outcome = 'applied'".into(),
             )
             .await?;
         // Each timer fired once: as many cancellations in the history as timers.
         let moved = db
             .count(format!(
-                "SELECT COUNT(*) FROM order_transitions WHERE order_id >= {BASE} AND event = 'Cancel'"
+                "SELECT COUNT(*) FROM orderly_transitions WHERE order_id >= {BASE} AND event = 'Cancel'"
             ))
             .await?;
         if fired != n || moved != n {
@@ -192,7 +192,7 @@ pub(crate) async fn timers_pass<B: BenchDb>(db: &Arc<B>, args: &Args) -> Result<
         seed(&**db, n, |_| "0".into()).await?;
         hand_time += hands(db, &engine, n).await?;
         let fired = db
-            .count("SELECT COUNT(*) FROM timers WHERE status = 'FIRED'".into())
+            .count("SELECT COUNT(*) FROM orderly_timers WHERE status = 'FIRED'".into())
             .await?;
         if fired != n {
             return Err(format!("the hand loops fired {fired} of {n} timers").into());
@@ -220,7 +220,7 @@ pub(crate) async fn timers_pass<B: BenchDb>(db: &Arc<B>, args: &Args) -> Result<
     seed(&**db, steady, |i| format!("{now} + 1000 + {i}")).await?;
     jobs::<B>(&engine, steady, TimersConfig::default().idle).await?;
     let late = db
-        .lateness_ms("SELECT fired_at - due_at FROM timers WHERE status = 'FIRED'".into())
+        .lateness_ms("SELECT fired_at - due_at FROM orderly_timers WHERE status = 'FIRED'".into())
         .await?;
     let pct = |p: f64| {
         let mut v = late.clone();

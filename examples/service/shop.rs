@@ -75,7 +75,8 @@ impl<S: Shop> OrderRules<S::Conn> for Rules<S> {
     }
 }
 
-/// The shop's SQL on a backend: its stock table and seed, and the three statements (the
+/// The shop's SQL on a backend: its own tables (its orders, which orderly moves, stock,
+/// holds, shipments) and stock seed, and the three statements (the
 /// reservation binds quantity, sku, quantity).
 macro_rules! shop {
     ($store:ty, table: $table:literal, seed: $seed:literal, reserve: $reserve:literal,
@@ -84,7 +85,7 @@ macro_rules! shop {
      shipments: $shipments:literal) => {
         impl Shop for $store {
             async fn open(url: &str) -> Result<Self, Error> {
-                let store = <$store>::connect(url).await?;
+                let store = <$store>::connect(url, orderly::Tables::new("orders")?).await?;
                 sqlx::raw_sql($table).execute(store.pool()).await?;
                 sqlx::raw_sql($seed).execute(store.pool()).await?;
                 Ok(store)
@@ -174,7 +175,8 @@ macro_rules! shop {
 
 shop!(
     SqliteStore,
-    table: "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL); \
+    table: "CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0); \
+            CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL); \
             CREATE TABLE IF NOT EXISTS holds (order_id INTEGER PRIMARY KEY); \
             CREATE TABLE IF NOT EXISTS shipments (order_id INTEGER PRIMARY KEY, ref TEXT NOT NULL)",
     seed: "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5), ('sku-slow', 1000) \
@@ -192,7 +194,8 @@ shop!(
 #[cfg(feature = "postgres")]
 shop!(
     orderly::PgStore,
-    table: "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available BIGINT NOT NULL); \
+    table: "CREATE TABLE IF NOT EXISTS orders (id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL DEFAULT 0); \
+            CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available BIGINT NOT NULL); \
             CREATE TABLE IF NOT EXISTS holds (order_id BIGINT PRIMARY KEY); \
             CREATE TABLE IF NOT EXISTS shipments (order_id BIGINT PRIMARY KEY, ref TEXT NOT NULL)",
     seed: "INSERT INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5), ('sku-slow', 1000) \
@@ -210,7 +213,8 @@ shop!(
 #[cfg(feature = "mysql")]
 shop!(
     orderly::MySqlStore,
-    table: "CREATE TABLE IF NOT EXISTS stock (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL); \
+    table: "CREATE TABLE IF NOT EXISTS orders (id BIGINT PRIMARY KEY, status VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL, version BIGINT NOT NULL DEFAULT 0); \
+            CREATE TABLE IF NOT EXISTS stock (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL); \
             CREATE TABLE IF NOT EXISTS holds (order_id BIGINT PRIMARY KEY); \
             CREATE TABLE IF NOT EXISTS shipments (order_id BIGINT PRIMARY KEY, ref VARCHAR(255) NOT NULL)",
     seed: "INSERT IGNORE INTO stock (sku, available) VALUES ('sku-1', 10000000), ('sku-2', 5), ('sku-slow', 1000)",

@@ -3,6 +3,7 @@
 
 use sqlx::Executor;
 
+use crate::backend::names::Names;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::store::audit::{AuditEntry, AuditRow};
 
@@ -16,21 +17,23 @@ pub(crate) struct AuditStatements {
 }
 
 impl AuditStatements {
-    /// The statements with the backend's millisecond clock `now` (an expression) and its
-    /// parameter style.
-    pub(crate) fn new(now: &str, params: Params) -> Self {
+    /// The statements over `n`'s audit table, with the backend's millisecond clock `now`
+    /// (an expression) and its parameter style.
+    pub(crate) fn new(n: &Names, now: &str, params: Params) -> Self {
+        let audit = &n.audit;
         AuditStatements {
             insert: Statement::shared(
                 format!(
-                    "INSERT INTO orderly_audit (at_ms, who, action, target, affected) \
+                    "INSERT INTO {audit} (at_ms, who, action, target, affected) \
                      VALUES ({now}, ?1, ?2, ?3, ?4)"
                 ),
                 params,
             ),
             list: Statement::shared(
-                "SELECT id, at_ms, who, action, target, affected FROM orderly_audit \
-                 ORDER BY id DESC LIMIT ?1"
-                    .to_string(),
+                format!(
+                    "SELECT id, at_ms, who, action, target, affected FROM {audit} \
+                     ORDER BY id DESC LIMIT ?1"
+                ),
                 params,
             ),
         }

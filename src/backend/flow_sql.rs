@@ -8,6 +8,8 @@
 
 use sqlx::Executor;
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use crate::backend::names::Names;
 use crate::backend::sql::{Arg, Binds, Statement};
 use crate::flow::{FlowRow, Listing, StepRow, StepWrite, Touch};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -89,8 +91,8 @@ pub(crate) struct PurgeByKeys {
 impl PurgeByKeys {
     /// The purge with the backend's choice of flows, `choose`; `positional` as for
     /// [`Statement::new`].
-    pub(crate) fn new(choose: String, positional: bool) -> Self {
-        let delete = ["flow_steps", "flows"].map(|table| {
+    pub(crate) fn new(n: &Names, choose: String, positional: bool) -> Self {
+        let delete = [&n.flow_steps, &n.flows].map(|table| {
             Statement::new(
                 format!("DELETE FROM {table} WHERE kind = ?1 AND flow_key = ?2"),
                 positional,

@@ -4,6 +4,7 @@
 use sqlx::Executor;
 
 use crate::admin::lookup::{EventsBy, FlowHit, RecordHit, StuckRecord};
+use crate::backend::names::Names;
 use crate::backend::outbox_sql::readable;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::outbox::EventRow;
@@ -30,11 +31,17 @@ pub(crate) struct LookupStatements {
 impl LookupStatements {
     /// The statements with the backend's millisecond clock `now` (an expression), its
     /// outbox event columns (over the alias `o`) and its parameter style.
-    pub(crate) fn new(now: &str, event_columns: &str, params: Params) -> Self {
+    pub(crate) fn new(n: &Names, now: &str, event_columns: &str, params: Params) -> Self {
+        let Names {
+            outbox,
+            records,
+            flows,
+            ..
+        } = n;
         let s = |sql: String| Statement::shared(sql, params);
         let events = |filter: &str, order: &str, limit: &str| {
             s(format!(
-                "SELECT {event_columns} FROM outbox AS o WHERE {filter} ORDER BY {order} LIMIT {limit}"
+                "SELECT {event_columns} FROM {outbox} AS o WHERE {filter} ORDER BY {order} LIMIT {limit}"
             ))
         };
         let key = "o.machine, o.entity_id, o.version";
@@ -42,7 +49,7 @@ impl LookupStatements {
             s(format!(
                 "SELECT scope, idem_key, attempt, {now} - lease_until AS stuck_ms, \
                         {now} - created_at AS age_ms \
-                 FROM idempotency_records \
+                 FROM {records} \
                  WHERE {scope}status = 'PROCESSING' AND lease_until <= {now} AND expires_at > {now} \
                  ORDER BY lease_until LIMIT {limit}"
             ))
@@ -51,11 +58,12 @@ impl LookupStatements {
             records: s(format!(
                 "SELECT scope, idem_key, status, attempt, lease_until - {now} AS lease_left_ms, \
                         {now} - created_at AS age_ms \
-                 FROM idempotency_records WHERE idem_key = ?1 ORDER BY scope LIMIT ?2"
+                 FROM {records} WHERE idem_key = ?1 ORDER BY scope LIMIT ?2"
             )),
-            flows: s("SELECT kind, flow_key, status, park_reason FROM flows \
+            flows: s(format!(
+                "SELECT kind, flow_key, status, park_reason FROM {flows} \
                  WHERE flow_key = ?1 ORDER BY kind LIMIT ?2"
-                .to_string()),
+            )),
             events_by_ref: events("o.ref_id = ?1", key, "?2"),
             events_of_entity: events(
                 "o.machine = ?1 AND o.entity_id = ?2",

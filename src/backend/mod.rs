@@ -20,6 +20,7 @@
 //! | `batched.rs` | batched reads of requests' history rows |
 //! | `migrations.rs` | orderly's migrations in a table of their own |
 //! | `rows.rs` | the judge's read as one decoded row |
+//! | `names.rs` | orderly's own tables in a namespace, and the statements built once per namespace |
 //! | `tables.rs` | the configured tables' names quoted, their probes and added columns |
 //!
 //! Nothing below this folder imports it: the layers reach a backend only through their
@@ -41,6 +42,8 @@ pub(crate) mod flow_sql;
 pub(crate) mod lookup_sql;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod migrations;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod names;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod outbox_sql;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

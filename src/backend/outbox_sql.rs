@@ -7,6 +7,7 @@
 
 use sqlx::Executor;
 
+use crate::backend::names::Names;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::backend::sql::BySize;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
@@ -85,38 +86,38 @@ pub(crate) struct OutboxStatements {
 impl OutboxStatements {
     /// The statements with the backend's millisecond clock `now`, its event columns
     /// `columns` (SQL text, over `outbox AS o`) and its parameter style.
-    pub(crate) fn new(now: &str, columns: &str, params: Params) -> Self {
+    pub(crate) fn new(n: &Names, now: &str, columns: &str, params: Params) -> Self {
+        let outbox = &n.outbox;
         let s = |sql: String| Statement::shared(sql, params);
         OutboxStatements {
             mark_failed: s(format!(
-                "UPDATE outbox SET status = CASE WHEN ?1 THEN 'DEAD' ELSE 'PENDING' END, \
+                "UPDATE {outbox} SET status = CASE WHEN ?1 THEN 'DEAD' ELSE 'PENDING' END, \
                      owner_token = NULL, lease_until = 0, next_at = {now} + ?2, last_error = ?3 \
                  WHERE machine = ?4 AND entity_id = ?5 AND version = ?6 \
                    AND owner_token = ?7 AND status = 'PENDING'"
             )),
             #[cfg(any(feature = "postgres", feature = "mysql"))]
             failed_locked: s(format!(
-                "UPDATE outbox SET status = CASE WHEN ?1 THEN 'DEAD' ELSE 'PENDING' END, \
+                "UPDATE {outbox} SET status = CASE WHEN ?1 THEN 'DEAD' ELSE 'PENDING' END, \
                      owner_token = NULL, lease_until = 0, next_at = {now} + ?2, last_error = ?3, \
                      attempts = {ATTEMPT} \
                  WHERE machine = ?4 AND entity_id = ?5 AND version = ?6 AND status = 'PENDING'"
             )),
-            requeue: s(
-                "UPDATE outbox SET status = 'PENDING', attempts = 0, owner_token = NULL, \
+            requeue: s(format!(
+                "UPDATE {outbox} SET status = 'PENDING', attempts = 0, owner_token = NULL, \
                      lease_until = 0, next_at = 0 \
                  WHERE machine = ?1 AND entity_id = ?2 AND version = ?3 AND status = 'DEAD'"
-                    .to_string(),
-            ),
+            )),
             list: s(format!(
-                "SELECT {columns} FROM outbox AS o WHERE o.status = ?1 \
+                "SELECT {columns} FROM {outbox} AS o WHERE o.status = ?1 \
                  ORDER BY o.machine, o.entity_id, o.version LIMIT ?2"
             )),
             #[cfg(any(feature = "sqlite", feature = "mysql"))]
             mark_published: {
-                let now = now.to_string();
+                let (now, outbox) = (now.to_string(), outbox.clone());
                 BySize::new(move |n| {
                     format!(
-                        "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+                        "UPDATE {outbox} SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
                              last_error = NULL, published_at = {now} \
                          WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
                         keys = keys_in("", n)

@@ -5,6 +5,7 @@
 
 use sqlx::Executor;
 
+use crate::backend::names::Names;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::timer::{
     Arm, ClaimedTimer, CorruptTimer, FailedTimer, FiredTimer, NewTimer, TimerKey, TimerRow,
@@ -30,11 +31,12 @@ fn prefixed_columns(now: &str, p: &str) -> String {
 /// next try has come, or, where `due` adds it, its times are no times: such a row is
 /// claimed to be set aside), not under a live lease, and the earliest pending timer of its
 /// entity (so one entity's timers fire one after another, in due order).
-pub(crate) fn claimable(now: &str, machine: usize, due: &str) -> String {
+pub(crate) fn claimable(n: &Names, now: &str, machine: usize, due: &str) -> String {
+    let timers = &n.timers;
     format!(
         "c.status = 'PENDING' AND c.machine = ?{machine} AND ({due}) \
          AND c.lease_until <= {now} \
-         AND NOT EXISTS (SELECT 1 FROM timers e WHERE e.machine = c.machine \
+         AND NOT EXISTS (SELECT 1 FROM {timers} e WHERE e.machine = c.machine \
              AND e.entity_id = c.entity_id AND e.status = 'PENDING' \
              AND (e.due_at < c.due_at OR (e.due_at = c.due_at AND e.id < c.id)))"
     )
@@ -49,7 +51,8 @@ pub(crate) struct TimerStatements {
     /// A timer inserted unless one with its key exists: 1 machine, 2 entity, 3 event,
     /// 4 reference, 5 state, 6 version, 7 delay in ms.
     insert: Statement,
-    /// The clock and the parameter style, for the statements built per call.
+    /// The table, the clock and the parameter style, for the statements built per call.
+    timers: String,
     now: String,
     params: Params,
     /// A claimed timer back to PENDING after a delay, or DEAD: 1 dead, 2 retry in ms,
@@ -72,6 +75,7 @@ impl TimerStatements {
     /// 64-bit integer type name for casts, the insert that does nothing on a duplicate key
     /// (its verb, and the text that ends it), and its parameter style.
     pub(crate) fn new(
+        n: &Names,
         now: &str,
         int: &str,
         (insert, on_duplicate): (&str, &str),
@@ -79,38 +83,40 @@ impl TimerStatements {
     ) -> Self {
         let s = |sql: String| Statement::shared(sql, params);
         let columns = columns(now);
+        let timers = &n.timers;
         TimerStatements {
             insert: s(format!(
-                "{insert} INTO timers (machine, entity_id, event, ref_id, state, version, due_at, \
+                "{insert} INTO {timers} (machine, entity_id, event, ref_id, state, version, due_at, \
                      next_at, created_at) \
                  SELECT ?1, ?2, ?3, ?4, ?5, ?6, n.ms + ?7, n.ms + ?7, n.ms \
                  FROM (SELECT {now} AS ms) n WHERE 1 = 1 {on_duplicate}"
             )),
+            timers: timers.clone(),
             now: now.to_string(),
             params,
             failed: s(format!(
-                "UPDATE timers SET status = CASE WHEN ?1 THEN 'DEAD' ELSE 'PENDING' END, \
+                "UPDATE {timers} SET status = CASE WHEN ?1 THEN 'DEAD' ELSE 'PENDING' END, \
                      next_at = {now} + ?2, last_error = ?3, owner_token = NULL, lease_until = 0 \
                  WHERE id = ?4 AND owner_token = ?5 AND status = 'PENDING'"
             )),
             cancel: s(format!(
-                "UPDATE timers SET status = 'CANCELLED', fired_at = {now}, owner_token = NULL, \
+                "UPDATE {timers} SET status = 'CANCELLED', fired_at = {now}, owner_token = NULL, \
                      lease_until = 0 \
                  WHERE machine = ?1 AND entity_id = ?2 AND event = ?3 AND ref_id = ?4 \
                    AND status IN ('PENDING', 'DEAD') AND (owner_token IS NULL OR lease_until <= {now})"
             )),
             rearm: s(format!(
-                "UPDATE timers SET status = 'PENDING', attempts = 0, next_at = {now}, \
+                "UPDATE {timers} SET status = 'PENDING', attempts = 0, next_at = {now}, \
                      last_error = NULL, owner_token = NULL, lease_until = 0 \
                  WHERE machine = ?1 AND entity_id = ?2 AND event = ?3 AND ref_id = ?4 \
                    AND status = 'DEAD'"
             )),
             list: s(format!(
-                "SELECT {columns} FROM timers AS t WHERE t.status = ?1 \
+                "SELECT {columns} FROM {timers} AS t WHERE t.status = ?1 \
                  ORDER BY t.due_at, t.id LIMIT ?2"
             )),
             of_entity: s(format!(
-                "SELECT {columns} FROM timers AS t WHERE t.machine = ?1 AND t.entity_id = ?2 \
+                "SELECT {columns} FROM {timers} AS t WHERE t.machine = ?1 AND t.entity_id = ?2 \
                  ORDER BY t.due_at, t.id"
             )),
             stats: s(format!(
@@ -118,7 +124,7 @@ impl TimerStatements {
                         CAST(COALESCE(SUM(CASE WHEN status = 'PENDING' AND due_at <= n.ms THEN 1 ELSE 0 END), 0) AS {int}) AS due, \
                         CAST(COALESCE(SUM(CASE WHEN status = 'DEAD' THEN 1 ELSE 0 END), 0) AS {int}) AS dead, \
                         CAST(COALESCE(n.ms - MIN(CASE WHEN status = 'PENDING' AND due_at <= n.ms THEN due_at END), 0) AS {int}) AS oldest_late_ms \
-                 FROM timers CROSS JOIN (SELECT {now} AS ms) n \
+                 FROM {timers} CROSS JOIN (SELECT {now} AS ms) n \
                  WHERE status IN ('PENDING', 'DEAD') GROUP BY n.ms"
             )),
         }
@@ -224,9 +230,10 @@ where
         format!("CASE id{notes} ELSE NULL END")
     };
     let sql = format!(
-        "UPDATE timers SET status = 'FIRED', fired_at = {now}, owner_token = NULL, lease_until = 0, \
+        "UPDATE {timers} SET status = 'FIRED', fired_at = {now}, owner_token = NULL, lease_until = 0, \
              outcome = CASE id{outcomes} END, last_error = {notes} \
          WHERE owner_token = ?1 AND status = 'PENDING' AND id IN ({ids})",
+        timers = s.timers,
         now = s.now,
         ids = ids.join(", ")
     );
@@ -343,9 +350,10 @@ where
 /// The purge every backend but MySQL/MariaDB writes (which takes no `LIMIT` in an `IN`
 /// subquery): 1 retention in ms, 2 limit.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn purge_sql(now: &str) -> String {
+pub(crate) fn purge_sql(n: &Names, now: &str) -> String {
+    let timers = &n.timers;
     format!(
-        "DELETE FROM timers WHERE id IN (SELECT id FROM timers \
+        "DELETE FROM {timers} WHERE id IN (SELECT id FROM {timers} \
              WHERE status IN ('FIRED', 'CANCELLED') AND fired_at < {now} - ?1 LIMIT ?2)"
     )
 }
@@ -355,20 +363,21 @@ pub(crate) fn purge_sql(now: &str) -> String {
 /// says whether the backend joins the chosen rows (`UPDATE … FROM`) rather than
 /// matching them with `IN`. 1 token, 2 lease in ms, 3 machine, 4 limit.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn claim_sql(now: &str, due: &str, lock: &str, from: bool) -> String {
+pub(crate) fn claim_sql(n: &Names, now: &str, due: &str, lock: &str, from: bool) -> String {
+    let timers = &n.timers;
     let choose = format!(
-        "SELECT c.id FROM timers c WHERE {claimable} ORDER BY c.next_at, c.id LIMIT ?4 {lock}",
-        claimable = claimable(now, 3, due)
+        "SELECT c.id FROM {timers} c WHERE {claimable} ORDER BY c.next_at, c.id LIMIT ?4 {lock}",
+        claimable = claimable(n, now, 3, due)
     );
     let set = format!("owner_token = ?1, lease_until = {now} + ?2, attempts = {ATTEMPT}");
     if from {
         let columns = prefixed_columns(now, "t.");
         format!(
-            "UPDATE timers AS t SET {set} FROM ({choose}) s WHERE t.id = s.id RETURNING {columns}"
+            "UPDATE {timers} AS t SET {set} FROM ({choose}) s WHERE t.id = s.id RETURNING {columns}"
         )
     } else {
         let columns = prefixed_columns(now, "");
-        format!("UPDATE timers SET {set} WHERE id IN ({choose}) RETURNING {columns}")
+        format!("UPDATE {timers} SET {set} WHERE id IN ({choose}) RETURNING {columns}")
     }
 }
 

@@ -45,6 +45,22 @@ fn database_url(mut args: Vec<OsString>) -> (Option<String>, Vec<OsString>) {
     (from_env, args)
 }
 
+/// The tables the operator's database holds: the entity table `ORDERLY_ENTITY_TABLE`
+/// (`orders` if unset), orderly's in the namespace `ORDERLY_NAMESPACE` (`orderly` if
+/// unset), its history in `ORDERLY_HISTORY_TABLE` if set.
+fn configured_tables() -> Result<orderly::Tables, orderly::Error> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let mut tables =
+        orderly::Tables::new(&var("ORDERLY_ENTITY_TABLE").unwrap_or_else(|| "orders".into()))?;
+    if let Some(history) = var("ORDERLY_HISTORY_TABLE") {
+        tables = tables.with_history(&history)?;
+    }
+    if let Some(namespace) = var("ORDERLY_NAMESPACE") {
+        tables = tables.in_namespace(&namespace)?;
+    }
+    Ok(tables)
+}
+
 async fn run(
     url: Option<String>,
     args: Vec<OsString>,
@@ -61,6 +77,7 @@ async fn run(
             let sqlite = SqliteStore::new(
                 sqlx::sqlite::SqlitePool::connect_lazy("sqlite::memory:")
                     .expect("an in-memory URL reads"),
+                orderly::Tables::demo(),
             );
             return Cli::new(Admin::new(sqlite)).run(args, out, err).await;
         }
@@ -72,6 +89,13 @@ async fn run(
     };
     let fail = |err: &mut (dyn Write + Send), e: &dyn std::fmt::Display| {
         let _ = writeln!(err, "orderly: cannot open the database: {e}");
+    };
+    let tables = match configured_tables() {
+        Ok(tables) => tables,
+        Err(e) => {
+            let _ = writeln!(err, "orderly: {e}");
+            return Exit::Usage;
+        }
     };
     // A server that may come back is worth another try; a wrong URL, name or password
     // is not.
@@ -90,7 +114,7 @@ async fn run(
         };
         match sqlx::sqlite::SqlitePool::connect_with(options).await {
             Ok(pool) => {
-                Cli::new(Admin::new(SqliteStore::new(pool)))
+                Cli::new(Admin::new(SqliteStore::new(pool, tables)))
                     .run(args, out, err)
                     .await
             }
@@ -107,7 +131,7 @@ async fn run(
             .await
         {
             Ok(pool) => {
-                Cli::new(Admin::new(PgStore::new(pool)))
+                Cli::new(Admin::new(PgStore::new(pool, tables)))
                     .run(args, out, err)
                     .await
             }
@@ -124,7 +148,7 @@ async fn run(
             .await
         {
             Ok(pool) => {
-                Cli::new(Admin::new(MySqlStore::new(pool)))
+                Cli::new(Admin::new(MySqlStore::new(pool, tables)))
                     .run(args, out, err)
                     .await
             }

@@ -49,7 +49,8 @@ pub(crate) use lease::Lease;
 pub use requests::{Apply, Audit, FirstWrite, Key, Observed, OwnedKey, Request, Txn, Written};
 pub use rows::{Entity, PositionedPrior, Prior, RawTransition, RefRow};
 pub use schema::Schema;
-pub use tables::{MIGRATIONS_TABLE, Tables};
+pub(crate) use tables::validate_namespace;
+pub use tables::{DEFAULT_NAMESPACE, DEMO_TABLE, Tables};
 pub use unit::Unit;
 
 /// A backend: coarse operations over the backend's own connection type.

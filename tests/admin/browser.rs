@@ -51,7 +51,7 @@ async fn admin_page_in_a_browser() {
 
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("admin.db").display());
-    let store = orderly::SqliteStore::connect(&url).await.unwrap();
+    let store = orderly::SqliteStore::demo(&url).await.unwrap();
     let exec = exec_on!(store.pool());
     let Fixture {
         flows,
@@ -238,13 +238,14 @@ async fn admin_page_in_a_browser() {
             .len(),
         total as usize - 1
     );
-    let dead = (exec.scalar)("SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'".into()).await;
+    let dead =
+        (exec.scalar)("SELECT COUNT(*) FROM orderly_outbox WHERE status = 'DEAD'".into()).await;
     assert_eq!(dead, total - 1);
     shot("dead-events.png").await;
     // A row orderly never writes (SQLite keeps text in an integer column): listed under
     // the dead events as stored, with why.
     (exec.run)(
-        "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, \
+        "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, \
          to_status, ref_id, status) VALUES ('Shop', 'zz', 1, 'OrderPaid', 'Pay', 'Created', \
          'Paid', 'pay-zz', 'DEAD')"
             .into(),
@@ -264,7 +265,7 @@ async fn admin_page_in_a_browser() {
         "{corrupt}"
     );
     shot("dead-events-corrupt.png").await;
-    (exec.run)("DELETE FROM outbox WHERE entity_id = 'zz'".into()).await;
+    (exec.run)("DELETE FROM orderly_outbox WHERE entity_id = 'zz'".into()).await;
 
     // The parked flow retried with its button, once its gateway is back.
     down.store(false, Ordering::SeqCst);

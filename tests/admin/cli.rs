@@ -54,7 +54,12 @@ pub(super) async fn cli_suite<S: AdminStore>(store: S, exec: Exec<S>, url: &str)
         ..
     } = fixture(store.clone(), exec, FEW).await;
     let c = Cli::new(admin_of(&store, &flows, &records, &engine));
-    let dead = || count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'");
+    let dead = || {
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM orderly_outbox WHERE status = 'DEAD'",
+        )
+    };
 
     let (code, o) = cli_json(&c, &["overview"]).await;
     assert_eq!(code, Exit::Ok);

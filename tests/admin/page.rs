@@ -147,7 +147,11 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
             .0,
         StatusCode::FORBIDDEN
     );
-    let dead_now = count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'").await;
+    let dead_now = count(
+        &exec,
+        "SELECT COUNT(*) FROM orderly_outbox WHERE status = 'DEAD'",
+    )
+    .await;
     assert_eq!(dead_now, total, "a refused POST changed something");
     assert_eq!(count(&exec, "SELECT COUNT(*) FROM orderly_audit").await, 0);
 
@@ -161,7 +165,7 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(
         count(
             &exec,
-            "SELECT COUNT(*) FROM outbox WHERE entity_id = 1 AND status = 'PENDING'"
+            "SELECT COUNT(*) FROM orderly_outbox WHERE entity_id = 1 AND status = 'PENDING'"
         )
         .await,
         1
@@ -198,7 +202,11 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
     assert!(location.unwrap().contains(&format!("{OTHERS}+changed")));
     assert_eq!(
-        count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'").await,
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM orderly_outbox WHERE status = 'DEAD'"
+        )
+        .await,
         BULK
     );
     let (status, body, location) = page
@@ -207,7 +215,11 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
     assert!(location.unwrap().contains(&format!("{BULK}+changed")));
     assert_eq!(
-        count(&exec, "SELECT COUNT(*) FROM outbox WHERE status = 'DEAD'").await,
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM orderly_outbox WHERE status = 'DEAD'"
+        )
+        .await,
         0
     );
     let audit = page.json("bob", "/admin/audit").await;
@@ -305,7 +317,7 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(
         count(
             &exec,
-            "SELECT COUNT(*) FROM timers WHERE entity_id = 99999 AND status = 'PENDING'"
+            "SELECT COUNT(*) FROM orderly_timers WHERE entity_id = 99999 AND status = 'PENDING'"
         )
         .await,
         1
@@ -317,7 +329,7 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(
         count(
             &exec,
-            "SELECT COUNT(*) FROM timers WHERE entity_id = 99999 AND status = 'CANCELLED'"
+            "SELECT COUNT(*) FROM orderly_timers WHERE entity_id = 99999 AND status = 'CANCELLED'"
         )
         .await,
         1

@@ -50,8 +50,17 @@ impl Cluster {
                 .unwrap();
             if stores.is_empty() {
                 orderly::backend::mysql::migrate(&pool).await.unwrap();
+                for sql in orderly::Schema::create_tables_sql(&MySqlStore::new(
+                    pool.clone(),
+                    orderly::Tables::new("orders").unwrap(),
+                )) {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                }
             }
-            let store = MySqlStore::new(pool);
+            let store = MySqlStore::new(pool, orderly::Tables::new("orders").unwrap());
             // Borrowing a connection tells the store it is on Galera.
             drop(orderly::Store::acquire(&store).await.unwrap());
             assert_eq!(
@@ -86,7 +95,7 @@ impl Cluster {
             .unwrap();
             let history: (i64, Option<String>) = sqlx::query_as(
                 "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT COUNT(*), SHA2(GROUP_CONCAT(CONCAT_WS(':', order_id, seq, from_status, to_status, event, ref_id) \
-                 ORDER BY order_id, seq SEPARATOR ','), 256) FROM order_transitions",
+                 ORDER BY order_id, seq SEPARATOR ','), 256) FROM orderly_transitions",
             )
             .fetch_one(pool)
             .await

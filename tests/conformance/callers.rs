@@ -18,7 +18,7 @@ pub async fn deadlock_scenario<B: Backend>(b: &B, ballast: &[&str]) {
     }
     B::exec_in(
         &mut rival,
-        "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (1, 1, 'Created', 'Paid', 'Pay', 'p-1')",
+        "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES (1, 1, 'Created', 'Paid', 'Pay', 'p-1')",
     )
     .await;
     let ours = {
@@ -197,7 +197,10 @@ pub async fn custom_table_names_drive_an_existing_table<B: Backend>(b: &B) {
         1
     );
     // The default tables were not touched.
-    assert_eq!(b.scalar("SELECT COUNT(*) FROM order_transitions").await, 0);
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM orderly_transitions").await,
+        0
+    );
 }
 
 orderly::state_machine! {

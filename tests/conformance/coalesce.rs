@@ -77,7 +77,7 @@ pub async fn coalesced_writes_answer_each_request<B: Backend>(b: &B) {
         // Pay emits OrderPaid: one outbox row per entity, at version 1, with its request.
         let emitted = b
             .scalar(&format!(
-                "SELECT COUNT(*) FROM outbox WHERE machine = 'OrderMachine' AND event = 'OrderPaid' \
+                "SELECT COUNT(*) FROM orderly_outbox WHERE machine = 'OrderMachine' AND event = 'OrderPaid' \
                  AND version = 1 AND transition = 'Pay' AND ref_id = 'pay' \
                  AND entity_id BETWEEN {} AND {}",
                 1000 * round,
@@ -99,7 +99,7 @@ pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
     let e = writer(b).await;
     let poison = |id: i64| {
         format!(
-            "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+            "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) \
              VALUES ({id}, 1, 'Created', 'Refunded', 'Refund', 'ghost')"
         )
     };
@@ -162,7 +162,7 @@ pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
     assert_eq!(written, vec![moved.clone(), moved.clone(), moved]);
     let outbox = |ids: &str| {
         format!(
-            "SELECT COUNT(*) FROM outbox WHERE machine = 'OrderMachine' AND event = 'OrderPaid' \
+            "SELECT COUNT(*) FROM orderly_outbox WHERE machine = 'OrderMachine' AND event = 'OrderPaid' \
              AND transition = 'Pay' AND version = 1 AND ref_id = 'pay' AND from_status = 'Created' \
              AND to_status = 'Paid' AND body = '{{\"paid\":true}}' AND entity_id IN ({ids})"
         )
@@ -314,7 +314,7 @@ pub async fn apply_first_unit_dropped_at_every_await_point<B: Backend>(b: &B) {
                     assert_order(&e, *id, Paid, 1, 1).await;
                     assert_eq!(
                         b.scalar(&format!(
-                            "SELECT COUNT(*) FROM outbox WHERE entity_id = {id} AND version = 1"
+                            "SELECT COUNT(*) FROM orderly_outbox WHERE entity_id = {id} AND version = 1"
                         ))
                         .await,
                         1,
@@ -353,9 +353,9 @@ pub async fn apply_first_unit_dropped_at_every_await_point<B: Backend>(b: &B) {
         }
     );
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM outbox WHERE event = 'OrderPaid'")
+        b.scalar("SELECT COUNT(*) FROM orderly_outbox WHERE event = 'OrderPaid'")
             .await,
-        b.scalar("SELECT COUNT(*) FROM order_transitions WHERE event = 'Pay'")
+        b.scalar("SELECT COUNT(*) FROM orderly_transitions WHERE event = 'Pay'")
             .await,
         "an outbox row for each history row"
     );

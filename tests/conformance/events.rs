@@ -7,14 +7,14 @@ use super::*;
 async fn outbox_rows<B: Backend>(b: &B, machine: &str, id: i64) -> Vec<String> {
     let n = b
         .scalar(&format!(
-            "SELECT COUNT(*) FROM outbox WHERE machine = '{machine}' AND entity_id = {id}"
+            "SELECT COUNT(*) FROM orderly_outbox WHERE machine = '{machine}' AND entity_id = {id}"
         ))
         .await;
     let mut rows = Vec::new();
     for version in 1..=16 {
         let found = b
             .scalar(&format!(
-                "SELECT COUNT(*) FROM outbox WHERE machine = '{machine}' AND entity_id = {id} \
+                "SELECT COUNT(*) FROM orderly_outbox WHERE machine = '{machine}' AND entity_id = {id} \
                  AND version = {version}"
             ))
             .await;
@@ -46,7 +46,7 @@ pub async fn emitting_edges_write_their_event_with_the_transition<B: Backend>(b:
     assert_eq!(outbox_rows(b, "OrderMachine", 1).await, ["1"]);
     let row = |cond: &str| {
         format!(
-            "SELECT COUNT(*) FROM outbox WHERE machine = 'OrderMachine' AND entity_id = 1 \
+            "SELECT COUNT(*) FROM orderly_outbox WHERE machine = 'OrderMachine' AND entity_id = 1 \
              AND version = 1 AND event = 'OrderPaid' AND transition = 'Pay' \
              AND from_status = 'Created' AND to_status = 'Paid' AND ref_id = 'p-1' {cond}"
         )
@@ -84,7 +84,7 @@ pub async fn emitting_edges_write_their_event_with_the_transition<B: Backend>(b:
     // An outbox row already at the version the write would make (the entity's version
     // reused behind orderly's back): `CorruptState`, and nothing is written.
     b.exec(
-        "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+        "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
          VALUES ('OrderMachine', 4, 1, 'OrderPaid', 'Pay', 'Created', 'Paid', 'old')",
     )
     .await;
@@ -118,7 +118,7 @@ pub async fn emitting_edges_write_their_event_with_the_transition<B: Backend>(b:
     assert_eq!(outbox_rows(b, "TicketMachine", 11).await, ["2"]);
     assert_eq!(
         b.scalar(
-            "SELECT COUNT(*) FROM outbox WHERE machine = 'TicketMachine' AND entity_id = 11 \
+            "SELECT COUNT(*) FROM orderly_outbox WHERE machine = 'TicketMachine' AND entity_id = 11 \
              AND event = 'TicketAbandoned' AND from_status = 'Working' AND to_status = 'Closed'"
         )
         .await,

@@ -332,7 +332,7 @@ pub async fn records_impossible_rows_are_reported_not_replayed<B: Backend>(b: &B
     let r = records(b, Duration::from_secs(30)).await;
     let held = claimed(r.claim("payments", "no-result", &1).await.unwrap());
     r.complete(&held, &Some(5)).await.unwrap();
-    b.exec("UPDATE idempotency_records SET result = NULL WHERE idem_key = 'no-result'")
+    b.exec("UPDATE orderly_idempotency_records SET result = NULL WHERE idem_key = 'no-result'")
         .await;
     let err = r.claim("payments", "no-result", &1).await.unwrap_err();
     assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
@@ -346,7 +346,7 @@ pub async fn records_impossible_rows_are_reported_not_replayed<B: Backend>(b: &B
     let held = claimed(r.claim("payments", "worn-out", &1).await.unwrap());
     r.release(&held).await.unwrap();
     b.exec(&format!(
-        "UPDATE idempotency_records SET attempt = {} WHERE idem_key = 'worn-out'",
+        "UPDATE orderly_idempotency_records SET attempt = {} WHERE idem_key = 'worn-out'",
         i32::MAX
     ))
     .await;
@@ -386,7 +386,7 @@ pub async fn coalesced_claims_answer_each_claim_truly<B: Backend>(b: &B) {
         );
         // Its lease run out (the database's clock is past it), its retention not.
         b.exec(&format!(
-            "UPDATE idempotency_records SET lease_until = 0 WHERE idem_key = '{tag}-stale'"
+            "UPDATE orderly_idempotency_records SET lease_until = 0 WHERE idem_key = '{tag}-stale'"
         ))
         .await;
         let live = claimed(
@@ -424,7 +424,7 @@ pub async fn coalesced_claims_answer_each_claim_truly<B: Backend>(b: &B) {
                     twins_held += 1;
                     let token = b
                         .scalar(&format!(
-                            "SELECT count(*) FROM idempotency_records WHERE idem_key = '{key}' \
+                            "SELECT count(*) FROM orderly_idempotency_records WHERE idem_key = '{key}' \
                              AND owner_token = '{}'",
                             held.token()
                         ))
@@ -445,7 +445,7 @@ pub async fn coalesced_claims_answer_each_claim_truly<B: Backend>(b: &B) {
                     assert_eq!(held.attempt(), 1);
                     let token = b
                         .scalar(&format!(
-                            "SELECT count(*) FROM idempotency_records WHERE idem_key = '{key}' \
+                            "SELECT count(*) FROM orderly_idempotency_records WHERE idem_key = '{key}' \
                              AND owner_token = '{}' AND status = 'PROCESSING'",
                             held.token()
                         ))
@@ -494,7 +494,7 @@ pub async fn claims_dropped_while_queued_are_never_sent<B: Backend>(b: &B) {
     let mut blocker = b.begin().await;
     B::exec_in(
         &mut blocker,
-        "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+        "INSERT INTO orderly_idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
          attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
          VALUES ('payments', 'slow', NULL, 'PROCESSING', 'blocker', 1, 0, 0, NULL, FALSE, 0, 0)",
     )
@@ -533,7 +533,7 @@ pub async fn claims_dropped_while_queued_are_never_sent<B: Backend>(b: &B) {
     let slow = claimed(slow.await.unwrap().unwrap());
     let kept = claimed(kept.await.unwrap().unwrap());
     assert_eq!((slow.attempt(), kept.attempt()), (1, 1));
-    let count = "SELECT count(*) FROM idempotency_records WHERE idem_key = ";
+    let count = "SELECT count(*) FROM orderly_idempotency_records WHERE idem_key = ";
     assert_eq!(
         b.scalar(&format!("{count}'gone'")).await,
         0,

@@ -80,6 +80,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
     async fn store(&self, lock_timeout: Duration) -> Self::S;
     /// Creates `shop_orders` (with extra columns) and `shop_order_log`, and a store on them.
     async fn custom_store(&self) -> Self::S;
+    /// `sql` as this backend names orderly's tables: the tests write each as MariaDB and
+    /// SQLite name it in the default namespace (`orderly_outbox`); PostgreSQL keeps it in
+    /// the schema `orderly` (`orderly.outbox`).
+    fn sql(sql: &str) -> String {
+        sql.to_owned()
+    }
     /// Runs literal SQL.
     async fn exec(&self, sql: &str);
     /// Selects one integer.
@@ -151,14 +157,14 @@ impl Policy for Always {
 macro_rules! harness_sql_methods {
     ($conn:ty) => {
         async fn exec(&self, sql: &str) {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+            sqlx::raw_sql(sqlx::AssertSqlSafe(Self::sql(sql)))
                 .execute(&self.pool)
                 .await
                 .unwrap();
         }
 
         async fn scalar(&self, sql: &str) -> i64 {
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+            sqlx::query_scalar(sqlx::AssertSqlSafe(Self::sql(sql)))
                 .fetch_one(&self.pool)
                 .await
                 .unwrap()
@@ -166,7 +172,7 @@ macro_rules! harness_sql_methods {
 
         async fn exec_in(tx: &mut Self::Tx, sql: &str) {
             let conn: &mut $conn = tx;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+            sqlx::raw_sql(sqlx::AssertSqlSafe(Self::sql(sql)))
                 .execute(conn)
                 .await
                 .unwrap();
@@ -177,7 +183,7 @@ macro_rules! harness_sql_methods {
             sql: String,
         ) -> orderly::idempotency::Work<'c, Result<(), sqlx::Error>> {
             Box::pin(async move {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                sqlx::raw_sql(sqlx::AssertSqlSafe(Self::sql(&sql)))
                     .execute(conn)
                     .await
                     .map(drop)
@@ -189,7 +195,7 @@ macro_rules! harness_sql_methods {
             sql: String,
         ) -> orderly::idempotency::Work<'c, Result<i64, sqlx::Error>> {
             Box::pin(async move {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                sqlx::query_scalar(sqlx::AssertSqlSafe(Self::sql(&sql)))
                     .fetch_one(conn)
                     .await
             })
@@ -540,4 +546,31 @@ orderly::state_machine! {
 
 async fn tickets<B: Backend>(b: &B) -> Engine<TicketMachine, B::S> {
     with_policy(b.store(Duration::from_secs(10)).await, B::POLICY)
+}
+
+#[allow(unused_imports)]
+pub use crate::server::in_schema;
+
+/// The test application's tables: its own entity table, `orders`; orderly's in the
+/// default namespace.
+#[allow(dead_code)]
+pub fn app_tables() -> orderly::Tables {
+    orderly::Tables::new("orders").unwrap()
+}
+
+/// Creates the test application's `orders`, as its own migration would (the layout
+/// [`Schema::create_tables_sql`](orderly::Schema::create_tables_sql) gives), on `pool`.
+#[allow(dead_code)]
+pub async fn create_app_orders<S, DB>(store: &S, pool: &sqlx::Pool<DB>)
+where
+    S: orderly::Schema,
+    DB: sqlx::Database,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    for sql in store.create_tables_sql() {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
 }

@@ -168,11 +168,14 @@ pub async fn corrupt_status_is_reported_not_panicked<B: Backend>(b: &B) {
         "{err:?}"
     );
     assert!(matches!(e.get(1).await, Err(Error::CorruptState { .. })));
-    assert_eq!(b.scalar("SELECT COUNT(*) FROM order_transitions").await, 0);
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM orderly_transitions").await,
+        0
+    );
     // A corrupt history row is reported the same way.
     e.create(2).await.unwrap();
     e.transition(2, Pay, "p-1").await.unwrap();
-    b.exec("UPDATE order_transitions SET from_status = 'Limbo' WHERE order_id = 2")
+    b.exec("UPDATE orderly_transitions SET from_status = 'Limbo' WHERE order_id = 2")
         .await;
     assert!(matches!(
         e.transition(2, Pay, "p-1").await,
@@ -223,8 +226,16 @@ pub async fn bad_input_is_rejected_before_any_query<B: Backend>(b: &B) {
     );
     let err = e.transition_named(1, "Teleport", "t-1").await.unwrap_err();
     assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
-    assert!(Tables::new("orders; DROP TABLE orders", "h").is_err());
-    assert!(Tables::new("orders", "a.b.c").is_err());
+    assert!(
+        Tables::new("orders; DROP TABLE orders")
+            .and_then(|t| t.with_history("h"))
+            .is_err()
+    );
+    assert!(
+        Tables::new("orders")
+            .and_then(|t| t.with_history("a.b.c"))
+            .is_err()
+    );
     assert_order(&e, 1, Created, 0, 0).await;
     // 255 characters (multi-byte ones too) is the limit, not an error.
     let long = "é".repeat(255);
@@ -277,7 +288,7 @@ pub async fn lost_race_is_rejudged_not_reapplied<B: Backend>(b: &B) {
         .await;
         B::exec_in(
             &mut rival,
-            &format!("INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ({id}, 1, 'Created', 'Paid', 'Pay', 'p-1')"),
+            &format!("INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES ({id}, 1, 'Created', 'Paid', 'Pay', 'p-1')"),
         )
         .await;
         let ours_task = {

@@ -64,7 +64,10 @@ pub async fn adaptive_reads_first_in_a_replay_storm<B: Backend>(b: &B, blocker: 
         "still reading first after 39 new requests: {tried:?}"
     );
     B::rollback(held).await;
-    assert_eq!(b.scalar("SELECT count(*) FROM order_transitions").await, 40);
+    assert_eq!(
+        b.scalar("SELECT count(*) FROM orderly_transitions").await,
+        40
+    );
 }
 
 /// A batched read (`Store::priors`) answers each request with its own history row, in

@@ -81,7 +81,7 @@ pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
                 // completes it again.
                 *dropped.entry(kind).or_insert(0) += 1;
                 let landed = format!(
-                    "SELECT COUNT(*) FROM idempotency_records \
+                    "SELECT COUNT(*) FROM orderly_idempotency_records \
                      WHERE idem_key = '{key}' AND status = 'SUCCEEDED'"
                 );
                 let asked = std::time::Instant::now();
@@ -135,7 +135,7 @@ pub async fn records_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
             r.complete(&held, &"probe").await.unwrap();
             assert_eq!(
                 b.scalar(&format!(
-                    "SELECT COUNT(*) FROM idempotency_records \
+                    "SELECT COUNT(*) FROM orderly_idempotency_records \
                      WHERE idem_key = '{probe}' AND status = 'SUCCEEDED'"
                 ))
                 .await,
@@ -191,7 +191,7 @@ pub async fn records_calls_dropped_in_flight_finish_off_task<B: Backend>(b: &B) 
     let mut tx = b.begin().await;
     B::exec_in(
         &mut tx,
-        "INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+        "INSERT INTO orderly_idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
          attempt, lease_until, expires_at, result, created_at, updated_at) \
          VALUES ('orders', 'k-1', 'x', 'PROCESSING', 'blocker', 1, 0, 0, NULL, 0, 0)",
     )
@@ -222,7 +222,7 @@ pub async fn records_calls_dropped_in_flight_finish_off_task<B: Backend>(b: &B) 
     let mut tx = b.begin().await;
     B::exec_in(
         &mut tx,
-        "UPDATE idempotency_records SET updated_at = updated_at WHERE idem_key = 'k-1'",
+        "UPDATE orderly_idempotency_records SET updated_at = updated_at WHERE idem_key = 'k-1'",
     )
     .await;
     let cut = tokio::time::timeout(Duration::from_millis(300), r.complete(&again, &"done")).await;
@@ -434,7 +434,7 @@ pub async fn connection_cut_under_coalesced_claims_answers_each_claim<B: Network
                 assert_eq!(held.attempt(), 1, "{cut:?}: {key}");
                 let mine = b
                     .scalar(&format!(
-                        "SELECT count(*) FROM idempotency_records WHERE idem_key = '{key}' \
+                        "SELECT count(*) FROM orderly_idempotency_records WHERE idem_key = '{key}' \
                          AND owner_token = '{}' AND status = 'PROCESSING' AND attempt = 1",
                         held.token()
                     ))

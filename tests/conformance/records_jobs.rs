@@ -24,7 +24,7 @@ async fn stuck_records<B: Backend>(b: &B, r: &Records<B::S>, n: usize) {
                 .unwrap(),
         );
     }
-    b.exec("UPDATE idempotency_records SET lease_until = 0 WHERE idem_key LIKE 'stuck-%'")
+    b.exec("UPDATE orderly_idempotency_records SET lease_until = 0 WHERE idem_key LIKE 'stuck-%'")
         .await;
 }
 
@@ -179,7 +179,7 @@ pub async fn recovery_loop_stops_on_shutdown<B: Backend>(b: &B) {
     };
     // Wait (from outside: a claim would take a stuck record over itself) until the job
     // released all five.
-    let released = "SELECT COUNT(*) FROM idempotency_records WHERE status = 'FAILED'";
+    let released = "SELECT COUNT(*) FROM orderly_idempotency_records WHERE status = 'FAILED'";
     for _ in 0..500 {
         if b.scalar(released).await == 5 {
             break;
@@ -224,8 +224,8 @@ pub async fn purge_removes_only_expired_records<B: Backend>(b: &B) {
 
     assert_eq!(r.purge(2).await.unwrap(), 7);
     let count = |table: &str| format!("SELECT COUNT(*) FROM {table}");
-    assert_eq!(b.scalar(&count("idempotency_records")).await, 2);
-    assert_eq!(b.scalar(&count("one_time_tokens")).await, 1);
+    assert_eq!(b.scalar(&count("orderly_idempotency_records")).await, 2);
+    assert_eq!(b.scalar(&count("orderly_one_time_tokens")).await, 1);
     assert_eq!(r.purge(2).await.unwrap(), 0);
     assert_eq!(
         r.claim("payments", "kept", &0).await.unwrap(),
@@ -394,9 +394,10 @@ pub async fn run_commits_the_work_with_its_record<B: Backend>(b: &B) {
         let ran = r.run("orders", &key, &3, place(3, "ok")).await.unwrap();
         assert_eq!((ran.outcome, ran.replayed), (Ok(3), false));
         // Undo for the next round.
-        b.exec("DELETE FROM order_transitions WHERE order_id = 3")
+        b.exec("DELETE FROM orderly_transitions WHERE order_id = 3")
             .await;
-        b.exec("DELETE FROM outbox WHERE entity_id = 3").await;
+        b.exec("DELETE FROM orderly_outbox WHERE entity_id = 3")
+            .await;
         b.exec("DELETE FROM orders WHERE id = 3").await;
     }
     assert_eq!(b.open_transactions().await, 0);

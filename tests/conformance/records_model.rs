@@ -216,7 +216,7 @@ async fn check<B: Backend>(
                     "expires_at"
                 };
                 b.exec(&format!(
-                    "UPDATE idempotency_records SET {column} = {column} - 7200000 \
+                    "UPDATE orderly_idempotency_records SET {column} = {column} - 7200000 \
                      WHERE scope = '{scope}' AND idem_key = '{}'",
                     key(k)
                 ))

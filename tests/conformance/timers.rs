@@ -65,7 +65,7 @@ async fn timers_of<M: orderly::StateMachine, S: orderly::TimerStore>(
 /// Makes every pending timer of `id` due (long ago, keeping their order).
 async fn make_due<B: Backend>(b: &B, id: i64) {
     b.exec(&format!(
-        "UPDATE timers SET due_at = due_at - 100000000000, next_at = 0 \
+        "UPDATE orderly_timers SET due_at = due_at - 100000000000, next_at = 0 \
          WHERE entity_id = {id} AND status = 'PENDING'"
     ))
     .await;
@@ -148,7 +148,7 @@ pub async fn a_due_timer_fires_once<B: Backend>(b: &B) {
     assert!(t.late_ms > 0);
     // A job that crashed after the commit and before recording it: the timer is fired
     // again, and the engine answers from the history.
-    b.exec("UPDATE timers SET status = 'PENDING', outcome = NULL WHERE entity_id = 1")
+    b.exec("UPDATE orderly_timers SET status = 'PENDING', outcome = NULL WHERE entity_id = 1")
         .await;
     let round = timers.fire_once().await.unwrap();
     assert_eq!((round.claimed, round.replayed), (1, 1), "{round:?}");
@@ -162,7 +162,7 @@ pub async fn a_timer_is_moot_once_its_entity_moved_on<B: Backend>(b: &B) {
     engine.create(1).await.unwrap();
     engine.transition(1, Pay, "p-1").await.unwrap();
     make_due(b, 1).await;
-    b.exec("UPDATE timers SET status = 'CANCELLED' WHERE ref_id = 'timer:Paid:1'")
+    b.exec("UPDATE orderly_timers SET status = 'CANCELLED' WHERE ref_id = 'timer:Paid:1'")
         .await;
     let round = timers.fire_once().await.unwrap();
     assert_eq!((round.claimed, round.moot), (1, 1), "{round:?}");
@@ -182,7 +182,7 @@ pub async fn a_timer_is_moot_once_its_entity_moved_on<B: Backend>(b: &B) {
     engine.transition(2, Pay, "p-2").await.unwrap();
     engine.transition(2, Unpay, "u-2").await.unwrap();
     make_due(b, 2).await;
-    b.exec("UPDATE timers SET status = 'CANCELLED' WHERE ref_id = 'timer:Paid:1'")
+    b.exec("UPDATE orderly_timers SET status = 'CANCELLED' WHERE ref_id = 'timer:Paid:1'")
         .await;
     // One entity's timers fire one at a time, in due order: the older first.
     let first = timers.fire_once().await.unwrap();
@@ -256,7 +256,7 @@ pub async fn timer_jobs_race_over_many_due_timers<B: Backend>(b: &B) {
     for id in 1..=N {
         engine.create(id).await.unwrap();
     }
-    b.exec("UPDATE timers SET due_at = due_at - 100000000000, next_at = 0")
+    b.exec("UPDATE orderly_timers SET due_at = due_at - 100000000000, next_at = 0")
         .await;
     let jobs: Vec<Timers<B::S>> = (0..4)
         .map(|_| {
@@ -289,13 +289,15 @@ pub async fn timer_jobs_race_over_many_due_timers<B: Backend>(b: &B) {
         "only {busy} of 4 jobs fired anything: {rounds:?}"
     );
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM order_transitions WHERE event = 'Cancel'")
+        b.scalar("SELECT COUNT(*) FROM orderly_transitions WHERE event = 'Cancel'")
             .await,
         N
     );
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM timers WHERE status = 'FIRED' AND outcome = 'applied'")
-            .await,
+        b.scalar(
+            "SELECT COUNT(*) FROM orderly_timers WHERE status = 'FIRED' AND outcome = 'applied'"
+        )
+        .await,
         N
     );
 }
@@ -306,17 +308,17 @@ pub async fn corrupt_timer_rows_are_set_aside<B: Backend>(b: &B) {
     for id in 1..=3 {
         engine.create(id).await.unwrap();
     }
-    b.exec("UPDATE timers SET event = 'Explode' WHERE entity_id = 1")
+    b.exec("UPDATE orderly_timers SET event = 'Explode' WHERE entity_id = 1")
         .await;
-    b.exec("UPDATE timers SET state = 'Nowhere' WHERE entity_id = 2")
+    b.exec("UPDATE orderly_timers SET state = 'Nowhere' WHERE entity_id = 2")
         .await;
-    b.exec("UPDATE timers SET due_at = due_at - 100000000000, next_at = 0")
+    b.exec("UPDATE orderly_timers SET due_at = due_at - 100000000000, next_at = 0")
         .await;
     // On SQLite a column's type is only a hint: a due time that is no time.
     let sqlite = <B::S as orderly::Store>::BACKEND == "sqlite";
     if sqlite {
         engine.create(4).await.unwrap();
-        b.exec("UPDATE timers SET due_at = 'soon', next_at = 'soon' WHERE entity_id = 4")
+        b.exec("UPDATE orderly_timers SET due_at = 'soon', next_at = 'soon' WHERE entity_id = 4")
             .await;
     }
     let round = timers.fire_once().await.unwrap();
@@ -337,7 +339,8 @@ pub async fn corrupt_timer_rows_are_set_aside<B: Backend>(b: &B) {
             .collect();
         assert_eq!(corrupt.len(), 1, "{corrupt:?}");
         assert!(corrupt[0].reason.contains("unreadable row"), "{corrupt:?}");
-        b.exec("DELETE FROM timers WHERE entity_id = 4").await;
+        b.exec("DELETE FROM orderly_timers WHERE entity_id = 4")
+            .await;
     }
     assert_eq!(engine.get(3).await.unwrap().state, Cancelled);
     assert_eq!(engine.get(1).await.unwrap().state, Created);
@@ -368,7 +371,7 @@ pub async fn corrupt_timer_rows_are_set_aside<B: Backend>(b: &B) {
     let stats = timers.stats().await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 2), "{stats:?}");
     // Fixed by an operator and re-armed: it fires.
-    b.exec("UPDATE timers SET state = 'Created' WHERE entity_id = 2")
+    b.exec("UPDATE orderly_timers SET state = 'Created' WHERE entity_id = 2")
         .await;
     let key = TimerKey {
         machine: "Unpaid",
@@ -420,11 +423,13 @@ pub async fn timers_scheduled_and_cancelled_by_hand<B: Backend>(b: &B) {
             .unwrap()
     );
     // A timer a job is firing (its claim live) is not cancelled under it.
-    b.exec("UPDATE timers SET owner_token = 'a-job', lease_until = 9000000000000 WHERE ref_id = 'ship-1'")
+    b.exec("UPDATE orderly_timers SET owner_token = 'a-job', lease_until = 9000000000000 WHERE ref_id = 'ship-1'")
         .await;
     assert!(!engine.cancel_timer(1, Ship, "ship-1").await.unwrap());
-    b.exec("UPDATE timers SET owner_token = 'a-job', lease_until = 1 WHERE ref_id = 'ship-1'")
-        .await;
+    b.exec(
+        "UPDATE orderly_timers SET owner_token = 'a-job', lease_until = 1 WHERE ref_id = 'ship-1'",
+    )
+    .await;
     assert!(engine.cancel_timer(1, Ship, "ship-1").await.unwrap());
     assert!(!engine.cancel_timer(1, Ship, "ship-1").await.unwrap());
     let round = timers.fire_once().await.unwrap();
@@ -450,13 +455,13 @@ pub async fn timers_scheduled_and_cancelled_by_hand<B: Backend>(b: &B) {
     let round = timers.fire_once().await.unwrap();
     assert_eq!((round.claimed, round.moot), (1, 1), "{round:?}");
     // Purge: fired and cancelled timers past the retention go.
-    b.exec("UPDATE timers SET fired_at = 1000 WHERE status IN ('FIRED', 'CANCELLED')")
+    b.exec("UPDATE orderly_timers SET fired_at = 1000 WHERE status IN ('FIRED', 'CANCELLED')")
         .await;
-    let before = b.scalar("SELECT COUNT(*) FROM timers").await;
+    let before = b.scalar("SELECT COUNT(*) FROM orderly_timers").await;
     let purged = timers.purge(Duration::from_secs(3600), 100).await.unwrap();
     assert_eq!(
         purged as i64,
-        before - b.scalar("SELECT COUNT(*) FROM timers").await
+        before - b.scalar("SELECT COUNT(*) FROM orderly_timers").await
     );
     assert!(purged >= 4, "{purged}");
 }
@@ -524,7 +529,7 @@ pub async fn a_timer_job_killed_by_sigkill_mid_batch_loses_nothing<B: Backend>(b
         engine.create(id).await.unwrap();
         // Due in order of their ids, the last one last.
         b.exec(&format!(
-            "UPDATE timers SET due_at = {id}, next_at = 0 WHERE entity_id = {id}"
+            "UPDATE orderly_timers SET due_at = {id}, next_at = 0 WHERE entity_id = {id}"
         ))
         .await;
     }
@@ -558,7 +563,7 @@ pub async fn a_timer_job_killed_by_sigkill_mid_batch_loses_nothing<B: Backend>(b
     }
     // The crash came after the child's commits and before it recorded them.
     let cancelled = b
-        .scalar("SELECT COUNT(*) FROM order_transitions WHERE event = 'Cancel'")
+        .scalar("SELECT COUNT(*) FROM orderly_transitions WHERE event = 'Cancel'")
         .await;
     assert_eq!(
         cancelled,
@@ -567,7 +572,7 @@ pub async fn a_timer_job_killed_by_sigkill_mid_batch_loses_nothing<B: Backend>(b
     );
     assert_eq!(
         b.scalar(
-            "SELECT COUNT(*) FROM timers WHERE status = 'PENDING' AND owner_token IS NOT NULL"
+            "SELECT COUNT(*) FROM orderly_timers WHERE status = 'PENDING' AND owner_token IS NOT NULL"
         )
         .await,
         KILLED_BATCH,
@@ -596,7 +601,7 @@ pub async fn a_timer_job_killed_by_sigkill_mid_batch_loses_nothing<B: Backend>(b
         );
     }
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM timers WHERE status = 'FIRED'")
+        b.scalar("SELECT COUNT(*) FROM orderly_timers WHERE status = 'FIRED'")
             .await,
         KILLED_BATCH
     );
@@ -639,7 +644,7 @@ pub async fn a_timer_job_cut_at_each_statement_fires_each_once<B: Networked>(b: 
     use crate::server::{Cut, Proxy};
     let engine = timed_engine(b).await;
     let sound = Timers::new(engine.store().clone()).fire(engine.clone());
-    let points: [&'static [u8]; 4] = [b"SKIP LOCKED", b"order_transitions", b"COMMIT", b"'FIRED'"];
+    let points: [&'static [u8]; 4] = [b"SKIP LOCKED", b"transitions (order_id", b"COMMIT", b"'FIRED'"];
     let mut id = 0;
     for point in points {
         for cut in [
@@ -731,7 +736,7 @@ pub async fn timers_that_fell_due_while_no_job_ran_fire_once_in_due_order<B: Bac
     let watch = async {
         let deadline = Instant::now() + Duration::from_secs(30);
         let pending =
-            "SELECT COUNT(*) FROM timers WHERE ref_id LIKE 'late-%' AND status = 'PENDING'";
+            "SELECT COUNT(*) FROM orderly_timers WHERE ref_id LIKE 'late-%' AND status = 'PENDING'";
         while b.scalar(pending).await > 0 {
             assert!(
                 Instant::now() < deadline,
@@ -756,8 +761,7 @@ pub async fn timers_that_fell_due_while_no_job_ran_fire_once_in_due_order<B: Bac
         assert_eq!(history.len(), 1, "{history:?}");
         assert_eq!(history[0].ref_id, "late-pay");
     }
-    let early =
-        "SELECT COUNT(*) FROM timers WHERE ref_id LIKE 'late-%' AND fired_at - due_at < 400";
+    let early = "SELECT COUNT(*) FROM orderly_timers WHERE ref_id LIKE 'late-%' AND fired_at - due_at < 400";
     assert_eq!(
         b.scalar(early).await,
         0,
@@ -810,7 +814,7 @@ pub async fn a_guard_on_the_fired_edge_is_judged<B: Backend>(b: &B) {
         .with_rules(orderly::RulesOf(Holds));
     engine.create(1).await.unwrap();
     engine.create(2).await.unwrap();
-    b.exec("UPDATE timers SET due_at = due_at - 100000000000, next_at = 0")
+    b.exec("UPDATE orderly_timers SET due_at = due_at - 100000000000, next_at = 0")
         .await;
     let job = Timers::new(engine.store().clone()).fire(engine.clone());
     let round = job.fire_once().await.unwrap();

@@ -124,8 +124,13 @@ pub async fn scalar(db: &str, sql: &'static str) -> i64 {
         let mut conn = sqlx::MySqlConnection::connect(db).await.unwrap();
         sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
     } else {
+        // orderly's tables in PostgreSQL's schema (`orderly.outbox` for `orderly_outbox`).
+        let sql = sql.replace("orderly_", "orderly.");
         let mut conn = sqlx::PgConnection::connect(db).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
     }
 }
 

@@ -173,7 +173,7 @@ pub(super) async fn check_requests(
     .into_iter()
     .collect();
     let status: HashMap<String, String> = sqlx::query_as(
-        "SELECT idem_key, status FROM idempotency_records WHERE scope = 'payments' AND idem_key LIKE $1",
+        "SELECT idem_key, status FROM orderly.idempotency_records WHERE scope = 'payments' AND idem_key LIKE $1",
     )
     .bind(&like)
     .fetch_all(lab.store.pool())
@@ -264,7 +264,7 @@ pub(super) async fn check_flows(
     );
     let keys: HashSet<&String> = started.into_iter().chain(stranded).collect();
     let status: HashMap<String, String> =
-        sqlx::query_as("SELECT flow_key, status FROM flows WHERE flow_key LIKE $1")
+        sqlx::query_as("SELECT flow_key, status FROM orderly.flows WHERE flow_key LIKE $1")
             .bind(&like)
             .fetch_all(lab.store.pool())
             .await

@@ -93,7 +93,7 @@ async fn flow_recovery_jobs_on_every_node() {
         }
     };
     assert_eq!(
-        count("SELECT COUNT(*) FROM flows WHERE status = 'COMPLETED'").await,
+        count("SELECT COUNT(*) FROM orderly_flows WHERE status = 'COMPLETED'").await,
         FLOWS
     );
     assert_eq!(count("SELECT COUNT(*) FROM flow_effects").await, 2 * FLOWS);
@@ -368,7 +368,7 @@ async fn records_work_across_nodes_completes_each_request_once() {
             "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT COUNT(*), \
                  CAST(COALESCE(SUM(in_unit <> 1), 0) AS SIGNED), COUNT(DISTINCT idem_key), \
                  (SELECT n FROM rec_hot WHERE id = 1), \
-                 (SELECT COUNT(*) FROM idempotency_records WHERE status = 'SUCCEEDED') \
+                 (SELECT COUNT(*) FROM orderly_idempotency_records WHERE status = 'SUCCEEDED') \
              FROM rec_effects",
         )
         .fetch_one(store.pool())

@@ -107,7 +107,7 @@ async fn guarded_units_on_a_cycle_across_nodes_run_effects_inside_them() {
         let outside: Vec<_> = debits.iter().filter(|d| d.2 != 1).collect();
         assert!(outside.is_empty(), "debits outside their unit: {outside:?}");
         let mut charges: Vec<(i64, String, i64)> = sqlx::query_as(
-            "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT order_id, ref_id, CAST(1 AS SIGNED) FROM order_transitions \
+            "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT order_id, ref_id, CAST(1 AS SIGNED) FROM orderly_transitions \
              WHERE event = 'Charge' ORDER BY order_id, ref_id",
         )
         .fetch_all(store.pool())

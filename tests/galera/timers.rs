@@ -21,7 +21,7 @@ async fn timer_jobs_on_every_node_fire_each_timer_once() {
     for id in 1..=ORDERS {
         engines[0].create(id).await.unwrap();
     }
-    sqlx::query("UPDATE timers SET due_at = due_at - 100000000000, next_at = 0")
+    sqlx::query("UPDATE orderly_timers SET due_at = due_at - 100000000000, next_at = 0")
         .execute(c.stores[0].pool())
         .await
         .unwrap();
@@ -60,11 +60,12 @@ async fn timer_jobs_on_every_node_fire_each_timer_once() {
                             assert!(cluster::certification_collision(&err), "node {n}: {err:?}")
                         }
                     }
-                    let left: i64 =
-                        sqlx::query_scalar("SELECT COUNT(*) FROM timers WHERE status <> 'FIRED'")
-                            .fetch_one(store.pool())
-                            .await
-                            .unwrap();
+                    let left: i64 = sqlx::query_scalar(
+                        "SELECT COUNT(*) FROM orderly_timers WHERE status <> 'FIRED'",
+                    )
+                    .fetch_one(store.pool())
+                    .await
+                    .unwrap();
                     if left == 0 {
                         return fired;
                     }
@@ -91,19 +92,19 @@ async fn timer_jobs_on_every_node_fire_each_timer_once() {
         }
     };
     assert_eq!(
-        count("SELECT COUNT(*) FROM order_transitions WHERE event = 'Cancel'").await,
+        count("SELECT COUNT(*) FROM orderly_transitions WHERE event = 'Cancel'").await,
         ORDERS
     );
     assert_eq!(
         count(
-            "SELECT COUNT(*) FROM (SELECT order_id FROM order_transitions \
+            "SELECT COUNT(*) FROM (SELECT order_id FROM orderly_transitions \
              GROUP BY order_id HAVING COUNT(*) > 1) AS d"
         )
         .await,
         0
     );
     assert_eq!(
-        count("SELECT COUNT(*) FROM timers WHERE status = 'FIRED' AND outcome IN ('applied', 'replayed')")
+        count("SELECT COUNT(*) FROM orderly_timers WHERE status = 'FIRED' AND outcome IN ('applied', 'replayed')")
             .await,
         ORDERS
     );

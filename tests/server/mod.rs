@@ -242,3 +242,26 @@ async fn relay(
         () = replies => {}
     }
 }
+
+/// `sql` with orderly's tables, written as MariaDB and SQLite name them in the default
+/// namespace (`orderly_outbox`), named as PostgreSQL keeps them, in the schema `orderly`
+/// (`orderly.outbox`).
+#[allow(dead_code)]
+pub fn in_schema(sql: &str) -> String {
+    const TABLES: [&str; 9] = [
+        "transitions",
+        "idempotency_records",
+        "one_time_tokens",
+        "flow_steps",
+        "flows",
+        "outbox",
+        "inbox",
+        "timers",
+        "audit",
+    ];
+    let mut out = sql.to_owned();
+    for table in TABLES {
+        out = out.replace(&format!("orderly_{table}"), &format!("orderly.{table}"));
+    }
+    out
+}

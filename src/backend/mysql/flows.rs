@@ -5,14 +5,13 @@
 //! READ COMMITTED transaction: `SELECT … FOR UPDATE SKIP LOCKED` chooses and locks the
 //! due flows, an update hands them to the job's token. On Galera the reads are causal.
 
-use std::sync::LazyLock;
-
 use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
 use super::transition_sql::CAUSAL;
 use crate::backend::flow_sql::{self, FlowStatements, LISTINGS, PurgeByKeys};
+use crate::backend::names::{Names, PerNamespace};
 use crate::backend::sql::{BySize, Statement};
 use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
 use crate::idempotency::RecordStore;
@@ -115,7 +114,9 @@ impl FlowStore for MySqlStore {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let mut tx = <Self as RecordStore>::begin(conn).await?;
-        let gone = flow_sql::purge_by_keys::<MySql>(&mut tx, &PURGE, age_ms, limit).await?;
+        let gone =
+            flow_sql::purge_by_keys::<MySql>(&mut tx, PURGE.get(self.names()), age_ms, limit)
+                .await?;
         tx.commit().await?;
         Ok(gone)
     }
@@ -125,7 +126,7 @@ impl FlowStore for MySqlStore {
         conn: &mut MySqlConnection,
         s: &NewFlow<'_>,
     ) -> Result<Option<i32>, sqlx::Error> {
-        let inserted = sqlx::query(START_FLOW_INSERT.clone())
+        let inserted = sqlx::query(START_FLOW_INSERT.get(self.names()).clone())
             .bind(s.kind)
             .bind(s.key)
             .bind(s.version)
@@ -138,7 +139,7 @@ impl FlowStore for MySqlStore {
         if inserted.rows_affected() == 1 {
             return Ok(Some(1));
         }
-        let taken = sqlx::query(START_FLOW_TAKE_OVER.clone())
+        let taken = sqlx::query(START_FLOW_TAKE_OVER.get(self.names()).clone())
             .bind(s.token)
             .bind(s.lease_ms)
             .bind(s.kind)
@@ -161,7 +162,7 @@ impl FlowStore for MySqlStore {
         d: &TakeDue<'_>,
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
         let mut tx = Self::begin(conn).await?;
-        let keys: Vec<String> = sqlx::query_scalar(TAKE_DUE_CHOOSE.clone())
+        let keys: Vec<String> = sqlx::query_scalar(TAKE_DUE_CHOOSE.get(self.names()).clone())
             .bind(d.kind)
             .bind(d.version)
             .bind(d.limit)
@@ -171,7 +172,7 @@ impl FlowStore for MySqlStore {
             tx.commit().await?;
             return Ok(Vec::new());
         }
-        let mut update = sqlx::query(TAKE_DUE_HAND_OVER.get(keys.len()))
+        let mut update = sqlx::query(TAKE_DUE_HAND_OVER.get(self.names()).get(keys.len()))
             .bind(d.token)
             .bind(d.lease_ms)
             .bind(d.kind);
@@ -184,7 +185,7 @@ impl FlowStore for MySqlStore {
         // transaction, on a Galera node another node's write set could roll the
         // transaction back during that read without an error, and the read would answer
         // flows the claim no longer holds.
-        let mut read = sqlx::query_as(TAKE_DUE_TAKEN.get(keys.len()))
+        let mut read = sqlx::query_as(TAKE_DUE_TAKEN.get(self.names()).get(keys.len()))
             .bind(d.kind)
             .bind(d.token);
         for key in &keys {
@@ -194,36 +195,41 @@ impl FlowStore for MySqlStore {
     }
 }
 
-/// The layer's statements, built once: with plain reads, and with causal ones (for a
-/// Galera node; see [`MySqlStore::causal_reads`](super::MySqlStore::causal_reads)).
-static STATEMENTS: LazyLock<[FlowStatements; 2]> = LazyLock::new(|| ["", CAUSAL].map(statements));
+/// The layer's statements, built once per namespace: with plain reads, and with causal
+/// ones (for a Galera node; see
+/// [`MySqlStore::causal_reads`](super::MySqlStore::causal_reads)).
+static STATEMENTS: PerNamespace<[FlowStatements; 2]> =
+    PerNamespace::new(|n| ["", CAUSAL].map(|causal| statements(n, causal)));
 
-/// The statements, each read prefixed with `causal`.
-fn statements(causal: &str) -> FlowStatements {
+/// The statements over `n`'s tables, each read prefixed with `causal`.
+fn statements(n: &Names, causal: &str) -> FlowStatements {
     let s = |sql: String| Statement::new(sql, true);
+    let Names {
+        flows, flow_steps, ..
+    } = n;
     FlowStatements {
         read_flow: s(format!(
-            "{}SELECT {} FROM flows WHERE kind = ?1 AND flow_key = ?2",
+            "{}SELECT {} FROM {flows} WHERE kind = ?1 AND flow_key = ?2",
             causal,
             flow_columns()
         )),
         read_steps: s(format!(
             "{}SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
                     error, started_at, finished_at \
-             FROM flow_steps WHERE kind = ?1 AND flow_key = ?2 ORDER BY step_index, phase DESC",
+             FROM {flow_steps} WHERE kind = ?1 AND flow_key = ?2 ORDER BY step_index, phase DESC",
             causal
         )),
         // The `WHERE` sees the row as it was; the assignments read no column assigned
         // before them.
         touch: s(format!(
-            "UPDATE flows SET lease_until = {NOW} + ?4, attempt = IF(?5, 1, attempt), \
+            "UPDATE {flows} SET lease_until = {NOW} + ?4, attempt = IF(?5, 1, attempt), \
                  step_at = COALESCE(?6, step_at), status = COALESCE(?7, status), park_reason = ?8, \
                  output = COALESCE(?9, output), last_error = COALESCE(?10, last_error), \
                  updated_at = {NOW} \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?3 AND {LIVE}"
         )),
         record_step: s(format!(
-            "INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, \
+            "INSERT INTO {flow_steps} (kind, flow_key, step_index, phase, name, status, attempt, \
                  downstream_key, owner_token, output, error, started_at, finished_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, IF(?7, 1, 0), ?8, ?9, ?10, ?11, {NOW}, \
                  IF(?6 IN ('STARTED', 'WAITING'), NULL, {NOW})) \
@@ -234,37 +240,40 @@ fn statements(causal: &str) -> FlowStatements {
                  started_at = IF(?7, VALUES(started_at), started_at), \
                  finished_at = VALUES(finished_at)"
         )),
-        retry_steps: s("UPDATE flow_steps SET status = 'RETRY' \
+        retry_steps: s(format!(
+            "UPDATE {flow_steps} SET status = 'RETRY' \
          WHERE kind = ?1 AND flow_key = ?2 AND phase = ?3 AND status IN ('STARTED', 'FAILED')"
-            .to_string()),
+        )),
         unpark: s(format!(
-            "UPDATE flows SET park_reason = NULL, owner_token = ?3, attempt = 1, \
+            "UPDATE {flows} SET park_reason = NULL, owner_token = ?3, attempt = 1, \
                  lease_until = {NOW} + ?4, updated_at = {NOW} \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NOT NULL"
         )),
         wake: s(format!(
-            "UPDATE flows SET owner_token = ?3, lease_until = {NOW} + ?4, updated_at = {NOW} \
+            "UPDATE {flows} SET owner_token = ?3, lease_until = {NOW} + ?4, updated_at = {NOW} \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NULL \
                AND status = 'RUNNING'"
         )),
-        list: LISTINGS.map(|which| s(list_sql(which, causal))),
+        list: LISTINGS.map(|which| s(list_sql(n, which, causal))),
     }
 }
 
-/// The purge by keys, built once.
-static PURGE: LazyLock<PurgeByKeys> = LazyLock::new(|| {
+/// The purge by keys, built once per namespace.
+static PURGE: PerNamespace<PurgeByKeys> = PerNamespace::new(|n| {
     PurgeByKeys::new(
+        n,
         format!(
-            "SELECT kind, flow_key FROM flows \
+            "SELECT kind, flow_key FROM {flows} \
      WHERE status IN ('COMPLETED', 'COMPENSATED') AND updated_at <= {NOW} - ?1 \
-     LIMIT ?2 FOR UPDATE SKIP LOCKED"
+     LIMIT ?2 FOR UPDATE SKIP LOCKED",
+            flows = n.flows
         ),
         true,
     )
 });
 
-/// A page of `which` flows (see `FlowStatements::list`).
-fn list_sql(which: Listing, causal: &str) -> String {
+/// A page of `which` flows in `n`'s table (see `FlowStatements::list`).
+fn list_sql(n: &Names, which: Listing, causal: &str) -> String {
     let filter = match which {
         Listing::Parked => "park_reason IS NOT NULL".to_string(),
         Listing::Running => format!("{LIVE} AND lease_until > {NOW}"),
@@ -273,68 +282,74 @@ fn list_sql(which: Listing, causal: &str) -> String {
         Listing::All => "TRUE".to_string(),
     };
     format!(
-        "{}SELECT {} FROM flows WHERE {filter} AND (kind, flow_key) > (?1, ?2) \
+        "{}SELECT {} FROM {flows} WHERE {filter} AND (kind, flow_key) > (?1, ?2) \
          ORDER BY kind, flow_key LIMIT ?3",
         causal,
-        flow_columns()
+        flow_columns(),
+        flows = n.flows
     )
 }
 
 impl MySqlStore {
     /// The layer's statements, with causal reads on a Galera node.
     fn flows(&self) -> &'static FlowStatements {
-        &STATEMENTS[usize::from(self.causal_reads() == Some(true))]
+        &STATEMENTS.get(self.names())[usize::from(self.causal_reads() == Some(true))]
     }
 }
 
-/// The statement of `start_flow` (insert), built once.
-static START_FLOW_INSERT: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `start_flow` (insert), built once per namespace.
+static START_FLOW_INSERT: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "INSERT IGNORE INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
+        "INSERT IGNORE INTO {flows} (kind, flow_key, version, input_hash, input, status, park_reason, \
              step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
-         VALUES (?, ?, ?, ?, ?, 'RUNNING', NULL, 0, ?, 1, {NOW} + ?, NULL, NULL, {NOW}, {NOW})"
+         VALUES (?, ?, ?, ?, ?, 'RUNNING', NULL, 0, ?, 1, {NOW} + ?, NULL, NULL, {NOW}, {NOW})",
+        flows = n.flows
     )).into_sql_str()
 });
 
-/// The statement of `start_flow` (take over), built once.
-static START_FLOW_TAKE_OVER: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `start_flow` (take over), built once per namespace.
+static START_FLOW_TAKE_OVER: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "UPDATE flows SET attempt = LAST_INSERT_ID(LEAST(GREATEST(attempt, 0) + 1, 2147483647)), owner_token = ?, \
+        "UPDATE {flows} SET attempt = LAST_INSERT_ID(LEAST(GREATEST(attempt, 0) + 1, 2147483647)), owner_token = ?, \
              lease_until = {NOW} + ?, updated_at = {NOW} \
          WHERE kind = ? AND flow_key = ? AND input_hash = ? AND version = ? AND {LIVE} \
-           AND lease_until <= {NOW}"
+           AND lease_until <= {NOW}",
+        flows = n.flows
     )).into_sql_str()
 });
 
-/// The statement of `take_due` (choose), built once.
-static TAKE_DUE_CHOOSE: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `take_due` (choose), built once per namespace.
+static TAKE_DUE_CHOOSE: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "SELECT flow_key FROM flows \
+        "SELECT flow_key FROM {flows} \
          WHERE kind = ? AND version = ? AND {LIVE} AND lease_until <= {NOW} \
-         ORDER BY lease_until LIMIT ? FOR UPDATE SKIP LOCKED"
+         ORDER BY lease_until LIMIT ? FOR UPDATE SKIP LOCKED",
+        flows = n.flows
     ))
     .into_sql_str()
 });
 
 /// The statements of `take_due` sized by the flows they name (the hand-over, the
-/// read-back of what the claim holds), built once per size.
-static TAKE_DUE_HAND_OVER: LazyLock<BySize> = LazyLock::new(|| {
-    BySize::new(|n| {
+/// read-back of what the claim holds), built once per namespace and size.
+static TAKE_DUE_HAND_OVER: PerNamespace<BySize> = PerNamespace::new(|n| {
+    let flows = n.flows.clone();
+    BySize::new(move |size| {
         format!(
-            "UPDATE flows SET owner_token = ?, attempt = LEAST(GREATEST(attempt, 0) + 1, 2147483647), \
+            "UPDATE {flows} SET owner_token = ?, attempt = LEAST(GREATEST(attempt, 0) + 1, 2147483647), \
                  lease_until = {NOW} + ?, \
                  updated_at = {NOW} \
              WHERE kind = ? AND flow_key IN ({marks}) AND {LIVE} AND lease_until <= {NOW}",
-            marks = vec!["?"; n].join(", ")
+            marks = vec!["?"; size].join(", ")
         )
     })
 });
-static TAKE_DUE_TAKEN: LazyLock<BySize> = LazyLock::new(|| {
-    BySize::new(|n| {
+static TAKE_DUE_TAKEN: PerNamespace<BySize> = PerNamespace::new(|n| {
+    let flows = n.flows.clone();
+    BySize::new(move |size| {
         format!(
-            "SELECT flow_key, attempt FROM flows \
+            "SELECT flow_key, attempt FROM {flows} \
              WHERE kind = ? AND owner_token = ? AND flow_key IN ({marks})",
-            marks = vec!["?"; n].join(", ")
+            marks = vec!["?"; size].join(", ")
         )
     })
 });

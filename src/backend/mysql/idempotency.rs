@@ -7,13 +7,12 @@
 //! row, which the update locks): one statement for a new key, two otherwise, each
 //! atomic on its own. On Galera the read is causal.
 
-use std::sync::LazyLock;
-
 use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::MySqlStore;
 use super::transition_sql::CAUSAL;
+use crate::backend::names::{Names, PerNamespace};
 use crate::backend::records_sql::{self, RecordStatements};
 use crate::backend::sql::Statement;
 use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
@@ -111,7 +110,7 @@ impl RecordStore for MySqlStore {
         conn: &mut MySqlConnection,
         c: &NewClaim<'_>,
     ) -> Result<Option<i32>, sqlx::Error> {
-        let inserted = sqlx::query(CLAIM.insert.clone())
+        let inserted = sqlx::query(CLAIM.get(self.names()).insert.clone())
             .bind(c.scope)
             .bind(c.key)
             .bind(c.payload_hash)
@@ -123,7 +122,7 @@ impl RecordStore for MySqlStore {
         if inserted.rows_affected() == 1 {
             return Ok(Some(1));
         }
-        let taken = sqlx::query(CLAIM.take_expired.clone())
+        let taken = sqlx::query(CLAIM.get(self.names()).take_expired.clone())
             .bind(c.payload_hash)
             .bind(c.token)
             .bind(c.lease_ms)
@@ -146,7 +145,7 @@ impl RecordStore for MySqlStore {
         conn: &mut MySqlConnection,
         t: &TakeOver<'_>,
     ) -> Result<Option<i32>, sqlx::Error> {
-        let taken = sqlx::query(CLAIM.take_over.clone())
+        let taken = sqlx::query(CLAIM.get(self.names()).take_over.clone())
             .bind(t.token)
             .bind(t.lease_ms)
             .bind(t.retention_ms)
@@ -165,7 +164,7 @@ impl RecordStore for MySqlStore {
 }
 
 /// The claim's and the takeover's statements (plain `?`s, bound in the order they
-/// stand), built once.
+/// stand), built once per namespace.
 struct Claim {
     /// A new record: scope, key, payload hash, token, lease ms, retention ms.
     insert: SqlStr,
@@ -177,17 +176,18 @@ struct Claim {
     take_over: SqlStr,
 }
 
-static CLAIM: LazyLock<Claim> = LazyLock::new(|| {
+static CLAIM: PerNamespace<Claim> = PerNamespace::new(|n| {
     let s = |sql: String| AssertSqlSafe(sql).into_sql_str();
+    let records = &n.records;
     Claim {
         insert: s(format!(
-            "INSERT IGNORE INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+            "INSERT IGNORE INTO {records} (scope, idem_key, payload_hash, status, owner_token, \
              attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
          VALUES (?, ?, ?, 'PROCESSING', ?, 1, {NOW} + ?, {NOW} + ?, NULL, FALSE, {NOW}, {NOW})"
         )),
         // `attempt` and `created_at` first: they read `expires_at` before it is assigned.
         take_expired: s(format!(
-            "UPDATE idempotency_records SET \
+            "UPDATE {records} SET \
              attempt = LAST_INSERT_ID(IF(expires_at <= {NOW}, 1, {NEXT_ATTEMPT})), \
              created_at = IF(expires_at <= {NOW}, {NOW}, created_at), \
              payload_hash = ?, status = 'PROCESSING', owner_token = ?, \
@@ -200,7 +200,7 @@ static CLAIM: LazyLock<Claim> = LazyLock::new(|| {
                          OR (status = 'FAILED' AND NOT terminal))))"
         )),
         take_over: s(format!(
-            "UPDATE idempotency_records SET owner_token = ?, \
+            "UPDATE {records} SET owner_token = ?, \
              attempt = LAST_INSERT_ID({NEXT_ATTEMPT}), updated_at = {NOW}, lease_until = {NOW} + ?, \
              expires_at = {NOW} + ? \
          WHERE scope = ? AND idem_key = ? AND owner_token = ? AND status = 'PROCESSING' \
@@ -209,63 +209,68 @@ static CLAIM: LazyLock<Claim> = LazyLock::new(|| {
     }
 });
 
-/// The layer's shared statements, built once: with plain reads, and with causal ones
-/// (for a Galera node; see [`MySqlStore::causal_reads`](super::MySqlStore::causal_reads)).
-static STATEMENTS: LazyLock<[RecordStatements; 2]> = LazyLock::new(|| ["", CAUSAL].map(statements));
+/// The layer's shared statements, built once per namespace: with plain reads, and with
+/// causal ones (for a Galera node; see
+/// [`MySqlStore::causal_reads`](super::MySqlStore::causal_reads)).
+static STATEMENTS: PerNamespace<[RecordStatements; 2]> =
+    PerNamespace::new(|n| ["", CAUSAL].map(|causal| statements(n, causal)));
 
-/// The shared statements, each read prefixed with `causal`.
-fn statements(causal: &str) -> RecordStatements {
+/// The shared statements over `n`'s tables, each read prefixed with `causal`.
+fn statements(n: &Names, causal: &str) -> RecordStatements {
     let s = |sql: String| Statement::new(sql, true);
+    let Names {
+        records, tokens, ..
+    } = n;
     RecordStatements {
         read: s(format!(
             "{}SELECT payload_hash, status, owner_token, attempt, \
                     CAST(lease_until - {NOW} AS SIGNED) AS lease_left_ms, \
                     CAST(IF(expires_at <= {NOW}, 1, 0) AS SIGNED) AS expired, \
                     result, terminal \
-             FROM idempotency_records WHERE scope = ?1 AND idem_key = ?2",
+             FROM {records} WHERE scope = ?1 AND idem_key = ?2",
             causal
         )),
         // `lease_until` reads `status` before it is assigned.
         finish: s(format!(
-            "UPDATE idempotency_records SET \
+            "UPDATE {records} SET \
                  lease_until = IF(?4 = 'PROCESSING', {NOW} + ?7, lease_until), \
                  expires_at = {NOW} + ?8, \
                  status = ?4, result = ?5, terminal = ?6, updated_at = {NOW} \
              WHERE scope = ?1 AND idem_key = ?2 AND owner_token = ?3 AND status = 'PROCESSING'"
         )),
         stuck: s(format!(
-            "{}SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records \
+            "{}SELECT idem_key, owner_token, payload_hash, attempt FROM {records} \
              WHERE scope = ?1 AND status = 'PROCESSING' AND lease_until <= {NOW} AND expires_at > {NOW} \
              ORDER BY lease_until LIMIT ?2",
             causal
         )),
         held: s(format!(
             "{}SELECT CAST(COUNT(*) AS SIGNED), CAST(COALESCE(MAX({NOW} - created_at), 0) AS SIGNED) \
-             FROM idempotency_records \
+             FROM {records} \
              WHERE scope = ?1 AND status = 'PROCESSING' AND expires_at > {NOW}",
             causal
         )),
         purge: [
             s(format!(
-                "DELETE FROM idempotency_records \
+                "DELETE FROM {records} \
              WHERE expires_at <= {NOW} AND (status <> 'PROCESSING' OR lease_until <= {NOW}) LIMIT ?1"
             )),
             s(format!(
-                "DELETE FROM one_time_tokens WHERE expires_at <= {NOW} LIMIT ?1"
+                "DELETE FROM {tokens} WHERE expires_at <= {NOW} LIMIT ?1"
             )),
         ],
         issue_token: s(format!(
-            "INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
+            "INSERT INTO {tokens} (scope, token, expires_at, used_at, created_at) \
              VALUES (?1, ?2, {NOW} + ?3, NULL, {NOW})"
         )),
         consume_token: s(format!(
-            "UPDATE one_time_tokens SET used_at = {NOW} \
+            "UPDATE {tokens} SET used_at = {NOW} \
              WHERE scope = ?1 AND token = ?2 AND used_at IS NULL AND expires_at > {NOW}"
         )),
         read_token: s(format!(
             "{}SELECT used_at IS NOT NULL AS used, \
                     CAST(IF(expires_at <= {NOW}, 1, 0) AS SIGNED) AS expired \
-             FROM one_time_tokens WHERE scope = ?1 AND token = ?2",
+             FROM {tokens} WHERE scope = ?1 AND token = ?2",
             causal
         )),
     }
@@ -274,6 +279,6 @@ fn statements(causal: &str) -> RecordStatements {
 impl MySqlStore {
     /// The layer's shared statements, with causal reads on a Galera node.
     fn records(&self) -> &'static RecordStatements {
-        &STATEMENTS[usize::from(self.causal_reads() == Some(true))]
+        &STATEMENTS.get(self.names())[usize::from(self.causal_reads() == Some(true))]
     }
 }

@@ -6,8 +6,10 @@ use std::sync::{Arc, OnceLock};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 
 use crate::backend::migrations;
+use crate::backend::names::{Names, Style};
 use crate::error::Error;
-use crate::store::{Store, Tables, db_error};
+use crate::store::Schema;
+use crate::store::{DEFAULT_NAMESPACE, Store, Tables, db_error, validate_namespace};
 use sqlx::migrate::Migrator;
 
 mod audit;
@@ -24,18 +26,32 @@ mod transition_sql;
 mod transitions;
 mod units;
 
-/// Applies orderly's migrations (`migrations/mysql/`), recorded in
-/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE) beside the application's own
-/// `_sqlx_migrations`, so the two may run in either order. Rows an earlier orderly left
-/// in `_sqlx_migrations` are moved over first. Idempotent.
+/// Applies orderly's migrations (`migrations/mysql/`) in the default namespace, the
+/// prefix `orderly_`: [`migrate_in`] with [`DEFAULT_NAMESPACE`].
 pub async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
+    migrate_in(pool, DEFAULT_NAMESPACE).await
+}
+
+/// Applies orderly's migrations with the table prefix `namespace` and `_` (see
+/// [`Tables::in_namespace`]), recorded in its table `migrations`: they create and alter
+/// only orderly's own tables, so they and the application's run in either order. A
+/// database an earlier orderly migrated has its tables renamed into the namespace first
+/// (`docs/backends.md`, "Upgrading"). Idempotent; concurrent calls take turns on a named
+/// lock.
+pub async fn migrate_in(pool: &MySqlPool, namespace: &str) -> Result<(), Error> {
+    let names = Names::new(&validate_namespace(namespace)?, Style::Prefix);
     let mut conn = pool.acquire().await.map_err(db_error::<MySqlStore>)?;
     // The session's named lock goes with the connection, whatever fails below.
     conn.close_on_drop();
     let locked = lock_migrations(&mut conn).await?;
-    let ours = migrator();
-    migrations::adopt::<sqlx::MySql>(&mut conn, &ours, SHARED_MIGRATIONS_EXIST).await?;
-    ours.run(&mut *conn).await?;
+    let legacy = migrations::legacy(sqlx::migrate!("migrations/legacy/mysql"));
+    if migrations::has_legacy::<sqlx::MySql>(&mut conn, &DIALECT, &legacy).await? {
+        legacy.run(&mut *conn).await?;
+        migrations::move_legacy::<sqlx::MySql>(&mut conn, &DIALECT, &names).await?;
+    }
+    migrations::in_namespace(migrator_files(), &names)
+        .run(&mut *conn)
+        .await?;
     if locked {
         sqlx::query(RELEASE_MIGRATIONS)
             .execute(&mut *conn)
@@ -78,18 +94,46 @@ async fn lock_migrations(conn: &mut MySqlConnection) -> Result<bool, Error> {
     }
 }
 
-/// orderly's migrations for this backend, recorded in
-/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE): for an application that runs
-/// them itself, for example up to a version ([`Migrator::run_to`]). Only [`migrate`]
-/// moves an earlier orderly's rows out of `_sqlx_migrations`: on a database an earlier
-/// orderly migrated, call [`migrate`] once first, or this migrator applies everything
-/// again (and fails on the first column that exists).
+/// orderly's migrations in the default namespace, for an application that runs them
+/// itself, for example up to a version ([`Migrator::run_to`]); [`migrator_in`] for
+/// another. Only [`migrate_in`] moves an earlier orderly's tables: on a database an
+/// earlier orderly migrated, call it once first.
 pub fn migrator() -> Migrator {
-    migrations::own_table(sqlx::migrate!("migrations/mysql"))
+    migrations::in_namespace(
+        migrator_files(),
+        &Names::new(DEFAULT_NAMESPACE, Style::Prefix),
+    )
 }
 
-/// A row when the database has sqlx's default migrations table.
-const SHARED_MIGRATIONS_EXIST: &str = "SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '_sqlx_migrations'";
+/// [`migrator`] with the prefix `namespace`; [`Error::InvalidInput`] if it is none.
+pub fn migrator_in(namespace: &str) -> Result<Migrator, Error> {
+    let names = Names::new(&validate_namespace(namespace)?, Style::Prefix);
+    Ok(migrations::in_namespace(migrator_files(), &names))
+}
+
+fn migrator_files() -> Migrator {
+    sqlx::migrate!("migrations/mysql")
+}
+
+/// How MySQL/MariaDB finds and moves an earlier orderly's tables: in the connection's
+/// database, renamed with the prefix.
+const DIALECT: migrations::Dialect = migrations::Dialect {
+    exists: |table| {
+        format!(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '{table}'"
+        )
+    },
+    shared_exists: "SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '_sqlx_migrations'",
+    moves: |from, names, to| {
+        let to = names.in_namespace(to);
+        if from == to {
+            Vec::new()
+        } else {
+            vec![format!("RENAME TABLE {from} TO {to}")]
+        }
+    },
+    old_indexes: &[],
+};
 
 /// The MySQL/MariaDB store.
 ///
@@ -114,6 +158,8 @@ pub struct MySqlStore {
     pool: MySqlPool,
     /// The tables it drives, as configured.
     tables: Arc<Tables>,
+    /// orderly's tables in the configured namespace.
+    names: Arc<Names>,
     /// The transition layer's SQL, `[plain, causal]`; see [`MySqlStore::causal_reads`].
     transitions: Arc<[transition_sql::Sql; 2]>,
     /// Whether the server is a Galera node, once known.
@@ -124,36 +170,52 @@ pub struct MySqlStore {
 }
 
 impl MySqlStore {
-    /// Connects to `url` with a pool of 16 connections and applies the migrations.
-    pub async fn connect(url: &str) -> Result<Self, Error> {
+    /// Connects to `url` with a pool of 16 connections and applies orderly's migrations
+    /// in `tables`' namespace ([`migrate_in`]). The entity table is the application's:
+    /// its migrations create it.
+    pub async fn connect(url: &str, tables: Tables) -> Result<Self, Error> {
         let options = MySqlConnectOptions::from_str(url).map_err(db_error::<Self>)?;
         let pool = MySqlPoolOptions::new()
             .max_connections(16)
             .connect_with(options)
             .await
             .map_err(db_error::<Self>)?;
-        migrate(&pool).await?;
-        let store = Self::new(pool);
+        migrate_in(&pool, tables.namespace()).await?;
+        let store = Self::new(pool, tables);
         store.acquire().await.map_err(db_error::<Self>)?;
         Ok(store)
     }
 
-    /// A store over an existing pool and the default tables; run [`migrate`] first.
-    pub fn new(pool: MySqlPool) -> Self {
-        Self::with_tables(pool, Tables::default())
+    /// The quick start's store: [`connect`](Self::connect) with [`Tables::demo`], and the
+    /// demo's entity table created where it does not exist.
+    pub async fn demo(url: &str) -> Result<Self, Error> {
+        let store = Self::connect(url, Tables::demo()).await?;
+        let mut conn = store.pool.acquire().await.map_err(db_error::<Self>)?;
+        migrations::create_demo::<sqlx::MySql>(&mut conn, store.create_tables_sql())
+            .await
+            .map_err(db_error::<Self>)?;
+        Ok(store)
     }
 
-    /// A store over an existing pool and custom tables.
-    pub fn with_tables(pool: MySqlPool, tables: Tables) -> Self {
+    /// A store over an existing pool and `tables`; run [`migrate_in`] for their namespace
+    /// first ([`migrate`] for the default).
+    pub fn new(pool: MySqlPool, tables: Tables) -> Self {
+        let names = Names::new(tables.namespace(), Style::Prefix);
         MySqlStore {
             pool,
-            tables: Arc::new(tables.clone()),
             transitions: Arc::new(
-                [false, true].map(|causal| transition_sql::Sql::new(&tables, causal)),
+                [false, true].map(|causal| transition_sql::Sql::new(&tables, &names, causal)),
             ),
+            tables: Arc::new(tables),
+            names: Arc::new(names),
             galera: Arc::default(),
             galera_units: false,
         }
+    }
+
+    /// orderly's tables in this store's namespace.
+    pub(crate) fn names(&self) -> &Names {
+        &self.names
     }
 
     /// Coalesces the transition layer's writes on a Galera node too (off by default; on

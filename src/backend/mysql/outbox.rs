@@ -10,12 +10,11 @@
 //! them fails with a deadlock, which the relay retries. The statements it shares with
 //! SQLite are in `backend/outbox_sql.rs`.
 
-use std::sync::LazyLock;
-
 use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
+use crate::backend::names::{Names, PerNamespace};
 use crate::backend::outbox_sql::{
     self, ATTEMPT, OutboxStatements, UNKNOWN_STATUS, claimed, keys_in,
 };
@@ -36,8 +35,13 @@ pub(super) const EVENT_COLUMNS: &str = "machine, entity_id, version, event, tran
 
 /// No earlier event of `o`'s entity is unpublished (pending, dead, or in a status
 /// orderly never writes).
-const HEAD: &str = "NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
-    AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' AND p.version < o.version)";
+fn head(n: &Names) -> String {
+    format!(
+        "NOT EXISTS (SELECT 1 FROM {outbox} AS p WHERE p.machine = o.machine \
+         AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' AND p.version < o.version)",
+        outbox = n.outbox
+    )
+}
 
 /// A row orderly never writes (see `OutboxStore::list_corrupt`); its one parameter is the
 /// longest lease a relay takes, in milliseconds.
@@ -45,9 +49,9 @@ fn corrupt() -> String {
     format!("({UNKNOWN_STATUS} OR (o.status = 'PENDING' AND o.lease_until > {NOW} + ?))")
 }
 
-/// The statements every backend shares, built once.
-static STATEMENTS: LazyLock<OutboxStatements> =
-    LazyLock::new(|| OutboxStatements::new(NOW, EVENT_COLUMNS, Params::Plain));
+/// The statements every backend shares, built once per namespace.
+static STATEMENTS: PerNamespace<OutboxStatements> =
+    PerNamespace::new(|n| OutboxStatements::new(n, NOW, EVENT_COLUMNS, Params::Plain));
 
 impl OutboxStore for MySqlStore {
     async fn mark_failed(
@@ -55,7 +59,7 @@ impl OutboxStore for MySqlStore {
         conn: &mut MySqlConnection,
         f: &FailedEvent<'_>,
     ) -> Result<bool, sqlx::Error> {
-        outbox_sql::mark_failed::<MySql>(conn, &STATEMENTS, f).await
+        outbox_sql::mark_failed::<MySql>(conn, STATEMENTS.get(self.names()), f).await
     }
 
     async fn requeue_event(
@@ -63,7 +67,7 @@ impl OutboxStore for MySqlStore {
         conn: &mut MySqlConnection,
         key: &EventKey,
     ) -> Result<bool, sqlx::Error> {
-        outbox_sql::requeue_event::<MySql>(conn, &STATEMENTS, key).await
+        outbox_sql::requeue_event::<MySql>(conn, STATEMENTS.get(self.names()), key).await
     }
 
     async fn list_events(
@@ -72,7 +76,7 @@ impl OutboxStore for MySqlStore {
         status: &str,
         limit: i64,
     ) -> Result<Vec<EventRow>, sqlx::Error> {
-        outbox_sql::list_events::<MySql>(conn, &STATEMENTS, status, limit).await
+        outbox_sql::list_events::<MySql>(conn, STATEMENTS.get(self.names()), status, limit).await
     }
 
     async fn mark_published(
@@ -81,7 +85,8 @@ impl OutboxStore for MySqlStore {
         token: &str,
         keys: &[EventKey],
     ) -> Result<u64, sqlx::Error> {
-        outbox_sql::mark_published_or_keys::<MySql>(conn, &STATEMENTS, token, keys).await
+        outbox_sql::mark_published_or_keys::<MySql>(conn, STATEMENTS.get(self.names()), token, keys)
+            .await
     }
 
     async fn claim_events(
@@ -90,10 +95,11 @@ impl OutboxStore for MySqlStore {
         c: &ClaimEvents<'_>,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
         let mut tx = Self::begin(conn).await?;
-        let locked: Vec<(String, i64, i64)> = sqlx::query_as(CLAIM_EVENTS_CHOOSE.clone())
-            .bind(c.limit)
-            .fetch_all(&mut *tx)
-            .await?;
+        let locked: Vec<(String, i64, i64)> =
+            sqlx::query_as(CLAIM_EVENTS_CHOOSE.get(self.names()).clone())
+                .bind(c.limit)
+                .fetch_all(&mut *tx)
+                .await?;
         if locked.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
@@ -101,7 +107,7 @@ impl OutboxStore for MySqlStore {
         // The earlier-event test again, on a snapshot that sees every event committed
         // before the ones the locking read found; the survivors' rows, as they are (they
         // are locked), each decoded on its own.
-        let mut query = sqlx::query(CLAIM_EVENTS_RECHECK.get(locked.len()));
+        let mut query = sqlx::query(CLAIM_EVENTS_RECHECK.get(self.names()).get(locked.len()));
         for (machine, entity_id, version) in &locked {
             query = query.bind(machine).bind(entity_id).bind(version);
         }
@@ -129,7 +135,7 @@ impl OutboxStore for MySqlStore {
                 Err(c) => c.key.clone(),
             })
             .collect();
-        let mut update = sqlx::query(CLAIM_EVENTS_HAND_OVER.get(keys.len()))
+        let mut update = sqlx::query(CLAIM_EVENTS_HAND_OVER.get(self.names()).get(keys.len()))
             .bind(c.token)
             .bind(c.lease_ms);
         for key in &keys {
@@ -151,7 +157,8 @@ impl OutboxStore for MySqlStore {
         // on a Galera node another node's write set could roll the transaction back
         // during that read without an error: the read would answer rows the claim no
         // longer holds.)
-        let mut read = sqlx::query(CLAIM_EVENTS_TAKEN.get(keys.len())).bind(c.token);
+        let mut read =
+            sqlx::query(CLAIM_EVENTS_TAKEN.get(self.names()).get(keys.len())).bind(c.token);
         for key in &keys {
             read = read
                 .bind(&key.machine)
@@ -178,7 +185,7 @@ impl OutboxStore for MySqlStore {
             false,
         )
         .await?;
-        let mut rows: Vec<ClaimedEvent> = sqlx::query(LOCK_EVENTS.clone())
+        let mut rows: Vec<ClaimedEvent> = sqlx::query(LOCK_EVENTS.get(self.names()).clone())
             .bind(limit)
             .fetch_all(conn)
             .await?
@@ -202,13 +209,14 @@ impl OutboxStore for MySqlStore {
             let keys = published
                 .iter()
                 .map(|k| (k.machine.as_str(), k.entity_id, k.version));
-            marked = sqlx::query(PUBLISHED_LOCKED.clone())
+            marked = sqlx::query(PUBLISHED_LOCKED.get(self.names()).clone())
                 .bind(keys_json(keys))
                 .execute(&mut *conn)
                 .await?
                 .rows_affected();
         }
-        outbox_sql::settle_failed_and_commit::<MySql>(conn, &STATEMENTS, failed).await?;
+        outbox_sql::settle_failed_and_commit::<MySql>(conn, STATEMENTS.get(self.names()), failed)
+            .await?;
         Ok(marked)
     }
 
@@ -218,7 +226,7 @@ impl OutboxStore for MySqlStore {
         max_lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<CorruptRow>, sqlx::Error> {
-        sqlx::query_as(LIST_CORRUPT.clone())
+        sqlx::query_as(LIST_CORRUPT.get(self.names()).clone())
             .bind(max_lease_ms)
             .bind(limit)
             .fetch_all(conn)
@@ -231,7 +239,7 @@ impl OutboxStore for MySqlStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(PURGE_PUBLISHED.clone())
+        let done = sqlx::query(PURGE_PUBLISHED.get(self.names()).clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -245,7 +253,7 @@ impl OutboxStore for MySqlStore {
         max_lease_ms: i64,
     ) -> Result<StatsRow, sqlx::Error> {
         // A zero date (which the default `sql_mode` accepts) is no time to count from.
-        sqlx::query_as(OUTBOX_STATS.clone())
+        sqlx::query_as(OUTBOX_STATS.get(self.names()).clone())
             .bind(max_lease_ms)
             .fetch_one(conn)
             .await
@@ -259,7 +267,7 @@ impl OutboxStore for MySqlStore {
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(INBOX_INSERT.clone())
+        let done = sqlx::query(INBOX_INSERT.get(self.names()).clone())
             .bind(consumer)
             .bind(message_id)
             .execute(conn)
@@ -273,7 +281,7 @@ impl OutboxStore for MySqlStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(INBOX_PURGE.clone())
+        let done = sqlx::query(INBOX_PURGE.get(self.names()).clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -282,41 +290,46 @@ impl OutboxStore for MySqlStore {
     }
 }
 
-/// The statement of `claim_events` (choose), built once.
-static CLAIM_EVENTS_CHOOSE: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `claim_events` (choose), built once per namespace.
+static CLAIM_EVENTS_CHOOSE: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
-         WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} AND {HEAD} \
-         LIMIT ? FOR UPDATE SKIP LOCKED"
+        "SELECT o.machine, o.entity_id, o.version FROM {outbox} AS o \
+         WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} AND {head} \
+         LIMIT ? FOR UPDATE SKIP LOCKED",
+        outbox = n.outbox,
+        head = head(n)
     ))
     .into_sql_str()
 });
 
 /// The statements of `claim_events` sized by the events they name (the re-check, the
-/// hand-over, the read-back of what the claim holds), built once per size.
-static CLAIM_EVENTS_RECHECK: LazyLock<BySize> = LazyLock::new(|| {
-    BySize::new(|n| {
+/// hand-over, the read-back of what the claim holds), built once per namespace and size.
+static CLAIM_EVENTS_RECHECK: PerNamespace<BySize> = PerNamespace::new(|n| {
+    let (outbox, head) = (n.outbox.clone(), head(n));
+    BySize::new(move |size| {
         format!(
-            "SELECT {EVENT_COLUMNS} FROM outbox AS o WHERE {} AND {HEAD}",
-            keys_in("o.", n)
+            "SELECT {EVENT_COLUMNS} FROM {outbox} AS o WHERE {} AND {head}",
+            keys_in("o.", size)
         )
     })
 });
-static CLAIM_EVENTS_HAND_OVER: LazyLock<BySize> = LazyLock::new(|| {
-    BySize::new(|n| {
+static CLAIM_EVENTS_HAND_OVER: PerNamespace<BySize> = PerNamespace::new(|n| {
+    let outbox = n.outbox.clone();
+    BySize::new(move |size| {
         format!(
-            "UPDATE outbox SET owner_token = ?, lease_until = {NOW} + ?, \
+            "UPDATE {outbox} SET owner_token = ?, lease_until = {NOW} + ?, \
                  attempts = LEAST(GREATEST(attempts, 0) + 1, 2147483647) \
              WHERE status = 'PENDING' AND next_at <= {NOW} AND lease_until <= {NOW} AND {}",
-            keys_in("", n)
+            keys_in("", size)
         )
     })
 });
-static CLAIM_EVENTS_TAKEN: LazyLock<BySize> = LazyLock::new(|| {
-    BySize::new(|n| {
+static CLAIM_EVENTS_TAKEN: PerNamespace<BySize> = PerNamespace::new(|n| {
+    let outbox = n.outbox.clone();
+    BySize::new(move |size| {
         format!(
-            "SELECT {EVENT_COLUMNS} FROM outbox WHERE owner_token = ? AND {}",
-            keys_in("", n)
+            "SELECT {EVENT_COLUMNS} FROM {outbox} WHERE owner_token = ? AND {}",
+            keys_in("", size)
         )
     })
 });
@@ -335,87 +348,94 @@ fn keys_json<'a>(keys: impl Iterator<Item = (&'a str, i64, i64)>) -> String {
         .to_string()
 }
 
-/// The statement of `lock_events`, built once: the claim's choice, returning the rows.
-/// The locking read meets the latest committed rows, while its subquery reads the
-/// statement's snapshot, so the earlier-event test is made as one the snapshot can answer
-/// alone: the event is the earliest unpublished of its entity *in the snapshot*. An event
-/// committed after the snapshot began is not in it and waits for the next claim (its
-/// entity's earlier events may have been committed after the snapshot too, unseen). An
-/// event the snapshot holds was committed after every earlier event of its entity (a
-/// transition writes the next version only once the previous one committed), so the
-/// snapshot holds those as well.
-static LOCK_EVENTS: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `lock_events`, built once per namespace: the claim's choice,
+/// returning the rows. The locking read meets the latest committed rows, while its
+/// subquery reads the statement's snapshot, so the earlier-event test is made as one the
+/// snapshot can answer alone: the event is the earliest unpublished of its entity *in the
+/// snapshot*. An event committed after the snapshot began is not in it and waits for the
+/// next claim (its entity's earlier events may have been committed after the snapshot
+/// too, unseen). An event the snapshot holds was committed after every earlier event of
+/// its entity (a transition writes the next version only once the previous one
+/// committed), so the snapshot holds those as well.
+static LOCK_EVENTS: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "SELECT {EVENT_COLUMNS} FROM outbox AS o \
+        "SELECT {EVENT_COLUMNS} FROM {outbox} AS o \
          WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} \
-           AND o.version = (SELECT MIN(p.version) FROM outbox AS p \
+           AND o.version = (SELECT MIN(p.version) FROM {outbox} AS p \
                WHERE p.machine = o.machine AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED') \
-         LIMIT ? FOR UPDATE SKIP LOCKED"
+         LIMIT ? FOR UPDATE SKIP LOCKED",
+        outbox = n.outbox
     ))
     .into_sql_str()
 });
 
-/// The statement of `settle_locked` for the published events, built once. The keys are
-/// read first and each joined to its row by the primary key: the rows an update reads
-/// it locks, and a scan of the table would wait for (and deadlock with) the events other
-/// relays hold.
-static PUBLISHED_LOCKED: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `settle_locked` for the published events, built once per namespace.
+/// The keys are read first and each joined to its row by the primary key: the rows an
+/// update reads it locks, and a scan of the table would wait for (and deadlock with) the
+/// events other relays hold.
+static PUBLISHED_LOCKED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "UPDATE {KEYS} STRAIGHT_JOIN outbox AS o FORCE INDEX (PRIMARY) \
+        "UPDATE {KEYS} STRAIGHT_JOIN {outbox} AS o FORCE INDEX (PRIMARY) \
              ON o.machine = k.m AND o.entity_id = k.e AND o.version = k.v \
          SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
              last_error = NULL, published_at = {NOW}, attempts = {ATTEMPT} \
-         WHERE o.status = 'PENDING'"
+         WHERE o.status = 'PENDING'",
+        outbox = n.outbox
     ))
     .into_sql_str()
 });
 
-/// The statement of `purge_published`, built once.
-static PURGE_PUBLISHED: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `purge_published`, built once per namespace.
+static PURGE_PUBLISHED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "DELETE FROM outbox WHERE status = 'PUBLISHED' AND published_at <= {NOW} - ? LIMIT ?"
+        "DELETE FROM {outbox} WHERE status = 'PUBLISHED' AND published_at <= {NOW} - ? LIMIT ?",
+        outbox = n.outbox
     ))
     .into_sql_str()
 });
 
-/// The statement of `inbox_insert`, built once.
-static INBOX_INSERT: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `inbox_insert`, built once per namespace.
+static INBOX_INSERT: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "INSERT IGNORE INTO inbox (consumer, message_id, received_at) VALUES (?, ?, {NOW})"
+        "INSERT IGNORE INTO {inbox} (consumer, message_id, received_at) VALUES (?, ?, {NOW})",
+        inbox = n.inbox
     ))
     .into_sql_str()
 });
 
-/// The statement of `list_corrupt`, built once.
-static LIST_CORRUPT: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `list_corrupt`, built once per namespace.
+static LIST_CORRUPT: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
         "SELECT o.machine, CAST(o.entity_id AS CHAR) AS entity_id, CAST(o.version AS CHAR) AS version, o.status, \
              CASE WHEN {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
                   ELSE CONCAT('claimed by ', COALESCE(o.owner_token, '?'), ' with a lease past the longest a relay takes') END AS reason \
-         FROM outbox AS o WHERE {corrupt} \
+         FROM {outbox} AS o WHERE {corrupt} \
          ORDER BY o.machine, o.entity_id, o.version LIMIT ?",
+        outbox = n.outbox,
         corrupt = corrupt()
     )).into_sql_str()
 });
 
-/// The statement of `outbox_stats`, built once.
-static OUTBOX_STATS: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `outbox_stats`, built once per namespace.
+static OUTBOX_STATS: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
         "SELECT CAST(COALESCE(SUM(status = 'PENDING'), 0) AS SIGNED) AS pending, \
                 CAST(COALESCE(SUM(status = 'DEAD'), 0) AS SIGNED) AS dead, \
                 CAST(COALESCE(TIMESTAMPDIFF(MICROSECOND, \
                     MIN(CASE WHEN status = 'PENDING' AND YEAR(created_at) > 0 THEN created_at END), \
                     NOW(6)) DIV 1000, 0) AS SIGNED) AS oldest_pending_ms, \
-                (SELECT CAST(COUNT(*) AS SIGNED) FROM outbox AS o WHERE {corrupt}) AS corrupt \
-         FROM outbox WHERE status IN ('PENDING', 'DEAD')",
+                (SELECT CAST(COUNT(*) AS SIGNED) FROM {outbox} AS o WHERE {corrupt}) AS corrupt \
+         FROM {outbox} WHERE status IN ('PENDING', 'DEAD')",
+        outbox = n.outbox,
         corrupt = corrupt()
     )).into_sql_str()
 });
 
-/// The statement of `inbox_purge`, built once.
-static INBOX_PURGE: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `inbox_purge`, built once per namespace.
+static INBOX_PURGE: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "DELETE FROM inbox WHERE received_at <= {NOW} - ? LIMIT ?"
+        "DELETE FROM {inbox} WHERE received_at <= {NOW} - ? LIMIT ?",
+        inbox = n.inbox
     ))
     .into_sql_str()
 });

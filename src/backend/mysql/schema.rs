@@ -5,11 +5,11 @@ use crate::store::Schema;
 
 impl Schema for MySqlStore {
     fn table_name(&self, history: bool) -> String {
-        self.tables.name(history)
+        self.tables.name(&self.names, history)
     }
 
     fn create_tables_sql(&self) -> Vec<String> {
-        let (orders, history) = self.tables.quoted('`');
+        let (orders, history) = self.tables.quoted('`', &self.names);
         let text = |n: u32| {
             format!("VARCHAR({n}) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL")
         };
@@ -46,10 +46,11 @@ impl Schema for MySqlStore {
             "created_at" => "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
             _ => "VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL",
         };
-        self.tables.add_column_sql('`', history, column, ty)
+        self.tables
+            .add_column_sql('`', &self.names, history, column, ty)
     }
 
     fn probe_sql(&self, history: bool, columns: &[&'static str]) -> String {
-        self.tables.probe_sql('`', history, columns)
+        self.tables.probe_sql('`', &self.names, history, columns)
     }
 }

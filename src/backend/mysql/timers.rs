@@ -4,12 +4,12 @@
 
 use crate::backend::timer_sql::ListBy;
 use crate::timer::{FailedTimer, FiredTimer, NewTimer, TimerKey, TimerStats};
-use std::sync::LazyLock;
 
 use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{AssertSqlSafe, Connection};
 
 use super::MySqlStore;
+use crate::backend::names::PerNamespace;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::backend::timer_sql::{self, TimerStatements, decoded};
 use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
@@ -17,17 +17,19 @@ use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
 /// The database clock, in milliseconds since the epoch.
 pub(super) const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
 
-/// The statements every backend shares, built once.
-pub(super) static STATEMENTS: LazyLock<TimerStatements> =
-    LazyLock::new(|| TimerStatements::new(NOW, "SIGNED", ("INSERT IGNORE", ""), Params::Plain));
+/// The statements every backend shares, built once per namespace.
+pub(super) static STATEMENTS: PerNamespace<TimerStatements> = PerNamespace::new(|n| {
+    TimerStatements::new(n, NOW, "SIGNED", ("INSERT IGNORE", ""), Params::Plain)
+});
 
 /// The claim's choice, locked: 1 machine, 2 limit.
-static CHOOSE: LazyLock<Statement> = LazyLock::new(|| {
+static CHOOSE: PerNamespace<Statement> = PerNamespace::new(|n| {
     Statement::shared(
         format!(
-            "SELECT c.id FROM timers c WHERE {} ORDER BY c.next_at, c.id LIMIT ?2 \
+            "SELECT c.id FROM {timers} c WHERE {} ORDER BY c.next_at, c.id LIMIT ?2 \
              FOR UPDATE SKIP LOCKED",
-            timer_sql::claimable(NOW, 1, &format!("c.next_at <= {NOW}"))
+            timer_sql::claimable(n, NOW, 1, &format!("c.next_at <= {NOW}")),
+            timers = n.timers
         ),
         Params::Plain,
     )
@@ -35,11 +37,12 @@ static CHOOSE: LazyLock<Statement> = LazyLock::new(|| {
 
 /// Up to a limit of fired or cancelled timers, ended before the retention: 1 retention in
 /// ms, 2 limit.
-static PURGE: LazyLock<Statement> = LazyLock::new(|| {
+static PURGE: PerNamespace<Statement> = PerNamespace::new(|n| {
     Statement::shared(
         format!(
-            "DELETE FROM timers WHERE status IN ('FIRED', 'CANCELLED') AND fired_at < {NOW} - ?1 \
-             ORDER BY id LIMIT ?2"
+            "DELETE FROM {timers} WHERE status IN ('FIRED', 'CANCELLED') AND fired_at < {NOW} - ?1 \
+             ORDER BY id LIMIT ?2",
+            timers = n.timers
         ),
         Params::Plain,
     )
@@ -51,7 +54,7 @@ impl TimerStore for MySqlStore {
         conn: &mut MySqlConnection,
         timer: &NewTimer<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::schedule::<MySql>(conn, &STATEMENTS, timer).await
+        timer_sql::schedule::<MySql>(conn, STATEMENTS.get(self.names()), timer).await
     }
 
     async fn mark_fired(
@@ -60,7 +63,7 @@ impl TimerStore for MySqlStore {
         token: &str,
         fired: &[FiredTimer<'_>],
     ) -> Result<u64, sqlx::Error> {
-        timer_sql::fired::<MySql>(conn, &STATEMENTS, token, fired).await
+        timer_sql::fired::<MySql>(conn, STATEMENTS.get(self.names()), token, fired).await
     }
 
     async fn mark_timer_failed(
@@ -68,7 +71,7 @@ impl TimerStore for MySqlStore {
         conn: &mut MySqlConnection,
         failed: &FailedTimer<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::failed::<MySql>(conn, &STATEMENTS, failed).await
+        timer_sql::failed::<MySql>(conn, STATEMENTS.get(self.names()), failed).await
     }
 
     async fn cancel_timer(
@@ -76,7 +79,7 @@ impl TimerStore for MySqlStore {
         conn: &mut MySqlConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<MySql>(conn, &STATEMENTS, key, false).await
+        timer_sql::cancel_or_rearm::<MySql>(conn, STATEMENTS.get(self.names()), key, false).await
     }
 
     async fn rearm_timer(
@@ -84,7 +87,7 @@ impl TimerStore for MySqlStore {
         conn: &mut MySqlConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<MySql>(conn, &STATEMENTS, key, true).await
+        timer_sql::cancel_or_rearm::<MySql>(conn, STATEMENTS.get(self.names()), key, true).await
     }
 
     async fn list_timers(
@@ -94,7 +97,7 @@ impl TimerStore for MySqlStore {
         limit: i64,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
         let by = ListBy::Status(status, limit);
-        timer_sql::list::<MySql>(conn, &STATEMENTS, by).await
+        timer_sql::list::<MySql>(conn, STATEMENTS.get(self.names()), by).await
     }
 
     async fn timers_of(
@@ -104,11 +107,11 @@ impl TimerStore for MySqlStore {
         entity_id: i64,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
         let by = ListBy::Entity(machine, entity_id);
-        timer_sql::list::<MySql>(conn, &STATEMENTS, by).await
+        timer_sql::list::<MySql>(conn, STATEMENTS.get(self.names()), by).await
     }
 
     async fn timer_stats(&self, conn: &mut MySqlConnection) -> Result<TimerStats, sqlx::Error> {
-        timer_sql::stats::<MySql>(conn, &STATEMENTS).await
+        timer_sql::stats::<MySql>(conn, STATEMENTS.get(self.names())).await
     }
 
     async fn claim_timers(
@@ -120,6 +123,7 @@ impl TimerStore for MySqlStore {
             .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
             .await?;
         let ids: Vec<(i64,)> = CHOOSE
+            .get(self.names())
             .query_as::<MySql, (i64,)>(&[Arg::Str(c.machine), Arg::I64(c.limit)])?
             .fetch_all(&mut *tx)
             .await?;
@@ -133,8 +137,9 @@ impl TimerStore for MySqlStore {
             .map(|(id,)| id.to_string())
             .collect::<Vec<_>>()
             .join(", ");
+        let timers = &self.names().timers;
         let hand_over = format!(
-            "UPDATE timers SET owner_token = ?, lease_until = {NOW} + ?, attempts = {attempt} \
+            "UPDATE {timers} SET owner_token = ?, lease_until = {NOW} + ?, attempts = {attempt} \
              WHERE status = 'PENDING' AND id IN ({ids})",
             attempt = timer_sql::ATTEMPT
         );
@@ -144,7 +149,7 @@ impl TimerStore for MySqlStore {
             .execute(&mut *tx)
             .await?;
         let read = format!(
-            "SELECT {} FROM timers AS t WHERE t.owner_token = ? AND t.id IN ({ids})",
+            "SELECT {} FROM {timers} AS t WHERE t.owner_token = ? AND t.id IN ({ids})",
             timer_sql::columns(NOW)
         );
         let rows = sqlx::query(AssertSqlSafe(read))
@@ -162,6 +167,7 @@ impl TimerStore for MySqlStore {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let done = PURGE
+            .get(self.names())
             .query::<MySql>(&[Arg::I64(retention_ms), Arg::I64(limit)])?
             .execute(conn)
             .await?;

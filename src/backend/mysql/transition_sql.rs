@@ -2,6 +2,7 @@
 //! or causal reads.
 
 use crate::backend::BatchReads;
+use crate::backend::names::Names;
 use crate::backend::sql::BySize;
 use crate::store::{Tables, Txn};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
@@ -70,8 +71,9 @@ pub(super) fn at(txn: Txn) -> usize {
 }
 
 impl Sql {
-    pub(super) fn new(tables: &Tables, causal: bool) -> Self {
-        let (o, h) = tables.quoted('`');
+    pub(super) fn new(tables: &Tables, names: &Names, causal: bool) -> Self {
+        let x = &names.outbox;
+        let (o, h) = tables.quoted('`', names);
         let sql = |s: String| AssertSqlSafe(s).into_sql_str();
         let read = |s: String| {
             let s = if causal { format!("{CAUSAL}{s}") } else { s };
@@ -80,7 +82,7 @@ impl Sql {
         let locking = |f: &dyn Fn(&str) -> String, lock: &str| [read(f("")), read(f(lock))];
         let live = if causal { LIVE } else { "" };
         Sql {
-            units: UnitStatements::new(&o, &h, causal),
+            units: UnitStatements::new(&o, &h, x, causal),
             insert_order: sql(format!(
                 "INSERT INTO {o} (id, status, version) VALUES (?, ?, 0) ON DUPLICATE KEY UPDATE id = id"
             )),
@@ -151,11 +153,10 @@ impl Sql {
                 "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             )),
-            emit: sql(
-                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+            emit: sql(format!(
+                "INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                    .to_string(),
-            ),
+            )),
             history: read(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \
                         CAST(payload AS CHAR) AS payload, actor, reason, created_at \
@@ -215,10 +216,11 @@ impl UnitStatements {
     /// of recorded requests written causal (which Galera does not wait for inside a
     /// transaction: a request another node recorded and this node has not applied is
     /// refused at certification instead).
-    pub(super) fn new(o: &str, h: &str, causal: bool) -> Self {
+    pub(super) fn new(o: &str, h: &str, x: &str, causal: bool) -> Self {
         let live = if causal { LIVE } else { "" };
         let causal = if causal { CAUSAL } else { "" };
         let (lo, rh, uo, ih) = (o.to_string(), h.to_string(), o.to_string(), h.to_string());
+        let x = x.to_string();
         UnitStatements {
             lock: BySize::new(move |n| {
                 format!(
@@ -249,7 +251,7 @@ impl UnitStatements {
             }),
             emit: BySize::new(move |n| {
                 format!(
-                    "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                    "INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
                      {rows}",
                     rows = padded_rows(9, n, live)
                 )

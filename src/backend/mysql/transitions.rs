@@ -52,7 +52,12 @@ impl Store for MySqlStore {
         conn: &mut MySqlConnection,
         arm: &crate::timer::Arm<'_>,
     ) -> Result<(), sqlx::Error> {
-        crate::backend::timer_sql::arm::<sqlx::MySql>(conn, &super::timers::STATEMENTS, arm).await
+        crate::backend::timer_sql::arm::<sqlx::MySql>(
+            conn,
+            super::timers::STATEMENTS.get(self.names()),
+            arm,
+        )
+        .await
     }
 
     type Conn = MySqlConnection;

@@ -2,15 +2,15 @@
 
 use crate::backend::audit_sql;
 use crate::backend::audit_sql::AuditStatements;
+use crate::backend::names::PerNamespace;
 use crate::backend::sql::Params;
 use crate::store::audit::{AuditEntry, AuditRow, AuditStore};
 use sqlx::postgres::{PgConnection, Postgres};
-use std::sync::LazyLock;
 
 use super::PgStore;
 
-static AUDIT: LazyLock<AuditStatements> =
-    LazyLock::new(|| AuditStatements::new(super::timers::NOW, Params::Dollar));
+static AUDIT: PerNamespace<AuditStatements> =
+    PerNamespace::new(|n| AuditStatements::new(n, super::timers::NOW, Params::Dollar));
 
 impl AuditStore for PgStore {
     async fn record_audit(
@@ -18,7 +18,7 @@ impl AuditStore for PgStore {
         conn: &mut PgConnection,
         entry: &AuditEntry<'_>,
     ) -> Result<(), sqlx::Error> {
-        audit_sql::record::<Postgres>(conn, &AUDIT, entry).await
+        audit_sql::record::<Postgres>(conn, AUDIT.get(self.names()), entry).await
     }
 
     async fn list_audit(
@@ -26,6 +26,6 @@ impl AuditStore for PgStore {
         conn: &mut PgConnection,
         limit: i64,
     ) -> Result<Vec<AuditRow>, sqlx::Error> {
-        audit_sql::list::<Postgres>(conn, &AUDIT, limit).await
+        audit_sql::list::<Postgres>(conn, AUDIT.get(self.names()), limit).await
     }
 }

@@ -2,12 +2,11 @@
 //! one statement: an insert that, on a conflict, takes the record over only where the
 //! outcome table allows, judged on the latest committed row, which the upsert locks.
 
-use std::sync::LazyLock;
-
 use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{AssertSqlSafe, Connection, SqlSafeStr, SqlStr, Transaction};
 
 use super::{MS, NOW, PgStore};
+use crate::backend::names::PerNamespace;
 use crate::backend::records_sql::{self, OneStatementClaims, RecordStatements};
 use crate::backend::sql::Statement;
 use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
@@ -33,7 +32,7 @@ impl RecordStore for PgStore {
         scope: &str,
         key: &str,
     ) -> Result<Option<RecordRow>, sqlx::Error> {
-        records_sql::read::<Postgres>(conn, &STATEMENTS.0, scope, key).await
+        records_sql::read::<Postgres>(conn, &STATEMENTS.get(self.names()).0, scope, key).await
     }
 
     async fn finish(
@@ -42,7 +41,7 @@ impl RecordStore for PgStore {
         f: &Finish<'_>,
         txn: Txn,
     ) -> Result<bool, sqlx::Error> {
-        records_sql::finish::<Postgres>(conn, &STATEMENTS.0, f, txn).await
+        records_sql::finish::<Postgres>(conn, &STATEMENTS.get(self.names()).0, f, txn).await
     }
 
     async fn stuck(
@@ -51,15 +50,15 @@ impl RecordStore for PgStore {
         scope: &str,
         limit: i64,
     ) -> Result<Vec<StuckRow>, sqlx::Error> {
-        records_sql::stuck::<Postgres>(conn, &STATEMENTS.0, scope, limit).await
+        records_sql::stuck::<Postgres>(conn, &STATEMENTS.get(self.names()).0, scope, limit).await
     }
 
     async fn held(&self, conn: &mut PgConnection, scope: &str) -> Result<(i64, i64), sqlx::Error> {
-        records_sql::held::<Postgres>(conn, &STATEMENTS.0, scope).await
+        records_sql::held::<Postgres>(conn, &STATEMENTS.get(self.names()).0, scope).await
     }
 
     async fn purge(&self, conn: &mut PgConnection, limit: i64) -> Result<u64, sqlx::Error> {
-        records_sql::purge::<Postgres>(conn, &STATEMENTS.0, limit).await
+        records_sql::purge::<Postgres>(conn, &STATEMENTS.get(self.names()).0, limit).await
     }
 
     async fn issue_token(
@@ -69,7 +68,14 @@ impl RecordStore for PgStore {
         token: &str,
         ttl_ms: i64,
     ) -> Result<(), sqlx::Error> {
-        records_sql::issue_token::<Postgres>(conn, &STATEMENTS.0, scope, token, ttl_ms).await
+        records_sql::issue_token::<Postgres>(
+            conn,
+            &STATEMENTS.get(self.names()).0,
+            scope,
+            token,
+            ttl_ms,
+        )
+        .await
     }
 
     async fn consume_token(
@@ -78,7 +84,8 @@ impl RecordStore for PgStore {
         scope: &str,
         token: &str,
     ) -> Result<bool, sqlx::Error> {
-        records_sql::consume_token::<Postgres>(conn, &STATEMENTS.0, scope, token).await
+        records_sql::consume_token::<Postgres>(conn, &STATEMENTS.get(self.names()).0, scope, token)
+            .await
     }
 
     async fn read_token(
@@ -87,7 +94,8 @@ impl RecordStore for PgStore {
         scope: &str,
         token: &str,
     ) -> Result<Option<TokenRow>, sqlx::Error> {
-        records_sql::read_token::<Postgres>(conn, &STATEMENTS.0, scope, token).await
+        records_sql::read_token::<Postgres>(conn, &STATEMENTS.get(self.names()).0, scope, token)
+            .await
     }
 
     async fn claim(
@@ -95,7 +103,7 @@ impl RecordStore for PgStore {
         conn: &mut PgConnection,
         c: &NewClaim<'_>,
     ) -> Result<Option<i32>, sqlx::Error> {
-        records_sql::claim::<Postgres>(conn, &STATEMENTS.1, c).await
+        records_sql::claim::<Postgres>(conn, &STATEMENTS.get(self.names()).1, c).await
     }
 
     async fn take_over(
@@ -103,7 +111,7 @@ impl RecordStore for PgStore {
         conn: &mut PgConnection,
         t: &TakeOver<'_>,
     ) -> Result<Option<i32>, sqlx::Error> {
-        records_sql::take_over::<Postgres>(conn, &STATEMENTS.1, t).await
+        records_sql::take_over::<Postgres>(conn, &STATEMENTS.get(self.names()).1, t).await
     }
 
     async fn begin(conn: &mut PgConnection) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
@@ -124,7 +132,7 @@ impl RecordStore for PgStore {
         let tokens: Vec<&str> = claims.iter().map(|c| c.token).collect();
         let leases: Vec<i64> = claims.iter().map(|c| c.lease_ms).collect();
         let retentions: Vec<i64> = claims.iter().map(|c| c.retention_ms).collect();
-        sqlx::query_as(CLAIM_NEW.clone())
+        sqlx::query_as(CLAIM_NEW.get(self.names()).clone())
             .bind(scopes)
             .bind(keys)
             .bind(hashes)
@@ -136,9 +144,10 @@ impl RecordStore for PgStore {
     }
 }
 
-/// The layer's statements, built once.
-static STATEMENTS: LazyLock<(RecordStatements, OneStatementClaims)> = LazyLock::new(|| {
+/// The layer's statements, built once per namespace.
+static STATEMENTS: PerNamespace<(RecordStatements, OneStatementClaims)> = PerNamespace::new(|n| {
     let s = |sql: String| Statement::new(sql, false);
+    let (records, tokens) = (&n.records, &n.tokens);
     (
         RecordStatements {
             read: s(format!(
@@ -147,11 +156,11 @@ static STATEMENTS: LazyLock<(RecordStatements, OneStatementClaims)> = LazyLock::
                         lease_until - ms AS lease_left_ms, \
                         (CASE WHEN expires_at <= ms THEN 1 ELSE 0 END)::bigint AS expired, \
                         result, terminal \
-                 FROM idempotency_records, now WHERE scope = $1 AND idem_key = $2"
+                 FROM {records}, now WHERE scope = $1 AND idem_key = $2"
             )),
             finish: s(format!(
                 "WITH now AS {NOW} \
-                 UPDATE idempotency_records AS r SET status = $4, result = $5, terminal = $6, \
+                 UPDATE {records} AS r SET status = $4, result = $5, terminal = $6, \
                      lease_until = CASE WHEN $4 = 'PROCESSING' THEN {MS} + $7 ELSE r.lease_until END, \
                      expires_at = {MS} + $8, \
                      updated_at = {MS} \
@@ -159,7 +168,7 @@ static STATEMENTS: LazyLock<(RecordStatements, OneStatementClaims)> = LazyLock::
             )),
             stuck: s(format!(
                 "WITH now AS {NOW} \
-                 SELECT idem_key, owner_token, payload_hash, attempt FROM idempotency_records, now \
+                 SELECT idem_key, owner_token, payload_hash, attempt FROM {records}, now \
                  WHERE scope = $1 AND status = 'PROCESSING' AND lease_until <= ms AND expires_at > ms \
                  ORDER BY lease_until LIMIT $2"
             )),
@@ -168,45 +177,45 @@ static STATEMENTS: LazyLock<(RecordStatements, OneStatementClaims)> = LazyLock::
             held: s(format!(
                 "WITH now AS {NOW} \
                  SELECT COUNT(*)::bigint, COALESCE(MAX(ms - created_at), 0)::bigint \
-                 FROM idempotency_records, now \
+                 FROM {records}, now \
                  WHERE scope = $1 AND status = 'PROCESSING' AND expires_at > ms"
             )),
             purge: [
                 s(format!(
                     "WITH now AS {NOW} \
-             DELETE FROM idempotency_records WHERE (scope, idem_key) IN ( \
-                 SELECT scope, idem_key FROM idempotency_records, now \
+             DELETE FROM {records} WHERE (scope, idem_key) IN ( \
+                 SELECT scope, idem_key FROM {records} AS r, now \
                  WHERE expires_at <= ms AND (status <> 'PROCESSING' OR lease_until <= ms) \
-                 LIMIT $1 FOR UPDATE OF idempotency_records SKIP LOCKED)"
+                 LIMIT $1 FOR UPDATE OF r SKIP LOCKED)"
                 )),
                 s(format!(
                     "WITH now AS {NOW} \
-             DELETE FROM one_time_tokens WHERE (scope, token) IN ( \
-                 SELECT scope, token FROM one_time_tokens, now WHERE expires_at <= ms \
-                 LIMIT $1 FOR UPDATE OF one_time_tokens SKIP LOCKED)"
+             DELETE FROM {tokens} WHERE (scope, token) IN ( \
+                 SELECT scope, token FROM {tokens} AS t, now WHERE expires_at <= ms \
+                 LIMIT $1 FOR UPDATE OF t SKIP LOCKED)"
                 )),
             ],
             issue_token: s(format!(
                 "WITH now AS {NOW} \
-                 INSERT INTO one_time_tokens (scope, token, expires_at, used_at, created_at) \
+                 INSERT INTO {tokens} (scope, token, expires_at, used_at, created_at) \
                  SELECT $1, $2, ms + $3, NULL, ms FROM now"
             )),
             consume_token: s(format!(
                 "WITH now AS {NOW} \
-                 UPDATE one_time_tokens AS t SET used_at = {MS} \
+                 UPDATE {tokens} AS t SET used_at = {MS} \
                  WHERE t.scope = $1 AND t.token = $2 AND t.used_at IS NULL AND t.expires_at > {MS}"
             )),
             read_token: s(format!(
                 "WITH now AS {NOW} \
                  SELECT used_at IS NOT NULL AS used, \
                         (CASE WHEN expires_at <= ms THEN 1 ELSE 0 END)::bigint AS expired \
-                 FROM one_time_tokens, now WHERE scope = $1 AND token = $2"
+                 FROM {tokens}, now WHERE scope = $1 AND token = $2"
             )),
         },
         OneStatementClaims {
             claim: s(format!(
                 "WITH now AS {NOW} \
-                 INSERT INTO idempotency_records AS r (scope, idem_key, payload_hash, status, owner_token, \
+                 INSERT INTO {records} AS r (scope, idem_key, payload_hash, status, owner_token, \
                      attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
                  SELECT $1, $2, $3, 'PROCESSING', $4, 1, ms + $5, ms + $6, NULL, FALSE, ms, ms FROM now \
                  ON CONFLICT (scope, idem_key) DO UPDATE SET \
@@ -226,7 +235,7 @@ static STATEMENTS: LazyLock<(RecordStatements, OneStatementClaims)> = LazyLock::
             )),
             take_over: s(format!(
                 "WITH now AS {NOW} \
-                 UPDATE idempotency_records AS r SET owner_token = $4, attempt = {NEXT_ATTEMPT}, \
+                 UPDATE {records} AS r SET owner_token = $4, attempt = {NEXT_ATTEMPT}, \
                      lease_until = {MS} + $5, expires_at = {MS} + $6, updated_at = {MS} \
                  WHERE r.scope = $1 AND r.idem_key = $2 AND r.owner_token = $3 \
                    AND {BY_KEY_PROCESSING} AND r.lease_until <= {MS} AND r.expires_at > {MS} \
@@ -236,17 +245,18 @@ static STATEMENTS: LazyLock<(RecordStatements, OneStatementClaims)> = LazyLock::
     )
 });
 
-/// The statement of `claim_new`, built once (the batch goes in as arrays).
-static CLAIM_NEW: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `claim_new`, built once per namespace (the batch goes in as arrays).
+static CLAIM_NEW: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
         "WITH now AS {NOW} \
-         INSERT INTO idempotency_records (scope, idem_key, payload_hash, status, owner_token, \
+         INSERT INTO {records} (scope, idem_key, payload_hash, status, owner_token, \
              attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
          SELECT c.scope, c.idem_key, c.payload_hash, 'PROCESSING', c.owner_token, 1, \
                 ms + c.lease_ms, ms + c.retention_ms, NULL, FALSE, ms, ms \
          FROM now, unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) \
               AS c(scope, idem_key, payload_hash, owner_token, lease_ms, retention_ms) \
          ON CONFLICT (scope, idem_key) DO NOTHING \
-         RETURNING owner_token::text, attempt::int"
+         RETURNING owner_token::text, attempt::int",
+        records = n.records
     )).into_sql_str()
 });

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::backend::migrations;
+use crate::backend::names::{Names, Style};
 use crate::error::Error;
-use crate::store::{Tables, db_error};
+use crate::store::Schema;
+use crate::store::{DEFAULT_NAMESPACE, Tables, db_error, validate_namespace};
 use sqlx::migrate::{Migrate, Migrator};
 
 mod audit;
@@ -34,34 +36,75 @@ const NOW: &str = "(SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigin
 /// read the whole table.
 const MS: &str = "(SELECT ms FROM now)";
 
-/// Applies orderly's migrations (`migrations/postgres/`), recorded in
-/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE) beside the application's own
-/// `_sqlx_migrations`, so the two may run in either order. Rows an earlier orderly left
-/// in `_sqlx_migrations` are moved over first. Idempotent.
+/// Applies orderly's migrations (`migrations/postgres/`) in the default namespace, the
+/// schema `orderly`: [`migrate_in`] with [`DEFAULT_NAMESPACE`].
 pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
+    migrate_in(pool, DEFAULT_NAMESPACE).await
+}
+
+/// Applies orderly's migrations in the schema `namespace` (see
+/// [`Tables::in_namespace`]), creating it, and records them there (table `migrations`):
+/// they create and alter only orderly's own tables, so they and the application's run
+/// in either order. A database an earlier orderly migrated has its tables moved into the
+/// schema first (`docs/backends.md`, "Upgrading"). Idempotent; concurrent calls take
+/// turns on an advisory lock.
+pub async fn migrate_in(pool: &PgPool, namespace: &str) -> Result<(), Error> {
+    let names = Names::new(&validate_namespace(namespace)?, Style::Schema);
     let mut conn = pool.acquire().await.map_err(db_error::<PgStore>)?;
     // The session's advisory lock goes with the connection, whatever fails below.
     conn.close_on_drop();
-    let ours = migrator();
     conn.lock().await?;
-    migrations::adopt::<sqlx::Postgres>(&mut conn, &ours, SHARED_MIGRATIONS_EXIST).await?;
-    ours.run(&mut *conn).await?;
+    let legacy = migrations::legacy(sqlx::migrate!("migrations/legacy/postgres"));
+    if migrations::has_legacy::<sqlx::Postgres>(&mut conn, &DIALECT, &legacy).await? {
+        legacy.run(&mut *conn).await?;
+        migrations::move_legacy::<sqlx::Postgres>(&mut conn, &DIALECT, &names).await?;
+    }
+    migrations::in_namespace(migrator_files(), &names)
+        .run(&mut *conn)
+        .await?;
     conn.unlock().await?;
     Ok(())
 }
 
-/// orderly's migrations for this backend, recorded in
-/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE): for an application that runs
-/// them itself, for example up to a version ([`Migrator::run_to`]). Only [`migrate`]
-/// moves an earlier orderly's rows out of `_sqlx_migrations`: on a database an earlier
-/// orderly migrated, call [`migrate`] once first, or this migrator applies everything
-/// again (and fails on the first column that exists).
+/// orderly's migrations in the default namespace, for an application that runs them
+/// itself, for example up to a version ([`Migrator::run_to`]); [`migrator_in`] for
+/// another. Only [`migrate_in`] moves an earlier orderly's tables: on a database an
+/// earlier orderly migrated, call it once first.
 pub fn migrator() -> Migrator {
-    migrations::own_table(sqlx::migrate!("migrations/postgres"))
+    migrations::in_namespace(
+        migrator_files(),
+        &Names::new(DEFAULT_NAMESPACE, Style::Schema),
+    )
 }
 
-/// A row when the database has sqlx's default migrations table.
-const SHARED_MIGRATIONS_EXIST: &str = "SELECT 1 WHERE to_regclass('_sqlx_migrations') IS NOT NULL";
+/// [`migrator`] in the schema `namespace`; [`Error::InvalidInput`] if it is none.
+pub fn migrator_in(namespace: &str) -> Result<Migrator, Error> {
+    let names = Names::new(&validate_namespace(namespace)?, Style::Schema);
+    Ok(migrations::in_namespace(migrator_files(), &names))
+}
+
+fn migrator_files() -> Migrator {
+    sqlx::migrate!("migrations/postgres")
+}
+
+/// How PostgreSQL finds and moves an earlier orderly's tables: where unqualified names
+/// resolve (the search path), into the schema.
+const DIALECT: migrations::Dialect = migrations::Dialect {
+    exists: |table| format!("SELECT 1 WHERE to_regclass('{table}') IS NOT NULL"),
+    shared_exists: "SELECT 1 WHERE to_regclass('_sqlx_migrations') IS NOT NULL",
+    moves: |from, names, to| {
+        let ns = &names.namespace;
+        let mut moves = vec![
+            format!("CREATE SCHEMA IF NOT EXISTS \"{ns}\""),
+            format!("ALTER TABLE {from} SET SCHEMA \"{ns}\""),
+        ];
+        if from != to {
+            moves.push(format!("ALTER TABLE \"{ns}\".{from} RENAME TO {to}"));
+        }
+        moves
+    },
+    old_indexes: &[],
+};
 
 /// The PostgreSQL store.
 #[derive(Debug, Clone)]
@@ -69,34 +112,52 @@ pub struct PgStore {
     pool: PgPool,
     /// The tables it drives, as configured.
     tables: Arc<Tables>,
+    /// orderly's tables in the configured namespace.
+    names: Arc<Names>,
     transitions: Arc<transition_sql::Sql>,
 }
 
 impl PgStore {
-    /// Connects to `url` with a pool of 16 connections and applies the migrations.
-    pub async fn connect(url: &str) -> Result<Self, Error> {
+    /// Connects to `url` with a pool of 16 connections and applies orderly's migrations
+    /// in `tables`' namespace ([`migrate_in`]). The entity table is the application's:
+    /// its migrations create it.
+    pub async fn connect(url: &str, tables: Tables) -> Result<Self, Error> {
         let options = PgConnectOptions::from_str(url).map_err(db_error::<Self>)?;
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .connect_with(options)
             .await
             .map_err(db_error::<Self>)?;
-        migrate(&pool).await?;
-        Ok(Self::new(pool))
+        migrate_in(&pool, tables.namespace()).await?;
+        Ok(Self::new(pool, tables))
     }
 
-    /// A store over an existing pool and the default tables; run [`migrate`] first.
-    pub fn new(pool: PgPool) -> Self {
-        Self::with_tables(pool, Tables::default())
+    /// The quick start's store: [`connect`](Self::connect) with [`Tables::demo`], and the
+    /// demo's entity table created where it does not exist.
+    pub async fn demo(url: &str) -> Result<Self, Error> {
+        let store = Self::connect(url, Tables::demo()).await?;
+        let mut conn = store.pool.acquire().await.map_err(db_error::<Self>)?;
+        migrations::create_demo::<sqlx::Postgres>(&mut conn, store.create_tables_sql())
+            .await
+            .map_err(db_error::<Self>)?;
+        Ok(store)
     }
 
-    /// A store over an existing pool and custom tables.
-    pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
+    /// A store over an existing pool and `tables`; run [`migrate_in`] for their
+    /// namespace first ([`migrate`] for the default).
+    pub fn new(pool: PgPool, tables: Tables) -> Self {
+        let names = Names::new(tables.namespace(), Style::Schema);
         PgStore {
             pool,
-            tables: Arc::new(tables.clone()),
-            transitions: Arc::new(transition_sql::Sql::new(&tables)),
+            transitions: Arc::new(transition_sql::Sql::new(&tables, &names)),
+            tables: Arc::new(tables),
+            names: Arc::new(names),
         }
+    }
+
+    /// orderly's tables in this store's namespace.
+    pub(crate) fn names(&self) -> &Names {
+        &self.names
     }
 
     /// The pool.

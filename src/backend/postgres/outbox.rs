@@ -3,12 +3,11 @@
 //! two relays never wait for, or claim, the same event. The statements whose shape it
 //! shares with the other backends are in `backend/outbox_sql.rs`.
 
-use std::sync::LazyLock;
-
 use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::{MS, NOW, PgStore};
+use crate::backend::names::{Names, PerNamespace};
 use crate::backend::outbox_sql::{self, ATTEMPT, OutboxStatements, UNKNOWN_STATUS, claimed};
 use crate::backend::sql::Params;
 use crate::outbox::{
@@ -24,8 +23,13 @@ pub(super) const EVENT_COLUMNS: &str = "o.machine, o.entity_id, o.version, o.eve
 
 /// No earlier event of `o`'s entity is unpublished (pending, dead, or in a status
 /// orderly never writes).
-const HEAD: &str = "NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
-    AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' AND p.version < o.version)";
+fn head(n: &Names) -> String {
+    format!(
+        "NOT EXISTS (SELECT 1 FROM {outbox} AS p WHERE p.machine = o.machine \
+         AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' AND p.version < o.version)",
+        outbox = n.outbox
+    )
+}
 
 /// A row orderly never writes (see `OutboxStore::list_corrupt`); `$1` is the longest lease
 /// a relay takes, in milliseconds.
@@ -36,9 +40,9 @@ fn corrupt() -> String {
     )
 }
 
-/// The statements every backend shares, built once.
-static STATEMENTS: LazyLock<OutboxStatements> =
-    LazyLock::new(|| OutboxStatements::new(NOW, EVENT_COLUMNS, Params::Dollar));
+/// The statements every backend shares, built once per namespace.
+static STATEMENTS: PerNamespace<OutboxStatements> =
+    PerNamespace::new(|n| OutboxStatements::new(n, NOW, EVENT_COLUMNS, Params::Dollar));
 
 impl OutboxStore for PgStore {
     async fn mark_failed(
@@ -46,7 +50,7 @@ impl OutboxStore for PgStore {
         conn: &mut PgConnection,
         f: &FailedEvent<'_>,
     ) -> Result<bool, sqlx::Error> {
-        outbox_sql::mark_failed::<Postgres>(conn, &STATEMENTS, f).await
+        outbox_sql::mark_failed::<Postgres>(conn, STATEMENTS.get(self.names()), f).await
     }
 
     async fn requeue_event(
@@ -54,7 +58,7 @@ impl OutboxStore for PgStore {
         conn: &mut PgConnection,
         key: &EventKey,
     ) -> Result<bool, sqlx::Error> {
-        outbox_sql::requeue_event::<Postgres>(conn, &STATEMENTS, key).await
+        outbox_sql::requeue_event::<Postgres>(conn, STATEMENTS.get(self.names()), key).await
     }
 
     async fn list_events(
@@ -63,7 +67,7 @@ impl OutboxStore for PgStore {
         status: &str,
         limit: i64,
     ) -> Result<Vec<EventRow>, sqlx::Error> {
-        outbox_sql::list_events::<Postgres>(conn, &STATEMENTS, status, limit).await
+        outbox_sql::list_events::<Postgres>(conn, STATEMENTS.get(self.names()), status, limit).await
     }
 
     /// The batch's keys as three arrays (see `key_arrays`).
@@ -77,7 +81,7 @@ impl OutboxStore for PgStore {
             return Ok(0);
         }
         let (machines, entities, versions) = key_arrays(keys);
-        Ok(sqlx::query(MARK_PUBLISHED.clone())
+        Ok(sqlx::query(MARK_PUBLISHED.get(self.names()).clone())
             .bind(token)
             .bind(machines)
             .bind(entities)
@@ -92,7 +96,7 @@ impl OutboxStore for PgStore {
         conn: &mut PgConnection,
         c: &ClaimEvents<'_>,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-        let rows = sqlx::query(CLAIM_EVENTS.clone())
+        let rows = sqlx::query(CLAIM_EVENTS.get(self.names()).clone())
             .bind(c.token)
             .bind(c.lease_ms)
             .bind(c.limit)
@@ -116,7 +120,7 @@ impl OutboxStore for PgStore {
             false,
         )
         .await?;
-        let rows = sqlx::query(LOCK_EVENTS.clone())
+        let rows = sqlx::query(LOCK_EVENTS.get(self.names()).clone())
             .bind(limit)
             .fetch_all(conn)
             .await?;
@@ -132,7 +136,7 @@ impl OutboxStore for PgStore {
         let mut marked = 0;
         if !published.is_empty() {
             let (machines, entities, versions) = key_arrays(published);
-            marked = sqlx::query(PUBLISHED_LOCKED.clone())
+            marked = sqlx::query(PUBLISHED_LOCKED.get(self.names()).clone())
                 .bind(machines)
                 .bind(entities)
                 .bind(versions)
@@ -140,7 +144,12 @@ impl OutboxStore for PgStore {
                 .await?
                 .rows_affected();
         }
-        outbox_sql::settle_failed_and_commit::<Postgres>(conn, &STATEMENTS, failed).await?;
+        outbox_sql::settle_failed_and_commit::<Postgres>(
+            conn,
+            STATEMENTS.get(self.names()),
+            failed,
+        )
+        .await?;
         Ok(marked)
     }
 
@@ -150,7 +159,7 @@ impl OutboxStore for PgStore {
         max_lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<CorruptRow>, sqlx::Error> {
-        sqlx::query_as(LIST_CORRUPT.clone())
+        sqlx::query_as(LIST_CORRUPT.get(self.names()).clone())
             .bind(max_lease_ms)
             .bind(limit)
             .fetch_all(conn)
@@ -163,7 +172,7 @@ impl OutboxStore for PgStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(PURGE_PUBLISHED.clone())
+        let done = sqlx::query(PURGE_PUBLISHED.get(self.names()).clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -176,7 +185,7 @@ impl OutboxStore for PgStore {
         conn: &mut PgConnection,
         max_lease_ms: i64,
     ) -> Result<StatsRow, sqlx::Error> {
-        sqlx::query_as(OUTBOX_STATS.clone())
+        sqlx::query_as(OUTBOX_STATS.get(self.names()).clone())
             .bind(max_lease_ms)
             .fetch_one(conn)
             .await
@@ -188,15 +197,11 @@ impl OutboxStore for PgStore {
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "INSERT INTO inbox (consumer, message_id, received_at) \
-             VALUES ($1, $2, (extract(epoch FROM clock_timestamp()) * 1000)::bigint) \
-             ON CONFLICT (consumer, message_id) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(message_id)
-        .execute(conn)
-        .await?;
+        let done = sqlx::query(INBOX_INSERT.get(self.names()).clone())
+            .bind(consumer)
+            .bind(message_id)
+            .execute(conn)
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -206,7 +211,7 @@ impl OutboxStore for PgStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(INBOX_PURGE.clone())
+        let done = sqlx::query(INBOX_PURGE.get(self.names()).clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -226,100 +231,121 @@ fn key_arrays(keys: &[EventKey]) -> (Vec<&str>, Vec<i64>, Vec<i64>) {
     )
 }
 
-/// The statement of `lock_events`, built once.
-static LOCK_EVENTS: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `lock_events`, built once per namespace.
+static LOCK_EVENTS: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "WITH now AS {NOW} SELECT {EVENT_COLUMNS} FROM outbox AS o, now \
-         WHERE o.status = 'PENDING' AND o.next_at <= now.ms AND o.lease_until <= now.ms AND {HEAD} \
-         LIMIT $1 FOR UPDATE OF o SKIP LOCKED"
+        "WITH now AS {NOW} SELECT {EVENT_COLUMNS} FROM {outbox} AS o, now \
+         WHERE o.status = 'PENDING' AND o.next_at <= now.ms AND o.lease_until <= now.ms AND {head} \
+         LIMIT $1 FOR UPDATE OF o SKIP LOCKED",
+        outbox = n.outbox,
+        head = head(n)
     ))
     .into_sql_str()
 });
 
-/// The statement of `settle_locked` for the published events, built once.
-static PUBLISHED_LOCKED: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `settle_locked` for the published events, built once per namespace.
+static PUBLISHED_LOCKED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+        "UPDATE {outbox} SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
              last_error = NULL, published_at = {NOW}, attempts = {ATTEMPT} \
          WHERE status = 'PENDING' AND (machine, entity_id, version) IN \
-               (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]))"
+               (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]))",
+        outbox = n.outbox
     ))
     .into_sql_str()
 });
 
-/// The statement of `mark_published`, built once.
-static MARK_PUBLISHED: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `mark_published`, built once per namespace.
+static MARK_PUBLISHED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "UPDATE outbox SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
+        "UPDATE {outbox} SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
              last_error = NULL, published_at = {NOW} \
          WHERE owner_token = $1 AND status = 'PENDING' \
            AND (machine, entity_id, version) IN \
-               (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bigint[]))"
+               (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bigint[]))",
+        outbox = n.outbox
     ))
     .into_sql_str()
 });
 
-/// The statement of `claim_events`, built once.
-static CLAIM_EVENTS: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `claim_events`, built once per namespace.
+static CLAIM_EVENTS: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
         "WITH now AS {NOW}, chosen AS ( \
-             SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
-             WHERE o.status = 'PENDING' AND o.next_at <= now.ms AND o.lease_until <= now.ms AND {HEAD} \
+             SELECT o.machine, o.entity_id, o.version FROM {outbox} AS o, now \
+             WHERE o.status = 'PENDING' AND o.next_at <= now.ms AND o.lease_until <= now.ms AND {head} \
              LIMIT $3 FOR UPDATE OF o SKIP LOCKED) \
-         UPDATE outbox AS o SET owner_token = $1, lease_until = {MS} + $2, \
+         UPDATE {outbox} AS o SET owner_token = $1, lease_until = {MS} + $2, \
              attempts = LEAST(GREATEST(o.attempts, 0)::bigint + 1, 2147483647)::int \
          FROM chosen \
          WHERE o.machine = chosen.machine AND o.entity_id = chosen.entity_id AND o.version = chosen.version \
-         RETURNING {EVENT_COLUMNS}"
+         RETURNING {EVENT_COLUMNS}",
+        outbox = n.outbox,
+        head = head(n)
     )).into_sql_str()
 });
 
-/// The statement of `purge_published`, built once.
-static PURGE_PUBLISHED: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `purge_published`, built once per namespace.
+static PURGE_PUBLISHED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
         "WITH now AS {NOW}, gone AS ( \
-             SELECT o.machine, o.entity_id, o.version FROM outbox AS o, now \
+             SELECT o.machine, o.entity_id, o.version FROM {outbox} AS o, now \
              WHERE o.status = 'PUBLISHED' AND o.published_at <= now.ms - $1 \
              LIMIT $2 FOR UPDATE OF o SKIP LOCKED) \
-         DELETE FROM outbox AS o USING gone \
-         WHERE o.machine = gone.machine AND o.entity_id = gone.entity_id AND o.version = gone.version"
+         DELETE FROM {outbox} AS o USING gone \
+         WHERE o.machine = gone.machine AND o.entity_id = gone.entity_id AND o.version = gone.version",
+        outbox = n.outbox
     )).into_sql_str()
 });
 
-/// The statement of `inbox_purge`, built once.
-static INBOX_PURGE: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `inbox_insert`, built once per namespace.
+static INBOX_INSERT: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "WITH now AS {NOW}, gone AS ( \
-             SELECT i.consumer, i.message_id FROM inbox AS i, now \
-             WHERE i.received_at <= now.ms - $1 LIMIT $2 FOR UPDATE OF i SKIP LOCKED) \
-         DELETE FROM inbox AS i USING gone \
-         WHERE i.consumer = gone.consumer AND i.message_id = gone.message_id"
+        "INSERT INTO {inbox} (consumer, message_id, received_at) \
+         VALUES ($1, $2, (extract(epoch FROM clock_timestamp()) * 1000)::bigint) \
+         ON CONFLICT (consumer, message_id) DO NOTHING",
+        inbox = n.inbox
     ))
     .into_sql_str()
 });
 
-/// The statement of `list_corrupt`, built once.
-static LIST_CORRUPT: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `inbox_purge`, built once per namespace.
+static INBOX_PURGE: PerNamespace<SqlStr> = PerNamespace::new(|n| {
+    AssertSqlSafe(format!(
+        "WITH now AS {NOW}, gone AS ( \
+             SELECT i.consumer, i.message_id FROM {inbox} AS i, now \
+             WHERE i.received_at <= now.ms - $1 LIMIT $2 FOR UPDATE OF i SKIP LOCKED) \
+         DELETE FROM {inbox} AS i USING gone \
+         WHERE i.consumer = gone.consumer AND i.message_id = gone.message_id",
+        inbox = n.inbox
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `list_corrupt`, built once per namespace.
+static LIST_CORRUPT: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
         "SELECT o.machine, o.entity_id::text AS entity_id, o.version::text AS version, o.status, \
              CASE WHEN {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
                   ELSE 'claimed by ' || COALESCE(o.owner_token, '?') || ' with a lease past the longest a relay takes' END AS reason \
-         FROM outbox AS o WHERE {corrupt} \
+         FROM {outbox} AS o WHERE {corrupt} \
          ORDER BY o.machine, o.entity_id, o.version LIMIT $2",
+        outbox = n.outbox,
         corrupt = corrupt()
     )).into_sql_str()
 });
 
-/// The statement of `outbox_stats`, built once.
-static OUTBOX_STATS: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `outbox_stats`, built once per namespace.
+static OUTBOX_STATS: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
         "SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, \
                 count(*) FILTER (WHERE status = 'DEAD') AS dead, \
                 COALESCE((extract(epoch FROM clock_timestamp() - \
                     min(created_at) FILTER (WHERE status = 'PENDING' AND isfinite(created_at))) \
                     * 1000)::bigint, 0) AS oldest_pending_ms, \
-                (SELECT count(*) FROM outbox AS o WHERE {corrupt}) AS corrupt \
-         FROM outbox WHERE status IN ('PENDING', 'DEAD')",
+                (SELECT count(*) FROM {outbox} AS o WHERE {corrupt}) AS corrupt \
+         FROM {outbox} WHERE status IN ('PENDING', 'DEAD')",
+        outbox = n.outbox,
         corrupt = corrupt()
     ))
     .into_sql_str()

@@ -5,11 +5,11 @@ use crate::store::Schema;
 
 impl Schema for PgStore {
     fn table_name(&self, history: bool) -> String {
-        self.tables.name(history)
+        self.tables.name(&self.names, history)
     }
 
     fn create_tables_sql(&self) -> Vec<String> {
-        let (orders, history) = self.tables.quoted('"');
+        let (orders, history) = self.tables.quoted('"', &self.names);
         vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {orders} (id BIGINT PRIMARY KEY, status TEXT NOT NULL, \
@@ -36,10 +36,11 @@ impl Schema for PgStore {
             "created_at" => "TIMESTAMPTZ NOT NULL DEFAULT now()",
             _ => "TEXT NOT NULL",
         };
-        self.tables.add_column_sql('"', history, column, ty)
+        self.tables
+            .add_column_sql('"', &self.names, history, column, ty)
     }
 
     fn probe_sql(&self, history: bool, columns: &[&'static str]) -> String {
-        self.tables.probe_sql('"', history, columns)
+        self.tables.probe_sql('"', &self.names, history, columns)
     }
 }

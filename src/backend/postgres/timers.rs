@@ -3,11 +3,11 @@
 
 use crate::backend::timer_sql::ListBy;
 use crate::timer::{FailedTimer, FiredTimer, NewTimer, TimerKey, TimerStats};
-use std::sync::LazyLock;
 
 use sqlx::postgres::{PgConnection, Postgres};
 
 use super::PgStore;
+use crate::backend::names::PerNamespace;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::backend::timer_sql::{self, TimerStatements};
 use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
@@ -15,9 +15,10 @@ use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
 /// The database clock, in milliseconds since the epoch.
 pub(super) const NOW: &str = super::NOW;
 
-/// The statements every backend shares, built once.
-pub(super) static STATEMENTS: LazyLock<TimerStatements> = LazyLock::new(|| {
+/// The statements every backend shares, built once per namespace.
+pub(super) static STATEMENTS: PerNamespace<TimerStatements> = PerNamespace::new(|n| {
     TimerStatements::new(
+        n,
         NOW,
         "BIGINT",
         (
@@ -28,9 +29,10 @@ pub(super) static STATEMENTS: LazyLock<TimerStatements> = LazyLock::new(|| {
     )
 });
 
-static CLAIM: LazyLock<Statement> = LazyLock::new(|| {
+static CLAIM: PerNamespace<Statement> = PerNamespace::new(|n| {
     Statement::shared(
         timer_sql::claim_sql(
+            n,
             NOW,
             &format!("c.next_at <= {NOW}"),
             "FOR UPDATE SKIP LOCKED",
@@ -40,8 +42,8 @@ static CLAIM: LazyLock<Statement> = LazyLock::new(|| {
     )
 });
 
-static PURGE: LazyLock<Statement> =
-    LazyLock::new(|| Statement::shared(timer_sql::purge_sql(NOW), Params::Dollar));
+static PURGE: PerNamespace<Statement> =
+    PerNamespace::new(|n| Statement::shared(timer_sql::purge_sql(n, NOW), Params::Dollar));
 
 impl TimerStore for PgStore {
     async fn schedule_timer(
@@ -49,7 +51,7 @@ impl TimerStore for PgStore {
         conn: &mut PgConnection,
         timer: &NewTimer<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::schedule::<Postgres>(conn, &STATEMENTS, timer).await
+        timer_sql::schedule::<Postgres>(conn, STATEMENTS.get(self.names()), timer).await
     }
 
     async fn mark_fired(
@@ -58,7 +60,7 @@ impl TimerStore for PgStore {
         token: &str,
         fired: &[FiredTimer<'_>],
     ) -> Result<u64, sqlx::Error> {
-        timer_sql::fired::<Postgres>(conn, &STATEMENTS, token, fired).await
+        timer_sql::fired::<Postgres>(conn, STATEMENTS.get(self.names()), token, fired).await
     }
 
     async fn mark_timer_failed(
@@ -66,7 +68,7 @@ impl TimerStore for PgStore {
         conn: &mut PgConnection,
         failed: &FailedTimer<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::failed::<Postgres>(conn, &STATEMENTS, failed).await
+        timer_sql::failed::<Postgres>(conn, STATEMENTS.get(self.names()), failed).await
     }
 
     async fn cancel_timer(
@@ -74,7 +76,7 @@ impl TimerStore for PgStore {
         conn: &mut PgConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<Postgres>(conn, &STATEMENTS, key, false).await
+        timer_sql::cancel_or_rearm::<Postgres>(conn, STATEMENTS.get(self.names()), key, false).await
     }
 
     async fn rearm_timer(
@@ -82,7 +84,7 @@ impl TimerStore for PgStore {
         conn: &mut PgConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<Postgres>(conn, &STATEMENTS, key, true).await
+        timer_sql::cancel_or_rearm::<Postgres>(conn, STATEMENTS.get(self.names()), key, true).await
     }
 
     async fn list_timers(
@@ -92,7 +94,7 @@ impl TimerStore for PgStore {
         limit: i64,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
         let by = ListBy::Status(status, limit);
-        timer_sql::list::<Postgres>(conn, &STATEMENTS, by).await
+        timer_sql::list::<Postgres>(conn, STATEMENTS.get(self.names()), by).await
     }
 
     async fn timers_of(
@@ -102,11 +104,11 @@ impl TimerStore for PgStore {
         entity_id: i64,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
         let by = ListBy::Entity(machine, entity_id);
-        timer_sql::list::<Postgres>(conn, &STATEMENTS, by).await
+        timer_sql::list::<Postgres>(conn, STATEMENTS.get(self.names()), by).await
     }
 
     async fn timer_stats(&self, conn: &mut PgConnection) -> Result<TimerStats, sqlx::Error> {
-        timer_sql::stats::<Postgres>(conn, &STATEMENTS).await
+        timer_sql::stats::<Postgres>(conn, STATEMENTS.get(self.names())).await
     }
 
     async fn claim_timers(
@@ -114,7 +116,7 @@ impl TimerStore for PgStore {
         conn: &mut PgConnection,
         claim: &ClaimTimers<'_>,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
-        timer_sql::claim_returning::<Postgres>(conn, &CLAIM, claim).await
+        timer_sql::claim_returning::<Postgres>(conn, CLAIM.get(self.names()), claim).await
     }
 
     async fn purge_timers(
@@ -124,6 +126,7 @@ impl TimerStore for PgStore {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let done = PURGE
+            .get(self.names())
             .query::<Postgres>(&[Arg::I64(retention_ms), Arg::I64(limit)])?
             .execute(conn)
             .await?;

@@ -5,6 +5,7 @@
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use crate::backend::BatchReads;
+use crate::backend::names::Names;
 use crate::store::Tables;
 
 /// Every statement of the layer, for one pair of tables.
@@ -49,8 +50,9 @@ const PRIOR_COLUMNS: &str = "from_status::text AS from_status, to_status::text A
                              payload_hash::text AS payload_hash, seq::bigint AS seq";
 
 impl Sql {
-    pub(super) fn new(tables: &Tables) -> Self {
-        let (o, h) = tables.quoted('"');
+    pub(super) fn new(tables: &Tables, names: &Names) -> Self {
+        let x = &names.outbox;
+        let (o, h) = tables.quoted('"', names);
         let sql = |s: String| AssertSqlSafe(s).into_sql_str();
         // The apply-first unit, one statement and one round trip: move the entity along
         // the event's edge from its current state and record the history row. No read
@@ -90,7 +92,7 @@ impl Sql {
                    WHERE o.id = $1 AND {edge_cond} AND o.version BETWEEN 0 AND 9223372036854775806 \
                    RETURNING o.version::bigint AS seq, e.f, e.t, e.x \
                  ), emitted AS ( \
-                   INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                   INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
                    SELECT $10, $1, seq, x, $2, f, t, $3, $11 FROM upd WHERE x IS NOT NULL \
                  ) \
                  INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
@@ -134,9 +136,11 @@ impl Sql {
         // time. The emitting variant adds the outbox rows (`$12`, the machine).
         let batch = |emitting: bool| {
             let emitted = if emitting {
-                "emitted AS (                    INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body)                    SELECT $12, u.id, u.seq, u.x, r.event, u.f, u.t, r.ref_id, r.body                    FROM upd AS u JOIN r ON r.order_id = u.id WHERE u.x IS NOT NULL                  ), "
+                format!(
+                    "emitted AS (                    INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body)                    SELECT $12, u.id, u.seq, u.x, r.event, u.f, u.t, r.ref_id, r.body                    FROM upd AS u JOIN r ON r.order_id = u.id WHERE u.x IS NOT NULL                  ), "
+                )
             } else {
-                ""
+                String::new()
             };
             // Who asked and why: the last two arrays.
             let (actor, reason) = if emitting {
@@ -195,7 +199,7 @@ impl Sql {
                    INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
                    SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb, $9, $13, $14 FROM upd RETURNING seq \
                  ) \
-                 INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                 INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
                  SELECT $10, $2, seq, $11, $5, $3, $1, $6, $12 FROM ins"
             )),
             // The write after a read, one statement: the update guarded by the status and

@@ -23,8 +23,8 @@ impl Store for PgStore {
         conn: &mut PgConnection,
         arm: &crate::timer::Arm<'_>,
     ) -> Result<(), sqlx::Error> {
-        crate::backend::timer_sql::arm::<sqlx::Postgres>(conn, &super::timers::STATEMENTS, arm)
-            .await
+        let statements = super::timers::STATEMENTS.get(self.names());
+        crate::backend::timer_sql::arm::<sqlx::Postgres>(conn, statements, arm).await
     }
 
     type Conn = PgConnection;

@@ -1,12 +1,11 @@
 //! The flow layer on SQLite: its SQL, and [`FlowStore`] over it. One writer at a time:
 //! the recovery job's claim is one update of the due flows it selects.
 
-use std::sync::LazyLock;
-
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use super::SqliteStore;
 use crate::backend::flow_sql::{self, FlowClaims, FlowStatements, LISTINGS, PurgeByKeys};
+use crate::backend::names::{Names, PerNamespace};
 use crate::backend::sql::{BySize, Statement};
 use crate::flow::{FlowRow, FlowStore, Listing, NewFlow, StepRow, StepWrite, TakeDue, Touch};
 use crate::idempotency::RecordStore;
@@ -29,7 +28,7 @@ impl FlowStore for SqliteStore {
         kind: &str,
         key: &str,
     ) -> Result<Option<FlowRow>, sqlx::Error> {
-        flow_sql::read_flow::<Sqlite>(conn, &STATEMENTS, kind, key).await
+        flow_sql::read_flow::<Sqlite>(conn, STATEMENTS.get(self.names()), kind, key).await
     }
 
     async fn read_steps(
@@ -38,11 +37,11 @@ impl FlowStore for SqliteStore {
         kind: &str,
         key: &str,
     ) -> Result<Vec<StepRow>, sqlx::Error> {
-        flow_sql::read_steps::<Sqlite>(conn, &STATEMENTS, kind, key).await
+        flow_sql::read_steps::<Sqlite>(conn, STATEMENTS.get(self.names()), kind, key).await
     }
 
     async fn touch(&self, conn: &mut SqliteConnection, t: &Touch<'_>) -> Result<bool, sqlx::Error> {
-        flow_sql::touch::<Sqlite>(conn, &STATEMENTS, t).await
+        flow_sql::touch::<Sqlite>(conn, STATEMENTS.get(self.names()), t).await
     }
 
     async fn record_step(
@@ -50,7 +49,7 @@ impl FlowStore for SqliteStore {
         conn: &mut SqliteConnection,
         w: &StepWrite<'_>,
     ) -> Result<(), sqlx::Error> {
-        flow_sql::record_step::<Sqlite>(conn, &STATEMENTS, w).await
+        flow_sql::record_step::<Sqlite>(conn, STATEMENTS.get(self.names()), w).await
     }
 
     async fn retry_steps(
@@ -60,7 +59,7 @@ impl FlowStore for SqliteStore {
         key: &str,
         phase: &str,
     ) -> Result<(), sqlx::Error> {
-        flow_sql::retry_steps::<Sqlite>(conn, &STATEMENTS, kind, key, phase).await
+        flow_sql::retry_steps::<Sqlite>(conn, STATEMENTS.get(self.names()), kind, key, phase).await
     }
 
     async fn wake_flow(
@@ -72,7 +71,16 @@ impl FlowStore for SqliteStore {
         token: &str,
         lease_ms: i64,
     ) -> Result<bool, sqlx::Error> {
-        flow_sql::wake_flow::<Sqlite>(conn, &STATEMENTS, kind, key, from, token, lease_ms).await
+        flow_sql::wake_flow::<Sqlite>(
+            conn,
+            STATEMENTS.get(self.names()),
+            kind,
+            key,
+            from,
+            token,
+            lease_ms,
+        )
+        .await
     }
 
     async fn unpark(
@@ -84,7 +92,16 @@ impl FlowStore for SqliteStore {
         token: &str,
         lease_ms: i64,
     ) -> Result<bool, sqlx::Error> {
-        flow_sql::unpark::<Sqlite>(conn, &STATEMENTS, kind, key, from, token, lease_ms).await
+        flow_sql::unpark::<Sqlite>(
+            conn,
+            STATEMENTS.get(self.names()),
+            kind,
+            key,
+            from,
+            token,
+            lease_ms,
+        )
+        .await
     }
 
     async fn list_flows(
@@ -94,7 +111,8 @@ impl FlowStore for SqliteStore {
         after: Option<(&str, &str)>,
         limit: i64,
     ) -> Result<Vec<FlowRow>, sqlx::Error> {
-        flow_sql::list_flows::<Sqlite>(conn, &STATEMENTS, which, after, limit).await
+        flow_sql::list_flows::<Sqlite>(conn, STATEMENTS.get(self.names()), which, after, limit)
+            .await
     }
 
     async fn start_flow(
@@ -102,7 +120,7 @@ impl FlowStore for SqliteStore {
         conn: &mut SqliteConnection,
         f: &NewFlow<'_>,
     ) -> Result<Option<i32>, sqlx::Error> {
-        flow_sql::start_flow::<Sqlite>(conn, &CLAIMS, f).await
+        flow_sql::start_flow::<Sqlite>(conn, CLAIMS.get(self.names()), f).await
     }
 
     async fn take_due(
@@ -110,7 +128,7 @@ impl FlowStore for SqliteStore {
         conn: &mut SqliteConnection,
         d: &TakeDue<'_>,
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-        flow_sql::take_due::<Sqlite>(conn, &CLAIMS, d).await
+        flow_sql::take_due::<Sqlite>(conn, CLAIMS.get(self.names()), d).await
     }
 
     async fn purge_flows(
@@ -120,7 +138,9 @@ impl FlowStore for SqliteStore {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let mut tx = <Self as RecordStore>::begin(conn).await?;
-        let gone = flow_sql::purge_by_keys::<Sqlite>(&mut tx, &PURGE, age_ms, limit).await?;
+        let gone =
+            flow_sql::purge_by_keys::<Sqlite>(&mut tx, PURGE.get(self.names()), age_ms, limit)
+                .await?;
         tx.commit().await?;
         Ok(gone)
     }
@@ -133,7 +153,7 @@ impl FlowStore for SqliteStore {
         conn: &mut SqliteConnection,
         starts: &[crate::flow::NewFlow<'_>],
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-        let mut query = sqlx::query_as(START_FLOWS.get(starts.len()));
+        let mut query = sqlx::query_as(START_FLOWS.get(self.names()).get(starts.len()));
         for s in starts {
             query = query
                 .bind(s.kind)
@@ -148,21 +168,23 @@ impl FlowStore for SqliteStore {
     }
 }
 
-/// The layer's statements, built once.
-static STATEMENTS: LazyLock<FlowStatements> = LazyLock::new(|| {
+/// The layer's statements, built once per namespace.
+static STATEMENTS: PerNamespace<FlowStatements> = PerNamespace::new(|n| {
     let s = |sql: String| Statement::new(sql, false);
+    let (flows, flow_steps) = (&n.flows, &n.flow_steps);
     FlowStatements {
         read_flow: s(format!(
-            "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
+            "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM {flows} AS f, now \
              WHERE f.kind = ?1 AND f.flow_key = ?2"
         )),
-        read_steps: s("SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
+        read_steps: s(format!(
+            "SELECT step_index, phase, name, status, attempt, downstream_key, owner_token, output, \
                     error, started_at, finished_at \
-             FROM flow_steps WHERE kind = ?1 AND flow_key = ?2 ORDER BY step_index, phase DESC"
-            .to_string()),
+             FROM {flow_steps} WHERE kind = ?1 AND flow_key = ?2 ORDER BY step_index, phase DESC"
+        )),
         touch: s(format!(
             "WITH now AS {NOW} \
-             UPDATE flows SET lease_until = (SELECT ms FROM now) + ?4, \
+             UPDATE {flows} SET lease_until = (SELECT ms FROM now) + ?4, \
                  attempt = CASE WHEN ?5 THEN 1 ELSE attempt END, \
                  step_at = COALESCE(?6, step_at), status = COALESCE(?7, status), \
                  park_reason = ?8, output = COALESCE(?9, output), \
@@ -171,7 +193,7 @@ static STATEMENTS: LazyLock<FlowStatements> = LazyLock::new(|| {
         )),
         record_step: s(format!(
             "WITH now AS {NOW} \
-             INSERT INTO flow_steps (kind, flow_key, step_index, phase, name, status, attempt, \
+             INSERT INTO {flow_steps} (kind, flow_key, step_index, phase, name, status, attempt, \
                  downstream_key, owner_token, output, error, started_at, finished_at) \
              SELECT ?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?7 THEN 1 ELSE 0 END, ?8, ?9, ?10, ?11, ms, \
                  CASE WHEN ?6 IN ('STARTED', 'WAITING') THEN NULL ELSE ms END FROM now WHERE true \
@@ -183,33 +205,35 @@ static STATEMENTS: LazyLock<FlowStatements> = LazyLock::new(|| {
                  started_at = CASE WHEN ?7 THEN excluded.started_at ELSE started_at END, \
                  finished_at = excluded.finished_at"
         )),
-        retry_steps: s("UPDATE flow_steps SET status = 'RETRY' \
+        retry_steps: s(format!(
+            "UPDATE {flow_steps} SET status = 'RETRY' \
              WHERE kind = ?1 AND flow_key = ?2 AND phase = ?3 AND status IN ('STARTED', 'FAILED')"
-            .to_string()),
+        )),
         unpark: s(format!(
             "WITH now AS {NOW} \
-             UPDATE flows SET park_reason = NULL, owner_token = ?3, attempt = 1, \
+             UPDATE {flows} SET park_reason = NULL, owner_token = ?3, attempt = 1, \
                  lease_until = (SELECT ms FROM now) + ?4, updated_at = (SELECT ms FROM now) \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NOT NULL"
         )),
         wake: s(format!(
             "WITH now AS {NOW} \
-             UPDATE flows SET owner_token = ?3, lease_until = (SELECT ms FROM now) + ?4, \
+             UPDATE {flows} SET owner_token = ?3, lease_until = (SELECT ms FROM now) + ?4, \
                  updated_at = (SELECT ms FROM now) \
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NULL \
                AND status = 'RUNNING'"
         )),
-        list: LISTINGS.map(|which| s(list_sql(which))),
+        list: LISTINGS.map(|which| s(list_sql(n, which))),
     }
 });
 
-/// The flow start and the recovery claim, built once.
-static CLAIMS: LazyLock<FlowClaims> = LazyLock::new(|| {
+/// The flow start and the recovery claim, built once per namespace.
+static CLAIMS: PerNamespace<FlowClaims> = PerNamespace::new(|n| {
     let s = |sql: String| Statement::new(sql, false);
+    let flows = &n.flows;
     FlowClaims {
         start_flow: s(format!(
             "WITH now AS {NOW} \
-             INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
+             INSERT INTO {flows} (kind, flow_key, version, input_hash, input, status, park_reason, \
                  step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
              SELECT ?1, ?2, ?3, ?4, ?5, 'RUNNING', NULL, 0, ?6, 1, ms + ?7, NULL, NULL, ms, ms \
              FROM now WHERE true \
@@ -222,10 +246,10 @@ static CLAIMS: LazyLock<FlowClaims> = LazyLock::new(|| {
         )),
         take_due: s(format!(
             "WITH now AS {NOW} \
-             UPDATE flows SET owner_token = ?3, attempt = MIN(MAX(attempt, 0) + 1, 2147483647), \
+             UPDATE {flows} SET owner_token = ?3, attempt = MIN(MAX(attempt, 0) + 1, 2147483647), \
                  lease_until = (SELECT ms FROM now) + ?4, updated_at = (SELECT ms FROM now) \
              WHERE rowid IN ( \
-                 SELECT rowid FROM flows \
+                 SELECT rowid FROM {flows} \
                  WHERE kind = ?1 AND version = ?2 AND {LIVE} AND lease_until <= (SELECT ms FROM now) \
                  ORDER BY lease_until LIMIT ?5) \
              RETURNING flow_key, attempt"
@@ -233,11 +257,13 @@ static CLAIMS: LazyLock<FlowClaims> = LazyLock::new(|| {
     }
 });
 
-/// The purge by keys, built once.
-static PURGE: LazyLock<PurgeByKeys> = LazyLock::new(|| {
+/// The purge by keys, built once per namespace.
+static PURGE: PerNamespace<PurgeByKeys> = PerNamespace::new(|n| {
+    let flows = &n.flows;
     PurgeByKeys::new(
+        n,
         format!(
-            "WITH now AS {NOW} SELECT kind, flow_key FROM flows, now \
+            "WITH now AS {NOW} SELECT kind, flow_key FROM {flows}, now \
      WHERE status IN ('COMPLETED', 'COMPENSATED') AND updated_at <= ms - ?1 LIMIT ?2"
         ),
         false,
@@ -245,7 +271,7 @@ static PURGE: LazyLock<PurgeByKeys> = LazyLock::new(|| {
 });
 
 /// A page of `which` flows (see `FlowStatements::list`).
-fn list_sql(which: Listing) -> String {
+fn list_sql(n: &Names, which: Listing) -> String {
     let filter = match which {
         Listing::Parked => "f.park_reason IS NOT NULL",
         Listing::Running => {
@@ -257,20 +283,23 @@ fn list_sql(which: Listing) -> String {
         Listing::Finished => "f.status IN ('COMPLETED', 'COMPENSATED')",
         Listing::All => "1",
     };
+    let flows = &n.flows;
     format!(
-        "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM flows AS f, now \
+        "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM {flows} AS f, now \
          WHERE {filter} AND (f.kind, f.flow_key) > (?1, ?2) \
          ORDER BY f.kind, f.flow_key LIMIT ?3"
     )
 }
 
-/// The statement of `start_flows`, a row of values per start, built once per size.
-static START_FLOWS: LazyLock<BySize> = LazyLock::new(|| {
-    BySize::new(|n| {
-        let rows = vec!["(?, ?, ?, ?, ?, ?, ?)"; n].join(", ");
+/// The statement of `start_flows`, a row of values per start, built once per namespace
+/// and size.
+static START_FLOWS: PerNamespace<BySize> = PerNamespace::new(|n| {
+    let flows = n.flows.clone();
+    BySize::new(move |size| {
+        let rows = vec!["(?, ?, ?, ?, ?, ?, ?)"; size].join(", ");
         format!(
             "WITH now AS {NOW} \
-                 INSERT INTO flows (kind, flow_key, version, input_hash, input, status, park_reason, \
+                 INSERT INTO {flows} (kind, flow_key, version, input_hash, input, status, park_reason, \
                      step_at, owner_token, attempt, lease_until, output, last_error, created_at, updated_at) \
                  SELECT s.column1, s.column2, s.column3, s.column4, s.column5, 'RUNNING', NULL, 0, \
                         s.column6, 1, ms + s.column7, NULL, NULL, ms, ms \

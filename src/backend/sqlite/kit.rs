@@ -48,5 +48,5 @@ where
 /// A new SQLite database in memory, shared by the pool's connections, migrated.
 async fn fresh() -> Result<SqliteStore> {
     let name = uuid::Uuid::new_v4().simple().to_string();
-    SqliteStore::connect(&format!("sqlite:file:kit-{name}?mode=memory&cache=shared")).await
+    SqliteStore::demo(&format!("sqlite:file:kit-{name}?mode=memory&cache=shared")).await
 }

@@ -3,16 +3,17 @@
 use crate::admin::lookup::{EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord};
 use crate::backend::lookup_sql;
 use crate::backend::lookup_sql::LookupStatements;
+use crate::backend::names::PerNamespace;
 use crate::backend::sql::Params;
 use crate::outbox::EventRow;
 use crate::store::RefRow;
 use sqlx::sqlite::{Sqlite, SqliteConnection};
-use std::sync::LazyLock;
 
 use super::SqliteStore;
 
-static LOOKUP: LazyLock<LookupStatements> = LazyLock::new(|| {
+static LOOKUP: PerNamespace<LookupStatements> = PerNamespace::new(|n| {
     LookupStatements::new(
+        n,
         super::timers::NOW,
         super::outbox::EVENT_COLUMNS,
         Params::Numbered,
@@ -48,7 +49,7 @@ impl LookupStore for SqliteStore {
         key: &str,
         limit: i64,
     ) -> Result<Vec<RecordHit>, sqlx::Error> {
-        lookup_sql::records::<Sqlite>(conn, &LOOKUP, key, limit).await
+        lookup_sql::records::<Sqlite>(conn, LOOKUP.get(self.names()), key, limit).await
     }
 
     async fn flows_by_key(
@@ -57,7 +58,7 @@ impl LookupStore for SqliteStore {
         key: &str,
         limit: i64,
     ) -> Result<Vec<FlowHit>, sqlx::Error> {
-        lookup_sql::flows::<Sqlite>(conn, &LOOKUP, key, limit).await
+        lookup_sql::flows::<Sqlite>(conn, LOOKUP.get(self.names()), key, limit).await
     }
 
     async fn events_by(
@@ -66,7 +67,7 @@ impl LookupStore for SqliteStore {
         by: EventsBy<'_>,
         limit: i64,
     ) -> Result<Vec<EventRow>, sqlx::Error> {
-        lookup_sql::events::<Sqlite>(conn, &LOOKUP, by, limit).await
+        lookup_sql::events::<Sqlite>(conn, LOOKUP.get(self.names()), by, limit).await
     }
 
     async fn stuck_records(
@@ -75,6 +76,6 @@ impl LookupStore for SqliteStore {
         scope: Option<&str>,
         limit: i64,
     ) -> Result<Vec<StuckRecord>, sqlx::Error> {
-        lookup_sql::stuck::<Sqlite>(conn, &LOOKUP, scope, limit).await
+        lookup_sql::stuck::<Sqlite>(conn, LOOKUP.get(self.names()), scope, limit).await
     }
 }

@@ -9,8 +9,10 @@ use sqlx::sqlite::{
 };
 
 use crate::backend::migrations;
+use crate::backend::names::{Names, Style};
 use crate::error::Error;
-use crate::store::{Tables, db_error};
+use crate::store::Schema;
+use crate::store::{DEFAULT_NAMESPACE, Tables, db_error, validate_namespace};
 use sqlx::migrate::Migrator;
 
 mod audit;
@@ -29,35 +31,83 @@ mod transitions;
 mod units;
 mod writer;
 
-/// Applies orderly's migrations (`migrations/sqlite/`), recorded in
-/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE) beside the application's own
-/// `_sqlx_migrations`, so the two may run in either order. Rows an earlier orderly left
-/// in `_sqlx_migrations` are moved over first. Idempotent.
+/// Applies orderly's migrations (`migrations/sqlite/`) in the default namespace, the
+/// prefix `orderly_`: [`migrate_in`] with [`DEFAULT_NAMESPACE`].
 pub async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
+    migrate_in(pool, DEFAULT_NAMESPACE).await
+}
+
+/// Applies orderly's migrations with the table prefix `namespace` and `_` (see
+/// [`Tables::in_namespace`]), recorded in its table `migrations`: they create and alter
+/// only orderly's own tables, so they and the application's run in either order. A
+/// database an earlier orderly migrated has its tables renamed into the namespace first
+/// (`docs/backends.md`, "Upgrading"). Idempotent.
+pub async fn migrate_in(pool: &SqlitePool, namespace: &str) -> Result<(), Error> {
+    let names = Names::new(&validate_namespace(namespace)?, Style::Prefix);
     // SQLite has no advisory lock (sqlx's migration lock does nothing there): calls in
     // one process take turns.
     static MIGRATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _turn = MIGRATING.lock().await;
     let mut conn = pool.acquire().await.map_err(db_error::<SqliteStore>)?;
-    let ours = migrator();
-    migrations::adopt::<sqlx::Sqlite>(&mut conn, &ours, SHARED_MIGRATIONS_EXIST).await?;
-    ours.run(&mut *conn).await?;
+    let legacy = migrations::legacy(sqlx::migrate!("migrations/legacy/sqlite"));
+    if migrations::has_legacy::<sqlx::Sqlite>(&mut conn, &DIALECT, &legacy).await? {
+        legacy.run(&mut *conn).await?;
+        migrations::move_legacy::<sqlx::Sqlite>(&mut conn, &DIALECT, &names).await?;
+    }
+    migrations::in_namespace(migrator_files(), &names)
+        .run(&mut *conn)
+        .await?;
     Ok(())
 }
 
-/// orderly's migrations for this backend, recorded in
-/// [`MIGRATIONS_TABLE`](crate::store::MIGRATIONS_TABLE): for an application that runs
-/// them itself, for example up to a version ([`Migrator::run_to`]). Only [`migrate`]
-/// moves an earlier orderly's rows out of `_sqlx_migrations`: on a database an earlier
-/// orderly migrated, call [`migrate`] once first, or this migrator applies everything
-/// again (and fails on the first column that exists).
+/// orderly's migrations in the default namespace, for an application that runs them
+/// itself, for example up to a version ([`Migrator::run_to`]); [`migrator_in`] for
+/// another. Only [`migrate_in`] moves an earlier orderly's tables: on a database an
+/// earlier orderly migrated, call it once first.
 pub fn migrator() -> Migrator {
-    migrations::own_table(sqlx::migrate!("migrations/sqlite"))
+    migrations::in_namespace(
+        migrator_files(),
+        &Names::new(DEFAULT_NAMESPACE, Style::Prefix),
+    )
 }
 
-/// A row when the database has sqlx's default migrations table.
-const SHARED_MIGRATIONS_EXIST: &str =
-    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'";
+/// [`migrator`] with the prefix `namespace`; [`Error::InvalidInput`] if it is none.
+pub fn migrator_in(namespace: &str) -> Result<Migrator, Error> {
+    let names = Names::new(&validate_namespace(namespace)?, Style::Prefix);
+    Ok(migrations::in_namespace(migrator_files(), &names))
+}
+
+fn migrator_files() -> Migrator {
+    sqlx::migrate!("migrations/sqlite")
+}
+
+/// How SQLite finds and moves an earlier orderly's tables: renamed with the prefix, and
+/// their indexes, whose names are the whole database's, made again under the prefix.
+const DIALECT: migrations::Dialect = migrations::Dialect {
+    exists: |table| {
+        format!("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{table}'")
+    },
+    shared_exists: "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+    moves: |from, names, to| {
+        let to = names.in_namespace(to);
+        if from == to {
+            Vec::new()
+        } else {
+            vec![format!("ALTER TABLE {from} RENAME TO {to}")]
+        }
+    },
+    old_indexes: &[
+        "idempotency_records_stuck",
+        "idempotency_records_expiry",
+        "one_time_tokens_expiry",
+        "flows_due",
+        "outbox_due",
+        "outbox_entity_status",
+        "inbox_received",
+        "timers_due",
+        "timers_entity",
+    ],
+};
 
 /// Connection options orderly expects: create the file if missing, WAL journal,
 /// `synchronous = NORMAL` (durable at checkpoints in WAL mode), a 5 s busy timeout.
@@ -83,6 +133,8 @@ pub struct SqliteStore {
     pool: SqlitePool,
     /// The tables it drives, as configured.
     tables: Arc<Tables>,
+    /// orderly's tables in the configured namespace.
+    names: Arc<Names>,
     transitions: Arc<transitions::Sql>,
     /// The writers' turns of this store and its clones (one writer at a time).
     writers: Arc<tokio::sync::Mutex<()>>,
@@ -93,8 +145,9 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if missing) the database at `url` with [`connect_options`], a pool
-    /// of 8 connections, and applies the migrations.
-    pub async fn connect(url: &str) -> Result<Self, Error> {
+    /// of 8 connections, and applies orderly's migrations in `tables`' namespace
+    /// ([`migrate_in`]). The entity table is the application's: its migrations create it.
+    pub async fn connect(url: &str, tables: Tables) -> Result<Self, Error> {
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             // The database is a file in this process: a ping before each use, a call to
@@ -103,25 +156,39 @@ impl SqliteStore {
             .connect_with(connect_options(url)?)
             .await
             .map_err(db_error::<Self>)?;
-        migrate(&pool).await?;
-        Ok(Self::new(pool))
+        migrate_in(&pool, tables.namespace()).await?;
+        Ok(Self::new(pool, tables))
     }
 
-    /// A store over an existing pool and the default tables. Build the pool with
-    /// [`connect_options`] and run [`migrate`] first.
-    pub fn new(pool: SqlitePool) -> Self {
-        Self::with_tables(pool, Tables::default())
+    /// The quick start's store: [`connect`](Self::connect) with [`Tables::demo`], and the
+    /// demo's entity table created where it does not exist.
+    pub async fn demo(url: &str) -> Result<Self, Error> {
+        let store = Self::connect(url, Tables::demo()).await?;
+        let mut conn = store.pool.acquire().await.map_err(db_error::<Self>)?;
+        migrations::create_demo::<sqlx::Sqlite>(&mut conn, store.create_tables_sql())
+            .await
+            .map_err(db_error::<Self>)?;
+        Ok(store)
     }
 
-    /// A store over an existing pool and custom tables.
-    pub fn with_tables(pool: SqlitePool, tables: Tables) -> Self {
+    /// A store over an existing pool and `tables`. Build the pool with
+    /// [`connect_options`] and run [`migrate_in`] for their namespace first ([`migrate`]
+    /// for the default).
+    pub fn new(pool: SqlitePool, tables: Tables) -> Self {
+        let names = Names::new(tables.namespace(), Style::Prefix);
         SqliteStore {
             pool,
-            tables: Arc::new(tables.clone()),
-            transitions: Arc::new(transitions::Sql::new(&tables)),
+            transitions: Arc::new(transitions::Sql::new(&tables, &names)),
+            tables: Arc::new(tables),
+            names: Arc::new(names),
             writers: Arc::default(),
             writer: Arc::default(),
         }
+    }
+
+    /// orderly's tables in this store's namespace.
+    pub(crate) fn names(&self) -> &Names {
+        &self.names
     }
 
     /// The pool.

@@ -2,12 +2,11 @@
 //! the relay's claim one `UPDATE … RETURNING` of the events its subquery chose. The
 //! statements it shares with MySQL/MariaDB are in `backend/outbox_sql.rs`.
 
-use std::sync::LazyLock;
-
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::SqliteStore;
+use crate::backend::names::PerNamespace;
 use crate::backend::outbox_sql::{self, OutboxStatements, UNKNOWN_STATUS, claimed};
 use crate::backend::sql::Params;
 use crate::outbox::{
@@ -45,9 +44,9 @@ fn corrupt() -> (String, String) {
     )
 }
 
-/// The statements every backend shares, built once.
-static STATEMENTS: LazyLock<OutboxStatements> =
-    LazyLock::new(|| OutboxStatements::new(NOW, EVENT_COLUMNS, Params::Numbered));
+/// The statements every backend shares, built once per namespace.
+static STATEMENTS: PerNamespace<OutboxStatements> =
+    PerNamespace::new(|n| OutboxStatements::new(n, NOW, EVENT_COLUMNS, Params::Numbered));
 
 impl OutboxStore for SqliteStore {
     async fn mark_failed(
@@ -55,7 +54,7 @@ impl OutboxStore for SqliteStore {
         conn: &mut SqliteConnection,
         f: &FailedEvent<'_>,
     ) -> Result<bool, sqlx::Error> {
-        outbox_sql::mark_failed::<Sqlite>(conn, &STATEMENTS, f).await
+        outbox_sql::mark_failed::<Sqlite>(conn, STATEMENTS.get(self.names()), f).await
     }
 
     async fn requeue_event(
@@ -63,7 +62,7 @@ impl OutboxStore for SqliteStore {
         conn: &mut SqliteConnection,
         key: &EventKey,
     ) -> Result<bool, sqlx::Error> {
-        outbox_sql::requeue_event::<Sqlite>(conn, &STATEMENTS, key).await
+        outbox_sql::requeue_event::<Sqlite>(conn, STATEMENTS.get(self.names()), key).await
     }
 
     async fn list_events(
@@ -72,7 +71,7 @@ impl OutboxStore for SqliteStore {
         status: &str,
         limit: i64,
     ) -> Result<Vec<EventRow>, sqlx::Error> {
-        outbox_sql::list_events::<Sqlite>(conn, &STATEMENTS, status, limit).await
+        outbox_sql::list_events::<Sqlite>(conn, STATEMENTS.get(self.names()), status, limit).await
     }
 
     async fn mark_published(
@@ -81,7 +80,13 @@ impl OutboxStore for SqliteStore {
         token: &str,
         keys: &[EventKey],
     ) -> Result<u64, sqlx::Error> {
-        outbox_sql::mark_published_or_keys::<Sqlite>(conn, &STATEMENTS, token, keys).await
+        outbox_sql::mark_published_or_keys::<Sqlite>(
+            conn,
+            STATEMENTS.get(self.names()),
+            token,
+            keys,
+        )
+        .await
     }
 
     async fn claim_events(
@@ -89,7 +94,7 @@ impl OutboxStore for SqliteStore {
         conn: &mut SqliteConnection,
         c: &ClaimEvents<'_>,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-        let rows = sqlx::query(CLAIM_EVENTS.clone())
+        let rows = sqlx::query(CLAIM_EVENTS.get(self.names()).clone())
             .bind(c.token)
             .bind(c.lease_ms)
             .bind(c.limit)
@@ -104,7 +109,7 @@ impl OutboxStore for SqliteStore {
         max_lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<CorruptRow>, sqlx::Error> {
-        sqlx::query_as(LIST_CORRUPT.clone())
+        sqlx::query_as(LIST_CORRUPT.get(self.names()).clone())
             .bind(max_lease_ms)
             .bind(limit)
             .fetch_all(conn)
@@ -117,7 +122,7 @@ impl OutboxStore for SqliteStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(PURGE_PUBLISHED.clone())
+        let done = sqlx::query(PURGE_PUBLISHED.get(self.names()).clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -130,7 +135,7 @@ impl OutboxStore for SqliteStore {
         conn: &mut SqliteConnection,
         max_lease_ms: i64,
     ) -> Result<StatsRow, sqlx::Error> {
-        sqlx::query_as(OUTBOX_STATS.clone())
+        sqlx::query_as(OUTBOX_STATS.get(self.names()).clone())
             .bind(max_lease_ms)
             .fetch_one(conn)
             .await
@@ -142,7 +147,7 @@ impl OutboxStore for SqliteStore {
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(INBOX_INSERT.clone())
+        let done = sqlx::query(INBOX_INSERT.get(self.names()).clone())
             .bind(consumer)
             .bind(message_id)
             .execute(conn)
@@ -156,7 +161,7 @@ impl OutboxStore for SqliteStore {
         retention_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(INBOX_PURGE.clone())
+        let done = sqlx::query(INBOX_PURGE.get(self.names()).clone())
             .bind(retention_ms)
             .bind(limit)
             .execute(conn)
@@ -186,25 +191,26 @@ fn set_dead_or_claimed(row: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
 /// Why a row whose entity id or version is not an integer is set aside.
 const NOT_AN_INTEGER_KEY: &str = "an entity id or version that is not an integer";
 
-/// The statement of `claim_events`, built once. SQLite keeps any value in any column: a
+/// The statement of `claim_events`, built once per namespace. SQLite keeps any value in any column: a
 /// pending row whose entity id or version is not an integer can be neither ordered among
 /// its entity's events nor named as a message, so the claim that meets it sets it `DEAD`
 /// with its reason (a relay cannot fence a later write to a key it cannot name). Such a
 /// row holds back no other event: whose entity it was cannot be known.
-static CLAIM_EVENTS: LazyLock<SqlStr> = LazyLock::new(|| {
+static CLAIM_EVENTS: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     let key = "typeof(entity_id) = 'integer' AND typeof(version) = 'integer'";
+    let outbox = &n.outbox;
     AssertSqlSafe(format!(
-        "UPDATE outbox SET owner_token = ?1, lease_until = {NOW} + ?2, \
+        "UPDATE {outbox} SET owner_token = ?1, lease_until = {NOW} + ?2, \
              attempts = MIN(MAX(attempts, 0) + 1, 2147483647), \
              status = CASE WHEN {key} THEN status ELSE 'DEAD' END, \
              last_error = CASE WHEN {key} THEN last_error \
                  ELSE 'corrupt row: {NOT_AN_INTEGER_KEY} (entity id ' || quote(entity_id) || ', version ' \
                      || quote(version) || '): set aside by the relay, never published' END \
          WHERE (machine, entity_id, version) IN ( \
-             SELECT o.machine, o.entity_id, o.version FROM outbox AS o \
+             SELECT o.machine, o.entity_id, o.version FROM {outbox} AS o \
              WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW} \
                AND (NOT ({INTEGER_KEY}) \
-                 OR NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.machine = o.machine \
+                 OR NOT EXISTS (SELECT 1 FROM {outbox} AS p WHERE p.machine = o.machine \
                    AND p.entity_id = o.entity_id AND p.status <> 'PUBLISHED' \
                    AND p.version < o.version)) \
              LIMIT ?3) \
@@ -213,48 +219,53 @@ static CLAIM_EVENTS: LazyLock<SqlStr> = LazyLock::new(|| {
     .into_sql_str()
 });
 
-/// The statement of `purge_published`, built once.
-static PURGE_PUBLISHED: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `purge_published`, built once per namespace.
+static PURGE_PUBLISHED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
+    let outbox = &n.outbox;
     AssertSqlSafe(format!(
-        "DELETE FROM outbox WHERE (machine, entity_id, version) IN ( \
-             SELECT machine, entity_id, version FROM outbox \
+        "DELETE FROM {outbox} WHERE (machine, entity_id, version) IN ( \
+             SELECT machine, entity_id, version FROM {outbox} \
              WHERE status = 'PUBLISHED' AND published_at <= {NOW} - ?1 LIMIT ?2)"
     ))
     .into_sql_str()
 });
 
-/// The statement of `inbox_insert`, built once.
-static INBOX_INSERT: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `inbox_insert`, built once per namespace.
+static INBOX_INSERT: PerNamespace<SqlStr> = PerNamespace::new(|n| {
+    let inbox = &n.inbox;
     AssertSqlSafe(format!(
-        "INSERT INTO inbox (consumer, message_id, received_at) VALUES (?1, ?2, {NOW}) \
+        "INSERT INTO {inbox} (consumer, message_id, received_at) VALUES (?1, ?2, {NOW}) \
          ON CONFLICT (consumer, message_id) DO NOTHING"
     ))
     .into_sql_str()
 });
 
-/// The statement of `inbox_purge`, built once.
-static INBOX_PURGE: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `inbox_purge`, built once per namespace.
+static INBOX_PURGE: PerNamespace<SqlStr> = PerNamespace::new(|n| {
+    let inbox = &n.inbox;
     AssertSqlSafe(format!(
-        "DELETE FROM inbox WHERE (consumer, message_id) IN ( \
-             SELECT consumer, message_id FROM inbox WHERE received_at <= {NOW} - ?1 LIMIT ?2)"
+        "DELETE FROM {inbox} WHERE (consumer, message_id) IN ( \
+             SELECT consumer, message_id FROM {inbox} WHERE received_at <= {NOW} - ?1 LIMIT ?2)"
     ))
     .into_sql_str()
 });
 
-/// The statement of `list_corrupt`, built once.
-static LIST_CORRUPT: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `list_corrupt`, built once per namespace.
+static LIST_CORRUPT: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     let (corrupt, reason) = corrupt();
+    let outbox = &n.outbox;
     AssertSqlSafe(format!(
         "SELECT CAST(o.machine AS TEXT) AS machine, CAST(o.entity_id AS TEXT) AS entity_id, \
                 CAST(o.version AS TEXT) AS version, CAST(o.status AS TEXT) AS status, {reason} AS reason \
-         FROM outbox AS o WHERE {corrupt} \
+         FROM {outbox} AS o WHERE {corrupt} \
          ORDER BY o.machine, o.entity_id, o.version LIMIT ?2"
     )).into_sql_str()
 });
 
-/// The statement of `outbox_stats`, built once.
-static OUTBOX_STATS: LazyLock<SqlStr> = LazyLock::new(|| {
+/// The statement of `outbox_stats`, built once per namespace.
+static OUTBOX_STATS: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     let (corrupt, _) = corrupt();
+    let outbox = &n.outbox;
     AssertSqlSafe(format!(
         "SELECT COALESCE(SUM(status = 'PENDING'), 0) AS pending, \
                 COALESCE(SUM(status = 'DEAD'), 0) AS dead, \
@@ -262,8 +273,8 @@ static OUTBOX_STATS: LazyLock<SqlStr> = LazyLock::new(|| {
                     MIN(CASE WHEN status = 'PENDING' AND julianday(created_at) IS NOT NULL \
                         THEN created_at END))) * 86400000 AS INTEGER), 0) \
                     AS oldest_pending_ms, \
-                (SELECT count(*) FROM outbox AS o WHERE {corrupt}) AS corrupt \
-         FROM outbox WHERE status IN ('PENDING', 'DEAD')"
+                (SELECT count(*) FROM {outbox} AS o WHERE {corrupt}) AS corrupt \
+         FROM {outbox} WHERE status IN ('PENDING', 'DEAD')"
     ))
     .into_sql_str()
 });

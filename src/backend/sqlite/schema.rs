@@ -5,11 +5,11 @@ use crate::store::Schema;
 
 impl Schema for SqliteStore {
     fn table_name(&self, history: bool) -> String {
-        self.tables.name(history)
+        self.tables.name(&self.names, history)
     }
 
     fn create_tables_sql(&self) -> Vec<String> {
-        let (orders, history) = self.tables.quoted('"');
+        let (orders, history) = self.tables.quoted('"', &self.names);
         let now = "(strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))";
         vec![
             format!(
@@ -35,11 +35,12 @@ impl Schema for SqliteStore {
             "created_at" => "TEXT NOT NULL DEFAULT ''",
             _ => "TEXT NOT NULL DEFAULT ''",
         };
-        self.tables.add_column_sql('"', history, column, ty)
+        self.tables
+            .add_column_sql('"', &self.names, history, column, ty)
     }
 
     fn probe_sql(&self, history: bool, columns: &[&'static str]) -> String {
         // Backquoted: a double-quoted name that is no column is read as a string.
-        self.tables.probe_sql('`', history, columns)
+        self.tables.probe_sql('`', &self.names, history, columns)
     }
 }

@@ -4,11 +4,11 @@
 
 use crate::backend::timer_sql::ListBy;
 use crate::timer::{FailedTimer, FiredTimer, NewTimer, TimerKey, TimerStats};
-use std::sync::LazyLock;
 
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use super::SqliteStore;
+use crate::backend::names::PerNamespace;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::backend::timer_sql::{self, TimerStatements};
 use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
@@ -16,9 +16,10 @@ use crate::timer::{ClaimTimers, ClaimedTimer, TimerStore};
 /// The database clock, in milliseconds since the epoch.
 pub(super) const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
-/// The statements every backend shares, built once.
-pub(super) static STATEMENTS: LazyLock<TimerStatements> = LazyLock::new(|| {
+/// The statements every backend shares, built once per namespace.
+pub(super) static STATEMENTS: PerNamespace<TimerStatements> = PerNamespace::new(|n| {
     TimerStatements::new(
+        n,
         NOW,
         "INTEGER",
         (
@@ -35,12 +36,15 @@ pub(super) static STATEMENTS: LazyLock<TimerStatements> = LazyLock::new(|| {
 const DUE: &str = "(typeof(c.next_at) = 'integer' AND c.next_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)) \
     OR typeof(c.next_at) <> 'integer' OR typeof(c.due_at) <> 'integer'";
 
-static CLAIM: LazyLock<Statement> = LazyLock::new(|| {
-    Statement::shared(timer_sql::claim_sql(NOW, DUE, "", false), Params::Numbered)
+static CLAIM: PerNamespace<Statement> = PerNamespace::new(|n| {
+    Statement::shared(
+        timer_sql::claim_sql(n, NOW, DUE, "", false),
+        Params::Numbered,
+    )
 });
 
-static PURGE: LazyLock<Statement> =
-    LazyLock::new(|| Statement::shared(timer_sql::purge_sql(NOW), Params::Numbered));
+static PURGE: PerNamespace<Statement> =
+    PerNamespace::new(|n| Statement::shared(timer_sql::purge_sql(n, NOW), Params::Numbered));
 
 impl TimerStore for SqliteStore {
     async fn schedule_timer(
@@ -48,7 +52,7 @@ impl TimerStore for SqliteStore {
         conn: &mut SqliteConnection,
         timer: &NewTimer<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::schedule::<Sqlite>(conn, &STATEMENTS, timer).await
+        timer_sql::schedule::<Sqlite>(conn, STATEMENTS.get(self.names()), timer).await
     }
 
     async fn mark_fired(
@@ -57,7 +61,7 @@ impl TimerStore for SqliteStore {
         token: &str,
         fired: &[FiredTimer<'_>],
     ) -> Result<u64, sqlx::Error> {
-        timer_sql::fired::<Sqlite>(conn, &STATEMENTS, token, fired).await
+        timer_sql::fired::<Sqlite>(conn, STATEMENTS.get(self.names()), token, fired).await
     }
 
     async fn mark_timer_failed(
@@ -65,7 +69,7 @@ impl TimerStore for SqliteStore {
         conn: &mut SqliteConnection,
         failed: &FailedTimer<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::failed::<Sqlite>(conn, &STATEMENTS, failed).await
+        timer_sql::failed::<Sqlite>(conn, STATEMENTS.get(self.names()), failed).await
     }
 
     async fn cancel_timer(
@@ -73,7 +77,7 @@ impl TimerStore for SqliteStore {
         conn: &mut SqliteConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<Sqlite>(conn, &STATEMENTS, key, false).await
+        timer_sql::cancel_or_rearm::<Sqlite>(conn, STATEMENTS.get(self.names()), key, false).await
     }
 
     async fn rearm_timer(
@@ -81,7 +85,7 @@ impl TimerStore for SqliteStore {
         conn: &mut SqliteConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<Sqlite>(conn, &STATEMENTS, key, true).await
+        timer_sql::cancel_or_rearm::<Sqlite>(conn, STATEMENTS.get(self.names()), key, true).await
     }
 
     async fn list_timers(
@@ -91,7 +95,7 @@ impl TimerStore for SqliteStore {
         limit: i64,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
         let by = ListBy::Status(status, limit);
-        timer_sql::list::<Sqlite>(conn, &STATEMENTS, by).await
+        timer_sql::list::<Sqlite>(conn, STATEMENTS.get(self.names()), by).await
     }
 
     async fn timers_of(
@@ -101,11 +105,11 @@ impl TimerStore for SqliteStore {
         entity_id: i64,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
         let by = ListBy::Entity(machine, entity_id);
-        timer_sql::list::<Sqlite>(conn, &STATEMENTS, by).await
+        timer_sql::list::<Sqlite>(conn, STATEMENTS.get(self.names()), by).await
     }
 
     async fn timer_stats(&self, conn: &mut SqliteConnection) -> Result<TimerStats, sqlx::Error> {
-        timer_sql::stats::<Sqlite>(conn, &STATEMENTS).await
+        timer_sql::stats::<Sqlite>(conn, STATEMENTS.get(self.names())).await
     }
 
     async fn claim_timers(
@@ -113,7 +117,7 @@ impl TimerStore for SqliteStore {
         conn: &mut SqliteConnection,
         claim: &ClaimTimers<'_>,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
-        timer_sql::claim_returning::<Sqlite>(conn, &CLAIM, claim).await
+        timer_sql::claim_returning::<Sqlite>(conn, CLAIM.get(self.names()), claim).await
     }
 
     async fn purge_timers(
@@ -123,6 +127,7 @@ impl TimerStore for SqliteStore {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let done = PURGE
+            .get(self.names())
             .query::<Sqlite>(&[Arg::I64(retention_ms), Arg::I64(limit)])?
             .execute(conn)
             .await?;

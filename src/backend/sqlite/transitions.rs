@@ -8,6 +8,7 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::SqliteStore;
+use crate::backend::names::Names;
 use crate::backend::rows::ObservedRow;
 use crate::backend::stepwise::Stepwise;
 use crate::backend::units::{end_unit, undo};
@@ -48,11 +49,12 @@ pub(super) struct Sql {
 }
 
 impl Sql {
-    pub(super) fn new(tables: &Tables) -> Self {
-        let (o, h) = tables.quoted('"');
+    pub(super) fn new(tables: &Tables, names: &Names) -> Self {
+        let x = &names.outbox;
+        let (o, h) = tables.quoted('"', names);
         let sql = |s: String| AssertSqlSafe(s).into_sql_str();
         Sql {
-            units: super::units::UnitStatements::new(&o, &h),
+            units: super::units::UnitStatements::new(&o, &h, x),
             insert_order: sql(format!(
                 "INSERT INTO {o} (id, status, version) SELECT ?1, ?2, 0 \
                  WHERE NOT EXISTS (SELECT 1 FROM {o} WHERE id = ?1) ON CONFLICT (id) DO NOTHING"
@@ -86,11 +88,10 @@ impl Sql {
                 "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
             )),
-            emit: sql(
-                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+            emit: sql(format!(
+                "INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-                    .to_string(),
-            ),
+            )),
             history: sql(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ?1 ORDER BY seq"
@@ -121,7 +122,12 @@ impl Store for SqliteStore {
         conn: &mut SqliteConnection,
         arm: &crate::timer::Arm<'_>,
     ) -> Result<(), sqlx::Error> {
-        crate::backend::timer_sql::arm::<sqlx::Sqlite>(conn, &super::timers::STATEMENTS, arm).await
+        crate::backend::timer_sql::arm::<sqlx::Sqlite>(
+            conn,
+            super::timers::STATEMENTS.get(self.names()),
+            arm,
+        )
+        .await
     }
 
     type Conn = SqliteConnection;

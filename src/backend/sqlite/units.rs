@@ -305,11 +305,11 @@ pub(super) struct UnitStatements {
 
 impl UnitStatements {
     /// The statements over the entity table `o` and the history table `h` (quoted).
-    pub(super) fn new(o: &str, h: &str) -> Self {
+    pub(super) fn new(o: &str, h: &str, x: &str) -> Self {
         let (uo, uh, rh) = (o.to_string(), h.to_string(), h.to_string());
-        let (co, ch) = (o.to_string(), h.to_string());
+        let (co, ch, cx, ex) = (o.to_string(), h.to_string(), x.to_string(), x.to_string());
         UnitStatements {
-            one_call: BySize::new(move |n| one_call_sql(&co, &ch, n)),
+            one_call: BySize::new(move |n| one_call_sql(&co, &ch, &cx, n)),
             update: BySize::new(move |n| {
                 let (o, h) = (&uo, &uh);
                 format!(
@@ -330,9 +330,9 @@ impl UnitStatements {
                     placeholders(n, 11)
                 )
             }),
-            emit: BySize::new(|n| {
+            emit: BySize::new(move |n| {
                 format!(
-                    "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                    "INSERT INTO {ex} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
                      VALUES {}",
                     placeholders(n, 9)
                 )
@@ -354,7 +354,7 @@ impl UnitStatements {
 /// requests: sqlx binds the numbers a statement skips as plain positional parameters
 /// from a running count, and stops binding at the first past the values, so a statement
 /// that named only its share would leave the parameters after a gap unbound (`NULL`).
-fn one_call_sql(o: &str, h: &str, n: usize) -> String {
+fn one_call_sql(o: &str, h: &str, x: &str, n: usize) -> String {
     let r = format!(
         "WITH r(order_id, f, t, event, ref_id, ph, p, wid, actor, reason, machine, emits, body) \
          AS (VALUES {})",
@@ -368,7 +368,7 @@ fn one_call_sql(o: &str, h: &str, n: usize) -> String {
          WHERE {o}.status = r.f AND {o}.version BETWEEN 0 AND 9223372036854775806 \
            AND NOT EXISTS (SELECT 1 FROM {h} AS x \
                            WHERE x.order_id = r.order_id AND x.event = r.event AND x.ref_id = r.ref_id); \
-         {r} INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+         {r} INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
          SELECT r.machine, r.order_id, x.seq, r.emits, x.event, x.from_status, x.to_status, x.ref_id, r.body \
          FROM r JOIN {o} ON {o}.id = r.order_id \
          JOIN {h} AS x ON x.order_id = r.order_id AND x.seq = {o}.version + 1 AND x.write_id = r.wid \

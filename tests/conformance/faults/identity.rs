@@ -273,15 +273,18 @@ pub async fn corrupt_rows_are_reported_not_written_over<B: Backend>(b: &B) {
             "{policy:?}: {err:?}"
         );
         assert_eq!(b.scalar("SELECT version FROM orders WHERE id = 2").await, 0);
-        assert_eq!(b.scalar("SELECT COUNT(*) FROM order_transitions").await, 0);
+        assert_eq!(
+            b.scalar("SELECT COUNT(*) FROM orderly_transitions").await,
+            0
+        );
     }
     b.exec(
-        "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+        "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) \
          VALUES (9, 1, 'Created', 'Paid', 'Pay', 'x'), (9, 2, 'Created', 'Paid', 'Pay', 'x ')",
     )
     .await;
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM order_transitions WHERE order_id = 9 AND ref_id = 'x'")
+        b.scalar("SELECT COUNT(*) FROM orderly_transitions WHERE order_id = 9 AND ref_id = 'x'")
             .await,
         1
     );
@@ -312,7 +315,7 @@ pub async fn version_at_its_limit_is_corrupt_state<B: Backend>(b: &B) {
         );
         assert_eq!(
             b.scalar(&format!(
-                "SELECT COUNT(*) FROM order_transitions WHERE order_id = {id}"
+                "SELECT COUNT(*) FROM orderly_transitions WHERE order_id = {id}"
             ))
             .await,
             0

@@ -109,7 +109,7 @@ pub async fn flow_bad_definitions_are_rejected<B: Backend>(b: &B) {
         f.resume("shop", "nothing", Resume::Retry).await,
         Err(Error::InvalidInput(_))
     ));
-    assert_eq!(b.scalar("SELECT COUNT(*) FROM flows").await, 0);
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM orderly_flows").await, 0);
 }
 
 orderly::flow! {
@@ -165,5 +165,5 @@ pub async fn flow_step_of_another_flow_is_refused<B: Backend>(b: &B) {
         .unwrap()
         .register(own)
         .unwrap();
-    assert_eq!(b.scalar("SELECT COUNT(*) FROM flows").await, 0);
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM orderly_flows").await, 0);
 }

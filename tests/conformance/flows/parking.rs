@@ -452,7 +452,7 @@ pub async fn flow_unknown_park_reason_is_corrupt_to_start_and_resume<B: Backend>
     assert!(matches!(started.outcome, FlowOutcome::Parked { .. }));
     world.clear_plans();
     b.exec(
-        "UPDATE flows SET park_reason = 'GONE_FISHING' WHERE kind = 'shop' AND flow_key = 'edited'",
+        "UPDATE orderly_flows SET park_reason = 'GONE_FISHING' WHERE kind = 'shop' AND flow_key = 'edited'",
     )
     .await;
     let seen = || async {
@@ -491,7 +491,7 @@ pub async fn flow_attempt_counter_at_its_limit_parks<B: Backend>(b: &B) {
     f.start(Shop, "worn", &order(12)).await.unwrap();
     world.clear_plans();
     b.exec(&format!(
-        "UPDATE flows SET attempt = {}, lease_until = 0 WHERE kind = 'shop' AND flow_key = 'worn'",
+        "UPDATE orderly_flows SET attempt = {}, lease_until = 0 WHERE kind = 'shop' AND flow_key = 'worn'",
         i32::MAX
     ))
     .await;

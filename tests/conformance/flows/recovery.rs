@@ -216,7 +216,7 @@ pub async fn flow_recovery_jobs_race<B: Backend>(b: &B) {
         "one job took everything ({one}, {two}): no race"
     );
     let completed = b
-        .scalar("SELECT COUNT(*) FROM flows WHERE kind = 'shop' AND status = 'COMPLETED'")
+        .scalar("SELECT COUNT(*) FROM orderly_flows WHERE kind = 'shop' AND status = 'COMPLETED'")
         .await;
     assert_eq!(completed, 100);
     let doubled = b
@@ -375,7 +375,7 @@ pub async fn flow_purge_removes_only_finished_flows<B: Backend>(b: &B) {
         assert!(f.get("shop", key).await.unwrap().is_none(), "{key}");
         let steps = b
             .scalar(&format!(
-                "SELECT COUNT(*) FROM flow_steps WHERE flow_key = '{key}'"
+                "SELECT COUNT(*) FROM orderly_flow_steps WHERE flow_key = '{key}'"
             ))
             .await;
         assert_eq!(steps, 0, "{key}");

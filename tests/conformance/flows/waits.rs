@@ -124,7 +124,7 @@ pub async fn flow_waits_on_a_timer_and_wakes_once<B: Backend>(b: &B) {
     assert_eq!(step, "Window");
     let due_at = b
         .scalar(&format!(
-            "SELECT due_at FROM timers WHERE machine = '{WAIT_MACHINE}' AND ref_id = 'h-1' \
+            "SELECT due_at FROM orderly_timers WHERE machine = '{WAIT_MACHINE}' AND ref_id = 'h-1' \
              AND status = 'PENDING'"
         ))
         .await;
@@ -165,7 +165,7 @@ pub async fn flow_waits_on_a_timer_and_wakes_once<B: Backend>(b: &B) {
     // The job died after the wake committed and before it marked the timer: it fires
     // again, and finds the flow woken.
     b.exec(&format!(
-        "UPDATE timers SET status = 'PENDING', outcome = NULL, lease_until = 0 \
+        "UPDATE orderly_timers SET status = 'PENDING', outcome = NULL, lease_until = 0 \
          WHERE machine = '{WAIT_MACHINE}' AND ref_id = 'h-1'"
     ))
     .await;
@@ -176,7 +176,7 @@ pub async fn flow_waits_on_a_timer_and_wakes_once<B: Backend>(b: &B) {
     // A wait timer that names no step is set aside; one of a flow that does not exist is
     // moot.
     b.exec(&format!(
-        "INSERT INTO timers (machine, entity_id, event, ref_id, state, version, due_at, \
+        "INSERT INTO orderly_timers (machine, entity_id, event, ref_id, state, version, due_at, \
              next_at, created_at) \
          VALUES ('{WAIT_MACHINE}', 1, 'hold', 'nameless', NULL, NULL, 0, 0, 0), \
                 ('{WAIT_MACHINE}', 2, 'hold', 'ghost', 'Window', 1, 0, 0, 0)"
@@ -192,7 +192,7 @@ pub async fn flow_waits_on_a_timer_and_wakes_once<B: Backend>(b: &B) {
     // A timer of another sleep (an earlier flow under the key, since purged) wakes
     // nothing.
     b.exec(&format!(
-        "INSERT INTO timers (machine, entity_id, event, ref_id, state, version, due_at, \
+        "INSERT INTO orderly_timers (machine, entity_id, event, ref_id, state, version, due_at, \
              next_at, created_at) \
          VALUES ('{WAIT_MACHINE}', 7, 'hold', 'h-2', 'Window', 1, 0, 0, 0)"
     ))
@@ -289,7 +289,7 @@ pub async fn a_flow_wait_cut_at_each_statement_wakes_once<B: Networked>(b: &B) {
     let f = hold_flows(b, &world, lease, wait).await;
     let sound = Timers::new(f.store().clone()).flows(f.clone());
     let points: [(&'static [u8], bool); 4] = [
-        (b"INTO timers (machine", false),
+        (b"timers (machine", false),
         (b"SKIP LOCKED", true),
         (b"status = 'RUNNING'", true),
         (b"'FIRED'", true),
@@ -331,7 +331,7 @@ pub async fn a_flow_wait_cut_at_each_statement_wakes_once<B: Networked>(b: &B) {
                 let done = view.as_ref().is_some_and(|v| v.flow.status == "COMPLETED");
                 let pending = b
                     .scalar(&format!(
-                        "SELECT COUNT(*) FROM timers WHERE machine = '{WAIT_MACHINE}' \
+                        "SELECT COUNT(*) FROM orderly_timers WHERE machine = '{WAIT_MACHINE}' \
                          AND ref_id = '{key}' AND status = 'PENDING'"
                     ))
                     .await;
@@ -354,7 +354,7 @@ pub async fn a_flow_wait_cut_at_each_statement_wakes_once<B: Networked>(b: &B) {
             assert_eq!(effects(b, &key, "Settle").await, 1, "{cut:?}");
             let fired = b
                 .scalar(&format!(
-                    "SELECT COUNT(*) FROM timers WHERE machine = '{WAIT_MACHINE}' \
+                    "SELECT COUNT(*) FROM orderly_timers WHERE machine = '{WAIT_MACHINE}' \
                      AND ref_id = '{key}' AND status = 'FIRED' AND outcome = 'applied'"
                 ))
                 .await;

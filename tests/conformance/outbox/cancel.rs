@@ -50,7 +50,7 @@ pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backen
     }
     rec.current.store(0, Ordering::SeqCst);
     assert!(
-        b.scalar("SELECT COUNT(*) FROM outbox WHERE owner_token IS NOT NULL")
+        b.scalar("SELECT COUNT(*) FROM orderly_outbox WHERE owner_token IS NOT NULL")
             .await
             > 0,
         "the dropped round held no claim"
@@ -77,7 +77,7 @@ pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backen
         tokio::time::sleep(lease + Duration::from_millis(50)).await;
         let held_until = b
             .scalar(
-                "SELECT COALESCE(MAX(lease_until), 0) FROM outbox \
+                "SELECT COALESCE(MAX(lease_until), 0) FROM orderly_outbox \
                  WHERE status = 'PENDING' AND owner_token IS NOT NULL",
             )
             .await;
@@ -118,7 +118,7 @@ pub async fn relay_dropped_at_every_await_point_leaves_nothing_claimed<B: Backen
     }
     assert_eq!(
         b.scalar(
-            "SELECT COUNT(*) FROM outbox WHERE status <> 'PUBLISHED' OR owner_token IS NOT NULL"
+            "SELECT COUNT(*) FROM orderly_outbox WHERE status <> 'PUBLISHED' OR owner_token IS NOT NULL"
         )
         .await,
         0
@@ -207,7 +207,7 @@ pub async fn locked_relay_dropped_at_every_await_point_frees_its_batch_at_once<B
     assert_no_lease(b).await;
     assert_first_receipts_in_order(&rec, entities, per_entity);
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM outbox WHERE status <> 'PUBLISHED'")
+        b.scalar("SELECT COUNT(*) FROM orderly_outbox WHERE status <> 'PUBLISHED'")
             .await,
         0
     );
@@ -235,7 +235,7 @@ pub async fn locked_relay_cut_at_each_statement<B: Networked>(b: &B) {
     let (entities, per_entity) = (4, 2);
     for point in points {
         for cut in [Cut::Request(point), Cut::ReplyTo(point)] {
-            b.exec("DELETE FROM outbox").await;
+            b.exec("DELETE FROM orderly_outbox").await;
             seed(b, entities, per_entity).await;
             let rec = Arc::new(Recorder::default());
             let proxy = Proxy::start(b.server(), cut).await;
@@ -256,7 +256,7 @@ pub async fn locked_relay_cut_at_each_statement<B: Networked>(b: &B) {
             );
             until_no_transaction_is_open(b).await;
             let published = b
-                .scalar("SELECT COUNT(*) FROM outbox WHERE status = 'PUBLISHED'")
+                .scalar("SELECT COUNT(*) FROM orderly_outbox WHERE status = 'PUBLISHED'")
                 .await;
             match answer {
                 Ok(round) => assert_eq!(round.published as i64, published, "{cut:?}: {round:?}"),
@@ -278,7 +278,7 @@ pub async fn locked_relay_cut_at_each_statement<B: Networked>(b: &B) {
             assert!(twice <= entities, "{cut:?}: {twice} published twice");
             assert_eq!(
                 b.scalar(
-                    "SELECT COUNT(*) FROM outbox WHERE attempts <> 1 OR status <> 'PUBLISHED'"
+                    "SELECT COUNT(*) FROM orderly_outbox WHERE attempts <> 1 OR status <> 'PUBLISHED'"
                 )
                 .await,
                 0,
@@ -329,7 +329,7 @@ pub(crate) async fn assert_claims_fall_back_to_a_lease<B: Backend>(b: &B) {
         }
     }
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM outbox WHERE owner_token IS NOT NULL")
+        b.scalar("SELECT COUNT(*) FROM orderly_outbox WHERE owner_token IS NOT NULL")
             .await,
         2,
         "a relay on a store that holds no claims by lock claimed without a lease"
@@ -354,8 +354,10 @@ pub(crate) async fn until_no_transaction_is_open<B: Backend>(b: &B) {
 /// No event carries a claim's token or lease: claims by lock write none.
 pub(crate) async fn assert_no_lease<B: Backend>(b: &B) {
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM outbox WHERE owner_token IS NOT NULL OR lease_until <> 0")
-            .await,
+        b.scalar(
+            "SELECT COUNT(*) FROM orderly_outbox WHERE owner_token IS NOT NULL OR lease_until <> 0"
+        )
+        .await,
         0,
         "a claim by lock wrote a lease"
     );

@@ -31,8 +31,11 @@ pub async fn event_bodies_are_bounded_when_written<B: Backend>(b: &B) {
         );
         assert_eq!(e.get(id).await.unwrap().state, OrderState::Created);
     }
-    assert_eq!(b.scalar("SELECT count(*) FROM order_transitions").await, 0);
-    assert_eq!(b.scalar("SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(
+        b.scalar("SELECT count(*) FROM orderly_transitions").await,
+        0
+    );
+    assert_eq!(b.scalar("SELECT count(*) FROM orderly_outbox").await, 0);
     let paid = e
         .transition(1, OrderEvent::Pay, "r-1")
         .event_body(&fits)
@@ -70,17 +73,19 @@ pub async fn outbox_purge_and_stats<B: Backend>(b: &B) {
     let stats = outbox.stats().await.unwrap();
     assert_eq!((stats.pending, stats.dead), (6, 0));
     // Entity 1 published long ago, entity 2 just now, entity 3 pending and dead.
-    b.exec("UPDATE outbox SET status = 'PUBLISHED', published_at = 1000 WHERE entity_id = 1")
-        .await;
+    b.exec(
+        "UPDATE orderly_outbox SET status = 'PUBLISHED', published_at = 1000 WHERE entity_id = 1",
+    )
+    .await;
     b.exec(&format!(
-        "UPDATE outbox SET status = 'PUBLISHED', published_at = {} WHERE entity_id = 2",
+        "UPDATE orderly_outbox SET status = 'PUBLISHED', published_at = {} WHERE entity_id = 2",
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis()
     ))
     .await;
-    b.exec("UPDATE outbox SET status = 'DEAD' WHERE entity_id = 3 AND version = 1")
+    b.exec("UPDATE orderly_outbox SET status = 'DEAD' WHERE entity_id = 3 AND version = 1")
         .await;
     let stats = outbox.stats().await.unwrap();
     assert_eq!((stats.pending, stats.dead), (1, 1));
@@ -98,9 +103,9 @@ pub async fn outbox_purge_and_stats<B: Backend>(b: &B) {
         outbox.purge(Duration::from_secs(3600), 10).await.unwrap(),
         0
     );
-    assert_eq!(b.scalar("SELECT COUNT(*) FROM outbox").await, 4);
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM orderly_outbox").await, 4);
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM outbox WHERE entity_id = 1")
+        b.scalar("SELECT COUNT(*) FROM orderly_outbox WHERE entity_id = 1")
             .await,
         0
     );
@@ -159,10 +164,10 @@ pub async fn inbox_dedupes_inside_the_consumers_transaction<B: Backend>(b: &B) {
         "another consumer"
     );
     B::commit(tx).await;
-    b.exec("UPDATE inbox SET received_at = 1000 WHERE consumer = 'billing'")
+    b.exec("UPDATE orderly_inbox SET received_at = 1000 WHERE consumer = 'billing'")
         .await;
     assert_eq!(inbox.purge(Duration::from_secs(3600), 10).await.unwrap(), 1);
-    assert_eq!(b.scalar("SELECT COUNT(*) FROM inbox").await, 1);
+    assert_eq!(b.scalar("SELECT COUNT(*) FROM orderly_inbox").await, 1);
 }
 
 /// The event of a transition inside `Records::run`'s work commits with the work and its
@@ -187,7 +192,9 @@ pub async fn events_commit_with_records_run<B: Backend>(b: &B) {
         .unwrap();
     assert_eq!(ran.outcome, Ok(1));
     let count = |id: i64| {
-        format!("SELECT COUNT(*) FROM outbox WHERE entity_id = {id} AND event = 'OrderPaid'")
+        format!(
+            "SELECT COUNT(*) FROM orderly_outbox WHERE entity_id = {id} AND event = 'OrderPaid'"
+        )
     };
     assert_eq!(b.scalar(&count(1)).await, 1);
     let again = r
@@ -339,7 +346,9 @@ pub async fn events_commit_with_flow_local_steps<B: Backend>(b: &B) {
         failed.outcome
     );
     let count = |id: i64| {
-        format!("SELECT COUNT(*) FROM outbox WHERE entity_id = {id} AND event = 'OrderPaid'")
+        format!(
+            "SELECT COUNT(*) FROM orderly_outbox WHERE entity_id = {id} AND event = 'OrderPaid'"
+        )
     };
     assert_eq!(
         b.scalar(&count(1)).await,

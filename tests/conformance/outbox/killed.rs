@@ -99,7 +99,7 @@ pub(crate) async fn killed_relay_another_finishes<B: Backend>(b: &B, claim: Clai
     } else {
         let unrecorded = b
             .scalar(
-                "SELECT COUNT(*) FROM outbox WHERE status = 'PENDING' AND owner_token IS NOT NULL",
+                "SELECT COUNT(*) FROM orderly_outbox WHERE status = 'PENDING' AND owner_token IS NOT NULL",
             )
             .await;
         assert!(unrecorded > 0, "the child was killed holding no claim");
@@ -145,8 +145,10 @@ pub(crate) async fn killed_relay_another_finishes<B: Backend>(b: &B, claim: Clai
     );
     if claim == Claim::Lock {
         assert_eq!(
-            b.scalar("SELECT COUNT(*) FROM outbox WHERE attempts <> 1 OR status <> 'PUBLISHED'")
-                .await,
+            b.scalar(
+                "SELECT COUNT(*) FROM orderly_outbox WHERE attempts <> 1 OR status <> 'PUBLISHED'"
+            )
+            .await,
             0,
             "an event counted an attempt the killed child never recorded"
         );

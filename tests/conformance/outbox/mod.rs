@@ -149,7 +149,7 @@ pub(crate) fn seed_rows(entities: i64, per_entity: i64) -> Vec<String> {
     rows.chunks(500)
         .map(|chunk| {
             format!(
-                "INSERT INTO outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
                  VALUES {}",
                 chunk.join(", ")
             )

@@ -58,8 +58,10 @@ pub async fn relays_race_each_event_once_in_order<B: Backend>(b: &B) {
     let stats = outbox.stats().await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 0));
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM outbox WHERE status = 'PUBLISHED' AND owner_token IS NULL")
-            .await,
+        b.scalar(
+            "SELECT COUNT(*) FROM orderly_outbox WHERE status = 'PUBLISHED' AND owner_token IS NULL"
+        )
+        .await,
         entities * per_entity
     );
 }
@@ -108,7 +110,7 @@ pub async fn relays_keep_order_while_events_commit<B: Backend>(b: &B) {
                         before_last.fetch_max(rec.received().len(), Ordering::SeqCst);
                     }
                     b.exec(&format!(
-                        "INSERT INTO outbox (machine, entity_id, version, event, transition, \
+                        "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, \
                          from_status, to_status, ref_id) \
                      VALUES ('OrderMachine', {entity}, {version}, 'OrderPaid', 'Pay', 'Created', \
                          'Paid', 'r-{entity}-{version}')"
@@ -256,37 +258,52 @@ pub async fn corrupt_rows_are_set_aside_and_hold_back_only_their_entity<B: Backe
         "'not a date'"
     };
     b.exec(&format!(
-        "UPDATE outbox SET created_at = {no_time} {}",
+        "UPDATE orderly_outbox SET created_at = {no_time} {}",
         at(1, 1)
     ))
     .await;
     // 2: a status orderly never writes.
-    b.exec(&format!("UPDATE outbox SET status = 'WEIRD' {}", at(2, 1)))
-        .await;
+    b.exec(&format!(
+        "UPDATE orderly_outbox SET status = 'WEIRD' {}",
+        at(2, 1)
+    ))
+    .await;
     // 3: a body that is not JSON.
     b.exec(&format!(
-        "UPDATE outbox SET body = 'not json {{' {}",
+        "UPDATE orderly_outbox SET body = 'not json {{' {}",
         at(3, 1)
     ))
     .await;
     // 5: a version below 1, before the entity's first.
-    b.exec(&format!("UPDATE outbox SET version = -5 {}", at(5, 1)))
-        .await;
+    b.exec(&format!(
+        "UPDATE orderly_outbox SET version = -5 {}",
+        at(5, 1)
+    ))
+    .await;
     // 6: claimed by no relay of ours, for centuries.
     b.exec(&format!(
-        "UPDATE outbox SET owner_token = 'ghost', lease_until = 9000000000000000 {}",
+        "UPDATE orderly_outbox SET owner_token = 'ghost', lease_until = 9000000000000000 {}",
         at(6, 1)
     ))
     .await;
     if sqlite {
         // 7: a BLOB body; 8: a text version.
-        b.exec(&format!("UPDATE outbox SET body = X'00FF' {}", at(7, 1)))
-            .await;
-        b.exec(&format!("UPDATE outbox SET version = 'v1' {}", at(8, 1)))
-            .await;
+        b.exec(&format!(
+            "UPDATE orderly_outbox SET body = X'00FF' {}",
+            at(7, 1)
+        ))
+        .await;
+        b.exec(&format!(
+            "UPDATE orderly_outbox SET version = 'v1' {}",
+            at(8, 1)
+        ))
+        .await;
         // 9: a text entity id.
-        b.exec(&format!("UPDATE outbox SET entity_id = 'zz' {}", at(9, 1)))
-            .await;
+        b.exec(&format!(
+            "UPDATE orderly_outbox SET entity_id = 'zz' {}",
+            at(9, 1)
+        ))
+        .await;
     }
     let rec = Arc::new(Recorder::default());
     let store = b.store(Duration::from_secs(10)).await;
@@ -341,7 +358,7 @@ pub async fn corrupt_rows_are_set_aside_and_hold_back_only_their_entity<B: Backe
     assert_eq!(corrupt_seen, set_aside, "rows set aside by the relay");
     let dead_corrupt = b
         .scalar(
-            "SELECT count(*) FROM outbox WHERE status = 'DEAD' AND attempts = 1 \
+            "SELECT count(*) FROM orderly_outbox WHERE status = 'DEAD' AND attempts = 1 \
              AND last_error LIKE 'corrupt row: %'",
         )
         .await;
@@ -385,7 +402,7 @@ pub async fn corrupt_rows_are_set_aside_and_hold_back_only_their_entity<B: Backe
         );
         let named = b
             .scalar(
-                "SELECT count(*) FROM outbox WHERE status = 'DEAD' AND last_error LIKE \
+                "SELECT count(*) FROM orderly_outbox WHERE status = 'DEAD' AND last_error LIKE \
                  'corrupt row: an entity id or version that is not an integer (entity id ''zz'', version 1)%'",
             )
             .await;
@@ -442,12 +459,12 @@ pub async fn relay_shutdown_finishes_the_batch_in_hand<B: Backend>(b: &B) {
     assert!(total.claimed < 40, "it went on after the signal: {total:?}");
     assert_eq!(rec.received().len(), total.published);
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM outbox WHERE owner_token IS NOT NULL")
+        b.scalar("SELECT COUNT(*) FROM orderly_outbox WHERE owner_token IS NOT NULL")
             .await,
         0
     );
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM outbox WHERE status = 'PUBLISHED'")
+        b.scalar("SELECT COUNT(*) FROM orderly_outbox WHERE status = 'PUBLISHED'")
             .await,
         total.published as i64
     );

@@ -296,7 +296,7 @@ pub async fn guarded_request_behind_the_lock_sees_what_the_holder_recorded<B: Ba
         let e = e.clone();
         async move { e.transition(1, Ship, "ship-1").await }
     };
-    let history = "INSERT INTO order_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES";
+    let history = "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) VALUES";
     let shipped = behind_the_lock(
         b,
         1,

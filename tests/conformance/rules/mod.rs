@@ -296,7 +296,7 @@ pub async fn guards_and_effects_run_once_inside_the_unit<B: Backend>(b: &B) {
         99
     );
     assert_eq!(
-        b.scalar("SELECT COUNT(*) FROM outbox WHERE entity_id = 1")
+        b.scalar("SELECT COUNT(*) FROM orderly_outbox WHERE entity_id = 1")
             .await,
         1,
         "the emitted event is written with the effect"
@@ -324,7 +324,7 @@ pub async fn guards_and_effects_run_once_inside_the_unit<B: Backend>(b: &B) {
     );
     assert_eq!(
         b.scalar(&format!(
-            "SELECT COUNT(*) FROM outbox WHERE entity_id = {FAILING}"
+            "SELECT COUNT(*) FROM orderly_outbox WHERE entity_id = {FAILING}"
         ))
         .await,
         0
