@@ -150,13 +150,15 @@
 //!
 //! # Tables
 //!
-//! The migrations create `orders(id, status, version, created_at)` and
-//! `order_transitions(order_id, seq, from_status, to_status, event, ref_id, payload_hash,
-//! payload, write_id, actor, reason, created_at)` with `PRIMARY KEY (order_id, seq)` and
-//! `UNIQUE (order_id, event, ref_id)`, and record themselves in `_orderly_migrations`.
-//! [`Tables`] points the engine at an existing entity table of yours: it needs `id`,
-//! `status` and `version` columns and leaves the rest alone;
-//! [`Engine::create_tables`] makes or upgrades a history table under a name of yours.
+//! The entity table is the application's, named in [`Tables`]: it needs `id`, `status`
+//! and `version` columns and orderly leaves the rest alone. orderly's own tables live in
+//! a namespace (the schema `orderly` on PostgreSQL, the prefix `orderly_` on MariaDB and
+//! SQLite; [`Tables::in_namespace`]), created by its migrations, which record themselves
+//! there: the history `transitions(order_id, seq, from_status, to_status, event, ref_id,
+//! payload_hash, payload, write_id, actor, reason, created_at)` with `PRIMARY KEY
+//! (order_id, seq)` and `UNIQUE (order_id, event, ref_id)`, and the tables of the other
+//! layers. [`Engine::create_tables`] makes the entity table where none exists (a demo, a
+//! test) or a history table under a name of yours ([`Tables::with_history`]).
 #![warn(missing_docs)]
 // On docs.rs (and in CI's docs.rs-style build), each item shows the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
