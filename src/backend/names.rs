@@ -67,6 +67,7 @@ impl Names {
     }
 
     /// The SQL name of the table `table` (a bare name) in the namespace.
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
     pub(crate) fn in_namespace(&self, table: &str) -> String {
         named(&self.namespace, self.style, table)
     }

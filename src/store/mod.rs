@@ -49,6 +49,7 @@ pub(crate) use lease::Lease;
 pub use requests::{Apply, Audit, FirstWrite, Key, Observed, OwnedKey, Request, Txn, Written};
 pub use rows::{Entity, PositionedPrior, Prior, RawTransition, RefRow};
 pub use schema::Schema;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) use tables::validate_namespace;
 pub use tables::{DEFAULT_NAMESPACE, DEMO_TABLE, Tables};
 pub use unit::Unit;

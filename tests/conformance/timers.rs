@@ -644,7 +644,12 @@ pub async fn a_timer_job_cut_at_each_statement_fires_each_once<B: Networked>(b: 
     use crate::server::{Cut, Proxy};
     let engine = timed_engine(b).await;
     let sound = Timers::new(engine.store().clone()).fire(engine.clone());
-    let points: [&'static [u8]; 4] = [b"SKIP LOCKED", b"transitions (order_id", b"COMMIT", b"'FIRED'"];
+    let points: [&'static [u8]; 4] = [
+        b"SKIP LOCKED",
+        b"transitions (order_id",
+        b"COMMIT",
+        b"'FIRED'",
+    ];
     let mut id = 0;
     for point in points {
         for cut in [
