@@ -36,6 +36,19 @@ impl<P: Policy> Backend for Sqlite3<P> {
 
     harness_sql_methods!(SqliteConnection);
 
+    /// A schema change runs after a read of the schema on the same connection: a pooled
+    /// SQLite connection parses `ALTER TABLE` against the schema it cached, and one that
+    /// cached it before another connection dropped a column answers "duplicate column
+    /// name" to the statement that adds it back. Reading first makes it load the schema
+    /// as it is.
+    fn sql(sql: &str) -> String {
+        if sql.trim_start().starts_with("ALTER TABLE") {
+            format!("SELECT 1 FROM sqlite_schema LIMIT 1; {sql}")
+        } else {
+            sql.to_owned()
+        }
+    }
+
     async fn fresh() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("orderly.db").display());
