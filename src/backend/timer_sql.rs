@@ -23,22 +23,47 @@ pub(crate) fn columns(now: &str) -> String {
 fn prefixed_columns(now: &str, p: &str) -> String {
     format!(
         "{p}id, {p}machine, {p}entity_id, {p}event, {p}ref_id, {p}state, {p}version, \
-         {p}due_at, {p}status, {p}outcome, {p}attempts, {p}last_error, {now} - {p}due_at AS late_ms"
+         {p}due_at, {p}status, {p}outcome, {p}attempts, {p}last_error, {late} AS late_ms",
+        late = late(now, &format!("{p}due_at"))
     )
 }
+
+/// How late `due` is at `now`, in milliseconds, saturating: `now - due` overflows a
+/// 64-bit integer for a due time below `now - i64::MAX` (a corrupt row), which fails
+/// the whole statement on PostgreSQL and MariaDB.
+fn late(now: &str, due: &str) -> String {
+    format!(
+        "CASE WHEN {due} < {now} - 9223372036854775807 THEN 9223372036854775807 \
+         ELSE {now} - {due} END"
+    )
+}
+
+/// The latest due time a timer row may hold: the end of year 9999, in milliseconds since
+/// the epoch. A due time outside `0..=MAX_DUE_MS` is no time (a row written by hand, or
+/// corrupted): the job sets it aside.
+pub(crate) const MAX_DUE_MS: i64 = 253_402_300_799_999;
+
+/// The key that orders one entity's pending timers, of the timer aliased `{t}`: its due
+/// time where the backend stores one. SQLite stores any type in a column, and orders
+/// text after every integer: there a due time that is not an integer orders first, so
+/// that the row is claimed (and set aside) at once rather than after the entity's real
+/// timers.
+pub(crate) const DUE_KEY: &str = "{t}.due_at";
 
 /// Whether the timer `c` may be claimed for machine `?{machine}` now: pending, due (its
 /// next try has come, or, where `due` adds it, its times are no times: such a row is
 /// claimed to be set aside), not under a live lease, and the earliest pending timer of its
 /// entity (so one entity's timers fire one after another, in due order).
-pub(crate) fn claimable(n: &Names, now: &str, machine: usize, due: &str) -> String {
+/// `key` orders one entity's timers ([`DUE_KEY`], with `{t}` for the alias).
+pub(crate) fn claimable(n: &Names, now: &str, machine: usize, due: &str, key: &str) -> String {
     let timers = &n.timers;
+    let (e, c) = (key.replace("{t}", "e"), key.replace("{t}", "c"));
     format!(
         "c.status = 'PENDING' AND c.machine = ?{machine} AND ({due}) \
          AND c.lease_until <= {now} \
          AND NOT EXISTS (SELECT 1 FROM {timers} e WHERE e.machine = c.machine \
              AND e.entity_id = c.entity_id AND e.status = 'PENDING' \
-             AND (e.due_at < c.due_at OR (e.due_at = c.due_at AND e.id < c.id)))"
+             AND ({e} < {c} OR ({e} = {c} AND e.id < c.id)))"
     )
 }
 
@@ -58,8 +83,10 @@ pub(crate) struct TimerStatements {
     /// A claimed timer back to PENDING after a delay, or DEAD: 1 dead, 2 retry in ms,
     /// 3 error, 4 id, 5 token.
     failed: Statement,
-    /// A pending or dead timer cancelled: 1 machine, 2 entity, 3 event, 4 reference.
-    cancel: Statement,
+    /// A pending or dead timer cancelled, unless the history holds its event under its
+    /// reference: 1 machine, 2 entity, 3 event, 4 reference; `{history}` stands for the
+    /// store's history table.
+    cancel: String,
     /// A dead timer pending again, due now: 1 machine, 2 entity, 3 event, 4 reference.
     rearm: Statement,
     /// Timers in a status, oldest due first: 1 status, 2 limit.
@@ -99,12 +126,14 @@ impl TimerStatements {
                      next_at = {now} + ?2, last_error = ?3, owner_token = NULL, lease_until = 0 \
                  WHERE id = ?4 AND owner_token = ?5 AND status = 'PENDING'"
             )),
-            cancel: s(format!(
+            cancel: format!(
                 "UPDATE {timers} SET status = 'CANCELLED', fired_at = {now}, owner_token = NULL, \
                      lease_until = 0 \
                  WHERE machine = ?1 AND entity_id = ?2 AND event = ?3 AND ref_id = ?4 \
-                   AND status IN ('PENDING', 'DEAD') AND (owner_token IS NULL OR lease_until <= {now})"
-            )),
+                   AND status IN ('PENDING', 'DEAD') AND (owner_token IS NULL OR lease_until <= {now}) \
+                   AND NOT EXISTS (SELECT 1 FROM {{history}} h \
+                       WHERE h.order_id = ?2 AND h.event = ?3 AND h.ref_id = ?4)"
+            ),
             rearm: s(format!(
                 "UPDATE {timers} SET status = 'PENDING', attempts = 0, next_at = {now}, \
                      last_error = NULL, owner_token = NULL, lease_until = 0 \
@@ -123,9 +152,13 @@ impl TimerStatements {
                 "SELECT CAST(COALESCE(SUM(CASE WHEN status = 'PENDING' THEN 1 ELSE 0 END), 0) AS {int}) AS pending, \
                         CAST(COALESCE(SUM(CASE WHEN status = 'PENDING' AND due_at <= n.ms THEN 1 ELSE 0 END), 0) AS {int}) AS due, \
                         CAST(COALESCE(SUM(CASE WHEN status = 'DEAD' THEN 1 ELSE 0 END), 0) AS {int}) AS dead, \
-                        CAST(COALESCE(n.ms - MIN(CASE WHEN status = 'PENDING' AND due_at <= n.ms THEN due_at END), 0) AS {int}) AS oldest_late_ms \
+                        CAST(COALESCE({oldest}, 0) AS {int}) AS oldest_late_ms \
                  FROM {timers} CROSS JOIN (SELECT {now} AS ms) n \
-                 WHERE status IN ('PENDING', 'DEAD') GROUP BY n.ms"
+                 WHERE status IN ('PENDING', 'DEAD') GROUP BY n.ms",
+                oldest = late(
+                    "n.ms",
+                    "MIN(CASE WHEN status = 'PENDING' AND due_at <= n.ms THEN due_at END)"
+                )
             )),
         }
     }
@@ -141,10 +174,20 @@ where
     &'static str: sqlx::ColumnIndex<R>,
     i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    <TimerRow as sqlx::FromRow<'r, R>>::from_row(row).map_err(|e| CorruptTimer {
+    let timer = <TimerRow as sqlx::FromRow<'r, R>>::from_row(row).map_err(|e| CorruptTimer {
         id: row.try_get::<i64, _>("id").ok(),
         reason: format!("unreadable row: {e}"),
-    })
+    })?;
+    if !(0..=MAX_DUE_MS).contains(&timer.due_at) {
+        return Err(CorruptTimer {
+            id: Some(timer.id),
+            reason: format!(
+                "due_at {} is no time (milliseconds since 1970 up to the year 9999)",
+                timer.due_at
+            ),
+        });
+    }
+    Ok(timer)
 }
 
 /// [`Store::arm_timers`](crate::Store::arm_timers): each timer inserted unless its key is
@@ -269,13 +312,23 @@ where
     Ok(DB::rows_affected(&done) == 1)
 }
 
-/// [`TimerStore::cancel_timer`](crate::timer::TimerStore::cancel_timer) (`rearm`
-/// false) and [`TimerStore::rearm_timer`](crate::timer::TimerStore::rearm_timer).
+/// What [`cancel_or_rearm`] does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OnTimer<'a> {
+    /// Cancels the timer unless the history table (its name as SQL) holds its event
+    /// under its reference: a job applied it, and did not live to record it fired.
+    Cancel { history: &'a str },
+    /// Re-arms a dead timer.
+    Rearm,
+}
+
+/// [`TimerStore::cancel_timer`](crate::timer::TimerStore::cancel_timer) and
+/// [`TimerStore::rearm_timer`](crate::timer::TimerStore::rearm_timer).
 pub(crate) async fn cancel_or_rearm<DB: Binds>(
     conn: &mut DB::Connection,
     s: &TimerStatements,
     key: &TimerKey<'_>,
-    rearm: bool,
+    what: OnTimer<'_>,
 ) -> Result<bool, sqlx::Error>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -286,8 +339,14 @@ where
         Arg::Str(key.event),
         Arg::Str(key.ref_id),
     ];
-    let statement = if rearm { &s.rearm } else { &s.cancel };
-    let done = statement.query::<DB>(&args)?.execute(conn).await?;
+    let done = match what {
+        OnTimer::Rearm => s.rearm.query::<DB>(&args)?.execute(conn).await?,
+        OnTimer::Cancel { history } => {
+            // Built per call: the history table is the store's, the rest the namespace's.
+            let cancel = Statement::shared(s.cancel.replace("{history}", history), s.params);
+            cancel.query::<DB>(&args)?.execute(conn).await?
+        }
+    };
     Ok(DB::rows_affected(&done) == 1)
 }
 
@@ -359,15 +418,21 @@ pub(crate) fn purge_sql(n: &Names, now: &str) -> String {
 }
 
 /// The single-statement claim (SQLite, PostgreSQL): the chosen rows' claim written and
-/// returned. `due` is the test that a timer is due ([`claimable`]); `lock` ends the subquery (`FOR UPDATE SKIP LOCKED`, or nothing); `from`
+/// returned. `due` is the test that a timer is due and `key` orders one entity's timers ([`claimable`]); `lock` ends the subquery (`FOR UPDATE SKIP LOCKED`, or nothing); `from`
 /// says whether the backend joins the chosen rows (`UPDATE … FROM`) rather than
 /// matching them with `IN`. 1 token, 2 lease in ms, 3 machine, 4 limit.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn claim_sql(n: &Names, now: &str, due: &str, lock: &str, from: bool) -> String {
+pub(crate) fn claim_sql(
+    n: &Names,
+    now: &str,
+    (due, key): (&str, &str),
+    lock: &str,
+    from: bool,
+) -> String {
     let timers = &n.timers;
     let choose = format!(
         "SELECT c.id FROM {timers} c WHERE {claimable} ORDER BY c.next_at, c.id LIMIT ?4 {lock}",
-        claimable = claimable(n, now, 3, due)
+        claimable = claimable(n, now, 3, due, key)
     );
     let set = format!("owner_token = ?1, lease_until = {now} + ?2, attempts = {ATTEMPT}");
     if from {

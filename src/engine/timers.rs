@@ -80,8 +80,11 @@ impl<M: StateMachine, S: crate::store::timers::TimerStore> Engine<M, S> {
     }
 
     /// Cancels the pending (or dead) timer of `order_id` that fires `event` under
-    /// `ref_id`; whether it did. `false` if there is none, or a job is firing it at this
-    /// moment (its claim is live: the firing goes on, and the outcome table decides it).
+    /// `ref_id`; whether it did. `false` if there is none, if a job is firing it at this
+    /// moment (its claim is live: the firing goes on, and the outcome table decides it),
+    /// or if the store's history holds `event` for the entity under `ref_id` (a job
+    /// applied the timer and did not live to record it: the job that takes it over
+    /// records it fired, `replayed`).
     /// A state's own timer has the reference `timer:{state}:{version}`.
     pub async fn cancel_timer(&self, order_id: i64, event: M::Event, ref_id: &str) -> Result<bool> {
         input::validate_ref(ref_id)?;

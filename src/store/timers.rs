@@ -197,8 +197,9 @@ pub trait TimerStore: Store {
         failed: &FailedTimer<'_>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
-    /// Cancels a `PENDING` or `DEAD` timer that no job is firing now (no live claim);
-    /// whether it did.
+    /// Cancels a `PENDING` or `DEAD` timer that no job is firing now (no live claim) and
+    /// whose event the store's history does not hold for the entity under the timer's
+    /// reference (a job applied it, and did not live to record it); whether it did.
     fn cancel_timer(
         &self,
         conn: &mut Self::Conn,

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -27,6 +28,8 @@ enum Fired {
     Retry(String),
     /// Failed for good.
     Dead(String),
+    /// Not fired: the job is stopping (the timer stays claimed until its lease ends).
+    Skipped,
 }
 
 type FireFuture<'a> = Pin<Box<dyn Future<Output = Fired> + Send + 'a>>;
@@ -170,10 +173,20 @@ impl<S: TimerStore> Timers<S> {
     /// A machine whose round fails (the database unreachable) does not hold back the
     /// others: every machine's round runs, and the first error is returned after them.
     pub async fn fire_once(&self) -> Result<TimerRound> {
+        self.round(&AtomicBool::new(false)).await
+    }
+
+    /// [`fire_once`](Self::fire_once), that stops firing once `stop` is set: the firings
+    /// under way finish and every outcome the round has is recorded; the timers not yet
+    /// fired stay claimed, for the next job to take over when their lease ends.
+    async fn round(&self, stop: &AtomicBool) -> Result<TimerRound> {
         let mut round = TimerRound::default();
         let mut failed = None;
         for (machine, engine) in &self.engines {
-            match self.machine_round(machine, engine.as_ref()).await {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            match self.machine_round(machine, engine.as_ref(), stop).await {
                 Ok(r) => round.add(r),
                 Err(e) => {
                     tracing::warn!(machine, error = %e, "a timer round failed");
@@ -187,7 +200,12 @@ impl<S: TimerStore> Timers<S> {
         }
     }
 
-    async fn machine_round(&self, machine: &str, engine: &dyn Fire) -> Result<TimerRound> {
+    async fn machine_round(
+        &self,
+        machine: &str,
+        engine: &dyn Fire,
+        stop: &AtomicBool,
+    ) -> Result<TimerRound> {
         let token = uuid::Uuid::new_v4().simple().to_string();
         let claim = ClaimTimers {
             machine,
@@ -204,8 +222,20 @@ impl<S: TimerStore> Timers<S> {
         };
         let (rows, corrupt): (Vec<_>, Vec<_>) = claimed.into_iter().partition(|r| r.is_ok());
         let rows: Vec<TimerRow> = rows.into_iter().flatten().collect();
-        // At most `concurrency` firings at once, each answered in its place.
-        let firings: Vec<FireFuture<'_>> = rows.iter().map(|row| engine.fire(row)).collect();
+        // At most `concurrency` firings at once, each answered in its place; none starts
+        // once the job is stopping.
+        let firings: Vec<FireFuture<'_>> = rows
+            .iter()
+            .map(|row| -> FireFuture<'_> {
+                Box::pin(async move {
+                    if stop.load(Ordering::Relaxed) {
+                        Fired::Skipped
+                    } else {
+                        engine.fire(row).await
+                    }
+                })
+            })
+            .collect();
         let fired: Vec<Fired> = futures_util::stream::iter(firings)
             .buffered(self.config.concurrency)
             .collect()
@@ -224,6 +254,7 @@ impl<S: TimerStore> Timers<S> {
             }
         }
         let mut fired_rows: Vec<(i64, &'static str, Option<String>, Option<i64>)> = Vec::new();
+        let mut failures: Vec<(i64, i32, String, bool)> = Vec::new();
         for (id, attempts, late_ms, fired) in outcomes {
             match fired {
                 Fired::Outcome(outcome, note) => {
@@ -234,23 +265,49 @@ impl<S: TimerStore> Timers<S> {
                 Fired::Retry(error) => {
                     let dead =
                         u32::try_from(attempts).unwrap_or(u32::MAX) >= self.config.max_attempts;
-                    if !self
-                        .record_failure(id, &token, error, dead, attempts, &mut round)
-                        .await?
-                    {
-                        round.lost += 1;
-                    }
+                    failures.push((id, attempts, error, dead));
                 }
-                Fired::Dead(error) => {
-                    if !self
-                        .record_failure(id, &token, error, true, attempts, &mut round)
-                        .await?
-                    {
-                        round.lost += 1;
-                    }
+                Fired::Dead(error) => failures.push((id, attempts, error, true)),
+                Fired::Skipped => {}
+            }
+        }
+        // Every outcome the round has is recorded whatever one record does: an error
+        // is returned after them all (a firing left unrecorded stays claimed, and is
+        // fired again, `Replayed`, by the job that takes it over after the lease).
+        let mut error = None;
+        let recorded = self
+            .record_fired(machine, &token, &fired_rows, &mut round)
+            .await;
+        if let Err(e) = recorded {
+            error.get_or_insert(e);
+        }
+        for (id, attempts, failure, dead) in failures {
+            match self
+                .record_failure(id, &token, failure, dead, attempts, &mut round)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => round.lost += 1,
+                Err(e) => {
+                    error.get_or_insert(e);
                 }
             }
         }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(round),
+        }
+    }
+
+    /// Records the round's fired timers in one statement, and counts them.
+    async fn record_fired(
+        &self,
+        machine: &str,
+        token: &str,
+        fired_rows: &[(i64, &'static str, Option<String>, Option<i64>)],
+        round: &mut TimerRound,
+    ) -> Result<()> {
+        let store = &self.store;
         let fired: Vec<super::FiredTimer<'_>> = fired_rows
             .iter()
             .map(|(id, outcome, note, _)| super::FiredTimer {
@@ -259,7 +316,7 @@ impl<S: TimerStore> Timers<S> {
                 note: note.as_deref(),
             })
             .collect();
-        let marked = Lease::run(store, async |c| store.mark_fired(c, &token, &fired).await).await?;
+        let marked = Lease::run(store, async |c| store.mark_fired(c, token, &fired).await).await?;
         let lost = fired
             .len()
             .saturating_sub(usize::try_from(marked).unwrap_or(usize::MAX));
@@ -267,7 +324,7 @@ impl<S: TimerStore> Timers<S> {
         // Counted as recorded. A round that lost some of its claims does not know which:
         // it counts none of its firings (the job that took them over counts them).
         if lost == 0 {
-            for (_, outcome, _, late_ms) in &fired_rows {
+            for (_, outcome, _, late_ms) in fired_rows {
                 match *outcome {
                     "applied" => round.applied += 1,
                     "replayed" => round.replayed += 1,
@@ -279,7 +336,7 @@ impl<S: TimerStore> Timers<S> {
                 }
             }
         }
-        Ok(round)
+        Ok(())
     }
 
     /// Records a failed firing: back to pending after a backoff, or dead.
@@ -314,13 +371,27 @@ impl<S: TimerStore> Timers<S> {
 
     /// Runs rounds until `shutdown` completes: back to back while there is work, every
     /// [`TimersConfig::idle`] when there is none or a round failed (a database error is
-    /// logged and tried again). The round in hand when `shutdown` completes is finished
-    /// first. Returns what all rounds did.
+    /// logged and tried again). When `shutdown` completes during a round, no more timer
+    /// of it is fired: the firings under way finish (each within the engine's deadline)
+    /// and are recorded, and the timers not fired stay claimed until their lease ends,
+    /// when another job takes them over. Returns what all rounds did.
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<TimerRound> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut total = TimerRound::default();
+        let stop = AtomicBool::new(false);
         loop {
-            let pause = match self.fire_once().await {
+            let done = {
+                let mut round = std::pin::pin!(self.round(&stop));
+                tokio::select! {
+                    biased;
+                    done = &mut round => done,
+                    () = &mut shutdown => {
+                        stop.store(true, Ordering::Relaxed);
+                        round.await
+                    }
+                }
+            };
+            let pause = match done {
                 Ok(round) => {
                     total.add(round);
                     round.claimed == 0
@@ -330,6 +401,9 @@ impl<S: TimerStore> Timers<S> {
                     true
                 }
             };
+            if stop.load(Ordering::Relaxed) {
+                return Ok(total);
+            }
             let wait = if pause {
                 self.config.idle
             } else {

@@ -20,6 +20,7 @@ pub mod records_model;
 pub mod rules;
 pub mod schema;
 pub mod storms;
+pub mod timer_faults;
 pub mod timers;
 // The bodies, for `conformance!`; a binary that runs only some of them (the Galera
 // suites share the harness) leaves the rest unused.
@@ -27,7 +28,7 @@ pub mod timers;
 pub use self::{
     audit::*, callers::*, coalesce::*, cycles::*, events::*, faults::*, flow_deadline::*, flows::*,
     idempotency::*, outbox::*, outcomes::*, reads::*, records_faults::*, records_jobs::*,
-    records_model::*, rules::*, schema::*, storms::*, timers::*,
+    records_model::*, rules::*, schema::*, storms::*, timer_faults::*, timers::*,
 };
 
 use std::collections::HashMap;
@@ -335,6 +336,11 @@ macro_rules! conformance {
             a_timer_job_killed_by_sigkill_mid_batch_loses_nothing,
             timers_that_fell_due_while_no_job_ran_fire_once_in_due_order,
             a_guard_on_the_fired_edge_is_judged,
+            a_timer_due_at_no_time_is_set_aside_and_blocks_nothing,
+            a_timer_its_job_applied_is_never_cancelled,
+            one_failed_record_holds_back_no_other_outcome,
+            a_timer_job_shut_down_mid_round_stops_after_the_firings_under_way,
+            a_timer_job_dropped_at_every_await_point_fires_each_once,
             flow_waits_on_a_timer_and_wakes_once,
             flow_wait_woken_once_by_the_timer_or_the_recovery,
         );

@@ -34,9 +34,9 @@ orderly::state_machine! {
 use UnpaidEvent::{Cancel, Pay, Ship, Unpay};
 use UnpaidState::{Cancelled, Created, Paid};
 
-type TEng<B> = Engine<Unpaid, <B as Backend>::S>;
+pub(crate) type TEng<B> = Engine<Unpaid, <B as Backend>::S>;
 
-async fn timed_engine<B: Backend>(b: &B) -> TEng<B> {
+pub(crate) async fn timed_engine<B: Backend>(b: &B) -> TEng<B> {
     Engine::with_config(
         b.store(Duration::from_secs(10)).await,
         EngineConfig::default().read_first(B::POLICY),
@@ -44,12 +44,12 @@ async fn timed_engine<B: Backend>(b: &B) -> TEng<B> {
     .unwrap()
 }
 
-fn job<B: Backend>(engine: &TEng<B>) -> Timers<B::S> {
+pub(crate) fn job<B: Backend>(engine: &TEng<B>) -> Timers<B::S> {
     Timers::new(engine.store().clone()).fire(engine.clone())
 }
 
 /// The entity's timers that read, earliest due first.
-async fn timers_of<M: orderly::StateMachine, S: orderly::TimerStore>(
+pub(crate) async fn timers_of<M: orderly::StateMachine, S: orderly::TimerStore>(
     engine: &Engine<M, S>,
     id: i64,
 ) -> Vec<TimerRow> {
@@ -63,7 +63,7 @@ async fn timers_of<M: orderly::StateMachine, S: orderly::TimerStore>(
 }
 
 /// Makes every pending timer of `id` due (long ago, keeping their order).
-async fn make_due<B: Backend>(b: &B, id: i64) {
+pub(crate) async fn make_due<B: Backend>(b: &B, id: i64) {
     b.exec(&format!(
         "UPDATE orderly_timers SET due_at = due_at - 100000000000, next_at = 0 \
          WHERE entity_id = {id} AND status = 'PENDING'"
@@ -578,6 +578,18 @@ pub async fn a_timer_job_killed_by_sigkill_mid_batch_loses_nothing<B: Backend>(b
         KILLED_BATCH,
         "the whole batch claimed by the child, none recorded"
     );
+    // Once the child's lease ran out, a timer it applied is not cancelled: its event is
+    // in the history under its reference.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for id in 1..KILLED_BATCH {
+        assert!(
+            !engine
+                .cancel_timer(id, ExpiringEvent::Cancel, "timer:Created:0")
+                .await
+                .unwrap(),
+            "order {id}: a fired timer cancelled"
+        );
+    }
     let job = Timers::new(engine.store().clone()).fire(engine.clone());
     let (mut replayed, mut applied) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(30);

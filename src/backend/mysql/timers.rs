@@ -2,7 +2,7 @@
 //! `backend/timer_sql.rs`. The claim locks the chosen timers (`FOR UPDATE SKIP LOCKED`),
 //! writes its token on them and reads them back, in one short transaction.
 
-use crate::backend::timer_sql::ListBy;
+use crate::backend::timer_sql::{ListBy, OnTimer};
 use crate::timer::{FailedTimer, FiredTimer, NewTimer, TimerKey, TimerStats};
 
 use sqlx::mysql::{MySql, MySqlConnection};
@@ -28,7 +28,13 @@ static CHOOSE: PerNamespace<Statement> = PerNamespace::new(|n| {
         format!(
             "SELECT c.id FROM {timers} c WHERE {} ORDER BY c.next_at, c.id LIMIT ?2 \
              FOR UPDATE SKIP LOCKED",
-            timer_sql::claimable(n, NOW, 1, &format!("c.next_at <= {NOW}")),
+            timer_sql::claimable(
+                n,
+                NOW,
+                1,
+                &format!("c.next_at <= {NOW}"),
+                timer_sql::DUE_KEY
+            ),
             timers = n.timers
         ),
         Params::Plain,
@@ -79,7 +85,12 @@ impl TimerStore for MySqlStore {
         conn: &mut MySqlConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<MySql>(conn, STATEMENTS.get(self.names()), key, false).await
+        {
+            let (_, history) = self.tables.quoted('`', self.names());
+            let cancel = OnTimer::Cancel { history: &history };
+            timer_sql::cancel_or_rearm::<MySql>(conn, STATEMENTS.get(self.names()), key, cancel)
+                .await
+        }
     }
 
     async fn rearm_timer(
@@ -87,7 +98,8 @@ impl TimerStore for MySqlStore {
         conn: &mut MySqlConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<MySql>(conn, STATEMENTS.get(self.names()), key, true).await
+        timer_sql::cancel_or_rearm::<MySql>(conn, STATEMENTS.get(self.names()), key, OnTimer::Rearm)
+            .await
     }
 
     async fn list_timers(

@@ -1,7 +1,7 @@
 //! Timers on PostgreSQL: [`TimerStore`] over the statements in `backend/timer_sql.rs`.
 //! The claim is one `UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED) … RETURNING`.
 
-use crate::backend::timer_sql::ListBy;
+use crate::backend::timer_sql::{ListBy, OnTimer};
 use crate::timer::{FailedTimer, FiredTimer, NewTimer, TimerKey, TimerStats};
 
 use sqlx::postgres::{PgConnection, Postgres};
@@ -34,7 +34,7 @@ static CLAIM: PerNamespace<Statement> = PerNamespace::new(|n| {
         timer_sql::claim_sql(
             n,
             NOW,
-            &format!("c.next_at <= {NOW}"),
+            (&format!("c.next_at <= {NOW}"), timer_sql::DUE_KEY),
             "FOR UPDATE SKIP LOCKED",
             true,
         ),
@@ -76,7 +76,12 @@ impl TimerStore for PgStore {
         conn: &mut PgConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<Postgres>(conn, STATEMENTS.get(self.names()), key, false).await
+        {
+            let (_, history) = self.tables.quoted('"', self.names());
+            let cancel = OnTimer::Cancel { history: &history };
+            timer_sql::cancel_or_rearm::<Postgres>(conn, STATEMENTS.get(self.names()), key, cancel)
+                .await
+        }
     }
 
     async fn rearm_timer(
@@ -84,7 +89,13 @@ impl TimerStore for PgStore {
         conn: &mut PgConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<Postgres>(conn, STATEMENTS.get(self.names()), key, true).await
+        timer_sql::cancel_or_rearm::<Postgres>(
+            conn,
+            STATEMENTS.get(self.names()),
+            key,
+            OnTimer::Rearm,
+        )
+        .await
     }
 
     async fn list_timers(

@@ -2,7 +2,7 @@
 //! single writer makes the claim one `UPDATE … RETURNING` of the timers its subquery
 //! chose.
 
-use crate::backend::timer_sql::ListBy;
+use crate::backend::timer_sql::{ListBy, OnTimer};
 use crate::timer::{FailedTimer, FiredTimer, NewTimer, TimerKey, TimerStats};
 
 use sqlx::sqlite::{Sqlite, SqliteConnection};
@@ -36,9 +36,14 @@ pub(super) static STATEMENTS: PerNamespace<TimerStatements> = PerNamespace::new(
 const DUE: &str = "(typeof(c.next_at) = 'integer' AND c.next_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)) \
     OR typeof(c.next_at) <> 'integer' OR typeof(c.due_at) <> 'integer'";
 
+/// One entity's timers in due order, a due time that is not an integer first (SQLite
+/// orders text after every integer: such a row would wait for the entity's real timers).
+const DUE_KEY: &str =
+    "CASE WHEN typeof({t}.due_at) = 'integer' THEN {t}.due_at ELSE -9223372036854775808 END";
+
 static CLAIM: PerNamespace<Statement> = PerNamespace::new(|n| {
     Statement::shared(
-        timer_sql::claim_sql(n, NOW, DUE, "", false),
+        timer_sql::claim_sql(n, NOW, (DUE, DUE_KEY), "", false),
         Params::Numbered,
     )
 });
@@ -77,7 +82,12 @@ impl TimerStore for SqliteStore {
         conn: &mut SqliteConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<Sqlite>(conn, STATEMENTS.get(self.names()), key, false).await
+        {
+            let (_, history) = self.tables.quoted('"', self.names());
+            let cancel = OnTimer::Cancel { history: &history };
+            timer_sql::cancel_or_rearm::<Sqlite>(conn, STATEMENTS.get(self.names()), key, cancel)
+                .await
+        }
     }
 
     async fn rearm_timer(
@@ -85,7 +95,13 @@ impl TimerStore for SqliteStore {
         conn: &mut SqliteConnection,
         key: &TimerKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        timer_sql::cancel_or_rearm::<Sqlite>(conn, STATEMENTS.get(self.names()), key, true).await
+        timer_sql::cancel_or_rearm::<Sqlite>(
+            conn,
+            STATEMENTS.get(self.names()),
+            key,
+            OnTimer::Rearm,
+        )
+        .await
     }
 
     async fn list_timers(
