@@ -2,7 +2,7 @@
 //! entities and their history are in.
 
 use crate::engine::Engine;
-use crate::machine::{StateMachine, mermaid, svg};
+use crate::machine::StateMachine;
 use crate::store::Store;
 
 pub(super) trait MachineView<S>: Send + Sync {
@@ -16,11 +16,11 @@ pub(super) trait MachineView<S>: Send + Sync {
 
 impl<M: StateMachine, S: Store> MachineView<S> for Engine<M, S> {
     fn graph(&self) -> String {
-        mermaid::<M>()
+        self.mermaid()
     }
 
     fn picture(&self) -> String {
-        svg::<M>()
+        Engine::svg(self)
     }
 
     fn store(&self) -> &S {

@@ -129,9 +129,7 @@ async fn judged<M: StateMachine, S: Store>(
         }))));
     }
     let edge = M::edge(from, req.event);
-    let timers: Vec<(&'static str, u64)> = M::timers_of(to)
-        .map(|t| (t.event.into(), t.after_ms))
-        .collect();
+    let timers = engine.armed_in(to);
     if !timers.is_empty() || edge.is_some_and(|e| e.guard.is_some() || e.effect.is_some()) {
         unit.check_open(key.order_id, version).await?;
     }

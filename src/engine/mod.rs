@@ -28,7 +28,7 @@
 //!   history; if that read is impossible too, the answer is [`Error::InDoubt`], which is
 //!   safe to re-send.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -183,6 +183,14 @@ pub struct EngineConfig {
     /// publish. Default 1 MiB less 16 KiB (NATS's default `max_payload` is 1 MiB, headers
     /// included); 1 byte to 64 MiB.
     pub max_event_body: usize,
+    /// The delays of the machine's timers set here rather than in the graph, by the
+    /// names of the state that arms each and the event it fires: `("Created",
+    /// "Cancel")` → 15 min overrides `Created after 30 min => Cancel`. Each names a
+    /// timer the machine declares, with a delay of 1 ms to 366 days, else the engine is
+    /// not made ([`Error::InvalidInput`]). The engine arms the timers with these delays
+    /// and draws them so ([`Engine::mermaid`]). Set with
+    /// [`timer_delay`](Self::timer_delay). Default none.
+    pub timer_delays: BTreeMap<(String, String), Duration>,
 }
 
 crate::support::config::setters!(EngineConfig {
@@ -213,7 +221,19 @@ impl Default for EngineConfig {
             deadline: Duration::from_secs(5),
             coalesce_writes: true,
             max_event_body: DEFAULT_MAX_EVENT_BODY,
+            timer_delays: BTreeMap::new(),
         }
+    }
+}
+
+impl EngineConfig {
+    /// The same config with the delay of the timer that entering `state` arms to fire
+    /// `event` set to `after` (from your configuration: "an unpaid order expires after
+    /// …"); see [`timer_delays`](Self::timer_delays).
+    pub fn timer_delay(mut self, state: &str, event: &str, after: Duration) -> Self {
+        self.timer_delays
+            .insert((state.to_owned(), event.to_owned()), after);
+        self
     }
 }
 
@@ -228,6 +248,9 @@ pub struct Engine<M: StateMachine, S: Store> {
     first: FirstRound,
     /// Coalesces read-first reads, on a store that batches reads.
     reads: Option<Arc<crate::coalesce::reads::Reads<S>>>,
+    /// The delay of each of the machine's timers ([`StateMachine::TIMERS`], in its
+    /// order), in milliseconds: as declared, or as the config set it.
+    timer_ms: Arc<[u64]>,
     /// Coalesces apply-first writes, on a store that batches writes.
     writes: Option<Arc<crate::coalesce::writes::Writes<S>>>,
 }
@@ -242,6 +265,7 @@ impl<M: StateMachine, S: Store> Clone for Engine<M, S> {
             first: self.first.clone(),
             reads: self.reads.clone(),
             writes: self.writes.clone(),
+            timer_ms: self.timer_ms.clone(),
         }
     }
 }
@@ -284,6 +308,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         if !M::TIMERS.is_empty() {
             timers::names::<M>()?;
         }
+        let timer_ms = timers::delays::<M>(&config.timer_delays)?;
         let edges = edges::of::<M>();
         Ok(Engine {
             reads: (S::BATCH_READ_MAX > 1)
@@ -295,6 +320,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             rules: None,
             config,
             edges: Arc::new(edges),
+            timer_ms,
         })
     }
 

@@ -359,7 +359,7 @@ impl<'a, M: StateMachine, S: Store> CreateRequest<'a, M, S> {
     async fn run(self) -> Result<Order<M::State>> {
         let (store, order_id) = (&self.engine.store, self.order_id);
         let row = match self.conn {
-            Some(conn) => create::<M, S>(store, conn, order_id, Txn::Caller).await,
+            Some(conn) => create::<M, S>(self.engine, conn, order_id, Txn::Caller).await,
             None => {
                 let deadline = self.engine.config.deadline;
                 return super::within_deadline(deadline, true, async {
@@ -371,7 +371,7 @@ impl<'a, M: StateMachine, S: Store> CreateRequest<'a, M, S> {
                         Lease::acquire(store).await
                     }
                     .map_err(db_error::<S>)?;
-                    let row = create::<M, S>(store, lease.conn(), order_id, Txn::Own).await;
+                    let row = create::<M, S>(self.engine, lease.conn(), order_id, Txn::Own).await;
                     lease.release_after(&row);
                     created::<M>(order_id, row.map_err(db_error::<S>)?)
                 })
@@ -386,15 +386,14 @@ impl<'a, M: StateMachine, S: Store> CreateRequest<'a, M, S> {
 /// own that creates the entity and arms them (each unless armed before: a repeated create
 /// arms nothing new).
 async fn create<M: StateMachine, S: Store>(
-    store: &S,
+    engine: &Engine<M, S>,
     conn: &mut S::Conn,
     order_id: i64,
     txn: Txn,
 ) -> std::result::Result<crate::store::Entity, sqlx::Error> {
+    let store = &engine.store;
     let initial: &'static str = M::INITIAL.into();
-    let timers: Vec<(&'static str, u64)> = M::timers_of(M::INITIAL)
-        .map(|t| (t.event.into(), t.after_ms))
-        .collect();
+    let timers = engine.armed_in(M::INITIAL);
     if timers.is_empty() {
         return store.create(conn, order_id, initial, txn).await;
     }

@@ -1,11 +1,13 @@
 //! Timers scheduled and cancelled by hand, and the names a timer row stores.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Engine, input, within_deadline};
 use crate::error::Error;
 use crate::error::Result;
-use crate::machine::StateMachine;
+use crate::machine::{MAX_TIMER_MS, StateMachine, StateTimer};
 use crate::store::{Lease, db_error};
 
 /// Timers scheduled by hand: an event for an entity at a time, and its cancellation by
@@ -62,7 +64,7 @@ impl<M: StateMachine, S: crate::store::timers::TimerStore> Engine<M, S> {
         input::validate_ref(ref_id)?;
         names::<M>()?;
         let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
-        if after_ms > crate::machine::MAX_TIMER_MS {
+        if after_ms > MAX_TIMER_MS {
             return Err(Error::InvalidInput(
                 "a timer's delay must be at most 366 days".into(),
             ));
@@ -109,6 +111,83 @@ impl<M: StateMachine, S: crate::store::timers::TimerStore> Engine<M, S> {
             Lease::run(store, async |c| store.timers_of(c, M::NAME, order_id).await).await
         })
         .await
+    }
+}
+
+/// The machine's timers as this engine arms and draws them: their delays as declared,
+/// or as [`EngineConfig::timer_delays`](crate::EngineConfig::timer_delays) set them.
+impl<M: StateMachine, S: crate::store::Store> Engine<M, S> {
+    /// The machine's timers ([`StateMachine::TIMERS`], in their order), each with the
+    /// delay this engine arms it with.
+    pub fn state_timers(&self) -> Vec<StateTimer<M::State, M::Event>> {
+        M::TIMERS
+            .iter()
+            .zip(self.timer_ms.iter())
+            .map(|(t, ms)| StateTimer {
+                after_ms: *ms,
+                ..*t
+            })
+            .collect()
+    }
+
+    /// The timers entering `state` arms: each event's name and its delay in milliseconds.
+    pub(super) fn armed_in(&self, state: M::State) -> Vec<(&'static str, u64)> {
+        M::TIMERS
+            .iter()
+            .zip(self.timer_ms.iter())
+            .filter(|(t, _)| t.state == state)
+            .map(|(t, ms)| (t.event.into(), *ms))
+            .collect()
+    }
+
+    /// The graph as a Mermaid `stateDiagram-v2`, its timers with this engine's delays.
+    pub fn mermaid(&self) -> String {
+        crate::machine::mermaid_with::<M>(&self.state_timers())
+    }
+
+    /// The graph in Graphviz DOT, its timers with this engine's delays.
+    pub fn dot(&self) -> String {
+        crate::machine::dot_with::<M>(&self.state_timers())
+    }
+
+    /// The graph drawn as SVG, its timers with this engine's delays.
+    pub fn svg(&self) -> String {
+        crate::machine::svg_with::<M>(&self.state_timers())
+    }
+}
+
+/// The delay of each of `M`'s timers, in its order: as declared, or as `set` says (by the
+/// names of the state and the event). [`Error::InvalidInput`] naming every entry that
+/// names no timer of the machine or whose delay is not 1 ms to 366 days.
+pub(super) fn delays<M: StateMachine>(
+    set: &BTreeMap<(String, String), Duration>,
+) -> Result<Arc<[u64]>> {
+    let mut ms: Vec<u64> = M::TIMERS.iter().map(|t| t.after_ms).collect();
+    let mut problems = Vec::new();
+    for ((state, event), after) in set {
+        let found = M::TIMERS.iter().position(|t| {
+            let (s, e): (&'static str, &'static str) = (t.state.into(), t.event.into());
+            s == state && e == event
+        });
+        let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        match found {
+            None => problems.push(format!(
+                "{} declares no timer that entering {state:?} arms to fire {event:?}",
+                M::NAME
+            )),
+            Some(_) if after_ms == 0 || after_ms > MAX_TIMER_MS => problems.push(format!(
+                "the delay of the timer of {state:?} on {event:?} must be 1 ms to 366 days"
+            )),
+            Some(i) => ms[i] = after_ms,
+        }
+    }
+    if problems.is_empty() {
+        Ok(ms.into())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "timer_delays: {}",
+            problems.join("; ")
+        )))
     }
 }
 

@@ -257,3 +257,4 @@ mod macros;
 mod render;
 
 pub use render::{dot, duration_text, mermaid, svg};
+pub(crate) use render::{dot_with, mermaid_with, svg_with};

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{StateMachine, Transition};
+use super::{StateMachine, StateTimer, Transition};
 
 /// A timer's delay as people write it: the largest unit that divides it (`30 min`,
 /// `7 days`, `1500 ms`).
@@ -22,12 +22,19 @@ pub fn duration_text(ms: u64) -> String {
     format!("{ms} ms")
 }
 
+/// The timers a graph is drawn with: the machine's as declared, or as an engine's
+/// configuration set their delays.
+type Timers<M> = [StateTimer<<M as StateMachine>::State, <M as StateMachine>::Event>];
+
 /// An edge's label: its event, the timer that fires it from its state (`(after 30 min)`),
 /// its guard in brackets, then after a slash its effect and the domain event it emits
 /// (`Pay [amount_matches] / record_payment, OrderPaid`).
-fn label<M: StateMachine>(t: &Transition<M::State, M::Event>) -> String {
+fn label<M: StateMachine>(t: &Transition<M::State, M::Event>, timers: &Timers<M>) -> String {
     let mut label = t.event.to_string();
-    for timer in M::timers_of(t.from).filter(|timer| timer.event == t.event) {
+    for timer in timers
+        .iter()
+        .filter(|timer| timer.state == t.from && timer.event == t.event)
+    {
         let _ = write!(label, " (after {})", duration_text(timer.after_ms));
     }
     if let Some(guard) = t.guard {
@@ -40,12 +47,24 @@ fn label<M: StateMachine>(t: &Transition<M::State, M::Event>) -> String {
     label
 }
 
-/// Renders the graph as a Mermaid `stateDiagram-v2`.
+/// Renders the graph as a Mermaid `stateDiagram-v2`, with its timers as declared (an
+/// engine draws them as configured: [`Engine::mermaid`](crate::Engine::mermaid)).
 pub fn mermaid<M: StateMachine>() -> String {
+    mermaid_with::<M>(M::TIMERS)
+}
+
+/// [`mermaid`] with these timers.
+pub(crate) fn mermaid_with<M: StateMachine>(timers: &Timers<M>) -> String {
     let mut out = String::from("stateDiagram-v2\n");
     let _ = writeln!(out, "    [*] --> {}", M::INITIAL);
     for t in M::TRANSITIONS {
-        let _ = writeln!(out, "    {} --> {} : {}", t.from, t.to, label::<M>(t));
+        let _ = writeln!(
+            out,
+            "    {} --> {} : {}",
+            t.from,
+            t.to,
+            label::<M>(t, timers)
+        );
     }
     for s in M::TERMINAL {
         let _ = writeln!(out, "    {s} --> [*]");
@@ -53,8 +72,14 @@ pub fn mermaid<M: StateMachine>() -> String {
     out
 }
 
-/// Renders the graph in Graphviz DOT.
+/// Renders the graph in Graphviz DOT, with its timers as declared (an engine draws them
+/// as configured: [`Engine::dot`](crate::Engine::dot)).
 pub fn dot<M: StateMachine>() -> String {
+    dot_with::<M>(M::TIMERS)
+}
+
+/// [`dot`] with these timers.
+pub(crate) fn dot_with<M: StateMachine>(timers: &Timers<M>) -> String {
     let mut out = format!("digraph {} {{\n    __start [shape=point];\n", M::NAME);
     let _ = writeln!(out, "    __start -> \"{}\";", M::INITIAL);
     for s in M::TERMINAL {
@@ -66,7 +91,7 @@ pub fn dot<M: StateMachine>() -> String {
             "    \"{}\" -> \"{}\" [label=\"{}\"];",
             t.from,
             t.to,
-            label::<M>(t)
+            label::<M>(t, timers)
         );
     }
     out.push_str("}\n");
@@ -84,8 +109,14 @@ fn escaped(text: &str) -> String {
 /// Renders the graph as an SVG picture, laid out in columns by distance from the initial
 /// state: edges that go forward are straight arrows, edges that go back (or stay) curve
 /// below their states; terminal states have a double border. Self-contained: no script,
-/// no font or style fetched.
+/// no font or style fetched. Its timers as declared (an engine draws them as configured:
+/// [`Engine::svg`](crate::Engine::svg)).
 pub fn svg<M: StateMachine>() -> String {
+    svg_with::<M>(M::TIMERS)
+}
+
+/// [`svg`] with these timers.
+pub(crate) fn svg_with<M: StateMachine>(timers: &Timers<M>) -> String {
     const H: i64 = 34;
     const ROW: i64 = 96;
     const GAP: i64 = 170;
@@ -165,7 +196,7 @@ pub fn svg<M: StateMachine>() -> String {
         let nth = seen.entry((a, b)).or_default();
         let shift = *nth * 15;
         *nth += 1;
-        let text = escaped(&label::<M>(t));
+        let text = escaped(&label::<M>(t, timers));
         if a == b {
             let (cx, top) = (x(a) + box_w / 2, y(a));
             let _ = write!(

@@ -20,6 +20,7 @@ pub mod records_model;
 pub mod rules;
 pub mod schema;
 pub mod storms;
+pub mod timer_config;
 pub mod timer_faults;
 pub mod timers;
 // The bodies, for `conformance!`; a binary that runs only some of them (the Galera
@@ -28,7 +29,7 @@ pub mod timers;
 pub use self::{
     audit::*, callers::*, coalesce::*, cycles::*, events::*, faults::*, flow_deadline::*, flows::*,
     idempotency::*, outbox::*, outcomes::*, reads::*, records_faults::*, records_jobs::*,
-    records_model::*, rules::*, schema::*, storms::*, timer_faults::*, timers::*,
+    records_model::*, rules::*, schema::*, storms::*, timer_config::*, timer_faults::*, timers::*,
 };
 
 use std::collections::HashMap;
@@ -341,6 +342,7 @@ macro_rules! conformance {
             one_failed_record_holds_back_no_other_outcome,
             a_timer_job_shut_down_mid_round_stops_after_the_firings_under_way,
             a_timer_job_dropped_at_every_await_point_fires_each_once,
+            timer_delays_from_the_config_arm_and_draw,
             flow_waits_on_a_timer_and_wakes_once,
             flow_wait_woken_once_by_the_timer_or_the_recovery,
         );
