@@ -95,6 +95,8 @@ pub(crate) struct TimerStatements {
     of_entity: Statement,
     /// Counts.
     stats: Statement,
+    /// How long until the next pending timer of a machine falls due: 1 machine.
+    next_due: Statement,
 }
 
 impl TimerStatements {
@@ -147,6 +149,10 @@ impl TimerStatements {
             of_entity: s(format!(
                 "SELECT {columns} FROM {timers} AS t WHERE t.machine = ?1 AND t.entity_id = ?2 \
                  ORDER BY t.due_at, t.id"
+            )),
+            next_due: s(format!(
+                "SELECT next_at - {now} FROM {timers} WHERE status = 'PENDING' \
+                     AND next_at > {now} AND machine = ?1 ORDER BY next_at LIMIT 1"
             )),
             stats: s(format!(
                 "SELECT CAST(COALESCE(SUM(CASE WHEN status = 'PENDING' THEN 1 ELSE 0 END), 0) AS {int}) AS pending, \
@@ -404,6 +410,24 @@ where
         .fetch_optional(conn)
         .await?
         .unwrap_or_default())
+}
+
+/// [`TimerStore::next_due_in_ms`](crate::timer::TimerStore::next_due_in_ms).
+pub(crate) async fn next_due<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &TimerStatements,
+    machine: &str,
+) -> Result<Option<i64>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let row: Option<(i64,)> = s
+        .next_due
+        .query_as::<DB, (i64,)>(&[Arg::Str(machine)])?
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(|(ms,)| ms))
 }
 
 /// The purge every backend but MySQL/MariaDB writes (which takes no `LIMIT` in an `IN`

@@ -231,6 +231,18 @@ pub trait TimerStore: Store {
         entity_id: i64,
     ) -> impl Future<Output = Result<Vec<ClaimedTimer>, sqlx::Error>> + Send;
 
+    /// How long until the next pending timer of `machine` falls due, in milliseconds
+    /// (`None` if none is to fall due): how long an idle job may sleep. A store that
+    /// cannot tell answers `None`, and the job sleeps its idle pause.
+    fn next_due_in_ms(
+        &self,
+        conn: &mut Self::Conn,
+        machine: &str,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send {
+        let _ = (conn, machine);
+        async { Ok(None) }
+    }
+
     /// Counts of the timers as they are now.
     fn timer_stats(
         &self,

@@ -31,8 +31,9 @@ pub struct TimersConfig {
     pub min_backoff: Duration,
     /// The longest retry delay (at most a day). Default 5 min.
     pub max_backoff: Duration,
-    /// How long [`Timers::run`](super::Timers::run) sleeps when a round found nothing to fire (or failed).
-    /// Default 200 ms.
+    /// The longest [`Timers::run`](super::Timers::run) sleeps when a round found nothing
+    /// to fire (it wakes sooner when a timer falls due sooner), and how long it sleeps
+    /// after a round that failed. Default 200 ms.
     pub idle: Duration,
     /// How many timers of a round one job fires at once, 1 to 1000 (each takes a
     /// connection of the engine's pool while it fires). Default 8.

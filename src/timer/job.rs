@@ -369,9 +369,10 @@ impl<S: TimerStore> Timers<S> {
         Ok(wrote)
     }
 
-    /// Runs rounds until `shutdown` completes: back to back while there is work, every
-    /// [`TimersConfig::idle`] when there is none or a round failed (a database error is
-    /// logged and tried again). When `shutdown` completes during a round, no more timer
+    /// Runs rounds until `shutdown` completes: back to back while there is work; when
+    /// there is none, after a pause until the next timer falls due, at most
+    /// [`TimersConfig::idle`] (and the whole pause after a round that failed: a database
+    /// error is logged and tried again). When `shutdown` completes during a round, no more timer
     /// of it is fired: the firings under way finish (each within the engine's deadline)
     /// and are recorded, and the timers not fired stay claimed until their lease ends,
     /// when another job takes them over. Returns what all rounds did.
@@ -391,23 +392,24 @@ impl<S: TimerStore> Timers<S> {
                     }
                 }
             };
-            let pause = match done {
+            let done_ok = done.is_ok();
+            let idle = match done {
                 Ok(round) => {
                     total.add(round);
                     round.claimed == 0
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "timer round failed");
-                    true
+                    false
                 }
             };
             if stop.load(Ordering::Relaxed) {
                 return Ok(total);
             }
-            let wait = if pause {
-                self.config.idle
-            } else {
-                Duration::ZERO
+            let wait = match done_ok {
+                _ if idle => self.idle_pause().await,
+                true => Duration::ZERO,
+                false => self.config.idle,
             };
             tokio::select! {
                 biased;
@@ -415,6 +417,24 @@ impl<S: TimerStore> Timers<S> {
                 () = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// How long an idle job sleeps: until the next pending timer of its machines falls
+    /// due, at most [`TimersConfig::idle`] (a timer whose claim another job holds, or one
+    /// behind its entity's earlier timer, is found by the next round after the pause). A
+    /// store that cannot tell, or fails to, leaves the whole pause.
+    async fn idle_pause(&self) -> Duration {
+        let idle = self.config.idle;
+        let store = &self.store;
+        let mut pause = idle;
+        for machine in self.engines.keys() {
+            let next = Lease::run(store, async |c| store.next_due_in_ms(c, machine).await).await;
+            if let Ok(Some(ms)) = next {
+                let ms = u64::try_from(ms.max(0)).unwrap_or(0);
+                pause = pause.min(Duration::from_millis(ms));
+            }
+        }
+        pause
     }
 
     /// Counts of the timers as they are now (the overdue gauge is set from them).

@@ -343,6 +343,7 @@ macro_rules! conformance {
             a_timer_job_shut_down_mid_round_stops_after_the_firings_under_way,
             a_timer_job_dropped_at_every_await_point_fires_each_once,
             timer_delays_from_the_config_arm_and_draw,
+            an_idle_job_wakes_for_the_next_timer,
             flow_waits_on_a_timer_and_wakes_once,
             flow_wait_woken_once_by_the_timer_or_the_recovery,
         );

@@ -74,3 +74,39 @@ pub async fn timer_delays_from_the_config_arm_and_draw<B: Backend>(b: &B) {
         other => panic!("{other:?}"),
     }
 }
+
+/// An idle job sleeps until the next timer falls due, not its whole `idle` pause: with a
+/// pause of 30 s, a timer scheduled 300 ms ahead (none due before it) fires within 10 s.
+pub async fn an_idle_job_wakes_for_the_next_timer<B: Backend>(b: &B) {
+    let engine = super::timers::timed_engine(b).await;
+    engine.create(1).await.unwrap();
+    assert!(
+        engine
+            .schedule(1, UnpaidEvent::Pay, "soon", Duration::from_millis(300))
+            .await
+            .unwrap()
+    );
+    let job = orderly::Timers::new(engine.store().clone())
+        .with_config(orderly::TimersConfig::default().idle(Duration::from_secs(30)))
+        .unwrap()
+        .fire(engine.clone());
+    let watched = engine.clone();
+    let paid = async move {
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            while watched.get(1).await.unwrap().state != super::timers::UnpaidState::Paid {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+    };
+    let total = tokio::time::timeout(Duration::from_secs(60), job.run(paid))
+        .await
+        .expect("run returned")
+        .unwrap();
+    assert_eq!(
+        engine.get(1).await.unwrap().state,
+        super::timers::UnpaidState::Paid,
+        "the timer due in 300 ms did not fire within 10 s: {total:?}"
+    );
+    assert_eq!(total.applied, 1, "{total:?}");
+}

@@ -122,6 +122,14 @@ impl TimerStore for MySqlStore {
         timer_sql::list::<MySql>(conn, STATEMENTS.get(self.names()), by).await
     }
 
+    async fn next_due_in_ms(
+        &self,
+        conn: &mut MySqlConnection,
+        machine: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        timer_sql::next_due::<MySql>(conn, STATEMENTS.get(self.names()), machine).await
+    }
+
     async fn timer_stats(&self, conn: &mut MySqlConnection) -> Result<TimerStats, sqlx::Error> {
         timer_sql::stats::<MySql>(conn, STATEMENTS.get(self.names())).await
     }

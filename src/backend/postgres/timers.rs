@@ -118,6 +118,14 @@ impl TimerStore for PgStore {
         timer_sql::list::<Postgres>(conn, STATEMENTS.get(self.names()), by).await
     }
 
+    async fn next_due_in_ms(
+        &self,
+        conn: &mut PgConnection,
+        machine: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        timer_sql::next_due::<Postgres>(conn, STATEMENTS.get(self.names()), machine).await
+    }
+
     async fn timer_stats(&self, conn: &mut PgConnection) -> Result<TimerStats, sqlx::Error> {
         timer_sql::stats::<Postgres>(conn, STATEMENTS.get(self.names())).await
     }

@@ -124,6 +124,14 @@ impl TimerStore for SqliteStore {
         timer_sql::list::<Sqlite>(conn, STATEMENTS.get(self.names()), by).await
     }
 
+    async fn next_due_in_ms(
+        &self,
+        conn: &mut SqliteConnection,
+        machine: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        timer_sql::next_due::<Sqlite>(conn, STATEMENTS.get(self.names()), machine).await
+    }
+
     async fn timer_stats(&self, conn: &mut SqliteConnection) -> Result<TimerStats, sqlx::Error> {
         timer_sql::stats::<Sqlite>(conn, STATEMENTS.get(self.names())).await
     }
