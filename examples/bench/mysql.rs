@@ -96,7 +96,12 @@ impl BenchDb for Db {
         batch: i64,
         engine: &Engine<TimerMachine, MySqlStore>,
     ) -> Result<usize, BoxError> {
-        let mut tx = self.pool.begin().await?;
+        // READ COMMITTED, as the job's claim: under REPEATABLE READ the four loops' SKIP
+        // LOCKED scans take gap locks on the due index and wait on each other.
+        let mut tx = self
+            .pool
+            .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+            .await?;
         let rows: Vec<(i64, i64, String)> = sqlx::query_as(
             "SELECT id, entity_id, ref_id FROM orderly_timers WHERE status = 'PENDING' \
              AND next_at <= CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) \
