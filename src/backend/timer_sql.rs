@@ -51,15 +51,16 @@ pub(crate) const MAX_DUE_MS: i64 = 253_402_300_799_999;
 pub(crate) const DUE_KEY: &str = "{t}.due_at";
 
 /// Whether the timer `c` may be claimed for machine `?{machine}` now: pending, due (its
-/// next try has come, or, where `due` adds it, its times are no times: such a row is
-/// claimed to be set aside), not under a live lease, and the earliest pending timer of its
+/// next try has come, or its due time is no time, or, where `due` adds it, its times are
+/// not integers: such a row is claimed to be set aside), not under a live lease, and the earliest pending timer of its
 /// entity (so one entity's timers fire one after another, in due order).
 /// `key` orders one entity's timers ([`DUE_KEY`], with `{t}` for the alias).
 pub(crate) fn claimable(n: &Names, now: &str, machine: usize, due: &str, key: &str) -> String {
     let timers = &n.timers;
     let (e, c) = (key.replace("{t}", "e"), key.replace("{t}", "c"));
     format!(
-        "c.status = 'PENDING' AND c.machine = ?{machine} AND ({due}) \
+        "c.status = 'PENDING' AND c.machine = ?{machine} \
+         AND ({due} OR c.due_at < 0 OR c.due_at > {MAX_DUE_MS}) \
          AND c.lease_until <= {now} \
          AND NOT EXISTS (SELECT 1 FROM {timers} e WHERE e.machine = c.machine \
              AND e.entity_id = c.entity_id AND e.status = 'PENDING' \
@@ -289,6 +290,36 @@ where
     let statement = Statement::shared(sql, s.params);
     let done = statement
         .query::<DB>(&args)?
+        .persistent(false)
+        .execute(conn)
+        .await?;
+    Ok(DB::rows_affected(&done))
+}
+
+/// [`TimerStore::release_timers`](crate::timer::TimerStore::release_timers): one
+/// statement, its ids written inline (integers); not kept prepared.
+pub(crate) async fn release<DB: Binds + sqlx::database::HasStatementCache>(
+    conn: &mut DB::Connection,
+    s: &TimerStatements,
+    token: &str,
+    ids: &[i64],
+) -> Result<u64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+    let sql = format!(
+        "UPDATE {timers} SET owner_token = NULL, lease_until = 0, \
+             attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END \
+         WHERE owner_token = ?1 AND status = 'PENDING' AND id IN ({ids})",
+        timers = s.timers,
+        ids = ids.join(", ")
+    );
+    let done = Statement::shared(sql, s.params)
+        .query::<DB>(&[Arg::Str(token)])?
         .persistent(false)
         .execute(conn)
         .await?;

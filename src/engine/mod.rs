@@ -230,6 +230,7 @@ impl EngineConfig {
     /// The same config with the delay of the timer that entering `state` arms to fire
     /// `event` set to `after` (from your configuration: "an unpaid order expires after
     /// …"); see [`timer_delays`](Self::timer_delays).
+    #[must_use]
     pub fn timer_delay(mut self, state: &str, event: &str, after: Duration) -> Self {
         self.timer_delays
             .insert((state.to_owned(), event.to_owned()), after);

@@ -231,6 +231,20 @@ pub trait TimerStore: Store {
         entity_id: i64,
     ) -> impl Future<Output = Result<Vec<ClaimedTimer>, sqlx::Error>> + Send;
 
+    /// Hands back the timers of `ids` still claimed under `token`, unfired (a job that
+    /// stopped before firing them): pending again, under no claim, their claim not
+    /// counted as an attempt; how many. A store that cannot answers 0, and they wait for
+    /// their lease to end.
+    fn release_timers(
+        &self,
+        conn: &mut Self::Conn,
+        token: &str,
+        ids: &[i64],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send {
+        let _ = (conn, token, ids);
+        async { Ok(0) }
+    }
+
     /// How long until the next pending timer of `machine` falls due, in milliseconds
     /// (`None` if none is to fall due): how long an idle job may sleep. A store that
     /// cannot tell answers `None`, and the job sleeps its idle pause.

@@ -28,7 +28,7 @@ enum Fired {
     Retry(String),
     /// Failed for good.
     Dead(String),
-    /// Not fired: the job is stopping (the timer stays claimed until its lease ends).
+    /// Not fired: the job is stopping (the timer is handed back unfired).
     Skipped,
 }
 
@@ -178,7 +178,7 @@ impl<S: TimerStore> Timers<S> {
 
     /// [`fire_once`](Self::fire_once), that stops firing once `stop` is set: the firings
     /// under way finish and every outcome the round has is recorded; the timers not yet
-    /// fired stay claimed, for the next job to take over when their lease ends.
+    /// fired are handed back, for the next job.
     async fn round(&self, stop: &AtomicBool) -> Result<TimerRound> {
         let mut round = TimerRound::default();
         let mut failed = None;
@@ -255,6 +255,7 @@ impl<S: TimerStore> Timers<S> {
         }
         let mut fired_rows: Vec<(i64, &'static str, Option<String>, Option<i64>)> = Vec::new();
         let mut failures: Vec<(i64, i32, String, bool)> = Vec::new();
+        let mut skipped: Vec<i64> = Vec::new();
         for (id, attempts, late_ms, fired) in outcomes {
             match fired {
                 Fired::Outcome(outcome, note) => {
@@ -268,7 +269,7 @@ impl<S: TimerStore> Timers<S> {
                     failures.push((id, attempts, error, dead));
                 }
                 Fired::Dead(error) => failures.push((id, attempts, error, true)),
-                Fired::Skipped => {}
+                Fired::Skipped => skipped.push(id),
             }
         }
         // Every outcome the round has is recorded whatever one record does: an error
@@ -291,6 +292,16 @@ impl<S: TimerStore> Timers<S> {
                 Err(e) => {
                     error.get_or_insert(e);
                 }
+            }
+        }
+        // The timers the job stopped before firing: handed back for the next job at once.
+        if !skipped.is_empty() {
+            let released = Lease::run(store, async |c| {
+                store.release_timers(c, &token, &skipped).await
+            })
+            .await;
+            if let Err(e) = released {
+                error.get_or_insert(e);
             }
         }
         match error {
@@ -374,8 +385,9 @@ impl<S: TimerStore> Timers<S> {
     /// [`TimersConfig::idle`] (and the whole pause after a round that failed: a database
     /// error is logged and tried again). When `shutdown` completes during a round, no more timer
     /// of it is fired: the firings under way finish (each within the engine's deadline)
-    /// and are recorded, and the timers not fired stay claimed until their lease ends,
-    /// when another job takes them over. Returns what all rounds did.
+    /// and are recorded, and the timers not fired are handed back, unfired and under no
+    /// claim, for another job to fire (one the job could not hand back waits for its
+    /// lease to end). Returns what all rounds did.
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<TimerRound> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut total = TimerRound::default();
@@ -406,15 +418,18 @@ impl<S: TimerStore> Timers<S> {
             if stop.load(Ordering::Relaxed) {
                 return Ok(total);
             }
-            let wait = match done_ok {
-                _ if idle => self.idle_pause().await,
-                true => Duration::ZERO,
-                false => self.config.idle,
+            let pause = async {
+                let wait = match done_ok {
+                    _ if idle => self.idle_pause().await,
+                    true => Duration::ZERO,
+                    false => self.config.idle,
+                };
+                tokio::time::sleep(wait).await;
             };
             tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(total),
-                () = tokio::time::sleep(wait) => {}
+                () = pause => {}
             }
         }
     }
@@ -429,8 +444,11 @@ impl<S: TimerStore> Timers<S> {
         let mut pause = idle;
         for machine in self.engines.keys() {
             let next = Lease::run(store, async |c| store.next_due_in_ms(c, machine).await).await;
-            if let Ok(Some(ms)) = next {
-                let ms = u64::try_from(ms.max(0)).unwrap_or(0);
+            // A pause of none (a due time that is no integer, on SQLite) would spin.
+            if let Ok(Some(ms)) = next
+                && let Ok(ms) = u64::try_from(ms)
+                && ms > 0
+            {
                 pause = pause.min(Duration::from_millis(ms));
             }
         }

@@ -184,11 +184,15 @@ impl<S: AdminStore> Admin<S> {
         what: OnTimer,
     ) -> (&'static str, Acted) {
         let store = &self.store;
+        // A cancel looks for the timer's event in its machine's history: the store of
+        // the machine's registered engine, with its own tables.
+        let entities = self.entities_of(key.machine);
         let (action, changed) = match what {
             OnTimer::Rearm => ("timers.rearm", Timers::new(store.clone()).rearm(key).await),
             OnTimer::Cancel => (
                 "timers.cancel",
-                async { Lease::run(store, async |c| store.cancel_timer(c, key).await).await }.await,
+                async { Lease::run(entities, async |c| entities.cancel_timer(c, key).await).await }
+                    .await,
             ),
         };
         (action, changed.map(i64::from).map_err(|e| (e, 0)))

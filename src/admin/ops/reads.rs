@@ -89,7 +89,7 @@ impl<S: AdminStore> Admin<S> {
     }
 
     /// The store of `machine`'s entities: its registered engine's, else the page's own.
-    fn entities_of(&self, machine: &str) -> &S {
+    pub(super) fn entities_of(&self, machine: &str) -> &S {
         self.machines
             .get(machine)
             .map_or(&self.store, |m| m.store())

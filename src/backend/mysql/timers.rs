@@ -122,6 +122,15 @@ impl TimerStore for MySqlStore {
         timer_sql::list::<MySql>(conn, STATEMENTS.get(self.names()), by).await
     }
 
+    async fn release_timers(
+        &self,
+        conn: &mut MySqlConnection,
+        token: &str,
+        ids: &[i64],
+    ) -> Result<u64, sqlx::Error> {
+        timer_sql::release::<MySql>(conn, STATEMENTS.get(self.names()), token, ids).await
+    }
+
     async fn next_due_in_ms(
         &self,
         conn: &mut MySqlConnection,

@@ -118,6 +118,15 @@ impl TimerStore for PgStore {
         timer_sql::list::<Postgres>(conn, STATEMENTS.get(self.names()), by).await
     }
 
+    async fn release_timers(
+        &self,
+        conn: &mut PgConnection,
+        token: &str,
+        ids: &[i64],
+    ) -> Result<u64, sqlx::Error> {
+        timer_sql::release::<Postgres>(conn, STATEMENTS.get(self.names()), token, ids).await
+    }
+
     async fn next_due_in_ms(
         &self,
         conn: &mut PgConnection,

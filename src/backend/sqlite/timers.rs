@@ -124,6 +124,15 @@ impl TimerStore for SqliteStore {
         timer_sql::list::<Sqlite>(conn, STATEMENTS.get(self.names()), by).await
     }
 
+    async fn release_timers(
+        &self,
+        conn: &mut SqliteConnection,
+        token: &str,
+        ids: &[i64],
+    ) -> Result<u64, sqlx::Error> {
+        timer_sql::release::<Sqlite>(conn, STATEMENTS.get(self.names()), token, ids).await
+    }
+
     async fn next_due_in_ms(
         &self,
         conn: &mut SqliteConnection,
