@@ -124,6 +124,45 @@ macro_rules! fit_suite {
                 assert_eq!(count(pool, "SELECT COUNT(*) FROM timers").await, 1);
             }
 
+            /// orderly in another namespace (`billing`): its migrations make its tables
+            /// there and none in the default one, record themselves there, run again as
+            /// nothing; an engine whose tables name the namespace writes its history
+            /// there, beside the application's own `outbox` and `timers`.
+            #[tokio::test]
+            async fn another_namespace_holds_orderlys_tables() {
+                use orderly::backend::$backend::migrate_in;
+                let (pool, _keep) = $fresh().await;
+                APP.run(&pool).await.unwrap();
+                migrate_in(&pool, "billing").await.unwrap();
+                migrate_in(&pool, "billing").await.expect("again, as nothing");
+                let billing = |table: &str| format!("{}{table}", $ns.replace("orderly", "billing"));
+                let ours_in_billing = billing("migrations");
+                assert_eq!(versions(&pool, &ours_in_billing).await, ours());
+                for table in ["transitions", "outbox", "timers", "flows", "idempotency_records"] {
+                    let there = format!("SELECT COUNT(*) FROM {}", billing(table));
+                    assert_eq!(count(&pool, &there).await, 0, "{table} in billing");
+                    let default = format!("SELECT COUNT(*) FROM {}", ns(table));
+                    assert!(
+                        sqlx::query(AssertSqlSafe(default)).fetch_one(&pool).await.is_err(),
+                        "{table} made in the default namespace"
+                    );
+                }
+                let tables = Tables::new("orders").unwrap().in_namespace("billing").unwrap();
+                let engine: Engine<PayMachine, $Store> =
+                    Engine::new(<$Store>::new(pool.clone(), tables)).unwrap();
+                engine.check_tables().await.unwrap();
+                sqlx::raw_sql("INSERT INTO orders (id, customer, amount_cents) VALUES (7, 'bo', 990)")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let paid = engine.transition(7, PayEvent::Pay, "pay-7").await.unwrap();
+                assert!(paid.is_applied(), "{paid:?}");
+                let history = format!("SELECT COUNT(*) FROM {} WHERE order_id = 7", billing("transitions"));
+                assert_eq!(count(&pool, &history).await, 1);
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM outbox").await, 1);
+                assert_eq!(count(&pool, "SELECT COUNT(*) FROM timers").await, 1);
+            }
+
             #[tokio::test]
             async fn the_applications_migrations_first_then_orderlys() {
                 let (pool, _keep) = $fresh().await;
