@@ -48,6 +48,7 @@ pub(crate) const MAX_DUE_MS: i64 = 253_402_300_799_999;
 /// text after every integer: there a due time that is not an integer orders first, so
 /// that the row is claimed (and set aside) at once rather than after the entity's real
 /// timers.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) const DUE_KEY: &str = "{t}.due_at";
 
 /// Whether the timer `c` may be claimed for machine `?{machine}` now: pending, due (its
