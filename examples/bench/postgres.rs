@@ -162,7 +162,7 @@ impl BenchDb for Db {
     }
 
     async fn lateness_ms(&self, sql: String) -> Result<Vec<i64>, BoxError> {
-        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+        Ok(sqlx::query_scalar(AssertSqlSafe(super::db::in_schema(&sql)))
             .fetch_all(&self.pool)
             .await?)
     }
