@@ -372,7 +372,7 @@ impl BenchDb for Db {
             .execute(&self.pool)
             .await?;
         for table in ["idempotency_records", "flows", "flow_steps", "outbox"] {
-            sqlx::raw_sql(AssertSqlSafe(format!("DELETE FROM {table}")))
+            sqlx::raw_sql(AssertSqlSafe(format!("DELETE FROM orderly_{table}")))
                 .execute(&self.pool)
                 .await?;
         }
