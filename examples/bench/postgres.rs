@@ -162,9 +162,11 @@ impl BenchDb for Db {
     }
 
     async fn lateness_ms(&self, sql: String) -> Result<Vec<i64>, BoxError> {
-        Ok(sqlx::query_scalar(AssertSqlSafe(super::db::in_schema(&sql)))
-            .fetch_all(&self.pool)
-            .await?)
+        Ok(
+            sqlx::query_scalar(AssertSqlSafe(super::db::in_schema(&sql)))
+                .fetch_all(&self.pool)
+                .await?,
+        )
     }
 
     fn now_ms_sql(&self) -> &'static str {
