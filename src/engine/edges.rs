@@ -13,7 +13,8 @@ pub(super) fn of<M: StateMachine>() -> HashMap<M::Event, Edges> {
         e.from.push(t.from.into());
         e.to.push(t.to.into());
         e.emits.push(t.emits);
-        e.rules |= t.guard.is_some() || t.effect.is_some() || M::timers_of(t.to).next().is_some();
+        e.guarded |= t.guard.is_some() || t.effect.is_some();
+        e.rules |= e.guarded || M::timers_of(t.to).next().is_some();
     }
     for e in edges.values_mut() {
         e.repeatable = reaches::<M>(&e.to, &e.from);
@@ -51,6 +52,9 @@ pub(super) struct Edges {
     /// Whether an edge of the event names a guard or an effect, or enters a state that
     /// carries timers: its requests are written in a unit of their own (`guarded.rs`).
     pub(super) rules: bool,
+    /// Whether an edge of the event names a guard or an effect (code of the
+    /// application's, which may call out of the database).
+    pub(super) guarded: bool,
     /// Whether the event can be applied again after it was applied: one of its source
     /// states is reachable from one of its target states. An event that cannot is
     /// recorded for no entity that is at one of its source states.

@@ -330,6 +330,17 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
         self.edges.get(&event).is_some_and(|e| e.rules)
     }
 
+    /// Whether no edge of `event` names a guard or an effect: its transition is only
+    /// writes to the database (a timer job fires it inside the claim's transaction).
+    pub(crate) fn unguarded(&self, event: M::Event) -> bool {
+        self.edges.get(&event).is_some_and(|e| !e.guarded)
+    }
+
+    /// The engine's deadline for one call.
+    pub(crate) fn deadline(&self) -> Duration {
+        self.config.deadline
+    }
+
     /// Whether `event` can be applied again after it was applied (see [`Edges`]).
     fn repeatable(&self, event: M::Event) -> bool {
         self.edges.get(&event).is_none_or(|e| e.repeatable)

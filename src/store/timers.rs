@@ -245,6 +245,21 @@ pub trait TimerStore: Store {
         async { Ok(0) }
     }
 
+    /// Opens the transaction in which a job claims a batch of timers
+    /// ([`claim_timers`](Self::claim_timers) on the same connection), fires those whose
+    /// edges name no guard or effect inside it (each a unit within it, as
+    /// `.within(conn)` runs one), and records them ([`mark_fired`](Self::mark_fired)):
+    /// one commit for the claim, the transitions and their records. Returns the depth
+    /// to end it with ([`Store::end_rules_unit`]). `None` (the default) where the store
+    /// cannot: the job then claims, fires and records in units of their own.
+    fn begin_timer_batch(
+        &self,
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = Result<Option<usize>, sqlx::Error>> + Send {
+        let _ = conn;
+        async { Ok(None) }
+    }
+
     /// How long until the next pending timer of `machine` falls due, in milliseconds
     /// (`None` if none is to fall due): how long an idle job may sleep. A store that
     /// cannot tell answers `None`, and the job sleeps its idle pause.

@@ -2,105 +2,24 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 
+use super::batch::Batch;
 use super::config::{TimerRound, TimersConfig};
-use super::{ClaimTimers, ClaimedTimer, FailedTimer, TimerRow, TimerStats, TimerStore};
-use crate::engine::{Engine, Outcome, parse_event};
+use super::fire::{Fire, FireFuture, Fired};
+use super::{ClaimTimers, ClaimedTimer, FailedTimer, FiredTimer, TimerRow, TimerStats, TimerStore};
+use crate::engine::Engine;
 use crate::error::Error;
 use crate::error::Result;
-use crate::flow::{FlowStore, Flows, WAIT_MACHINE, Woken};
+use crate::flow::{FlowStore, Flows, WAIT_MACHINE};
 use crate::machine::StateMachine;
 use crate::store::Lease;
 use crate::support::retry::millis;
 use crate::support::text::bounded;
-
-/// How one firing ended.
-enum Fired {
-    /// Recorded as fired with this outcome, and a note (why moot or refused).
-    Outcome(&'static str, Option<String>),
-    /// Failed for now.
-    Retry(String),
-    /// Failed for good.
-    Dead(String),
-    /// Not fired: the job is stopping (the timer is handed back unfired).
-    Skipped,
-}
-
-type FireFuture<'a> = Pin<Box<dyn Future<Output = Fired> + Send + 'a>>;
-
-/// A machine's engine, as the job fires through it.
-trait Fire: Send + Sync {
-    fn fire<'a>(&'a self, timer: &'a TimerRow) -> FireFuture<'a>;
-}
-
-impl<M: StateMachine, S: TimerStore> Fire for Engine<M, S> {
-    fn fire<'a>(&'a self, t: &'a TimerRow) -> FireFuture<'a> {
-        Box::pin(async move {
-            let event = match parse_event::<M>(&t.event) {
-                Ok(event) => event,
-                Err(_) => {
-                    return Fired::Dead(format!("unknown event {:?} of {}", t.event, M::NAME));
-                }
-            };
-            let mut request = self
-                .transition(t.entity_id, event, &t.ref_id)
-                .actor("timer");
-            match (&t.state, t.version) {
-                (None, None) => {}
-                (Some(state), Some(version)) => {
-                    if state.parse::<M::State>().is_err() {
-                        return Fired::Dead(format!("unknown state {state:?} of {}", M::NAME));
-                    }
-                    if version < 0 {
-                        return Fired::Dead(format!("version {version} (versions start at 0)"));
-                    }
-                    request = request.at_version(version);
-                }
-                _ => {
-                    return Fired::Dead(
-                        "a state without a version, or a version without a state".into(),
-                    );
-                }
-            }
-            match request.await {
-                Ok(Outcome::Applied { .. }) => Fired::Outcome("applied", None),
-                Ok(Outcome::Replayed { .. }) => Fired::Outcome("replayed", None),
-                Err(
-                    e @ (Error::Moot { .. }
-                    | Error::InvalidTransition { .. }
-                    | Error::RefConflict { .. }
-                    | Error::NotFound { .. }),
-                ) => Fired::Outcome("moot", Some(bounded(e.to_string()))),
-                Err(e @ Error::Refused { .. }) => {
-                    Fired::Outcome("refused", Some(bounded(e.to_string())))
-                }
-                Err(e @ Error::RuleFailed { .. }) => Fired::Retry(e.to_string()),
-                Err(e) if e.is_retryable() => Fired::Retry(e.to_string()),
-                Err(e) => Fired::Dead(e.to_string()),
-            }
-        })
-    }
-}
-
-/// The flows' wait timers, as the job fires them: each wakes its flow.
-impl<S: FlowStore> Fire for Flows<S> {
-    fn fire<'a>(&'a self, t: &'a TimerRow) -> FireFuture<'a> {
-        Box::pin(async move {
-            match self.wake(t).await {
-                Woken::Woke => Fired::Outcome("applied", None),
-                Woken::Moot(note) => Fired::Outcome("moot", Some(bounded(note))),
-                Woken::Retry(e) => Fired::Retry(e),
-                Woken::Dead(e) => Fired::Dead(e),
-            }
-        })
-    }
-}
 
 /// A timer job: claims the due timers of the machines it was given engines for, fires
 /// each through its machine's engine with the timer's reference, and records each
@@ -108,9 +27,44 @@ impl<S: FlowStore> Fire for Flows<S> {
 /// engine fires each timer's event at most once whatever they do, and one entity's timers
 /// fire one after another in due order.
 pub struct Timers<S: TimerStore> {
-    store: S,
-    engines: BTreeMap<&'static str, Arc<dyn Fire>>,
+    pub(super) store: S,
+    engines: BTreeMap<&'static str, Arc<dyn Fire<S>>>,
     config: TimersConfig,
+}
+
+/// A firing to record as fired: the timer's id, its outcome, a note (why moot or
+/// refused), and its lateness (none for a row that did not read).
+pub(super) struct FiredRow {
+    id: i64,
+    outcome: &'static str,
+    note: Option<String>,
+    late_ms: Option<i64>,
+}
+
+impl FiredRow {
+    pub(super) fn new(
+        id: i64,
+        outcome: &'static str,
+        note: Option<String>,
+        late_ms: Option<i64>,
+    ) -> Self {
+        FiredRow {
+            id,
+            outcome,
+            // Text as every backend stores it (PostgreSQL takes no NUL).
+            note: note.map(|n| n.replace('\0', "\u{FFFD}")),
+            late_ms,
+        }
+    }
+
+    /// The row's record.
+    pub(super) fn mark(&self) -> FiredTimer<'_> {
+        FiredTimer {
+            id: self.id,
+            outcome: self.outcome,
+            note: self.note.as_deref(),
+        }
+    }
 }
 
 impl<S: TimerStore> std::fmt::Debug for Timers<S> {
@@ -203,7 +157,7 @@ impl<S: TimerStore> Timers<S> {
     async fn machine_round(
         &self,
         machine: &str,
-        engine: &dyn Fire,
+        engine: &dyn Fire<S>,
         stop: &AtomicBool,
     ) -> Result<TimerRound> {
         let token = uuid::Uuid::new_v4().simple().to_string();
@@ -214,12 +168,34 @@ impl<S: TimerStore> Timers<S> {
             limit: i64::from(self.config.batch),
         };
         let store = &self.store;
-        let claimed: Vec<ClaimedTimer> =
-            Lease::run(store, async |c| store.claim_timers(c, &claim).await).await?;
-        let mut round = TimerRound {
-            claimed: claimed.len(),
-            ..TimerRound::default()
+        let mut round = TimerRound::default();
+        // The claim, the firings that are only writes and their records in one
+        // transaction; what it cannot fire is left claimed for the firings one by one.
+        let batched = match engine.batch_deadline() {
+            Some(deadline) => self.batch(&claim, engine, deadline, stop).await?,
+            None => Batch::Undone,
         };
+        let claimed: Vec<ClaimedTimer> = match batched {
+            Batch::Stopping => return Ok(round),
+            Batch::Done {
+                claimed,
+                fired,
+                rest,
+            } => {
+                round.claimed = claimed;
+                count_fired(machine, &fired, &mut round);
+                rest
+            }
+            Batch::Undone => {
+                let claimed =
+                    Lease::run(store, async |c| store.claim_timers(c, &claim).await).await?;
+                round.claimed = claimed.len();
+                claimed
+            }
+        };
+        if claimed.is_empty() {
+            return Ok(round);
+        }
         let (rows, corrupt): (Vec<_>, Vec<_>) = claimed.into_iter().partition(|r| r.is_ok());
         let rows: Vec<TimerRow> = rows.into_iter().flatten().collect();
         // At most `concurrency` firings at once, each answered in its place; none starts
@@ -253,15 +229,13 @@ impl<S: TimerStore> Timers<S> {
                 outcomes.push((id, i32::MAX, None, Fired::Dead(c.reason)));
             }
         }
-        let mut fired_rows: Vec<(i64, &'static str, Option<String>, Option<i64>)> = Vec::new();
+        let mut fired_rows: Vec<FiredRow> = Vec::new();
         let mut failures: Vec<(i64, i32, String, bool)> = Vec::new();
         let mut skipped: Vec<i64> = Vec::new();
         for (id, attempts, late_ms, fired) in outcomes {
             match fired {
                 Fired::Outcome(outcome, note) => {
-                    // Text as every backend stores it (PostgreSQL takes no NUL).
-                    let note = note.map(|n| n.replace('\0', "\u{FFFD}"));
-                    fired_rows.push((id, outcome, note, late_ms));
+                    fired_rows.push(FiredRow::new(id, outcome, note, late_ms));
                 }
                 Fired::Retry(error) => {
                     let dead =
@@ -315,18 +289,14 @@ impl<S: TimerStore> Timers<S> {
         &self,
         machine: &str,
         token: &str,
-        fired_rows: &[(i64, &'static str, Option<String>, Option<i64>)],
+        fired_rows: &[FiredRow],
         round: &mut TimerRound,
     ) -> Result<()> {
+        if fired_rows.is_empty() {
+            return Ok(());
+        }
         let store = &self.store;
-        let fired: Vec<super::FiredTimer<'_>> = fired_rows
-            .iter()
-            .map(|(id, outcome, note, _)| super::FiredTimer {
-                id: *id,
-                outcome,
-                note: note.as_deref(),
-            })
-            .collect();
+        let fired: Vec<FiredTimer<'_>> = fired_rows.iter().map(FiredRow::mark).collect();
         let marked = Lease::run(store, async |c| store.mark_fired(c, token, &fired).await).await?;
         let lost = fired
             .len()
@@ -335,17 +305,7 @@ impl<S: TimerStore> Timers<S> {
         // Counted as recorded. A round that lost some of its claims does not know which:
         // it counts none of its firings (the job that took them over counts them).
         if lost == 0 {
-            for (_, outcome, _, late_ms) in fired_rows {
-                match *outcome {
-                    "applied" => round.applied += 1,
-                    "replayed" => round.replayed += 1,
-                    "moot" => round.moot += 1,
-                    _ => round.refused += 1,
-                }
-                if let Some(late_ms) = late_ms {
-                    crate::observe::timer_fired(machine, outcome, *late_ms);
-                }
-            }
+            count_fired(machine, fired_rows, round);
         }
         Ok(())
     }
@@ -495,6 +455,21 @@ impl<S: TimerStore> Timers<S> {
     /// The delay before the next try of a timer claimed `attempts` times.
     fn backoff(&self, attempts: i32) -> Duration {
         crate::support::retry::delay(self.config.min_backoff, self.config.max_backoff, attempts)
+    }
+}
+
+/// Counts recorded firings in the round, and observes their lateness.
+fn count_fired(machine: &str, fired: &[FiredRow], round: &mut TimerRound) {
+    for row in fired {
+        match row.outcome {
+            "applied" => round.applied += 1,
+            "replayed" => round.replayed += 1,
+            "moot" => round.moot += 1,
+            _ => round.refused += 1,
+        }
+        if let Some(late_ms) = row.late_ms {
+            crate::observe::timer_fired(machine, row.outcome, late_ms);
+        }
     }
 }
 

@@ -15,7 +15,9 @@
 //! since (paid in time) is moot, never a late move of a paid order. The model and its
 //! table of situations are in `docs/timers.md`.
 
+mod batch;
 mod config;
+mod fire;
 mod job;
 
 pub use crate::store::timers::{

@@ -488,9 +488,16 @@ orderly::state_machine! {
 
 /// The effect: hangs forever for the entity `hang`, once it has written the file `hung`
 /// in `dir`; does nothing otherwise.
-struct HangOn {
+pub(crate) struct HangOn {
     hang: i64,
     dir: Option<std::path::PathBuf>,
+}
+
+impl HangOn {
+    /// An effect that never hangs.
+    pub(crate) fn none() -> Self {
+        HangOn { hang: 0, dir: None }
+    }
 }
 
 impl<C: Send> ExpiringRules<C> for HangOn {

@@ -143,21 +143,74 @@ impl TimerStore for MySqlStore {
         timer_sql::stats::<MySql>(conn, STATEMENTS.get(self.names())).await
     }
 
+    async fn begin_timer_batch(
+        &self,
+        conn: &mut MySqlConnection,
+    ) -> Result<Option<usize>, sqlx::Error> {
+        // READ COMMITTED as the claim's own transaction (no gap locks between jobs); on
+        // a Galera node the wait for the cluster's certified writes first, as a rules
+        // unit does.
+        let begin = if self.causal_reads() == Some(true) {
+            "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT 1; \
+             SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
+        } else {
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
+        };
+        crate::backend::units::begin_rules_unit::<MySql>(
+            conn,
+            crate::store::Txn::Own,
+            Some(begin),
+            false,
+        )
+        .await
+        .map(Some)
+    }
+
     async fn claim_timers(
         &self,
         conn: &mut MySqlConnection,
         c: &ClaimTimers<'_>,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
+        // Inside a job's batch transaction, the claim is part of it.
+        if <<MySql as sqlx::Database>::TransactionManager as sqlx_core::transaction::TransactionManager>::get_transaction_depth(conn) > 0 {
+            return self.claim_in(conn, c).await;
+        }
         let mut tx = conn
             .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
             .await?;
+        let claimed = self.claim_in(&mut tx, c).await?;
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn purge_timers(
+        &self,
+        conn: &mut MySqlConnection,
+        retention_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = PURGE
+            .get(self.names())
+            .query::<MySql>(&[Arg::I64(retention_ms), Arg::I64(limit)])?
+            .execute(conn)
+            .await?;
+        Ok(<MySql as Binds>::rows_affected(&done))
+    }
+}
+
+impl MySqlStore {
+    /// The claim's statements, inside a transaction of READ COMMITTED.
+    async fn claim_in(
+        &self,
+        tx: &mut MySqlConnection,
+        c: &ClaimTimers<'_>,
+    ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
         let ids: Vec<(i64,)> = CHOOSE
             .get(self.names())
             .query_as::<MySql, (i64,)>(&[Arg::Str(c.machine), Arg::I64(c.limit)])?
             .fetch_all(&mut *tx)
             .await?;
         if ids.is_empty() {
-            tx.commit().await?;
             return Ok(Vec::new());
         }
         // The ids are integers read back from the database: safe to write inline.
@@ -185,21 +238,6 @@ impl TimerStore for MySqlStore {
             .bind(c.token)
             .fetch_all(&mut *tx)
             .await?;
-        tx.commit().await?;
         Ok(timer_sql::in_due_order(rows.iter().map(decoded).collect()))
-    }
-
-    async fn purge_timers(
-        &self,
-        conn: &mut MySqlConnection,
-        retention_ms: i64,
-        limit: i64,
-    ) -> Result<u64, sqlx::Error> {
-        let done = PURGE
-            .get(self.names())
-            .query::<MySql>(&[Arg::I64(retention_ms), Arg::I64(limit)])?
-            .execute(conn)
-            .await?;
-        Ok(<MySql as Binds>::rows_affected(&done))
     }
 }

@@ -139,6 +139,20 @@ impl TimerStore for PgStore {
         timer_sql::stats::<Postgres>(conn, STATEMENTS.get(self.names())).await
     }
 
+    async fn begin_timer_batch(
+        &self,
+        conn: &mut PgConnection,
+    ) -> Result<Option<usize>, sqlx::Error> {
+        crate::backend::units::begin_rules_unit::<Postgres>(
+            conn,
+            crate::store::Txn::Own,
+            Some("BEGIN"),
+            true,
+        )
+        .await
+        .map(Some)
+    }
+
     async fn claim_timers(
         &self,
         conn: &mut PgConnection,

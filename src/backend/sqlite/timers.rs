@@ -145,6 +145,20 @@ impl TimerStore for SqliteStore {
         timer_sql::stats::<Sqlite>(conn, STATEMENTS.get(self.names())).await
     }
 
+    async fn begin_timer_batch(
+        &self,
+        conn: &mut SqliteConnection,
+    ) -> Result<Option<usize>, sqlx::Error> {
+        crate::backend::units::begin_rules_unit::<Sqlite>(
+            conn,
+            crate::store::Txn::Own,
+            Some("BEGIN IMMEDIATE"),
+            false,
+        )
+        .await
+        .map(Some)
+    }
+
     async fn claim_timers(
         &self,
         conn: &mut SqliteConnection,

@@ -1,0 +1,127 @@
+//! A round's batch: the claim, the firings whose edges are only writes, and their
+//! records, in one transaction (one commit where each firing would take its own).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::fire::{Fire, Fired};
+use super::job::{FiredRow, Timers};
+use super::{ClaimTimers, ClaimedTimer, FiredTimer, TimerStore};
+use crate::error::Result;
+use crate::store::{Lease, db_error};
+
+/// What a round's batch transaction left to the round.
+pub(super) enum Batch {
+    /// Committed: the timers it claimed, the firings it recorded with them, and the
+    /// claimed timers it did not fire (their edges name a guard or an effect, or their
+    /// rows do not read), left claimed under the round's token for the round to fire one
+    /// by one.
+    Done {
+        claimed: usize,
+        fired: Vec<FiredRow>,
+        rest: Vec<ClaimedTimer>,
+    },
+    /// Undone, nothing of it kept: a firing failed, the transaction ran past the
+    /// engine's deadline, or the store runs no batches. The round claims and fires
+    /// one by one instead.
+    Undone,
+    /// Undone: the job is stopping. Nothing was fired or claimed.
+    Stopping,
+}
+
+impl<S: TimerStore> Timers<S> {
+    /// Claims `claim`'s timers, fires those `engine` can fire in the transaction, and
+    /// records them, in one transaction that commits once, within `deadline`. A
+    /// transaction that does not commit leaves nothing: its claims, transitions and
+    /// records are undone together. An error (the claim, a record or the commit
+    /// failed) is the round's; a commit whose answer was lost holds all or nothing.
+    pub(super) async fn batch(
+        &self,
+        claim: &ClaimTimers<'_>,
+        engine: &dyn Fire<S>,
+        deadline: std::time::Duration,
+        stop: &AtomicBool,
+    ) -> Result<Batch> {
+        let store = &self.store;
+        let work = async {
+            let mut lease = Lease::acquire_for_write(store)
+                .await
+                .map_err(db_error::<S>)?;
+            let Some(depth) = store
+                .begin_timer_batch(lease.conn())
+                .await
+                .map_err(db_error::<S>)?
+            else {
+                lease.release();
+                return Ok(Batch::Undone);
+            };
+            let claimed = store
+                .claim_timers(lease.conn(), claim)
+                .await
+                .map_err(db_error::<S>)?;
+            let count = claimed.len();
+            let (batch, rest): (Vec<_>, Vec<_>) = claimed
+                .into_iter()
+                .partition(|c| c.as_ref().is_ok_and(|row| engine.batchable(row)));
+            let mut fired: Vec<FiredRow> = Vec::with_capacity(batch.len());
+            for row in batch.iter().flatten() {
+                if stop.load(Ordering::Relaxed) {
+                    undo(store, lease, depth).await;
+                    return Ok(Batch::Stopping);
+                }
+                match engine.fire_within(lease.conn(), row).await {
+                    Fired::Outcome(outcome, note) => {
+                        fired.push(FiredRow::new(row.id, outcome, note, Some(row.late_ms)));
+                    }
+                    Fired::Retry(e) | Fired::Dead(e) => {
+                        tracing::debug!(id = row.id, error = %e, "a timer's batch is undone");
+                        undo(store, lease, depth).await;
+                        return Ok(Batch::Undone);
+                    }
+                    Fired::Skipped => {
+                        undo(store, lease, depth).await;
+                        return Ok(Batch::Undone);
+                    }
+                }
+            }
+            if !fired.is_empty() {
+                let marks: Vec<FiredTimer<'_>> = fired.iter().map(FiredRow::mark).collect();
+                let marked = store
+                    .mark_fired(lease.conn(), claim.token, &marks)
+                    .await
+                    .map_err(db_error::<S>)?;
+                // The claims are this transaction's own: every one is marked.
+                if usize::try_from(marked).ok() != Some(fired.len()) {
+                    undo(store, lease, depth).await;
+                    return Ok(Batch::Undone);
+                }
+            }
+            store
+                .end_rules_unit(lease.conn(), true, depth)
+                .await
+                .map_err(db_error::<S>)?;
+            lease.release();
+            Ok(Batch::Done {
+                claimed: count,
+                fired,
+                rest,
+            })
+        };
+        // Past the deadline (rows locked by the application's transactions), the work
+        // is dropped: its connection is closed, and the server undoes the transaction.
+        tokio::time::timeout(deadline, work)
+            .await
+            .unwrap_or(Ok(Batch::Undone))
+    }
+}
+
+/// Rolls the batch's transaction back; a connection that cannot is closed (the server
+/// then rolls back).
+async fn undo<S: TimerStore>(store: &S, mut lease: Lease<S>, depth: usize) {
+    if store
+        .end_rules_unit(lease.conn(), false, depth)
+        .await
+        .is_ok()
+    {
+        lease.release();
+    }
+}

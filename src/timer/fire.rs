@@ -1,0 +1,150 @@
+//! How the job fires one timer: through its machine's engine on the engine's own
+//! connections, or inside the job's batch transaction; and how each firing ended.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use super::{TimerRow, TimerStore};
+use crate::engine::{Engine, Outcome, TransitionRequest, parse_event};
+use crate::error::{Error, Result};
+use crate::flow::{FlowStore, Flows, Woken};
+use crate::machine::StateMachine;
+use crate::support::text::bounded;
+
+/// How one firing ended.
+pub(super) enum Fired {
+    /// Recorded as fired with this outcome, and a note (why moot or refused).
+    Outcome(&'static str, Option<String>),
+    /// Failed for now.
+    Retry(String),
+    /// Failed for good.
+    Dead(String),
+    /// Not fired: the job is stopping (the timer is handed back unfired).
+    Skipped,
+}
+
+pub(super) type FireFuture<'a> = Pin<Box<dyn Future<Output = Fired> + Send + 'a>>;
+
+/// A machine's engine, as the job fires through it.
+pub(super) trait Fire<S: TimerStore>: Send + Sync {
+    /// Fires `timer` on the engine's own connections, within its deadline.
+    fn fire<'a>(&'a self, timer: &'a TimerRow) -> FireFuture<'a>;
+
+    /// Whether `timer` can be fired inside the job's batch transaction: its event's
+    /// edges name no guard or effect (the firing is only writes, undone with the
+    /// transaction if it rolls back), and its row reads.
+    fn batchable(&self, timer: &TimerRow) -> bool {
+        let _ = timer;
+        false
+    }
+
+    /// How long a batch transaction of the machine's timers may take, if any of them
+    /// can be fired in one ([`batchable`](Self::batchable)): the engine's deadline.
+    fn batch_deadline(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Fires a [`batchable`](Self::batchable) timer inside the transaction open on
+    /// `conn`. Any answer but [`Fired::Outcome`] means the transaction is to be undone.
+    fn fire_within<'a>(&'a self, conn: &'a mut S::Conn, timer: &'a TimerRow) -> FireFuture<'a> {
+        let _ = (conn, timer);
+        Box::pin(async { Fired::Retry("this machine fires no timer in a batch".into()) })
+    }
+}
+
+impl<M: StateMachine, S: TimerStore> Engine<M, S> {
+    /// The timer's request, or how the firing ends without one (a row that names no
+    /// event, state or version of the machine).
+    fn timer_request<'a>(&'a self, t: &'a TimerRow) -> Result<TransitionRequest<'a, M, S>, Fired> {
+        let event = parse_event::<M>(&t.event)
+            .map_err(|_| Fired::Dead(format!("unknown event {:?} of {}", t.event, M::NAME)))?;
+        let request = self
+            .transition(t.entity_id, event, &t.ref_id)
+            .actor("timer");
+        match (&t.state, t.version) {
+            (None, None) => Ok(request),
+            (Some(state), Some(version)) => {
+                if state.parse::<M::State>().is_err() {
+                    return Err(Fired::Dead(format!(
+                        "unknown state {state:?} of {}",
+                        M::NAME
+                    )));
+                }
+                if version < 0 {
+                    return Err(Fired::Dead(format!(
+                        "version {version} (versions start at 0)"
+                    )));
+                }
+                Ok(request.at_version(version))
+            }
+            _ => Err(Fired::Dead(
+                "a state without a version, or a version without a state".into(),
+            )),
+        }
+    }
+}
+
+/// How a firing's answer is recorded.
+fn judged<St>(answer: Result<Outcome<St>>) -> Fired {
+    match answer {
+        Ok(Outcome::Applied { .. }) => Fired::Outcome("applied", None),
+        Ok(Outcome::Replayed { .. }) => Fired::Outcome("replayed", None),
+        Err(
+            e @ (Error::Moot { .. }
+            | Error::InvalidTransition { .. }
+            | Error::RefConflict { .. }
+            | Error::NotFound { .. }),
+        ) => Fired::Outcome("moot", Some(bounded(e.to_string()))),
+        Err(e @ Error::Refused { .. }) => Fired::Outcome("refused", Some(bounded(e.to_string()))),
+        Err(e @ Error::RuleFailed { .. }) => Fired::Retry(e.to_string()),
+        Err(e) if e.is_retryable() => Fired::Retry(e.to_string()),
+        Err(e) => Fired::Dead(e.to_string()),
+    }
+}
+
+impl<M: StateMachine, S: TimerStore> Fire<S> for Engine<M, S> {
+    fn fire<'a>(&'a self, t: &'a TimerRow) -> FireFuture<'a> {
+        Box::pin(async move {
+            match self.timer_request(t) {
+                Ok(request) => judged(request.await),
+                Err(fired) => fired,
+            }
+        })
+    }
+
+    fn batchable(&self, t: &TimerRow) -> bool {
+        parse_event::<M>(&t.event).is_ok_and(|event| self.unguarded(event))
+            && self.timer_request(t).is_ok()
+    }
+
+    fn batch_deadline(&self) -> Option<Duration> {
+        M::TRANSITIONS
+            .iter()
+            .any(|t| self.unguarded(t.event))
+            .then(|| self.deadline())
+    }
+
+    fn fire_within<'a>(&'a self, conn: &'a mut S::Conn, t: &'a TimerRow) -> FireFuture<'a> {
+        Box::pin(async move {
+            match self.timer_request(t) {
+                Ok(request) => judged(request.within(conn).await),
+                Err(fired) => fired,
+            }
+        })
+    }
+}
+
+/// The flows' wait timers, as the job fires them: each wakes its flow.
+impl<S: FlowStore + TimerStore> Fire<S> for Flows<S> {
+    fn fire<'a>(&'a self, t: &'a TimerRow) -> FireFuture<'a> {
+        Box::pin(async move {
+            match self.wake(t).await {
+                Woken::Woke => Fired::Outcome("applied", None),
+                Woken::Moot(note) => Fired::Outcome("moot", Some(bounded(note))),
+                Woken::Retry(e) => Fired::Retry(e),
+                Woken::Dead(e) => Fired::Dead(e),
+            }
+        })
+    }
+}
