@@ -23,6 +23,9 @@ orderly::state_machine! {
     }
 }
 
+/// The timers due at once in the drain.
+const DRAIN: i64 = 5000;
+
 /// The first entity id of the timers modes, far above the other modes' orders.
 const BASE: i64 = 2_000_000_000;
 
@@ -112,6 +115,65 @@ async fn jobs<B: BenchDb>(
     Ok(start.elapsed())
 }
 
+/// Four jobs as a service runs them ([`Timers::run`], the default config) until `n`
+/// timers fired (counted in the database every 20 ms); the time it took.
+async fn run_jobs<B: BenchDb>(
+    db: &Arc<B>,
+    engine: &Engine<TimerMachine, B::S>,
+    n: i64,
+) -> Result<Duration, BoxError> {
+    let start = Instant::now();
+    let (stop, _) = tokio::sync::watch::channel(false);
+    let loops: Vec<_> = (0..4)
+        .map(|_| {
+            let job = Timers::new(engine.store().clone()).fire(engine.clone());
+            let mut stopped = stop.subscribe();
+            tokio::spawn(async move {
+                job.run(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let fired = loop {
+        let fired = db
+            .count("SELECT COUNT(*) FROM orderly_timers WHERE status = 'FIRED'".into())
+            .await?;
+        if fired >= n || Instant::now() > deadline {
+            break fired;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = start.elapsed();
+    stop.send_replace(true);
+    for l in loops {
+        let round = l.await??;
+        if round.dead + round.retried + round.moot > 0 {
+            return Err(format!("timer rounds {round:?}").into());
+        }
+    }
+    if fired < n {
+        return Err(format!("the jobs fired {fired} of {n} timers in 120 s").into());
+    }
+    Ok(took)
+}
+
+/// The fired timers' lateness on the database's clock, p50 and p99, in milliseconds.
+async fn lateness<B: BenchDb>(db: &B) -> Result<(i64, i64), BoxError> {
+    let mut late = db
+        .lateness_ms("SELECT fired_at - due_at FROM orderly_timers WHERE status = 'FIRED'".into())
+        .await?;
+    late.sort_unstable();
+    let pct = |p: f64| {
+        late.get(((late.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    Ok((pct(0.5), pct(0.99)))
+}
+
 /// Four hand loops until `n` timers fired; the time it took.
 async fn hands<B: BenchDb>(
     db: &Arc<B>,
@@ -163,8 +225,9 @@ fn retryable(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
 
 /// `--timers` due timers drained by four jobs (`timers`) and four hand loops
 /// (`timer-hand`), each twice, alternating; then timers falling due at 1,000 a second for
-/// `--seconds` (at most 5 s), fired by four jobs with the default idle pause, for their
-/// lateness on the database's clock. Returns the `timers …` line.
+/// `--seconds` (at most 5 s), fired by four jobs as a service runs them, for their
+/// lateness on the database's clock; then 5,000 timers due at once, for the time four
+/// such jobs take to fire them. Returns the `timers …` line.
 pub(crate) async fn timers_pass<B: BenchDb>(db: &Arc<B>, args: &Args) -> Result<String, BoxError> {
     let n = args.timers.max(4);
     let engine: Engine<TimerMachine, B::S> = Engine::new(db.engine().store().clone())?;
@@ -213,28 +276,22 @@ pub(crate) async fn timers_pass<B: BenchDb>(db: &Arc<B>, args: &Args) -> Result<
         );
     }
     // A steady 1,000 timers a second, due from a second after the seed on the database's
-    // clock; the jobs poll with the default idle pause.
+    // clock, fired by four jobs as a service runs them.
     let seconds = args.seconds.clamp(0.2, 5.0);
     let steady = (1000.0 * seconds) as i64;
     let now = db.now_ms_sql();
     seed(&**db, steady, |i| format!("{now} + 1000 + {i}")).await?;
-    jobs::<B>(&engine, steady, TimersConfig::default().idle).await?;
-    let late = db
-        .lateness_ms("SELECT fired_at - due_at FROM orderly_timers WHERE status = 'FIRED'".into())
-        .await?;
-    let pct = |p: f64| {
-        let mut v = late.clone();
-        v.sort_unstable();
-        v.get(((v.len() as f64 - 1.0) * p).round() as usize)
-            .copied()
-            .unwrap_or(0)
-    };
+    run_jobs(db, &engine, steady).await?;
+    let (p50, p99) = lateness(&**db).await?;
+    // 5,000 timers due at once, drained by four jobs as a service runs them.
+    seed(&**db, DRAIN, |_| now.to_string()).await?;
+    let drain = run_jobs(db, &engine, DRAIN).await?;
+    let (_, drain_p99) = lateness(&**db).await?;
     clear(&**db).await?;
     Ok(format!(
-        "timers backend={} jobs=4 timers={n} job_per_s={job_rate:.0} hand_per_s={hand_rate:.0} job_vs_hand={:.2} steady_per_s=1000 steady_timers={steady} lateness_p50_ms={} lateness_p99_ms={}",
+        "timers backend={} jobs=4 timers={n} job_per_s={job_rate:.0} hand_per_s={hand_rate:.0} job_vs_hand={:.2} steady_per_s=1000 steady_timers={steady} lateness_p50_ms={p50} lateness_p99_ms={p99} drain_timers={DRAIN} drain_ms={} drain_lateness_p99_ms={drain_p99}",
         args.backend,
         job_rate / hand_rate,
-        pct(0.5),
-        pct(0.99)
+        drain.as_millis(),
     ))
 }

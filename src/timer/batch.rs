@@ -7,7 +7,7 @@ use super::fire::{Fire, Fired};
 use super::job::{FiredRow, Timers};
 use super::{ClaimTimers, ClaimedTimer, FiredTimer, TimerStore};
 use crate::error::Result;
-use crate::store::{Lease, db_error};
+use crate::store::{ErrorClass, Lease, db_error};
 
 /// What a round's batch transaction left to the round.
 pub(super) enum Batch {
@@ -32,8 +32,7 @@ impl<S: TimerStore> Timers<S> {
     /// Claims `claim`'s timers, fires those `engine` can fire in the transaction, and
     /// records them, in one transaction that commits once, within `deadline`. A
     /// transaction that does not commit leaves nothing: its claims, transitions and
-    /// records are undone together. An error (the claim, a record or the commit
-    /// failed) is the round's; a commit whose answer was lost holds all or nothing.
+    /// records are undone together.
     pub(super) async fn batch(
         &self,
         claim: &ClaimTimers<'_>,
@@ -43,21 +42,12 @@ impl<S: TimerStore> Timers<S> {
     ) -> Result<Batch> {
         let store = &self.store;
         let work = async {
-            let mut lease = Lease::acquire_for_write(store)
-                .await
-                .map_err(db_error::<S>)?;
-            let Some(depth) = store
-                .begin_timer_batch(lease.conn())
-                .await
-                .map_err(db_error::<S>)?
-            else {
+            let mut lease = Lease::acquire_for_write(store).await?;
+            let Some(depth) = store.begin_timer_batch(lease.conn()).await? else {
                 lease.release();
                 return Ok(Batch::Undone);
             };
-            let claimed = store
-                .claim_timers(lease.conn(), claim)
-                .await
-                .map_err(db_error::<S>)?;
+            let claimed = store.claim_timers(lease.conn(), claim).await?;
             let count = claimed.len();
             let (batch, rest): (Vec<_>, Vec<_>) = claimed
                 .into_iter()
@@ -85,22 +75,16 @@ impl<S: TimerStore> Timers<S> {
             }
             if !fired.is_empty() {
                 let marks: Vec<FiredTimer<'_>> = fired.iter().map(FiredRow::mark).collect();
-                let marked = store
-                    .mark_fired(lease.conn(), claim.token, &marks)
-                    .await
-                    .map_err(db_error::<S>)?;
+                let marked = store.mark_fired(lease.conn(), claim.token, &marks).await?;
                 // The claims are this transaction's own: every one is marked.
                 if usize::try_from(marked).ok() != Some(fired.len()) {
                     undo(store, lease, depth).await;
                     return Ok(Batch::Undone);
                 }
             }
-            store
-                .end_rules_unit(lease.conn(), true, depth)
-                .await
-                .map_err(db_error::<S>)?;
+            store.end_rules_unit(lease.conn(), true, depth).await?;
             lease.release();
-            Ok(Batch::Done {
+            Ok::<_, sqlx::Error>(Batch::Done {
                 claimed: count,
                 fired,
                 rest,
@@ -108,9 +92,20 @@ impl<S: TimerStore> Timers<S> {
         };
         // Past the deadline (rows locked by the application's transactions), the work
         // is dropped: its connection is closed, and the server undoes the transaction.
-        tokio::time::timeout(deadline, work)
-            .await
-            .unwrap_or(Ok(Batch::Undone))
+        // An error leaves it so too (a lease dropped closes its connection). One the
+        // database answered as contention (a deadlock, a cluster's certification
+        // failure at the commit) undid the transaction: the round goes one by one. A
+        // lost connection may have lost the answer to a commit: the round fails, and
+        // what the database holds is the batch whole or nothing of it.
+        match tokio::time::timeout(deadline, work).await {
+            Err(_) => Ok(Batch::Undone),
+            Ok(Ok(batch)) => Ok(batch),
+            Ok(Err(e)) if S::classify(&e) == ErrorClass::Retryable => {
+                tracing::debug!(error = %e, "a timer batch is undone");
+                Ok(Batch::Undone)
+            }
+            Ok(Err(e)) => Err(db_error::<S>(e)),
+        }
     }
 }
 

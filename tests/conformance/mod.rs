@@ -366,6 +366,7 @@ macro_rules! conformance {
             locked_relay_cut_at_each_statement,
             locked_relay_killed_by_sigkill_another_finishes,
             a_timer_job_cut_at_each_statement_fires_each_once,
+            a_timer_job_killed_by_sigkill_inside_its_batch_undoes_it_whole,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {
@@ -389,6 +390,9 @@ macro_rules! conformance {
 pub(crate) async fn child<B: Backend>(spec: &str) {
     if let Some(relay) = spec.strip_prefix(outbox::RELAY_CHILD) {
         return outbox::relay_child::<B>(relay).await;
+    }
+    if let Some(handle) = spec.strip_prefix(timer_faults::BATCH_CHILD) {
+        return timer_faults::batch_child::<B>(handle).await;
     }
     match spec.strip_prefix(timers::TIMER_CHILD) {
         Some(timers) => timers::timer_child::<B>(timers).await,

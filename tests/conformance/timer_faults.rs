@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use orderly::{Engine, EngineConfig, Outcome, Timers, TimersConfig};
 
-use super::Backend;
 use super::faults::poll_at_most;
 use super::timers::{
     Expiring, ExpiringRules, ExpiringState, TEng, UnpaidEvent, UnpaidState, job, make_due,
     timed_engine, timers_of,
 };
+use super::{Backend, Networked};
 
 /// A timer row whose due time is no time (the smallest 64-bit integer, below which
 /// `now - due_at` overflows; the largest) is set aside `DEAD` with the reason in the
@@ -451,4 +451,109 @@ async fn dropped_at_every_await<M: orderly::StateMachine, B: Backend>(
         "every order's event in the history once"
     );
     seen
+}
+
+/// What the child of [`a_timer_job_killed_by_sigkill_inside_its_batch_undoes_it_whole`]
+/// is told.
+pub const BATCH_CHILD: &str = "timer-batch|";
+
+/// The timers of the killed batch; the test holds the last one's entity locked.
+const BATCH: i64 = 10;
+
+/// A timer job in a process of its own, killed with SIGKILL inside its batch
+/// transaction: the test holds the row of the batch's last entity (due last) locked, so
+/// the child claims the ten timers, fires nine inside its transaction and waits on the
+/// tenth; the test sees it wait, then kills it. Nothing of the batch holds: no move in
+/// the history, every timer `PENDING` and unclaimed at once (no lease to wait out).
+/// Then a job here fires all ten, each `Applied` once. (Not on SQLite: a test there
+/// cannot hold one entity's row while the child's transaction runs, one writer at a
+/// time.)
+pub async fn a_timer_job_killed_by_sigkill_inside_its_batch_undoes_it_whole<B: Networked>(b: &B) {
+    let name = "a_timer_job_killed_by_sigkill_inside_its_batch_undoes_it_whole";
+    let engine = timed_engine(b).await;
+    for id in 1..=BATCH {
+        engine.create(id).await.unwrap();
+        // Due in order of their ids, the last one last.
+        b.exec(&format!(
+            "UPDATE orderly_timers SET due_at = {id}, next_at = 0 WHERE entity_id = {id}"
+        ))
+        .await;
+    }
+    let mut held = b.begin().await;
+    B::exec_in(
+        &mut held,
+        &format!("UPDATE orders SET version = version WHERE id = {BATCH}"),
+    )
+    .await;
+    let thread = std::thread::current();
+    let test = thread.name().filter(|n| n.ends_with(name)).unwrap_or(name);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(super::CHILD, format!("{BATCH_CHILD}{}", b.child_handle()))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The child waits on the held row: inside its batch, past the claim and nine firings.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.lock_waits().await == 0 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child exited early"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the child never waited on the row"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "{status}");
+    }
+    B::rollback(held).await;
+    // The server undoes the killed session's transaction once it sees the socket closed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while b.lock_waits().await + b.open_transactions().await > 0 {
+        assert!(Instant::now() < deadline, "the killed session stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        b.scalar("SELECT COUNT(*) FROM orderly_transitions WHERE event = 'Cancel'")
+            .await,
+        0,
+        "a move of the killed batch held"
+    );
+    assert_eq!(
+        b.scalar(
+            "SELECT COUNT(*) FROM orderly_timers \
+             WHERE status = 'PENDING' AND owner_token IS NULL AND attempts = 0"
+        )
+        .await,
+        BATCH,
+        "every timer pending and unclaimed"
+    );
+    let round = job::<B>(&engine).fire_once().await.unwrap();
+    assert_eq!(
+        (round.claimed, round.applied),
+        (BATCH as usize, BATCH as usize),
+        "{round:?}"
+    );
+    for id in 1..=BATCH {
+        assert_eq!(engine.history(id).await.unwrap().len(), 1, "order {id}");
+        assert_eq!(engine.get(id).await.unwrap().state, UnpaidState::Cancelled);
+    }
+}
+
+/// The child: a job whose batch waits on the row the test holds.
+pub(crate) async fn batch_child<B: Backend>(handle: &str) {
+    let engine: TEng<B> = Engine::with_config(
+        B::child_store(handle).await,
+        // The wait must outlast the kill, however late it comes.
+        EngineConfig::default().deadline(Duration::from_secs(600)),
+    )
+    .unwrap();
+    job::<B>(&engine).fire_once().await.unwrap();
+    panic!("the child's round ended: it was to wait");
 }
