@@ -34,6 +34,10 @@ pub(super) trait BenchDb: Send + Sync + 'static {
         name: &str,
         skus: usize,
     ) -> impl Future<Output = Result<String, BoxError>> + Send;
+    /// The statement that refreshes `table`'s planner statistics.
+    fn analyze(&self, table: &str) -> String {
+        format!("ANALYZE {table}")
+    }
     /// A count, from literal SQL.
     fn count(&self, sql: String) -> impl Future<Output = Result<i64, BoxError>> + Send;
     /// The integers of the first column of literal SQL's rows.

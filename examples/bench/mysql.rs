@@ -59,6 +59,10 @@ impl Db {
 impl BenchDb for Db {
     type S = MySqlStore;
 
+    fn analyze(&self, table: &str) -> String {
+        format!("ANALYZE TABLE {table}")
+    }
+
     async fn exec(&self, sql: String) -> Result<(), BoxError> {
         sqlx::raw_sql(AssertSqlSafe(sql))
             .execute(&self.pool)

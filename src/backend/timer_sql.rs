@@ -486,8 +486,11 @@ pub(crate) fn claim_sql(
     from: bool,
 ) -> String {
     let timers = &n.timers;
+    // Ordered by `next_at` alone, the order of the index on (status, next_at): the scan
+    // stops at the batch's last row (with a tie-break on `id` too, PostgreSQL sorted
+    // every pending row first, 40 ms a claim over 20,000).
     let choose = format!(
-        "SELECT c.id FROM {timers} c WHERE {claimable} ORDER BY c.next_at, c.id LIMIT ?4 {lock}",
+        "SELECT c.id FROM {timers} c WHERE {claimable} ORDER BY c.next_at LIMIT ?4 {lock}",
         claimable = claimable(n, now, 3, due, key)
     );
     let set = format!("owner_token = ?1, lease_until = {now} + ?2, attempts = {ATTEMPT}");

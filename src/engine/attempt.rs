@@ -196,6 +196,11 @@ async fn attempt<M: StateMachine, S: Store>(
     given: First<S>,
 ) -> Step<M::State> {
     if req.own_unit(engine) {
+        if txn == Txn::Caller
+            && let Some(answer) = armed_first(engine, conn, req).await
+        {
+            return answer;
+        }
         return super::guarded::attempt(engine, conn, txn, req).await;
     }
     let store = &engine.store;
@@ -286,5 +291,39 @@ async fn attempt<M: StateMachine, S: Store>(
         Ok(Written::Lost) => Step::Retry("lost the conditional update"),
         Ok(Written::OutboxTaken) => Step::Done(Err(outbox_taken(key))),
         Err(e) => retry_or_fail::<M, S>(e, txn, true),
+    }
+}
+
+/// A timer's firing inside a caller's transaction, over an edge with no guard, effect or
+/// timers: the move written first with the armed state and version as its predicate (the
+/// write a unit would make after reading the entity there). `None` if it wrote nothing
+/// (the entity moved on, or the history holds the reference): the unit then reads and
+/// judges (moot, replayed, refused).
+async fn armed_first<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    conn: &mut S::Conn,
+    req: &Req<'_, M>,
+) -> Option<Step<M::State>> {
+    let (from, version) = (req.armed_in?, req.at_version?);
+    if engine.has_rules(req.event) {
+        return None;
+    }
+    let to = M::next(from, req.event)?;
+    if !req.stage.wrote() {
+        return Some(Step::Done(Err(abandoned(req))));
+    }
+    match engine
+        .store
+        .apply(conn, &req.apply(from, to, version), Txn::Caller)
+        .await
+    {
+        Ok(Written::Applied) => Some(Step::Done(Ok(Outcome::Applied {
+            from,
+            to,
+            version: version + 1,
+        }))),
+        Ok(Written::Lost) => None,
+        Ok(Written::OutboxTaken) => Some(Step::Done(Err(outbox_taken(req.key)))),
+        Err(e) => Some(retry_or_fail::<M, S>(e, Txn::Caller, true)),
     }
 }

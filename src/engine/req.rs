@@ -32,6 +32,10 @@ pub(super) struct Req<'r, M: StateMachine> {
     /// timer was armed at), else the answer is [`Error::Moot`]. Judged in a unit of its
     /// own.
     pub(super) at_version: Option<i64>,
+    /// The state the timer was armed in, with [`at_version`](Self::at_version): inside
+    /// a caller's transaction, an edge with no rules is written first with both as its
+    /// predicate (`attempt.rs`).
+    pub(super) armed_in: Option<M::State>,
 }
 
 /// A fresh write id: 64 random bits (the two halves of a random UUID folded, so that

@@ -63,6 +63,7 @@ pub struct TransitionRequest<'a, M: StateMachine, S: Store> {
     audit: Audit<'a>,
     conn: Option<&'a mut S::Conn>,
     at_version: Option<i64>,
+    armed_in: Option<M::State>,
 }
 
 impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
@@ -82,6 +83,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             audit: Audit::default(),
             conn: None,
             at_version: None,
+            armed_in: None,
         }
     }
 
@@ -91,6 +93,15 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
     pub(crate) fn at_version(mut self, version: i64) -> Self {
         self.at_version = Some(version);
         self
+    }
+
+    /// A timer's firing armed by `state` at `version` ([`at_version`](Self::at_version)):
+    /// inside a caller's transaction, an edge with no guard, effect or timers is then
+    /// written first with the state and the version as its predicate (one statement per
+    /// row where a unit would read first), and judged only if that wrote nothing.
+    pub(crate) fn armed_at(mut self, state: M::State, version: i64) -> Self {
+        self.armed_in = Some(state);
+        self.at_version(version)
     }
 
     /// Who asks for this transition (a user, an operator, a service), stored with the
@@ -189,6 +200,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
                     actor: self.audit.actor.map(str::to_string),
                     reason: self.audit.reason.map(str::to_string),
                     at_version: self.at_version,
+                    armed_in: self.armed_in,
                 },
             )
             .await;
@@ -208,6 +220,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             event_body: event_body.as_deref(),
             read_history: Default::default(),
             at_version: self.at_version,
+            armed_in: self.armed_in,
         };
         let answer = attempt::run(
             self.engine,
@@ -232,7 +245,7 @@ fn event_body<B: Serialize + ?Sized>(body: &B) -> Result<String> {
 }
 
 /// What a pooled call owns.
-struct Call<E> {
+struct Call<E, St> {
     order_id: i64,
     event: E,
     ref_id: String,
@@ -242,6 +255,7 @@ struct Call<E> {
     actor: Option<String>,
     reason: Option<String>,
     at_version: Option<i64>,
+    armed_in: Option<St>,
 }
 
 /// A request on the engine's own connections, answered within the engine's deadline.
@@ -249,7 +263,7 @@ struct Call<E> {
 /// passes) its unit is finished off the caller's task (see `detach.rs`).
 async fn pooled<M: StateMachine, S: Store>(
     engine: &Engine<M, S>,
-    call: Call<M::Event>,
+    call: Call<M::Event, M::State>,
 ) -> Result<Outcome<M::State>> {
     let deadline = engine.config.deadline;
     let stage = Arc::new(Stage::default());
@@ -273,6 +287,7 @@ async fn pooled<M: StateMachine, S: Store>(
                 event_body: call.event_body.as_deref(),
                 read_history: Default::default(),
                 at_version: call.at_version,
+                armed_in: call.armed_in,
             };
             attempt::pooled(&engine, &req).await
         }

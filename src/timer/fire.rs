@@ -65,18 +65,18 @@ impl<M: StateMachine, S: TimerStore> Engine<M, S> {
         match (&t.state, t.version) {
             (None, None) => Ok(request),
             (Some(state), Some(version)) => {
-                if state.parse::<M::State>().is_err() {
+                let Ok(state) = state.parse::<M::State>() else {
                     return Err(Fired::Dead(format!(
                         "unknown state {state:?} of {}",
                         M::NAME
                     )));
-                }
+                };
                 if version < 0 {
                     return Err(Fired::Dead(format!(
                         "version {version} (versions start at 0)"
                     )));
                 }
-                Ok(request.at_version(version))
+                Ok(request.armed_at(state, version))
             }
             _ => Err(Fired::Dead(
                 "a state without a version, or a version without a state".into(),

@@ -26,7 +26,7 @@ pub(super) static STATEMENTS: PerNamespace<TimerStatements> = PerNamespace::new(
 static CHOOSE: PerNamespace<Statement> = PerNamespace::new(|n| {
     Statement::shared(
         format!(
-            "SELECT c.id FROM {timers} c WHERE {} ORDER BY c.next_at, c.id LIMIT ?2 \
+            "SELECT c.id FROM {timers} c WHERE {} ORDER BY c.next_at LIMIT ?2 \
              FOR UPDATE SKIP LOCKED",
             timer_sql::claimable(
                 n,
