@@ -77,10 +77,17 @@ pub async fn guarded_calls_dropped_at_every_await_point<B: Backend>(b: &B) {
 /// lost the first row.
 pub async fn a_dropped_guarded_call_keeps_the_callers_writes<B: Backend>(b: &B) {
     let stock = 1_000;
-    let (e, ids) = caller_rows_and_orders(b, stock, 2000..2060).await;
+    let (e, ids) = caller_rows_and_orders(b, stock, 2000..2180).await;
     let mut tally = Tally::default();
-    for (k, &id) in ids.iter().enumerate() {
-        tally.add(cut_call(b, &e, id, DropAt::Polls(k)).await.0);
+    // A reply already in the socket (a loaded machine) lets a call pass its await points
+    // in fewer polls: sweep again, on fresh orders, until calls were dropped.
+    for sweep in ids.chunks(60) {
+        for (k, &id) in sweep.iter().enumerate() {
+            tally.add(cut_call(b, &e, id, DropAt::Polls(k)).await.0);
+        }
+        if tally.dropped > 3 {
+            break;
+        }
     }
     assert!(
         tally.dropped > 3,
