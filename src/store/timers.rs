@@ -249,15 +249,31 @@ pub trait TimerStore: Store {
     /// ([`claim_timers`](Self::claim_timers) on the same connection), fires those whose
     /// edges name no guard or effect inside it (each a unit within it, as
     /// `.within(conn)` runs one), and records them ([`mark_fired`](Self::mark_fired)):
-    /// one commit for the claim, the transitions and their records. Returns the depth
-    /// to end it with ([`Store::end_rules_unit`]). `None` (the default) where the store
+    /// one commit for the claim, the transitions and their records. A statement of it
+    /// waits at most `lock_wait` for a row another transaction holds (then fails, and
+    /// the job undoes the batch), so that a batch the job gives up on does not live on
+    /// in the server holding its rows. Returns the depth to end it with
+    /// ([`end_timer_batch`](Self::end_timer_batch)). `None` (the default) where the store
     /// cannot: the job then claims, fires and records in units of their own.
     fn begin_timer_batch(
         &self,
         conn: &mut Self::Conn,
+        lock_wait: std::time::Duration,
     ) -> impl Future<Output = Result<Option<usize>, sqlx::Error>> + Send {
-        let _ = conn;
+        let _ = (conn, lock_wait);
         async { Ok(None) }
+    }
+
+    /// Ends the transaction of [`begin_timer_batch`](Self::begin_timer_batch): commits
+    /// it if `commit`, else undoes it, and puts the connection back as it was. By
+    /// default [`Store::end_rules_unit`].
+    fn end_timer_batch(
+        &self,
+        conn: &mut Self::Conn,
+        commit: bool,
+        depth: usize,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        self.end_rules_unit(conn, commit, depth)
     }
 
     /// How long until the next pending timer of `machine` falls due, in milliseconds

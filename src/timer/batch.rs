@@ -30,7 +30,8 @@ pub(super) enum Batch {
 
 impl<S: TimerStore> Timers<S> {
     /// Claims `claim`'s timers, fires those `engine` can fire in the transaction, and
-    /// records them, in one transaction that commits once, within `deadline`. A
+    /// records them, in one transaction that commits once, each of its lock waits
+    /// within `deadline` and the whole within twice it. A
     /// transaction that does not commit leaves nothing: its claims, transitions and
     /// records are undone together.
     pub(super) async fn batch(
@@ -43,7 +44,7 @@ impl<S: TimerStore> Timers<S> {
         let store = &self.store;
         let work = async {
             let mut lease = Lease::acquire_for_write(store).await?;
-            let Some(depth) = store.begin_timer_batch(lease.conn()).await? else {
+            let Some(depth) = store.begin_timer_batch(lease.conn(), deadline).await? else {
                 lease.release();
                 return Ok(Batch::Undone);
             };
@@ -82,7 +83,7 @@ impl<S: TimerStore> Timers<S> {
                     return Ok(Batch::Undone);
                 }
             }
-            store.end_rules_unit(lease.conn(), true, depth).await?;
+            store.end_timer_batch(lease.conn(), true, depth).await?;
             lease.release();
             Ok::<_, sqlx::Error>(Batch::Done {
                 claimed: count,
@@ -97,7 +98,9 @@ impl<S: TimerStore> Timers<S> {
         // failure at the commit) undid the transaction: the round goes one by one. A
         // lost connection may have lost the answer to a commit: the round fails, and
         // what the database holds is the batch whole or nothing of it.
-        match tokio::time::timeout(deadline, work).await {
+        // Each lock wait ends within the deadline in the database (an error, which undoes
+        // the batch there and here); the batch as a whole within twice it.
+        match tokio::time::timeout(deadline.saturating_mul(2), work).await {
             Err(_) => Ok(Batch::Undone),
             Ok(Ok(batch)) => Ok(batch),
             Ok(Err(e)) if S::classify(&e) == ErrorClass::Retryable => {
@@ -113,7 +116,7 @@ impl<S: TimerStore> Timers<S> {
 /// then rolls back).
 async fn undo<S: TimerStore>(store: &S, mut lease: Lease<S>, depth: usize) {
     if store
-        .end_rules_unit(lease.conn(), false, depth)
+        .end_timer_batch(lease.conn(), false, depth)
         .await
         .is_ok()
     {

@@ -367,6 +367,7 @@ macro_rules! conformance {
             locked_relay_killed_by_sigkill_another_finishes,
             a_timer_job_cut_at_each_statement_fires_each_once,
             a_timer_job_killed_by_sigkill_inside_its_batch_undoes_it_whole,
+            a_batch_held_up_by_the_applications_lock_is_undone_in_time,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {

@@ -557,3 +557,61 @@ pub(crate) async fn batch_child<B: Backend>(handle: &str) {
     job::<B>(&engine).fire_once().await.unwrap();
     panic!("the child's round ended: it was to wait");
 }
+
+/// A batch that meets a row the application holds past the engine's deadline: its lock
+/// wait ends within the deadline, the batch is undone whole (its session waits on
+/// nothing, and holds none of its timers), and the round fires
+/// the batch one by one instead: the nine free entities applied, the held one tried
+/// again later; once the row is let go, it fires too.
+pub async fn a_batch_held_up_by_the_applications_lock_is_undone_in_time<B: Networked>(b: &B) {
+    let engine: TEng<B> = Engine::with_config(
+        b.store(Duration::from_secs(30)).await,
+        EngineConfig::default()
+            .read_first(B::POLICY)
+            .deadline(Duration::from_secs(1)),
+    )
+    .unwrap();
+    for id in 1..=BATCH {
+        engine.create(id).await.unwrap();
+        b.exec(&format!(
+            "UPDATE orderly_timers SET due_at = {id}, next_at = 0 WHERE entity_id = {id}"
+        ))
+        .await;
+    }
+    let mut held = b.begin().await;
+    B::exec_in(
+        &mut held,
+        &format!("UPDATE orders SET version = version WHERE id = {BATCH}"),
+    )
+    .await;
+    let job = Timers::new(engine.store().clone())
+        .with_config(TimersConfig::default().min_backoff(Duration::from_millis(100)))
+        .unwrap()
+        .fire(engine.clone());
+    let round = job.fire_once().await.unwrap();
+    assert_eq!(
+        (round.applied, round.retried),
+        (BATCH as usize - 1, 1),
+        "{round:?}"
+    );
+    // The held entity's firing one by one may still wait in the server, its caller gone
+    // (as every firing past its deadline); the batch's own wait ended with its lock
+    // timeout.
+    assert!(
+        b.lock_waits().await <= 1,
+        "the batch's session still waits on the held row"
+    );
+    B::rollback(held).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while engine.history(BATCH).await.unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the held entity's timer never fired"
+        );
+        job.fire_once().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for id in 1..=BATCH {
+        assert_eq!(engine.history(id).await.unwrap().len(), 1, "order {id}");
+    }
+}

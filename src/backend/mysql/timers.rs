@@ -146,7 +146,17 @@ impl TimerStore for MySqlStore {
     async fn begin_timer_batch(
         &self,
         conn: &mut MySqlConnection,
+        lock_wait: std::time::Duration,
     ) -> Result<Option<usize>, sqlx::Error> {
+        // A lock wait ends (1205, retryable) within `lock_wait`, in whole seconds (at
+        // least 1): for the session, put back to the server's default when the batch
+        // ends (a connection whose batch did not end is closed).
+        let seconds = lock_wait.as_secs().clamp(1, 1_073_741_824);
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "SET SESSION innodb_lock_wait_timeout = {seconds}"
+        )))
+        .execute(&mut *conn)
+        .await?;
         // READ COMMITTED as the claim's own transaction (no gap locks between jobs); on
         // a Galera node the wait for the cluster's certified writes first, as a rules
         // unit does.
@@ -164,6 +174,20 @@ impl TimerStore for MySqlStore {
         )
         .await
         .map(Some)
+    }
+
+    async fn end_timer_batch(
+        &self,
+        conn: &mut MySqlConnection,
+        commit: bool,
+        depth: usize,
+    ) -> Result<(), sqlx::Error> {
+        use crate::Store;
+        self.end_rules_unit(conn, commit, depth).await?;
+        sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+            .execute(&mut *conn)
+            .await
+            .map(drop)
     }
 
     async fn claim_timers(

@@ -142,15 +142,22 @@ impl TimerStore for PgStore {
     async fn begin_timer_batch(
         &self,
         conn: &mut PgConnection,
+        lock_wait: std::time::Duration,
     ) -> Result<Option<usize>, sqlx::Error> {
-        crate::backend::units::begin_rules_unit::<Postgres>(
+        let depth = crate::backend::units::begin_rules_unit::<Postgres>(
             conn,
             crate::store::Txn::Own,
             Some("BEGIN"),
             true,
         )
-        .await
-        .map(Some)
+        .await?;
+        // For this transaction only: a lock wait ends (55P03, retryable) within it.
+        let ms = lock_wait.as_millis().clamp(1, i32::MAX as u128).to_string();
+        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+            .bind(format!("{ms}ms"))
+            .execute(&mut *conn)
+            .await?;
+        Ok(Some(depth))
     }
 
     async fn claim_timers(

@@ -148,7 +148,9 @@ impl TimerStore for SqliteStore {
     async fn begin_timer_batch(
         &self,
         conn: &mut SqliteConnection,
+        _lock_wait: std::time::Duration,
     ) -> Result<Option<usize>, sqlx::Error> {
+        // No row locks: the batch holds the one write lock, under the writer's turn.
         crate::backend::units::begin_rules_unit::<Sqlite>(
             conn,
             crate::store::Txn::Own,
