@@ -67,7 +67,6 @@ impl Recorder {
     /// but could not record (the round failed after publishing, or lost its claim before
     /// its marks) are added to `unrecorded`: the only events another round may publish
     /// again.
-    #[allow(dead_code)] // used by the Galera relay tests only
     pub(crate) async fn round_noting_unrecorded<S: OutboxStore, K: Sink>(
         &self,
         relay: &Relay<S, K>,
