@@ -471,20 +471,7 @@ const BATCH: i64 = 10;
 pub async fn a_timer_job_killed_by_sigkill_inside_its_batch_undoes_it_whole<B: Networked>(b: &B) {
     let name = "a_timer_job_killed_by_sigkill_inside_its_batch_undoes_it_whole";
     let engine = timed_engine(b).await;
-    for id in 1..=BATCH {
-        engine.create(id).await.unwrap();
-        // Due in order of their ids, the last one last.
-        b.exec(&format!(
-            "UPDATE orderly_timers SET due_at = {id}, next_at = 0 WHERE entity_id = {id}"
-        ))
-        .await;
-    }
-    let mut held = b.begin().await;
-    B::exec_in(
-        &mut held,
-        &format!("UPDATE orders SET version = version WHERE id = {BATCH}"),
-    )
-    .await;
+    let held = batch_due_and_last_held(b, &engine).await;
     let thread = std::thread::current();
     let test = thread.name().filter(|n| n.ends_with(name)).unwrap_or(name);
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -571,19 +558,7 @@ pub async fn a_batch_held_up_by_the_applications_lock_is_undone_in_time<B: Netwo
             .deadline(Duration::from_secs(1)),
     )
     .unwrap();
-    for id in 1..=BATCH {
-        engine.create(id).await.unwrap();
-        b.exec(&format!(
-            "UPDATE orderly_timers SET due_at = {id}, next_at = 0 WHERE entity_id = {id}"
-        ))
-        .await;
-    }
-    let mut held = b.begin().await;
-    B::exec_in(
-        &mut held,
-        &format!("UPDATE orders SET version = version WHERE id = {BATCH}"),
-    )
-    .await;
+    let held = batch_due_and_last_held(b, &engine).await;
     let job = Timers::new(engine.store().clone())
         .with_config(TimersConfig::default().min_backoff(Duration::from_millis(100)))
         .unwrap()
@@ -614,4 +589,23 @@ pub async fn a_batch_held_up_by_the_applications_lock_is_undone_in_time<B: Netwo
     for id in 1..=BATCH {
         assert_eq!(engine.history(id).await.unwrap().len(), 1, "order {id}");
     }
+}
+
+/// The batch's entities created, their timers due in order of their ids (the last one
+/// last), and the last entity's row held in a transaction of the test's own.
+async fn batch_due_and_last_held<B: Backend>(b: &B, engine: &TEng<B>) -> B::Tx {
+    for id in 1..=BATCH {
+        engine.create(id).await.unwrap();
+        b.exec(&format!(
+            "UPDATE orderly_timers SET due_at = {id}, next_at = 0 WHERE entity_id = {id}"
+        ))
+        .await;
+    }
+    let mut held = b.begin().await;
+    B::exec_in(
+        &mut held,
+        &format!("UPDATE orders SET version = version WHERE id = {BATCH}"),
+    )
+    .await;
+    held
 }
