@@ -3,8 +3,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::fire::{Fire, Fired};
-use super::job::{FiredRow, Timers};
+use super::fire::{Fire, Fired, FiredRow};
+use super::job::Timers;
 use super::{ClaimTimers, ClaimedTimer, FiredTimer, TimerStore};
 use crate::error::Result;
 use crate::store::{ErrorClass, Lease, db_error};

@@ -148,3 +148,53 @@ impl<S: FlowStore + TimerStore> Fire<S> for Flows<S> {
         })
     }
 }
+
+/// A firing to record as fired: the timer's id, its outcome, a note (why moot or
+/// refused), and its lateness (none for a row that did not read).
+pub(super) struct FiredRow {
+    id: i64,
+    outcome: &'static str,
+    note: Option<String>,
+    late_ms: Option<i64>,
+}
+
+impl FiredRow {
+    pub(super) fn new(
+        id: i64,
+        outcome: &'static str,
+        note: Option<String>,
+        late_ms: Option<i64>,
+    ) -> Self {
+        FiredRow {
+            id,
+            outcome,
+            // Text as every backend stores it (PostgreSQL takes no NUL).
+            note: note.map(|n| n.replace('\0', "\u{FFFD}")),
+            late_ms,
+        }
+    }
+
+    /// The row's record.
+    pub(super) fn mark(&self) -> super::FiredTimer<'_> {
+        super::FiredTimer {
+            id: self.id,
+            outcome: self.outcome,
+            note: self.note.as_deref(),
+        }
+    }
+}
+
+/// Counts recorded firings in the round, and observes their lateness.
+pub(super) fn count_fired(machine: &str, fired: &[FiredRow], round: &mut super::TimerRound) {
+    for row in fired {
+        match row.outcome {
+            "applied" => round.applied += 1,
+            "replayed" => round.replayed += 1,
+            "moot" => round.moot += 1,
+            _ => round.refused += 1,
+        }
+        if let Some(late_ms) = row.late_ms {
+            crate::observe::timer_fired(machine, row.outcome, late_ms);
+        }
+    }
+}

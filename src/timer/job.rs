@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 
 use super::batch::Batch;
 use super::config::{TimerRound, TimersConfig};
-use super::fire::{Fire, FireFuture, Fired};
+use super::fire::{Fire, FireFuture, Fired, FiredRow, count_fired};
 use super::{ClaimTimers, ClaimedTimer, FailedTimer, FiredTimer, TimerRow, TimerStats, TimerStore};
 use crate::engine::Engine;
 use crate::error::Error;
@@ -30,41 +30,6 @@ pub struct Timers<S: TimerStore> {
     pub(super) store: S,
     engines: BTreeMap<&'static str, Arc<dyn Fire<S>>>,
     config: TimersConfig,
-}
-
-/// A firing to record as fired: the timer's id, its outcome, a note (why moot or
-/// refused), and its lateness (none for a row that did not read).
-pub(super) struct FiredRow {
-    id: i64,
-    outcome: &'static str,
-    note: Option<String>,
-    late_ms: Option<i64>,
-}
-
-impl FiredRow {
-    pub(super) fn new(
-        id: i64,
-        outcome: &'static str,
-        note: Option<String>,
-        late_ms: Option<i64>,
-    ) -> Self {
-        FiredRow {
-            id,
-            outcome,
-            // Text as every backend stores it (PostgreSQL takes no NUL).
-            note: note.map(|n| n.replace('\0', "\u{FFFD}")),
-            late_ms,
-        }
-    }
-
-    /// The row's record.
-    pub(super) fn mark(&self) -> FiredTimer<'_> {
-        FiredTimer {
-            id: self.id,
-            outcome: self.outcome,
-            note: self.note.as_deref(),
-        }
-    }
 }
 
 impl<S: TimerStore> std::fmt::Debug for Timers<S> {
@@ -455,21 +420,6 @@ impl<S: TimerStore> Timers<S> {
     /// The delay before the next try of a timer claimed `attempts` times.
     fn backoff(&self, attempts: i32) -> Duration {
         crate::support::retry::delay(self.config.min_backoff, self.config.max_backoff, attempts)
-    }
-}
-
-/// Counts recorded firings in the round, and observes their lateness.
-fn count_fired(machine: &str, fired: &[FiredRow], round: &mut TimerRound) {
-    for row in fired {
-        match row.outcome {
-            "applied" => round.applied += 1,
-            "replayed" => round.replayed += 1,
-            "moot" => round.moot += 1,
-            _ => round.refused += 1,
-        }
-        if let Some(late_ms) = row.late_ms {
-            crate::observe::timer_fired(machine, row.outcome, late_ms);
-        }
     }
 }
 
