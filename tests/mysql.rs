@@ -195,10 +195,12 @@ impl<P: Policy> conformance::Networked for My<P> {
     const CUT: server::Cut = server::Cut::ReplyTo(b"COMMIT");
     // The `COMMIT` query itself (`COM_QUERY`, 0x03), not `… READ COMMITTED`.
     const COMMIT_CUT: server::Cut = server::Cut::ReplyTo(b"\x03COMMIT");
-    // The apply-first update's text, sent once per connection (its `COM_STMT_PREPARE`).
+    // The apply-first update's text (the transition layer's statements go as text,
+    // `COM_QUERY`, their values written in: src/backend/mysql/text.rs).
     const WRITE_CUT: server::Cut = server::Cut::ReplyTo(b"LAST_INSERT_ID(");
-    // The update's parameters (its `COM_STMT_EXECUTE`): the states it moves between.
-    const WRITE_PATTERN: &'static [u8] = b"Created";
+    // The update's values: the state it moves from, `Created`, as the hexadecimal
+    // literal the text statement carries.
+    const WRITE_PATTERN: &'static [u8] = b"X'43726561746564'";
 
     fn server(&self) -> std::net::SocketAddr {
         server::socket_addr(self.options.get_host(), self.options.get_port())
@@ -359,37 +361,54 @@ async fn create_within_an_old_snapshot_sees_the_committed_row() {
 }
 
 /// `conformance::caller_transaction_cut_at_each_statement`: inside a caller's
-/// transaction a request's unit is the update (its text prepared on the connection's
-/// first use), the history insert (its execution carries the request's reference) and,
-/// for a request found recorded, the restore of the update.
+/// transaction a request's unit is the update, the history insert (its text carries the
+/// request's reference, `b-1` or `b-2`, as a hexadecimal literal) and, for a request
+/// found recorded, the restore of the update; each sent as text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn caller_transaction_cut_at_each_statement() {
     use server::Cut;
     let b = <My>::fresh().await;
     let bump: &[u8] = b"LAST_INSERT_ID(version + 1)";
-    let restore: &[u8] = b"SET status = ?, version = ? WHERE";
+    let restore: &[u8] = b"' AND version = ";
+    // `b-2` and `b-1` as the history insert's hexadecimal literals.
+    let (b2, b1): (&[u8], &[u8]) = (b"X'622D32'", b"X'622D31'");
     conformance::caller_transaction_cut_at_each_statement(
         &b,
         &[
             ("before the update", Cut::Request(bump), "b-2"),
-            ("after the update's prepare", Cut::Forward(bump), "b-2"),
-            ("before the history insert", Cut::Request(b"b-2"), "b-2"),
-            ("after the history insert", Cut::Forward(b"b-2"), "b-2"),
+            ("after the update was sent", Cut::Forward(bump), "b-2"),
+            ("before the history insert", Cut::Request(b2), "b-2"),
+            ("after the history insert", Cut::Forward(b2), "b-2"),
             ("before the update", Cut::Request(bump), "b-1"),
-            (
-                "before the refused history insert",
-                Cut::Request(b"b-1"),
-                "b-1",
-            ),
-            (
-                "after the refused history insert",
-                Cut::Forward(b"b-1"),
-                "b-1",
-            ),
+            ("before the refused history insert", Cut::Request(b1), "b-1"),
+            ("after the refused history insert", Cut::Forward(b1), "b-1"),
             ("before the restore", Cut::Request(restore), "b-1"),
-            ("after the restore's prepare", Cut::Forward(restore), "b-1"),
+            ("after the restore was sent", Cut::Forward(restore), "b-1"),
         ],
     )
     .await;
+    b.cleanup().await;
+}
+
+/// A guarded call dropped inside the caller's transaction, at each poll and under random
+/// deadlines; and a call over an edge with no rules, at each poll.
+#[tokio::test]
+async fn a_dropped_guarded_call_keeps_the_callers_writes() {
+    let b = <My>::fresh().await;
+    conformance::a_dropped_guarded_call_keeps_the_callers_writes(&b).await;
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dropped_plain_call_keeps_the_callers_writes() {
+    let b = <My>::fresh().await;
+    conformance::a_dropped_plain_call_keeps_the_callers_writes(&b).await;
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn random_deadlines_keep_the_callers_writes() {
+    let b = <My>::fresh().await;
+    conformance::random_deadlines_keep_the_callers_writes(&b).await;
     b.cleanup().await;
 }

@@ -170,11 +170,18 @@ mod read_first {
 }
 
 /// A guarded call dropped inside the caller's transaction, at each poll and under random
-/// deadlines (not on MariaDB: tests/suite_complete.rs says why).
+/// deadlines; and a call over an edge with no rules, at each poll.
 #[tokio::test]
 async fn a_dropped_guarded_call_keeps_the_callers_writes() {
     let b = <Sqlite3>::fresh().await;
     conformance::a_dropped_guarded_call_keeps_the_callers_writes(&b).await;
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dropped_plain_call_keeps_the_callers_writes() {
+    let b = <Sqlite3>::fresh().await;
+    conformance::a_dropped_plain_call_keeps_the_callers_writes(&b).await;
     b.cleanup().await;
 }
 

@@ -50,28 +50,11 @@ const BACKENDS: [(&str, &str, bool); 3] = [
 ];
 
 /// Bodies that apply to some backends only, and why.
-const NOT_ON: [(&str, &str, &str); 3] = [
-    (
-        "deadlock_scenario",
-        "sqlite",
-        "one writer at a time: SQLite has no deadlocks",
-    ),
-    // sqlx's MySQL driver: a query future dropped while its statement is being prepared
-    // (the first use of a statement on a connection) leaves the connection out of step
-    // with the server, whoever's query it is: the next statement fails "expected 0x00
-    // (COM_STMT_PREPARE_OK) but found 0x03" or waits for an answer that never comes.
-    // orderly cannot close or mend a connection the caller lends it (docs/design.md).
-    (
-        "a_dropped_guarded_call_keeps_the_callers_writes",
-        "mysql",
-        "sqlx's MySQL driver leaves a connection out of step after a dropped query",
-    ),
-    (
-        "random_deadlines_keep_the_callers_writes",
-        "mysql",
-        "sqlx's MySQL driver leaves a connection out of step after a dropped query",
-    ),
-];
+const NOT_ON: [(&str, &str, &str); 1] = [(
+    "deadlock_scenario",
+    "sqlite",
+    "one writer at a time: SQLite has no deadlocks",
+)];
 
 /// `(name, bound)` of every `pub async fn name<B: Bound>` in the suite.
 fn bodies() -> Vec<(String, String)> {

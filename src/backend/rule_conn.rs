@@ -1,22 +1,22 @@
 //! [`RuleConn`](crate::engine::RuleConn) over sqlx's connections: the binding every
 //! backend shares.
 
-use sqlx::query::Query;
-use sqlx::{Database, Encode, Type};
+use sqlx::Type;
 
-use crate::engine::Arg;
-
-/// `query` with `args` bound to its placeholders, in order.
-pub(crate) fn bound<'q, DB: Database>(
-    mut query: Query<'q, DB, <DB as Database>::Arguments>,
-    args: &[Arg<'_>],
-) -> Query<'q, DB, <DB as Database>::Arguments>
+/// `query` with `args` bound to its placeholders, in order (MySQL/MariaDB writes them
+/// into the text instead: `backend/mysql/text.rs`).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn bound<'q, DB: sqlx::Database>(
+    mut query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
+    args: &[crate::engine::Arg<'_>],
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
 where
-    for<'e> i64: Encode<'e, DB> + Type<DB>,
-    for<'e> String: Encode<'e, DB> + Type<DB>,
-    for<'e> bool: Encode<'e, DB> + Type<DB>,
-    for<'e> Option<i64>: Encode<'e, DB> + Type<DB>,
+    for<'e> i64: sqlx::Encode<'e, DB> + Type<DB>,
+    for<'e> String: sqlx::Encode<'e, DB> + Type<DB>,
+    for<'e> bool: sqlx::Encode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: sqlx::Encode<'e, DB> + Type<DB>,
 {
+    use crate::engine::Arg;
     for arg in args {
         query = match *arg {
             Arg::Int(v) => query.bind(v),

@@ -54,7 +54,11 @@ impl<'a> From<&'a String> for Arg<'a> {
 ///
 /// A statement's values are bound to `?` placeholders, in order (rewritten to `$1`, `$2`,
 /// … on PostgreSQL; a `?` inside quotes or a comment is left alone; write no `?` in a
-/// PostgreSQL dollar-quoted string or `E'…'` escape string). Its SQL text is the
+/// PostgreSQL dollar-quoted string or `E'…'` escape string). On MySQL/MariaDB the
+/// statement is sent as text with its values written in as literals (strings in
+/// hexadecimal), so that a call dropped inside the caller's transaction leaves the
+/// connection in step with the server; a placeholder count that does not match the
+/// values is `sqlx::Error::InvalidArgument`, and nothing is sent. Its SQL text is the
 /// application's own, never a caller's input. Errors are the database's: `?` turns them
 /// into [`Halt::Database`](super::Halt::Database), which the engine treats as its own (a
 /// deadlock judges the request again).

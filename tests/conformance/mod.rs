@@ -196,10 +196,12 @@ macro_rules! harness_sql_methods {
             conn: &'c mut $conn,
             sql: String,
         ) -> orderly::idempotency::Work<'c, Result<i64, sqlx::Error>> {
+            // Through RuleConn, as docs/design.md tells a guard that may be dropped to
+            // run its statements on MariaDB.
             Box::pin(async move {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(Self::sql(&sql)))
-                    .fetch_one(conn)
-                    .await
+                orderly::RuleConn::fetch_i64(conn, &Self::sql(&sql), &[])
+                    .await?
+                    .ok_or(sqlx::Error::RowNotFound)
             })
         }
 

@@ -9,6 +9,7 @@ use sqlx::Connection;
 use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
+use super::text::text;
 use super::transition_sql::{Sql, at};
 use crate::backend::rows::ObservedRow;
 use crate::backend::stepwise::Stepwise;
@@ -158,11 +159,11 @@ impl Store for MySqlStore {
         key: Key<'_>,
         txn: Txn,
     ) -> Result<Option<Observed>, sqlx::Error> {
-        let row: Option<ObservedRow> = sqlx::query_as(self.sql().observe[at(txn)].clone())
+        let row: Option<ObservedRow> = text(&self.sql().observe[at(txn)])
             .bind(key.event)
             .bind(key.ref_id)
             .bind(key.order_id)
-            .fetch_optional(conn)
+            .optional_as(conn)
             .await?;
         Ok(row.map(Observed::from))
     }
@@ -198,11 +199,12 @@ impl Store for MySqlStore {
         key: Key<'_>,
         txn: Txn,
     ) -> Result<Option<String>, sqlx::Error> {
-        sqlx::query_scalar(self.sql().latest_ref[at(txn)].clone())
+        text(&self.sql().latest_ref[at(txn)])
             .bind(key.order_id)
             .bind(key.event)
-            .fetch_optional(conn)
+            .optional_as::<(String,)>(conn)
             .await
+            .map(|r| r.map(|(v,)| v))
     }
 
     async fn prior(
@@ -211,11 +213,11 @@ impl Store for MySqlStore {
         key: Key<'_>,
         txn: Txn,
     ) -> Result<Option<Prior>, sqlx::Error> {
-        sqlx::query_as(self.sql().prior[at(txn)].clone())
+        text(&self.sql().prior[at(txn)])
             .bind(key.order_id)
             .bind(key.event)
             .bind(key.ref_id)
-            .fetch_optional(conn)
+            .optional_as(conn)
             .await
     }
 
@@ -250,21 +252,21 @@ impl Store for MySqlStore {
         // the insert would fail on those columns before meeting the key. A read first,
         // not `INSERT … SELECT … WHERE NOT EXISTS`, whose shared gap locks deadlock two
         // creates of neighbouring ids.
-        let exists = sqlx::query(self.sql().get.clone())
+        let exists = text(&self.sql().get)
             .bind(order_id)
             .fetch_optional(&mut *conn)
             .await?
             .is_some();
         if !exists {
-            sqlx::query(self.sql().insert_order.clone())
+            text(&self.sql().insert_order)
                 .bind(order_id)
                 .bind(initial)
                 .execute(&mut *conn)
                 .await?;
         }
-        sqlx::query_as(self.sql().created[at(txn)].clone())
+        text(&self.sql().created[at(txn)])
             .bind(order_id)
-            .fetch_one(conn)
+            .one_as(conn)
             .await
     }
 
@@ -319,9 +321,9 @@ impl Store for MySqlStore {
         conn: &mut MySqlConnection,
         order_id: i64,
     ) -> Result<Option<Entity>, sqlx::Error> {
-        sqlx::query_as(self.sql().lock.clone())
+        text(&self.sql().lock)
             .bind(order_id)
-            .fetch_optional(conn)
+            .optional_as(conn)
             .await
     }
 
@@ -337,14 +339,11 @@ impl Store for MySqlStore {
             return Ok(());
         }
         let [arm, disarm] = &self.sql().arm;
-        let armed = sqlx::query(arm.clone())
-            .bind(order_id)
-            .execute(&mut *conn)
-            .await?;
+        let armed = text(arm).bind(order_id).execute(&mut *conn).await?;
         if armed.rows_affected() != 1 {
             return Err(transaction_gone(order_id));
         }
-        let put_back = sqlx::query(disarm.clone())
+        let put_back = text(disarm)
             .bind(version)
             .bind(order_id)
             .execute(conn)
@@ -360,10 +359,7 @@ impl Store for MySqlStore {
         conn: &mut MySqlConnection,
         order_id: i64,
     ) -> Result<Option<Entity>, sqlx::Error> {
-        sqlx::query_as(self.sql().get.clone())
-            .bind(order_id)
-            .fetch_optional(conn)
-            .await
+        text(&self.sql().get).bind(order_id).optional_as(conn).await
     }
 
     async fn history(
@@ -371,9 +367,6 @@ impl Store for MySqlStore {
         conn: &mut MySqlConnection,
         order_id: i64,
     ) -> Result<Vec<RawTransition>, sqlx::Error> {
-        sqlx::query_as(self.sql().history.clone())
-            .bind(order_id)
-            .fetch_all(conn)
-            .await
+        text(&self.sql().history).bind(order_id).all_as(conn).await
     }
 }

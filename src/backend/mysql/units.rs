@@ -6,6 +6,7 @@
 use sqlx::mysql::{MySql, MySqlConnection};
 
 use super::MySqlStore;
+use super::text::text;
 use crate::backend::Tried;
 use crate::backend::errors::is_unique_violation;
 use crate::backend::stepwise::Stepwise;
@@ -199,7 +200,7 @@ impl Stepwise for MySqlStore {
         from: &str,
         to: &str,
     ) -> Result<Option<i64>, sqlx::Error> {
-        let bumped = sqlx::query(self.sql().bump.clone())
+        let bumped = text(&self.sql().bump)
             .bind(to)
             .bind(id)
             .bind(from)
@@ -214,7 +215,7 @@ impl Stepwise for MySqlStore {
     }
 
     async fn record(&self, conn: &mut MySqlConnection, a: &Apply<'_>) -> Result<bool, sqlx::Error> {
-        sqlx::query(self.sql().record.clone())
+        text(&self.sql().record)
             .bind(a.key.order_id)
             .bind(a.version + 1)
             .bind(a.from)
@@ -229,7 +230,7 @@ impl Stepwise for MySqlStore {
             .execute(&mut *conn)
             .await?;
         if let Some(event) = a.emits {
-            let emitted = sqlx::query(self.sql().emit.clone())
+            let emitted = text(&self.sql().emit)
                 .bind(a.machine)
                 .bind(a.key.order_id)
                 .bind(a.version + 1)
@@ -259,7 +260,7 @@ impl Stepwise for MySqlStore {
         to: &str,
         version: i64,
     ) -> Result<u64, sqlx::Error> {
-        let restored = sqlx::query(self.sql().restore.clone())
+        let restored = text(&self.sql().restore)
             .bind(from)
             .bind(version - 1)
             .bind(id)
@@ -271,7 +272,7 @@ impl Stepwise for MySqlStore {
     }
 
     async fn update(&self, conn: &mut MySqlConnection, a: &Apply<'_>) -> Result<u64, sqlx::Error> {
-        let updated = sqlx::query(self.sql().update.clone())
+        let updated = text(&self.sql().update)
             .bind(a.to)
             .bind(a.key.order_id)
             .bind(a.from)
