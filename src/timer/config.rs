@@ -21,8 +21,10 @@ pub struct TimersConfig {
     /// 1000. Default 128.
     pub batch: u32,
     /// How long a claim lasts: another job takes a timer over only after this. Default
-    /// 60 s; longer than the engines' deadline (a firing that runs past the lease may be
-    /// fired again by another job: the engine answers that one `Replayed`), at most a day.
+    /// 60 s; at most a day. Make it longer than twice the engines' deadline (a round's
+    /// batch may take that long, and the timers it fires one by one are claimed at its
+    /// start): a firing that runs past the lease may be fired again by another job, which
+    /// the engine answers `Replayed`.
     pub lease: Duration,
     /// Claims of one timer after which a timer that keeps failing is set aside as dead.
     /// Default 10.
