@@ -407,6 +407,13 @@ async fn a_dropped_plain_call_keeps_the_callers_writes() {
 }
 
 #[tokio::test]
+async fn a_dropped_call_that_arms_a_timer_keeps_the_callers_writes() {
+    let b = <My>::fresh().await;
+    conformance::a_dropped_call_that_arms_a_timer_keeps_the_callers_writes(&b).await;
+    b.cleanup().await;
+}
+
+#[tokio::test]
 async fn random_deadlines_keep_the_callers_writes() {
     let b = <My>::fresh().await;
     conformance::random_deadlines_keep_the_callers_writes(&b).await;

@@ -139,6 +139,42 @@ impl Statement {
         ))
     }
 
+    /// The statement with `values` written into its text as literals, to be sent as text
+    /// (MySQL/MariaDB: `backend/mysql/text.rs` says why); the same errors as
+    /// [`query`](Self::query), nothing sent.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn text<'a>(
+        &'a self,
+        values: &[Arg<'a>],
+    ) -> Result<crate::backend::mysql::text::Text<'a>, sqlx::Error> {
+        use crate::backend::mysql::text::Lit;
+        let order: Vec<usize> = match &self.order {
+            Order::All => (0..values.len()).collect(),
+            Order::Picked(order) => order.clone(),
+            Order::Unreadable(message) => return Err(sqlx::Error::Protocol(message.clone())),
+        };
+        let mut query = crate::backend::mysql::text::text(self.sql.as_str());
+        for i in order {
+            let Some(value) = values.get(i) else {
+                return Err(sqlx::Error::Protocol(format!(
+                    "statement names parameter {} of {}",
+                    i + 1,
+                    values.len()
+                )));
+            };
+            query = query.bind(match *value {
+                Arg::Str(v) => Lit::Text(v),
+                Arg::OptStr(v) => Lit::from(v),
+                Arg::I64(v) => Lit::Int(v),
+                Arg::I32(v) => Lit::Int(i64::from(v)),
+                Arg::OptI32(v) => Lit::from(v.map(i64::from)),
+                Arg::OptI64(v) => Lit::from(v),
+                Arg::Bool(v) => Lit::from(v),
+            });
+        }
+        Ok(query)
+    }
+
     fn bind<DB: Binds>(&self, values: &[Arg<'_>]) -> Result<DB::Arguments, sqlx::Error> {
         match &self.order {
             Order::All => arguments::<DB>(values),

@@ -198,8 +198,22 @@ where
     Ok(timer)
 }
 
+/// The insert's arguments for one of `arm`'s timers, firing with `ref_id`.
+fn arm_args<'a>(arm: &Arm<'a>, ref_id: &'a str, event: &'a str, after_ms: u64) -> [Arg<'a>; 7] {
+    [
+        Arg::Str(arm.machine),
+        Arg::I64(arm.entity_id),
+        Arg::Str(event),
+        Arg::Str(ref_id),
+        Arg::OptStr(Some(arm.state)),
+        Arg::OptI64(Some(arm.version)),
+        Arg::I64(i64::try_from(after_ms).unwrap_or(i64::MAX)),
+    ]
+}
+
 /// [`Store::arm_timers`](crate::Store::arm_timers): each timer inserted unless its key is
 /// there.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) async fn arm<DB: Binds>(
     conn: &mut DB::Connection,
     s: &TimerStatements,
@@ -210,16 +224,25 @@ where
 {
     let ref_id = arm.ref_id();
     for (event, after_ms) in arm.timers {
-        let args = [
-            Arg::Str(arm.machine),
-            Arg::I64(arm.entity_id),
-            Arg::Str(event),
-            Arg::Str(&ref_id),
-            Arg::OptStr(Some(arm.state)),
-            Arg::OptI64(Some(arm.version)),
-            Arg::I64(i64::try_from(*after_ms).unwrap_or(i64::MAX)),
-        ];
+        let args = arm_args(arm, &ref_id, event, *after_ms);
         s.insert.query::<DB>(&args)?.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// [`arm`] on MySQL/MariaDB, each insert sent as text: it runs in the transition's unit,
+/// on a caller's connection inside `.within`, where a prepare dropped with the call
+/// would leave that connection out of step (`backend/mysql/text.rs`).
+#[cfg(feature = "mysql")]
+pub(crate) async fn arm_as_text(
+    conn: &mut sqlx::mysql::MySqlConnection,
+    s: &TimerStatements,
+    arm: &Arm<'_>,
+) -> Result<(), sqlx::Error> {
+    let ref_id = arm.ref_id();
+    for (event, after_ms) in arm.timers {
+        let args = arm_args(arm, &ref_id, event, *after_ms);
+        s.insert.text(&args)?.execute(&mut *conn).await?;
     }
     Ok(())
 }

@@ -101,6 +101,9 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// Commits what [`begin_on`](Self::begin_on) began.
     async fn commit_on(tx: Self::TxOn<'_>);
     async fn exec_in(tx: &mut Self::Tx, sql: &str);
+    /// Forgets the statements the connection keeps prepared: its next use of each
+    /// prepares it again, as a fresh connection's would.
+    async fn forget_statements(tx: &mut Self::Tx);
     /// Runs literal SQL on a connection (inside whatever transaction is open on it), as a
     /// flow's local step would.
     fn exec_conn<'c>(
@@ -176,6 +179,13 @@ macro_rules! harness_sql_methods {
             let conn: &mut $conn = tx;
             sqlx::raw_sql(sqlx::AssertSqlSafe(Self::sql(sql)))
                 .execute(conn)
+                .await
+                .unwrap();
+        }
+
+        async fn forget_statements(tx: &mut Self::Tx) {
+            let conn: &mut $conn = tx;
+            sqlx::Connection::clear_cached_statements(conn)
                 .await
                 .unwrap();
         }

@@ -126,6 +126,91 @@ pub async fn timers_are_armed_by_the_unit_that_enters_their_state<B: Backend>(b:
     assert_eq!(engine.get(2).await.unwrap().state, Created);
 }
 
+/// A move that arms a timer (`Unpay`, back into `Created`) inside a caller's
+/// transaction, dropped after each of its polls in turn (the update, the history row,
+/// the timer's insert, the release), each statement prepared afresh where a driver
+/// prepares: the caller wrote a row before the call and writes
+/// one after it. The caller's connection answers within 2 s; a commit that succeeds holds
+/// both of the caller's rows, and the move with its timer or neither; a commit that fails
+/// holds nothing.
+pub async fn a_dropped_call_that_arms_a_timer_keeps_the_callers_writes<B: Backend>(b: &B) {
+    let e = timed_engine(b).await;
+    b.exec("DROP TABLE IF EXISTS caller_rows").await;
+    b.exec("CREATE TABLE caller_rows (k BIGINT NOT NULL, what VARCHAR(10) NOT NULL)")
+        .await;
+    let ids: Vec<i64> = (5000..5120).collect();
+    for &id in &ids {
+        e.create(id).await.unwrap();
+        e.transition(id, Pay, &format!("pay-{id}")).await.unwrap();
+    }
+    let wait = Duration::from_secs(2);
+    let mut dropped = 0;
+    for (i, &id) in ids.iter().enumerate() {
+        let insert =
+            |what: &str| format!("INSERT INTO caller_rows (k, what) VALUES ({id}, '{what}')");
+        let mut tx = b.begin().await;
+        B::exec_in(&mut tx, &insert("before")).await;
+        // Every statement of the call is prepared afresh where a driver prepares, so that
+        // drops land on the prepares too.
+        B::forget_statements(&mut tx).await;
+        let reference = format!("unpay-{id}");
+        let call = e
+            .transition(id, Unpay, &reference)
+            .within(&mut tx)
+            .into_future();
+        let answer = crate::conformance::faults::poll_at_most(call, i % 10).await;
+        match &answer {
+            Some(Ok(Outcome::Applied { .. })) => {}
+            Some(other) => panic!("order {id}: {other:?}"),
+            None => dropped += 1,
+        }
+        let after = tokio::time::timeout(wait, B::exec_conn(&mut tx, insert("after")))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("order {id}, poll {}: the caller's connection hung", i % 10)
+            });
+        let committed = match after {
+            Ok(()) => tokio::time::timeout(wait, B::try_commit(tx))
+                .await
+                .unwrap_or_else(|_| panic!("order {id}: the caller's commit hung")),
+            Err(_) => {
+                B::rollback(tx).await;
+                false
+            }
+        };
+        let rows = b
+            .scalar(&format!("SELECT count(*) FROM caller_rows WHERE k = {id}"))
+            .await;
+        let moved = e
+            .history(id)
+            .await
+            .unwrap()
+            .iter()
+            .any(|r| r.event == Unpay);
+        let armed = timers_of(&e, id)
+            .await
+            .iter()
+            .any(|t| t.state.as_deref() == Some("Created") && t.version == Some(2));
+        assert_eq!(
+            moved, armed,
+            "order {id}: the move and its timer, whole or neither"
+        );
+        if committed {
+            assert_eq!(rows, 2, "order {id}: the caller's rows");
+        } else {
+            assert_eq!((rows, moved), (0, false), "order {id}: a failed commit");
+        }
+        if answer.is_some() {
+            assert!(committed && moved, "order {id}: answered Applied");
+        }
+    }
+    assert!(
+        dropped > 3,
+        "dropped {dropped} times: the test shows nothing"
+    );
+    println!("dropped {dropped} of {}", ids.len());
+}
+
 pub async fn a_due_timer_fires_once<B: Backend>(b: &B) {
     let engine = timed_engine(b).await;
     let timers = job::<B>(&engine);

@@ -21,7 +21,7 @@ mod lookup;
 mod outbox;
 mod rule_conn;
 mod schema;
-mod text;
+pub(crate) mod text;
 mod timers;
 mod transition_sql;
 mod transitions;

@@ -1,7 +1,7 @@
 //! Statements sent as text (`COM_QUERY`), their arguments written into them as literals.
 //!
-//! sqlx's MySQL driver prepares a statement with arguments the first time a connection
-//! runs it, and a query future dropped while that `COM_STMT_PREPARE` is answered leaves
+//! sqlx's MySQL driver prepares every statement made with `sqlx::query` (with or
+//! without values bound) the first time a connection runs it, and a query future dropped while that `COM_STMT_PREPARE` is answered leaves
 //! the connection out of step with the server: the next statement, whoever's it is,
 //! fails on packets meant for the prepare or waits for an answer that never comes. A
 //! caller who drops a `.within` call (a timeout around it) would find its own
@@ -11,7 +11,10 @@
 //! through [`RuleConn`](crate::engine::RuleConn), goes as text.
 //!
 //! Literals: integers in decimal, strings as `_utf8mb4 X'…'` (hexadecimal, so no byte of
-//! the value is ever read as SQL and no server mode changes its meaning), `NULL`.
+//! the value is ever read as SQL and no server mode changes its meaning), `NULL`, each
+//! with a space either side. The placeholders are found under the server's default
+//! quoting (backslash escapes, `"…"` a string); a `?` missed or miscounted is an error
+//! from the server or from [`inline`], never a value in another place.
 
 use std::fmt::Write;
 
@@ -156,7 +159,10 @@ pub(crate) fn inline(sql: &str, args: &[Lit<'_>]) -> Result<String, sqlx::Error>
     let mut out = String::with_capacity(sql.len() + 16 * args.len());
     for (piece, value) in pieces.iter().zip(args) {
         out.push_str(piece);
+        // Spaced, so that no literal runs into its neighbours (`LIMIT?`, `-?`).
+        out.push(' ');
         literal(&mut out, value);
+        out.push(' ');
     }
     out.push_str(pieces[pieces.len() - 1]);
     Ok(out)
@@ -233,7 +239,7 @@ mod tests {
             "SELECT a FROM t WHERE id = ? AND s <> '?' AND n = ? -- ?\n AND x = ? /* ? */ # ?";
         assert_eq!(
             inline(sql, &[Lit::Int(-7), Lit::Text("it's ?"), Lit::Null]).unwrap(),
-            "SELECT a FROM t WHERE id = -7 AND s <> '?' AND n = _utf8mb4 X'69742773203F' -- ?\n AND x = NULL /* ? */ # ?"
+            "SELECT a FROM t WHERE id =  -7  AND s <> '?' AND n =  _utf8mb4 X'69742773203F'  -- ?\n AND x =  NULL  /* ? */ # ?"
         );
         assert_eq!(
             inline(
@@ -241,7 +247,7 @@ mod tests {
                 &[Lit::Text("")]
             )
             .unwrap(),
-            r#"SELECT 'a\'?', "b?", `c?` FROM t WHERE k = _utf8mb4 X''"#
+            r#"SELECT 'a\'?', "b?", `c?` FROM t WHERE k =  _utf8mb4 X'' "#
         );
     }
 

@@ -53,7 +53,7 @@ impl Store for MySqlStore {
         conn: &mut MySqlConnection,
         arm: &crate::timer::Arm<'_>,
     ) -> Result<(), sqlx::Error> {
-        crate::backend::timer_sql::arm::<sqlx::MySql>(
+        crate::backend::timer_sql::arm_as_text(
             conn,
             super::timers::STATEMENTS.get(self.names()),
             arm,

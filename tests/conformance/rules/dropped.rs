@@ -243,6 +243,11 @@ pub(crate) async fn cut_call<B: Backend>(
     let insert = |what: &str| format!("INSERT INTO caller_rows (k, what) VALUES ({id}, '{what}')");
     let mut tx = b.begin().await;
     B::exec_in(&mut tx, &insert("before")).await;
+    // Cut poll by poll, every statement of the call is prepared afresh where a driver
+    // prepares, so that drops land on the prepares too.
+    if matches!(cut, DropAt::Polls(_)) {
+        B::forget_statements(&mut tx).await;
+    }
     let reference = format!("{}-{id}", format!("{event:?}").to_lowercase());
     let call = e
         .transition(id, event, &reference)
