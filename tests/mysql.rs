@@ -421,3 +421,44 @@ async fn random_deadlines_keep_the_callers_writes() {
     conformance::random_deadlines_keep_the_callers_writes(&b).await;
     b.cleanup().await;
 }
+
+/// A timer batch bounds its lock waits for its session (the engine's deadline, 2 s), then
+/// puts back the session's own `innodb_lock_wait_timeout` (7 s, the application's, set
+/// on connect), not the server's default. One connection: the batch's is the one read.
+#[tokio::test]
+async fn a_timer_batch_puts_back_the_sessions_lock_wait() {
+    use conformance::timers::{TEng, make_due};
+    let b = <My>::fresh().await;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET SESSION innodb_lock_wait_timeout = 7")
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_with(b.options.clone())
+        .await
+        .unwrap();
+    let store = MySqlStore::new(pool.clone(), conformance::app_tables());
+    let engine: TEng<My> = orderly::Engine::with_config(
+        store.clone(),
+        orderly::EngineConfig::default().deadline(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let timers = orderly::Timers::new(store).fire(engine.clone());
+    for id in 1..=3 {
+        engine.create(id).await.unwrap();
+        make_due(&b, id).await;
+    }
+    let round = timers.fire_once().await.unwrap();
+    assert_eq!((round.claimed, round.applied), (3, 3), "{round:?}");
+    let lock_wait: i64 =
+        sqlx::query_scalar("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(lock_wait, 7, "the session's lock wait after the batch");
+    b.cleanup().await;
+}

@@ -149,11 +149,13 @@ impl TimerStore for MySqlStore {
         lock_wait: std::time::Duration,
     ) -> Result<Option<usize>, sqlx::Error> {
         // A lock wait ends (1205, retryable) within `lock_wait`, in whole seconds (at
-        // least 1): for the session, put back to the server's default when the batch
-        // ends (a connection whose batch did not end is closed).
+        // least 1): for the session, its own value kept first and put back when the
+        // batch ends (a connection whose batch did not end is closed). The assignments
+        // of one SET run in order.
         let seconds = lock_wait.as_secs().clamp(1, 1_073_741_824);
         sqlx::raw_sql(AssertSqlSafe(format!(
-            "SET SESSION innodb_lock_wait_timeout = {seconds}"
+            "SET @orderly_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
+             SESSION innodb_lock_wait_timeout = {seconds}"
         )))
         .execute(&mut *conn)
         .await?;
@@ -184,7 +186,7 @@ impl TimerStore for MySqlStore {
     ) -> Result<(), sqlx::Error> {
         use crate::Store;
         self.end_rules_unit(conn, commit, depth).await?;
-        sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+        sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = @orderly_lock_wait")
             .execute(&mut *conn)
             .await
             .map(drop)
