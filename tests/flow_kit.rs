@@ -292,7 +292,11 @@ async fn a_key_that_changes_per_attempt_is_caught() {
     let report = kit.exhaustive().await;
     let problems = problems_of(&report);
     assert!(
-        problems.contains("which is no step's stable key"),
+        problems.contains("step Reserve called the keyed double stock with key"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("a key that changes between attempts"),
         "{problems}"
     );
     assert!(

@@ -151,3 +151,50 @@ impl fmt::Debug for Slot {
         })
     }
 }
+
+/// The step whose code runs, as the runner gives it while a hook is set: the testing
+/// kit's doubles read it to know which step, and which attempt of it, made a call,
+/// whatever key the call carries.
+#[derive(Debug, Clone)]
+pub(crate) struct Running {
+    /// The flow key of the run.
+    pub(crate) key: String,
+    /// The step's name.
+    pub(crate) step: &'static str,
+    /// Forward or compensation.
+    pub(crate) phase: Phase,
+    /// This entry into the step's code: unique in the process.
+    pub(crate) attempt: u64,
+}
+
+tokio::task_local! {
+    static RUNNING: Running;
+}
+
+impl Running {
+    /// `work`, run as `step`'s code of the flow `key`, when `hook` is set; else as is.
+    pub(crate) async fn scope<F: std::future::Future>(
+        hook: &Slot,
+        key: &str,
+        step: &'static str,
+        phase: Phase,
+        work: F,
+    ) -> F::Output {
+        static ENTRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if hook.0.is_none() {
+            return work.await;
+        }
+        let running = Running {
+            key: key.to_string(),
+            step,
+            phase,
+            attempt: ENTRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        };
+        RUNNING.scope(running, work).await
+    }
+
+    /// The step whose code calls, if a runner with a hook runs one on this task.
+    pub(crate) fn current() -> Option<Running> {
+        RUNNING.try_with(Clone::clone).ok()
+    }
+}

@@ -10,7 +10,7 @@ use super::super::steps::{CallAction, Ctx, LocalAction, StepError};
 use super::super::{FlowStore, StepClass, StepWrite, Touch};
 use super::fence::{fence, lease_lost, to_i32, write};
 use super::{FORWARD, Run, Seen, Then, UNDO};
-use crate::support::hook::{Record, When};
+use crate::support::hook::{Phase, Record, Running, When};
 use tracing::Instrument;
 
 use crate::error::Error;
@@ -63,7 +63,7 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
             .await
             .map_err(db_error::<S>)?;
         let mut tx = S::begin(lease.conn()).await.map_err(db_error::<S>)?;
-        let out = match f.run(&mut tx, ctx).await {
+        let out = match self.running(i, phase, f.run(&mut tx, ctx)).await {
             Ok(out) => out,
             Err(e) => {
                 tx.rollback().await.map_err(db_error::<S>)?;
@@ -110,6 +110,18 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
         traced(span, self.call_step(i, phase, f, ctx, then)).await
     }
 
+    /// `work`, step `i`'s code in `phase`, run so that a testing kit's doubles know
+    /// which step and attempt call them.
+    async fn running<F: std::future::Future>(&self, i: usize, phase: &str, work: F) -> F::Output {
+        let step = self.def.specs.get(i).map_or("", |s| s.name);
+        let phase = if phase == UNDO {
+            Phase::Undo
+        } else {
+            Phase::Forward
+        };
+        Running::scope(&self.flows.hook, &self.held.key, step, phase, work).await
+    }
+
     /// The span of step `i`'s `phase` (forward or compensation): its outcome is recorded on
     /// it.
     fn step_span(&self, i: usize, phase: &'static str) -> tracing::Span {
@@ -138,7 +150,7 @@ impl<S: FlowStore, I: Send + Sync + 'static> Run<'_, S, I> {
         self.write(&self.fence(self.flows.config.lease), Some(&started), None)
             .await?;
         self.note(i, phase, "STARTED", None, None);
-        let out = match f.run(ctx).await {
+        let out = match self.running(i, phase, f.run(ctx)).await {
             Ok(out) => out,
             Err(e) => return Ok(Err(e)),
         };

@@ -7,7 +7,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use super::doubles::{Call, split_key};
+use super::calls::{Keys, Names, effects_left_in_place, step_of, success_without_effect};
+use super::doubles::Call;
 use super::plan::{Plan, Reached};
 use super::{Phase, Record, When};
 use crate::flow::{FlowRow, ParkReason, StepClass, StepSpec, Undo};
@@ -206,6 +207,8 @@ pub(super) struct Seen<'a> {
     pub answered: Option<End>,
     pub trace: &'a [Reached],
     pub calls: &'a [Call],
+    /// The steps whose effect may stay on a compensated flow.
+    pub may_stay: &'a [&'static str],
 }
 
 /// The ends allowed for `plan`: the baseline's; and parked for reconciliation when a
@@ -249,7 +252,7 @@ pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
             seen.end
         ));
     }
-    let names: BTreeMap<&str, (usize, &StepSpec)> = seen
+    let names: Names<'_> = seen
         .specs
         .iter()
         .enumerate()
@@ -258,37 +261,17 @@ pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
     // Every effect, by step, phase and what took it (a double, or the step's commit),
     // at its place among the points reached.
     let mut effects: BTreeMap<(usize, Phase, String), Vec<usize>> = BTreeMap::new();
+    let mut keys = Keys::default();
+    // The calls of each step's forward phase.
+    let mut called: BTreeMap<usize, Vec<&Call>> = BTreeMap::new();
     for call in seen.calls {
-        let (step, phase) = split_key(seen.prefix, &call.key).unwrap_or(("", Phase::Forward));
-        let stable = names.get(step);
-        if stable.is_none() {
-            let kind = if call.keyed { "keyed" } else { "unsafe" };
-            out.push(format!(
-                "the {kind} double {} was called with key {:?}, which is no step's stable \
-                 key ({}<step> or {}<step>:undo, as Ctx::key gives): a key that changes \
-                 between attempts lets a repeat take its effect again",
-                call.double, call.key, seen.prefix, seen.prefix
-            ));
-        }
-        // A key made from a step's stable key is counted as that step's.
-        let made_from = || {
-            let rest = call.key.strip_prefix(seen.prefix)?;
-            let (name, (i, spec)) = names
-                .iter()
-                .filter(|(name, _)| rest.starts_with(&format!("{name}:")))
-                .max_by_key(|(name, _)| name.len())?;
-            let phase = if rest[name.len()..].starts_with(":undo") {
-                Phase::Undo
-            } else {
-                Phase::Forward
-            };
-            Some((*i, *spec, phase))
-        };
-        let Some((index, spec, phase)) =
-            stable.map(|&(i, spec)| (i, spec, phase)).or_else(made_from)
-        else {
+        let Some((index, spec, phase)) = step_of(seen.prefix, &names, call, &mut out) else {
             continue;
         };
+        keys.note(call, index, spec, phase, &mut out);
+        if phase == Phase::Forward {
+            called.entry(index).or_default().push(call);
+        }
         if spec.class == StepClass::Keyed && !call.keyed {
             let of = if phase == Phase::Undo {
                 "its compensation calls"
@@ -338,9 +321,11 @@ pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
             ));
         }
     }
+    out.extend(keys.problems(seen.specs));
     let applied = |i: usize, phase: Phase| effects.keys().any(|(j, p, _)| (*j, *p) == (i, phase));
     match seen.end {
         End::Completed => {
+            out.extend(success_without_effect(seen.specs, &called));
             for (i, spec) in seen.specs.iter().enumerate() {
                 if spec.class == StepClass::Local && !applied(i, Phase::Forward) {
                     out.push(format!(
@@ -357,6 +342,7 @@ pub(super) fn problems(seen: &Seen<'_>) -> Vec<String> {
             }
         }
         End::Compensated => {
+            out.extend(effects_left_in_place(seen.specs, &called, seen.may_stay));
             for (i, spec) in seen.specs.iter().enumerate() {
                 let compensable =
                     spec.undo == Undo::Compensated && seen.pivot.is_none_or(|p| i < p);

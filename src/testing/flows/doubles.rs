@@ -13,7 +13,7 @@ use super::plan::{Fault, Plan, Reached};
 use super::{Phase, Point, Record, When};
 use crate::error::Error;
 use crate::flow::StepError;
-use crate::support::hook::{Hook, Stop};
+use crate::support::hook::{Hook, Running, Stop};
 
 /// One call a double took.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +28,13 @@ pub struct Call {
     pub effect: bool,
     /// Its place among the points the run reached (its call's point), from 0.
     pub at: usize,
+    /// The step whose code made the call (forward or compensation, as `phase` says);
+    /// `None` for a call made outside a step's code, or in a request's work.
+    pub step: Option<String>,
+    /// Forward or compensation, of `step`.
+    pub phase: Phase,
+    /// Which entry into the step's code made the call (unique in the process).
+    pub(super) attempt: Option<u64>,
 }
 
 /// What the runners and the doubles of one run share.
@@ -142,10 +149,11 @@ impl RunState {
     /// The point of a call to `double` with `key`: the step its stable key names (or
     /// the whole key, if it does not begin as the flow's keys do); in a request's work,
     /// the double.
-    fn call_point(&self, double: &str, key: &str) -> Point {
-        let (step, phase) = match &self.prefix {
-            None => (double, Phase::Forward),
-            Some(prefix) => split_key(prefix, key).unwrap_or((key, Phase::Forward)),
+    fn call_point(&self, double: &str, key: &str, running: Option<&Running>) -> Point {
+        let (step, phase) = match (&self.prefix, running) {
+            (None, _) => (double, Phase::Forward),
+            (Some(_), Some(running)) => (running.step, running.phase),
+            (Some(prefix), None) => split_key(prefix, key).unwrap_or((key, Phase::Forward)),
         };
         Point {
             when: When::At,
@@ -164,16 +172,17 @@ impl RunState {
         key: &str,
         answer: impl FnOnce() -> std::result::Result<String, String>,
     ) -> std::result::Result<String, CallError> {
-        let (reached, fault, place) = self.reach(self.call_point(double, key));
-        if fault == Some(Fault::Error) {
-            return Err(CallError::Unavailable(format!(
-                "testing kit: error {reached}"
-            )));
-        }
+        // The step whose code calls: a runner of this run's flow gives it.
+        let running = Running::current().filter(|r| r.key == self.key);
+        let (reached, fault, place) = self.reach(self.call_point(double, key, running.as_ref()));
         let answered = {
             let mut inner = self.lock();
             let slot = (double.to_string(), key.to_string());
             let (answered, effect) = match inner.answers.get(&slot) {
+                // Unavailable: the call is made, and takes no effect.
+                _ if fault == Some(Fault::Error) => {
+                    (Err(format!("testing kit: error {reached}")), false)
+                }
                 Some(a) if keyed => (a.clone(), false),
                 _ => {
                     // A refusal takes no effect.
@@ -191,6 +200,9 @@ impl RunState {
                 key: key.to_string(),
                 effect,
                 at: place,
+                step: running.as_ref().map(|r| r.step.to_string()),
+                phase: running.as_ref().map_or(Phase::Forward, |r| r.phase),
+                attempt: running.as_ref().map(|r| r.attempt),
             });
             if fault == Some(Fault::Crash) {
                 inner.crash_next = true;
@@ -204,6 +216,7 @@ impl RunState {
             std::future::pending::<()>().await;
         }
         match fault {
+            Some(Fault::Error) => Err(CallError::Unavailable(answered.err().unwrap_or_default())),
             Some(Fault::Crash | Fault::LostAnswer) => Err(CallError::Lost(format!(
                 "testing kit: {} {reached}",
                 fault_word(fault)

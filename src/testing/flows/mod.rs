@@ -29,6 +29,7 @@
 //!
 //! The plan is given to the run's own runner, so runs (and tests) go in parallel.
 
+mod calls;
 mod check;
 mod doubles;
 mod plan;
@@ -73,6 +74,8 @@ pub struct Kit<S: FlowStore, D: Flow, I> {
     parallel: usize,
     baseline: Arc<tokio::sync::OnceCell<End>>,
     after: Vec<After<S>>,
+    expect: Option<End>,
+    may_stay: Vec<&'static str>,
 }
 
 impl<S: FlowStore, D: Flow, I> Clone for Kit<S, D, I>
@@ -90,6 +93,8 @@ where
             parallel: self.parallel,
             baseline: Arc::clone(&self.baseline),
             after: self.after.clone(),
+            expect: self.expect.clone(),
+            may_stay: self.may_stay.clone(),
         }
     }
 }
@@ -139,6 +144,8 @@ where
             parallel: 8,
             baseline: Arc::default(),
             after: Vec::new(),
+            expect: None,
+            may_stay: Vec::new(),
         }
     }
 
@@ -154,6 +161,24 @@ where
             + 'static,
     {
         self.after.push(Arc::new(check));
+        self
+    }
+
+    /// The end the flow must reach with this input and no fault (a declined card:
+    /// [`End::Compensated`]). Without it the kit judges every faulted run by the run
+    /// with no fault, so a flow already wrong without a fault (an error swallowed as
+    /// success) would pass; with it, that run is checked too, and the faulted runs are
+    /// judged by this end.
+    pub fn expect(mut self, end: End) -> Self {
+        self.expect = Some(end);
+        self
+    }
+
+    /// Step `step` is declared `nothing_to_undo` and its downstream effect may stay
+    /// when the flow is compensated (a notice sent). Without it, a compensated flow in
+    /// which such a step took an effect is a problem the kit names.
+    pub fn may_stay(mut self, step: impl crate::flow::FlowStep) -> Self {
+        self.may_stay.push(step.name());
         self
     }
 
@@ -255,8 +280,24 @@ where
     }
 
     async fn run_against(&self, plan: &Plan, baseline: Option<&End>) -> RunReport {
-        let mut report = self.run_once(plan, baseline).await;
-        if baseline.is_none() && !plan.faults.is_empty() {
+        let faulted = !plan.faults.is_empty();
+        // The end stated for the input judges every faulted run; the run with no fault
+        // is checked against it.
+        let judge = self.expect.as_ref().filter(|_| faulted).or(baseline);
+        let mut report = self.run_once(plan, judge).await;
+        if let Some(expect) = self.expect.as_ref().filter(|_| !faulted)
+            && *expect != report.end
+        {
+            report.problems.insert(
+                0,
+                format!(
+                    "the run with no fault ended {}, where the kit expects {expect} for this \
+                     input (Kit::expect)",
+                    report.end
+                ),
+            );
+        }
+        if judge.is_none() && faulted {
             report.problems.push(
                 "the run with no fault did not finish: there is no end to judge this one's by"
                     .into(),
@@ -364,6 +405,7 @@ where
             answered,
             trace: &trace,
             calls: &calls,
+            may_stay: &self.may_stay,
         });
         let mut found = found;
         for check in &self.after {
