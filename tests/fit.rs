@@ -316,7 +316,8 @@ macro_rules! fit_suite {
             /// its business columns), ids that no other test or run uses.
             #[test]
             fn the_testing_kit_runs_on_the_applications_table() {
-                use orderly::testing::{check_entities, steps, unique_ids};
+                use orderly::testing::{check_entities, no_payload, payload, steps_with, unique_ids};
+                use proptest::prelude::*;
                 use proptest::test_runner::{Config, TestCaseError, TestRunner};
                 let rt = tokio::runtime::Runtime::new().unwrap();
                 let (pool, _keep, engine) = rt.block_on(async {
@@ -336,7 +337,13 @@ macro_rules! fit_suite {
                 });
                 let cases = std::sync::atomic::AtomicUsize::new(0);
                 runner
-                    .run(&steps::<RefundMachine>(3, 3, 1..40), |seq| {
+                    .run(&steps_with::<RefundMachine>(3, 3, 1..40, |event| match event {
+                        // As the README's example: an approval carries an amount.
+                        RefundEvent::Approve => {
+                            prop_oneof![payload(Just(500_i64)), payload(Just(450_i64))].boxed()
+                        }
+                        _ => no_payload(),
+                    }), |seq| {
                         cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         rt.block_on(async {
                             let mut ids = unique_ids(4);

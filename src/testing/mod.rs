@@ -67,8 +67,9 @@ pub struct Step<E> {
     pub event: E,
     /// The reference, from a small pool (`r0`, `r1`, …).
     pub ref_id: String,
-    /// The payload, if any: one of two strings (`"a"`, `"b"`), sent as a JSON string.
-    pub payload: Option<String>,
+    /// The payload, if any, as JSON: from [`steps`] one of two strings (`"a"`, `"b"`);
+    /// from [`steps_with`] what your strategy for the event gave.
+    pub payload: Option<serde_json::Value>,
 }
 
 /// Random sequences of `len` steps over `orders` entities (plus one that does not exist)
@@ -91,9 +92,73 @@ pub fn steps<M: StateMachine>(
             order,
             event,
             ref_id: format!("r{r}"),
-            payload: payload.map(str::to_string),
+            payload: payload.map(serde_json::Value::from),
         });
     proptest::collection::vec(step, len)
+}
+
+/// The payloads of one event's steps, for [`steps_with`]: [`payload`] or
+/// [`no_payload`], or any strategy of optional JSON values.
+pub type Payloads = BoxedStrategy<Option<serde_json::Value>>;
+
+/// [`steps`] whose payloads your guards can read: `payloads(event)` gives the payloads
+/// of that event's steps (an amount for a payment, none for a shipment). Draw them from
+/// a few values, so that a reference sent again with another payload
+/// (`PayloadMismatch`) and a payload your guard refuses both happen:
+///
+/// ```no_run
+/// # orderly::state_machine! { pub Shop { states: ShopState { Open, Paid } events: ShopEvent { Pay } initial: Open; terminal: [Paid]; transitions: { Open + Pay => Paid } } }
+/// use orderly::testing::{no_payload, payload, steps_with};
+/// use proptest::prelude::*;
+///
+/// let seqs = steps_with::<Shop>(4, 3, 1..40, |event| match event {
+///     // Mostly the amount due, now and then short, now and then none at all.
+///     ShopEvent::Pay => prop_oneof![
+///         4 => payload(Just(500_i64)),
+///         1 => payload(Just(400_i64)),
+///         1 => no_payload(),
+///     ]
+///     .boxed(),
+/// });
+/// ```
+pub fn steps_with<M: StateMachine>(
+    orders: i64,
+    refs: usize,
+    len: Range<usize>,
+    payloads: impl Fn(M::Event) -> Payloads,
+) -> impl Strategy<Value = Vec<Step<M::Event>>> {
+    let events: Vec<(M::Event, Payloads)> = M::Event::iter().map(|e| (e, payloads(e))).collect();
+    let event = proptest::strategy::Union::new(
+        events
+            .into_iter()
+            .map(|(e, p)| (Just(e), p).boxed())
+            .collect::<Vec<_>>(),
+    );
+    let step = (
+        prop_oneof![9 => 0..orders.max(1), 1 => Just(orders)],
+        event,
+        0..refs.max(1),
+    )
+        .prop_map(|(order, (event, payload), r)| Step {
+            order,
+            event,
+            ref_id: format!("r{r}"),
+            payload,
+        });
+    proptest::collection::vec(step, len)
+}
+
+/// A payload drawn from `values`, sent as their JSON.
+pub fn payload<T>(values: impl Strategy<Value = T> + 'static) -> Payloads
+where
+    T: serde::Serialize + std::fmt::Debug,
+{
+    values.prop_map(|v| serde_json::to_value(v).ok()).boxed()
+}
+
+/// No payload.
+pub fn no_payload() -> Payloads {
+    Just(None).boxed()
 }
 
 /// What the outcome table says a request must produce.

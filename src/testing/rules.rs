@@ -36,8 +36,9 @@ type Business<'b> = dyn FnMut() -> Pin<Box<dyn Future<Output = Result<String, St
 /// each step is judged by `oracle` too (a refusal by a guard must be the engine's
 /// `Refused` with the same code, and is not recorded), and after every step the real
 /// business data, as `business` reads it, must be what `oracle` says: an effect ran
-/// exactly once for each `Applied`, never for a `Replayed` or a refusal. The payloads of
-/// `steps` (`"a"`, `"b"`) reach the guards as JSON strings.
+/// exactly once for each `Applied`, never for a `Replayed` or a refusal. Each step's
+/// payload reaches the guards as its JSON (give your guards the payloads they read
+/// with [`steps_with`](super::steps_with)).
 pub async fn check_rules<'b, M, S, O, F, Fut>(
     engine: &Engine<M, S>,
     ids: &[i64],
@@ -192,9 +193,7 @@ fn id_of(ids: &[i64], missing: i64) -> impl Fn(i64) -> Result<i64, String> + '_ 
 
 /// The payload as the engine stores it and a guard is shown it: JSON text.
 fn payload_json<E>(step: &Step<E>) -> Option<String> {
-    step.payload
-        .as_ref()
-        .map(|p| serde_json::Value::String(p.clone()).to_string())
+    step.payload.as_ref().map(serde_json::Value::to_string)
 }
 
 /// After the last step: each entity's state and version are the model's and count its

@@ -817,8 +817,12 @@ pub async fn coalesced_engine_agrees_with_the_model<B: Backend>(b: &B) {
                 if !matches!(answer, Ok(o) if *o == row_outcome) {
                     return Err(format!("ticket {id}: row {row:?} answered {answer:?}"));
                 }
-                let expected =
-                    model.apply_with_payload(id, step.event, &step.ref_id, step.payload.as_deref());
+                let expected = model.apply_with_payload(
+                    id,
+                    step.event,
+                    &step.ref_id,
+                    step.payload.as_ref().map(ToString::to_string).as_deref(),
+                );
                 if !expected.matches(answer) {
                     return Err(format!(
                         "ticket {id}: row {row:?}, the model says {expected:?}"
@@ -845,7 +849,7 @@ pub async fn coalesced_engine_agrees_with_the_model<B: Backend>(b: &B) {
                         id,
                         step.event,
                         &step.ref_id,
-                        step.payload.as_deref(),
+                        step.payload.as_ref().map(ToString::to_string).as_deref(),
                     );
                     !matches!(expected, orderly::testing::Expected::Applied { .. })
                         && expected.matches(answer)
