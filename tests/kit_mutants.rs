@@ -407,3 +407,51 @@ async fn a_lost_answer_treated_as_a_refusal_is_caught() {
     )
     .await;
 }
+
+/// A failing report lists each problem once, first found first, with the runs' own flow
+/// keys written `kit-…` so that the same mistake in many runs is one line, and then each
+/// run that first showed a problem, in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_report_groups_its_problems() {
+    let report = kit(COMPLETES, Mutant::FreshKey).exhaustive().await;
+    let text = report.to_string();
+    let (grouped, runs) = text.split_once("\nplan:").expect("a run in full");
+    let listed: Vec<&str> = grouped
+        .lines()
+        .filter(|l| {
+            l.split_once(". ")
+                .is_some_and(|(n, _)| n.parse::<usize>().is_ok())
+        })
+        .collect();
+    let mut unique = listed.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), listed.len(), "{grouped}");
+    let changed = listed
+        .iter()
+        .position(|l| l.contains("changes between attempts"))
+        .expect("the changing key, listed");
+    assert!(
+        listed[changed].contains("kit_shop:kit-…:Charge:1"),
+        "{grouped}"
+    );
+    let times: usize = grouped
+        .lines()
+        .nth(grouped.lines().position(|l| l == listed[changed]).unwrap() + 1)
+        .and_then(|l| l.trim().strip_prefix("in "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("how many runs show it");
+    assert!(times > 1, "{grouped}");
+    assert!(runs.contains("replay: kit.run("), "{runs}");
+    let in_full: usize = report
+        .failures
+        .iter()
+        .map(|r| r.to_string().lines().count())
+        .sum();
+    assert!(
+        text.lines().count() < in_full,
+        "{} lines, {in_full} for every run in full",
+        text.lines().count()
+    );
+}

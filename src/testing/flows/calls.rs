@@ -131,7 +131,13 @@ impl<'c> Keys<'c> {
                 }
                 None
             });
-            if let Some((was, now)) = changed {
+            if let Some((one, other)) = changed {
+                // In the keys' order, so that the same mistake reads the same in every run.
+                let (was, now) = if one <= other {
+                    (one, other)
+                } else {
+                    (other, one)
+                };
                 out.push(format!(
                     "{} called the keyed double {double} with key {was:?} on one attempt and \
                      {now:?} on another: a key that changes between attempts lets a repeat \

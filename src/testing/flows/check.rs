@@ -134,6 +134,14 @@ pub trait Judged: fmt::Display {
     fn sound(&self) -> bool;
     /// Where the run ended, in words.
     fn ended(&self) -> String;
+    /// What the checks found wrong.
+    fn found(&self) -> &[String] {
+        &[]
+    }
+    /// The run's plan, as text that reads back.
+    fn planned(&self) -> String {
+        String::new()
+    }
 }
 
 impl Judged for RunReport {
@@ -144,54 +152,13 @@ impl Judged for RunReport {
     fn ended(&self) -> String {
         self.end.to_string()
     }
-}
 
-/// What an exhaustive run ([`Kit::exhaustive`](super::Kit::exhaustive),
-/// [`WorkKit::exhaustive`](super::WorkKit::exhaustive)) found.
-#[derive(Debug, Clone)]
-pub struct Report<T = RunReport> {
-    /// The run with no fault, which the others are judged against.
-    pub baseline: T,
-    /// The points the baseline reached: each was given each fault that fits it.
-    pub points: Vec<Reached>,
-    /// How many runs, the baseline included.
-    pub runs: usize,
-    /// The runs whose checks found something wrong.
-    pub failures: Vec<T>,
-    /// How long it all took.
-    pub took: Duration,
-}
-
-impl<T: Judged> Report<T> {
-    /// Whether every run was sound.
-    pub fn ok(&self) -> bool {
-        self.failures.is_empty()
+    fn found(&self) -> &[String] {
+        &self.problems
     }
 
-    /// Panics with the report unless every run was sound.
-    #[track_caller]
-    pub fn assert_ok(&self) {
-        assert!(self.ok(), "{self}");
-    }
-}
-
-impl<T: Judged> fmt::Display for Report<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "{} runs over {} points in {:.1?}: {} failed; the run with no fault ended {}",
-            self.runs,
-            self.points.len(),
-            self.took,
-            self.failures.len(),
-            self.baseline.ended()
-        )?;
-        let points: Vec<String> = self.points.iter().map(ToString::to_string).collect();
-        writeln!(f, "points: {}", points.join(", "))?;
-        for r in &self.failures {
-            writeln!(f, "\n{r}")?;
-        }
-        Ok(())
+    fn planned(&self) -> String {
+        self.plan.to_string()
     }
 }
 

@@ -33,6 +33,7 @@ mod calls;
 mod check;
 mod doubles;
 mod plan;
+mod report;
 pub mod versions;
 mod work;
 mod work_report;
@@ -47,9 +48,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use crate::support::hook::{Phase, Point, Record, When};
-pub use check::{End, Judged, Report, RunReport};
+pub use check::{End, Judged, RunReport};
 pub use doubles::{Call, CallError, Doubles, KeyedFake, UnsafeFake};
 pub use plan::{BadPlan, Fault, Plan, Reached, plans};
+pub use report::Report;
 pub use work::{WorkFn, WorkKit};
 pub use work_report::WorkReport;
 

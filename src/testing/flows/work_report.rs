@@ -50,6 +50,14 @@ impl Judged for WorkReport {
     fn ended(&self) -> String {
         self.outcome.clone().unwrap_or_else(|| "unanswered".into())
     }
+
+    fn found(&self) -> &[String] {
+        &self.problems
+    }
+
+    fn planned(&self) -> String {
+        self.plan.to_string()
+    }
 }
 
 impl fmt::Display for WorkReport {
