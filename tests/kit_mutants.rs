@@ -7,7 +7,7 @@
 
 use orderly::SqliteStore;
 use orderly::flow::{Ctx, Definition, Flow, StepError, Undo};
-use orderly::testing::flows::{Doubles, End, Kit, Report};
+use orderly::testing::flows::{Doubles, End, Finished, Kit, Phase, Report};
 
 orderly::flow! {
     pub Shop {
@@ -72,6 +72,26 @@ enum Mutant {
     RefundWithChargeKey,
     /// Charge fails on every error, a lost answer too.
     LostAnswerFails,
+    /// Charge writes a `payments` row through the application's own pool, outside the
+    /// step's record.
+    PaymentRowOutside,
+}
+
+/// The application's own database, beside the kit's: a `payments` table.
+async fn app() -> &'static sqlx::SqlitePool {
+    static APP: tokio::sync::OnceCell<sqlx::SqlitePool> = tokio::sync::OnceCell::const_new();
+    APP.get_or_init(|| async {
+        let pool =
+            sqlx::SqlitePool::connect("sqlite:file:kit-mutants-app?mode=memory&cache=shared")
+                .await
+                .unwrap();
+        sqlx::query("CREATE TABLE IF NOT EXISTS payments (flow TEXT NOT NULL)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool
+    })
+    .await
 }
 
 /// The shop's definition over the run's doubles, as `mutant` writes it.
@@ -131,6 +151,13 @@ fn shop<D: Flow + Copy>(
                         }
                     })
                     .await;
+                if m == Mutant::PaymentRowOutside && answer.is_ok() {
+                    sqlx::query("INSERT INTO payments (flow) VALUES (?)")
+                        .bind(ctx.flow_key())
+                        .execute(app().await)
+                        .await
+                        .map_err(StepError::retry)?;
+                }
                 match m {
                     Mutant::SwallowedError => Ok(answer.unwrap_or_else(|_| "ch_?".into())),
                     Mutant::LostAnswerFails => answer.map_err(StepError::fail),
@@ -453,5 +480,56 @@ async fn a_failing_report_groups_its_problems() {
         text.lines().count() < in_full,
         "{} lines, {in_full} for every run in full",
         text.lines().count()
+    );
+}
+
+/// A `payments` row written through the application's pool inside Charge is outside
+/// the kit's sight; a check of the user's own given the run's calls (`Kit::after_run`)
+/// holds the rows against the charges the bank kept, and catches the row written again
+/// when Charge is run again, and the row left behind when the flow is compensated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_row_written_outside_the_step_s_record_is_caught_by_an_after_run_check() {
+    let checked = |order: Order| {
+        kit(order, Mutant::PaymentRowOutside).after_run(|run: Finished<'_, SqliteStore>| {
+            Box::pin(async move {
+                let kept = |phase: Phase| {
+                    run.calls
+                        .iter()
+                        .filter(|c| c.effect && c.double == "bank" && c.step.as_deref() == Some("Charge") && c.phase == phase)
+                        .count() as i64
+                };
+                let charges = kept(Phase::Forward) - kept(Phase::Undo);
+                let rows: Result<i64, _> = sqlx::query_scalar("SELECT COUNT(*) FROM payments WHERE flow = ?")
+                    .bind(run.key)
+                    .fetch_one(app().await)
+                    .await;
+                match rows {
+                    Ok(rows) if rows == charges => Vec::new(),
+                    Ok(rows) => vec![format!(
+                        "step Charge left {rows} payments rows where the bank keeps {charges} charges"
+                    )],
+                    Err(e) => vec![format!("the payments could not be counted: {e}")],
+                }
+            })
+        })
+    };
+    // With no fault the payment completes with its one row; a fault that runs Charge
+    // again writes a second.
+    let report = checked(COMPLETES).exhaustive().await;
+    assert!(report.baseline.ok(), "{report}");
+    let problems = problems_of(&report);
+    assert!(
+        problems.contains("step Charge left 2 payments rows where the bank keeps 1 charges"),
+        "{report}"
+    );
+    // Refunded, the row stays.
+    let report = checked(UNDELIVERABLE).exhaustive().await;
+    assert!(
+        report
+            .baseline
+            .problems
+            .iter()
+            .any(|p| p.contains("step Charge left 1 payments rows where the bank keeps 0 charges")),
+        "{report}"
     );
 }

@@ -62,7 +62,28 @@ use doubles::RunState;
 
 pub(super) type MakeStore<S> = Arc<dyn Fn() -> LocalBoxFuture<'static, Result<S>> + Send + Sync>;
 type After<S> =
-    Arc<dyn for<'a> Fn(&'a S, &'a str, &'a End) -> LocalBoxFuture<'a, Vec<String>> + Send + Sync>;
+    Arc<dyn for<'a> Fn(Finished<'a, S>) -> LocalBoxFuture<'a, Vec<String>> + Send + Sync>;
+
+/// What a run left, for a check of your own ([`Kit::after_run`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Finished<'a, S> {
+    /// The run's store.
+    pub store: &'a S,
+    /// The run's flow key.
+    pub key: &'a str,
+    /// Where the flow ended.
+    pub end: &'a End,
+    /// Every call the run's doubles took, in order, with the step that made it.
+    pub calls: &'a [Call],
+}
+
+fn after_fn<S, F>(check: F) -> After<S>
+where
+    F: for<'a> Fn(Finished<'a, S>) -> LocalBoxFuture<'a, Vec<String>> + Send + Sync + 'static,
+{
+    Arc::new(check)
+}
 type Define<S, I> = Arc<dyn Fn(&Doubles) -> Definition<S, I> + Send + Sync>;
 
 /// The flow `D` with one input, under test.
@@ -161,6 +182,19 @@ where
             + Send
             + Sync
             + 'static,
+    {
+        self.after.push(after_fn(move |run: Finished<'_, S>| {
+            check(run.store, run.key, run.end)
+        }));
+        self
+    }
+
+    /// [`Kit::after`] given the run's calls too ([`Finished`]): to hold what your code
+    /// wrote outside the kit's sight against the effects the doubles took (a `payments`
+    /// row for each charge the bank took, none left on a compensated flow).
+    pub fn after_run<F>(mut self, check: F) -> Self
+    where
+        F: for<'a> Fn(Finished<'a, S>) -> LocalBoxFuture<'a, Vec<String>> + Send + Sync + 'static,
     {
         self.after.push(Arc::new(check));
         self
@@ -411,7 +445,13 @@ where
         });
         let mut found = found;
         for check in &self.after {
-            found.extend(check(flows.store(), &key, &end).await);
+            let run = Finished {
+                store: flows.store(),
+                key: &key,
+                end: &end,
+                calls: &calls,
+            };
+            found.extend(check(run).await);
         }
         report(end, answer, found)
     }
