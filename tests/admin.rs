@@ -90,6 +90,17 @@ impl Page {
         (status, String::from_utf8(bytes.to_vec()).unwrap(), location)
     }
 
+    /// The headers of a GET of `uri` as `user`, and its status.
+    async fn headers(&self, user: &str, uri: &str) -> (StatusCode, axum::http::HeaderMap) {
+        let request = Request::builder()
+            .uri(uri)
+            .header("x-user", user)
+            .body(Body::empty())
+            .unwrap();
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        (response.status(), response.headers().clone())
+    }
+
     async fn get(&self, user: &str, uri: &str) -> String {
         let (status, body, _) = self.call(user, "GET", uri, None).await;
         assert_eq!(status, StatusCode::OK, "GET {uri} as {user}: {body}");

@@ -3,11 +3,15 @@
 //! with a redirect to the page it came from, carrying what it did.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use axum::Form;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
 
 use super::Access;
 use super::AdminStore;
@@ -46,18 +50,52 @@ fn int(form: &Fields, name: &str) -> Result<i64> {
         .map_err(|_| Error::InvalidInput(format!("{name} is an integer, not {text:?}")))
 }
 
-/// Records the action (what it changed, and why it stopped if it failed), then answers:
-/// a redirect to `page` with a notice of what changed; for a failure, its status (as a
-/// read's: 503 for what may pass, 500 otherwise; 400 for bad input) and the notice.
-async fn done<S: AdminStore>(
+/// Runs the action `act` and records it in the audit trail (what it changed, and why it
+/// stopped if it failed) on a task of its own, then answers: a redirect to `page` with
+/// a notice of what changed; for a failure, its status (as a read's: 503 for what may
+/// pass, 500 otherwise; 400 for bad input) and the notice. A client that hangs up drops
+/// this handler, not the task: the action runs to its end and is recorded whatever the
+/// client does (a panic in it is recorded as its failure).
+async fn done<S, F, Fut>(
     app: &App<S>,
     seen: &Seen,
     page: &str,
-    action: &str,
-    target: &str,
-    acted: Acted,
-) -> Response {
-    let notice = app.record(&seen.frame.who, action, target, &acted).await;
+    action: &'static str,
+    target: String,
+    act: F,
+) -> Response
+where
+    S: AdminStore,
+    F: FnOnce(App<S>) -> Fut + Send + 'static,
+    Fut: Future<Output = Acted> + Send + 'static,
+{
+    let (app, who) = (Arc::clone(app), seen.frame.who.clone());
+    let task = tokio::spawn({
+        let app = Arc::clone(&app);
+        async move {
+            let acted = AssertUnwindSafe(act(Arc::clone(&app)))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    Err((
+                        Error::RuleFailed {
+                            rule: "an operator's action",
+                            reason: format!("{action} {target} panicked"),
+                        },
+                        0,
+                    ))
+                });
+            let notice = app.record(&who, action, &target, &acted).await;
+            (acted, notice)
+        }
+    });
+    let (acted, notice) = match task.await {
+        Ok(done) => done,
+        Err(e) => {
+            let notice = format!("{action}: its task ended without an answer: {e}");
+            return (StatusCode::INTERNAL_SERVER_ERROR, notice).into_response();
+        }
+    };
     if let Err((e, _)) = &acted {
         let status = match e {
             Error::InvalidInput(_) => StatusCode::BAD_REQUEST,
@@ -99,8 +137,15 @@ pub(super) async fn requeue<S: AdminStore>(
         Err(e) => return bad_input(&e),
     };
     let target = format!("{} {} v{}", key.machine, key.entity_id, key.version);
-    let acted = app.requeue_one(&key).await;
-    done(&app, &seen, "outbox", "outbox.requeue", &target, acted).await
+    done(
+        &app,
+        &seen,
+        "outbox",
+        "outbox.requeue",
+        target,
+        async move |app| app.requeue_one(&key).await,
+    )
+    .await
 }
 
 /// Requeues every dead event the filter matches, a batch at a time, recorded once.
@@ -116,9 +161,16 @@ pub(super) async fn requeue_matching<S: AdminStore>(
         Ok(filter) => filter,
         Err(e) => return bad_input(&e),
     };
-    let acted = app.requeue_matching(&filter, &mut |_| {}).await;
     let target = filter.describe();
-    done(&app, &seen, "outbox", "outbox.requeue", &target, acted).await
+    done(
+        &app,
+        &seen,
+        "outbox",
+        "outbox.requeue",
+        target,
+        async move |app| app.requeue_matching(&filter, &mut |_| {}).await,
+    )
+    .await
 }
 
 pub(super) async fn resume<S: AdminStore>(
@@ -144,8 +196,16 @@ pub(super) async fn resume<S: AdminStore>(
         ));
     }
     let target = format!("flow {kind} {key}: {how_name}");
-    let acted = app.resume_flow(kind, key, how).await;
-    done(&app, &seen, "flows", "flows.resume", &target, acted).await
+    let (kind, key) = (kind.to_string(), key.to_string());
+    done(
+        &app,
+        &seen,
+        "flows",
+        "flows.resume",
+        target,
+        async move |app| app.resume_flow(&kind, &key, how).await,
+    )
+    .await
 }
 
 /// Releases a record stuck in PROCESSING past its lease.
@@ -167,8 +227,16 @@ pub(super) async fn release<S: AdminStore>(
         ));
     }
     let target = format!("record {scope} {key}");
-    let acted = app.release_record(scope, key).await;
-    done(&app, &seen, "records", "records.release", &target, acted).await
+    let (scope, key) = (scope.to_string(), key.to_string());
+    done(
+        &app,
+        &seen,
+        "records",
+        "records.release",
+        target,
+        async move |app| app.release_record(&scope, &key).await,
+    )
+    .await
 }
 
 fn timer_key(form: &Fields) -> Result<(String, i64, String, String)> {
@@ -206,12 +274,18 @@ async fn on_timer<S: AdminStore>(app: App<S>, seen: Seen, form: Fields, what: On
         Err(e) => return bad_input(&e),
     };
     let target = format!("{machine} {entity_id} {event} {ref_id}");
-    let key = TimerKey {
-        machine: &machine,
-        entity_id,
-        event: &event,
-        ref_id: &ref_id,
+    let action = match what {
+        OnTimer::Rearm => "timers.rearm",
+        OnTimer::Cancel => "timers.cancel",
     };
-    let (action, acted) = app.on_timer(&key, what).await;
-    done(&app, &seen, "timers", action, &target, acted).await
+    done(&app, &seen, "timers", action, target, async move |app| {
+        let key = TimerKey {
+            machine: &machine,
+            entity_id,
+            event: &event,
+            ref_id: &ref_id,
+        };
+        app.on_timer(&key, what).await.1
+    })
+    .await
 }

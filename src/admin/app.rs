@@ -27,5 +27,15 @@ impl<S: AdminStore> Admin<S> {
             .route("/cancel-timer", post(actions::cancel_timer::<S>))
             .route("/release", post(actions::release::<S>))
             .with_state(Arc::new(self))
+            .layer(axum::middleware::map_response(hardened))
     }
+}
+
+/// Every answer with the page's hardening headers (`page::hardening`).
+async fn hardened(mut response: axum::response::Response) -> axum::response::Response {
+    let headers = response.headers_mut();
+    for (name, value) in super::page::hardening() {
+        headers.insert(name, axum::http::HeaderValue::from_static(value));
+    }
+    response
 }

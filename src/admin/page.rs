@@ -5,6 +5,31 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::Access;
 
+/// The headers every answer of the page carries: it may not be framed (no clicking
+/// its buttons through another site), nothing but its own embedded style runs or loads,
+/// a form posts only to the page, nothing is kept by a cache (its lists hold customer
+/// data), no address (with its query) leaves in a `Referer`, no type is guessed.
+pub(super) fn hardening() -> [(&'static str, &'static str); 5] {
+    static POLICY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let policy = POLICY.get_or_init(|| {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        // The one style the page embeds, by its hash: no other style, no script.
+        let style = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(CSS));
+        format!(
+            "default-src 'none'; style-src 'sha256-{style}'; img-src 'self' data:; \
+             form-action 'self'; frame-ancestors 'none'; base-uri 'self'"
+        )
+    });
+    [
+        ("content-security-policy", policy.as_str()),
+        ("x-frame-options", "DENY"),
+        ("x-content-type-options", "nosniff"),
+        ("cache-control", "no-store"),
+        ("referrer-policy", "no-referrer"),
+    ]
+}
+
 /// The page's style: embedded, nothing fetched.
 const CSS: &str = "
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2329;background:#f6f7f9}
@@ -20,6 +45,8 @@ td.err{color:#a4262c;max-width:32em;word-break:break-word}
 .cards{display:flex;gap:1em;flex-wrap:wrap}
 .card{background:#fff;border:1px solid #dde1e6;padding:.6em 1em;min-width:11em}
 .card .n{font-size:1.6em;font-weight:600}
+a.card{color:inherit;text-decoration:none}
+#picture{overflow:auto;background:#fff;border:1px solid #dde1e6}
 .bad{color:#a4262c}.ok{color:#107c10}
 form.inline{display:inline;margin:0}
 button{cursor:pointer;padding:.15em .6em}

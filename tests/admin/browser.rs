@@ -114,7 +114,46 @@ async fn admin_page_in_a_browser() {
     assert!(cards.contains(&format!("Events dead\n{total}")), "{cards}");
     assert!(cards.contains("Flows parked\n2"), "{cards}");
     assert!(cards.contains("Records stuck\n1"), "{cards}");
+    // The page's style applies under its policy (the embedded style, by its hash).
+    let header = c
+        .execute(
+            "return getComputedStyle(document.querySelector('header')).backgroundColor",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(header, "rgb(29, 35, 41)", "the page's style did not apply");
     shot("overview.png").await;
+
+    // Another site may not frame the page: its frame shows the browser's refusal, not
+    // the page (nor the page's own answer to a viewer it does not know).
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    let framing = format!(
+        "<!doctype html><title>another site</title>\
+         <iframe src=\"{base}/outbox\" width=900 height=600></iframe>"
+    );
+    let site = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let framing = framing.clone();
+            async move { axum::response::Html(framing) }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(other, site).await.unwrap() });
+    c.goto(&format!("http://127.0.0.1:{other_port}/"))
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    c.enter_frame(0).await.unwrap();
+    let framed = c.source().await.unwrap();
+    c.enter_parent_frame().await.unwrap();
+    assert!(
+        !framed.contains("orderly") && !framed.contains("not yours to see"),
+        "the page was framed by another site: {framed}"
+    );
+    shot("framed.png").await;
+    c.goto(&base).await.unwrap();
 
     // Search a reference from the header's box; its entity's link opens the timeline.
     let typed = c

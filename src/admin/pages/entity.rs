@@ -177,7 +177,7 @@ pub(in crate::admin) async fn graph<S: AdminStore>(
     let data = json!({ "machine": machine, "mermaid": text, "states": states });
     let body = html! {
         // Drawn on the server, its text escaped there; nothing fetched.
-        div id="picture" style="overflow:auto;background:#fff;border:1px solid #dde1e6" {
+        div id="picture" {
             (maud::PreEscaped(view.picture()))
         }
         h2 { "Entities by state" }

@@ -30,7 +30,7 @@ pub(in crate::admin) async fn overview<S: AdminStore>(
     data["audit"] = json!(recent);
     let card = |label: &str, n: String, bad: bool, href: &str| {
         html! {
-            a.card href=(href) style="color:inherit;text-decoration:none" {
+            a.card href=(href) {
                 div { (label) }
                 div.n.bad[bad] { (n) }
             }
