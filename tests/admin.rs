@@ -481,3 +481,98 @@ mod page;
 
 use cli::{binary, cli_suite};
 use page::suite;
+
+/// A CSRF token expires (here after two seconds, counted in whole seconds), and a POST the browser says came from
+/// another site (`Origin`, `Sec-Fetch-Site`) is refused whatever its token: 403,
+/// nothing changed, nothing recorded. The same POST from the page's own origin acts.
+#[tokio::test]
+async fn stale_tokens_and_other_sites_are_refused_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("admin.db").display());
+    let store = orderly::SqliteStore::demo(&url).await.unwrap();
+    let engine: Engine<Shop, _> = Engine::new(store.clone()).unwrap();
+    engine.create(1).await.unwrap();
+    engine.transition(1, ShopEvent::Pay, "pay-1").await.unwrap();
+    sqlx::query("UPDATE orderly_outbox SET status = 'DEAD'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let admin = Admin::new(store.clone())
+        .machine(engine)
+        .access(|_| Viewer::full("alice"))
+        .csrf_lifetime(Duration::from_secs(2));
+    let router = axum::Router::new().nest("/admin", admin.router());
+    let page = Page {
+        router: router.clone(),
+    };
+    let audited = || async {
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM orderly_audit")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    };
+    let post = |token: String, headers: &'static [(&'static str, &'static str)]| {
+        let router = router.clone();
+        async move {
+            let form = form_urlencoded::Serializer::new(String::new())
+                .extend_pairs([
+                    ("machine", "Shop"),
+                    ("entity_id", "1"),
+                    ("version", "1"),
+                    ("csrf", token.as_str()),
+                ])
+                .finish();
+            let mut request = Request::builder()
+                .method("POST")
+                .uri("/admin/requeue")
+                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+            for (name, value) in headers {
+                request = request.header(*name, *value);
+            }
+            let response = router
+                .oneshot(request.body(Body::from(form)).unwrap())
+                .await
+                .unwrap();
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let token = csrf_of(&page.get("alice", "/admin/outbox").await);
+    for headers in [
+        &[
+            ("host", "localhost:8080"),
+            ("origin", "http://evil.example"),
+        ][..],
+        &[("host", "localhost:8080"), ("origin", "null")][..],
+        &[("sec-fetch-site", "cross-site")][..],
+        &[("sec-fetch-site", "same-site")][..],
+    ] {
+        let (status, body) = post(token.clone(), headers).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{headers:?}: {body}");
+        assert!(body.contains("posted from another site"), "{body}");
+    }
+    assert_eq!(audited().await, 0, "a refused POST was recorded");
+    // A token whose expiry was moved on is not the page's.
+    let (expires, mac) = token.split_once('.').unwrap();
+    let later = format!("{}.{mac}", expires.parse::<u64>().unwrap() + 3600);
+    let (status, body) = post(later, &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    // Past its lifetime the token is refused; the page draws a new one.
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    let (status, body) = post(token, &[("sec-fetch-site", "same-origin")]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("expired: reload the page"), "{body}");
+    assert_eq!(audited().await, 0);
+    let fresh = csrf_of(&page.get("alice", "/admin/outbox").await);
+    let same_origin: &'static [(&str, &str)] = &[
+        ("host", "localhost:8080"),
+        ("origin", "http://localhost:8080"),
+        ("sec-fetch-site", "same-origin"),
+    ];
+    let (status, body) = post(fresh, same_origin).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    assert_eq!(audited().await, 1);
+}

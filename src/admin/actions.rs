@@ -25,14 +25,22 @@ use crate::timer::TimerKey;
 
 type Fields = HashMap<String, String>;
 
-/// The action may go ahead: the viewer has full access and sent their token.
+/// The action may go ahead: it came from the page's own site, the viewer has full
+/// access and sent their token, drawn for them and not expired.
 fn allowed<S: AdminStore>(app: &App<S>, seen: &Seen, form: &Fields) -> Option<Response> {
+    if let Some(why) = &seen.cross_site {
+        return Some(refused(&format!(
+            "an action posted from another site is refused ({why})"
+        )));
+    }
     if seen.frame.access != Access::Full {
         return Some(refused("a read-only viewer takes no action"));
     }
     let token = form.get("csrf").map_or("", String::as_str);
     if !app.csrf_holds(&seen.frame.who, token) {
-        return Some(refused("the form's CSRF token is missing or not yours"));
+        return Some(refused(
+            "the form's CSRF token is missing, not yours, or expired: reload the page",
+        ));
     }
     None
 }

@@ -8,7 +8,8 @@ use super::Access;
 /// The headers every answer of the page carries: it may not be framed (no clicking
 /// its buttons through another site), nothing but its own embedded style runs or loads,
 /// a form posts only to the page, nothing is kept by a cache (its lists hold customer
-/// data), no address (with its query) leaves in a `Referer`, no type is guessed.
+/// data), no address (with its query) leaves for another site in a `Referer` (the page's
+/// own get it, and with it the page's origin in `Origin`), no type is guessed.
 pub(super) fn hardening() -> [(&'static str, &'static str); 5] {
     static POLICY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let policy = POLICY.get_or_init(|| {
@@ -26,7 +27,7 @@ pub(super) fn hardening() -> [(&'static str, &'static str); 5] {
         ("x-frame-options", "DENY"),
         ("x-content-type-options", "nosniff"),
         ("cache-control", "no-store"),
-        ("referrer-policy", "no-referrer"),
+        ("referrer-policy", "same-origin"),
     ]
 }
 

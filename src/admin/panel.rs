@@ -21,6 +21,8 @@ pub struct Admin<S: AdminStore> {
     pub(super) resolver: Resolver,
     /// The key of the viewers' CSRF tokens: random for each page built, unless given.
     secret: Vec<u8>,
+    /// How long a CSRF token a page drew is taken.
+    csrf_lifetime: std::time::Duration,
 }
 
 impl<S: AdminStore> std::fmt::Debug for Admin<S> {
@@ -41,6 +43,16 @@ pub(crate) const LIST_MAX: u32 = 500;
 /// How many rows a list shows.
 pub(super) const PAGE: u32 = LIST_MAX;
 
+/// How long a CSRF token is taken by default: a working day.
+const CSRF_LIFETIME: std::time::Duration = std::time::Duration::from_secs(8 * 3600);
+
+/// Seconds since the epoch, by this process's clock.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 impl<S: AdminStore> Admin<S> {
     /// The page over `store`, showing its outbox, timers and audit trail; add the flows
     /// ([`flows`](Self::flows)), the machines ([`machine`](Self::machine)) and who may
@@ -56,12 +68,38 @@ impl<S: AdminStore> Admin<S> {
             machines: Machines::new(),
             resolver: Arc::new(|_: &Parts| Viewer::none()),
             secret: secret.to_vec(),
+            csrf_lifetime: CSRF_LIFETIME,
         }
     }
 
-    /// The CSRF token of `who`: an HMAC of their name under this page's key.
+    /// The CSRF token of `who`, drawn now: when it expires (seconds since the epoch),
+    /// and an HMAC of their name and that time under this page's key.
     pub(super) fn csrf(&self, who: &str) -> String {
-        hex::encode(self.mac(who).finalize().into_bytes())
+        let expires = unix_now().saturating_add(self.csrf_lifetime.as_secs().max(1));
+        let mac = self.mac(&format!("csrf\u{0}{who}\u{0}{expires}"));
+        format!("{expires}.{}", hex::encode(mac.finalize().into_bytes()))
+    }
+
+    /// Whether `token` is a CSRF token this page drew for `who` and it has not expired
+    /// (the HMAC compared in constant time).
+    pub(super) fn csrf_holds(&self, who: &str, token: &str) -> bool {
+        let Some((expires, mac)) = token.split_once('.') else {
+            return false;
+        };
+        let Ok(at) = expires.parse::<u64>() else {
+            return false;
+        };
+        let now = unix_now();
+        now < at
+            && at <= now.saturating_add(self.csrf_lifetime.as_secs().max(1))
+            && self.holds(&format!("csrf\u{0}{who}\u{0}{expires}"), mac)
+    }
+
+    /// How long a CSRF token a page draws is taken (default 8 hours, at least a
+    /// second): a form left open longer is refused, and drawn again by reloading it.
+    pub fn csrf_lifetime(mut self, lifetime: std::time::Duration) -> Self {
+        self.csrf_lifetime = lifetime.max(std::time::Duration::from_secs(1));
+        self
     }
 
     fn mac(&self, who: &str) -> Hmac<Sha256> {
@@ -72,12 +110,18 @@ impl<S: AdminStore> Admin<S> {
 
     /// The signature of a notice this page shows after an action.
     pub(super) fn sign(&self, notice: &str) -> String {
-        self.csrf(&format!("notice\u{0}{notice}"))
+        let mac = self.mac(&format!("notice\u{0}{notice}"));
+        hex::encode(mac.finalize().into_bytes())
     }
 
     /// Whether `sig` is this page's signature of `notice`.
     pub(super) fn signed(&self, notice: &str, sig: &str) -> bool {
-        self.csrf_holds(&format!("notice\u{0}{notice}"), sig)
+        self.holds(&format!("notice\u{0}{notice}"), sig)
+    }
+
+    /// Whether `mac` (hexadecimal) is this page's HMAC of `text`.
+    fn holds(&self, text: &str, mac: &str) -> bool {
+        hex::decode(mac).is_ok_and(|bytes| self.mac(text).verify_slice(&bytes).is_ok())
     }
 
     /// The same page with the key of its CSRF tokens (and notices) set, so that every
@@ -92,10 +136,5 @@ impl<S: AdminStore> Admin<S> {
         }
         self.secret = key.to_vec();
         Ok(self)
-    }
-
-    /// Whether `token` is `who`'s CSRF token (compared in constant time).
-    pub(super) fn csrf_holds(&self, who: &str, token: &str) -> bool {
-        hex::decode(token).is_ok_and(|bytes| self.mac(who).verify_slice(&bytes).is_ok())
     }
 }

@@ -16,6 +16,34 @@ use crate::error::Error;
 pub(super) struct Seen {
     pub(super) frame: Frame,
     pub(super) json: bool,
+    /// Why the request came from another site, if the browser says it did
+    /// (`Sec-Fetch-Site`, or an `Origin` that is not the request's own host).
+    pub(super) cross_site: Option<String>,
+}
+
+/// Why a request came from another site, by what the browser sent: `Sec-Fetch-Site`
+/// other than `same-origin` or `none` (typed or bookmarked); without it, an `Origin`
+/// whose host is not the request's `Host` (`null` included). A client that sends neither (a script, a test) is not
+/// judged here: the CSRF token is.
+fn cross_site(parts: &Parts) -> Option<String> {
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    // A browser that says where the request came from is believed; one that does not
+    // is judged by its `Origin`.
+    if let Some(site) = header("sec-fetch-site") {
+        return (site != "same-origin" && site != "none")
+            .then(|| format!("Sec-Fetch-Site: {site}"));
+    }
+    let origin = header("origin")?;
+    let host = header("host").unwrap_or_default();
+    let origin_host = origin
+        .split_once("://")
+        .map_or(origin.as_str(), |(_, rest)| rest);
+    (origin_host != host).then(|| format!("Origin: {origin}, not this page's host {host}"))
 }
 
 impl<S: AdminStore> FromRequestParts<App<S>> for Seen {
@@ -55,6 +83,7 @@ impl<S: AdminStore> FromRequestParts<App<S>> for Seen {
                 access: viewer.access,
             },
             json,
+            cross_site: cross_site(parts),
         })
     }
 }

@@ -53,7 +53,7 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         );
         assert_eq!(
             header("referrer-policy").as_deref(),
-            Some("no-referrer"),
+            Some("same-origin"),
             "{uri}"
         );
     }
