@@ -302,7 +302,7 @@ async fn fixture<S: AdminStore>(store: S, exec: Exec<S>, bulk: i64) -> Fixture<S
         records,
         engine,
         down,
-        router: axum::Router::new().nest("/admin", admin.router()),
+        router: admin.router_at("/admin"),
         exec,
         total,
     }

@@ -473,3 +473,30 @@ async fn the_service_on_mariadb() {
     story(&db).await;
     example_service::drop_mysql_db(&name).await;
 }
+
+/// `--help` prints the usage and ends well; an option it does not know, or a value that
+/// does not read, ends with status 2 and a line naming it, never a panic.
+#[test]
+fn the_command_line_answers_help_and_bad_options() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(example_service::binary())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let help = run(&["--help"]);
+    assert!(help.status.success(), "{help:?}");
+    assert!(String::from_utf8_lossy(&help.stdout).starts_with("usage: service"));
+    for (args, names) in [
+        (&["--lease-ms", "soon"][..], "--lease-ms soon: milliseconds"),
+        (&["--listen", "nowhere"][..], "--listen nowhere: an address"),
+        (&["--frobnicate"][..], "--frobnicate: not an option"),
+        (&["--db"][..], "--db needs a value"),
+    ] {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(names), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

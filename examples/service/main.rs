@@ -106,8 +106,13 @@ struct Args {
     no_layer: bool,
 }
 
-fn args() -> Args {
-    let mut listen: SocketAddr = "127.0.0.1:3000".parse().unwrap();
+const USAGE: &str =
+    "usage: service [--listen ADDR] [--db URL] [--lease-ms N] [--no-idempotency-layer]";
+
+/// The command line: `--help` prints the usage and ends the process; a word it does not
+/// know, or a value that does not read, is an error naming it.
+fn args() -> Result<Args, String> {
+    let mut listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 3000));
     let mut db = format!(
         "sqlite://{}",
         std::env::temp_dir().join("orderly-service.db").display()
@@ -116,34 +121,49 @@ fn args() -> Args {
     let mut no_layer = false;
     let mut argv = std::env::args().skip(1);
     while let Some(arg) = argv.next() {
-        if arg == "--no-idempotency-layer" {
-            no_layer = true;
-            continue;
-        }
-        match (arg.as_str(), argv.next()) {
-            ("--listen", Some(v)) => {
-                listen = v.parse().expect("--listen ADDR (such as 127.0.0.1:3000)")
+        match arg.as_str() {
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                std::process::exit(0);
             }
-            ("--db", Some(v)) => db = v,
-            ("--lease-ms", Some(v)) => {
-                lease = Duration::from_millis(v.parse().expect("--lease-ms N"))
+            "--no-idempotency-layer" => no_layer = true,
+            "--listen" | "--db" | "--lease-ms" => {
+                let value = argv.next().ok_or(format!("{arg} needs a value\n{USAGE}"))?;
+                match arg.as_str() {
+                    "--listen" => {
+                        listen = value.parse().map_err(|_| {
+                            format!("--listen {value}: an address such as 127.0.0.1:3000")
+                        })?
+                    }
+                    "--db" => db = value,
+                    _ => {
+                        let ms: u64 = value
+                            .parse()
+                            .map_err(|_| format!("--lease-ms {value}: milliseconds"))?;
+                        lease = Duration::from_millis(ms);
+                    }
+                }
             }
-            _ => panic!(
-                "usage: service [--listen ADDR] [--db URL] [--lease-ms N] [--no-idempotency-layer]"
-            ),
+            other => return Err(format!("{other}: not an option\n{USAGE}")),
         }
     }
-    Args {
+    Ok(Args {
         listen,
         db,
         lease,
         no_layer,
-    }
+    })
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = args();
+    let args = match args() {
+        Ok(args) => args,
+        Err(why) => {
+            eprintln!("service: {why}");
+            std::process::exit(2);
+        }
+    };
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     // Histograms are drained by this upkeep (or by a scrape).
     let upkeep = metrics.clone();
@@ -244,7 +264,7 @@ async fn serve<S: Shop>(
                 _ => Viewer::none(),
             },
         );
-    let router = router.nest("/admin", admin.router());
+    let router = router.merge(admin.router_at("/admin"));
 
     // The recovery jobs: requests whose server died half way (a request here is a flow,
     // which its own job finishes, so the record is released to run again), and flows.

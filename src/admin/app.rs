@@ -29,6 +29,20 @@ impl<S: AdminStore> Admin<S> {
             .with_state(Arc::new(self))
             .layer(axum::middleware::map_response(hardened))
     }
+
+    /// [`router`](Self::router) nested at `path` (such as `/admin`), in a router to merge
+    /// into the application's: `path` and `path/` (which a nest alone answers 404) both
+    /// open the overview, the second by a permanent redirect to the first.
+    pub fn router_at(self, path: &str) -> axum::Router {
+        let path = format!("/{}", path.trim_matches('/'));
+        let to = path.clone();
+        axum::Router::new()
+            .route(
+                &format!("{path}/"),
+                get(move || async move { axum::response::Redirect::permanent(&to) }),
+            )
+            .nest(&path, self.router())
+    }
 }
 
 /// Every answer with the page's hardening headers (`page::hardening`).

@@ -90,6 +90,10 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(overview["records"]["stuck"], 1);
     let html = page.get("bob", "/admin").await;
     assert!(html.contains("<base href=\"/admin/\">"), "{html}");
+    // With a trailing slash, sent to the overview.
+    let (status, _, location) = page.call("bob", "GET", "/admin/", None).await;
+    assert_eq!(status, StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(location.as_deref(), Some("/admin"));
     for path in [
         "/admin",
         "/admin/outbox",
