@@ -24,7 +24,8 @@ impl Out<'_> {
                 Err(e) => return self.fail(&Error::InvalidInput(e.to_string())),
             }
         } else {
-            table()
+            // What the database holds never reaches the terminal as a control sequence.
+            visible(&table(), true)
         };
         let _ = writeln!(self.out, "{text}");
         Exit::Ok
@@ -32,12 +33,46 @@ impl Out<'_> {
 
     /// A line on the error stream (progress, and why a command failed).
     pub(super) fn note(&mut self, text: &str) {
-        let _ = writeln!(self.err, "{text}");
+        let _ = writeln!(self.err, "{}", visible(text, false));
     }
 
     /// Says why the command failed, and the exit code that means it.
     pub(super) fn fail(&mut self, e: &Error) -> Exit {
         self.note(&format!("orderly: {e}"));
         Exit::of(e)
+    }
+}
+
+/// `text` with every control character written as an escape (`\x1b`, `\u{9b}`), so
+/// that stored data (a reference, an error) cannot move the cursor, recolour or retitle
+/// an operator's terminal; with `lines`, its line breaks kept.
+pub(super) fn visible(text: &str, lines: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' if lines => out.push('\n'),
+            c if c.is_control() && u32::from(c) < 0x80 => {
+                out.push_str(&format!("\\x{:02x}", u32::from(c)));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::visible;
+
+    #[test]
+    fn control_characters_are_written_as_escapes() {
+        let hostile = "pay-1\u{1b}]0;owned\u{7}\u{1b}[2J\u{9b}31m\r\nnext";
+        assert_eq!(
+            visible(hostile, true),
+            "pay-1\\x1b]0;owned\\x07\\x1b[2J\\u{9b}31m\\x0d\nnext"
+        );
+        assert_eq!(visible("a\nb", false), "a\\x0ab");
+        assert_eq!(visible("plain été", true), "plain été");
     }
 }

@@ -254,4 +254,23 @@ pub(super) async fn cli_suite<S: AdminStore>(store: S, exec: Exec<S>, url: &str)
     let (code, out, _) = binary(None, &["--help"]);
     assert_eq!(code, 0);
     assert!(out.contains("outbox"), "{out}");
+    // A reason holding terminal control sequences (a title, a clear screen, a CSI) is
+    // printed as escapes: the operator's terminal is not rewritten by stored data.
+    let hostile = "cancelled \u{1b}]0;owned\u{7}\u{1b}[2J\u{9b}31m by support";
+    engine.create(424_241).await.unwrap();
+    engine
+        .transition(424_241, ShopEvent::Cancel, "cancel-424241")
+        .reason(hostile)
+        .await
+        .unwrap();
+    let (code, out, _) = cli(&c, &["history", "Shop", "424241"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert!(
+        !out.contains('\u{1b}') && !out.contains('\u{7}') && !out.contains('\u{9b}'),
+        "{out:?}"
+    );
+    assert!(
+        out.contains("cancelled \\x1b]0;owned\\x07\\x1b[2J\\u{9b}31m by support"),
+        "{out}"
+    );
 }
