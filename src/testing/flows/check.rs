@@ -128,7 +128,7 @@ impl fmt::Display for RunReport {
     }
 }
 
-/// A run's report, as [`Report`] lists them.
+/// A run's report, as [`Report`](super::Report) lists them.
 pub trait Judged: fmt::Display {
     /// Whether the checks found nothing wrong.
     fn sound(&self) -> bool;
