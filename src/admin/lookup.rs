@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use crate::outbox::EventRow;
-use crate::store::{RefRow, Store};
+use crate::store::{RawTransition, RefRow, Store};
 
 /// An idempotency record found by its key.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
@@ -95,6 +95,25 @@ pub trait LookupStore: Store {
         ref_id: &str,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<RefRow>, sqlx::Error>> + Send;
+
+    /// Up to `limit` history rows of entity `order_id` whose version is below `before`,
+    /// newest first: a page of its timeline, read by the history's key. The default
+    /// reads the whole history and keeps the page (a store of your own may do better).
+    fn history_page(
+        &self,
+        conn: &mut Self::Conn,
+        order_id: i64,
+        before: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<RawTransition>, sqlx::Error>> + Send {
+        async move {
+            let mut rows = self.history(conn, order_id).await?;
+            rows.retain(|r| r.seq < before);
+            rows.reverse();
+            rows.truncate(usize::try_from(limit).unwrap_or(0));
+            Ok(rows)
+        }
+    }
 
     /// The records of any scope whose key is `key`.
     fn records_by_key(

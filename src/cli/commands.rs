@@ -37,7 +37,7 @@ impl<S: AdminStore> Cli<S> {
                 }),
                 Err(e) => out.fail(&e),
             },
-            Command::History { machine, id } => match a.timeline(&machine, id).await {
+            Command::History { machine, id } => match a.timeline(&machine, id, None).await {
                 Ok(t) if t.state.is_none() && t.history.is_empty() => {
                     out.show(&t, || format!("{machine} {id}: no such entity"));
                     Exit::NotFound

@@ -446,4 +446,70 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
             "outbox.requeue"
         ]
     );
+
+    // A long timeline is paged, newest first, 500 at a time, read by the history's key:
+    // entity 2 with 1,200 more rows (versions 2 to 1,201).
+    for chunk in (2..=1201).collect::<Vec<i64>>().chunks(300) {
+        let rows: Vec<String> = chunk
+            .iter()
+            .map(|seq| format!("(2, {seq}, 'Paid', 'Paid', 'Pay', 'bulk-{seq}')"))
+            .collect();
+        (exec.run)(format!(
+            "INSERT INTO orderly_transitions (order_id, seq, from_status, to_status, event, ref_id) \
+             VALUES {}",
+            rows.join(", ")
+        ))
+        .await;
+    }
+    let mut before = None::<i64>;
+    let mut seen = Vec::new();
+    for page_no in 0..4 {
+        let uri = match before {
+            None => "/admin/entity?machine=Shop&id=2".to_string(),
+            Some(b) => format!("/admin/entity?machine=Shop&id=2&before={b}"),
+        };
+        let t = page.json("bob", &uri).await;
+        let versions: Vec<i64> = t["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["seq"].as_i64().unwrap())
+            .collect();
+        assert!(
+            versions.len() <= 500,
+            "page {page_no}: {} rows",
+            versions.len()
+        );
+        assert!(versions.windows(2).all(|w| w[0] > w[1]), "newest first");
+        seen.extend(versions);
+        let html = page.get("bob", &uri).await;
+        match t["older"].as_i64() {
+            Some(older) => {
+                assert_eq!(Some(&older), seen.last(), "{uri}");
+                assert!(
+                    html.contains(&format!("before={older}")),
+                    "no link to older"
+                );
+                before = Some(older);
+            }
+            None => {
+                assert!(!html.contains("Older history"), "{uri}");
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        seen,
+        (1..=1201).rev().collect::<Vec<i64>>(),
+        "every version once, in order"
+    );
+    let (status, body, _) = page
+        .call(
+            "bob",
+            "GET",
+            "/admin/entity?machine=Shop&id=2&before=soon",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 }

@@ -8,21 +8,35 @@ use super::views::{
 };
 use crate::admin::AdminStore;
 use crate::admin::lookup::{EventsBy, StuckRecord};
+use crate::admin::panel::PAGE;
 use crate::admin::panel::{Admin, LIST_MAX};
 use crate::error::Error;
 use crate::error::Result;
 use crate::flow::{FlowConfig, Flows, Listing};
 use crate::outbox::Outbox;
-use crate::store::{Lease, Store};
+use crate::store::Lease;
 use crate::timer::Timers;
 
 /// The entity's state and its history, read raw from `store` (names as stored).
-async fn raw_timeline<S: Store>(
+/// Entity `id` now, and a page of its history: at most [`PAGE`] rows below version
+/// `before` (all, if `None`), newest first, read by the history's key; and the version
+/// to read the next page below, if there are older rows.
+async fn raw_timeline<S: AdminStore>(
     store: &S,
     id: i64,
-) -> Result<(Option<crate::store::Entity>, Vec<Line>)> {
+    before: Option<i64>,
+) -> Result<(Option<crate::store::Entity>, Vec<Line>, Option<i64>)> {
     let now = Lease::run(store, async |c| store.get(c, id).await).await?;
-    let rows = Lease::run(store, async |c| store.history(c, id).await).await?;
+    let (below, limit) = (before.unwrap_or(i64::MAX), i64::from(PAGE) + 1);
+    let mut rows = Lease::run(store, async |c| {
+        store.history_page(c, id, below, limit).await
+    })
+    .await?;
+    let page = PAGE as usize;
+    let older = (rows.len() > page).then(|| {
+        rows.truncate(page);
+        rows.last().map(|r| r.seq)
+    });
     let lines = rows
         .into_iter()
         .map(|r| Line {
@@ -37,7 +51,7 @@ async fn raw_timeline<S: Store>(
             at: r.created_at.to_rfc3339(),
         })
         .collect();
-    Ok((now, lines))
+    Ok((now, lines, older.flatten()))
 }
 
 impl<S: AdminStore> Admin<S> {
@@ -128,10 +142,16 @@ impl<S: AdminStore> Admin<S> {
         self.machines.contains_key(machine)
     }
 
-    /// Entity `id` of `machine`: its state and history (from the machine's store, or the
-    /// page's own for a machine not registered), its outbox events and its timers.
-    pub(crate) async fn timeline(&self, machine: &str, id: i64) -> Result<Timeline> {
-        let (now, history) = raw_timeline(self.entities_of(machine), id).await?;
+    /// Entity `id` of `machine`: its state and a page of its history, newest first, below
+    /// version `before` (from the machine's store, or the page's own for a machine not
+    /// registered), its outbox events and its timers.
+    pub(crate) async fn timeline(
+        &self,
+        machine: &str,
+        id: i64,
+        before: Option<i64>,
+    ) -> Result<Timeline> {
+        let (now, history, older) = raw_timeline(self.entities_of(machine), id, before).await?;
         let store = &self.store;
         let by = EventsBy::Entity {
             machine,
@@ -145,6 +165,7 @@ impl<S: AdminStore> Admin<S> {
             state: now.as_ref().map(|e| e.status.clone()),
             version: now.as_ref().map(|e| e.version),
             history,
+            older,
             events: events.into_iter().map(Event::from).collect(),
             timers: timers
                 .into_iter()

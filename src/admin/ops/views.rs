@@ -86,7 +86,10 @@ pub(crate) struct Timeline {
     pub(crate) id: i64,
     pub(crate) state: Option<String>,
     pub(crate) version: Option<i64>,
+    /// A page of the history, newest first.
     pub(crate) history: Vec<Line>,
+    /// The version the next page reads below, if there are older rows.
+    pub(crate) older: Option<i64>,
     pub(crate) events: Vec<Event>,
     pub(crate) timers: Vec<TimerLine>,
 }

@@ -46,7 +46,18 @@ pub(in crate::admin) async fn entity<S: AdminStore>(
         )
             .into_response();
     };
-    let t = match app.timeline(machine, id).await {
+    let before = match q.get("before").map(|b| b.trim().parse::<i64>()) {
+        None => None,
+        Some(Ok(before)) => Some(before),
+        Some(Err(_)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                "before is a version, an integer".to_string(),
+            )
+                .into_response();
+        }
+    };
+    let t = match app.timeline(machine, id, before).await {
         Ok(t) => t,
         Err(e) => return failed(&e),
     };
@@ -58,7 +69,7 @@ pub(in crate::admin) async fn entity<S: AdminStore>(
             (Some(state), Some(version)) => p id="now" { "Now " b { (state) } ", version " (version) "." },
             _ => p id="now" { "No such entity." },
         }
-        h2 { "History" }
+        h2 { "History, newest first" }
         table id="history" {
             tr { th { "Version" } th { "From" } th { "To" } th { "Event" } th { "Reference" }
                  th { "Payload" } th { "Who" } th { "Why" } th { "When" } }
@@ -69,6 +80,13 @@ pub(in crate::admin) async fn entity<S: AdminStore>(
                     td { (l.actor.as_deref().unwrap_or("")) }
                     td { (l.reason.as_deref().unwrap_or("")) }
                     td { (l.at) }
+                }
+            }
+        }
+        @if let Some(older) = t.older {
+            p id="older" {
+                a href=(format!("entity?machine={}&id={id}&before={older}", urlencoding(machine))) {
+                    "Older history, below version " (older) " →"
                 }
             }
         }
@@ -188,4 +206,9 @@ pub(in crate::admin) async fn graph<S: AdminStore>(
         details { summary { "As Mermaid text" } pre id="graph" { (text) } }
     };
     answer(&seen, &format!("The graph of {machine}"), None, data, body)
+}
+
+/// `text` as a query value.
+fn urlencoding(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }

@@ -54,6 +54,9 @@ pub(super) struct Sql {
     /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
     pub(super) emit: SqlStr,
     pub(super) history: SqlStr,
+    /// A page of an entity's history, newest first: `(order_id, before_seq, limit)`.
+    #[cfg(feature = "admin")]
+    pub(super) history_page: SqlStr,
     #[cfg(feature = "admin")]
     pub(super) by_ref: SqlStr,
     #[cfg(feature = "admin")]
@@ -161,6 +164,12 @@ impl Sql {
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \
                         CAST(payload AS CHAR) AS payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ? ORDER BY seq"
+            )),
+            #[cfg(feature = "admin")]
+            history_page: read(format!(
+                "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \
+                        CAST(payload AS CHAR) AS payload, actor, reason, created_at \
+                 FROM {h} WHERE order_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?"
             )),
             #[cfg(feature = "admin")]
             by_status: read(format!(

@@ -34,6 +34,21 @@ impl LookupStore for PgStore {
             .await
     }
 
+    async fn history_page(
+        &self,
+        conn: &mut PgConnection,
+        order_id: i64,
+        before: i64,
+        limit: i64,
+    ) -> Result<Vec<crate::store::RawTransition>, sqlx::Error> {
+        sqlx::query_as(self.transitions.history_page.clone())
+            .bind(order_id)
+            .bind(before)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
+    }
+
     async fn count_by_status(
         &self,
         conn: &mut PgConnection,

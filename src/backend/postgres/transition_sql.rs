@@ -38,6 +38,9 @@ pub(super) struct Sql {
     pub(super) apply: SqlStr,
     pub(super) apply_emitting: SqlStr,
     pub(super) history: SqlStr,
+    /// A page of an entity's history, newest first: `(order_id, before_seq, limit)`.
+    #[cfg(feature = "admin")]
+    pub(super) history_page: SqlStr,
     #[cfg(feature = "admin")]
     pub(super) by_ref: SqlStr,
     #[cfg(feature = "admin")]
@@ -217,6 +220,13 @@ impl Sql {
                         event::text AS event, ref_id::text AS ref_id, payload_hash::text AS payload_hash, \
                         payload::text AS payload, actor::text AS actor, reason::text AS reason, created_at \
                  FROM {h} WHERE order_id = $1 ORDER BY seq"
+            )),
+            #[cfg(feature = "admin")]
+            history_page: sql(format!(
+                "SELECT seq::bigint AS seq, from_status::text AS from_status, to_status::text AS to_status, \
+                        event::text AS event, ref_id::text AS ref_id, payload_hash::text AS payload_hash, \
+                        payload::text AS payload, actor::text AS actor, reason::text AS reason, created_at \
+                 FROM {h} WHERE order_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
             )),
             #[cfg(feature = "admin")]
             by_status: sql(format!(

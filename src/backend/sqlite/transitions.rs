@@ -40,6 +40,9 @@ pub(super) struct Sql {
     /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
     pub(super) emit: SqlStr,
     history: SqlStr,
+    /// A page of an entity's history, newest first: `(order_id, before_seq, limit)`.
+    #[cfg(feature = "admin")]
+    pub(super) history_page: SqlStr,
     #[cfg(feature = "admin")]
     pub(super) by_ref: SqlStr,
     #[cfg(feature = "admin")]
@@ -95,6 +98,11 @@ impl Sql {
             history: sql(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, actor, reason, created_at \
                  FROM {h} WHERE order_id = ?1 ORDER BY seq"
+            )),
+            #[cfg(feature = "admin")]
+            history_page: sql(format!(
+                "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, actor, reason, created_at \
+                 FROM {h} WHERE order_id = ?1 AND seq < ?2 ORDER BY seq DESC LIMIT ?3"
             )),
             #[cfg(feature = "admin")]
             by_status: sql(format!(
