@@ -482,7 +482,7 @@ mod page;
 use cli::{binary, cli_suite};
 use page::suite;
 
-/// A CSRF token expires (here after two seconds, counted in whole seconds), and a POST the browser says came from
+/// A CSRF token expires (here after three seconds, counted in whole seconds), and a POST the browser says came from
 /// another site (`Origin`, `Sec-Fetch-Site`) is refused whatever its token: 403,
 /// nothing changed, nothing recorded. The same POST from the page's own origin acts.
 #[tokio::test]
@@ -500,7 +500,7 @@ async fn stale_tokens_and_other_sites_are_refused_on_sqlite() {
     let admin = Admin::new(store.clone())
         .machine(engine)
         .access(|_| Viewer::full("alice"))
-        .csrf_lifetime(Duration::from_secs(2));
+        .csrf_lifetime(Duration::from_secs(3));
     let router = axum::Router::new().nest("/admin", admin.router());
     let page = Page {
         router: router.clone(),
@@ -561,7 +561,7 @@ async fn stale_tokens_and_other_sites_are_refused_on_sqlite() {
     let (status, body) = post(later, &[]).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     // Past its lifetime the token is refused; the page draws a new one.
-    tokio::time::sleep(Duration::from_millis(3100)).await;
+    tokio::time::sleep(Duration::from_millis(4100)).await;
     let (status, body) = post(token, &[("sec-fetch-site", "same-origin")]).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert!(body.contains("expired: reload the page"), "{body}");
