@@ -338,7 +338,7 @@ macro_rules! fit_suite {
                 let cases = std::sync::atomic::AtomicUsize::new(0);
                 runner
                     .run(&steps_with::<RefundMachine>(3, 3, 1..40, |event| match event {
-                        // As the README's example: an approval carries an amount.
+                        // As the README's example gives its payment an amount, this machine's approval carries one.
                         RefundEvent::Approve => {
                             prop_oneof![payload(Just(500_i64)), payload(Just(450_i64))].boxed()
                         }

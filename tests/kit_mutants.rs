@@ -182,7 +182,8 @@ fn shop<D: Flow + Copy>(
                     Mutant::LateRefund => {
                         let key = ctx.key().to_string();
                         tokio::spawn(async move {
-                            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                            // Long after the stock's release (which follows at once).
+                            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
                             let _ = bank.call(&key, refund).await;
                         });
                         Ok("refund sent".to_string())

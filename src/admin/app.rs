@@ -32,16 +32,21 @@ impl<S: AdminStore> Admin<S> {
 
     /// [`router`](Self::router) nested at `path` (such as `/admin`), in a router to merge
     /// into the application's: `path` and `path/` (which a nest alone answers 404) both
-    /// open the overview, the second by a permanent redirect to the first.
+    /// open the overview, the second by a permanent redirect to the first (`/` is the
+    /// router itself).
     pub fn router_at(self, path: &str) -> axum::Router {
         let path = format!("/{}", path.trim_matches('/'));
+        if path == "/" {
+            return self.router();
+        }
         let to = path.clone();
-        axum::Router::new()
+        let slash = axum::Router::new()
             .route(
                 &format!("{path}/"),
                 get(move || async move { axum::response::Redirect::permanent(&to) }),
             )
-            .nest(&path, self.router())
+            .layer(axum::middleware::map_response(hardened));
+        slash.nest(&path, self.router())
     }
 }
 

@@ -46,6 +46,10 @@ pub(super) const PAGE: u32 = LIST_MAX;
 /// How long a CSRF token is taken by default: a working day.
 const CSRF_LIFETIME: std::time::Duration = std::time::Duration::from_secs(8 * 3600);
 
+/// How far ahead another replica's clock may run: a token it drew expires at most this
+/// much later than one drawn here would.
+const CLOCK_SLACK_SECS: u64 = 60;
+
 /// Seconds since the epoch, by this process's clock.
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -90,9 +94,11 @@ impl<S: AdminStore> Admin<S> {
             return false;
         };
         let now = unix_now();
-        now < at
-            && at <= now.saturating_add(self.csrf_lifetime.as_secs().max(1))
-            && self.holds(&format!("csrf\u{0}{who}\u{0}{expires}"), mac)
+        // A replica whose clock runs ahead draws tokens a little later to expire.
+        let latest = now
+            .saturating_add(self.csrf_lifetime.as_secs().max(1))
+            .saturating_add(CLOCK_SLACK_SECS);
+        now < at && at <= latest && self.holds(&format!("csrf\u{0}{who}\u{0}{expires}"), mac)
     }
 
     /// How long a CSRF token a page draws is taken (default 8 hours, at least a

@@ -39,11 +39,15 @@ fn cross_site(parts: &Parts) -> Option<String> {
             .then(|| format!("Sec-Fetch-Site: {site}"));
     }
     let origin = header("origin")?;
-    let host = header("host").unwrap_or_default();
+    // The request's host: its `Host` header, or over HTTP/2 the URI's authority.
+    let host = header("host")
+        .or_else(|| parts.uri.authority().map(ToString::to_string))
+        .unwrap_or_default();
     let origin_host = origin
         .split_once("://")
         .map_or(origin.as_str(), |(_, rest)| rest);
-    (origin_host != host).then(|| format!("Origin: {origin}, not this page's host {host}"))
+    (!origin_host.eq_ignore_ascii_case(&host))
+        .then(|| format!("Origin: {origin}, not this page's host {host}"))
 }
 
 impl<S: AdminStore> FromRequestParts<App<S>> for Seen {

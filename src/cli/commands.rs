@@ -71,6 +71,13 @@ impl<S: AdminStore> Cli<S> {
                         ]);
                     }
                     s.push_str(&h.render());
+                    if let Some(older) = t.older {
+                        s.push_str(&format!(
+                            "(the newest {} rows; older ones, below version {older}, on the \
+                             page's timeline)\n",
+                            t.history.len()
+                        ));
+                    }
                     if !t.events.is_empty() {
                         let mut e =
                             Table::new(["message id", "event", "status", "attempts", "last error"]);

@@ -20,7 +20,8 @@ impl Out<'_> {
     pub(super) fn show<T: Serialize>(&mut self, data: &T, table: impl FnOnce() -> String) -> Exit {
         let text = if self.json {
             match serde_json::to_string_pretty(data) {
-                Ok(text) => text,
+                // JSON leaves DEL and the C1 controls (a CSI among them) raw: escape them.
+                Ok(text) => json_visible(&text),
                 Err(e) => return self.fail(&Error::InvalidInput(e.to_string())),
             }
         } else {
@@ -61,9 +62,29 @@ pub(super) fn visible(text: &str, lines: bool) -> String {
     out
 }
 
+/// JSON text with DEL and the C1 control characters written as `\u` escapes (they can
+/// only stand inside its strings, where an escape means the same).
+fn json_visible(json: &str) -> String {
+    json.chars()
+        .map(|c| match u32::from(c) {
+            n @ (0x7f..=0x9f) => format!("\\u{n:04x}"),
+            _ => c.to_string(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::visible;
+    use super::{json_visible, visible};
+
+    #[test]
+    fn json_escapes_what_serde_json_leaves_raw() {
+        let raw = serde_json::to_string(&"a\u{9b}31m\u{7f}\u{1b}").unwrap();
+        let shown = json_visible(&raw);
+        assert_eq!(shown, "\"a\\u009b31m\\u007f\\u001b\"");
+        let back: String = serde_json::from_str(&shown).unwrap();
+        assert_eq!(back, "a\u{9b}31m\u{7f}\u{1b}");
+    }
 
     #[test]
     fn control_characters_are_written_as_escapes() {

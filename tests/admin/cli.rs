@@ -273,4 +273,15 @@ pub(super) async fn cli_suite<S: AdminStore>(store: S, exec: Exec<S>, url: &str)
         out.contains("cancelled \\x1b]0;owned\\x07\\x1b[2J\\u{9b}31m by support"),
         "{out}"
     );
+    let (code, out, _) = cli(&c, &["--json", "history", "Shop", "424241"]).await;
+    assert_eq!(code, Exit::Ok);
+    assert!(
+        !out.chars().any(|ch| ch.is_control() && ch != '\n'),
+        "{out:?}"
+    );
+    let t: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        t["history"][0]["reason"], hostile,
+        "the JSON reads back as stored"
+    );
 }

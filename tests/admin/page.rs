@@ -304,7 +304,7 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     // Evidence the hang-up came mid-action: some moved, not all, nothing recorded yet.
     assert!(hung_up.0 > 0 && hung_up.0 < BULK, "{hung_up:?}");
     assert_eq!(hung_up.1, 2, "recorded before it ended: {hung_up:?}");
-    let until = std::time::Instant::now() + Duration::from_secs(120);
+    let until = std::time::Instant::now() + Duration::from_secs(600);
     while audited().await < 3 {
         assert!(
             std::time::Instant::now() < until,

@@ -79,14 +79,15 @@ impl<T: Judged> fmt::Display for Report<T> {
                 plans.join("; ")
             )?;
         }
-        // Each run that first showed a problem, in full, once.
+        // Each run that first showed a problem, in full, once; and every failing run
+        // whose problems its report does not list.
         let mut shown: Vec<usize> = Vec::new();
-        for (_, runs) in &groups {
-            if let Some(&first) = runs.first()
-                && !shown.contains(&first)
-            {
-                shown.push(first);
-                writeln!(f, "\n{}", self.failures[first])?;
+        let firsts = groups.iter().filter_map(|(_, runs)| runs.first().copied());
+        let unlisted = (0..self.failures.len()).filter(|&i| self.failures[i].found().is_empty());
+        for i in firsts.chain(unlisted) {
+            if !shown.contains(&i) {
+                shown.push(i);
+                writeln!(f, "\n{}", self.failures[i])?;
             }
         }
         Ok(())
