@@ -73,11 +73,10 @@ impl Cluster {
         Cluster { name, stores }
     }
 
+    /// An engine on each node, with a deadline of 30 s: three nodes and the tests' load
+    /// share two cores, and these tests judge what the nodes answer, not how fast.
     pub fn engines<M: orderly::StateMachine>(&self) -> Vec<Engine<M, MySqlStore>> {
-        self.stores
-            .iter()
-            .map(|s| Engine::new(s.clone()).unwrap())
-            .collect()
+        self.stores.iter().map(|s| patient(s.clone())).collect()
     }
 
     /// Each node's checksum of the orders and the history, in key order, read causally
@@ -147,4 +146,10 @@ pub fn certification_collision(err: &orderly::Error) -> bool {
             .is_some_and(|e| e.number() == 1213),
         _ => false,
     }
+}
+
+/// An engine on `store` whose calls wait up to 30 s (the default is 5 s).
+pub fn patient<M: orderly::StateMachine>(store: MySqlStore) -> Engine<M, MySqlStore> {
+    let config = orderly::EngineConfig::default().deadline(std::time::Duration::from_secs(30));
+    Engine::with_config(store, config).unwrap()
 }

@@ -185,9 +185,13 @@ async fn ship_against_one_stock(orders: i64, stock: i64) {
                         .transition(id, ShopEvent::Ship, &format!("ship-{id}"))
                         .await
                     {
+                        // So is one not answered within the deadline (safe to re-send).
                         Err(ref err)
                             if cluster::certification_collision(err)
-                                || matches!(err, Error::Contention { .. }) =>
+                                || matches!(
+                                    err,
+                                    Error::Contention { .. } | Error::DeadlineExceeded { .. }
+                                ) =>
                         {
                             continue;
                         }

@@ -16,7 +16,7 @@ async fn timer_jobs_on_every_node_fire_each_timer_once() {
     let engines: Vec<Engine<Unpaid, MySqlStore>> = c
         .stores
         .iter()
-        .map(|s| Engine::new(s.clone()).unwrap())
+        .map(|s| cluster::patient(s.clone()))
         .collect();
     for id in 1..=ORDERS {
         engines[0].create(id).await.unwrap();
