@@ -156,7 +156,7 @@ async fn ship_against_one_stock(orders: i64, stock: i64) {
     }
     let guards = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let e: Vec<Engine<Shop, MySqlStore>> = c
-        .engines()
+        .patient_engines()
         .into_iter()
         .map(|e| {
             e.with_rules(orderly::RulesOf(NodeShop {
