@@ -29,6 +29,7 @@
 //!
 //! The plan is given to the run's own runner, so runs (and tests) go in parallel.
 
+mod after;
 mod calls;
 mod check;
 mod doubles;
@@ -48,6 +49,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use crate::support::hook::{Phase, Point, Record, When};
+pub use after::Finished;
 pub use check::{End, Judged, RunReport};
 pub use doubles::{Call, CallError, Doubles, KeyedFake, UnsafeFake};
 pub use plan::{BadPlan, Fault, Plan, Reached, plans};
@@ -57,33 +59,11 @@ pub use work_report::WorkReport;
 
 use crate::error::Result;
 use crate::flow::{Definition, Flow, FlowConfig, FlowOutcome, FlowStore, Flows};
+use after::{After, after_fn};
 use check::{Seen, allowed, problems};
 use doubles::RunState;
 
 pub(super) type MakeStore<S> = Arc<dyn Fn() -> LocalBoxFuture<'static, Result<S>> + Send + Sync>;
-type After<S> =
-    Arc<dyn for<'a> Fn(Finished<'a, S>) -> LocalBoxFuture<'a, Vec<String>> + Send + Sync>;
-
-/// What a run left, for a check of your own ([`Kit::after_run`]).
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Finished<'a, S> {
-    /// The run's store.
-    pub store: &'a S,
-    /// The run's flow key.
-    pub key: &'a str,
-    /// Where the flow ended.
-    pub end: &'a End,
-    /// Every call the run's doubles took, in order, with the step that made it.
-    pub calls: &'a [Call],
-}
-
-fn after_fn<S, F>(check: F) -> After<S>
-where
-    F: for<'a> Fn(Finished<'a, S>) -> LocalBoxFuture<'a, Vec<String>> + Send + Sync + 'static,
-{
-    Arc::new(check)
-}
 type Define<S, I> = Arc<dyn Fn(&Doubles) -> Definition<S, I> + Send + Sync>;
 
 /// The flow `D` with one input, under test.
