@@ -89,8 +89,8 @@
 //! Paid emits OrderPaid`); a transition along it writes an outbox row in the same atomic
 //! unit as the update and the history row (inside the caller's transaction too), and a
 //! replay or a refusal writes none. [`outbox::Relay`] publishes the rows through an
-//! [`outbox::Sink`] (NATS JetStream and RabbitMQ behind the `nats` and `rabbitmq`
-//! features), per entity in version order, under fenced leases, with retries, a dead
+//! [`outbox::Sink`] (NATS JetStream, RabbitMQ and Kafka behind the `nats`, `rabbitmq`
+//! and `kafka` features), per entity in version order, under fenced leases, with retries, a dead
 //! state and purge; [`outbox::Inbox`] dedupes a consumer whose work is not a transition.
 //! Each backend implements its seam, [`outbox::OutboxStore`], in
 //! `backend/<backend>/outbox.rs`. See `docs/outbox.md`.

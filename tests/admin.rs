@@ -426,6 +426,146 @@ async fn corrupt_outbox_rows_show_on_the_dead_events_page_on_sqlite() {
     );
 }
 
+/// SQLite stores a text's bytes as given: a history reason and a dead event's error that
+/// are not UTF-8 show with U+FFFD, the entity page answers 200 and the dead-events list
+/// keeps the row; an error of 100,000 bytes shows its first 1,024 and folds the whole
+/// under "show all".
+#[tokio::test]
+async fn bad_bytes_and_long_texts_show_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("bytes.db").display());
+    let store = orderly::SqliteStore::demo(&url).await.unwrap();
+    let exec: Exec<orderly::SqliteStore> = exec_on!(store.pool());
+    let engine: Engine<Shop, _> = Engine::new(store.clone()).unwrap();
+    for id in 1..=2 {
+        engine.create(id).await.unwrap();
+        engine
+            .transition(id, ShopEvent::Pay, &format!("pay-{id}"))
+            .await
+            .unwrap();
+    }
+    // "ok", a byte that is no UTF-8, "!".
+    (exec.run)(
+        "UPDATE orderly_transitions SET reason = CAST(x'6f6bff21' AS TEXT) WHERE order_id = 1"
+            .into(),
+    )
+    .await;
+    (exec.run)(
+        "UPDATE orderly_outbox SET status = 'DEAD', last_error = CAST(x'626164ff' AS TEXT) WHERE entity_id = 1"
+            .into(),
+    )
+    .await;
+    (exec.run)(
+        "UPDATE orderly_outbox SET status = 'DEAD', \
+         last_error = replace(hex(zeroblob(50000)), '0', 'e') WHERE entity_id = 2"
+            .into(),
+    )
+    .await;
+    assert_eq!(
+        count(
+            &exec,
+            "SELECT count(*) FROM orderly_transitions WHERE order_id = 1 AND CAST(reason AS BLOB) = x'6f6bff21'"
+        )
+        .await,
+        1,
+        "the bad byte is stored"
+    );
+    let admin = Admin::new(store.clone())
+        .machine(engine.clone())
+        .access(|_| Viewer::read_only("bob"));
+    let page = Page {
+        router: axum::Router::new().nest("/admin", admin.router()),
+    };
+    let history = page.json("bob", "/admin/entity?machine=Shop&id=1").await;
+    let reasons: Vec<_> = history["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["reason"].clone())
+        .collect();
+    assert!(
+        reasons.contains(&serde_json::json!("ok\u{fffd}!")),
+        "{history}"
+    );
+    let html = page.get("bob", "/admin/entity?machine=Shop&id=1").await;
+    assert!(html.contains("ok\u{fffd}!"), "{html}");
+    let dead = page.json("bob", "/admin/outbox").await;
+    let mut errors: Vec<(i64, usize)> = dead["dead"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let e = d["last_error"].as_str().unwrap();
+            (d["entity_id"].as_i64().unwrap(), e.len())
+        })
+        .collect();
+    errors.sort_unstable();
+    assert_eq!(
+        errors,
+        [(1, 6), (2, 100_000)],
+        "both dead events listed: {dead}"
+    );
+    assert!(
+        dead["dead"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["last_error"] == "bad\u{fffd}"),
+        "{dead}"
+    );
+    // A stuck record, an audit row and a timer of entity 1, each with a byte that is no
+    // UTF-8 in a text: each page shows its row, the timer as one that does not read.
+    (exec.run)(
+        "INSERT INTO orderly_idempotency_records (scope, idem_key, status, attempt, \
+         lease_until, expires_at, created_at, updated_at) \
+         VALUES ('pay', CAST(x'6b6579ff' AS TEXT), 'PROCESSING', 1, 0, 9000000000000, 0, 0)"
+            .into(),
+    )
+    .await;
+    (exec.run)(
+        "INSERT INTO orderly_audit (at_ms, who, action, target, affected) \
+         VALUES (0, CAST(x'6576ff65' AS TEXT), 'requeue', 'x', 1)"
+            .into(),
+    )
+    .await;
+    (exec.run)(
+        "INSERT INTO orderly_timers (id, machine, entity_id, event, ref_id, due_at, next_at, \
+         created_at) VALUES (77, 'Shop', 1, CAST(x'6578ff' AS TEXT), 'r', 0, 0, 0)"
+            .into(),
+    )
+    .await;
+    let records = page.json("bob", "/admin/records").await;
+    assert!(
+        records.to_string().contains("key\u{fffd}"),
+        "the stuck record listed: {records}"
+    );
+    let audit = page.json("bob", "/admin/audit").await;
+    assert!(
+        audit.to_string().contains("ev\u{fffd}e"),
+        "the audit row listed: {audit}"
+    );
+    let entity = page.json("bob", "/admin/entity?machine=Shop&id=1").await;
+    let timers = entity["timers"].as_array().unwrap();
+    assert_eq!(timers.len(), 1, "{entity}");
+    assert_eq!(timers[0]["status"], "UNREADABLE", "{entity}");
+    assert!(
+        timers[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("timer 77: ")),
+        "{entity}"
+    );
+    let html = page.get("bob", "/admin/entity?machine=Shop&id=1").await;
+    assert!(html.contains("UNREADABLE"), "{html}");
+    let html = page.get("bob", "/admin/outbox").await;
+    let cut = format!("{}…", "e".repeat(1024));
+    assert!(html.contains(&cut), "the cell shows the first 1,024 bytes");
+    assert!(html.contains("show all (100000 bytes)"), "{html}");
+    assert!(
+        html.contains(&format!("<pre>{}</pre>", "e".repeat(100_000))),
+        "the whole error is folded in the page"
+    );
+}
+
 #[tokio::test]
 async fn command_line_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();

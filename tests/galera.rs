@@ -34,7 +34,7 @@ async fn acknowledged_on_one_node_is_a_replay_on_every_other() {
     const TASKS: i64 = 16;
     const PER_TASK: i64 = 12;
     let c = Cluster::fresh().await;
-    let e: Vec<Engine<TicketMachine, MySqlStore>> = c.engines();
+    let e: Vec<Engine<TicketMachine, MySqlStore>> = c.patient_engines();
     let tasks: Vec<_> = (0..TASKS)
         .map(|t| {
             let e = e.clone();
@@ -108,7 +108,7 @@ async fn a_lagging_node_waits_for_what_was_acknowledged_elsewhere() {
     use RelayEvent::*;
     use RelayState::*;
     let c = Cluster::fresh().await;
-    let e: Vec<Engine<Relay, MySqlStore>> = c.engines();
+    let e: Vec<Engine<Relay, MySqlStore>> = c.patient_engines();
     let (first, lagging) = (&e[0], &e[1]);
     first.create(1).await.unwrap();
     first.transition(1, Raise, "r0").await.unwrap();
@@ -177,7 +177,7 @@ async fn a_lagging_node_waits_for_what_was_acknowledged_elsewhere() {
 async fn storms_across_nodes_one_applied() {
     use OrderEvent::*;
     let c = Cluster::fresh().await;
-    let e: Vec<Engine<OrderMachine, MySqlStore>> = c.engines();
+    let e: Vec<Engine<OrderMachine, MySqlStore>> = c.patient_engines();
     for (id, distinct) in [(1, false), (2, true)] {
         e[0].create(id).await.unwrap();
         let barrier = Arc::new(tokio::sync::Barrier::new(48));
@@ -234,7 +234,7 @@ async fn hot_rows_on_a_cycle_across_nodes() {
     const TASKS: usize = 12;
     const PER_TASK: usize = 80;
     let c = Cluster::fresh().await;
-    let e: Vec<Engine<TicketMachine, MySqlStore>> = c.engines();
+    let e: Vec<Engine<TicketMachine, MySqlStore>> = c.patient_engines();
     for id in 0..TICKETS {
         e[0].create(id).await.unwrap();
         e[0].transition(id, Start, "s").await.unwrap();

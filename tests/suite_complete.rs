@@ -2,7 +2,7 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 39] = [
+const BODIES: [&str; 40] = [
     include_str!("conformance/mod.rs"),
     include_str!("conformance/audit.rs"),
     include_str!("conformance/coalesce.rs"),
@@ -42,6 +42,7 @@ const BODIES: [&str; 39] = [
     include_str!("conformance/timers.rs"),
     include_str!("conformance/timer_faults.rs"),
     include_str!("conformance/timer_config.rs"),
+    include_str!("conformance/timer_batches.rs"),
 ];
 const BACKENDS: [(&str, &str, bool); 3] = [
     ("sqlite", include_str!("sqlite.rs"), false),

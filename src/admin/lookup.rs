@@ -8,8 +8,9 @@ use std::future::Future;
 use crate::outbox::EventRow;
 use crate::store::{RawTransition, RefRow, Store};
 
-/// An idempotency record found by its key.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+/// An idempotency record found by its key (its texts read lossily: a byte that is not
+/// UTF-8 shows as U+FFFD).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RecordHit {
     /// Its scope (the operation).
     pub scope: String,
@@ -25,8 +26,18 @@ pub struct RecordHit {
     pub age_ms: i64,
 }
 
-/// A flow found by its key.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+crate::support::text::shown_row!(RecordHit {
+    scope: text,
+    idem_key: text,
+    status: text,
+    attempt: plain,
+    lease_left_ms: plain,
+    age_ms: plain,
+});
+
+/// A flow found by its key (its texts read lossily: a byte that is not
+/// UTF-8 shows as U+FFFD).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct FlowHit {
     /// Its kind.
     pub kind: String,
@@ -37,6 +48,13 @@ pub struct FlowHit {
     /// Why it is parked, if it is.
     pub park_reason: Option<String>,
 }
+
+crate::support::text::shown_row!(FlowHit {
+    kind: text,
+    flow_key: text,
+    status: text,
+    park_reason: maybe_text,
+});
 
 /// Which outbox events to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +80,8 @@ pub enum EventsBy<'a> {
 }
 
 /// A record held in PROCESSING past its lease, in any scope.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+/// Its texts read lossily: a byte that is not UTF-8 shows as U+FFFD.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StuckRecord {
     /// Its scope.
     pub scope: String,
@@ -75,6 +94,14 @@ pub struct StuckRecord {
     /// Milliseconds since it was claimed first.
     pub age_ms: i64,
 }
+
+crate::support::text::shown_row!(StuckRecord {
+    scope: text,
+    idem_key: text,
+    attempt: plain,
+    stuck_ms: plain,
+    age_ms: plain,
+});
 
 /// A backend of the operators' lookups. Each read is one statement and returns at most
 /// `limit` rows.

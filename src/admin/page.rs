@@ -52,6 +52,7 @@ a.card{color:inherit;text-decoration:none}
 form.inline{display:inline;margin:0}
 button{cursor:pointer;padding:.15em .6em}
 pre{background:#fff;border:1px solid #dde1e6;padding:.6em;overflow:auto}
+details.all pre{white-space:pre-wrap;word-break:break-word;max-height:24em}
 .flash{background:#e7f3e7;border:1px solid #107c10;padding:.4em .8em;margin-bottom:1em}
 input,select{padding:.15em .3em}
 header form.search input{width:16em}

@@ -128,7 +128,9 @@ where
     EventRow: for<'r> sqlx::FromRow<'r, DB::Row>,
     &'static str: sqlx::ColumnIndex<DB::Row>,
     String: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    i32: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
 {
     let query = match by {
         EventsBy::Ref(ref_id) => s

@@ -76,3 +76,16 @@ pub(crate) use batched::{BATCH_READ_MAX, BatchReads, in_place};
 pub(crate) use units::distinct_entities;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) use units::{Tried, tried};
+
+/// Whether the writes after a read in a timer batch can go in the store's few batch
+/// statements: more than one, at most 4,096 (MySQL/MariaDB's statement binds 11 values a
+/// row, 65,535 at most), of distinct entities, none emitting an event.
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+pub(crate) fn one_statement_batch(applies: &[crate::store::Apply<'_>]) -> bool {
+    let mut ids: Vec<i64> = applies.iter().map(|a| a.key.order_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    (2..=4096).contains(&applies.len())
+        && ids.len() == applies.len()
+        && applies.iter().all(|a| a.emits.is_none())
+}

@@ -211,7 +211,9 @@ where
     EventRow: for<'r> sqlx::FromRow<'r, DB::Row>,
     &'static str: sqlx::ColumnIndex<DB::Row>,
     String: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    i32: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
 {
     let rows = s
         .list
@@ -221,7 +223,9 @@ where
     Ok(readable(&rows))
 }
 
-/// The rows that read as events; each that does not is named in the log (and listed by
+/// The rows that read as events, to be shown: a text whose bytes are not UTF-8 (which
+/// SQLite stores as given) reads with U+FFFD in their place, where the relay's claim sets
+/// the row aside. Each row that still does not read is named in the log (and listed by
 /// `list_corrupt`).
 pub(crate) fn readable<'r, R>(rows: &'r [R]) -> Vec<EventRow>
 where
@@ -229,10 +233,12 @@ where
     EventRow: sqlx::FromRow<'r, R>,
     &'static str: sqlx::ColumnIndex<R>,
     String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     rows.iter()
-        .filter_map(|row| match claimed(row) {
+        .filter_map(|row| match claimed(row).or_else(|e| shown(row).map_err(|_| e)) {
             Ok(event) => Some(event),
             Err(corrupt) => {
                 tracing::warn!(key = ?corrupt.key, reason = %corrupt.reason, "an outbox row does not read as an event");
@@ -240,6 +246,34 @@ where
             }
         })
         .collect()
+}
+
+/// An outbox row read to be shown, its texts lossily (`support::text::lossy`).
+fn shown<'r, R>(row: &'r R) -> Result<EventRow, sqlx::Error>
+where
+    R: sqlx::Row,
+    &'static str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    use crate::support::text::{lossy, lossy_or_none};
+    Ok(EventRow {
+        machine: lossy(row, "machine")?,
+        entity_id: row.try_get("entity_id")?,
+        version: row.try_get("version")?,
+        event: lossy(row, "event")?,
+        transition: lossy(row, "transition")?,
+        from_status: lossy(row, "from_status")?,
+        to_status: lossy(row, "to_status")?,
+        ref_id: lossy(row, "ref_id")?,
+        body: lossy_or_none(row, "body")?,
+        status: lossy(row, "status")?,
+        attempts: row.try_get("attempts")?,
+        last_error: lossy_or_none(row, "last_error")?,
+        age_ms: row.try_get("age_ms")?,
+    })
 }
 
 /// [`OutboxStore::mark_published`](crate::outbox::OutboxStore::mark_published) with the

@@ -202,6 +202,27 @@ pub(crate) trait Stepwise: Sync {
         }
     }
 
+    /// The writes after a read in place, inside a transaction its owner rolls back whole
+    /// on any error ([`Store::apply_in_batch`](crate::Store::apply_in_batch)): the
+    /// guarded update, then the history insert (and its outbox row), no savepoint.
+    /// [`Written::Lost`] only if the update matched nothing; a history row refused by
+    /// its unique key comes back as the error it is, the update not undone.
+    fn apply_in_batch_place(
+        &self,
+        conn: &mut Conn<Self>,
+        a: &Apply<'_>,
+    ) -> impl Future<Output = Result<Written, sqlx::Error>> + Send {
+        async move {
+            if self.update(conn, a).await? != 1 {
+                return Ok(Written::Lost);
+            }
+            Ok(match self.record(conn, a).await? {
+                true => Written::Applied,
+                false => Written::OutboxTaken,
+            })
+        }
+    }
+
     /// The write unit after a read, in the open unit `tx`: the guarded update, then the
     /// history insert (and its outbox row), then `COMMIT`. [`Written::Lost`] if the update
     /// matched nothing or the history's unique key holds the request already (recorded

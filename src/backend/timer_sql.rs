@@ -56,12 +56,29 @@ pub(crate) const DUE_KEY: &str = "{t}.due_at";
 /// not integers: such a row is claimed to be set aside), not under a live lease, and the earliest pending timer of its
 /// entity (so one entity's timers fire one after another, in due order).
 /// `key` orders one entity's timers ([`DUE_KEY`], with `{t}` for the alias).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn claimable(n: &Names, now: &str, machine: usize, due: &str, key: &str) -> String {
+    claimable_when(n, now, machine, &format!("({due} OR {})", no_time()), key)
+}
+
+/// Whether the timer `c`'s due time is no time (outside `0..=`[`MAX_DUE_MS`]).
+pub(crate) fn no_time() -> String {
+    format!("c.due_at < 0 OR c.due_at > {MAX_DUE_MS}")
+}
+
+/// [`claimable`] with the whole test of when the timer `c` may be claimed in `when`
+/// (for a backend that chooses the due and the rows of no time apart, each on its index).
+pub(crate) fn claimable_when(
+    n: &Names,
+    now: &str,
+    machine: usize,
+    when: &str,
+    key: &str,
+) -> String {
     let timers = &n.timers;
     let (e, c) = (key.replace("{t}", "e"), key.replace("{t}", "c"));
     format!(
-        "c.status = 'PENDING' AND c.machine = ?{machine} \
-         AND ({due} OR c.due_at < 0 OR c.due_at > {MAX_DUE_MS}) \
+        "c.status = 'PENDING' AND c.machine = ?{machine} AND {when} \
          AND c.lease_until <= {now} \
          AND NOT EXISTS (SELECT 1 FROM {timers} e WHERE e.machine = c.machine \
              AND e.entity_id = c.entity_id AND e.status = 'PENDING' \

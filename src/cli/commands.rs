@@ -94,15 +94,22 @@ impl<S: AdminStore> Cli<S> {
                         s.push_str(&e.render());
                     }
                     if !t.timers.is_empty() {
-                        let mut e =
-                            Table::new(["event", "reference", "due (ms)", "status", "outcome"]);
+                        let mut e = Table::new([
+                            "event",
+                            "reference",
+                            "due (ms)",
+                            "status",
+                            "outcome",
+                            "note",
+                        ]);
                         for ti in &t.timers {
                             e.row([
                                 &ti.event,
                                 &ti.ref_id,
-                                &ti.due_at.to_string(),
+                                &ti.due_at.map(|d| d.to_string()).unwrap_or_default(),
                                 &ti.status,
                                 ti.outcome.as_deref().unwrap_or(""),
+                                ti.last_error.as_deref().unwrap_or(""),
                             ]);
                         }
                         s.push_str("\ntimers\n");

@@ -314,7 +314,7 @@ async fn armed_first<M: StateMachine, S: Store>(
     }
     match engine
         .store
-        .apply(conn, &req.apply(from, to, version), Txn::Caller)
+        .apply_in_batch(conn, &req.apply(from, to, version))
         .await
     {
         Ok(Written::Applied) => Some(Step::Done(Ok(Outcome::Applied {

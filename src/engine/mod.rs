@@ -51,6 +51,7 @@ mod rules;
 mod schema;
 mod settle;
 mod step;
+mod timer_batch;
 mod timers;
 mod writes;
 
@@ -61,6 +62,7 @@ pub use input::{MAX_REF_LEN, parse_event};
 pub use request::{CreateRequest, TransitionRequest};
 pub use rule_conn::{Arg, RuleConn};
 pub use rules::{Halt, Judged, RuleFuture, Rules, RulesOf};
+pub(crate) use timer_batch::{ARMABLE_VERSIONS, Armed, BatchFiring};
 
 use detach::within_deadline;
 use input::{parse_record, parse_state, parse_version};

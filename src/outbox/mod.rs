@@ -22,6 +22,8 @@ const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 use crate::support::retry::millis;
 
 mod inbox;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
@@ -32,6 +34,8 @@ mod seam;
 mod view;
 
 pub use inbox::Inbox;
+#[cfg(feature = "kafka")]
+pub use kafka::KafkaSink;
 pub use message::{ChannelSink, Message};
 #[cfg(feature = "nats")]
 pub use nats::NatsSink;

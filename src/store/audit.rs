@@ -19,8 +19,9 @@ pub struct AuditEntry<'a> {
     pub affected: i64,
 }
 
-/// An action as recorded.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+/// An action as recorded (its texts read lossily: a byte that is not UTF-8 shows as
+/// U+FFFD).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct AuditRow {
     /// The row's id, in the order the actions were recorded.
     pub id: i64,
@@ -35,6 +36,15 @@ pub struct AuditRow {
     /// How many things it changed.
     pub affected: i64,
 }
+
+crate::support::text::shown_row!(AuditRow {
+    id: plain,
+    at_ms: plain,
+    who: text,
+    action: text,
+    target: text,
+    affected: plain,
+});
 
 /// A backend of the audit trail.
 pub trait AuditStore: Store {

@@ -250,6 +250,30 @@ pub trait Store: Schema + Clone + Send + Sync + 'static {
         self.apply(conn, apply, Txn::Caller)
     }
 
+    /// The write after a read inside a transaction its owner rolls back whole on any
+    /// error (the timer job's batch), without a savepoint: [`Written::Lost`] only when it
+    /// wrote nothing (the entity was no longer at the state and version read); a request
+    /// recorded before comes back as the error it is, for the owner to undo everything.
+    /// By default [`apply`](Self::apply) inside the caller's transaction.
+    fn apply_in_batch(
+        &self,
+        conn: &mut Self::Conn,
+        apply: &Apply<'_>,
+    ) -> impl Future<Output = Result<Written, sqlx::Error>> + Send {
+        self.apply(conn, apply, Txn::Caller)
+    }
+
+    /// [`apply_in_batch`](Self::apply_in_batch) for writes of distinct entities, each
+    /// answered in its place; an error leaves the transaction for its owner to roll back.
+    /// By default one at a time; a store may write them in one statement.
+    fn apply_many_in_batch(
+        &self,
+        conn: &mut Self::Conn,
+        applies: &[Apply<'_>],
+    ) -> impl Future<Output = Result<Vec<Written>, sqlx::Error>> + Send {
+        apply_each_in_batch(self, conn, applies)
+    }
+
     /// Writes the timers a state carries ([`Arm`](timers::Arm)), each unless its
     /// key is there already, inside the open unit that entered the state (a unit of
     /// [`begin_rules_unit`](Self::begin_rules_unit)). The default cannot: a move into a
@@ -391,4 +415,19 @@ impl WriteTurn {
             .ok()
             .map(WriteTurn)
     }
+}
+
+/// [`Store::apply_in_batch`] for each of `applies`, one after another: the default of
+/// [`Store::apply_many_in_batch`], and a store's way for the batches its statements do
+/// not take.
+pub(crate) async fn apply_each_in_batch<S: Store>(
+    store: &S,
+    conn: &mut S::Conn,
+    applies: &[Apply<'_>],
+) -> Result<Vec<Written>, sqlx::Error> {
+    let mut written = Vec::with_capacity(applies.len());
+    for apply in applies {
+        written.push(store.apply_in_batch(&mut *conn, apply).await?);
+    }
+    Ok(written)
 }

@@ -41,33 +41,40 @@ pub struct PositionedPrior {
     pub prior: Prior,
 }
 
-/// A history row found by its reference (an operator's search), its names as stored.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+/// A history row found by its reference (an operator's search), its names as stored
+/// (read lossily, as [`RawTransition`]'s).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RefRow {
     /// The entity.
     pub order_id: i64,
     /// Version of the entity after this transition.
     pub seq: i64,
     /// State before.
-    #[sqlx(rename = "from_status")]
     pub from: String,
     /// State after.
-    #[sqlx(rename = "to_status")]
     pub to: String,
     /// Event name.
     pub event: String,
 }
 
-/// A history row as stored, before its names are parsed into the machine's types.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+crate::support::text::shown_row!(RefRow {
+    order_id: plain,
+    seq: plain,
+    from: text = "from_status",
+    to: text = "to_status",
+    event: text,
+});
+
+/// A history row as stored, before its names are parsed into the machine's types. Its
+/// texts read lossily: bytes that are not UTF-8 (which SQLite stores as given) become
+/// U+FFFD, so one bad byte never hides a history.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawTransition {
     /// Version of the entity after this transition.
     pub seq: i64,
     /// State before.
-    #[sqlx(rename = "from_status")]
     pub from: String,
     /// State after.
-    #[sqlx(rename = "to_status")]
     pub to: String,
     /// Event name.
     pub event: String,
@@ -83,4 +90,30 @@ pub struct RawTransition {
     pub reason: Option<String>,
     /// When it was recorded.
     pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl<'r, R> sqlx::FromRow<'r, R> for RawTransition
+where
+    R: sqlx::Row,
+    &'static str: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    chrono::DateTime<chrono::Utc>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+        use crate::support::text::{lossy, lossy_or_none};
+        Ok(RawTransition {
+            seq: row.try_get("seq")?,
+            from: lossy(row, "from_status")?,
+            to: lossy(row, "to_status")?,
+            event: lossy(row, "event")?,
+            ref_id: lossy(row, "ref_id")?,
+            payload_hash: lossy_or_none(row, "payload_hash")?,
+            payload: lossy_or_none(row, "payload")?,
+            actor: lossy_or_none(row, "actor")?,
+            reason: lossy_or_none(row, "reason")?,
+            created_at: row.try_get("created_at")?,
+        })
+    }
 }

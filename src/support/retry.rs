@@ -25,3 +25,28 @@ pub(crate) fn delay(min: Duration, max: Duration, attempts: i32) -> Duration {
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
+
+/// `work` (which may run twice without changing anything twice: a record of rows still
+/// under the caller's claim), tried again on a retryable error (a deadlock, a lock wait,
+/// a lost connection) up to `tries` times in all, after a short backoff each.
+pub(crate) async fn retried<T, F>(tries: i32, work: impl Fn() -> F) -> crate::error::Result<T>
+where
+    F: std::future::Future<Output = crate::error::Result<T>>,
+{
+    let mut tried = 1;
+    loop {
+        match work().await {
+            Err(e) if e.is_retryable() && tried < tries => {
+                tracing::debug!(error = %e, tried, "trying a record again");
+                tokio::time::sleep(delay(
+                    Duration::from_millis(5),
+                    Duration::from_millis(200),
+                    tried,
+                ))
+                .await;
+                tried += 1;
+            }
+            answer => return answer,
+        }
+    }
+}

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::fire::{Fire, Fired, FiredRow};
 use super::job::Timers;
-use super::{ClaimTimers, ClaimedTimer, FiredTimer, TimerStore};
+use super::{ClaimTimers, ClaimedTimer, FiredTimer, TimerRow, TimerStore};
 use crate::error::Result;
 use crate::store::{ErrorClass, Lease, db_error};
 
@@ -53,13 +53,16 @@ impl<S: TimerStore> Timers<S> {
             let (batch, rest): (Vec<_>, Vec<_>) = claimed
                 .into_iter()
                 .partition(|c| c.as_ref().is_ok_and(|row| engine.batchable(row)));
-            let mut fired: Vec<FiredRow> = Vec::with_capacity(batch.len());
-            for row in batch.iter().flatten() {
-                if stop.load(Ordering::Relaxed) {
-                    undo(store, lease, depth).await;
-                    return Ok(Batch::Stopping);
-                }
-                match engine.fire_within(lease.conn(), row).await {
+            if stop.load(Ordering::Relaxed) {
+                undo(store, lease, depth).await;
+                return Ok(Batch::Stopping);
+            }
+            // The claimed timers are of distinct entities (each entity's earliest).
+            let rows: Vec<&TimerRow> = batch.iter().flatten().collect();
+            let answers = engine.fire_many_within(lease.conn(), &rows).await;
+            let mut fired: Vec<FiredRow> = Vec::with_capacity(rows.len());
+            for (row, answer) in rows.iter().zip(answers) {
+                match answer {
                     Fired::Outcome(outcome, note) => {
                         fired.push(FiredRow::new(row.id, outcome, note, Some(row.late_ms)));
                     }
@@ -73,6 +76,11 @@ impl<S: TimerStore> Timers<S> {
                         return Ok(Batch::Undone);
                     }
                 }
+            }
+            // Every row answered, or the batch is undone.
+            if fired.len() != rows.len() {
+                undo(store, lease, depth).await;
+                return Ok(Batch::Undone);
             }
             if !fired.is_empty() {
                 let marks: Vec<FiredTimer<'_>> = fired.iter().map(FiredRow::mark).collect();

@@ -6,13 +6,16 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use super::{TimerRow, TimerStore};
-use crate::engine::{Engine, Outcome, TransitionRequest, parse_event};
+use crate::engine::{
+    ARMABLE_VERSIONS, Armed, BatchFiring, Engine, Outcome, TransitionRequest, parse_event,
+};
 use crate::error::{Error, Result};
 use crate::flow::{FlowStore, Flows, Woken};
 use crate::machine::StateMachine;
 use crate::support::text::bounded;
 
 /// How one firing ended.
+#[derive(Clone)]
 pub(super) enum Fired {
     /// Recorded as fired with this outcome, and a note (why moot or refused).
     Outcome(&'static str, Option<String>),
@@ -51,7 +54,32 @@ pub(super) trait Fire<S: TimerStore>: Send + Sync {
         let _ = (conn, timer);
         Box::pin(async { Fired::Retry("this machine fires no timer in a batch".into()) })
     }
+
+    /// [`fire_within`](Self::fire_within) for each of `timers` (of distinct entities),
+    /// each answer in its place, by default one after another. The answers stop at the
+    /// first that is not [`Fired::Outcome`]: the transaction is to be undone then, and
+    /// nothing after it is fired in it.
+    fn fire_many_within<'a>(
+        &'a self,
+        conn: &'a mut S::Conn,
+        timers: &'a [&'a TimerRow],
+    ) -> ManyFuture<'a> {
+        Box::pin(async move {
+            let mut fired = Vec::with_capacity(timers.len());
+            for t in timers {
+                let answer = self.fire_within(&mut *conn, t).await;
+                let last = !matches!(answer, Fired::Outcome(..));
+                fired.push(answer);
+                if last {
+                    break;
+                }
+            }
+            fired
+        })
+    }
 }
+
+pub(super) type ManyFuture<'a> = Pin<Box<dyn Future<Output = Vec<Fired>> + Send + 'a>>;
 
 impl<M: StateMachine, S: TimerStore> Engine<M, S> {
     /// The timer's request, or how the firing ends without one (a row that names no
@@ -71,9 +99,10 @@ impl<M: StateMachine, S: TimerStore> Engine<M, S> {
                         M::NAME
                     )));
                 };
-                if version < 0 {
+                if !ARMABLE_VERSIONS.contains(&version) {
                     return Err(Fired::Dead(format!(
-                        "version {version} (versions start at 0)"
+                        "version {version} (versions run from 0 to {})",
+                        ARMABLE_VERSIONS.end - 1
                     )));
                 }
                 Ok(request.armed_at(state, version))
@@ -131,6 +160,44 @@ impl<M: StateMachine, S: TimerStore> Fire<S> for Engine<M, S> {
                 Ok(request) => judged(request.within(conn).await),
                 Err(fired) => fired,
             }
+        })
+    }
+
+    /// The firings that are only writes at the armed state and version in one statement
+    /// where the store has one; the others (and those it did not apply) one by one.
+    fn fire_many_within<'a>(
+        &'a self,
+        conn: &'a mut S::Conn,
+        timers: &'a [&'a TimerRow],
+    ) -> ManyFuture<'a> {
+        Box::pin(async move {
+            let armed: Vec<Armed<'_>> = timers
+                .iter()
+                .map(|t| Armed {
+                    entity_id: t.entity_id,
+                    event: &t.event,
+                    ref_id: &t.ref_id,
+                    state: t.state.as_deref(),
+                    version: t.version,
+                })
+                .collect();
+            let answers = match self.fire_armed_in_batch(&mut *conn, &armed).await {
+                Ok(answers) => answers,
+                Err(e) => return vec![Fired::Retry(e.to_string())],
+            };
+            let mut fired = Vec::with_capacity(timers.len());
+            for (t, answer) in timers.iter().zip(answers) {
+                let answer = match answer {
+                    BatchFiring::Applied => Fired::Outcome("applied", None),
+                    BatchFiring::Judge => self.fire_within(&mut *conn, t).await,
+                };
+                let last = !matches!(answer, Fired::Outcome(..));
+                fired.push(answer);
+                if last {
+                    break;
+                }
+            }
+            fired
         })
     }
 }

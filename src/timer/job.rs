@@ -18,8 +18,12 @@ use crate::error::Result;
 use crate::flow::{FlowStore, Flows, WAIT_MACHINE};
 use crate::machine::StateMachine;
 use crate::store::Lease;
-use crate::support::retry::millis;
+use crate::support::retry::{millis, retried};
 use crate::support::text::bounded;
+
+/// How many times a round tries to record its outcomes (its firings are done: left
+/// unrecorded, they would wait out the lease and be fired again, `Replayed`).
+const RECORD_TRIES: i32 = 5;
 
 /// A timer job: claims the due timers of the machines it was given engines for, fires
 /// each through its machine's engine with the timer's reference, and records each
@@ -262,7 +266,10 @@ impl<S: TimerStore> Timers<S> {
         }
         let store = &self.store;
         let fired: Vec<FiredTimer<'_>> = fired_rows.iter().map(FiredRow::mark).collect();
-        let marked = Lease::run(store, async |c| store.mark_fired(c, token, &fired).await).await?;
+        let marked = retried(RECORD_TRIES, || {
+            Lease::run(store, async |c| store.mark_fired(c, token, &fired).await)
+        })
+        .await?;
         let lost = fired
             .len()
             .saturating_sub(usize::try_from(marked).unwrap_or(usize::MAX));
@@ -295,7 +302,10 @@ impl<S: TimerStore> Timers<S> {
             dead,
         };
         let store = &self.store;
-        let wrote = Lease::run(store, async |c| store.mark_timer_failed(c, &failed).await).await?;
+        let wrote = retried(RECORD_TRIES, || {
+            Lease::run(store, async |c| store.mark_timer_failed(c, &failed).await)
+        })
+        .await?;
         // Counted as recorded: a failure whose claim was taken over is only `lost`.
         if wrote && dead {
             round.dead += 1;

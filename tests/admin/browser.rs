@@ -314,6 +314,39 @@ async fn admin_page_in_a_browser() {
     );
     shot("dead-events-corrupt.png").await;
     (exec.run)("DELETE FROM orderly_outbox WHERE entity_id = 'zz'".into()).await;
+    // An error of 150,014 bytes: its first 1,024 in the cell, the whole under "show all".
+    (exec.run)(
+        "UPDATE orderly_outbox SET last_error = 'gateway said: ' || replace(hex(zeroblob(15000)), '00', 'no route; ') \
+         WHERE status = 'DEAD' AND entity_id = (SELECT MIN(entity_id) FROM orderly_outbox WHERE status = 'DEAD')"
+            .into(),
+    )
+    .await;
+    c.goto(&format!("{base}/outbox")).await.unwrap();
+    let fold = c.find(Locator::Css("#dead details.all")).await.unwrap();
+    assert!(
+        !fold.text().await.unwrap().contains("no route; no route;"),
+        "folded: only its summary shows"
+    );
+    let cell = c
+        .find(Locator::Css("#dead td.err:has(details.all)"))
+        .await
+        .unwrap();
+    let shown = cell.text().await.unwrap();
+    assert!(
+        shown.len() < 1_200 && shown.contains("show all (150014 bytes)"),
+        "{} bytes shown: {}",
+        shown.len(),
+        &shown[..shown.len().min(200)]
+    );
+    c.find(Locator::Css("#dead details.all summary"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let opened = fold.text().await.unwrap();
+    assert!(opened.len() > 100_000, "opened: {} bytes", opened.len());
+    shot("dead-events-long-error.png").await;
 
     // The parked flow retried with its button, once its gateway is back.
     down.store(false, Ordering::SeqCst);

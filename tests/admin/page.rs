@@ -264,6 +264,35 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
             ("csrf", token.as_str()),
         ]
     };
+    // The few are past the first page read: the page says its matches are of that page
+    // only, with the true number of dead events, and still offers the bulk action.
+    let dead_now = count(
+        &exec,
+        "SELECT COUNT(*) FROM orderly_outbox WHERE status = 'DEAD'",
+    )
+    .await;
+    assert!(dead_now > 500, "{dead_now}");
+    let listed = page
+        .json("bob", "/admin/outbox?machine=Shop&error=schema")
+        .await;
+    assert_eq!(
+        (&listed["complete"], &listed["dead_total"], &listed["read"]),
+        (
+            &serde_json::json!(false),
+            &serde_json::json!(dead_now),
+            &serde_json::json!(500)
+        ),
+        "{listed}"
+    );
+    let html = page
+        .get("alice", "/admin/outbox?machine=Shop&error=schema")
+        .await;
+    assert!(
+        html.contains(&format!(
+            "dead events read match; {dead_now} are dead in all"
+        )) && html.contains("Requeue every match"),
+        "the page says how many are dead in all"
+    );
     let (status, body, location) = page
         .post("alice", "/admin/requeue-matching", &bulk("schema"))
         .await;

@@ -73,6 +73,8 @@ impl Cluster {
         Cluster { name, stores }
     }
 
+    /// Engines with the default deadline: for the failover test, which proves the
+    /// deadline cuts off calls to a killed node.
     pub fn engines<M: orderly::StateMachine>(&self) -> Vec<Engine<M, MySqlStore>> {
         self.stores
             .iter()
@@ -80,8 +82,9 @@ impl Cluster {
             .collect()
     }
 
-    /// [`engines`](Self::engines) whose calls wait up to 30 s: for tests that judge what
-    /// the nodes answer, not how fast, with three nodes and the tests' load on two cores.
+    /// [`engines`](Self::engines) whose calls wait up to 30 s: for every test that judges
+    /// what the nodes answer, not how fast, with three nodes and the tests' load on two
+    /// cores (CI saw answers of `DeadlineExceeded` after 5 s, in doubt, in four of them).
     pub fn patient_engines<M: orderly::StateMachine>(&self) -> Vec<Engine<M, MySqlStore>> {
         self.stores.iter().map(|s| patient(s.clone())).collect()
     }

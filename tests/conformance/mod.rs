@@ -20,6 +20,7 @@ pub mod records_model;
 pub mod rules;
 pub mod schema;
 pub mod storms;
+pub mod timer_batches;
 pub mod timer_config;
 pub mod timer_faults;
 pub mod timers;
@@ -29,7 +30,8 @@ pub mod timers;
 pub use self::{
     audit::*, callers::*, coalesce::*, cycles::*, events::*, faults::*, flow_deadline::*, flows::*,
     idempotency::*, outbox::*, outcomes::*, reads::*, records_faults::*, records_jobs::*,
-    records_model::*, rules::*, schema::*, storms::*, timer_config::*, timer_faults::*, timers::*,
+    records_model::*, rules::*, schema::*, storms::*, timer_batches::*, timer_config::*,
+    timer_faults::*, timers::*,
 };
 
 use std::collections::HashMap;
@@ -352,6 +354,8 @@ macro_rules! conformance {
             a_timer_due_at_no_time_is_set_aside_and_blocks_nothing,
             a_timer_its_job_applied_is_never_cancelled,
             one_failed_record_holds_back_no_other_outcome,
+            a_batch_firing_refused_by_the_history_is_undone_whole,
+            a_batch_fires_the_armed_and_judges_the_rest,
             a_timer_job_shut_down_mid_round_stops_after_the_firings_under_way,
             a_timer_job_dropped_at_every_await_point_fires_each_once,
             timer_delays_from_the_config_arm_and_draw,
@@ -380,6 +384,7 @@ macro_rules! conformance {
             a_timer_job_cut_at_each_statement_fires_each_once,
             a_timer_job_killed_by_sigkill_inside_its_batch_undoes_it_whole,
             a_batch_held_up_by_the_applications_lock_is_undone_in_time,
+            a_record_met_by_contention_is_made_again,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {
@@ -492,7 +497,7 @@ pub(crate) async fn until_a_connection_is_taken<B: Backend>(
 /// How many rounds a storm test runs, each on an entity of its own, until one shows
 /// that its callers raced (on a loaded machine one round may happen to run them one
 /// after another).
-pub const RACE_ROUNDS: usize = 5;
+pub const RACE_ROUNDS: usize = 20;
 
 /// When a call was sent and when it was answered.
 #[derive(Debug, Clone, Copy)]

@@ -210,6 +210,66 @@ pub async fn one_failed_record_holds_back_no_other_outcome<B: Backend>(b: &B) {
     b.exec(drop).await;
 }
 
+/// A round whose record of a fired timer meets contention (a deadlock the database
+/// answers, raised here by a trigger on the first two updates that mark a timer fired:
+/// the batch's, which undoes the batch, and the one-by-one round's) records it again: the
+/// round answers it applied and the timer is `FIRED` at once, not left claimed for a
+/// lease and fired again, `Replayed`. The trigger's sequence shows the third mark landed.
+pub async fn a_record_met_by_contention_is_made_again<B: Networked>(b: &B) {
+    let engine = timed_engine(b).await;
+    let timers = job::<B>(&engine);
+    engine.create(1).await.unwrap();
+    make_due(b, 1).await;
+    let (create, drop, tries) = match <B::S as orderly::Store>::BACKEND {
+        "postgres" => (
+            "CREATE SEQUENCE refused_marks; \
+             CREATE FUNCTION contend_mark() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN IF NEW.status = 'FIRED' AND OLD.status = 'PENDING' THEN \
+             IF nextval('refused_marks') <= 2 THEN \
+             RAISE EXCEPTION 'contention by the test' USING ERRCODE = '40P01'; END IF; END IF; \
+             RETURN NEW; END $$; \
+             CREATE TRIGGER contend_mark BEFORE UPDATE ON orderly_timers \
+             FOR EACH ROW EXECUTE FUNCTION contend_mark()",
+            "DROP TRIGGER contend_mark ON orderly_timers; DROP FUNCTION contend_mark(); \
+             DROP SEQUENCE refused_marks",
+            "SELECT last_value FROM refused_marks",
+        ),
+        _ => (
+            "CREATE SEQUENCE refused_marks; \
+             CREATE TRIGGER contend_mark BEFORE UPDATE ON orderly_timers FOR EACH ROW \
+             BEGIN IF NEW.status = 'FIRED' AND OLD.status = 'PENDING' THEN \
+             IF NEXTVAL(refused_marks) <= 2 THEN \
+             SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, \
+             MESSAGE_TEXT = 'contention by the test'; END IF; END IF; END",
+            "DROP TRIGGER contend_mark; DROP SEQUENCE refused_marks",
+            "SELECT NEXTVAL(refused_marks) - 1",
+        ),
+    };
+    b.exec(create).await;
+    let round = timers
+        .fire_once()
+        .await
+        .expect("the round records its firing");
+    assert_eq!(
+        (round.claimed, round.applied, round.lost),
+        (1, 1, 0),
+        "{round:?}"
+    );
+    assert_eq!(
+        b.scalar(tries).await,
+        3,
+        "two marks refused, the third landed"
+    );
+    b.exec(drop).await;
+    let t = timers_of(&engine, 1).await.remove(0);
+    assert_eq!(
+        (t.status.as_str(), t.outcome.as_deref(), t.attempts),
+        ("FIRED", Some("applied"), 1),
+        "{t:?}"
+    );
+    assert_eq!(engine.history(1).await.unwrap().len(), 1);
+}
+
 /// The effect of the cancellation: tells the test it began, then takes `0`.
 struct SlowCancel(Duration, Arc<tokio::sync::Notify>);
 

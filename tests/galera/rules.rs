@@ -54,7 +54,7 @@ async fn guarded_units_on_a_cycle_across_nodes_run_effects_inside_them() {
     .await
     .unwrap();
     let e: Vec<Engine<Tab, MySqlStore>> = c
-        .engines()
+        .patient_engines()
         .into_iter()
         .map(|e| e.with_rules(orderly::RulesOf(NodeTab)))
         .collect();

@@ -167,11 +167,7 @@ impl<S: AdminStore> Admin<S> {
             history,
             older,
             events: events.into_iter().map(Event::from).collect(),
-            timers: timers
-                .into_iter()
-                .filter_map(|t| t.ok())
-                .map(TimerLine::from)
-                .collect(),
+            timers: timers.into_iter().map(TimerLine::from).collect(),
         })
     }
 

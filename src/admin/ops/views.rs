@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::admin::lookup::{FlowHit, RecordHit};
 use crate::outbox::EventRow;
 use crate::store::RefRow;
-use crate::store::timers::TimerRow;
+use crate::store::timers::ClaimedTimer;
 
 /// One history row, as text.
 #[derive(Debug, Clone, Serialize)]
@@ -60,21 +60,37 @@ impl From<EventRow> for Event {
 pub(crate) struct TimerLine {
     pub(crate) event: String,
     pub(crate) ref_id: String,
-    pub(crate) due_at: i64,
+    /// `None` for a row that does not read.
+    pub(crate) due_at: Option<i64>,
     pub(crate) status: String,
     pub(crate) outcome: Option<String>,
     pub(crate) last_error: Option<String>,
 }
 
-impl From<TimerRow> for TimerLine {
-    fn from(t: TimerRow) -> Self {
-        TimerLine {
-            event: t.event,
-            ref_id: t.ref_id,
-            due_at: t.due_at,
-            status: t.status,
-            outcome: t.outcome,
-            last_error: t.last_error,
+/// A timer row as the timeline shows it; one that does not read is shown as such, with
+/// its id and the reason, never left out.
+impl From<ClaimedTimer> for TimerLine {
+    fn from(t: ClaimedTimer) -> Self {
+        match t {
+            Ok(t) => TimerLine {
+                event: t.event,
+                ref_id: t.ref_id,
+                due_at: Some(t.due_at),
+                status: t.status,
+                outcome: t.outcome,
+                last_error: t.last_error,
+            },
+            Err(corrupt) => TimerLine {
+                event: String::new(),
+                ref_id: String::new(),
+                due_at: None,
+                status: "UNREADABLE".into(),
+                outcome: None,
+                last_error: Some(match corrupt.id {
+                    Some(id) => format!("timer {id}: {}", corrupt.reason),
+                    None => corrupt.reason,
+                }),
+            },
         }
     }
 }

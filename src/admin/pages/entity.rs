@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde_json::json;
 
-use super::{answer, entity_link, events_table, lookup};
+use super::{answer, entity_link, events_table, long_text, lookup};
 use crate::admin::AdminStore;
 use crate::admin::ops::time_text;
 use crate::admin::panel::App;
@@ -78,7 +78,7 @@ pub(in crate::admin) async fn entity<S: AdminStore>(
                     td { (l.seq) } td { (l.from) } td { (l.to) } td { (l.event) } td { (l.ref_id) }
                     td { (l.payload_hash.as_deref().map_or_else(String::new, |h| h.chars().take(12).collect())) }
                     td { (l.actor.as_deref().unwrap_or("")) }
-                    td { (l.reason.as_deref().unwrap_or("")) }
+                    td { (long_text(l.reason.as_deref().unwrap_or(""))) }
                     td { (l.at) }
                 }
             }
@@ -97,9 +97,9 @@ pub(in crate::admin) async fn entity<S: AdminStore>(
             tr { th { "Event" } th { "Reference" } th { "Due" } th { "Status" } th { "Outcome" } th { "Note" } }
             @for t in &t.timers {
                 tr {
-                    td { (t.event) } td { (t.ref_id) } td { (time_text(t.due_at)) } td { (t.status) }
+                    td { (t.event) } td { (t.ref_id) } td { (t.due_at.map(time_text).unwrap_or_default()) } td { (t.status) }
                     td { (t.outcome.as_deref().unwrap_or("")) }
-                    td.err { (t.last_error.as_deref().unwrap_or("")) }
+                    td.err { (long_text(t.last_error.as_deref().unwrap_or(""))) }
                 }
             }
         }

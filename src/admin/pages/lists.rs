@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde_json::json;
 
-use super::{answer, entity_link, notice};
+use super::{answer, entity_link, long_text, notice};
 use crate::admin::AdminStore;
 use crate::admin::ops::{Filter, time_text};
 use crate::admin::panel::{App, PAGE};
@@ -37,8 +37,21 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
         Ok(rows) => rows,
         Err(e) => return failed(&e),
     };
+    // A full page read may not be all: then the true number of dead events is counted,
+    // and the page says the matches are of the first read only.
+    let read = rows.len();
+    let total = if read >= PAGE as usize {
+        match Outbox::new(app.store().clone()).stats().await {
+            Ok(stats) => stats.dead,
+            Err(e) => return failed(&e),
+        }
+    } else {
+        read as u64
+    };
+    let complete = total <= read as u64;
     let rows: Vec<_> = rows.into_iter().filter(|r| filter.matches(r)).collect();
-    let data = json!({ "dead": rows.iter().map(|r| json!({
+    let data = json!({ "read": read, "dead_total": total, "complete": complete,
+        "dead": rows.iter().map(|r| json!({
         "machine": r.machine, "entity_id": r.entity_id, "version": r.version,
         "event": r.event, "ref_id": r.ref_id, "attempts": r.attempts,
         "last_error": r.last_error, "age_ms": r.age_ms,
@@ -64,7 +77,7 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
                 @for c in &corrupt {
                     tr {
                         td { (c.machine) } td { (c.entity_id) } td { (c.version) }
-                        td { (c.status) } td.err { (c.reason) }
+                        td { (c.status) } td.err { (long_text(&c.reason)) }
                     }
                 }
             }
@@ -76,8 +89,14 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
             " Older than " input type="text" name="older" size="6" value=(field("older")) " s";
             " " button type="submit" { "Filter" }
         }
-        p { (rows.len()) " dead events match." }
-        @if !rows.is_empty() {
+        @if complete {
+            p { (rows.len()) " dead events match." }
+        } @else {
+            p.bad { (rows.len()) " of the first " (read) " dead events read match; "
+                (total) " are dead in all. “Requeue every match” acts on every dead event that \
+                matches, past these too." }
+        }
+        @if !rows.is_empty() || !complete {
             (f.action("requeue-matching", &[
                 ("machine", field("machine")), ("event", field("event")), ("error", field("error")),
                 ("older", field("older")),
@@ -94,7 +113,7 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
                     td { (r.event) }
                     td { (r.ref_id) }
                     td { (r.attempts) }
-                    td.err { (r.last_error.as_deref().unwrap_or("")) }
+                    td.err { (long_text(r.last_error.as_deref().unwrap_or(""))) }
                     td { (r.age_ms.map_or_else(String::new, |ms| format!("{:.0} s", ms as f64 / 1000.0))) }
                     td { (f.action("requeue", &[
                         ("machine", &r.machine), ("entity_id", &r.entity_id.to_string()),
@@ -139,9 +158,9 @@ pub(in crate::admin) async fn parked_flows<S: AdminStore>(
                     td { (l.flow.flow_key) }
                     td { (l.flow.version) }
                     td { (l.flow.status) }
-                    td { (l.flow.park_reason.as_deref().unwrap_or("")) }
+                    td { (long_text(l.flow.park_reason.as_deref().unwrap_or(""))) }
                     td { (l.flow.step_at) }
-                    td.err { (l.flow.last_error.as_deref().unwrap_or("")) }
+                    td.err { (long_text(l.flow.last_error.as_deref().unwrap_or(""))) }
                     td {
                         @if l.known {
                             (f.action("resume", &[("kind", &l.flow.kind), ("key", &l.flow.flow_key), ("how", "retry")], "Retry"))
@@ -199,7 +218,7 @@ pub(in crate::admin) async fn dead_timers<S: AdminStore>(
                     td { (t.ref_id) }
                     td { (time_text(t.due_at)) }
                     td { (t.attempts) }
-                    td.err { (t.last_error.as_deref().unwrap_or("")) }
+                    td.err { (long_text(t.last_error.as_deref().unwrap_or(""))) }
                     td { (f.action("rearm", &key, "Re-arm")) " " (f.action("cancel-timer", &key, "Cancel")) }
                 }
             }

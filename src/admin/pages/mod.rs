@@ -106,9 +106,29 @@ fn events_table(events: &[Event]) -> Markup {
                     td { (e.id) } td { (e.event) } td { (e.ref_id) }
                     td.bad[e.status == "DEAD"] { (e.status) }
                     td { (e.attempts) }
-                    td.err { (e.last_error.as_deref().unwrap_or("")) }
+                    td.err { (long_text(e.last_error.as_deref().unwrap_or(""))) }
                 }
             }
+        }
+    }
+}
+
+/// The most bytes of a stored text a table cell shows before the rest is folded away.
+const CELL_BYTES: usize = 1024;
+
+/// A stored text (an error, a reason) in a table cell: whole up to [`CELL_BYTES`], longer
+/// cut on a character boundary with how long it is, the whole folded under "show all"
+/// (a `<details>`: no script).
+fn long_text(text: &str) -> Markup {
+    if text.len() <= CELL_BYTES {
+        return html! { (text) };
+    }
+    let cut = &text[..text.floor_char_boundary(CELL_BYTES)];
+    html! {
+        (cut) "…"
+        details.all {
+            summary { "show all (" (text.len()) " bytes)" }
+            pre { (text) }
         }
     }
 }

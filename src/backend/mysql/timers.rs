@@ -22,24 +22,29 @@ pub(super) static STATEMENTS: PerNamespace<TimerStatements> = PerNamespace::new(
     TimerStatements::new(n, NOW, "SIGNED", ("INSERT IGNORE", ""), Params::Plain)
 });
 
-/// The claim's choice, locked: 1 machine, 2 limit.
-static CHOOSE: PerNamespace<Statement> = PerNamespace::new(|n| {
+/// The claim's choice, locked, of the timers due: 1 machine, 2 limit. A range of the
+/// index on (status, next_at), which ends at now.
+static CHOOSE: PerNamespace<Statement> =
+    PerNamespace::new(|n| choose(n, &format!("c.next_at <= {NOW}"), "ORDER BY c.next_at"));
+
+/// The claim's choice, locked, of the timers whose due time is no time, to be set aside:
+/// 1 machine, 2 limit. Two ranges of the index on (machine, status, due_at), empty but
+/// for a corrupt row. (Tested with the due times in one statement, MariaDB read every
+/// pending row of the index on (status, next_at) in each claim: 4–13 ms with 3,000 of
+/// them pending.)
+static CHOOSE_NO_TIME: PerNamespace<Statement> =
+    PerNamespace::new(|n| choose(n, &format!("({})", timer_sql::no_time()), ""));
+
+fn choose(n: &crate::backend::names::Names, when: &str, order: &str) -> Statement {
     Statement::shared(
         format!(
-            "SELECT c.id FROM {timers} c WHERE {} ORDER BY c.next_at LIMIT ?2 \
-             FOR UPDATE SKIP LOCKED",
-            timer_sql::claimable(
-                n,
-                NOW,
-                1,
-                &format!("c.next_at <= {NOW}"),
-                timer_sql::DUE_KEY
-            ),
+            "SELECT c.id FROM {timers} c WHERE {} {order} LIMIT ?2 FOR UPDATE SKIP LOCKED",
+            timer_sql::claimable_when(n, NOW, 1, when, timer_sql::DUE_KEY),
             timers = n.timers
         ),
         Params::Plain,
     )
-});
+}
 
 /// Up to a limit of fired or cancelled timers, ended before the retention: 1 retention in
 /// ms, 2 limit.
@@ -231,18 +236,32 @@ impl MySqlStore {
         tx: &mut MySqlConnection,
         c: &ClaimTimers<'_>,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
-        let ids: Vec<(i64,)> = CHOOSE
-            .get(self.names())
-            .query_as::<MySql, (i64,)>(&[Arg::Str(c.machine), Arg::I64(c.limit)])?
-            .fetch_all(&mut *tx)
-            .await?;
+        let mut ids: Vec<i64> = Vec::new();
+        for choose in [&CHOOSE_NO_TIME, &CHOOSE] {
+            let room = c.limit - ids.len() as i64;
+            if room <= 0 {
+                break;
+            }
+            let chosen: Vec<(i64,)> = choose
+                .get(self.names())
+                .query_as::<MySql, (i64,)>(&[Arg::Str(c.machine), Arg::I64(room)])?
+                .fetch_all(&mut *tx)
+                .await?;
+            // A row of no time may be due as well: the transaction's own lock does not
+            // skip it.
+            for (id,) in chosen {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         // The ids are integers read back from the database: safe to write inline.
         let ids = ids
             .iter()
-            .map(|(id,)| id.to_string())
+            .map(i64::to_string)
             .collect::<Vec<_>>()
             .join(", ");
         let timers = &self.names().timers;

@@ -145,9 +145,11 @@ impl Sql {
                 "UPDATE {o} SET status = ?, version = LAST_INSERT_ID(version + 1) \
                  WHERE id = ? AND status = ? AND version BETWEEN 0 AND 9223372036854775806{live}"
             )),
+            // Always inside a transaction (a caller's, a unit's, a timer batch's), which on
+            // a Galera node may have been rolled back by a read before it: `live`.
             update: sql(format!(
                 "UPDATE {o} SET status = ?, version = version + 1 \
-                 WHERE id = ? AND status = ? AND version = ?"
+                 WHERE id = ? AND status = ? AND version = ?{live}"
             )),
             restore: sql(format!(
                 "UPDATE {o} SET status = ?, version = ? WHERE id = ? AND status = ? AND version = ?{live}"

@@ -185,6 +185,25 @@ impl Store for MySqlStore {
         self.apply_in(conn.begin().await?, a).await
     }
 
+    async fn apply_in_batch(
+        &self,
+        conn: &mut MySqlConnection,
+        a: &Apply<'_>,
+    ) -> Result<Written, sqlx::Error> {
+        self.apply_in_batch_place(conn, a).await
+    }
+
+    async fn apply_many_in_batch(
+        &self,
+        conn: &mut MySqlConnection,
+        applies: &[Apply<'_>],
+    ) -> Result<Vec<Written>, sqlx::Error> {
+        if !crate::backend::one_statement_batch(applies) {
+            return crate::store::apply_each_in_batch(self, conn, applies).await;
+        }
+        self.apply_batch(conn, applies).await
+    }
+
     async fn apply_in_unit(
         &self,
         conn: &mut MySqlConnection,

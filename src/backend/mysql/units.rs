@@ -10,9 +10,110 @@ use super::text::text;
 use crate::backend::Tried;
 use crate::backend::errors::is_unique_violation;
 use crate::backend::stepwise::Stepwise;
-use crate::store::{Apply, FirstWrite, Request};
+use crate::store::{Apply, FirstWrite, Request, Written};
 
 impl MySqlStore {
+    /// The writes after a read of distinct entities inside the job's batch transaction
+    /// (the timers'), emitting nothing: a locking read of the entities (in the order of
+    /// their ids), then for those still at the state and version each was read at, one
+    /// update and one multi-row insert of their history rows. A history row refused by
+    /// its unique key, or a statement that changed another number of rows than it was
+    /// given, is an error: the batch's owner rolls back.
+    pub(super) async fn apply_batch(
+        &self,
+        conn: &mut MySqlConnection,
+        applies: &[Apply<'_>],
+    ) -> Result<Vec<Written>, sqlx::Error> {
+        let units = &self.sql().units;
+        let class = |n: usize| n.next_power_of_two().max(2);
+        let size = class(applies.len());
+        let mut lock = sqlx::query_as::<_, (i64, String, i64)>(units.lock.get(size));
+        for a in applies {
+            lock = lock.bind(a.key.order_id);
+        }
+        for _ in applies.len()..size {
+            lock = lock.bind(None::<i64>);
+        }
+        let entities = lock.fetch_all(&mut *conn).await?;
+        let written: Vec<Written> = applies
+            .iter()
+            .map(|a| {
+                let at = entities.iter().any(|(id, status, version)| {
+                    *id == a.key.order_id && status == a.from && *version == a.version
+                });
+                match at && (0..i64::MAX).contains(&a.version) {
+                    true => Written::Applied,
+                    false => Written::Lost,
+                }
+            })
+            .collect();
+        let moving: Vec<&Apply<'_>> = applies
+            .iter()
+            .zip(&written)
+            .filter(|(_, w)| **w == Written::Applied)
+            .map(|(a, _)| a)
+            .collect();
+        if moving.is_empty() {
+            return Ok(written);
+        }
+        let size = class(moving.len());
+        let mut update = sqlx::query(units.update.get(size));
+        for a in &moving {
+            update = update.bind(a.key.order_id).bind(a.to);
+        }
+        for _ in moving.len()..size {
+            update = update.bind(None::<i64>).bind(None::<&str>);
+        }
+        for a in &moving {
+            update = update.bind(a.key.order_id);
+        }
+        for _ in moving.len()..size {
+            update = update.bind(None::<i64>);
+        }
+        let updated = update.execute(&mut *conn).await?.rows_affected();
+        let mut record = sqlx::query(units.record.get(size));
+        for a in &moving {
+            record = record
+                .bind(a.key.order_id)
+                .bind(a.version + 1)
+                .bind(a.from)
+                .bind(a.to)
+                .bind(a.key.event)
+                .bind(a.key.ref_id)
+                .bind(a.payload_hash)
+                .bind(a.payload)
+                .bind(a.write_id)
+                .bind(a.audit.actor)
+                .bind(a.audit.reason);
+        }
+        for _ in moving.len()..size {
+            record = record
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<i64>)
+                .bind(None::<&str>)
+                .bind(None::<&str>);
+        }
+        let recorded = if updated == moving.len() as u64 {
+            record.execute(&mut *conn).await?.rows_affected()
+        } else {
+            0
+        };
+        if (updated, recorded) != (moving.len() as u64, moving.len() as u64) {
+            return Err(sqlx::Error::Protocol(format!(
+                "a timer batch's {} moves changed {updated} entities and wrote {recorded} history rows",
+                moving.len()
+            )));
+        }
+        Ok(written)
+    }
+
     /// The apply-first writes of requests of distinct entities in an open transaction: a
     /// locking read of the entities (in the order of their ids, by the primary key, so
     /// that no other row is locked), a read of their

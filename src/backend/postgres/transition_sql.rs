@@ -37,6 +37,9 @@ pub(super) struct Sql {
     pub(super) apply_first_batch_emitting: SqlStr,
     pub(super) apply: SqlStr,
     pub(super) apply_emitting: SqlStr,
+    /// The writes after a read of distinct entities, emitting nothing, one statement
+    /// (arrays): the entities moved, each returned.
+    pub(super) apply_batch: SqlStr,
     pub(super) history: SqlStr,
     /// A page of an entity's history, newest first: `(order_id, before_seq, limit)`.
     #[cfg(feature = "admin")]
@@ -214,6 +217,24 @@ impl Sql {
                  ) \
                  INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
                  SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb, $9, $10, $11 FROM upd"
+            )),
+            // The writes after a read for distinct entities, one statement: each update
+            // guarded by the status and version that were read, feeding its history row;
+            // the entities moved come back. A history row refused by its unique key
+            // aborts the statement (the batch's owner rolls back).
+            apply_batch: sql(format!(
+                "WITH r AS ( \
+                   SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], \
+                                        $7::text[], $8::text[], $9::bigint[], $10::text[], $11::text[]) \
+                     AS r(order_id, f, t, v, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                 ), upd AS ( \
+                   UPDATE {o} AS o SET status = r.t, version = o.version + 1 FROM r \
+                   WHERE o.id = r.order_id AND o.status = r.f AND o.version = r.v RETURNING o.id \
+                 ) \
+                 INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                 SELECT r.order_id, r.v + 1, r.f, r.t, r.event, r.ref_id, r.payload_hash, r.payload::jsonb, r.write_id, r.actor, r.reason \
+                 FROM r JOIN upd ON upd.id = r.order_id \
+                 RETURNING order_id::bigint"
             )),
             history: sql(format!(
                 "SELECT seq::bigint AS seq, from_status::text AS from_status, to_status::text AS to_status, \

@@ -175,6 +175,53 @@ impl Store for PgStore {
         written(outcome)
     }
 
+    async fn apply_in_batch(
+        &self,
+        conn: &mut PgConnection,
+        a: &Apply<'_>,
+    ) -> Result<Written, sqlx::Error> {
+        // No savepoint: any error aborts the batch's transaction, which its owner then
+        // rolls back; a request recorded before is such an error, not "nothing written".
+        match self.apply_statement(a).execute(conn).await {
+            Ok(done) if done.rows_affected() == 1 => Ok(Written::Applied),
+            Ok(_) => Ok(Written::Lost),
+            Err(e) if is_outbox_taken(&e) => Ok(Written::OutboxTaken),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn apply_many_in_batch(
+        &self,
+        conn: &mut PgConnection,
+        applies: &[Apply<'_>],
+    ) -> Result<Vec<Written>, sqlx::Error> {
+        if !crate::backend::one_statement_batch(applies) {
+            return crate::store::apply_each_in_batch(self, conn, applies).await;
+        }
+        let moved: Vec<i64> = sqlx::query_scalar(self.transitions.apply_batch.clone())
+            .bind(applies.iter().map(|a| a.key.order_id).collect::<Vec<i64>>())
+            .bind(applies.iter().map(|a| a.from).collect::<Vec<&str>>())
+            .bind(applies.iter().map(|a| a.to).collect::<Vec<&str>>())
+            .bind(applies.iter().map(|a| a.version).collect::<Vec<i64>>())
+            .bind(applies.iter().map(|a| a.key.event).collect::<Vec<&str>>())
+            .bind(applies.iter().map(|a| a.key.ref_id).collect::<Vec<&str>>())
+            .bind(applies.iter().map(|a| a.payload_hash).collect::<Vec<_>>())
+            .bind(applies.iter().map(|a| a.payload).collect::<Vec<_>>())
+            .bind(applies.iter().map(|a| a.write_id).collect::<Vec<i64>>())
+            .bind(applies.iter().map(|a| a.audit.actor).collect::<Vec<_>>())
+            .bind(applies.iter().map(|a| a.audit.reason).collect::<Vec<_>>())
+            .fetch_all(conn)
+            .await?;
+        let moved: std::collections::HashSet<i64> = moved.into_iter().collect();
+        Ok(applies
+            .iter()
+            .map(|a| match moved.contains(&a.key.order_id) {
+                true => Written::Applied,
+                false => Written::Lost,
+            })
+            .collect())
+    }
+
     async fn apply_in_unit(
         &self,
         conn: &mut PgConnection,

@@ -16,6 +16,7 @@ use crate::store::{DEFAULT_NAMESPACE, Tables, db_error, validate_namespace};
 use sqlx::migrate::Migrator;
 
 mod audit;
+mod batch;
 pub(crate) mod errors;
 mod flows;
 mod idempotency;

@@ -36,6 +36,12 @@ pub(super) struct Sql {
     /// still holds), guarded by what the bump wrote: `(from, version, id, to, bumped)`.
     pub(super) restore: SqlStr,
     pub(super) record: SqlStr,
+    /// The updates after a read of distinct entities, one statement: `?1` a JSON array
+    /// of `[id, from, to, version]`; the entities moved come back.
+    pub(super) update_batch: SqlStr,
+    /// The history rows of those, one statement: `?1` a JSON array of `[id, seq, from,
+    /// to, event, ref_id, payload_hash, payload, write_id, actor, reason]`.
+    pub(super) record_batch: SqlStr,
     /// The outbox row of an edge that emits an event, in the history row's unit:
     /// `(machine, entity_id, version, event, transition, from, to, ref_id)`.
     pub(super) emit: SqlStr,
@@ -90,6 +96,21 @@ impl Sql {
             record: sql(format!(
                 "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            )),
+            update_batch: sql(format!(
+                "UPDATE {o} SET status = r.t, version = version + 1 \
+                 FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS f, \
+                              json_extract(value, '$[2]') AS t, json_extract(value, '$[3]') AS v \
+                       FROM json_each(?1)) AS r \
+                 WHERE {o}.id = r.id AND {o}.status = r.f AND {o}.version = r.v RETURNING id"
+            )),
+            record_batch: sql(format!(
+                "INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
+                 SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), \
+                        json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), \
+                        json_extract(value, '$[6]'), json_extract(value, '$[7]'), json_extract(value, '$[8]'), \
+                        json_extract(value, '$[9]'), json_extract(value, '$[10]') \
+                 FROM json_each(?1)"
             )),
             emit: sql(format!(
                 "INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
@@ -272,6 +293,25 @@ impl Store for SqliteStore {
         txn: Txn,
     ) -> Result<Written, sqlx::Error> {
         self.apply_in(Self::begin(conn, txn).await?, a).await
+    }
+
+    async fn apply_in_batch(
+        &self,
+        conn: &mut SqliteConnection,
+        a: &Apply<'_>,
+    ) -> Result<Written, sqlx::Error> {
+        self.apply_in_batch_place(conn, a).await
+    }
+
+    async fn apply_many_in_batch(
+        &self,
+        conn: &mut SqliteConnection,
+        applies: &[Apply<'_>],
+    ) -> Result<Vec<Written>, sqlx::Error> {
+        if !crate::backend::one_statement_batch(applies) {
+            return crate::store::apply_each_in_batch(self, conn, applies).await;
+        }
+        super::batch::apply_batch(self, conn, applies).await
     }
 
     async fn apply_in_unit(
