@@ -133,8 +133,9 @@ fn exec_on(
 }
 
 /// Transitions on every node write their events; a relay on every node publishes them
-/// while they are written: each event once, each order's events in version order, no two
-/// publishes of one order at once. Two nodes' claims of one event collide at
+/// while they are written: each event, each order's events first received in version
+/// order, no two publishes of one order at once, and a second copy only of an event whose
+/// first relay could not record it. Two nodes' claims of one event collide at
 /// certification (it happened at least once); the loser's round fails with Galera's
 /// certification error and is run again; a round fails with nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -145,7 +146,7 @@ async fn relays_on_every_node_publish_each_event_once_in_order() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     const ORDERS: i64 = 300;
     let c = Cluster::fresh().await;
-    let e: Vec<Engine<OrderMachine, MySqlStore>> = c.engines();
+    let e: Vec<Engine<OrderMachine, MySqlStore>> = c.patient_engines();
     let writing = Arc::new(AtomicBool::new(true));
     let writers: Vec<_> = (0..3)
         .map(|n| {
@@ -214,38 +215,43 @@ async fn relays_on_every_node_publish_each_event_once_in_order() {
     for r in relays {
         unrecorded.push(r.await.unwrap());
     }
-    // Each event published twice, with whether the relay that published it first had
-    // failed to record it (the at-least-once case) or had recorded it.
+    // Each event's first receipt in version order per entity. A second receipt only of
+    // an event whose first relay published it in a round that could not record it (its
+    // marks lost certification to another node's claim): at least once, as
+    // docs/outbox.md says. A second receipt of an event its first relay recorded fails.
     let mut first_by: HashMap<(i64, i64), usize> = HashMap::new();
-    let mut twice = Vec::new();
+    let mut firsts: HashMap<i64, Vec<i64>> = HashMap::new();
+    let (mut recorded_twice, mut republished) = (Vec::new(), 0usize);
+    let mut by_relay = [0usize; 3];
     for (entity, version, relay) in rec.received() {
+        by_relay[relay] += 1;
         match first_by.get(&(entity, version)) {
-            Some(&first) => twice.push(format!(
-                "{entity}:{version} by node {} then node {}, {} by the first",
+            Some(&first) if unrecorded[first].contains(&(entity, version)) => republished += 1,
+            Some(&first) => recorded_twice.push(format!(
+                "{entity}:{version} by node {} then node {}",
                 first + 1,
-                relay + 1,
-                if unrecorded[first].contains(&(entity, version)) {
-                    "unrecorded"
-                } else {
-                    "recorded"
-                }
+                relay + 1
             )),
             None => {
                 first_by.insert((entity, version), relay);
+                firsts.entry(entity).or_default().push(version);
             }
         }
     }
-    assert!(twice.is_empty(), "published twice: {twice:?}");
-    let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
-    let mut by_relay = [0usize; 3];
-    for (entity, version, relay) in rec.received() {
-        seen.entry(entity).or_default().push(version);
-        by_relay[relay] += 1;
-    }
+    assert!(
+        recorded_twice.is_empty(),
+        "published again after the first relay recorded it: {recorded_twice:?}"
+    );
     for id in 0..ORDERS {
-        assert_eq!(seen.get(&id), Some(&vec![1, 2]), "order {id}");
+        assert_eq!(firsts.get(&id), Some(&vec![1, 2]), "order {id}");
     }
-    assert_eq!(rec.received().len() as i64, 2 * ORDERS, "each event once");
+    assert_eq!(first_by.len() as i64, 2 * ORDERS, "each event published");
+    let unrecorded_total: usize = unrecorded.iter().map(|u| u.len()).sum();
+    assert!(
+        republished <= unrecorded_total,
+        "{republished} republishes of {unrecorded_total} unrecorded publishes"
+    );
+    eprintln!("{republished} republished after an unrecorded publish; by relay {by_relay:?}");
     assert_eq!(rec.overlaps(), 0);
     assert!(
         by_relay.iter().filter(|n| **n > 0).count() >= 2,
