@@ -199,6 +199,11 @@ async fn run_nats(
             to: header("Orderly-To"),
             ref_id: header("Orderly-Ref"),
             body: String::from_utf8(stored.payload.to_vec())?,
+            // The request's trace context, if it had one: the consumer's work joins it.
+            trace: orderly::TraceContext::from_values(
+                Some(&header("traceparent")),
+                Some(&header("tracestate")),
+            ),
         });
     }
     deliver(warehouse, &messages).await?;

@@ -175,7 +175,8 @@ extern crate self as orderly;
     feature = "mysql",
     feature = "testing",
     feature = "nats",
-    feature = "cli"
+    feature = "cli",
+    feature = "http"
 ))]
 mod guides {
     #[doc = include_str!("../README.md")]
@@ -239,6 +240,7 @@ pub use idempotency::{
 pub use idempotency::{FrontConfig, RedisFront};
 pub use machine::{StateMachine, StateTimer, Transition};
 pub use store::{Schema, Store, Tables, WriteTurn};
+pub use support::trace::TraceContext;
 pub use timer::{TimerStore, Timers, TimersConfig};
 
 #[doc(hidden)]

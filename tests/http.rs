@@ -688,3 +688,59 @@ async fn works_under_axum_keyed_by_the_matched_route() {
     assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
     assert_eq!(rig.runs(), 1);
 }
+
+/// The handler runs in the caller's span, though the layer runs it on a task of its own:
+/// its spans, and whatever it reads from the current span, stay in the request's trace.
+/// It finds the request's W3C trace context (`traceparent`, the `tracestate` headers as
+/// one list) in its extensions, for the transitions whose events carry it; a
+/// `traceparent` that does not read gives none.
+#[tokio::test]
+async fn the_handler_runs_in_the_callers_span_with_its_trace_context() {
+    use tracing::Instrument;
+    // A subscriber that gives spans ids; the test's runtime has one thread, where the
+    // layer's task runs too.
+    let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry());
+    let rig = rig().await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen_in = seen.clone();
+    let svc = rig
+        .layer()
+        .layer(tower::service_fn(move |r: Request<Full<Bytes>>| {
+            let seen = seen_in.clone();
+            async move {
+                let trace = r.extensions().get::<orderly::TraceContext>().cloned();
+                seen.lock()
+                    .unwrap()
+                    .push((tracing::Span::current().id(), trace));
+                Ok::<_, Infallible>(Response::new(full("ok")))
+            }
+        }));
+    let request = tracing::info_span!("request");
+    assert!(request.id().is_some(), "the subscriber gave the span no id");
+    let traced = |key: &str, traceparent: &str| {
+        let mut r = post("/orders", Some(key), "{}");
+        r.headers_mut()
+            .insert("traceparent", traceparent.parse().unwrap());
+        r.headers_mut().append("tracestate", "a=1".parse().unwrap());
+        r.headers_mut().append("tracestate", "b=2".parse().unwrap());
+        r
+    };
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    for r in [
+        traced("k-span", tp),
+        traced("k-bad", "00-not-a-trace"),
+        post("/orders", Some("k-none"), "{}"),
+    ] {
+        let answer = send(&svc, r).instrument(request.clone()).await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+    let want = orderly::TraceContext::parse(tp, Some("a=1,b=2")).unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![
+            (request.id(), Some(want)),
+            (request.id(), None),
+            (request.id(), None)
+        ]
+    );
+}

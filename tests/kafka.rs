@@ -113,21 +113,28 @@ fn by_entity(records: &[Record]) -> HashMap<i64, Vec<i64>> {
     versions
 }
 
+/// The trace context stored with an event of `seed_sql`: its entity in the trace id, its
+/// version in the parent id.
+fn traceparent(entity: i64, version: i64) -> String {
+    format!("00-{entity:032x}-{version:016x}-01")
+}
+
 /// The inserts of `per_entity` events for each of `entities` entities, written straight
-/// to the outbox.
+/// to the outbox, each with a trace context.
 fn seed_sql(entities: i64, per_entity: i64) -> Vec<String> {
     let mut rows = Vec::new();
     for entity in 1..=entities {
         for version in 1..=per_entity {
             rows.push(format!(
-                "('OrderMachine', {entity}, {version}, 'OrderPaid', 'Pay', 'Created', 'Paid', 'r-{entity}-{version}')"
+                "('OrderMachine', {entity}, {version}, 'OrderPaid', 'Pay', 'Created', 'Paid', 'r-{entity}-{version}', '{}')",
+                traceparent(entity, version)
             ));
         }
     }
     rows.chunks(1000)
         .map(|chunk| {
             format!(
-                "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+                "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, traceparent) \
                  VALUES {}",
                 chunk.join(", ")
             )
@@ -405,6 +412,7 @@ async fn an_oversized_record_parks_its_entity() {
         ("Orderly-From", "Created"),
         ("Orderly-To", "Paid"),
         ("Orderly-Ref", "r-1-1"),
+        ("traceparent", traceparent(1, 1).as_str()),
     ] {
         assert_eq!(first.headers[name], value, "{first:?}");
     }

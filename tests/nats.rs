@@ -309,6 +309,13 @@ async fn a_republished_event_is_stored_once() {
         to: "Paid".into(),
         ref_id: "pay-7".into(),
         body: "{}".into(),
+        trace: Some(
+            orderly::TraceContext::parse(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                Some("vendor=v1"),
+            )
+            .unwrap(),
+        ),
     };
     sink.publish(&message).await.unwrap();
     sink.publish(&message).await.unwrap();
@@ -326,6 +333,11 @@ async fn a_republished_event_is_stored_once() {
         ("Orderly-To", "Paid"),
         ("Orderly-Ref", "pay-7"),
         ("Orderly-Version", "3"),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
+        ("tracestate", "vendor=v1"),
     ] {
         assert_eq!(
             stored.headers.get(name).map(|v| v.as_str()),

@@ -78,6 +78,12 @@ async fn remove(channel: &Channel, name: &str) {
         .unwrap();
 }
 
+/// The trace context stored with an event of `store_with`: its entity in the trace id,
+/// its version in the parent id.
+fn traceparent(entity: i64, version: i64) -> String {
+    format!("00-{entity:032x}-{version:016x}-01")
+}
+
 async fn store_with(dir: &tempfile::TempDir, entities: i64, per_entity: i64) -> SqliteStore {
     let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
     let store = SqliteStore::demo(&db).await.unwrap();
@@ -85,13 +91,14 @@ async fn store_with(dir: &tempfile::TempDir, entities: i64, per_entity: i64) -> 
     for entity in 1..=entities {
         for version in 1..=per_entity {
             rows.push(format!(
-                "('OrderMachine', {entity}, {version}, 'OrderPaid', 'Pay', 'Created', 'Paid', 'r-{entity}-{version}')"
+                "('OrderMachine', {entity}, {version}, 'OrderPaid', 'Pay', 'Created', 'Paid', 'r-{entity}-{version}', '{}')",
+                traceparent(entity, version)
             ));
         }
     }
     for chunk in rows.chunks(500) {
         sqlx::raw_sql(AssertSqlSafe(format!(
-            "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id) \
+            "INSERT INTO orderly_outbox (machine, entity_id, version, event, transition, from_status, to_status, ref_id, traceparent) \
              VALUES {}",
             chunk.join(", ")
         )))
@@ -241,6 +248,7 @@ async fn relays_publish_with_confirms_in_order() {
             Some(format!("OrderMachine:{entity}:{version}"))
         );
         assert_eq!(header("Orderly-Event"), "OrderPaid");
+        assert_eq!(header("traceparent"), traceparent(entity, version));
         assert_eq!(delivery.routing_key.as_str(), "OrderMachine.OrderPaid");
         seen.entry(entity).or_default().push(version);
     }

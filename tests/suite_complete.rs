@@ -2,7 +2,7 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 40] = [
+const BODIES: [&str; 41] = [
     include_str!("conformance/mod.rs"),
     include_str!("conformance/audit.rs"),
     include_str!("conformance/coalesce.rs"),
@@ -24,6 +24,7 @@ const BODIES: [&str; 40] = [
     include_str!("conformance/outbox/cancel.rs"),
     include_str!("conformance/outbox/killed.rs"),
     include_str!("conformance/outbox/events.rs"),
+    include_str!("conformance/outbox/trace.rs"),
     include_str!("conformance/records_faults.rs"),
     include_str!("conformance/records_jobs.rs"),
     include_str!("conformance/records_model.rs"),

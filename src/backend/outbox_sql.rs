@@ -12,6 +12,7 @@ use crate::backend::names::Names;
 use crate::backend::sql::BySize;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::outbox::{ClaimedEvent, CorruptEvent, EventKey, EventRow, FailedEvent};
+use crate::support::trace::TraceContext;
 
 /// One claimed row, decoded on its own: a row whose columns do not read as an
 /// [`EventRow`] is a [`CorruptEvent`] (with its key, if that much reads), so that one bad
@@ -24,7 +25,11 @@ where
     String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    <EventRow as sqlx::FromRow<'r, R>>::from_row(row).map_err(|e| {
+    let event = <EventRow as sqlx::FromRow<'r, R>>::from_row(row).map(|event| EventRow {
+        trace: stored_trace(row, &event),
+        ..event
+    });
+    event.map_err(|e| {
         let key = match (
             row.try_get::<String, _>("machine"),
             row.try_get::<i64, _>("entity_id"),
@@ -42,6 +47,29 @@ where
             reason: format!("unreadable row: {e}"),
         }
     })
+}
+
+/// The trace context stored with an event, leniently: none when its columns are not
+/// there, do not decode, or do not read as a W3C trace context (named in the log then);
+/// a `tracestate` that does not read is left out.
+fn stored_trace<'r, R>(row: &'r R, event: &EventRow) -> Option<TraceContext>
+where
+    R: sqlx::Row,
+    &'static str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let read = |column: &'static str| row.try_get::<Option<String>, _>(column).ok().flatten();
+    let traceparent = read("traceparent")?;
+    let trace = TraceContext::from_values(Some(&traceparent), read("tracestate").as_deref());
+    if trace.is_none() {
+        tracing::warn!(
+            machine = %event.machine,
+            entity_id = event.entity_id,
+            version = event.version,
+            "an outbox row's traceparent does not read; the event is published without it"
+        );
+    }
+    trace
 }
 
 /// A status orderly never writes, as index ranges around the three it does (a `NOT IN`
@@ -259,7 +287,7 @@ where
     i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     use crate::support::text::{lossy, lossy_or_none};
-    Ok(EventRow {
+    let event = EventRow {
         machine: lossy(row, "machine")?,
         entity_id: row.try_get("entity_id")?,
         version: row.try_get("version")?,
@@ -273,6 +301,11 @@ where
         attempts: row.try_get("attempts")?,
         last_error: lossy_or_none(row, "last_error")?,
         age_ms: row.try_get("age_ms")?,
+        trace: None,
+    };
+    Ok(EventRow {
+        trace: stored_trace(row, &event),
+        ..event
     })
 }
 

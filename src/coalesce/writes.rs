@@ -31,6 +31,7 @@ use tokio::sync::oneshot;
 use super::queue::{Drain, Entered, Queue, Turn};
 use crate::store::{Audit, FirstWrite, Key, Lease, OwnedKey, Request, Store};
 use crate::support::detach::Stage;
+use crate::support::trace::TraceContext;
 
 /// The most requests in one batch.
 const MAX_BATCH: usize = 64;
@@ -87,6 +88,7 @@ pub(crate) struct Queued {
     reason: Option<String>,
     machine: &'static str,
     event_body: Option<String>,
+    trace: Option<TraceContext>,
     stage: Arc<Stage>,
     reply: oneshot::Sender<Answer>,
 }
@@ -107,6 +109,7 @@ impl Queued {
             emits: &self.emits,
             machine: self.machine,
             event_body: self.event_body.as_deref(),
+            trace: self.trace.as_ref(),
         }
     }
 }
@@ -157,6 +160,7 @@ impl<S: Store> Writes<S> {
                 reason: request.audit.reason.map(str::to_string),
                 machine: request.machine,
                 event_body: request.event_body.map(str::to_string),
+                trace: request.trace.cloned(),
                 stage: stage.clone(),
                 reply,
             };

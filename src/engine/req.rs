@@ -9,6 +9,7 @@ use super::input::Payload;
 use crate::error::Error;
 use crate::machine::StateMachine;
 use crate::store::{Apply, Audit, Key, Lease, Store, Txn};
+use crate::support::trace::TraceContext;
 
 /// A validated request.
 pub(super) struct Req<'r, M: StateMachine> {
@@ -24,6 +25,8 @@ pub(super) struct Req<'r, M: StateMachine> {
     pub(super) stage: &'r Arc<Stage>,
     /// The request's own event body (JSON text), for the outbox row of an emitting edge.
     pub(super) event_body: Option<&'r str>,
+    /// The request's trace context, for the outbox row of an emitting edge.
+    pub(super) trace: Option<&'r TraceContext>,
     /// Set when a guarded unit judged the request unrecorded from the entity's state
     /// alone and then lost its write (the history held the request after all: an entity
     /// whose state disagrees with its history): every later attempt reads the history.
@@ -85,6 +88,7 @@ impl<M: StateMachine> Req<'_, M> {
             emits: M::emits(from, self.event),
             machine: M::NAME,
             event_body: self.event_body,
+            trace: self.trace,
         }
     }
 }

@@ -17,6 +17,7 @@ use super::{Engine, Order, Outcome, created};
 use crate::error::Result;
 use crate::machine::StateMachine;
 use crate::store::{Audit, Key, Lease, Store, Txn, db_error};
+use crate::support::trace::TraceContext;
 
 /// A transition request, from [`Engine::transition`] or [`Engine::transition_named`].
 /// Nothing happens until it is awaited; the options below may be set first.
@@ -60,6 +61,7 @@ pub struct TransitionRequest<'a, M: StateMachine, S: Store> {
     ref_id: &'a str,
     payload: Option<Result<Payload>>,
     event_body: Option<Result<String>>,
+    trace: Option<TraceContext>,
     audit: Audit<'a>,
     conn: Option<&'a mut S::Conn>,
     at_version: Option<i64>,
@@ -80,6 +82,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             ref_id,
             payload: None,
             event_body: None,
+            trace: None,
             audit: Audit::default(),
             conn: None,
             at_version: None,
@@ -132,6 +135,17 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
     /// written (also along an edge that emits nothing).
     pub fn event_body<B: Serialize + ?Sized>(mut self, body: &B) -> Self {
         self.event_body = Some(event_body(body));
+        self
+    }
+
+    /// Carries the caller's trace context (W3C `traceparent` and `tracestate`) into the
+    /// outbox row of an edge that emits, in the same statement as the move: the relay
+    /// then sends it with the message, so the consumer's work joins the caller's trace.
+    /// Ignored along an edge that emits nothing; not part of the request's identity (a
+    /// replay writes no event). The HTTP layer puts the context of a request's
+    /// `traceparent` header in the request's extensions.
+    pub fn trace_context(mut self, context: TraceContext) -> Self {
+        self.trace = Some(context);
         self
     }
 
@@ -196,6 +210,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
                     ref_id: self.ref_id.to_string(),
                     payload,
                     event_body,
+                    trace: self.trace,
                     write_id,
                     actor: self.audit.actor.map(str::to_string),
                     reason: self.audit.reason.map(str::to_string),
@@ -218,6 +233,7 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
             audit: self.audit,
             stage: &stage,
             event_body: event_body.as_deref(),
+            trace: self.trace.as_ref(),
             read_history: Default::default(),
             at_version: self.at_version,
             armed_in: self.armed_in,
@@ -251,6 +267,7 @@ struct Call<E, St> {
     ref_id: String,
     payload: Option<Payload>,
     event_body: Option<String>,
+    trace: Option<TraceContext>,
     write_id: i64,
     actor: Option<String>,
     reason: Option<String>,
@@ -285,6 +302,7 @@ async fn pooled<M: StateMachine, S: Store>(
                 },
                 stage: &stage,
                 event_body: call.event_body.as_deref(),
+                trace: call.trace.as_ref(),
                 read_history: Default::default(),
                 at_version: call.at_version,
                 armed_in: call.armed_in,

@@ -110,6 +110,7 @@ impl<M: StateMachine, S: Store> Engine<M, S> {
             emits: None,
             machine: M::NAME,
             event_body: None,
+            trace: None,
         })
     }
 }

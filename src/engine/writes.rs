@@ -83,5 +83,6 @@ pub(super) fn request_of<'r, M: StateMachine, S: Store>(
         emits: edges.map_or(&[], |e| &e.emits),
         machine: M::NAME,
         event_body: req.event_body,
+        trace: req.trace,
     }
 }

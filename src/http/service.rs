@@ -16,6 +16,7 @@ use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tower_service::Service;
+use tracing::Instrument;
 
 use super::key::{self, KeyProblem};
 use super::problem::Problem;
@@ -24,6 +25,7 @@ use super::{Config, IDEMPOTENT_REPLAYED, InFlight, KeyRule, LayerBody, RoutePoli
 use crate::error::Error;
 use crate::error::Result;
 use crate::idempotency::{Claim, Claimed, RecordStore, Records, Stored};
+use crate::support::trace::{TRACEPARENT, TRACESTATE, TraceContext};
 
 /// The layer's service around `Inner`.
 #[derive(Clone)]
@@ -125,6 +127,9 @@ where
     ResB::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let (mut parts, body) = request.into_parts();
+    if let Some(trace) = trace_context(&parts.headers) {
+        parts.extensions.insert(trace);
+    }
     let route = (config.route_of)(&parts).unwrap_or_else(|| parts.uri.path().to_string());
     let Some(policy) = config.policy(&parts.method, &route) else {
         let response = inner.call(Request::from_parts(parts, body)).await?;
@@ -164,45 +169,64 @@ where
     };
     // From the claim on, the request runs on a task of its own: a request dropped part
     // way (its client gone, even before the claim's answer came back) still ends with
-    // its record completed or released, never held until its lease runs out.
-    let work = config.tasks.clone().spawn(async move {
-        let held = match claim(&config, &record_key, &fingerprint).await {
-            Ok(Claim::Claimed(held)) => held,
-            Ok(Claim::Replayed(stored)) => return Ok(replay(&stored)),
-            Err(e) => return Ok(problem(problem_of(&e, &config, &method, &route))),
-        };
-        let handle = IdempotentRequest {
-            records: config.records.clone(),
-            held: held.clone(),
-            client_key,
-            completed: Arc::new(AtomicBool::new(false)),
-        };
-        parts.extensions.insert(handle.clone());
-        let request = Request::from_parts(parts, ReqB::from(bytes));
-        let records = config.records.clone();
-        let released = held.clone();
-        let started = Instant::now();
-        let run = std::panic::AssertUnwindSafe(async {
-            let response = inner.call(request).await;
-            keep(&config, &held, &handle, policy, response).await
-        });
-        match futures_util::FutureExt::catch_unwind(run).await {
-            Ok(answer) => {
-                config.timings.record(&method, &route, started.elapsed());
-                answer
+    // its record completed or released, never held until its lease runs out. The task
+    // runs in the caller's span, so the handler's spans (and a trace context taken from
+    // the current span) stay in the request's trace.
+    let work = config
+        .tasks
+        .clone()
+        .spawn(Instrument::in_current_span(async move {
+            let held = match claim(&config, &record_key, &fingerprint).await {
+                Ok(Claim::Claimed(held)) => held,
+                Ok(Claim::Replayed(stored)) => return Ok(replay(&stored)),
+                Err(e) => return Ok(problem(problem_of(&e, &config, &method, &route))),
+            };
+            let handle = IdempotentRequest {
+                records: config.records.clone(),
+                held: held.clone(),
+                client_key,
+                completed: Arc::new(AtomicBool::new(false)),
+            };
+            parts.extensions.insert(handle.clone());
+            let request = Request::from_parts(parts, ReqB::from(bytes));
+            let records = config.records.clone();
+            let released = held.clone();
+            let started = Instant::now();
+            let run = std::panic::AssertUnwindSafe(async {
+                let response = inner.call(request).await;
+                keep(&config, &held, &handle, policy, response).await
+            });
+            match futures_util::FutureExt::catch_unwind(run).await {
+                Ok(answer) => {
+                    config.timings.record(&method, &route, started.elapsed());
+                    answer
+                }
+                Err(panic) => {
+                    release(&records, &released).await;
+                    std::panic::resume_unwind(panic)
+                }
             }
-            Err(panic) => {
-                release(&records, &released).await;
-                std::panic::resume_unwind(panic)
-            }
-        }
-    });
+        }));
     match work.await {
         Ok(answer) => answer,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         // The runtime is shutting down.
         Err(_) => Ok(problem(Problem::Unavailable)),
     }
+}
+
+/// The request's W3C trace context (its `traceparent` header, and its `tracestate`
+/// headers joined as one list), for the handler to pass to the transitions whose events
+/// carry it; none when `traceparent` is missing or does not read.
+fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
+    let traceparent = headers.get(TRACEPARENT)?.to_str().ok()?;
+    let states: Vec<&str> = headers
+        .get_all(TRACESTATE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let tracestate = (!states.is_empty()).then(|| states.join(","));
+    TraceContext::from_values(Some(traceparent), tracestate.as_deref())
 }
 
 /// Keeps the handler's `response` as the route's policy says (or releases the record),

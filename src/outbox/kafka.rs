@@ -238,7 +238,7 @@ impl Sink for KafkaSink {
 
     async fn publish(&self, message: &Message) -> Result<(), SinkError> {
         let key = message.entity_id.to_string();
-        let mut headers = OwnedHeaders::new_with_capacity(9);
+        let mut headers = OwnedHeaders::new_with_capacity(11);
         for (name, value) in message.headers() {
             headers = headers.insert(Header {
                 key: name,

@@ -4,6 +4,7 @@
 use tokio::sync::mpsc;
 
 use super::{EventRow, Sink, SinkError};
+use crate::support::trace::TraceContext;
 
 /// One event, as published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +31,9 @@ pub struct Message {
     /// The body: the request's own event body if it attached one, else a JSON object of
     /// the fields above.
     pub body: String,
+    /// The trace context of the request that wrote the event, if it had one: sent as the
+    /// W3C `traceparent` and `tracestate` headers.
+    pub trace: Option<TraceContext>,
 }
 
 impl Message {
@@ -61,6 +65,7 @@ impl Message {
             to: row.to_status.clone(),
             ref_id: row.ref_id.clone(),
             body,
+            trace: row.trace.clone(),
         }
     }
 
@@ -70,9 +75,10 @@ impl Message {
     }
 
     /// The headers a broker adapter sends: the message id and each field but the body,
-    /// under `Orderly-*` names.
-    pub fn headers(&self) -> [(&'static str, String); 9] {
-        [
+    /// under `Orderly-*` names, then the trace context's `traceparent` and `tracestate`
+    /// if the event has one.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = vec![
             ("Orderly-Id", self.id.clone()),
             ("Orderly-Machine", self.machine.clone()),
             ("Orderly-Event", self.event.clone()),
@@ -82,7 +88,11 @@ impl Message {
             ("Orderly-From", self.from.clone()),
             ("Orderly-To", self.to.clone()),
             ("Orderly-Ref", self.ref_id.clone()),
-        ]
+        ];
+        if let Some(trace) = &self.trace {
+            headers.extend(trace.headers());
+        }
+        headers
     }
 }
 

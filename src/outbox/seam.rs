@@ -5,6 +5,7 @@
 use std::future::Future;
 
 use crate::store::Store;
+use crate::support::trace::TraceContext;
 
 /// A backend of the outbox: the relay's claim and its fenced outcomes, the operator's
 /// calls, and the consumer's inbox.
@@ -216,6 +217,12 @@ pub struct EventRow {
     /// Milliseconds since the event was written; `None` if its `created_at` is no time
     /// the database can count from (PostgreSQL's `infinity`, MariaDB's zero date).
     pub age_ms: Option<i64>,
+    /// The trace context stored with the event (its `traceparent` and `tracestate`
+    /// columns), if the request that wrote it had one. Read leniently: a stored value
+    /// that does not read (or a column that is not there) is none, and the row is still
+    /// an event.
+    #[sqlx(skip)]
+    pub trace: Option<TraceContext>,
 }
 
 /// A claimed row the relay cannot publish: its key if that much could be read, and why.

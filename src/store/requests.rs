@@ -4,6 +4,7 @@
 //! ([`FirstWrite`], [`Written`], [`Observed`]).
 
 use super::rows::{Entity, Prior};
+use crate::support::trace::TraceContext;
 
 /// Where an operation runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,9 +98,22 @@ pub struct Request<'a> {
     /// The request's own event body (JSON text), stored in the outbox row if an edge
     /// emits.
     pub event_body: Option<&'a str>,
+    /// The request's trace context, stored in the outbox row if an edge emits, for the
+    /// relay to carry to the broker.
+    pub trace: Option<&'a TraceContext>,
 }
 
 impl Request<'_> {
+    /// The `traceparent` stored with the outbox row, if the request has a trace context.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.trace.map(TraceContext::traceparent)
+    }
+
+    /// The `tracestate` stored with the outbox row, if the request's context has one.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.trace.and_then(TraceContext::tracestate)
+    }
+
     /// Whether any edge of the request emits an event (its unit then writes the outbox
     /// row too).
     pub fn emits_any(&self) -> bool {
@@ -132,6 +146,7 @@ impl Request<'_> {
             emits,
             machine: self.machine,
             event_body: self.event_body,
+            trace: self.trace,
         }
     }
 }
@@ -183,6 +198,20 @@ pub struct Apply<'a> {
     pub machine: &'static str,
     /// The request's own event body (JSON text), stored in the outbox row.
     pub event_body: Option<&'a str>,
+    /// The request's trace context, stored in the outbox row.
+    pub trace: Option<&'a TraceContext>,
+}
+
+impl Apply<'_> {
+    /// The `traceparent` stored with the outbox row, if the request has a trace context.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.trace.map(TraceContext::traceparent)
+    }
+
+    /// The `tracestate` stored with the outbox row, if the request's context has one.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.trace.and_then(TraceContext::tracestate)
+    }
 }
 
 /// What the write unit after a read did.

@@ -2,8 +2,9 @@
 //! its caller stops waiting (`detach.rs`), when a call reads before it writes
 //! (`read_first.rs`), what comes in from a caller (`input.rs`: references, payload
 //! fingerprints), free text bounded before it is recorded (`text.rs`), and the
-//! background jobs' retry delays (`retry.rs`), and the setters of the public
-//! configuration structs (`config.rs`). It imports no layer.
+//! background jobs' retry delays (`retry.rs`), a W3C trace context as it comes in
+//! (`trace.rs`), and the setters of the public configuration structs (`config.rs`). It
+//! imports no layer.
 
 pub(crate) mod config;
 pub(crate) mod detach;
@@ -12,3 +13,4 @@ pub(crate) mod input;
 pub(crate) mod read_first;
 pub(crate) mod retry;
 pub(crate) mod text;
+pub(crate) mod trace;

@@ -122,6 +122,7 @@ pub async fn a_failing_request_leaves_its_unit_true<B: Backend>(b: &B) {
         emits: &[Some("OrderPaid")],
         machine: "OrderMachine",
         event_body: Some("{\"paid\":true}"),
+        trace: None,
     };
     let store = e.store();
     let mut conn = store.acquire().await.unwrap();
@@ -241,6 +242,7 @@ pub async fn apply_first_unit_dropped_at_every_await_point<B: Backend>(b: &B) {
         emits: &[Some("OrderPaid")],
         machine: "OrderMachine",
         event_body: Some("{\"paid\":true}"),
+        trace: None,
     };
     let moved = FirstWrite::Applied {
         from: "Created".into(),

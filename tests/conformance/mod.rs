@@ -334,6 +334,7 @@ macro_rules! conformance {
             events_commit_with_records_run,
             relay_killed_by_sigkill_another_finishes,
             event_body_is_published_as_the_message_body,
+            trace_context_is_stored_with_the_event_and_published,
             events_commit_with_flow_local_steps,
             coalesced_writes_answer_each_request,
             a_failing_request_leaves_its_unit_true,

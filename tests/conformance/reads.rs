@@ -289,6 +289,7 @@ pub async fn write_unit_carries_several_requests<B: Backend>(b: &B) {
             emits: &[],
             machine: "TicketMachine",
             event_body: None,
+            trace: None,
         }
     };
     let unit = [

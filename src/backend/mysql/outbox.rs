@@ -30,7 +30,7 @@ const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
 
 /// An event's columns, its age on the database's clock.
 pub(super) const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, from_status, \
-    to_status, ref_id, body, status, attempts, last_error, \
+    to_status, ref_id, body, status, attempts, last_error, traceparent, tracestate, \
     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) DIV 1000 AS SIGNED) AS age_ms";
 
 /// No earlier event of `o`'s entity is unpublished (pending, dead, or in a status

@@ -159,8 +159,8 @@ impl Sql {
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             )),
             emit: sql(format!(
-                "INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, traceparent, tracestate) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             )),
             history: read(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, \
@@ -262,9 +262,9 @@ impl UnitStatements {
             }),
             emit: BySize::new(move |n| {
                 format!(
-                    "INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                    "INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, traceparent, tracestate) \
                      {rows}",
-                    rows = padded_rows(9, n, live)
+                    rows = padded_rows(11, n, live)
                 )
             }),
         }

@@ -253,13 +253,17 @@ impl MySqlStore {
                     .bind(*from)
                     .bind(*to)
                     .bind(r.key.ref_id)
-                    .bind(r.event_body);
+                    .bind(r.event_body)
+                    .bind(r.traceparent())
+                    .bind(r.tracestate());
             }
             for _ in emitting.len()..size {
                 emit = emit
                     .bind(None::<&str>)
                     .bind(None::<i64>)
                     .bind(None::<i64>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>)
                     .bind(None::<&str>)
                     .bind(None::<&str>)
                     .bind(None::<&str>)
@@ -341,6 +345,8 @@ impl Stepwise for MySqlStore {
                 .bind(a.to)
                 .bind(a.key.ref_id)
                 .bind(a.event_body)
+                .bind(a.traceparent())
+                .bind(a.tracestate())
                 .execute(conn)
                 .await;
             // The statement's own unique key is the outbox's: the row is there already.

@@ -18,6 +18,7 @@ use crate::outbox::{
 /// (`NULL` for an infinite `created_at`: the subtraction would fail the statement.)
 pub(super) const EVENT_COLUMNS: &str = "o.machine, o.entity_id, o.version, o.event, o.transition, \
     o.from_status, o.to_status, o.ref_id, o.body, o.status, o.attempts, o.last_error, \
+    o.traceparent, o.tracestate, \
     CASE WHEN isfinite(o.created_at) \
         THEN (extract(epoch FROM clock_timestamp() - o.created_at) * 1000)::bigint END AS age_ms";
 

@@ -88,7 +88,7 @@ impl Sql {
         };
         // The emitting variants: one more data-modifying CTE, the outbox row of the edge
         // that moved (`$9`, the edges' events, parallel to `$6`/`$7`; `$10` the machine;
-        // `$11` the request's own event body).
+        // `$11` the request's own event body; `$14`, `$15` its trace context).
         // All of a statement's CTEs run, and a twin's unique violation aborts them all.
         let apply_first_emitting = |edge: &str, edge_cond: &str| {
             sql(format!(
@@ -98,8 +98,8 @@ impl Sql {
                    WHERE o.id = $1 AND {edge_cond} AND o.version BETWEEN 0 AND 9223372036854775806 \
                    RETURNING o.version::bigint AS seq, e.f, e.t, e.x \
                  ), emitted AS ( \
-                   INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
-                   SELECT $10, $1, seq, x, $2, f, t, $3, $11 FROM upd WHERE x IS NOT NULL \
+                   INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, traceparent, tracestate) \
+                   SELECT $10, $1, seq, x, $2, f, t, $3, $11, $14, $15 FROM upd WHERE x IS NOT NULL \
                  ) \
                  INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
                  SELECT $1, seq, f, t, $2, $3, $4, $5::jsonb, $8, $12, $13 FROM upd \
@@ -143,19 +143,19 @@ impl Sql {
         let batch = |emitting: bool| {
             let emitted = if emitting {
                 format!(
-                    "emitted AS (                    INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body)                    SELECT $12, u.id, u.seq, u.x, r.event, u.f, u.t, r.ref_id, r.body                    FROM upd AS u JOIN r ON r.order_id = u.id WHERE u.x IS NOT NULL                  ), "
+                    "emitted AS (                    INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, traceparent, tracestate)                    SELECT $12, u.id, u.seq, u.x, r.event, u.f, u.t, r.ref_id, r.body, r.tp, r.ts                    FROM upd AS u JOIN r ON r.order_id = u.id WHERE u.x IS NOT NULL                  ), "
                 )
             } else {
                 String::new()
             };
-            // Who asked and why: the last two arrays.
-            let (actor, reason) = if emitting {
-                ("$13", "$14")
+            // Who asked and why, then the trace contexts: the last four arrays.
+            let (actor, reason, tp, ts) = if emitting {
+                ("$13", "$14", "$15", "$16")
             } else {
-                ("$12", "$13")
+                ("$12", "$13", "$14", "$15")
             };
             sql(format!(
-                "WITH r AS (                    SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], {actor}::text[], {reason}::text[])                      AS r(order_id, event, ref_id, payload_hash, payload, write_id, body, actor, reason)                  ), upd AS (                    UPDATE {o} AS o SET status = e.t, version = o.version + 1                    FROM r JOIN unnest($8::bigint[], $9::text[], $10::text[], $11::text[]) AS e(order_id, f, t, x)                      ON e.order_id = r.order_id                    WHERE o.id = r.order_id AND o.status = e.f                      AND o.version BETWEEN 0 AND 9223372036854775806                      AND NOT EXISTS (SELECT 1 FROM {h} AS h                                      WHERE h.order_id = r.order_id AND h.event = r.event AND h.ref_id = r.ref_id)                    RETURNING o.id, o.version::bigint AS seq, e.f, e.t, e.x                  ), {emitted}ins AS (                    INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason)                    SELECT u.id, u.seq, u.f, u.t, r.event, r.ref_id, r.payload_hash, r.payload::jsonb, r.write_id, r.actor, r.reason                    FROM upd AS u JOIN r ON r.order_id = u.id                    RETURNING order_id, seq                  )                  SELECT ins.order_id::bigint AS i, u.f::text AS from_status, u.t::text AS to_status,                         NULL::text AS payload_hash, ins.seq::bigint AS seq                  FROM ins JOIN upd AS u ON u.id = ins.order_id"
+                "WITH r AS (                    SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], {actor}::text[], {reason}::text[], {tp}::text[], {ts}::text[])                      AS r(order_id, event, ref_id, payload_hash, payload, write_id, body, actor, reason, tp, ts)                  ), upd AS (                    UPDATE {o} AS o SET status = e.t, version = o.version + 1                    FROM r JOIN unnest($8::bigint[], $9::text[], $10::text[], $11::text[]) AS e(order_id, f, t, x)                      ON e.order_id = r.order_id                    WHERE o.id = r.order_id AND o.status = e.f                      AND o.version BETWEEN 0 AND 9223372036854775806                      AND NOT EXISTS (SELECT 1 FROM {h} AS h                                      WHERE h.order_id = r.order_id AND h.event = r.event AND h.ref_id = r.ref_id)                    RETURNING o.id, o.version::bigint AS seq, e.f, e.t, e.x                  ), {emitted}ins AS (                    INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason)                    SELECT u.id, u.seq, u.f, u.t, r.event, r.ref_id, r.payload_hash, r.payload::jsonb, r.write_id, r.actor, r.reason                    FROM upd AS u JOIN r ON r.order_id = u.id                    RETURNING order_id, seq                  )                  SELECT ins.order_id::bigint AS i, u.f::text AS from_status, u.t::text AS to_status,                         NULL::text AS payload_hash, ins.seq::bigint AS seq                  FROM ins JOIN upd AS u ON u.id = ins.order_id"
             ))
         };
         Sql {
@@ -205,8 +205,8 @@ impl Sql {
                    INSERT INTO {h} (order_id, seq, from_status, to_status, event, ref_id, payload_hash, payload, write_id, actor, reason) \
                    SELECT $2, $4::bigint + 1, $3, $1, $5, $6, $7, $8::jsonb, $9, $13, $14 FROM upd RETURNING seq \
                  ) \
-                 INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
-                 SELECT $10, $2, seq, $11, $5, $3, $1, $6, $12 FROM ins"
+                 INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, traceparent, tracestate) \
+                 SELECT $10, $2, seq, $11, $5, $3, $1, $6, $12, $15, $16 FROM ins"
             )),
             // The write after a read, one statement: the update guarded by the status and
             // version that were read, feeding the history insert.

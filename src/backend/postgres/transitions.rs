@@ -405,11 +405,16 @@ impl PgStore {
             .bind(a.payload)
             .bind(a.write_id);
         match a.emits {
-            Some(event) => statement.bind(a.machine).bind(event).bind(a.event_body),
-            None => statement,
+            Some(event) => statement
+                .bind(a.machine)
+                .bind(event)
+                .bind(a.event_body)
+                .bind(a.audit.actor)
+                .bind(a.audit.reason)
+                .bind(a.traceparent())
+                .bind(a.tracestate()),
+            None => statement.bind(a.audit.actor).bind(a.audit.reason),
         }
-        .bind(a.audit.actor)
-        .bind(a.audit.reason)
     }
 }
 

@@ -35,7 +35,7 @@ impl PgStore {
                     .bind(*from)
                     .bind(*to)
                     .bind(request.write_id);
-                if emitting {
+                let query = if emitting {
                     query
                         .bind(request.emits.first().copied().flatten())
                         .bind(request.machine)
@@ -44,7 +44,11 @@ impl PgStore {
                     query
                 }
                 .bind(request.audit.actor)
-                .bind(request.audit.reason)
+                .bind(request.audit.reason);
+                match emitting {
+                    true => query.bind(request.traceparent()).bind(request.tracestate()),
+                    false => query,
+                }
             }
             (from, to) => {
                 let statement = match (emitting, txn) {
@@ -61,7 +65,7 @@ impl PgStore {
                     .bind(from)
                     .bind(to)
                     .bind(request.write_id);
-                if emitting {
+                let query = if emitting {
                     query
                         .bind(request.emits)
                         .bind(request.machine)
@@ -70,7 +74,11 @@ impl PgStore {
                     query
                 }
                 .bind(request.audit.actor)
-                .bind(request.audit.reason)
+                .bind(request.audit.reason);
+                match emitting {
+                    true => query.bind(request.traceparent()).bind(request.tracestate()),
+                    false => query,
+                }
             }
         };
         Ok(match query.fetch_optional(conn).await? {
@@ -132,7 +140,14 @@ impl PgStore {
             query
         }
         .bind(requests.iter().map(|r| r.audit.actor).collect::<Vec<_>>())
-        .bind(requests.iter().map(|r| r.audit.reason).collect::<Vec<_>>());
+        .bind(requests.iter().map(|r| r.audit.reason).collect::<Vec<_>>())
+        .bind(
+            requests
+                .iter()
+                .map(Request::traceparent)
+                .collect::<Vec<_>>(),
+        )
+        .bind(requests.iter().map(Request::tracestate).collect::<Vec<_>>());
         let rows = match query.fetch_all(conn).await {
             Ok(rows) => rows,
             Err(e) if is_outbox_taken(&e) || is_unique_violation(&e) => return Ok(None),

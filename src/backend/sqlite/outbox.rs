@@ -18,7 +18,7 @@ const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// An event's columns, its age on the database's clock.
 pub(super) const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, from_status, \
-    to_status, ref_id, body, status, attempts, last_error, \
+    to_status, ref_id, body, status, attempts, last_error, traceparent, tracestate, \
     CAST((julianday('now') - julianday(created_at)) * 86400000 AS INTEGER) AS age_ms";
 
 /// An event's key as SQLite holds it: integers (a column's type is only a hint in SQLite;

@@ -113,8 +113,8 @@ impl Sql {
                  FROM json_each(?1)"
             )),
             emit: sql(format!(
-                "INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                "INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, traceparent, tracestate) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
             )),
             history: sql(format!(
                 "SELECT seq, from_status, to_status, event, ref_id, payload_hash, payload, actor, reason, created_at \

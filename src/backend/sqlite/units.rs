@@ -102,7 +102,9 @@ impl SqliteStore {
                     .bind(*from)
                     .bind(*to)
                     .bind(r.key.ref_id)
-                    .bind(r.event_body);
+                    .bind(r.event_body)
+                    .bind(r.traceparent())
+                    .bind(r.tracestate());
             }
             match query.execute(&mut *conn).await {
                 Ok(_) => {}
@@ -156,7 +158,9 @@ impl SqliteStore {
                 .bind(r.audit.reason)
                 .bind(r.machine)
                 .bind(r.emits.first().copied().flatten())
-                .bind(r.event_body);
+                .bind(r.event_body)
+                .bind(r.traceparent())
+                .bind(r.tracestate());
         }
         // The rows are the update's: no other statement of the unit returns any.
         let moved: Vec<(i64, i64)> = match query.fetch_all(&mut *conn).await {
@@ -244,6 +248,8 @@ impl Stepwise for SqliteStore {
                 .bind(a.to)
                 .bind(a.key.ref_id)
                 .bind(a.event_body)
+                .bind(a.traceparent())
+                .bind(a.tracestate())
                 .execute(conn)
                 .await;
             // The statement's own unique key is the outbox's: the row is there already.
@@ -298,7 +304,7 @@ pub(super) struct UnitStatements {
     pub(super) record: BySize,
     /// The outbox rows of those whose edge emits, 9 values each.
     pub(super) emit: BySize,
-    /// The whole unit in one call (see [`SqliteStore::unit_in_one_call`]), 13 values per
+    /// The whole unit in one call (see [`SqliteStore::unit_in_one_call`]), 15 values per
     /// request.
     one_call: BySize,
 }
@@ -332,9 +338,9 @@ impl UnitStatements {
             }),
             emit: BySize::new(move |n| {
                 format!(
-                    "INSERT INTO {ex} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
+                    "INSERT INTO {ex} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, traceparent, tracestate) \
                      VALUES {}",
-                    placeholders(n, 9)
+                    placeholders(n, 11)
                 )
             }),
         }
@@ -348,17 +354,18 @@ impl UnitStatements {
 /// the next sequence number, which no other row can hold), moved on, returning
 /// `(id, version)`; `COMMIT`. The unit holds the only write lock from its first
 /// statement, so each statement sees exactly what the one before it wrote. Each request
-/// binds 13 values: order id, source, target, event, reference, payload hash, payload,
+/// binds 15 values: order id, source, target, event, reference, payload hash, payload,
 /// write id, actor, reason, machine, the event its edge emits (`NULL`: none), the event
-/// body. Every statement names all of them, numbered in order, in the same table of
-/// requests: sqlx binds the numbers a statement skips as plain positional parameters
-/// from a running count, and stops binding at the first past the values, so a statement
-/// that named only its share would leave the parameters after a gap unbound (`NULL`).
+/// body, the trace context's `traceparent` and `tracestate`. Every statement names all
+/// of them, numbered in order, in the same table of requests: sqlx binds the numbers a
+/// statement skips as plain positional parameters from a running count, and stops
+/// binding at the first past the values, so a statement that named only its share would
+/// leave the parameters after a gap unbound (`NULL`).
 fn one_call_sql(o: &str, h: &str, x: &str, n: usize) -> String {
     let r = format!(
-        "WITH r(order_id, f, t, event, ref_id, ph, p, wid, actor, reason, machine, emits, body) \
+        "WITH r(order_id, f, t, event, ref_id, ph, p, wid, actor, reason, machine, emits, body, tp, ts) \
          AS (VALUES {})",
-        placeholders(n, 13)
+        placeholders(n, 15)
     );
     format!(
         "BEGIN IMMEDIATE; \
@@ -368,8 +375,8 @@ fn one_call_sql(o: &str, h: &str, x: &str, n: usize) -> String {
          WHERE {o}.status = r.f AND {o}.version BETWEEN 0 AND 9223372036854775806 \
            AND NOT EXISTS (SELECT 1 FROM {h} AS x \
                            WHERE x.order_id = r.order_id AND x.event = r.event AND x.ref_id = r.ref_id); \
-         {r} INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body) \
-         SELECT r.machine, r.order_id, x.seq, r.emits, x.event, x.from_status, x.to_status, x.ref_id, r.body \
+         {r} INSERT INTO {x} (machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, traceparent, tracestate) \
+         SELECT r.machine, r.order_id, x.seq, r.emits, x.event, x.from_status, x.to_status, x.ref_id, r.body, r.tp, r.ts \
          FROM r JOIN {o} ON {o}.id = r.order_id \
          JOIN {h} AS x ON x.order_id = r.order_id AND x.seq = {o}.version + 1 AND x.write_id = r.wid \
          WHERE r.emits IS NOT NULL; \

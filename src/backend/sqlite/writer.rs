@@ -207,6 +207,8 @@ struct Owned {
     machine: &'static str,
     emits: Option<&'static str>,
     body: Option<String>,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
 }
 
 impl Owned {
@@ -226,6 +228,8 @@ impl Owned {
             machine: r.machine,
             emits: r.emits.first().copied().flatten(),
             body: r.event_body.map(str::to_owned),
+            traceparent: r.traceparent().map(str::to_owned),
+            tracestate: r.tracestate().map(str::to_owned),
         }
     }
 }
@@ -317,6 +321,8 @@ fn statements(
             bind(&mut insert, &mut at, &t.to)?;
             bind(&mut insert, &mut at, &t.ref_id)?;
             bind(&mut insert, &mut at, &t.body)?;
+            bind(&mut insert, &mut at, &t.traceparent)?;
+            bind(&mut insert, &mut at, &t.tracestate)?;
         }
         if unique_met(insert.raw_execute())? {
             return Ok(None);

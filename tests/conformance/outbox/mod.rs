@@ -6,10 +6,11 @@ mod cancel;
 mod events;
 mod killed;
 mod relays;
+mod trace;
 
 // Each suite runs the bodies it lists; the others stay unused in its binary.
 #[allow(unused_imports)]
-pub use self::{cancel::*, events::*, killed::*, relays::*};
+pub use self::{cancel::*, events::*, killed::*, relays::*, trace::*};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
