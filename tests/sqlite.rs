@@ -453,3 +453,78 @@ async fn units_on_a_file_go_through_the_stores_own_connection() {
         );
     }
 }
+
+/// The trace contexts of a unit's requests go into their outbox rows on the two ways a
+/// unit goes through the pool (a database in memory has no writer thread): in one call
+/// (up to four requests) and statement by statement (more).
+#[tokio::test]
+async fn a_units_trace_contexts_are_stored_through_the_pool() {
+    use conformance::OrderMachine;
+    use orderly::store::{FirstWrite, Key, Request};
+    use orderly::{Engine, Store, TraceContext};
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(connect_options("sqlite::memory:").unwrap())
+        .await
+        .unwrap();
+    migrate(&pool).await.unwrap();
+    let store = SqliteStore::new(pool.clone(), conformance::app_tables());
+    conformance::create_app_orders(&store, &pool).await;
+    let e: Engine<OrderMachine, SqliteStore> = Engine::new(store.clone()).unwrap();
+    let traces: Vec<TraceContext> = (1..=9)
+        .map(|n| {
+            TraceContext::new(&format!("{n:032x}"), &format!("{n:016x}"), true)
+                .unwrap()
+                .with_tracestate(&format!("v=t{n}"))
+                .unwrap()
+        })
+        .collect();
+    for id in 1..=9 {
+        e.create(id).await.unwrap();
+    }
+    let request = |id: i64| Request {
+        key: Key {
+            order_id: id,
+            event: "Pay",
+            ref_id: "unit",
+        },
+        from_states: &["Created"],
+        to_states: &["Paid"],
+        payload_hash: None,
+        payload: None,
+        write_id: id,
+        audit: Default::default(),
+        emits: &[Some("OrderPaid")],
+        machine: "OrderMachine",
+        event_body: None,
+        trace: Some(&traces[id as usize - 1]),
+    };
+    for unit in [1..=3, 4..=9] {
+        let requests: Vec<Request<'_>> = unit.map(request).collect();
+        let mut conn = store.acquire().await.unwrap();
+        let written = store.apply_first(&mut conn, &requests).await.unwrap();
+        assert!(
+            written
+                .iter()
+                .all(|w| matches!(w, FirstWrite::Applied { .. })),
+            "{written:?}"
+        );
+    }
+    assert_eq!(store.writes_on_own_connection(), Some(false));
+    let rows: Vec<(i64, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT entity_id, traceparent, tracestate FROM orderly_outbox ORDER BY entity_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let want: Vec<(i64, Option<String>, Option<String>)> = (1..=9)
+        .map(|n| {
+            (
+                n,
+                Some(traces[n as usize - 1].traceparent().to_string()),
+                Some(format!("v=t{n}")),
+            )
+        })
+        .collect();
+    assert_eq!(rows, want);
+}

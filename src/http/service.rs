@@ -216,16 +216,17 @@ where
 }
 
 /// The request's W3C trace context (its `traceparent` header, and its `tracestate`
-/// headers joined as one list), for the handler to pass to the transitions whose events
+/// headers joined as one list, left out if one of them does not read), for the handler to pass to the transitions whose events
 /// carry it; none when `traceparent` is missing or does not read.
 fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
     let traceparent = headers.get(TRACEPARENT)?.to_str().ok()?;
-    let states: Vec<&str> = headers
+    // One header that is not text spoils the list: none of it is passed on.
+    let states: Option<Vec<&str>> = headers
         .get_all(TRACESTATE)
         .iter()
-        .filter_map(|v| v.to_str().ok())
+        .map(|v| v.to_str().ok())
         .collect();
-    let tracestate = (!states.is_empty()).then(|| states.join(","));
+    let tracestate = states.filter(|s| !s.is_empty()).map(|s| s.join(","));
     TraceContext::from_values(Some(traceparent), tracestate.as_deref())
 }
 

@@ -14,7 +14,7 @@ pub(crate) const TRACESTATE: &str = "tracestate";
 /// At most this many list members in a `tracestate`.
 const MAX_MEMBERS: usize = 32;
 /// At most this many bytes of `tracestate` are kept (the recommendation's floor for what
-/// a platform propagates).
+/// a platform propagates); a longer one is cut as the recommendation says.
 const MAX_TRACESTATE: usize = 512;
 
 /// A W3C trace context: a `traceparent` of version `00` (a higher version is read as the
@@ -207,14 +207,21 @@ fn parse_tracestate(value: &str) -> Result<Option<String>> {
             format!("{} list members; at most {MAX_MEMBERS}", members.len()),
         ));
     }
-    let joined = members.join(",");
-    if joined.len() > MAX_TRACESTATE {
-        return Err(invalid(
-            what,
-            format!("{} bytes; at most {MAX_TRACESTATE}", joined.len()),
-        ));
+    // Kept to what every platform propagates, cut as the recommendation says: members
+    // over 128 characters go first, then members from the end.
+    let size = |m: &[&str]| {
+        m.iter()
+            .map(|s| s.len() + 1)
+            .sum::<usize>()
+            .saturating_sub(1)
+    };
+    while size(&members) > MAX_TRACESTATE {
+        match members.iter().rposition(|m| m.len() > 128) {
+            Some(long) => members.remove(long),
+            None => members.remove(members.len() - 1),
+        };
     }
-    Ok(Some(joined).filter(|s| !s.is_empty()))
+    Ok(Some(members.join(",")).filter(|s| !s.is_empty()))
 }
 
 /// `simple-key` (a lowercase letter, then up to 255 of `a-z0-9_-*/`), or
@@ -332,12 +339,11 @@ mod tests {
             "a=\u{7f}",
             "a@=1",
             "a@1system=1",
-            &"k=v,".repeat(33),
-            &format!("a={}", "x".repeat(257)),
-            &(0..30)
-                .map(|i| format!("k{i}={}", "x".repeat(20)))
+            &(0..33)
+                .map(|i| format!("k{i}=v"))
                 .collect::<Vec<_>>()
                 .join(","),
+            &format!("a={}", "x".repeat(257)),
         ];
         for value in bad {
             match TraceContext::parse(TP, Some(value)) {
@@ -347,6 +353,22 @@ mod tests {
             let kept = TraceContext::from_values(Some(TP), Some(value)).unwrap();
             assert_eq!((kept.traceparent(), kept.tracestate()), (TP, None));
         }
+        // Over 512 bytes: cut, the members over 128 characters first, then from the end.
+        let long = format!("big={}", "x".repeat(200));
+        let many: Vec<String> = (0..20)
+            .map(|i| format!("k{i:02}={}", "y".repeat(20)))
+            .collect();
+        let state = format!("{},{long},{}", many[..10].join(","), many[10..].join(","));
+        let cut = TraceContext::parse(TP, Some(&state)).unwrap();
+        let kept = cut.tracestate().unwrap();
+        assert!(kept.len() <= 512 && !kept.contains("big="), "{kept}");
+        assert_eq!(kept, many[..kept.split(',').count()].join(","));
+        assert_eq!(kept.split(',').count(), 20, "20 of 24 bytes each fit");
+        let thirty: Vec<String> = (0..30)
+            .map(|i| format!("k{i:02}={}", "y".repeat(20)))
+            .collect();
+        let cut = TraceContext::parse(TP, Some(&thirty.join(","))).unwrap();
+        assert_eq!(cut.tracestate(), Some(thirty[..20].join(",").as_str()));
         let ok = TraceContext::parse(TP, Some(" , 12tenant@vendor=x-y , ")).unwrap();
         assert_eq!(ok.tracestate(), Some("12tenant@vendor=x-y"));
         assert_eq!(

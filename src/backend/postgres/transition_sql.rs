@@ -71,8 +71,8 @@ impl Sql {
         // insert, which aborts the whole statement. A version below 0 or at
         // the largest (which has no next) leaves a corrupt row
         // alone for the judge to report.
-        // Who asked and why (`actor`, `reason`) are the statement's last two parameters:
-        // `$9, $10` without an event, `$12, $13` with one.
+        // Who asked and why (`actor`, `reason`) are `$9, $10` without an event, `$12, $13`
+        // with one (then the trace context, `$14, $15`).
         let apply_first = |edge: &str, edge_cond: &str| {
             sql(format!(
                 "WITH upd AS ( \

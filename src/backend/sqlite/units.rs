@@ -302,7 +302,7 @@ pub(super) struct UnitStatements {
     pub(super) update: BySize,
     /// The history rows of the entities moved, 11 values each.
     pub(super) record: BySize,
-    /// The outbox rows of those whose edge emits, 9 values each.
+    /// The outbox rows of those whose edge emits, 11 values each.
     pub(super) emit: BySize,
     /// The whole unit in one call (see [`SqliteStore::unit_in_one_call`]), 15 values per
     /// request.
