@@ -328,12 +328,32 @@ where
         now = s.now,
         ids = ids.join(", ")
     );
-    let statement = Statement::shared(sql, s.params);
-    let done = statement
-        .query::<DB>(&args)?
-        .persistent(false)
-        .execute(conn)
-        .await?;
+    execute_once::<DB>(conn, &Statement::shared(sql, s.params), &args).await
+}
+
+/// Runs `statement`, whose text is new at each call, with `args`: as text with its values
+/// written in where the backend takes it so ([`Binds::TEXT_ONCE`]), else prepared and not
+/// kept. The rows it changed.
+pub(crate) async fn execute_once<DB: Binds + sqlx::database::HasStatementCache>(
+    conn: &mut DB::Connection,
+    statement: &Statement,
+    args: &[Arg<'_>],
+) -> Result<u64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let done = if DB::TEXT_ONCE {
+        let text = statement.inline(args)?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(text))
+            .execute(conn)
+            .await?
+    } else {
+        statement
+            .query::<DB>(args)?
+            .persistent(false)
+            .execute(conn)
+            .await?
+    };
     Ok(DB::rows_affected(&done))
 }
 
@@ -359,12 +379,7 @@ where
         timers = s.timers,
         ids = ids.join(", ")
     );
-    let done = Statement::shared(sql, s.params)
-        .query::<DB>(&[Arg::Str(token)])?
-        .persistent(false)
-        .execute(conn)
-        .await?;
-    Ok(DB::rows_affected(&done))
+    execute_once::<DB>(conn, &Statement::shared(sql, s.params), &[Arg::Str(token)]).await
 }
 
 /// The outcomes a fired timer records.

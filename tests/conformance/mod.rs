@@ -352,6 +352,7 @@ macro_rules! conformance {
             a_timer_job_killed_by_sigkill_mid_batch_loses_nothing,
             timers_that_fell_due_while_no_job_ran_fire_once_in_due_order,
             a_guard_on_the_fired_edge_is_judged,
+            tokens_and_notes_of_any_text_are_stored_as_given,
             a_timer_due_at_no_time_is_set_aside_and_blocks_nothing,
             a_timer_its_job_applied_is_never_cancelled,
             one_failed_record_holds_back_no_other_outcome,

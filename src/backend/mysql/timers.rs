@@ -24,21 +24,35 @@ pub(super) static STATEMENTS: PerNamespace<TimerStatements> = PerNamespace::new(
 
 /// The claim's choice, locked, of the timers due: 1 machine, 2 limit. A range of the
 /// index on (status, next_at), which ends at now.
-static CHOOSE: PerNamespace<Statement> =
-    PerNamespace::new(|n| choose(n, &format!("c.next_at <= {NOW}"), "ORDER BY c.next_at"));
+static CHOOSE: PerNamespace<Statement> = PerNamespace::new(|n| {
+    let due = format!("c.next_at <= {NOW}");
+    choose(
+        n,
+        &due,
+        "ORDER BY c.next_at",
+        "LIMIT ?2 FOR UPDATE SKIP LOCKED",
+    )
+});
 
-/// The claim's choice, locked, of the timers whose due time is no time, to be set aside:
-/// 1 machine, 2 limit. Two ranges of the index on (machine, status, due_at), empty but
-/// for a corrupt row. (Tested with the due times in one statement, MariaDB read every
-/// pending row of the index on (status, next_at) in each claim: 4–13 ms with 3,000 of
-/// them pending.)
-static CHOOSE_NO_TIME: PerNamespace<Statement> =
-    PerNamespace::new(|n| choose(n, &format!("({})", timer_sql::no_time()), ""));
+/// The timers whose due time is no time, to be set aside, read without a lock: 1
+/// machine, 2 limit. Two ranges of the index on (machine, status, due_at), empty but for
+/// a corrupt row. (Tested with the due times in one statement, MariaDB read every pending
+/// row of the index on (status, next_at) in each claim: 4–13 ms with 3,000 of them
+/// pending.) Not a locking read: the range `due_at < 0` ends on the earliest pending
+/// timer, and a locking read keeps that entry locked to its transaction's end (READ
+/// COMMITTED or not), so the job that claimed that timer waited for another job's whole
+/// batch to mark it fired.
+static FIND_NO_TIME: PerNamespace<Statement> =
+    PerNamespace::new(|n| choose(n, &no_time(), "", "LIMIT ?2"));
 
-fn choose(n: &crate::backend::names::Names, when: &str, order: &str) -> Statement {
+fn no_time() -> String {
+    format!("({})", timer_sql::no_time())
+}
+
+fn choose(n: &crate::backend::names::Names, when: &str, order: &str, tail: &str) -> Statement {
     Statement::shared(
         format!(
-            "SELECT c.id FROM {timers} c WHERE {} {order} LIMIT ?2 FOR UPDATE SKIP LOCKED",
+            "SELECT c.id FROM {timers} c WHERE {} {order} {tail}",
             timer_sql::claimable_when(n, NOW, 1, when, timer_sql::DUE_KEY),
             timers = n.timers
         ),
@@ -237,12 +251,34 @@ impl MySqlStore {
         c: &ClaimTimers<'_>,
     ) -> Result<Vec<ClaimedTimer>, sqlx::Error> {
         let mut ids: Vec<i64> = Vec::new();
-        for choose in [&CHOOSE_NO_TIME, &CHOOSE] {
-            let room = c.limit - ids.len() as i64;
-            if room <= 0 {
-                break;
+        // The rows of no time found unlocked, then locked by their ids (the primary key:
+        // no other entry is locked), each claimable still.
+        let found: Vec<(i64,)> = FIND_NO_TIME
+            .get(self.names())
+            .query_as::<MySql, (i64,)>(&[Arg::Str(c.machine), Arg::I64(c.limit)])?
+            .fetch_all(&mut *tx)
+            .await?;
+        if !found.is_empty() {
+            // Integers read back from the database: safe to write inline.
+            let found: Vec<String> = found.iter().map(|(id,)| id.to_string()).collect();
+            let lock = choose(
+                self.names(),
+                &format!("c.id IN ({}) AND {}", found.join(", "), no_time()),
+                "",
+                "FOR UPDATE SKIP LOCKED",
+            );
+            // A text new at each call: sent as text (see `Binds::TEXT_ONCE`).
+            let lock = lock.inline(&[Arg::Str(c.machine)])?;
+            for row in sqlx::raw_sql(AssertSqlSafe(lock))
+                .fetch_all(&mut *tx)
+                .await?
+            {
+                ids.push(sqlx::Row::try_get::<i64, _>(&row, 0)?);
             }
-            let chosen: Vec<(i64,)> = choose
+        }
+        let room = c.limit - ids.len() as i64;
+        if room > 0 {
+            let chosen: Vec<(i64,)> = CHOOSE
                 .get(self.names())
                 .query_as::<MySql, (i64,)>(&[Arg::Str(c.machine), Arg::I64(room)])?
                 .fetch_all(&mut *tx)
@@ -265,22 +301,31 @@ impl MySqlStore {
             .collect::<Vec<_>>()
             .join(", ");
         let timers = &self.names().timers;
-        let hand_over = format!(
-            "UPDATE {timers} SET owner_token = ?, lease_until = {NOW} + ?, attempts = {attempt} \
-             WHERE status = 'PENDING' AND id IN ({ids})",
-            attempt = timer_sql::ATTEMPT
+        // Texts new at each call: sent as text, their values written in (see
+        // `Binds::TEXT_ONCE`).
+        let hand_over = Statement::shared(
+            format!(
+                "UPDATE {timers} SET owner_token = ?1, lease_until = {NOW} + ?2, \
+                 attempts = {attempt} WHERE status = 'PENDING' AND id IN ({ids})",
+                attempt = timer_sql::ATTEMPT
+            ),
+            Params::Plain,
         );
-        sqlx::query(AssertSqlSafe(hand_over))
-            .bind(c.token)
-            .bind(c.lease_ms)
-            .execute(&mut *tx)
-            .await?;
-        let read = format!(
-            "SELECT {} FROM {timers} AS t WHERE t.owner_token = ? AND t.id IN ({ids})",
-            timer_sql::columns(NOW)
-        );
-        let rows = sqlx::query(AssertSqlSafe(read))
-            .bind(c.token)
+        timer_sql::execute_once::<MySql>(
+            &mut *tx,
+            &hand_over,
+            &[Arg::Str(c.token), Arg::I64(c.lease_ms)],
+        )
+        .await?;
+        let read = Statement::shared(
+            format!(
+                "SELECT {} FROM {timers} AS t WHERE t.owner_token = ?1 AND t.id IN ({ids})",
+                timer_sql::columns(NOW)
+            ),
+            Params::Plain,
+        )
+        .inline(&[Arg::Str(c.token)])?;
+        let rows = sqlx::raw_sql(AssertSqlSafe(read))
             .fetch_all(&mut *tx)
             .await?;
         Ok(timer_sql::in_due_order(rows.iter().map(decoded).collect()))
