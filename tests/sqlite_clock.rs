@@ -31,7 +31,10 @@ orderly::state_machine! {
 const CHILD: &str = "ORDERLY_SQLITE_CLOCK_CHILD";
 
 /// libfaketime as Debian's `faketime` installs it.
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+fn libfaketime() -> String {
+    let arch = std::env::consts::ARCH;
+    format!("/usr/lib/{arch}-linux-gnu/faketime/libfaketimeMT.so.1")
+}
 
 async fn engine(url: &str) -> Engine<Unpaid, SqliteStore> {
     Engine::new(SqliteStore::demo(url).await.unwrap()).unwrap()
@@ -49,9 +52,10 @@ async fn a_job_on_sqlite_fires_by_the_clock_of_its_own_process() {
         );
         return;
     }
+    let lib = libfaketime();
     assert!(
-        std::path::Path::new(LIBFAKETIME).exists(),
-        "{LIBFAKETIME} is missing: install Debian's faketime (.ci/run does)"
+        std::path::Path::new(&lib).exists(),
+        "{lib} is missing: install Debian's faketime (.ci/run does)"
     );
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("clock.db").display());
@@ -68,7 +72,7 @@ async fn a_job_on_sqlite_fires_by_the_clock_of_its_own_process() {
         std::process::Command::new(std::env::current_exe().unwrap())
             .args([test, "--exact", "--include-ignored", "--nocapture"])
             .env(CHILD, &url)
-            .env("LD_PRELOAD", LIBFAKETIME)
+            .env("LD_PRELOAD", lib)
             .env("FAKETIME", "+3h")
             .env("DONT_FAKE_MONOTONIC", "1")
             .output()
@@ -79,10 +83,11 @@ async fn a_job_on_sqlite_fires_by_the_clock_of_its_own_process() {
         .expect("the child never ended")
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "the child failed: {stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed: {stdout}{stderr}");
     assert!(
         stdout.contains("child round: claimed=1 applied=1"),
-        "the child's job did not fire the timer: {stdout}"
+        "the child's job did not fire the timer: {stdout}{stderr}"
     );
     let order = engine.get(1).await.unwrap();
     assert_eq!(order.state, UnpaidState::Cancelled);

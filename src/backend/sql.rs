@@ -110,42 +110,6 @@ impl Statement {
         Ok(sqlx::query_with(self.sql.clone(), self.bind::<DB>(values)?))
     }
 
-    /// The statement's text with each parameter written in as a MySQL literal of its
-    /// value (integers as digits, texts as hexadecimal strings of utf8mb4, which no
-    /// value can break out of, none as NULL): for a statement whose text is new at each
-    /// call, sent once as text ([`Binds::TEXT_ONCE`]). An error if the text names a value
-    /// the list lacks.
-    pub(crate) fn inline(&self, values: &[Arg<'_>]) -> Result<String, sqlx::Error> {
-        let order = match &self.order {
-            Order::Picked(order) => order,
-            _ => {
-                return Err(sqlx::Error::Protocol(
-                    "only a statement of plain parameters is written inline".into(),
-                ));
-            }
-        };
-        let mut out = String::with_capacity(self.sql.as_str().len());
-        let mut places = order.iter();
-        let mut quote = None;
-        for c in self.sql.as_str().chars() {
-            match (quote, c) {
-                (Some(q), c) if c == q => quote = None,
-                (Some(_), _) => {}
-                (None, '\'' | '"' | '`') => quote = Some(c),
-                (None, '?') => {
-                    let value = places.next().and_then(|i| values.get(*i)).ok_or_else(|| {
-                        sqlx::Error::Protocol("a parameter without its value".into())
-                    })?;
-                    out.push_str(&mysql_literal(*value));
-                    continue;
-                }
-                (None, _) => {}
-            }
-            out.push(c);
-        }
-        Ok(out)
-    }
-
     /// [`query`](Self::query), its rows decoded as `R`.
     pub(crate) fn query_as<DB: Binds, R>(
         &self,
@@ -294,12 +258,18 @@ pub(crate) fn arguments<DB: Binds>(values: &[Arg<'_>]) -> Result<DB::Arguments, 
 /// A backend's database as the shared statements use it: it takes every kind of [`Arg`],
 /// and tells how many rows a statement changed.
 pub(crate) trait Binds: Database<Arguments: IntoArguments<Self>> {
-    /// Whether a statement whose text is new at each call goes as text with its values
-    /// written in ([`Statement::inline`]) rather than prepared, bound and closed. MySQL's:
-    /// sqlx closes such a statement with a message the server does not answer, and the
-    /// next message then waits on the server's delayed acknowledgement (about 40 ms: sqlx
-    /// leaves Nagle's algorithm on), which held up every timer batch's commit.
-    const TEXT_ONCE: bool = false;
+    /// A statement whose text is new at each call, with `values` written in, where the
+    /// backend sends such a statement as text; `None` where it prepares it (and does not
+    /// keep it). MySQL's: sqlx closes a statement it does not keep with a message the
+    /// server does not answer, and the next message then waits on the server's delayed
+    /// acknowledgement (about 40 ms: sqlx leaves Nagle's algorithm on), which held up
+    /// every timer batch's commit.
+    fn once_text(
+        _statement: &Statement,
+        _values: &[Arg<'_>],
+    ) -> Option<Result<String, sqlx::Error>> {
+        None
+    }
 
     /// Adds `value` to `args`.
     fn add(args: &mut Self::Arguments, value: Arg<'_>) -> Result<(), BoxDynError>;
@@ -321,7 +291,9 @@ impl Binds for sqlx::Postgres {
 
 #[cfg(feature = "mysql")]
 impl Binds for sqlx::MySql {
-    const TEXT_ONCE: bool = true;
+    fn once_text(statement: &Statement, values: &[Arg<'_>]) -> Option<Result<String, sqlx::Error>> {
+        Some(statement.text(values).and_then(|text| text.sql()))
+    }
 
     fn add(args: &mut Self::Arguments, value: Arg<'_>) -> Result<(), BoxDynError> {
         add_to::<Self>(args, value)
@@ -340,21 +312,6 @@ impl Binds for sqlx::Sqlite {
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
-    }
-}
-
-/// `value` as a MySQL literal.
-fn mysql_literal(value: Arg<'_>) -> String {
-    let text = |v: &str| {
-        let hex: String = v.bytes().map(|b| format!("{b:02X}")).collect();
-        format!("_utf8mb4 X'{hex}'")
-    };
-    match value {
-        Arg::Str(v) | Arg::OptStr(Some(v)) => text(v),
-        Arg::I64(v) | Arg::OptI64(Some(v)) => v.to_string(),
-        Arg::I32(v) | Arg::OptI32(Some(v)) => v.to_string(),
-        Arg::Bool(v) => i32::from(v).to_string(),
-        Arg::OptStr(None) | Arg::OptI64(None) | Arg::OptI32(None) => "NULL".into(),
     }
 }
 
@@ -437,26 +394,6 @@ mod tests {
     #[cfg(any(feature = "sqlite", feature = "mysql"))]
     use super::BySize;
     use super::{dollar_form, positional_form};
-
-    #[test]
-    fn values_written_inline_are_literals_and_quoted_marks_stay_text() {
-        use super::{Arg, Statement};
-        let s = Statement::new("SELECT '?1', ?2, ?1, `a?`, ?3, ?4, \"?\"".into(), true);
-        let values = [
-            Arg::Str("it's \\ é"),
-            Arg::I64(-5),
-            Arg::OptStr(None),
-            Arg::Bool(true),
-        ];
-        assert_eq!(
-            s.inline(&values).unwrap(),
-            "SELECT '?1', -5, _utf8mb4 X'69742773205C20C3A9', `a?`, NULL, 1, \"?\""
-        );
-        let past = Statement::new("SELECT ?5".into(), true);
-        assert!(past.inline(&values).is_err(), "a value the list lacks");
-        let numbered = Statement::new("SELECT ?1".into(), false);
-        assert!(numbered.inline(&values).is_err(), "numbered parameters");
-    }
 
     #[test]
     #[cfg(any(feature = "sqlite", feature = "mysql"))]

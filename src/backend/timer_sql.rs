@@ -332,7 +332,7 @@ where
 }
 
 /// Runs `statement`, whose text is new at each call, with `args`: as text with its values
-/// written in where the backend takes it so ([`Binds::TEXT_ONCE`]), else prepared and not
+/// written in where the backend sends it so ([`Binds::once_text`]), else prepared and not
 /// kept. The rows it changed.
 pub(crate) async fn execute_once<DB: Binds + sqlx::database::HasStatementCache>(
     conn: &mut DB::Connection,
@@ -342,17 +342,19 @@ pub(crate) async fn execute_once<DB: Binds + sqlx::database::HasStatementCache>(
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    let done = if DB::TEXT_ONCE {
-        let text = statement.inline(args)?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(text))
-            .execute(conn)
-            .await?
-    } else {
-        statement
-            .query::<DB>(args)?
-            .persistent(false)
-            .execute(conn)
-            .await?
+    let done = match DB::once_text(statement, args) {
+        Some(text) => {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(text?))
+                .execute(conn)
+                .await?
+        }
+        None => {
+            statement
+                .query::<DB>(args)?
+                .persistent(false)
+                .execute(conn)
+                .await?
+        }
     };
     Ok(DB::rows_affected(&done))
 }

@@ -81,7 +81,7 @@ impl<'a> Text<'a> {
 
     /// The statement with its values written in; an error if the placeholders and the
     /// values do not pair up.
-    fn sql(&self) -> Result<String, sqlx::Error> {
+    pub(crate) fn sql(&self) -> Result<String, sqlx::Error> {
         inline(self.sql, &self.args)
     }
 

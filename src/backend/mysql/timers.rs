@@ -50,9 +50,16 @@ fn no_time() -> String {
 }
 
 fn choose(n: &crate::backend::names::Names, when: &str, order: &str, tail: &str) -> Statement {
+    // Locked by their ids, the rows are read on the primary key: on the index of
+    // `(machine, status, due_at)`, which the test of no time names too, the range's end
+    // would be locked again.
+    let hint = match order.is_empty() && tail.starts_with("FOR UPDATE") {
+        true => "FORCE INDEX (PRIMARY)",
+        false => "",
+    };
     Statement::shared(
         format!(
-            "SELECT c.id FROM {timers} c WHERE {} {order} {tail}",
+            "SELECT c.id FROM {timers} c {hint} WHERE {} {order} {tail}",
             timer_sql::claimable_when(n, NOW, 1, when, timer_sql::DUE_KEY),
             timers = n.timers
         ),
@@ -267,14 +274,9 @@ impl MySqlStore {
                 "",
                 "FOR UPDATE SKIP LOCKED",
             );
-            // A text new at each call: sent as text (see `Binds::TEXT_ONCE`).
-            let lock = lock.inline(&[Arg::Str(c.machine)])?;
-            for row in sqlx::raw_sql(AssertSqlSafe(lock))
-                .fetch_all(&mut *tx)
-                .await?
-            {
-                ids.push(sqlx::Row::try_get::<i64, _>(&row, 0)?);
-            }
+            // A text new at each call: sent as text (see `Binds::once_text`).
+            let locked: Vec<(i64,)> = lock.text(&[Arg::Str(c.machine)])?.all_as(&mut *tx).await?;
+            ids.extend(locked.into_iter().map(|(id,)| id));
         }
         let room = c.limit - ids.len() as i64;
         if room > 0 {
@@ -302,7 +304,7 @@ impl MySqlStore {
             .join(", ");
         let timers = &self.names().timers;
         // Texts new at each call: sent as text, their values written in (see
-        // `Binds::TEXT_ONCE`).
+        // `Binds::once_text`).
         let hand_over = Statement::shared(
             format!(
                 "UPDATE {timers} SET owner_token = ?1, lease_until = {NOW} + ?2, \
@@ -323,11 +325,8 @@ impl MySqlStore {
                 timer_sql::columns(NOW)
             ),
             Params::Plain,
-        )
-        .inline(&[Arg::Str(c.token)])?;
-        let rows = sqlx::raw_sql(AssertSqlSafe(read))
-            .fetch_all(&mut *tx)
-            .await?;
+        );
+        let rows = read.text(&[Arg::Str(c.token)])?.fetch_all(&mut *tx).await?;
         Ok(timer_sql::in_due_order(rows.iter().map(decoded).collect()))
     }
 }
