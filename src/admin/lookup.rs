@@ -5,7 +5,7 @@
 
 use std::future::Future;
 
-use crate::outbox::EventRow;
+use crate::outbox::{EventKey, EventRow, OutboxStore};
 use crate::store::{RawTransition, RefRow, Store};
 
 /// An idempotency record found by its key (its texts read lossily: a byte that is not
@@ -77,6 +77,44 @@ pub enum EventsBy<'a> {
         /// The entity's version the event was emitted at.
         version: i64,
     },
+}
+
+/// Which dead events to read or count: each field `None` meaning any.
+/// `DeadFilter::default()` takes every dead event; set the fields wanted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadFilter<'a> {
+    /// The events of this machine.
+    pub machine: Option<&'a str>,
+    /// The events of this name.
+    pub event: Option<&'a str>,
+    /// The events whose last error contains this text (compared as stored: case
+    /// counts).
+    pub error_contains: Option<&'a str>,
+    /// The events written at least this many milliseconds ago, by the database's clock.
+    pub older_than_ms: Option<i64>,
+}
+
+impl DeadFilter<'_> {
+    /// Whether `row`, a dead event, matches.
+    pub fn matches(&self, row: &EventRow) -> bool {
+        self.machine.is_none_or(|m| m == row.machine)
+            && self.event.is_none_or(|e| e == row.event)
+            && self
+                .error_contains
+                .is_none_or(|t| row.last_error.as_deref().is_some_and(|e| e.contains(t)))
+            && self
+                .older_than_ms
+                .is_none_or(|at_least| row.age_ms.is_some_and(|age| age >= at_least))
+    }
+}
+
+/// Whether `row`'s key comes after `after` in key order (machine, entity, version).
+fn past(row: &EventRow, after: Option<&EventKey>) -> bool {
+    after.is_none_or(|k| {
+        (row.machine.as_str(), row.entity_id, row.version)
+            > (k.machine.as_str(), k.entity_id, k.version)
+    })
 }
 
 /// A record held in PROCESSING past its lease, in any scope.
@@ -167,6 +205,44 @@ pub trait LookupStore: Store {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send;
 
+    /// Up to `limit` dead events `filter` matches whose keys come after `after`, in key
+    /// order (machine, entity, version): a page of them, the next read after the last
+    /// key of this one. The default reads every dead event and keeps the page (a store
+    /// of your own may do better); the backends filter and page in one statement.
+    fn dead_events(
+        &self,
+        conn: &mut Self::Conn,
+        filter: &DeadFilter<'_>,
+        after: Option<&EventKey>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send
+    where
+        Self: OutboxStore,
+    {
+        async move {
+            let mut rows = self.list_events(conn, "DEAD", i64::MAX).await?;
+            rows.retain(|r| filter.matches(r) && past(r, after));
+            rows.truncate(usize::try_from(limit).unwrap_or(0));
+            Ok(rows)
+        }
+    }
+
+    /// How many dead events `filter` matches: what a bulk requeue of them acts on. The
+    /// default reads every dead event; the backends count in one statement.
+    fn count_dead_events(
+        &self,
+        conn: &mut Self::Conn,
+        filter: &DeadFilter<'_>,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send
+    where
+        Self: OutboxStore,
+    {
+        async move {
+            let rows = self.list_events(conn, "DEAD", i64::MAX).await?;
+            Ok(rows.iter().filter(|r| filter.matches(r)).count() as i64)
+        }
+    }
+
     /// The records of every scope, or of `scope`, held in PROCESSING past their lease
     /// (inside their retention), the longest stuck first.
     fn stuck_records(
@@ -175,4 +251,18 @@ pub trait LookupStore: Store {
         scope: Option<&str>,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<StuckRecord>, sqlx::Error>> + Send;
+
+    /// How many records of every scope, or of `scope`, are held in PROCESSING past their
+    /// lease (inside their retention). The default reads them all and counts; the
+    /// backends count in one statement.
+    fn count_stuck_records(
+        &self,
+        conn: &mut Self::Conn,
+        scope: Option<&str>,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send {
+        async move {
+            let rows = self.stuck_records(conn, scope, i64::MAX).await?;
+            Ok(rows.len() as i64)
+        }
+    }
 }

@@ -61,6 +61,8 @@ pub(crate) struct FlowStatements {
     /// A page of each listing's flows, in the order of [`LISTINGS`]: 1 kind and 2 key to
     /// start after, 3 limit.
     pub(crate) list: [Statement; 5],
+    /// How many flows each listing holds, in the order of [`LISTINGS`]; no parameters.
+    pub(crate) count: [Statement; 5],
 }
 
 /// The flow start and the recovery claim, one statement each.
@@ -257,6 +259,22 @@ where
     s.list[place(which)]
         .query_as::<DB, FlowRow>(&[Arg::Str(kind), Arg::Str(key), Arg::I64(limit)])?
         .fetch_all(conn)
+        .await
+}
+
+/// [`FlowStore::count_flows`](crate::flow::FlowStore::count_flows).
+pub(crate) async fn count_flows<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &FlowStatements,
+    which: Listing,
+) -> Result<i64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.count[place(which)]
+        .query_scalar::<DB, i64>(&[])?
+        .fetch_one(conn)
         .await
 }
 

@@ -3,11 +3,11 @@
 
 use sqlx::Executor;
 
-use crate::admin::lookup::{EventsBy, FlowHit, RecordHit, StuckRecord};
+use crate::admin::lookup::{DeadFilter, EventsBy, FlowHit, RecordHit, StuckRecord};
 use crate::backend::names::Names;
 use crate::backend::outbox_sql::readable;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
-use crate::outbox::EventRow;
+use crate::outbox::{EventKey, EventRow};
 
 /// The statements, built once per backend.
 #[derive(Debug)]
@@ -26,12 +26,31 @@ pub(crate) struct LookupStatements {
     stuck: Statement,
     /// 1 scope, 2 limit.
     stuck_of_scope: Statement,
+    /// How many records are stuck: no parameters.
+    stuck_count: Statement,
+    /// How many records of a scope are stuck: 1 scope.
+    stuck_count_of_scope: Statement,
+    /// Dead events a filter matches, past a key, in key order: 1 machine, 2 event,
+    /// 3 text of the last error, 4 age in ms (each `NULL` for any), 5 machine, 6 entity,
+    /// 7 version of the key to read past (5 `NULL` for the first page), 8 limit.
+    dead: Statement,
+    /// How many dead events a filter matches: 1 to 4 as `dead`'s.
+    dead_count: Statement,
 }
 
 impl LookupStatements {
     /// The statements with the backend's millisecond clock `now` (an expression), its
-    /// outbox event columns (over the alias `o`) and its parameter style.
-    pub(crate) fn new(n: &Names, now: &str, event_columns: &str, params: Params) -> Self {
+    /// outbox event columns (over the alias `o`), an event's age in milliseconds (an
+    /// expression over `o`), its function of a text's 1-based position in another
+    /// (`instr`, `strpos`: case counts) and its parameter style.
+    pub(crate) fn new(
+        n: &Names,
+        now: &str,
+        event_columns: &str,
+        age_ms: &str,
+        position: &str,
+        params: Params,
+    ) -> Self {
         let Names {
             outbox,
             records,
@@ -45,16 +64,37 @@ impl LookupStatements {
             ))
         };
         let key = "o.machine, o.entity_id, o.version";
+        let stuck_where = |scope: &str| {
+            format!("{scope}status = 'PROCESSING' AND lease_until <= {now} AND expires_at > {now}")
+        };
         let stuck = |scope: &str, limit: &str| {
             s(format!(
                 "SELECT scope, idem_key, attempt, {now} - lease_until AS stuck_ms, \
                         {now} - created_at AS age_ms \
-                 FROM {records} \
-                 WHERE {scope}status = 'PROCESSING' AND lease_until <= {now} AND expires_at > {now} \
-                 ORDER BY lease_until LIMIT {limit}"
+                 FROM {records} WHERE {} ORDER BY lease_until LIMIT {limit}",
+                stuck_where(scope)
             ))
         };
+        let stuck_count = |scope: &str| {
+            s(format!(
+                "SELECT COUNT(*) FROM {records} WHERE {}",
+                stuck_where(scope)
+            ))
+        };
+        let dead = format!(
+            "o.status = 'DEAD' AND (?1 IS NULL OR o.machine = ?1) AND (?2 IS NULL OR o.event = ?2) \
+             AND (?3 IS NULL OR {position}(o.last_error, ?3) > 0) AND (?4 IS NULL OR {age_ms} >= ?4)"
+        );
         LookupStatements {
+            dead: events(
+                &format!(
+                    "{dead} AND (?5 IS NULL OR o.machine > ?5 OR (o.machine = ?5 AND \
+                     (o.entity_id > ?6 OR (o.entity_id = ?6 AND o.version > ?7))))"
+                ),
+                key,
+                "?8",
+            ),
+            dead_count: s(format!("SELECT COUNT(*) FROM {outbox} AS o WHERE {dead}")),
             records: s(format!(
                 "SELECT scope, idem_key, status, attempt, lease_until - {now} AS lease_left_ms, \
                         {now} - created_at AS age_ms \
@@ -77,6 +117,8 @@ impl LookupStatements {
             ),
             stuck: stuck("", "?1"),
             stuck_of_scope: stuck("scope = ?1 AND ", "?2"),
+            stuck_count: stuck_count(""),
+            stuck_count_of_scope: stuck_count("scope = ?1 AND "),
         }
     }
 }
@@ -156,6 +198,65 @@ where
     Ok(readable(&rows))
 }
 
+/// A dead-event filter's values, `dead`'s 1 to 4.
+fn dead_args<'a>(f: &DeadFilter<'a>) -> [Arg<'a>; 4] {
+    [
+        Arg::OptStr(f.machine),
+        Arg::OptStr(f.event),
+        Arg::OptStr(f.error_contains),
+        Arg::OptI64(f.older_than_ms),
+    ]
+}
+
+/// [`LookupStore::dead_events`](crate::admin::lookup::LookupStore::dead_events): a row
+/// that does not read as an event is left out (and named in the log).
+pub(crate) async fn dead<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    filter: &DeadFilter<'_>,
+    after: Option<&EventKey>,
+    limit: i64,
+) -> Result<Vec<EventRow>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    EventRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+    &'static str: sqlx::ColumnIndex<DB::Row>,
+    String: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    i32: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+{
+    let [machine, event, error, older] = dead_args(filter);
+    let args = [
+        machine,
+        event,
+        error,
+        older,
+        Arg::OptStr(after.map(|k| k.machine.as_str())),
+        Arg::I64(after.map_or(0, |k| k.entity_id)),
+        Arg::I64(after.map_or(0, |k| k.version)),
+        Arg::I64(limit),
+    ];
+    let rows = s.dead.query::<DB>(&args)?.fetch_all(conn).await?;
+    Ok(readable(&rows))
+}
+
+/// [`LookupStore::count_dead_events`](crate::admin::lookup::LookupStore::count_dead_events).
+pub(crate) async fn count_dead<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    filter: &DeadFilter<'_>,
+) -> Result<i64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.dead_count
+        .query_scalar::<DB, i64>(&dead_args(filter))?
+        .fetch_one(conn)
+        .await
+}
+
 /// [`LookupStore::stuck_records`](crate::admin::lookup::LookupStore::stuck_records).
 pub(crate) async fn stuck<DB: Binds>(
     conn: &mut DB::Connection,
@@ -174,4 +275,23 @@ where
             .query_as::<DB, StuckRecord>(&[Arg::Str(scope), Arg::I64(limit)])?,
     };
     query.fetch_all(conn).await
+}
+
+/// [`LookupStore::count_stuck_records`](crate::admin::lookup::LookupStore::count_stuck_records).
+pub(crate) async fn count_stuck<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    scope: Option<&str>,
+) -> Result<i64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let query = match scope {
+        None => s.stuck_count.query_scalar::<DB, i64>(&[])?,
+        Some(scope) => s
+            .stuck_count_of_scope
+            .query_scalar::<DB, i64>(&[Arg::Str(scope)])?,
+    };
+    query.fetch_one(conn).await
 }

@@ -125,7 +125,6 @@ impl Statement {
     }
 
     /// [`query`](Self::query), its first column decoded as `T`.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn query_scalar<DB: Binds, T>(
         &self,
         values: &[Arg<'_>],

@@ -126,10 +126,14 @@ impl FilterArgs {
 
 #[derive(Debug, Subcommand)]
 pub(super) enum OutboxCmd {
-    /// List the dead events a filter matches.
+    /// List the dead events a filter matches, 500 at a time in key order.
     Dead {
         #[command(flatten)]
         filter: FilterArgs,
+        /// The page after this message id (machine:entity_id:version): the last one
+        /// the page before listed.
+        #[arg(long, value_name = "ID")]
+        after: Option<String>,
     },
     /// Put dead events back in line: one by its message id, or every one a filter
     /// matches (in batches, recorded once in the audit trail).

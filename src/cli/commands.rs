@@ -5,11 +5,10 @@ use super::args::{Command, Exit, FlowsCmd, OutboxCmd, RecordsCmd, TimersCmd};
 use super::out::Out;
 use super::table::Table;
 use crate::admin::AdminStore;
-use crate::admin::ops::{Event, Filter, OnTimer, message_id, resume_how, time_text};
+use crate::admin::ops::{Event, Filter, OnTimer, event_key, id_of, resume_how, time_text};
 use crate::admin::panel::LIST_MAX;
 use crate::error::Error;
 use crate::flow::Listing;
-use crate::outbox::{EventKey, Outbox};
 use crate::timer::Timers;
 
 impl<S: AdminStore> Cli<S> {
@@ -150,15 +149,29 @@ impl<S: AdminStore> Cli<S> {
                 }
                 Err(e) => out.fail(&e),
             },
-            Command::Outbox(OutboxCmd::Dead { filter }) => {
+            Command::Outbox(OutboxCmd::Dead { filter, after }) => {
                 let filter = filter.filter();
-                match Outbox::new(a.store().clone()).dead(LIST_MAX).await {
-                    Ok(rows) => {
-                        let rows: Vec<_> = rows
-                            .into_iter()
-                            .filter(|r| filter.matches(r))
-                            .map(Event::from)
-                            .collect();
+                let after = match after.as_deref().map(event_key).transpose() {
+                    Ok(after) => after,
+                    Err(e) => return out.fail(&e),
+                };
+                let read = match a.dead_page(&filter, after.as_ref(), LIST_MAX).await {
+                    Ok((rows, next)) => match next {
+                        None => Ok((rows, None)),
+                        Some(next) => a.count_dead(&filter).await.map(|n| (rows, Some((next, n)))),
+                    },
+                    Err(e) => Err(e),
+                };
+                match read {
+                    Ok((rows, more)) => {
+                        let rows: Vec<_> = rows.into_iter().map(Event::from).collect();
+                        if let Some((next, n)) = &more {
+                            out.note(&format!(
+                                "{} of {n} matches shown; the next with --after {}",
+                                rows.len(),
+                                id_of(next)
+                            ));
+                        }
                         out.show(&rows, || {
                             let mut t = Table::new([
                                 "message id",
@@ -187,17 +200,11 @@ impl<S: AdminStore> Cli<S> {
             }
             Command::Outbox(OutboxCmd::Requeue { filter, id, all }) => {
                 if let Some(id) = id {
-                    let Some((machine, entity_id, version)) = message_id(&id) else {
-                        return out.fail(&Error::InvalidInput(format!(
-                            "a message id is machine:entity_id:version, not {id:?}"
-                        )));
+                    let key = match event_key(&id) {
+                        Ok(key) => key,
+                        Err(e) => return out.fail(&e),
                     };
-                    let key = EventKey {
-                        machine: machine.to_string(),
-                        entity_id,
-                        version,
-                    };
-                    let target = format!("{machine} {entity_id} v{version}");
+                    let target = format!("{} {} v{}", key.machine, key.entity_id, key.version);
                     let acted = a.requeue_one(&key).await;
                     return self.acted(who, "outbox.requeue", &target, acted, out).await;
                 }

@@ -264,6 +264,14 @@ impl<S: FlowStore> Flows<S> {
         }))
     }
 
+    /// How many flows match `which` (one count over the flow table).
+    pub async fn count(&self, which: Listing) -> Result<u64> {
+        let mut lease = Lease::acquire(&self.store).await.map_err(db_error::<S>)?;
+        let out = self.store.count_flows(lease.conn(), which).await;
+        lease.release_after(&out);
+        Ok(u64::try_from(out.map_err(db_error::<S>)?).unwrap_or(0))
+    }
+
     /// Up to `limit` flows matching `which`, ordered by kind and key, after `after` (the
     /// `(kind, key)` of the previous page's last flow), each marked with whether this
     /// runner knows its version.

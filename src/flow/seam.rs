@@ -146,6 +146,19 @@ pub trait FlowStore: RecordStore + TimerStore {
         after: Option<(&str, &str)>,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<FlowRow>, sqlx::Error>> + Send;
+
+    /// How many flow records match `which`. The default reads them all and counts; the
+    /// backends count in one statement.
+    fn count_flows(
+        &self,
+        conn: &mut Self::Conn,
+        which: Listing,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send {
+        async move {
+            let rows = self.list_flows(conn, which, None, i64::MAX).await?;
+            Ok(rows.len() as i64)
+        }
+    }
 }
 
 /// Which flows a listing shows.

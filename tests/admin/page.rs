@@ -169,6 +169,34 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let stuck = page.json("bob", "/admin/records").await;
     assert_eq!(stuck["stuck"][0]["idem_key"], STUCK_KEY, "{stuck}");
+    assert_eq!(stuck["count"], 1, "{stuck}");
+    assert_eq!(page.json("bob", "/admin/timers").await["count"], 1);
+    // Parked flows: counted, and paged by kind and key.
+    let parked = page.json("bob", "/admin/flows").await;
+    assert_eq!(parked["count"], 2, "{parked}");
+    assert_eq!(parked["parked"].as_array().unwrap().len(), 2, "{parked}");
+    assert_eq!(parked["next"], serde_json::Value::Null, "{parked}");
+    let after = page
+        .json("bob", "/admin/flows?after_kind=legacy&after_key=L-1")
+        .await;
+    assert_eq!(after["count"], 2, "{after}");
+    let keys: Vec<_> = after["parked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["flow_key"].clone())
+        .collect();
+    assert_eq!(keys, [serde_json::json!("L-2")], "{after}");
+    assert!(
+        page.get("bob", "/admin/flows?after_kind=legacy&after_key=L-1")
+            .await
+            .contains("2 flows are parked; this page shows 1."),
+        "the page after says how many there are"
+    );
+    let (status, body, _) = page
+        .call("bob", "GET", "/admin/flows?after_kind=legacy", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let graph = page.get("bob", "/admin/graph?machine=Shop").await;
     assert!(graph.contains("stateDiagram-v2"), "{graph}");
     assert!(
@@ -264,8 +292,8 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
             ("csrf", token.as_str()),
         ]
     };
-    // The few are past the first page read: the page says its matches are of that page
-    // only, with the true number of dead events, and still offers the bulk action.
+    // The few come after the many in key order: the filter is the statement's, so the
+    // page lists them all and counts them true, whatever comes before them.
     let dead_now = count(
         &exec,
         "SELECT COUNT(*) FROM orderly_outbox WHERE status = 'DEAD'",
@@ -275,24 +303,114 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     let listed = page
         .json("bob", "/admin/outbox?machine=Shop&error=schema")
         .await;
-    assert_eq!(
-        (&listed["complete"], &listed["dead_total"], &listed["read"]),
-        (
-            &serde_json::json!(false),
-            &serde_json::json!(dead_now),
-            &serde_json::json!(500)
-        ),
+    assert_eq!(listed["matching"], OTHERS, "the matches of error=schema");
+    assert_eq!(listed["next"], serde_json::Value::Null, "{listed}");
+    let few = listed["dead"].as_array().unwrap();
+    assert_eq!(few.len() as i64, OTHERS);
+    assert!(
+        few.iter()
+            .all(|r| r["last_error"].as_str().unwrap().contains("schema")),
         "{listed}"
     );
     let html = page
         .get("alice", "/admin/outbox?machine=Shop&error=schema")
         .await;
     assert!(
-        html.contains(&format!(
-            "dead events read match; {dead_now} are dead in all"
-        )) && html.contains("Requeue every match"),
-        "the page says how many are dead in all"
+        html.contains(&format!("{OTHERS} dead events match."))
+            && html.contains(&format!("Requeue every match ({OTHERS})"))
+            && !html.contains("Next page"),
+        "the page counts the matches true"
     );
+    // Each condition in the statement, each way: the text of the error (case counts),
+    // the event, the machine, the age.
+    let matching = |query: &'static str| {
+        let page = &page;
+        async move { page.json("bob", &format!("/admin/outbox?{query}")).await["matching"].clone() }
+    };
+    let event = few[0]["event"].as_str().unwrap().to_string();
+    assert_eq!(matching("error=SCHEMA").await, 0);
+    assert_eq!(matching("machine=Nope").await, 0);
+    assert_eq!(matching("event=Nope").await, 0);
+    assert_eq!(
+        page.json("bob", &format!("/admin/outbox?event={event}"))
+            .await["matching"],
+        dead_now
+    );
+    assert_eq!(matching("older=0").await, dead_now);
+    assert_eq!(matching("older=3600").await, 0);
+    // The many, paged: every page at most 500, in key order, each event once, until the
+    // page with no next.
+    let (mut seen_keys, mut pages, mut uri) = (
+        Vec::new(),
+        0,
+        "/admin/outbox?machine=Shop&error=gateway".to_string(),
+    );
+    loop {
+        let listed = page.json("bob", &uri).await;
+        assert_eq!(listed["matching"], BULK, "{uri}");
+        let rows = listed["dead"].as_array().unwrap();
+        assert!(
+            !rows.is_empty() && rows.len() <= 500,
+            "{uri}: {}",
+            rows.len()
+        );
+        seen_keys.extend(rows.iter().map(|r| {
+            (
+                r["entity_id"].as_i64().unwrap(),
+                r["version"].as_i64().unwrap(),
+            )
+        }));
+        pages += 1;
+        match listed["next"].as_str() {
+            Some(next) => {
+                assert_eq!(
+                    next,
+                    format!(
+                        "Shop:{}:{}",
+                        seen_keys.last().unwrap().0,
+                        seen_keys.last().unwrap().1
+                    )
+                );
+                uri = format!("/admin/outbox?machine=Shop&error=gateway&after={next}");
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen_keys.len() as i64, BULK, "every match read");
+    assert!(
+        seen_keys.windows(2).all(|w| w[0] < w[1]),
+        "in key order, each once"
+    );
+    assert_eq!(pages, (BULK + 499) / 500);
+    // The page links the next, and from there the first.
+    let first = page
+        .get("bob", "/admin/outbox?machine=Shop&error=gateway")
+        .await;
+    let next = format!(
+        "outbox?machine=Shop&amp;error=gateway&amp;after=Shop%3A{}%3A{}",
+        seen_keys[499].0, seen_keys[499].1
+    );
+    assert!(
+        first.contains(&next) && !first.contains("First page"),
+        "{first}"
+    );
+    let second = page
+        .get(
+            "bob",
+            &next
+                .replace("&amp;", "&")
+                .replace("outbox?", "/admin/outbox?"),
+        )
+        .await;
+    assert!(
+        second.contains("outbox?machine=Shop&amp;error=gateway\">← First page"),
+        "{second}"
+    );
+    let (status, body, _) = page
+        .call("bob", "GET", "/admin/outbox?after=Shop:x", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("message id"), "{body}");
     let (status, body, location) = page
         .post("alice", "/admin/requeue-matching", &bulk("schema"))
         .await;
@@ -420,6 +538,36 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         records.claim(SCOPE, STUCK_KEY, &1).await.unwrap(),
         Claim::Claimed(_)
     ));
+    // More stuck than a page: the overview and the list count them all, the list shows
+    // a page. (The claim above holds its key for 100 ms as well.)
+    const MANY: i64 = 600;
+    futures_util::stream::iter(0..MANY)
+        .for_each_concurrent(8, |i| {
+            let records = records.clone();
+            async move {
+                let claimed = records
+                    .claim(SCOPE, &format!("many-{i}"), &1)
+                    .await
+                    .unwrap();
+                assert!(matches!(claimed, Claim::Claimed(_)));
+            }
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        page.json("bob", "/admin").await["records"]["stuck"],
+        MANY + 1
+    );
+    let stuck = page.json("bob", "/admin/records").await;
+    assert_eq!(stuck["count"], MANY + 1);
+    assert_eq!(stuck["stuck"].as_array().unwrap().len(), 500);
+    assert!(
+        page.get("bob", "/admin/records").await.contains(&format!(
+            "{} records are stuck; this page shows 500.",
+            MANY + 1
+        )),
+        "the list says how many there are"
+    );
 
     // Re-arm the dead timer, then cancel it.
     let token = csrf_of(&page.get("alice", "/admin/timers").await);

@@ -82,42 +82,32 @@ impl<S: AdminStore> Admin<S> {
     ) -> Acted {
         let outbox = Outbox::new(self.store.clone());
         let mut requeued = 0i64;
-        // Each round reads the dead events up to a batch past the ones it left dead (those
-        // the filter does not match, and any that did not move) and requeues the matching
-        // ones, which leave the dead state. It ends once a round has read every dead event.
-        let mut left = 0u32;
+        // Each round reads the next batch of matches past the last key read (in key
+        // order, so each dead event is read once) and requeues them, which moves them
+        // out of the dead state. It ends once a round reads the last match.
+        let mut after: Option<EventKey> = None;
         loop {
-            let limit = left.saturating_add(BATCH);
-            let rows = outbox.dead(limit).await.map_err(|e| (e, requeued))?;
-            let all_read = rows.len() < limit as usize || limit == u32::MAX;
-            let mut moved = 0u32;
-            let mut failed = None;
-            for r in rows.iter().filter(|r| filter.matches(r)) {
+            let (rows, next) = self
+                .dead_page(filter, after.as_ref(), BATCH)
+                .await
+                .map_err(|e| (e, requeued))?;
+            for r in &rows {
                 let key = EventKey {
                     machine: r.machine.clone(),
                     entity_id: r.entity_id,
                     version: r.version,
                 };
                 match outbox.requeue(&key).await {
-                    Ok(true) => moved += 1,
+                    Ok(true) => requeued += 1,
                     Ok(false) => {}
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
+                    Err(e) => return Err((e, requeued)),
                 }
             }
-            requeued += i64::from(moved);
-            if let Some(e) = failed {
-                return Err((e, requeued));
-            }
             progress(requeued);
-            if all_read {
-                return Ok(requeued);
+            match next {
+                Some(key) => after = Some(key),
+                None => return Ok(requeued),
             }
-            left = u32::try_from(rows.len())
-                .unwrap_or(u32::MAX)
-                .saturating_sub(moved);
         }
     }
 

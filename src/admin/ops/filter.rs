@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
+use crate::admin::lookup::DeadFilter;
 use crate::flow::Resume;
-use crate::outbox::EventRow;
 
 use crate::error::Error;
 
@@ -60,19 +60,16 @@ impl Filter {
         ]
     }
 
-    /// Whether `row` matches.
-    pub(crate) fn matches(&self, row: &EventRow) -> bool {
-        self.machine.as_ref().is_none_or(|m| *m == row.machine)
-            && self.event.as_ref().is_none_or(|e| *e == row.event)
-            && self.error.as_ref().is_none_or(|t| {
-                row.last_error
-                    .as_deref()
-                    .is_some_and(|e| e.contains(t.as_str()))
-            })
-            && self.older_than_s.is_none_or(|s| {
-                let at_least = i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX);
-                row.age_ms.is_some_and(|age| age >= at_least)
-            })
+    /// The filter as the store reads it.
+    pub(crate) fn dead(&self) -> DeadFilter<'_> {
+        DeadFilter {
+            machine: self.machine.as_deref(),
+            event: self.event.as_deref(),
+            error_contains: self.error.as_deref(),
+            older_than_ms: self
+                .older_than_s
+                .map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)),
+        }
     }
 
     /// The filter in words, as the audit trail records it.

@@ -2,6 +2,7 @@
 //! search, the audit trail.
 
 use super::FOUND_MAX;
+use super::Filter;
 use super::views::{
     Event, FlowCounts, Found, HistoryHit, Line, OutboxCounts, Overview, RecordCounts, Timeline,
     TimerCounts, TimerLine, message_id,
@@ -13,7 +14,7 @@ use crate::admin::panel::{Admin, LIST_MAX};
 use crate::error::Error;
 use crate::error::Result;
 use crate::flow::{FlowConfig, Flows, Listing};
-use crate::outbox::Outbox;
+use crate::outbox::{EventKey, EventRow, Outbox};
 use crate::store::Lease;
 use crate::timer::Timers;
 
@@ -64,6 +65,41 @@ impl<S: AdminStore> Admin<S> {
         }
     }
 
+    /// Up to `limit` dead events `filter` matches after key `after`, in key order, and
+    /// the key to read the next page after if there are more.
+    pub(crate) async fn dead_page(
+        &self,
+        filter: &Filter,
+        after: Option<&EventKey>,
+        limit: u32,
+    ) -> Result<(Vec<EventRow>, Option<EventKey>)> {
+        let store = &self.store;
+        let dead = filter.dead();
+        let mut rows = Lease::run(store, async |c| {
+            store
+                .dead_events(c, &dead, after, i64::from(limit) + 1)
+                .await
+        })
+        .await?;
+        let next = (rows.len() > limit as usize).then(|| {
+            rows.truncate(limit as usize);
+            rows.last().map(|r| EventKey {
+                machine: r.machine.clone(),
+                entity_id: r.entity_id,
+                version: r.version,
+            })
+        });
+        Ok((rows, next.flatten()))
+    }
+
+    /// How many dead events `filter` matches: what a requeue of every match acts on.
+    pub(crate) async fn count_dead(&self, filter: &Filter) -> Result<u64> {
+        let store = &self.store;
+        let dead = filter.dead();
+        let n = Lease::run(store, async |c| store.count_dead_events(c, &dead).await).await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// Up to [`LIST_MAX`] records stuck in PROCESSING past their lease, of one scope or
     /// of all.
     pub(crate) async fn stuck_records(&self, scope: Option<&str>) -> Result<Vec<StuckRecord>> {
@@ -74,14 +110,21 @@ impl<S: AdminStore> Admin<S> {
         .await
     }
 
+    /// How many records of one scope or of all are stuck in PROCESSING past their lease.
+    pub(crate) async fn count_stuck(&self, scope: Option<&str>) -> Result<u64> {
+        let store = &self.store;
+        let n = Lease::run(store, async |c| store.count_stuck_records(c, scope).await).await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// The overview's counts.
     pub(crate) async fn overview(&self) -> Result<Overview> {
         let outbox = Outbox::new(self.store.clone()).stats().await?;
         let timers = Timers::new(self.store.clone()).stats().await?;
         let flows = self.flows_here()?;
-        let parked = flows.list(Listing::Parked, None, LIST_MAX).await?.len();
-        let running = flows.list(Listing::Running, None, LIST_MAX).await?.len();
-        let stuck = self.stuck_records(None).await?.len();
+        let parked = flows.count(Listing::Parked).await?;
+        let running = flows.count(Listing::Running).await?;
+        let stuck = self.count_stuck(None).await?;
         Ok(Overview {
             outbox: OutboxCounts {
                 pending: outbox.pending,

@@ -4,7 +4,8 @@
 use serde::Serialize;
 
 use crate::admin::lookup::{FlowHit, RecordHit};
-use crate::outbox::EventRow;
+use crate::error::{Error, Result};
+use crate::outbox::{EventKey, EventRow};
 use crate::store::RefRow;
 use crate::store::timers::ClaimedTimer;
 
@@ -136,17 +137,17 @@ pub(crate) struct TimerCounts {
     pub(crate) oldest_late_ms: i64,
 }
 
-/// Counted up to [`LIST_MAX`] each.
+/// Counted whole.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct FlowCounts {
-    pub(crate) parked: usize,
-    pub(crate) running: usize,
+    pub(crate) parked: u64,
+    pub(crate) running: u64,
 }
 
-/// Counted up to [`LIST_MAX`].
+/// Counted whole.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RecordCounts {
-    pub(crate) stuck: usize,
+    pub(crate) stuck: u64,
 }
 
 /// A history row found by its reference, with its machine.
@@ -194,4 +195,23 @@ pub(crate) fn message_id(term: &str) -> Option<(&str, i64, i64)> {
         return None;
     }
     Some((machine, entity_id.parse().ok()?, version.parse().ok()?))
+}
+
+/// The event a message id names; [`Error::InvalidInput`] if `id` is none.
+pub(crate) fn event_key(id: &str) -> Result<EventKey> {
+    let (machine, entity_id, version) = message_id(id).ok_or_else(|| {
+        Error::InvalidInput(format!(
+            "a message id is machine:entity_id:version, not {id:?}"
+        ))
+    })?;
+    Ok(EventKey {
+        machine: machine.to_string(),
+        entity_id,
+        version,
+    })
+}
+
+/// An event's message id, `{machine}:{entity_id}:{version}`.
+pub(crate) fn id_of(key: &EventKey) -> String {
+    format!("{}:{}:{}", key.machine, key.entity_id, key.version)
 }

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde_json::json;
 
-use super::{answer, entity_link, events_table, long_text, lookup};
+use super::{answer, entity_link, events_table, long_text, lookup, urlencoding};
 use crate::admin::AdminStore;
 use crate::admin::ops::time_text;
 use crate::admin::panel::App;
@@ -206,9 +206,4 @@ pub(in crate::admin) async fn graph<S: AdminStore>(
         details { summary { "As Mermaid text" } pre id="graph" { (text) } }
     };
     answer(&seen, &format!("The graph of {machine}"), None, data, body)
-}
-
-/// `text` as a query value.
-fn urlencoding(text: &str) -> String {
-    form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }

@@ -9,27 +9,48 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde_json::json;
 
-use super::{answer, entity_link, long_text, notice};
+use super::{answer, entity_link, long_text, notice, urlencoding};
 use crate::admin::AdminStore;
-use crate::admin::ops::{Filter, time_text};
+use crate::admin::ops::{Filter, event_key, id_of, time_text};
 use crate::admin::panel::{App, PAGE};
 use crate::admin::seen::{Seen, failed};
 use crate::flow::Listing;
 use crate::outbox::Outbox;
 use crate::timer::Timers;
 
+/// How many there are in all (`what`: "flows are parked"), and when not all are
+/// shown, how many this page shows.
+fn shown(total: u64, here: usize, paged: bool, what: &str) -> String {
+    if paged {
+        format!("{total} {what}; this page shows {here}.")
+    } else {
+        format!("{total} {what}.")
+    }
+}
+
 pub(in crate::admin) async fn dead_events<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let rows = match Outbox::new(app.store().clone()).dead(PAGE).await {
-        Ok(rows) => rows,
-        Err(e) => return failed(&e),
-    };
     let filter = match Filter::from_fields(&q) {
         Ok(filter) => filter,
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    // The page after a key: its message id, as the link to the next page gives it.
+    let after = q.get("after").map(|a| a.trim()).filter(|a| !a.is_empty());
+    let after = match after.map(event_key).transpose() {
+        Ok(after) => after,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    let (rows, next) = match app.dead_page(&filter, after.as_ref(), PAGE).await {
+        Ok(page) => page,
+        Err(e) => return failed(&e),
+    };
+    // What "Requeue every match" acts on, counted by the same filter.
+    let matching = match app.count_dead(&filter).await {
+        Ok(n) => n,
+        Err(e) => return failed(&e),
     };
     // Rows orderly never writes (a key that is not an integer, a status it does not
     // know, a column of the wrong type) are not events: listed apart, as stored.
@@ -37,20 +58,8 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
         Ok(rows) => rows,
         Err(e) => return failed(&e),
     };
-    // A full page read may not be all: then the true number of dead events is counted,
-    // and the page says the matches are of the first read only.
-    let read = rows.len();
-    let total = if read >= PAGE as usize {
-        match Outbox::new(app.store().clone()).stats().await {
-            Ok(stats) => stats.dead,
-            Err(e) => return failed(&e),
-        }
-    } else {
-        read as u64
-    };
-    let complete = total <= read as u64;
-    let rows: Vec<_> = rows.into_iter().filter(|r| filter.matches(r)).collect();
-    let data = json!({ "read": read, "dead_total": total, "complete": complete,
+    let next = next.as_ref().map(id_of);
+    let data = json!({ "matching": matching, "after": after.as_ref().map(id_of), "next": next,
         "dead": rows.iter().map(|r| json!({
         "machine": r.machine, "entity_id": r.entity_id, "version": r.version,
         "event": r.event, "ref_id": r.ref_id, "attempts": r.attempts,
@@ -89,18 +98,19 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
             " Older than " input type="text" name="older" size="6" value=(field("older")) " s";
             " " button type="submit" { "Filter" }
         }
-        @if complete {
-            p { (rows.len()) " dead events match." }
-        } @else {
-            p.bad { (rows.len()) " of the first " (read) " dead events read match; "
-                (total) " are dead in all. “Requeue every match” acts on every dead event that \
-                matches, past these too." }
+        p id="matching" {
+            (matching) " dead events match"
+            @if after.is_some() || next.is_some() {
+                "; shown here: " (rows.len()) ", in key order"
+                @if let Some(a) = &after { ", after " (id_of(a)) }
+            }
+            "."
         }
-        @if !rows.is_empty() || !complete {
+        @if matching > 0 {
             (f.action("requeue-matching", &[
                 ("machine", field("machine")), ("event", field("event")), ("error", field("error")),
                 ("older", field("older")),
-            ], "Requeue every match"))
+            ], &format!("Requeue every match ({matching})")))
         }
         table id="dead" {
             tr { th { "Machine" } th { "Entity" } th { "Version" } th { "Event" } th { "Reference" }
@@ -123,6 +133,23 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
             }
         }
     };
+    // The same filter, from its first page or after a key.
+    let link = |after: Option<&str>| {
+        let mut parts: Vec<String> = fields
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("{k}={}", urlencoding(v)))
+            .collect();
+        parts.extend(after.map(|a| format!("after={}", urlencoding(a))));
+        format!("outbox?{}", parts.join("&"))
+    };
+    let body = html! {
+        (body)
+        p id="pages" {
+            @if after.is_some() { a href=(link(None)) { "← First page" } " " }
+            @if let Some(n) = &next { a href=(link(Some(n))) { "Next page →" } }
+        }
+    };
     answer(&seen, "Dead events", notice(&app, &q), data, body)
 }
 
@@ -131,15 +158,34 @@ pub(in crate::admin) async fn parked_flows<S: AdminStore>(
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let listed = match app.flows_here() {
-        Ok(flows) => flows.list(Listing::Parked, None, PAGE).await,
-        Err(e) => Err(e),
+    // The page after a flow: its kind and key, as the link to the next page gives them.
+    let after = match (q.get("after_kind"), q.get("after_key")) {
+        (Some(kind), Some(key)) => Some((kind.as_str(), key.as_str())),
+        (None, None) => None,
+        _ => {
+            let why = "a page after a flow names both after_kind and after_key";
+            return (StatusCode::BAD_REQUEST, why).into_response();
+        }
     };
-    let rows = match listed {
-        Ok(rows) => rows,
+    let flows = match app.flows_here() {
+        Ok(flows) => flows,
         Err(e) => return failed(&e),
     };
-    let data = json!({ "parked": rows.iter().map(|l| json!({
+    let (mut rows, parked) = match tokio::try_join!(
+        flows.list(Listing::Parked, after, PAGE + 1),
+        flows.count(Listing::Parked)
+    ) {
+        Ok(read) => read,
+        Err(e) => return failed(&e),
+    };
+    let next = (rows.len() > PAGE as usize).then(|| {
+        rows.truncate(PAGE as usize);
+        rows.last()
+            .map(|l| (l.flow.kind.clone(), l.flow.flow_key.clone()))
+    });
+    let next = next.flatten();
+    let data = json!({ "count": parked, "next": next.as_ref().map(|(kind, key)| json!({"kind": kind, "key": key})),
+        "parked": rows.iter().map(|l| json!({
         "kind": l.flow.kind, "flow_key": l.flow.flow_key, "version": l.flow.version,
         "status": l.flow.status, "park_reason": l.flow.park_reason, "step_at": l.flow.step_at,
         "last_error": l.flow.last_error, "known": l.known,
@@ -149,6 +195,7 @@ pub(in crate::admin) async fn parked_flows<S: AdminStore>(
         @if app.flows.is_none() {
             p { "No flows are registered with this page: it lists them, and resumes none." }
         }
+        p id="count" { (shown(parked, rows.len(), after.is_some() || next.is_some(), "flows are parked")) }
         table id="parked" {
             tr { th { "Kind" } th { "Key" } th { "Version" } th { "Status" } th { "Reason" }
                  th { "Step" } th { "Last error" } th {} }
@@ -177,6 +224,17 @@ pub(in crate::admin) async fn parked_flows<S: AdminStore>(
             }
         }
     };
+    let body = html! {
+        (body)
+        p id="pages" {
+            @if after.is_some() { a href="flows" { "← First page" } " " }
+            @if let Some((kind, key)) = &next {
+                a href=(format!("flows?after_kind={}&after_key={}", urlencoding(kind), urlencoding(key))) {
+                    "Next page →"
+                }
+            }
+        }
+    };
     answer(&seen, "Parked flows", notice(&app, &q), data, body)
 }
 
@@ -185,10 +243,12 @@ pub(in crate::admin) async fn dead_timers<S: AdminStore>(
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let rows = match Timers::new(app.store().clone()).dead(i64::from(PAGE)).await {
-        Ok(rows) => rows,
+    let timers = Timers::new(app.store().clone());
+    let (rows, dead) = match tokio::try_join!(timers.dead(i64::from(PAGE)), timers.stats()) {
+        Ok((rows, stats)) => (rows, u64::try_from(stats.dead).unwrap_or(0)),
         Err(e) => return failed(&e),
     };
+    let read = rows.len();
     let (rows, corrupt): (Vec<_>, Vec<_>) = rows.into_iter().partition(Result::is_ok);
     let rows: Vec<_> = rows.into_iter().flatten().collect();
     let corrupt: Vec<String> = corrupt
@@ -197,6 +257,7 @@ pub(in crate::admin) async fn dead_timers<S: AdminStore>(
         .map(|c| c.to_string())
         .collect();
     let data = json!({
+        "count": dead,
         "dead": rows.iter().map(|t| json!({
             "machine": t.machine, "entity_id": t.entity_id, "event": t.event, "ref_id": t.ref_id,
             "due_at": t.due_at, "attempts": t.attempts, "last_error": t.last_error,
@@ -205,6 +266,7 @@ pub(in crate::admin) async fn dead_timers<S: AdminStore>(
     });
     let f = &seen.frame;
     let body = html! {
+        p id="count" { (shown(dead, read, read as u64 >= u64::from(PAGE), "timers are dead")) }
         table id="timers" {
             tr { th { "Machine" } th { "Entity" } th { "Event" } th { "Reference" } th { "Due" }
                  th { "Attempts" } th { "Last error" } th {} }
@@ -237,11 +299,11 @@ pub(in crate::admin) async fn stuck_records<S: AdminStore>(
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     let scope = q.get("scope").map(|s| s.trim()).filter(|s| !s.is_empty());
-    let rows = match app.stuck_records(scope).await {
-        Ok(rows) => rows,
+    let (rows, stuck) = match tokio::try_join!(app.stuck_records(scope), app.count_stuck(scope)) {
+        Ok(read) => read,
         Err(e) => return failed(&e),
     };
-    let data = json!({ "stuck": rows });
+    let data = json!({ "count": stuck, "stuck": rows });
     let f = &seen.frame;
     let body = html! {
         form method="get" action="records" {
@@ -251,6 +313,7 @@ pub(in crate::admin) async fn stuck_records<S: AdminStore>(
         @if app.records.is_none() {
             p { "No idempotency records are registered with this page: it lists them, and releases none." }
         }
+        p id="count" { (shown(stuck, rows.len(), rows.len() as u64 >= u64::from(PAGE), "records are stuck")) }
         table id="stuck" {
             tr { th { "Scope" } th { "Key" } th { "Attempt" } th { "Stuck for" } th { "Claimed" } th {} }
             @for r in &rows {

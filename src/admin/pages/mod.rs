@@ -19,7 +19,7 @@ use maud::{Markup, html};
 
 use super::AdminStore;
 use super::ops::{Event, time_text};
-use super::panel::{Admin, LIST_MAX};
+use super::panel::Admin;
 use super::seen::Seen;
 use crate::store::audit::AuditRow;
 
@@ -46,13 +46,9 @@ fn notice<'q, S: AdminStore>(app: &Admin<S>, q: &'q HashMap<String, String>) -> 
     app.signed(text, sig).then_some(text.as_str())
 }
 
-/// A count made up to [`LIST_MAX`]: `500+` when it reached it.
-fn capped(n: usize) -> String {
-    if n >= LIST_MAX as usize {
-        format!("{n}+")
-    } else {
-        n.to_string()
-    }
+/// `text` as a query value.
+fn urlencoding(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
 /// The form that opens an entity's timeline.

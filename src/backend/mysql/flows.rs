@@ -107,6 +107,14 @@ impl FlowStore for MySqlStore {
         flow_sql::list_flows::<MySql>(conn, self.flows(), which, after, limit).await
     }
 
+    async fn count_flows(
+        &self,
+        conn: &mut MySqlConnection,
+        which: Listing,
+    ) -> Result<i64, sqlx::Error> {
+        flow_sql::count_flows::<MySql>(conn, self.flows(), which).await
+    }
+
     async fn purge_flows(
         &self,
         conn: &mut MySqlConnection,
@@ -254,7 +262,8 @@ fn statements(n: &Names, causal: &str) -> FlowStatements {
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NULL \
                AND status = 'RUNNING'"
         )),
-        list: LISTINGS.map(|which| s(list_sql(n, which, causal))),
+        list: LISTINGS.map(|which| s(list_sql(n, which, causal, false))),
+        count: LISTINGS.map(|which| s(list_sql(n, which, causal, true))),
     }
 }
 
@@ -272,8 +281,9 @@ static PURGE: PerNamespace<PurgeByKeys> = PerNamespace::new(|n| {
     )
 });
 
-/// A page of `which` flows in `n`'s table (see `FlowStatements::list`).
-fn list_sql(n: &Names, which: Listing, causal: &str) -> String {
+/// A page of `which` flows in `n`'s table (see `FlowStatements::list`), or with
+/// `count` how many there are (`FlowStatements::count`).
+fn list_sql(n: &Names, which: Listing, causal: &str, count: bool) -> String {
     let filter = match which {
         Listing::Parked => "park_reason IS NOT NULL".to_string(),
         Listing::Running => format!("{LIVE} AND lease_until > {NOW}"),
@@ -281,6 +291,12 @@ fn list_sql(n: &Names, which: Listing, causal: &str) -> String {
         Listing::Finished => "status IN ('COMPLETED', 'COMPENSATED')".to_string(),
         Listing::All => "TRUE".to_string(),
     };
+    if count {
+        return format!(
+            "{causal}SELECT COUNT(*) FROM {flows} WHERE {filter}",
+            flows = n.flows
+        );
+    }
     format!(
         "{}SELECT {} FROM {flows} WHERE {filter} AND (kind, flow_key) > (?1, ?2) \
          ORDER BY kind, flow_key LIMIT ?3",

@@ -28,10 +28,24 @@ use crate::outbox::{
 /// statement).
 const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
 
+/// An event's age in milliseconds, on the database's clock.
+macro_rules! age_ms {
+    () => {
+        "CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) DIV 1000 AS SIGNED)"
+    };
+}
+
+/// [`age_ms!`], for the operators' filter of dead events.
+#[cfg(feature = "admin")]
+pub(super) const AGE_MS: &str = age_ms!();
+
 /// An event's columns, its age on the database's clock.
-pub(super) const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, from_status, \
-    to_status, ref_id, body, status, attempts, last_error, traceparent, tracestate, \
-    CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) DIV 1000 AS SIGNED) AS age_ms";
+pub(super) const EVENT_COLUMNS: &str = concat!(
+    "machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, \
+     status, attempts, last_error, traceparent, tracestate, ",
+    age_ms!(),
+    " AS age_ms"
+);
 
 /// No earlier event of `o`'s entity is unpublished (pending, dead, or in a status
 /// orderly never writes).

@@ -114,6 +114,14 @@ impl FlowStore for PgStore {
             .await
     }
 
+    async fn count_flows(
+        &self,
+        conn: &mut PgConnection,
+        which: Listing,
+    ) -> Result<i64, sqlx::Error> {
+        flow_sql::count_flows::<Postgres>(conn, STATEMENTS.get(self.names()), which).await
+    }
+
     async fn start_flow(
         &self,
         conn: &mut PgConnection,
@@ -228,7 +236,8 @@ static STATEMENTS: PerNamespace<FlowStatements> = PerNamespace::new(|n| {
              WHERE f.kind = $1 AND f.flow_key = $2 AND f.owner_token = $5 \
                AND f.park_reason IS NULL AND f.status = 'RUNNING'"
         )),
-        list: LISTINGS.map(|which| s(list_sql(n, which))),
+        list: LISTINGS.map(|which| s(list_sql(n, which, false))),
+        count: LISTINGS.map(|which| s(list_sql(n, which, true))),
     }
 });
 
@@ -264,8 +273,9 @@ static CLAIMS: PerNamespace<FlowClaims> = PerNamespace::new(|n| {
     }
 });
 
-/// A page of `which` flows (see `FlowStatements::list`).
-fn list_sql(n: &Names, which: Listing) -> String {
+/// A page of `which` flows (see `FlowStatements::list`), or with `count` how many
+/// there are (`FlowStatements::count`).
+fn list_sql(n: &Names, which: Listing, count: bool) -> String {
     let filter = match which {
         Listing::Parked => "f.park_reason IS NOT NULL",
         Listing::Running => {
@@ -277,11 +287,14 @@ fn list_sql(n: &Names, which: Listing) -> String {
         Listing::Finished => "f.status IN ('COMPLETED', 'COMPENSATED')",
         Listing::All => "TRUE",
     };
+    let flows = &n.flows;
+    if count {
+        return format!("WITH now AS {NOW} SELECT COUNT(*) FROM {flows} AS f, now WHERE {filter}");
+    }
     format!(
         "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM {flows} AS f, now \
          WHERE {filter} AND (f.kind, f.flow_key) > ($1, $2) \
-         ORDER BY f.kind, f.flow_key LIMIT $3",
-        flows = n.flows
+         ORDER BY f.kind, f.flow_key LIMIT $3"
     )
 }
 

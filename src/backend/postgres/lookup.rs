@@ -1,11 +1,11 @@
 //! The operators' lookups on PostgreSQL.
 
-use crate::admin::lookup::{EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord};
+use crate::admin::lookup::{DeadFilter, EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord};
 use crate::backend::lookup_sql;
 use crate::backend::lookup_sql::LookupStatements;
 use crate::backend::names::PerNamespace;
 use crate::backend::sql::Params;
-use crate::outbox::EventRow;
+use crate::outbox::{EventKey, EventRow};
 use crate::store::RefRow;
 use sqlx::postgres::{PgConnection, Postgres};
 
@@ -16,6 +16,8 @@ static LOOKUP: PerNamespace<LookupStatements> = PerNamespace::new(|n| {
         n,
         super::timers::NOW,
         super::outbox::EVENT_COLUMNS,
+        super::outbox::AGE_MS,
+        "strpos",
         Params::Dollar,
     )
 });
@@ -92,5 +94,31 @@ impl LookupStore for PgStore {
         limit: i64,
     ) -> Result<Vec<StuckRecord>, sqlx::Error> {
         lookup_sql::stuck::<Postgres>(conn, LOOKUP.get(self.names()), scope, limit).await
+    }
+
+    async fn dead_events(
+        &self,
+        conn: &mut PgConnection,
+        filter: &DeadFilter<'_>,
+        after: Option<&EventKey>,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, sqlx::Error> {
+        lookup_sql::dead::<Postgres>(conn, LOOKUP.get(self.names()), filter, after, limit).await
+    }
+
+    async fn count_dead_events(
+        &self,
+        conn: &mut PgConnection,
+        filter: &DeadFilter<'_>,
+    ) -> Result<i64, sqlx::Error> {
+        lookup_sql::count_dead::<Postgres>(conn, LOOKUP.get(self.names()), filter).await
+    }
+
+    async fn count_stuck_records(
+        &self,
+        conn: &mut PgConnection,
+        scope: Option<&str>,
+    ) -> Result<i64, sqlx::Error> {
+        lookup_sql::count_stuck::<Postgres>(conn, LOOKUP.get(self.names()), scope).await
     }
 }

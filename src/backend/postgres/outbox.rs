@@ -14,13 +14,25 @@ use crate::outbox::{
     ClaimEvents, ClaimedEvent, CorruptRow, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow,
 };
 
+/// An event's age in milliseconds, on the database's clock.
+macro_rules! age_ms {
+    () => {
+        "CASE WHEN isfinite(o.created_at) THEN (extract(epoch FROM clock_timestamp() - o.created_at) * 1000)::bigint END"
+    };
+}
+
+/// [`age_ms!`], for the operators' filter of dead events.
+#[cfg(feature = "admin")]
+pub(super) const AGE_MS: &str = age_ms!();
+
 /// An event's columns, its age on the database's clock.
 /// (`NULL` for an infinite `created_at`: the subtraction would fail the statement.)
-pub(super) const EVENT_COLUMNS: &str = "o.machine, o.entity_id, o.version, o.event, o.transition, \
-    o.from_status, o.to_status, o.ref_id, o.body, o.status, o.attempts, o.last_error, \
-    o.traceparent, o.tracestate, \
-    CASE WHEN isfinite(o.created_at) \
-        THEN (extract(epoch FROM clock_timestamp() - o.created_at) * 1000)::bigint END AS age_ms";
+pub(super) const EVENT_COLUMNS: &str = concat!(
+    "o.machine, o.entity_id, o.version, o.event, o.transition, o.from_status, o.to_status, \
+     o.ref_id, o.body, o.status, o.attempts, o.last_error, o.traceparent, o.tracestate, ",
+    age_ms!(),
+    " AS age_ms"
+);
 
 /// No earlier event of `o`'s entity is unpublished (pending, dead, or in a status
 /// orderly never writes).

@@ -115,6 +115,14 @@ impl FlowStore for SqliteStore {
             .await
     }
 
+    async fn count_flows(
+        &self,
+        conn: &mut SqliteConnection,
+        which: Listing,
+    ) -> Result<i64, sqlx::Error> {
+        flow_sql::count_flows::<Sqlite>(conn, STATEMENTS.get(self.names()), which).await
+    }
+
     async fn start_flow(
         &self,
         conn: &mut SqliteConnection,
@@ -222,7 +230,8 @@ static STATEMENTS: PerNamespace<FlowStatements> = PerNamespace::new(|n| {
              WHERE kind = ?1 AND flow_key = ?2 AND owner_token = ?5 AND park_reason IS NULL \
                AND status = 'RUNNING'"
         )),
-        list: LISTINGS.map(|which| s(list_sql(n, which))),
+        list: LISTINGS.map(|which| s(list_sql(n, which, false))),
+        count: LISTINGS.map(|which| s(list_sql(n, which, true))),
     }
 });
 
@@ -270,8 +279,9 @@ static PURGE: PerNamespace<PurgeByKeys> = PerNamespace::new(|n| {
     )
 });
 
-/// A page of `which` flows (see `FlowStatements::list`).
-fn list_sql(n: &Names, which: Listing) -> String {
+/// A page of `which` flows (see `FlowStatements::list`), or with `count` how many
+/// there are (`FlowStatements::count`).
+fn list_sql(n: &Names, which: Listing, count: bool) -> String {
     let filter = match which {
         Listing::Parked => "f.park_reason IS NOT NULL",
         Listing::Running => {
@@ -284,6 +294,9 @@ fn list_sql(n: &Names, which: Listing) -> String {
         Listing::All => "1",
     };
     let flows = &n.flows;
+    if count {
+        return format!("WITH now AS {NOW} SELECT COUNT(*) FROM {flows} AS f, now WHERE {filter}");
+    }
     format!(
         "WITH now AS {NOW} SELECT {FLOW_COLUMNS} FROM {flows} AS f, now \
          WHERE {filter} AND (f.kind, f.flow_key) > (?1, ?2) \

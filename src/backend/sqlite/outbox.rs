@@ -16,10 +16,24 @@ use crate::outbox::{
 /// The database clock, in milliseconds since the epoch.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
+/// An event's age in milliseconds, on the database's clock.
+macro_rules! age_ms {
+    () => {
+        "CAST((julianday('now') - julianday(created_at)) * 86400000 AS INTEGER)"
+    };
+}
+
+/// [`age_ms!`], for the operators' filter of dead events.
+#[cfg(feature = "admin")]
+pub(super) const AGE_MS: &str = age_ms!();
+
 /// An event's columns, its age on the database's clock.
-pub(super) const EVENT_COLUMNS: &str = "machine, entity_id, version, event, transition, from_status, \
-    to_status, ref_id, body, status, attempts, last_error, traceparent, tracestate, \
-    CAST((julianday('now') - julianday(created_at)) * 86400000 AS INTEGER) AS age_ms";
+pub(super) const EVENT_COLUMNS: &str = concat!(
+    "machine, entity_id, version, event, transition, from_status, to_status, ref_id, body, \
+     status, attempts, last_error, traceparent, tracestate, ",
+    age_ms!(),
+    " AS age_ms"
+);
 
 /// An event's key as SQLite holds it: integers (a column's type is only a hint in SQLite;
 /// a row with a text version could be neither ordered nor named).
