@@ -95,6 +95,30 @@ pub(super) async fn cli_suite<S: AdminStore>(store: S, exec: Exec<S>, url: &str)
     let (code, rows) = cli_json(&c, &["outbox", "dead", "--error", "schema"]).await;
     assert_eq!(code, Exit::Ok);
     assert_eq!(rows.as_array().unwrap().len(), OTHERS as usize);
+    // The page after a message id: the matches past it in key order.
+    let (code, rows) = cli_json(
+        &c,
+        &[
+            "outbox",
+            "dead",
+            "--error",
+            "schema",
+            "--after",
+            "Shop:40:1",
+        ],
+    )
+    .await;
+    assert_eq!(code, Exit::Ok);
+    let ids: Vec<i64> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["entity_id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, (41..=total).collect::<Vec<_>>());
+    let (code, _, err) = cli(&c, &["outbox", "dead", "--after", "Shop:x"]).await;
+    assert_eq!(code, Exit::Usage, "{err}");
+    assert!(err.contains("message id"), "{err}");
     let (_, rows) = cli_json(&c, &["outbox", "dead", "--older-than", "1h"]).await;
     assert_eq!(rows, serde_json::json!([]), "nothing is an hour old");
     let (code, rows) = cli_json(&c, &["records", "stuck"]).await;
