@@ -559,10 +559,32 @@ async fn bad_bytes_and_long_texts_show_on_sqlite() {
     let html = page.get("bob", "/admin/outbox").await;
     let cut = format!("{}…", "e".repeat(1024));
     assert!(html.contains(&cut), "the cell shows the first 1,024 bytes");
-    assert!(html.contains("show all (100000 bytes)"), "{html}");
+    // The list holds the cut, and links the event's page, which shows it whole.
     assert!(
-        html.contains(&format!("<pre>{}</pre>", "e".repeat(100_000))),
-        "the whole error is folded in the page"
+        html.contains(
+            "<a class=\"all\" href=\"event?id=Shop%3A2%3A1\">show all (100000 bytes)</a>"
+        ),
+        "{html}"
+    );
+    assert!(
+        !html.contains(&"e".repeat(1025)) && html.len() < 20_000,
+        "the list sends the cut only ({} bytes)",
+        html.len()
+    );
+    let whole = page.get("bob", "/admin/event?id=Shop%3A2%3A1").await;
+    assert!(
+        whole.contains(&format!(
+            "<pre class=\"whole\">{}</pre>",
+            "e".repeat(100_000)
+        )),
+        "the event's page shows the error whole"
+    );
+    let event = page.json("bob", "/admin/event?id=Shop:1:1").await;
+    assert_eq!(event["last_error"], "bad\u{fffd}", "{event}");
+    assert!(
+        page.get("bob", "/admin/event?id=Shop:1:1")
+            .await
+            .contains("bad\u{fffd}")
     );
 }
 

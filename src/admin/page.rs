@@ -53,6 +53,8 @@ form.inline{display:inline;margin:0}
 button{cursor:pointer;padding:.15em .6em}
 pre{background:#fff;border:1px solid #dde1e6;padding:.6em;overflow:auto}
 details.all pre{white-space:pre-wrap;word-break:break-word;max-height:24em}
+pre.whole{white-space:pre-wrap;word-break:break-word}div.err pre{color:#a4262c}
+table.fields{width:auto;min-width:40em}table.fields th{width:12em}
 .flash{background:#e7f3e7;border:1px solid #107c10;padding:.4em .8em;margin-bottom:1em}
 input,select{padding:.15em .3em}
 header form.search input{width:16em}

@@ -321,14 +321,10 @@ async fn admin_page_in_a_browser() {
             .into(),
     )
     .await;
+    // In the list, the first 1,024 bytes and a link; the event's page shows it whole.
     c.goto(&format!("{base}/outbox")).await.unwrap();
-    let fold = c.find(Locator::Css("#dead details.all")).await.unwrap();
-    assert!(
-        !fold.text().await.unwrap().contains("no route; no route;"),
-        "folded: only its summary shows"
-    );
     let cell = c
-        .find(Locator::Css("#dead td.err:has(details.all)"))
+        .find(Locator::Css("#dead td.err:has(a.all)"))
         .await
         .unwrap();
     let shown = cell.text().await.unwrap();
@@ -338,15 +334,77 @@ async fn admin_page_in_a_browser() {
         shown.len(),
         &shown[..shown.len().min(200)]
     );
-    c.find(Locator::Css("#dead details.all summary"))
+    shot("dead-events-long-error.png").await;
+    cell.find(Locator::Css("a.all"))
         .await
         .unwrap()
         .click()
         .await
         .unwrap();
-    let opened = fold.text().await.unwrap();
-    assert!(opened.len() > 100_000, "opened: {} bytes", opened.len());
-    shot("dead-events-long-error.png").await;
+    let whole = c
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("div.err pre.whole"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        whole.len() > 100_000,
+        "the event's page: {} bytes",
+        whole.len()
+    );
+    let headers = c
+        .find(Locator::Id("headers"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(headers.contains("Orderly-Id"), "{headers}");
+    shot("event.png").await;
+    // A parked flow's page: its steps, each with its error, and its actions.
+    c.goto(&format!("{base}/flow?kind=legacy&key=L-2"))
+        .await
+        .unwrap();
+    let steps = c
+        .find(Locator::Id("steps"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        steps.contains("Post") && steps.contains("<script>alert"),
+        "the step, its error as text: {steps}"
+    );
+    c.find(Locator::XPath("//button[text()='Compensate']"))
+        .await
+        .unwrap();
+    shot("flow.png").await;
+    // The dead timer's page, opened from its list.
+    c.goto(&format!("{base}/timers")).await.unwrap();
+    c.find(Locator::Css("#timers td a[href^='timer?']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let timer = c
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("timer"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(timer.contains("DEAD"), "{timer}");
+    c.find(Locator::XPath("//button[text()='Re-arm']"))
+        .await
+        .unwrap();
+    shot("timer.png").await;
 
     // The parked flow retried with its button, once its gateway is back.
     down.store(false, Ordering::SeqCst);

@@ -115,6 +115,85 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert!(timeline.contains("&lt;script&gt;") && !timeline.contains(HOSTILE));
     let flows_page = page.get("bob", "/admin/flows").await;
     assert!(flows_page.contains("NEEDS_RECONCILIATION") && !flows_page.contains(HOSTILE));
+    // The pages of one thing: an event, a flow, a timer; each linked from its list,
+    // escaped, with its actions for alice and none for bob.
+    let dead_page = page.get("bob", "/admin/outbox?machine=Shop").await;
+    assert!(
+        dead_page.contains("href=\"event?id=Shop%3A1%3A1\""),
+        "the list links the event"
+    );
+    assert!(
+        flows_page.contains("href=\"flow?kind=legacy&amp;key=L-1\""),
+        "the list links the flow"
+    );
+    let event = page.json("bob", "/admin/event?id=Shop:1:1").await;
+    assert_eq!(event["status"], "DEAD", "{event}");
+    assert_eq!(event["last_error"], HOSTILE, "{event}");
+    assert_eq!(event["ref_id"], HOSTILE, "{event}");
+    assert!(
+        event["headers"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!(["Orderly-Id", "Shop:1:1"])),
+        "{event}"
+    );
+    for (user, acts) in [("bob", false), ("alice", true)] {
+        let html = page.get(user, "/admin/event?id=Shop:1:1").await;
+        assert!(
+            html.contains("&lt;script&gt;") && !html.contains(HOSTILE),
+            "{html}"
+        );
+        assert_eq!(html.contains("action=\"requeue\""), acts, "{user}: {html}");
+        let html = page.get(user, "/admin/flow?kind=legacy&key=L-1").await;
+        assert!(
+            html.contains("NEEDS_RECONCILIATION") && !html.contains(HOSTILE),
+            "{html}"
+        );
+        assert_eq!(html.contains("action=\"resume\""), acts, "{user}: {html}");
+        let html = page
+            .get(
+                user,
+                "/admin/timer?machine=Shop&id=99999&event=Cancel&ref=late",
+            )
+            .await;
+        assert!(html.contains("it kept failing"), "{html}");
+        assert_eq!(
+            html.contains("action=\"rearm\"") && html.contains("action=\"cancel-timer\""),
+            acts,
+            "{user}: {html}"
+        );
+    }
+    let flow = page.json("bob", "/admin/flow?kind=legacy&key=L-1").await;
+    let steps = flow["steps"].as_array().unwrap();
+    assert!(!steps.is_empty(), "{flow}");
+    assert!(
+        steps.iter().any(|s| s["error"] == HOSTILE),
+        "each step with its error: {flow}"
+    );
+    let timer = page
+        .json(
+            "bob",
+            "/admin/timer?machine=Shop&id=99999&event=Cancel&ref=late",
+        )
+        .await;
+    assert_eq!(timer["status"], "DEAD", "{timer}");
+    for (uri, want) in [
+        ("/admin/event?id=Shop:424242:1", StatusCode::NOT_FOUND),
+        ("/admin/event?id=nope", StatusCode::BAD_REQUEST),
+        ("/admin/flow?kind=legacy&key=none", StatusCode::NOT_FOUND),
+        ("/admin/flow?kind=legacy", StatusCode::BAD_REQUEST),
+        (
+            "/admin/timer?machine=Shop&id=99999&event=Cancel&ref=other",
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "/admin/timer?machine=Shop&id=x&event=Cancel&ref=late",
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let (status, body, _) = page.call("bob", "GET", uri, None).await;
+        assert_eq!(status, want, "{uri}: {body}");
+    }
     let history = page.json("bob", "/admin/entity?machine=Shop&id=1").await;
     assert_eq!(history["state"], "Paid");
     assert_eq!(history["history"][0]["ref_id"], HOSTILE);

@@ -16,6 +16,8 @@ use crate::error::Result;
 use crate::flow::{FlowConfig, Flows, Listing};
 use crate::outbox::{EventKey, EventRow, Outbox};
 use crate::store::Lease;
+use crate::store::timers::TimerRow;
+use crate::timer::TimerKey;
 use crate::timer::Timers;
 
 /// The entity's state and its history, read raw from `store` (names as stored).
@@ -108,6 +110,32 @@ impl<S: AdminStore> Admin<S> {
             store.stuck_records(c, scope, i64::from(LIST_MAX)).await
         })
         .await
+    }
+
+    /// The outbox event of `key`, if there is one that reads.
+    pub(crate) async fn event(&self, key: &EventKey) -> Result<Option<EventRow>> {
+        let store = &self.store;
+        let by = EventsBy::Id {
+            machine: &key.machine,
+            entity_id: key.entity_id,
+            version: key.version,
+        };
+        let rows = Lease::run(store, async |c| store.events_by(c, by, 1).await).await?;
+        Ok(rows.into_iter().next())
+    }
+
+    /// The timer of `key`, if there is one that reads (from the page's own store, where
+    /// the timers are).
+    pub(crate) async fn timer(&self, key: &TimerKey<'_>) -> Result<Option<TimerRow>> {
+        let store = &self.store;
+        let rows = Lease::run(store, async |c| {
+            store.timers_of(c, key.machine, key.entity_id).await
+        })
+        .await?;
+        Ok(rows
+            .into_iter()
+            .flatten()
+            .find(|t| t.event == key.event && t.ref_id == key.ref_id))
     }
 
     /// How many records of one scope or of all are stuck in PROCESSING past their lease.

@@ -8,12 +8,15 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde_json::json;
 
-use super::{answer, entity_link, events_table, long_text, lookup, urlencoding};
+use super::{
+    answer, entity_link, events_table, flow_link, long_text, lookup, timer_link, urlencoding,
+};
 use crate::admin::AdminStore;
 use crate::admin::ops::time_text;
 use crate::admin::panel::App;
 use crate::admin::seen::{Seen, failed};
 use crate::error::Error;
+use crate::timer::TimerKey;
 
 pub(in crate::admin) async fn entity<S: AdminStore>(
     State(app): State<App<S>>,
@@ -78,7 +81,7 @@ pub(in crate::admin) async fn entity<S: AdminStore>(
                     td { (l.seq) } td { (l.from) } td { (l.to) } td { (l.event) } td { (l.ref_id) }
                     td { (l.payload_hash.as_deref().map_or_else(String::new, |h| h.chars().take(12).collect())) }
                     td { (l.actor.as_deref().unwrap_or("")) }
-                    td { (long_text(l.reason.as_deref().unwrap_or(""))) }
+                    td { (long_text(l.reason.as_deref().unwrap_or(""), None)) }
                     td { (l.at) }
                 }
             }
@@ -96,10 +99,15 @@ pub(in crate::admin) async fn entity<S: AdminStore>(
         table id="entity-timers" {
             tr { th { "Event" } th { "Reference" } th { "Due" } th { "Status" } th { "Outcome" } th { "Note" } }
             @for t in &t.timers {
+                // A row that does not read has no key to open it by.
+                @let whole = t.due_at.is_some().then(|| timer_link(&TimerKey {
+                    machine, entity_id: id, event: &t.event, ref_id: &t.ref_id,
+                }));
                 tr {
-                    td { (t.event) } td { (t.ref_id) } td { (t.due_at.map(time_text).unwrap_or_default()) } td { (t.status) }
+                    td { @if let Some(href) = &whole { a href=(href) { (t.event) } } @else { (t.event) } }
+                    td { (t.ref_id) } td { (t.due_at.map(time_text).unwrap_or_default()) } td { (t.status) }
                     td { (t.outcome.as_deref().unwrap_or("")) }
-                    td.err { (long_text(t.last_error.as_deref().unwrap_or(""))) }
+                    td.err { (long_text(t.last_error.as_deref().unwrap_or(""), whole.as_deref())) }
                 }
             }
         }
@@ -166,7 +174,7 @@ pub(in crate::admin) async fn search<S: AdminStore>(
             table id="found-flows" {
                 tr { th { "Kind" } th { "Key" } th { "Status" } th { "Parked" } }
                 @for fl in &found.flows {
-                    tr { td { (fl.kind) } td { (fl.flow_key) } td { (fl.status) }
+                    tr { td { (fl.kind) } td { a href=(flow_link(&fl.kind, &fl.flow_key)) { (fl.flow_key) } } td { (fl.status) }
                          td { (fl.park_reason.as_deref().unwrap_or("")) } }
                 }
             }

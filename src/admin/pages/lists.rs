@@ -9,14 +9,17 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde_json::json;
 
-use super::{answer, entity_link, long_text, notice, urlencoding};
+use super::{
+    answer, entity_link, event_link, flow_link, long_text, notice, resume_actions, timer_actions,
+    timer_link, urlencoding,
+};
 use crate::admin::AdminStore;
 use crate::admin::ops::{Filter, event_key, id_of, time_text};
 use crate::admin::panel::{App, PAGE};
 use crate::admin::seen::{Seen, failed};
 use crate::flow::Listing;
 use crate::outbox::Outbox;
-use crate::timer::Timers;
+use crate::timer::{TimerKey, Timers};
 
 /// How many there are in all (`what`: "flows are parked"), and when not all are
 /// shown, how many this page shows.
@@ -86,7 +89,7 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
                 @for c in &corrupt {
                     tr {
                         td { (c.machine) } td { (c.entity_id) } td { (c.version) }
-                        td { (c.status) } td.err { (long_text(&c.reason)) }
+                        td { (c.status) } td.err { (long_text(&c.reason, None)) }
                     }
                 }
             }
@@ -116,14 +119,15 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
             tr { th { "Machine" } th { "Entity" } th { "Version" } th { "Event" } th { "Reference" }
                  th { "Attempts" } th { "Last error" } th { "Age" } th {} }
             @for r in &rows {
+                @let event = event_link(&r.machine, r.entity_id, r.version);
                 tr {
                     td { (r.machine) }
                     td { a href=(entity_link(&r.machine, r.entity_id)) { (r.entity_id) } }
                     td { (r.version) }
-                    td { (r.event) }
+                    td { a href=(event) { (r.event) } }
                     td { (r.ref_id) }
                     td { (r.attempts) }
-                    td.err { (long_text(r.last_error.as_deref().unwrap_or(""))) }
+                    td.err { (long_text(r.last_error.as_deref().unwrap_or(""), Some(&event))) }
                     td { (r.age_ms.map_or_else(String::new, |ms| format!("{:.0} s", ms as f64 / 1000.0))) }
                     td { (f.action("requeue", &[
                         ("machine", &r.machine), ("entity_id", &r.entity_id.to_string()),
@@ -200,22 +204,18 @@ pub(in crate::admin) async fn parked_flows<S: AdminStore>(
             tr { th { "Kind" } th { "Key" } th { "Version" } th { "Status" } th { "Reason" }
                  th { "Step" } th { "Last error" } th {} }
             @for l in &rows {
+                @let whole = flow_link(&l.flow.kind, &l.flow.flow_key);
                 tr {
                     td { (l.flow.kind) }
-                    td { (l.flow.flow_key) }
+                    td { a href=(whole) { (l.flow.flow_key) } }
                     td { (l.flow.version) }
                     td { (l.flow.status) }
-                    td { (long_text(l.flow.park_reason.as_deref().unwrap_or(""))) }
+                    td { (long_text(l.flow.park_reason.as_deref().unwrap_or(""), Some(&whole))) }
                     td { (l.flow.step_at) }
-                    td.err { (long_text(l.flow.last_error.as_deref().unwrap_or(""))) }
+                    td.err { (long_text(l.flow.last_error.as_deref().unwrap_or(""), Some(&whole))) }
                     td {
                         @if l.known {
-                            (f.action("resume", &[("kind", &l.flow.kind), ("key", &l.flow.flow_key), ("how", "retry")], "Retry"))
-                            " "
-                            (f.action_with("resume", &[("kind", &l.flow.kind), ("key", &l.flow.flow_key), ("how", "applied")],
-                                Some(("output", "output JSON")), "Mark applied"))
-                            " "
-                            (f.action("resume", &[("kind", &l.flow.kind), ("key", &l.flow.flow_key), ("how", "compensate")], "Compensate"))
+                            (resume_actions(f, &l.flow.kind, &l.flow.flow_key))
                         } @else {
                             "version not registered here"
                         }
@@ -271,17 +271,17 @@ pub(in crate::admin) async fn dead_timers<S: AdminStore>(
             tr { th { "Machine" } th { "Entity" } th { "Event" } th { "Reference" } th { "Due" }
                  th { "Attempts" } th { "Last error" } th {} }
             @for t in &rows {
-                @let key = [("machine", t.machine.as_str()), ("entity_id", &t.entity_id.to_string()),
-                            ("event", t.event.as_str()), ("ref_id", t.ref_id.as_str())];
+                @let key = TimerKey { machine: &t.machine, entity_id: t.entity_id, event: &t.event, ref_id: &t.ref_id };
+                @let whole = timer_link(&key);
                 tr {
                     td { (t.machine) }
-                    td { (t.entity_id) }
-                    td { (t.event) }
+                    td { a href=(entity_link(&t.machine, t.entity_id)) { (t.entity_id) } }
+                    td { a href=(whole) { (t.event) } }
                     td { (t.ref_id) }
                     td { (time_text(t.due_at)) }
                     td { (t.attempts) }
-                    td.err { (long_text(t.last_error.as_deref().unwrap_or(""))) }
-                    td { (f.action("rearm", &key, "Re-arm")) " " (f.action("cancel-timer", &key, "Cancel")) }
+                    td.err { (long_text(t.last_error.as_deref().unwrap_or(""), Some(&whole))) }
+                    td { (timer_actions(f, &key, &t.status)) }
                 }
             }
         }

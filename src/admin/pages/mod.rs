@@ -4,10 +4,12 @@
 //! the lists in `lists.rs`, an entity, the search and a graph in `entity.rs`; what they
 //! share (the answer as HTML or JSON, the notice of an action, small tables) here.
 
+mod detail;
 mod entity;
 mod lists;
 mod overview;
 
+pub(in crate::admin) use detail::{event, flow, timer};
 pub(in crate::admin) use entity::{entity, graph, search};
 pub(in crate::admin) use lists::{dead_events, dead_timers, parked_flows, stuck_records};
 pub(in crate::admin) use overview::{audit, overview};
@@ -98,11 +100,12 @@ fn events_table(events: &[Event]) -> Markup {
             tr { th { "Message id" } th { "Event" } th { "Reference" } th { "Status" }
                  th { "Attempts" } th { "Last error" } }
             @for e in events {
+                @let whole = event_link(&e.machine, e.entity_id, e.version);
                 tr {
-                    td { (e.id) } td { (e.event) } td { (e.ref_id) }
+                    td { a href=(whole) { (e.id) } } td { (e.event) } td { (e.ref_id) }
                     td.bad[e.status == "DEAD"] { (e.status) }
                     td { (e.attempts) }
-                    td.err { (long_text(e.last_error.as_deref().unwrap_or(""))) }
+                    td.err { (long_text(e.last_error.as_deref().unwrap_or(""), Some(&whole))) }
                 }
             }
         }
@@ -113,18 +116,75 @@ fn events_table(events: &[Event]) -> Markup {
 const CELL_BYTES: usize = 1024;
 
 /// A stored text (an error, a reason) in a table cell: whole up to [`CELL_BYTES`], longer
-/// cut on a character boundary with how long it is, the whole folded under "show all"
-/// (a `<details>`: no script).
-fn long_text(text: &str) -> Markup {
+/// cut on a character boundary with how long it is, and a way to see it all: a link to
+/// the page that shows it whole, or else the whole folded under "show all" (a
+/// `<details>`: no script).
+fn long_text(text: &str, whole_at: Option<&str>) -> Markup {
     if text.len() <= CELL_BYTES {
         return html! { (text) };
     }
     let cut = &text[..text.floor_char_boundary(CELL_BYTES)];
+    let all = format!("show all ({} bytes)", text.len());
     html! {
         (cut) "…"
-        details.all {
-            summary { "show all (" (text.len()) " bytes)" }
-            pre { (text) }
+        @if let Some(href) = whole_at {
+            " " a.all href=(href) { (all) }
+        } @else {
+            details.all {
+                summary { (all) }
+                pre { (text) }
+            }
         }
+    }
+}
+
+/// The link to an outbox event's page.
+fn event_link(machine: &str, entity_id: i64, version: i64) -> String {
+    let id = crate::outbox::Message::id_of(machine, entity_id, version);
+    format!("event?id={}", urlencoding(&id))
+}
+
+/// The link to a flow's page.
+fn flow_link(kind: &str, key: &str) -> String {
+    format!("flow?kind={}&key={}", urlencoding(kind), urlencoding(key))
+}
+
+/// The link to a timer's page.
+fn timer_link(key: &crate::timer::TimerKey<'_>) -> String {
+    format!(
+        "timer?machine={}&id={}&event={}&ref={}",
+        urlencoding(key.machine),
+        key.entity_id,
+        urlencoding(key.event),
+        urlencoding(key.ref_id)
+    )
+}
+
+/// The ways to resume a parked flow: retry its step, mark it applied (with the step's
+/// output), compensate.
+fn resume_actions(f: &super::page::Frame, kind: &str, key: &str) -> Markup {
+    let named = |how| [("kind", kind), ("key", key), ("how", how)];
+    html! {
+        (f.action("resume", &named("retry"), "Retry"))
+        " "
+        (f.action_with("resume", &named("applied"), Some(("output", "output JSON")), "Mark applied"))
+        " "
+        (f.action("resume", &named("compensate"), "Compensate"))
+    }
+}
+
+/// What can be done to a timer in `status`: re-arm a dead one, cancel a pending or dead
+/// one.
+fn timer_actions(f: &super::page::Frame, key: &crate::timer::TimerKey<'_>, status: &str) -> Markup {
+    let id = key.entity_id.to_string();
+    let fields = [
+        ("machine", key.machine),
+        ("entity_id", id.as_str()),
+        ("event", key.event),
+        ("ref_id", key.ref_id),
+    ];
+    html! {
+        @if status == "DEAD" { (f.action("rearm", &fields, "Re-arm")) " " }
+        @if status == "DEAD" || status == "PENDING" { (f.action("cancel-timer", &fields, "Cancel")) }
     }
 }
