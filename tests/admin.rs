@@ -556,6 +556,67 @@ async fn bad_bytes_and_long_texts_show_on_sqlite() {
     );
     let html = page.get("bob", "/admin/entity?machine=Shop&id=1").await;
     assert!(html.contains("UNREADABLE"), "{html}");
+    // Parked flows whose texts for people hold a byte that is no UTF-8: one in its last
+    // error and its step's error, one in its park reason. Both listed, both opened.
+    for (key, reason, error) in [
+        ("F-1", "'NEEDS_RECONCILIATION'", "CAST(x'676174ff' AS TEXT)"),
+        ("F-2", "CAST(x'4e45ff' AS TEXT)", "'plain'"),
+    ] {
+        (exec.run)(format!(
+            "INSERT INTO orderly_flows (kind, flow_key, version, input_hash, input, status, \
+             park_reason, step_at, owner_token, attempt, lease_until, output, last_error, \
+             created_at, updated_at) VALUES ('legacy', '{key}', 1, 'h', '7', 'RUNNING', \
+             {reason}, 0, 't', 1, 0, NULL, {error}, 0, 0)"
+        ))
+        .await;
+        (exec.run)(format!(
+            "INSERT INTO orderly_flow_steps (kind, flow_key, step_index, phase, name, status, \
+             attempt, downstream_key, owner_token, output, error, started_at, finished_at) \
+             VALUES ('legacy', '{key}', 0, 'F', 'Post', 'STARTED', 1, NULL, 't', NULL, {error}, 0, NULL)"
+        ))
+        .await;
+    }
+    let parked = page.json("bob", "/admin/flows").await;
+    let listed: Vec<_> = parked["parked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["flow_key"].clone(),
+                f["park_reason"].clone(),
+                f["last_error"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (
+                serde_json::json!("F-1"),
+                serde_json::json!("NEEDS_RECONCILIATION"),
+                serde_json::json!("gat\u{fffd}")
+            ),
+            (
+                serde_json::json!("F-2"),
+                serde_json::json!("NE\u{fffd}"),
+                serde_json::json!("plain")
+            ),
+        ],
+        "{parked}"
+    );
+    assert!(
+        page.get("bob", "/admin/flows")
+            .await
+            .contains("gat\u{fffd}")
+    );
+    let flow = page.json("bob", "/admin/flow?kind=legacy&key=F-1").await;
+    assert_eq!(flow["steps"][0]["error"], "gat\u{fffd}", "{flow}");
+    assert!(
+        page.get("bob", "/admin/flow?kind=legacy&key=F-2")
+            .await
+            .contains("NE\u{fffd}")
+    );
     let html = page.get("bob", "/admin/outbox").await;
     let cut = format!("{}…", "e".repeat(1024));
     assert!(html.contains(&cut), "the cell shows the first 1,024 bytes");

@@ -263,8 +263,12 @@ pub struct TakeDue<'a> {
     pub limit: i64,
 }
 
-/// A flow record as read, with the database's clock applied.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+/// A flow record as read, with the database's clock applied. Its texts for people (the
+/// park reason, the last error) read lossily: a byte that is not UTF-8 (which SQLite
+/// stores as given) shows as U+FFFD, so that an operator can see the flow; a park reason
+/// read so names no reason, and the runner takes the flow for corrupt. Every field the
+/// runner acts on (kind, key, input, output, status, token) reads as stored or not at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlowRow {
     /// The flow's kind.
     pub kind: String,
@@ -298,8 +302,26 @@ pub struct FlowRow {
     pub updated_at: i64,
 }
 
-/// A step row as read.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+crate::support::text::shown_row!(FlowRow {
+    kind: plain,
+    flow_key: plain,
+    version: plain,
+    input_hash: plain,
+    input: plain,
+    status: plain,
+    park_reason: maybe_text,
+    step_at: plain,
+    owner_token: plain,
+    attempt: plain,
+    lease_left_ms: plain,
+    output: plain,
+    last_error: maybe_text,
+    created_at: plain,
+    updated_at: plain,
+});
+
+/// A step row as read: its error (text for people) lossily, as [`FlowRow`]'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepRow {
     /// The step's position.
     pub step_index: i32,
@@ -324,3 +346,17 @@ pub struct StepRow {
     /// When it finished, if it did.
     pub finished_at: Option<i64>,
 }
+
+crate::support::text::shown_row!(StepRow {
+    step_index: plain,
+    phase: plain,
+    name: plain,
+    status: plain,
+    attempt: plain,
+    downstream_key: plain,
+    owner_token: plain,
+    output: plain,
+    error: maybe_text,
+    started_at: plain,
+    finished_at: plain,
+});

@@ -69,10 +69,10 @@ where
     }
 }
 
-/// `sqlx::FromRow` for a row that is only shown to a person, on any backend: each field
-/// read from the column of its name, a `text` or `maybe_text` field lossily ([`lossy`],
-/// [`lossy_or_none`]) so that one bad byte never hides the row, any other field as it
-/// decodes.
+/// `sqlx::FromRow` for a row shown to a person, on any backend: each field read from the
+/// column of its name, a `text` or `maybe_text` field lossily ([`lossy`],
+/// [`lossy_or_none`]) so that one bad byte never hides the row, any other (`plain`) field
+/// as it decodes. A row something acts on reads lossily only the texts nothing acts on.
 macro_rules! shown_row {
     ($ty:ident { $($field:ident: $how:ident $(= $col:literal)?),+ $(,)? }) => {
         impl<'r, R> sqlx::FromRow<'r, R> for $ty
