@@ -58,11 +58,32 @@ const HOSTILE: &str = "<script>alert('x')</script>";
 const BULK: i64 = 10_000;
 const OTHERS: i64 = 30;
 
+/// The page's router, called as a browser would: each user keeps the session cookie the
+/// page gives them and sends it back.
 struct Page {
     router: axum::Router,
+    sessions: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// The session cookie (`name=value`) a response gives, if it gives one.
+fn session_cookie(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with("orderly_admin_session="))
+        .and_then(|c| c.split(';').next())
+        .map(str::to_string)
 }
 
 impl Page {
+    fn new(router: axum::Router) -> Self {
+        Page {
+            router,
+            sessions: Default::default(),
+        }
+    }
+
     async fn call(
         &self,
         user: &str,
@@ -74,11 +95,21 @@ impl Page {
             .method(method)
             .uri(uri)
             .header("x-user", user);
+        let session = self.sessions.lock().unwrap().get(user).cloned();
+        if let Some(cookie) = session {
+            request = request.header(header::COOKIE, cookie);
+        }
         if form.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
         }
         let request = request.body(Body::from(form.unwrap_or_default())).unwrap();
         let response = self.router.clone().oneshot(request).await.unwrap();
+        if let Some(cookie) = session_cookie(response.headers()) {
+            self.sessions
+                .lock()
+                .unwrap()
+                .insert(user.to_string(), cookie);
+        }
         let status = response.status();
         let location = response
             .headers()
@@ -397,9 +428,7 @@ async fn corrupt_outbox_rows_show_on_the_dead_events_page_on_sqlite() {
         "both set aside at the first claim"
     );
     let admin = Admin::new(store.clone()).access(|_| Viewer::read_only("bob"));
-    let page = Page {
-        router: axum::Router::new().nest("/admin", admin.router()),
-    };
+    let page = Page::new(axum::Router::new().nest("/admin", admin.router()));
     let dead = page.json("bob", "/admin/outbox").await;
     let corrupt = dead["corrupt"].as_array().unwrap();
     let keys: Vec<_> = corrupt
@@ -473,9 +502,7 @@ async fn bad_bytes_and_long_texts_show_on_sqlite() {
     let admin = Admin::new(store.clone())
         .machine(engine.clone())
         .access(|_| Viewer::read_only("bob"));
-    let page = Page {
-        router: axum::Router::new().nest("/admin", admin.router()),
-    };
+    let page = Page::new(axum::Router::new().nest("/admin", admin.router()));
     let history = page.json("bob", "/admin/entity?machine=Shop&id=1").await;
     let reasons: Vec<_> = history["history"]
         .as_array()
@@ -725,17 +752,15 @@ async fn stale_tokens_and_other_sites_are_refused_on_sqlite() {
         .access(|_| Viewer::full("alice"))
         .csrf_lifetime(Duration::from_secs(3));
     let router = axum::Router::new().nest("/admin", admin.router());
-    let page = Page {
-        router: router.clone(),
-    };
     let audited = || async {
         sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM orderly_audit")
             .fetch_one(store.pool())
             .await
             .unwrap()
     };
-    let post = |token: String, headers: &'static [(&'static str, &'static str)]| {
+    let post = |token: String, cookie: Option<String>, headers: &[(&'static str, &'static str)]| {
         let router = router.clone();
+        let headers = headers.to_vec();
         async move {
             let form = form_urlencoded::Serializer::new(String::new())
                 .extend_pairs([
@@ -750,7 +775,10 @@ async fn stale_tokens_and_other_sites_are_refused_on_sqlite() {
                 .uri("/admin/requeue")
                 .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
             for (name, value) in headers {
-                request = request.header(*name, *value);
+                request = request.header(name, value);
+            }
+            if let Some(cookie) = cookie {
+                request = request.header(header::COOKIE, cookie);
             }
             let response = router
                 .oneshot(request.body(Body::from(form)).unwrap())
@@ -763,7 +791,38 @@ async fn stale_tokens_and_other_sites_are_refused_on_sqlite() {
             (status, String::from_utf8_lossy(&body).into_owned())
         }
     };
-    let token = csrf_of(&page.get("alice", "/admin/outbox").await);
+    // A form drawn in a browser session: its token and the session's cookie.
+    let drawn = || async {
+        let request = Request::builder()
+            .uri("/admin/outbox")
+            .body(Body::empty())
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let cookie = session_cookie(response.headers()).expect("a page gives a session");
+        assert!(
+            response.headers()[header::SET_COOKIE]
+                .to_str()
+                .unwrap()
+                .ends_with("; Path=/admin; HttpOnly; SameSite=Strict"),
+            "{:?}",
+            response.headers()
+        );
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (csrf_of(&String::from_utf8_lossy(&body)), cookie)
+    };
+    let (token, cookie) = drawn().await;
+    let ours = || Some(cookie.clone());
+    // Behind a proxy that says the browser came over HTTPS, the cookie goes over HTTPS only.
+    let request = Request::builder()
+        .uri("/admin/outbox")
+        .header("x-forwarded-proto", "https")
+        .body(Body::empty())
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let set = response.headers()[header::SET_COOKIE].to_str().unwrap();
+    assert!(set.ends_with("; SameSite=Strict; Secure"), "{set}");
     for headers in [
         &[
             ("host", "localhost:8080"),
@@ -773,31 +832,41 @@ async fn stale_tokens_and_other_sites_are_refused_on_sqlite() {
         &[("sec-fetch-site", "cross-site")][..],
         &[("sec-fetch-site", "same-site")][..],
     ] {
-        let (status, body) = post(token.clone(), headers).await;
+        let (status, body) = post(token.clone(), ours(), headers).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{headers:?}: {body}");
         assert!(body.contains("posted from another site"), "{body}");
+    }
+    assert_eq!(audited().await, 0, "a refused POST was recorded");
+    // The token holds in the session it was drawn in only: not without its cookie, not
+    // in another session of the same viewer.
+    let (_, other) = drawn().await;
+    assert_ne!(other, cookie);
+    for cookie in [None, Some(other)] {
+        let (status, body) = post(token.clone(), cookie.clone(), &[]).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{cookie:?}: {body}");
+        assert!(body.contains("not of this browser session"), "{body}");
     }
     assert_eq!(audited().await, 0, "a refused POST was recorded");
     // A token whose expiry was moved (within the lifetime) is not the page's: the HMAC
     // covers it.
     let (expires, mac) = token.split_once('.').unwrap();
     let moved = format!("{}.{mac}", expires.parse::<u64>().unwrap() - 1);
-    let (status, body) = post(moved, &[]).await;
+    let (status, body) = post(moved, ours(), &[]).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert!(body.contains("CSRF token"), "{body}");
     // Past its lifetime the token is refused; the page draws a new one.
     tokio::time::sleep(Duration::from_millis(4100)).await;
-    let (status, body) = post(token, &[("sec-fetch-site", "same-origin")]).await;
+    let (status, body) = post(token, ours(), &[("sec-fetch-site", "same-origin")]).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert!(body.contains("expired: reload the page"), "{body}");
     assert_eq!(audited().await, 0);
-    let fresh = csrf_of(&page.get("alice", "/admin/outbox").await);
+    let (fresh, cookie) = drawn().await;
     let same_origin: &'static [(&str, &str)] = &[
         ("host", "localhost:8080"),
         ("origin", "http://localhost:8080"),
         ("sec-fetch-site", "same-origin"),
     ];
-    let (status, body) = post(fresh, same_origin).await;
+    let (status, body) = post(fresh, Some(cookie), same_origin).await;
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
     assert_eq!(audited().await, 1);
 }

@@ -37,9 +37,10 @@ fn allowed<S: AdminStore>(app: &App<S>, seen: &Seen, form: &Fields) -> Option<Re
         return Some(refused("a read-only viewer takes no action"));
     }
     let token = form.get("csrf").map_or("", String::as_str);
-    if !app.csrf_holds(&seen.frame.who, token) {
+    if !app.csrf_holds(&seen.frame.who, &seen.session, token) {
         return Some(refused(
-            "the form's CSRF token is missing, not yours, or expired: reload the page",
+            "the form's CSRF token is missing, not yours, not of this browser session, or \
+             expired: reload the page",
         ));
     }
     None

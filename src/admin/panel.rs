@@ -51,6 +51,11 @@ const CSRF_LIFETIME: std::time::Duration = std::time::Duration::from_secs(8 * 36
 const CLOCK_SLACK_SECS: u64 = 60;
 
 /// Seconds since the epoch, by this process's clock.
+/// What a CSRF token signs: the viewer, their browser session, when it expires.
+fn csrf_text(who: &str, session: &str, expires: u64) -> String {
+    format!("csrf\u{0}{who}\u{0}{session}\u{0}{expires}")
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -76,17 +81,18 @@ impl<S: AdminStore> Admin<S> {
         }
     }
 
-    /// The CSRF token of `who`, drawn now: when it expires (seconds since the epoch),
-    /// and an HMAC of their name and that time under this page's key.
-    pub(super) fn csrf(&self, who: &str) -> String {
+    /// The CSRF token of `who` in the browser session `session` (the page's session
+    /// cookie), drawn now: when it expires (seconds since the epoch), and an HMAC of their
+    /// name, the session and that time under this page's key.
+    pub(super) fn csrf(&self, who: &str, session: &str) -> String {
         let expires = unix_now().saturating_add(self.csrf_lifetime.as_secs().max(1));
-        let mac = self.mac(&format!("csrf\u{0}{who}\u{0}{expires}"));
+        let mac = self.mac(&csrf_text(who, session, expires));
         format!("{expires}.{}", hex::encode(mac.finalize().into_bytes()))
     }
 
-    /// Whether `token` is a CSRF token this page drew for `who` and it has not expired
-    /// (the HMAC compared in constant time).
-    pub(super) fn csrf_holds(&self, who: &str, token: &str) -> bool {
+    /// Whether `token` is a CSRF token this page drew for `who` in `session` and it has
+    /// not expired (the HMAC compared in constant time).
+    pub(super) fn csrf_holds(&self, who: &str, session: &str, token: &str) -> bool {
         let Some((expires, mac)) = token.split_once('.') else {
             return false;
         };
@@ -98,7 +104,7 @@ impl<S: AdminStore> Admin<S> {
         let latest = now
             .saturating_add(self.csrf_lifetime.as_secs().max(1))
             .saturating_add(CLOCK_SLACK_SECS);
-        now < at && at <= latest && self.holds(&format!("csrf\u{0}{who}\u{0}{expires}"), mac)
+        now < at && at <= latest && self.holds(&csrf_text(who, session, at), mac)
     }
 
     /// How long a CSRF token a page draws is taken (default 8 hours, at least a

@@ -2,8 +2,8 @@
 //! action gives when it cannot go on.
 
 use axum::extract::{FromRequestParts, OriginalUri};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::page::Frame;
@@ -19,6 +19,38 @@ pub(super) struct Seen {
     /// Why the request came from another site, if the browser says it did
     /// (`Sec-Fetch-Site`, or an `Origin` that is not the request's own host).
     pub(super) cross_site: Option<String>,
+    /// The browser's session with the page, which its CSRF tokens are bound to: its
+    /// cookie's value, or one drawn now.
+    pub(super) session: String,
+    /// The `Set-Cookie` value that gives the browser the session drawn now, if it had none.
+    pub(super) new_session: Option<String>,
+}
+
+/// The cookie naming the browser's session with the page.
+const SESSION_COOKIE: &str = "orderly_admin_session";
+
+/// The session the request's cookie names, if it holds one this page could have drawn
+/// (32 hexadecimal digits).
+fn session_of(parts: &Parts) -> Option<String> {
+    parts
+        .headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|c| c.split(';'))
+        .filter_map(|kv| kv.trim().strip_prefix(SESSION_COOKIE)?.strip_prefix('='))
+        .find(|v| v.len() == 32 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_string)
+}
+
+/// Whether the request came over HTTPS, as its URI or its proxy
+/// (`X-Forwarded-Proto`) says: the session cookie is then sent over HTTPS only.
+fn over_https(parts: &Parts) -> bool {
+    parts.uri.scheme_str() == Some("https")
+        || parts
+            .headers
+            .get("x-forwarded-proto")
+            .is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(b"https"))
 }
 
 /// Why a request came from another site, by what the browser sent: `Sec-Fetch-Site`
@@ -78,16 +110,32 @@ impl<S: AdminStore> FromRequestParts<App<S>> for Seen {
             .uri
             .query()
             .is_some_and(|q| q.split('&').any(|p| p == "format=json"));
+        // A browser without a session is given one with the page: the tokens of its
+        // forms hold in that session only (the cookie is the page's, sent to no script
+        // and on no request from another site).
+        let (session, new_session) = match session_of(parts) {
+            Some(session) => (session, None),
+            None => {
+                let session = hex::encode(uuid::Uuid::new_v4().as_bytes());
+                let secure = if over_https(parts) { "; Secure" } else { "" };
+                let cookie = format!(
+                    "{SESSION_COOKIE}={session}; Path={home}; HttpOnly; SameSite=Strict{secure}"
+                );
+                (session, Some(cookie))
+            }
+        };
         Ok(Seen {
             frame: Frame {
                 base,
+                csrf: app.csrf(&viewer.who, &session),
                 home,
-                csrf: app.csrf(&viewer.who),
                 who: viewer.who,
                 access: viewer.access,
             },
             json,
             cross_site: cross_site(parts),
+            session,
+            new_session,
         })
     }
 }

@@ -14,7 +14,7 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         total,
         ..
     } = fixture(store, exec, BULK).await;
-    let page = Page { router };
+    let page = Page::new(router);
 
     // Hardened: every answer (a page, its JSON, a refusal) may not be framed, runs and
     // loads nothing but its own style (by its hash), is kept by no cache, sends no

@@ -33,11 +33,20 @@ fn answer(
     data: serde_json::Value,
     body: Markup,
 ) -> Response {
-    if seen.json {
+    let mut response = if seen.json {
         axum::Json(data).into_response()
     } else {
         Html(seen.frame.page(title, notice, body).into_string()).into_response()
+    };
+    // The browser's session with the page, which its forms' tokens are bound to.
+    if let Some(cookie) = &seen.new_session
+        && let Ok(value) = axum::http::HeaderValue::from_str(cookie)
+    {
+        response
+            .headers_mut()
+            .append(axum::http::header::SET_COOKIE, value);
     }
+    response
 }
 
 /// The notice an action left in the query (`done`), if this page signed it (`sig`): a
