@@ -12,9 +12,9 @@ impl<S: AdminStore> Admin<S> {
     pub fn router(self) -> axum::Router {
         axum::Router::new()
             .route("/", get(pages::overview::<S>))
-            .route("/outbox", get(pages::dead_events::<S>))
-            .route("/flows", get(pages::parked_flows::<S>))
-            .route("/timers", get(pages::dead_timers::<S>))
+            .route("/outbox", get(pages::events::<S>))
+            .route("/flows", get(pages::flows::<S>))
+            .route("/timers", get(pages::timers::<S>))
             .route("/entity", get(pages::entity::<S>))
             .route("/event", get(pages::event::<S>))
             .route("/flow", get(pages::flow::<S>))

@@ -79,11 +79,11 @@ pub enum EventsBy<'a> {
     },
 }
 
-/// Which dead events to read or count: each field `None` meaning any.
-/// `DeadFilter::default()` takes every dead event; set the fields wanted.
+/// Which outbox events of a status to read or count: each field `None` meaning any.
+/// `EventFilter::default()` takes every event of the status; set the fields wanted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct DeadFilter<'a> {
+pub struct EventFilter<'a> {
     /// The events of this machine.
     pub machine: Option<&'a str>,
     /// The events of this name.
@@ -95,8 +95,8 @@ pub struct DeadFilter<'a> {
     pub older_than_ms: Option<i64>,
 }
 
-impl DeadFilter<'_> {
-    /// Whether `row`, a dead event, matches.
+impl EventFilter<'_> {
+    /// Whether `row` matches (its status aside).
     pub fn matches(&self, row: &EventRow) -> bool {
         self.machine.is_none_or(|m| m == row.machine)
             && self.event.is_none_or(|e| e == row.event)
@@ -205,14 +205,16 @@ pub trait LookupStore: Store {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send;
 
-    /// Up to `limit` dead events `filter` matches whose keys come after `after`, in key
-    /// order (machine, entity, version): a page of them, the next read after the last
-    /// key of this one. The default reads every dead event and keeps the page (a store
-    /// of your own may do better); the backends filter and page in one statement.
-    fn dead_events(
+    /// Up to `limit` events in `status` (`DEAD`, `PENDING`) `filter` matches whose keys
+    /// come after `after`, in key order (machine, entity, version): a page of them, the
+    /// next read after the last key of this one. The default reads every event of the
+    /// status and keeps the page (a store of your own may do better); the backends
+    /// filter and page in one statement.
+    fn events_in(
         &self,
         conn: &mut Self::Conn,
-        filter: &DeadFilter<'_>,
+        status: &str,
+        filter: &EventFilter<'_>,
         after: Option<&EventKey>,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send
@@ -220,25 +222,27 @@ pub trait LookupStore: Store {
         Self: OutboxStore,
     {
         async move {
-            let mut rows = self.list_events(conn, "DEAD", i64::MAX).await?;
+            let mut rows = self.list_events(conn, status, i64::MAX).await?;
             rows.retain(|r| filter.matches(r) && past(r, after));
             rows.truncate(usize::try_from(limit).unwrap_or(0));
             Ok(rows)
         }
     }
 
-    /// How many dead events `filter` matches: what a bulk requeue of them acts on. The
-    /// default reads every dead event; the backends count in one statement.
-    fn count_dead_events(
+    /// How many events in `status` `filter` matches (of the dead, what a bulk requeue of
+    /// them acts on). The default reads every event of the status; the backends count in
+    /// one statement.
+    fn count_events_in(
         &self,
         conn: &mut Self::Conn,
-        filter: &DeadFilter<'_>,
+        status: &str,
+        filter: &EventFilter<'_>,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send
     where
         Self: OutboxStore,
     {
         async move {
-            let rows = self.list_events(conn, "DEAD", i64::MAX).await?;
+            let rows = self.list_events(conn, status, i64::MAX).await?;
             Ok(rows.iter().filter(|r| filter.matches(r)).count() as i64)
         }
     }

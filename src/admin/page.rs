@@ -55,6 +55,7 @@ pre{background:#fff;border:1px solid #dde1e6;padding:.6em;overflow:auto}
 details.all pre{white-space:pre-wrap;word-break:break-word;max-height:24em}
 pre.whole{white-space:pre-wrap;word-break:break-word}div.err pre{color:#a4262c}
 table.fields{width:auto;min-width:40em}table.fields th{width:12em}
+.tabs a.here{font-weight:600;color:inherit;text-decoration:none}span.when{border-bottom:1px dotted #889}
 .flash{background:#e7f3e7;border:1px solid #107c10;padding:.4em .8em;margin-bottom:1em}
 input,select{padding:.15em .3em}
 header form.search input{width:16em}

@@ -3,7 +3,7 @@
 
 use sqlx::Executor;
 
-use crate::admin::lookup::{DeadFilter, EventsBy, FlowHit, RecordHit, StuckRecord};
+use crate::admin::lookup::{EventFilter, EventsBy, FlowHit, RecordHit, StuckRecord};
 use crate::backend::names::Names;
 use crate::backend::outbox_sql::readable;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
@@ -30,12 +30,13 @@ pub(crate) struct LookupStatements {
     stuck_count: Statement,
     /// How many records of a scope are stuck: 1 scope.
     stuck_count_of_scope: Statement,
-    /// Dead events a filter matches, past a key, in key order: 1 machine, 2 event,
-    /// 3 text of the last error, 4 age in ms (each `NULL` for any), 5 machine, 6 entity,
-    /// 7 version of the key to read past (5 `NULL` for the first page), 8 limit.
-    dead: Statement,
-    /// How many dead events a filter matches: 1 to 4 as `dead`'s.
-    dead_count: Statement,
+    /// Events of a status a filter matches, past a key, in key order: 1 status,
+    /// 2 machine, 3 event, 4 text of the last error, 5 age in ms (2 to 5 each `NULL` for
+    /// any), 6 machine, 7 entity, 8 version of the key to read past (6 `NULL` for the
+    /// first page), 9 limit.
+    in_status: Statement,
+    /// How many events of a status a filter matches: 1 to 5 as `in_status`'s.
+    count_in_status: Statement,
 }
 
 impl LookupStatements {
@@ -81,20 +82,22 @@ impl LookupStatements {
                 stuck_where(scope)
             ))
         };
-        let dead = format!(
-            "o.status = 'DEAD' AND (?1 IS NULL OR o.machine = ?1) AND (?2 IS NULL OR o.event = ?2) \
-             AND (?3 IS NULL OR {position}(o.last_error, ?3) > 0) AND (?4 IS NULL OR {age_ms} >= ?4)"
+        let matching = format!(
+            "o.status = ?1 AND (?2 IS NULL OR o.machine = ?2) AND (?3 IS NULL OR o.event = ?3) \
+             AND (?4 IS NULL OR {position}(o.last_error, ?4) > 0) AND (?5 IS NULL OR {age_ms} >= ?5)"
         );
         LookupStatements {
-            dead: events(
+            in_status: events(
                 &format!(
-                    "{dead} AND (?5 IS NULL OR o.machine > ?5 OR (o.machine = ?5 AND \
-                     (o.entity_id > ?6 OR (o.entity_id = ?6 AND o.version > ?7))))"
+                    "{matching} AND (?6 IS NULL OR o.machine > ?6 OR (o.machine = ?6 AND \
+                     (o.entity_id > ?7 OR (o.entity_id = ?7 AND o.version > ?8))))"
                 ),
                 key,
-                "?8",
+                "?9",
             ),
-            dead_count: s(format!("SELECT COUNT(*) FROM {outbox} AS o WHERE {dead}")),
+            count_in_status: s(format!(
+                "SELECT COUNT(*) FROM {outbox} AS o WHERE {matching}"
+            )),
             records: s(format!(
                 "SELECT scope, idem_key, status, attempt, lease_until - {now} AS lease_left_ms, \
                         {now} - created_at AS age_ms \
@@ -198,9 +201,10 @@ where
     Ok(readable(&rows))
 }
 
-/// A dead-event filter's values, `dead`'s 1 to 4.
-fn dead_args<'a>(f: &DeadFilter<'a>) -> [Arg<'a>; 4] {
+/// A status and a filter's values, `in_status`'s 1 to 5.
+fn filter_args<'a>(status: &'a str, f: &EventFilter<'a>) -> [Arg<'a>; 5] {
     [
+        Arg::Str(status),
         Arg::OptStr(f.machine),
         Arg::OptStr(f.event),
         Arg::OptStr(f.error_contains),
@@ -208,12 +212,13 @@ fn dead_args<'a>(f: &DeadFilter<'a>) -> [Arg<'a>; 4] {
     ]
 }
 
-/// [`LookupStore::dead_events`](crate::admin::lookup::LookupStore::dead_events): a row
+/// [`LookupStore::events_in`](crate::admin::lookup::LookupStore::events_in): a row
 /// that does not read as an event is left out (and named in the log).
-pub(crate) async fn dead<DB: Binds>(
+pub(crate) async fn events_in<DB: Binds>(
     conn: &mut DB::Connection,
     s: &LookupStatements,
-    filter: &DeadFilter<'_>,
+    status: &str,
+    filter: &EventFilter<'_>,
     after: Option<&EventKey>,
     limit: i64,
 ) -> Result<Vec<EventRow>, sqlx::Error>
@@ -226,8 +231,9 @@ where
     i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     i32: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
 {
-    let [machine, event, error, older] = dead_args(filter);
+    let [status, machine, event, error, older] = filter_args(status, filter);
     let args = [
+        status,
         machine,
         event,
         error,
@@ -237,22 +243,23 @@ where
         Arg::I64(after.map_or(0, |k| k.version)),
         Arg::I64(limit),
     ];
-    let rows = s.dead.query::<DB>(&args)?.fetch_all(conn).await?;
+    let rows = s.in_status.query::<DB>(&args)?.fetch_all(conn).await?;
     Ok(readable(&rows))
 }
 
-/// [`LookupStore::count_dead_events`](crate::admin::lookup::LookupStore::count_dead_events).
-pub(crate) async fn count_dead<DB: Binds>(
+/// [`LookupStore::count_events_in`](crate::admin::lookup::LookupStore::count_events_in).
+pub(crate) async fn count_events_in<DB: Binds>(
     conn: &mut DB::Connection,
     s: &LookupStatements,
-    filter: &DeadFilter<'_>,
+    status: &str,
+    filter: &EventFilter<'_>,
 ) -> Result<i64, sqlx::Error>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
 {
-    s.dead_count
-        .query_scalar::<DB, i64>(&dead_args(filter))?
+    s.count_in_status
+        .query_scalar::<DB, i64>(&filter_args(status, filter))?
         .fetch_one(conn)
         .await
 }

@@ -155,10 +155,16 @@ impl<S: AdminStore> Cli<S> {
                     Ok(after) => after,
                     Err(e) => return out.fail(&e),
                 };
-                let read = match a.dead_page(&filter, after.as_ref(), LIST_MAX).await {
+                let read = match a
+                    .events_page("DEAD", &filter, after.as_ref(), LIST_MAX)
+                    .await
+                {
                     Ok((rows, next)) => match next {
                         None => Ok((rows, None)),
-                        Some(next) => a.count_dead(&filter).await.map(|n| (rows, Some((next, n)))),
+                        Some(next) => a
+                            .count_events("DEAD", &filter)
+                            .await
+                            .map(|n| (rows, Some((next, n)))),
                     },
                     Err(e) => Err(e),
                 };

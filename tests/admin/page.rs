@@ -539,6 +539,41 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(dead().await, 0);
+    // Every event is waiting now (no relay runs here): the backlog, counted and paged,
+    // each row with its age in words and its time on hover.
+    let waiting = count(
+        &exec,
+        "SELECT COUNT(*) FROM orderly_outbox WHERE status = 'PENDING'",
+    )
+    .await;
+    assert!(waiting > 500, "{waiting}");
+    let backlog = page.json("bob", "/admin/outbox?status=pending").await;
+    assert_eq!(backlog["matching"], waiting);
+    assert_eq!(backlog["pending"].as_array().unwrap().len(), 500);
+    let next = backlog["next"].as_str().unwrap().to_string();
+    let second = page
+        .json("bob", &format!("/admin/outbox?status=pending&after={next}"))
+        .await;
+    assert_eq!(
+        second["pending"][0]["entity_id"],
+        backlog["pending"][499]["entity_id"].as_i64().unwrap() + 1,
+        "the next page goes on past the last key"
+    );
+    let html = page.get("alice", "/admin/outbox?status=pending").await;
+    assert!(
+        html.contains(&format!("{waiting} events waiting match"))
+            && html.contains("<span class=\"when\" title=\"")
+            && !html.contains("action=\"requeue"),
+        "the backlog: counted, ages in words, nothing to requeue"
+    );
+    assert!(
+        html.contains("outbox?status=pending&amp;after="),
+        "its next page keeps the status"
+    );
+    let (status, body, _) = page
+        .call("bob", "GET", "/admin/outbox?status=gone", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let audit = page.json("bob", "/admin/audit").await;
     let rows = audit["audit"].as_array().unwrap();
     assert_eq!(rows.len(), 3, "{audit}");
@@ -565,6 +600,22 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
     let view = flows.get("legacy", "L-1").await.unwrap().unwrap();
     assert_eq!(view.flow.status, "COMPLETED");
+    // The flows by listing: the finished one, the parked other.
+    let finished = page.json("bob", "/admin/flows?which=finished").await;
+    assert_eq!(finished["count"], 1, "{finished}");
+    assert_eq!(finished["finished"][0]["flow_key"], "L-1", "{finished}");
+    assert_eq!(
+        page.json("bob", "/admin/flows?which=parked").await["count"],
+        1
+    );
+    assert_eq!(
+        page.json("bob", "/admin/flows?which=running").await["count"],
+        0
+    );
+    let (status, body, _) = page
+        .call("bob", "GET", "/admin/flows?which=gone", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     // The other is marked applied by hand (the gateway did post it), with its output;
     // an output that is not JSON is refused, nothing done.
     let applied = |output: &'static str| {
@@ -669,6 +720,10 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         .await,
         1
     );
+    let pending = page.json("bob", "/admin/timers?status=pending").await;
+    assert_eq!(pending["count"], 1, "{pending}");
+    assert_eq!(pending["pending"][0]["entity_id"], 99_999, "{pending}");
+    assert_eq!(page.json("bob", "/admin/timers").await["count"], 0);
     assert_eq!(
         page.post("alice", "/admin/cancel-timer", &key).await.0,
         StatusCode::SEE_OTHER

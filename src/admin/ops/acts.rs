@@ -88,7 +88,7 @@ impl<S: AdminStore> Admin<S> {
         let mut after: Option<EventKey> = None;
         loop {
             let (rows, next) = self
-                .dead_page(filter, after.as_ref(), BATCH)
+                .events_page("DEAD", filter, after.as_ref(), BATCH)
                 .await
                 .map_err(|e| (e, requeued))?;
             for r in &rows {

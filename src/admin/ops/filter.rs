@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::admin::lookup::DeadFilter;
+use crate::admin::lookup::EventFilter;
 use crate::flow::Resume;
 
 use crate::error::Error;
@@ -61,8 +61,8 @@ impl Filter {
     }
 
     /// The filter as the store reads it.
-    pub(crate) fn dead(&self) -> DeadFilter<'_> {
-        DeadFilter {
+    pub(crate) fn events(&self) -> EventFilter<'_> {
+        EventFilter {
             machine: self.machine.as_deref(),
             event: self.event.as_deref(),
             error_contains: self.error.as_deref(),

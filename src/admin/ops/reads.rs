@@ -67,19 +67,20 @@ impl<S: AdminStore> Admin<S> {
         }
     }
 
-    /// Up to `limit` dead events `filter` matches after key `after`, in key order, and
-    /// the key to read the next page after if there are more.
-    pub(crate) async fn dead_page(
+    /// Up to `limit` events in `status` (`DEAD`, `PENDING`) `filter` matches after key
+    /// `after`, in key order, and the key to read the next page after if there are more.
+    pub(crate) async fn events_page(
         &self,
+        status: &str,
         filter: &Filter,
         after: Option<&EventKey>,
         limit: u32,
     ) -> Result<(Vec<EventRow>, Option<EventKey>)> {
         let store = &self.store;
-        let dead = filter.dead();
+        let matching = filter.events();
         let mut rows = Lease::run(store, async |c| {
             store
-                .dead_events(c, &dead, after, i64::from(limit) + 1)
+                .events_in(c, status, &matching, after, i64::from(limit) + 1)
                 .await
         })
         .await?;
@@ -94,11 +95,15 @@ impl<S: AdminStore> Admin<S> {
         Ok((rows, next.flatten()))
     }
 
-    /// How many dead events `filter` matches: what a requeue of every match acts on.
-    pub(crate) async fn count_dead(&self, filter: &Filter) -> Result<u64> {
+    /// How many events in `status` `filter` matches (of the dead: what a requeue of
+    /// every match acts on).
+    pub(crate) async fn count_events(&self, status: &str, filter: &Filter) -> Result<u64> {
         let store = &self.store;
-        let dead = filter.dead();
-        let n = Lease::run(store, async |c| store.count_dead_events(c, &dead).await).await?;
+        let matching = filter.events();
+        let n = Lease::run(store, async |c| {
+            store.count_events_in(c, status, &matching).await
+        })
+        .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
@@ -108,6 +113,20 @@ impl<S: AdminStore> Admin<S> {
         let store = &self.store;
         Lease::run(store, async |c| {
             store.stuck_records(c, scope, i64::from(LIST_MAX)).await
+        })
+        .await
+    }
+
+    /// Up to `limit` timers in `status` (`DEAD`, `PENDING`), earliest due first; rows
+    /// that do not read as timers as such.
+    pub(crate) async fn timers_in(
+        &self,
+        status: &str,
+        limit: u32,
+    ) -> Result<Vec<crate::store::timers::ClaimedTimer>> {
+        let store = &self.store;
+        Lease::run(store, async |c| {
+            store.list_timers(c, status, i64::from(limit)).await
         })
         .await
     }

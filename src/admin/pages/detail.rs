@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use serde_json::json;
 
-use super::{answer, entity_link, long_text, notice, resume_actions, timer_actions};
+use super::{ago, answer, at, entity_link, long_text, notice, resume_actions, timer_actions};
 use crate::admin::AdminStore;
 use crate::admin::ops::{event_key, time_text};
 use crate::admin::panel::App;
@@ -75,7 +75,7 @@ pub(in crate::admin) async fn event<S: AdminStore>(
             tr { th { "Reference" } td { (row.ref_id) } }
             tr { th { "Status" } td.bad[row.status == "DEAD"] { (row.status) } }
             tr { th { "Attempts" } td { (row.attempts) } }
-            tr { th { "Written" } td { (row.age_ms.map_or_else(String::new, |ms| format!("{:.0} s ago", ms as f64 / 1000.0))) } }
+            tr { th { "Written" } td { @if let Some(ms) = row.age_ms { (ago(ms)) } } }
         }
         @if row.status == "DEAD" {
             p { (f.action("requeue", &[
@@ -145,8 +145,8 @@ pub(in crate::admin) async fn flow<S: AdminStore>(
             tr { th { "Parked" } td.bad[fl.park_reason.is_some()] { (fl.park_reason.as_deref().unwrap_or("no")) } }
             tr { th { "Step" } td { (fl.step_at) } }
             tr { th { "Claims since progress" } td { (fl.attempt) } }
-            tr { th { "Started" } td { (time_text(fl.created_at)) } }
-            tr { th { "Last written" } td { (time_text(fl.updated_at)) } }
+            tr { th { "Started" } td { (at(fl.created_at)) } }
+            tr { th { "Last written" } td { (at(fl.updated_at)) } }
             @if let Some(w) = &view.waits {
                 tr { th { "Waits" } td { (w.step) " until " (time_text(w.until_ms)) } }
             }
@@ -166,7 +166,7 @@ pub(in crate::admin) async fn flow<S: AdminStore>(
                     td.bad[s.status == "FAILED"] { (s.status) }
                     td { (s.attempt) }
                     td { (s.downstream_key.as_deref().unwrap_or("")) }
-                    td { (time_text(s.started_at)) }
+                    td { (at(s.started_at)) }
                     td { (s.finished_at.map_or_else(String::new, |end| format!("{} ms", end - s.started_at))) }
                     td.err { (long_text(s.error.as_deref().unwrap_or(""), None)) }
                     td { (long_text(s.output.as_deref().unwrap_or(""), None)) }
@@ -228,7 +228,7 @@ pub(in crate::admin) async fn timer<S: AdminStore>(
             tr { th { "Entity" } td { a href=(entity_link(&t.machine, t.entity_id)) { (t.machine) " " (t.entity_id) } } }
             tr { th { "Event" } td { (t.event) } }
             tr { th { "Reference" } td { (t.ref_id) } }
-            tr { th { "Due" } td { (time_text(t.due_at)) } }
+            tr { th { "Due" } td { (at(t.due_at)) } }
             tr { th { "Status" } td.bad[t.status == "DEAD"] { (t.status) } }
             tr { th { "Outcome" } td { (t.outcome.as_deref().unwrap_or("")) } }
             tr { th { "Attempts" } td { (t.attempts) } }

@@ -10,11 +10,11 @@ use maud::html;
 use serde_json::json;
 
 use super::{
-    answer, entity_link, event_link, flow_link, long_text, notice, resume_actions, timer_actions,
-    timer_link, urlencoding,
+    ago, answer, at, entity_link, event_link, flow_link, long_text, notice, resume_actions,
+    timer_actions, timer_link, urlencoding,
 };
 use crate::admin::AdminStore;
-use crate::admin::ops::{Filter, event_key, id_of, time_text};
+use crate::admin::ops::{Filter, event_key, id_of};
 use crate::admin::panel::{App, PAGE};
 use crate::admin::seen::{Seen, failed};
 use crate::flow::Listing;
@@ -31,11 +31,21 @@ fn shown(total: u64, here: usize, paged: bool, what: &str) -> String {
     }
 }
 
-pub(in crate::admin) async fn dead_events<S: AdminStore>(
+/// The outbox's events of one status, `?status=dead` (the default) or `pending` (the
+/// backlog): filtered, counted, paged.
+pub(in crate::admin) async fn events<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
+    let (status, dead) = match q.get("status").map_or("dead", |s| s.trim()) {
+        "dead" | "" => ("DEAD", true),
+        "pending" => ("PENDING", false),
+        other => {
+            let why = format!("a status of the list is dead or pending, not {other:?}");
+            return (StatusCode::BAD_REQUEST, why).into_response();
+        }
+    };
     let filter = match Filter::from_fields(&q) {
         Ok(filter) => filter,
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
@@ -46,24 +56,29 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
         Ok(after) => after,
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     };
-    let (rows, next) = match app.dead_page(&filter, after.as_ref(), PAGE).await {
+    let (rows, next) = match app.events_page(status, &filter, after.as_ref(), PAGE).await {
         Ok(page) => page,
         Err(e) => return failed(&e),
     };
     // What "Requeue every match" acts on, counted by the same filter.
-    let matching = match app.count_dead(&filter).await {
+    let matching = match app.count_events(status, &filter).await {
         Ok(n) => n,
         Err(e) => return failed(&e),
     };
     // Rows orderly never writes (a key that is not an integer, a status it does not
-    // know, a column of the wrong type) are not events: listed apart, as stored.
-    let corrupt = match Outbox::new(app.store().clone()).corrupt(PAGE).await {
-        Ok(rows) => rows,
-        Err(e) => return failed(&e),
+    // know, a column of the wrong type) are not events: listed apart, as stored, with
+    // the dead.
+    let corrupt = match dead {
+        true => match Outbox::new(app.store().clone()).corrupt(PAGE).await {
+            Ok(rows) => rows,
+            Err(e) => return failed(&e),
+        },
+        false => Vec::new(),
     };
     let next = next.as_ref().map(id_of);
+    let list = if dead { "dead" } else { "pending" };
     let data = json!({ "matching": matching, "after": after.as_ref().map(id_of), "next": next,
-        "dead": rows.iter().map(|r| json!({
+        list: rows.iter().map(|r| json!({
         "machine": r.machine, "entity_id": r.entity_id, "version": r.version,
         "event": r.event, "ref_id": r.ref_id, "attempts": r.attempts,
         "last_error": r.last_error, "age_ms": r.age_ms,
@@ -94,7 +109,11 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
                 }
             }
         }
+        p.tabs {
+            a.here[dead] href="outbox" { "Dead" } " · " a.here[!dead] href="outbox?status=pending" { "Waiting to be published" }
+        }
         form method="get" action="outbox" {
+            @if !dead { input type="hidden" name="status" value="pending"; }
             "Machine " input type="text" name="machine" value=(field("machine"));
             " Event " input type="text" name="event" value=(field("event"));
             " Error contains " input type="text" name="error" value=(field("error"));
@@ -102,22 +121,22 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
             " " button type="submit" { "Filter" }
         }
         p id="matching" {
-            (matching) " dead events match"
+            (matching) (if dead { " dead events match" } else { " events waiting match" })
             @if after.is_some() || next.is_some() {
                 "; shown here: " (rows.len()) ", in key order"
                 @if let Some(a) = &after { ", after " (id_of(a)) }
             }
             "."
         }
-        @if matching > 0 {
+        @if dead && matching > 0 {
             (f.action("requeue-matching", &[
                 ("machine", field("machine")), ("event", field("event")), ("error", field("error")),
                 ("older", field("older")),
             ], &format!("Requeue every match ({matching})")))
         }
-        table id="dead" {
+        table id=(list) {
             tr { th { "Machine" } th { "Entity" } th { "Version" } th { "Event" } th { "Reference" }
-                 th { "Attempts" } th { "Last error" } th { "Age" } th {} }
+                 th { "Attempts" } th { "Last error" } th { "Written" } @if dead { th {} } }
             @for r in &rows {
                 @let event = event_link(&r.machine, r.entity_id, r.version);
                 tr {
@@ -128,22 +147,29 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
                     td { (r.ref_id) }
                     td { (r.attempts) }
                     td.err { (long_text(r.last_error.as_deref().unwrap_or(""), Some(&event))) }
-                    td { (r.age_ms.map_or_else(String::new, |ms| format!("{:.0} s", ms as f64 / 1000.0))) }
-                    td { (f.action("requeue", &[
-                        ("machine", &r.machine), ("entity_id", &r.entity_id.to_string()),
-                        ("version", &r.version.to_string()),
-                    ], "Requeue")) }
+                    td { @if let Some(ms) = r.age_ms { (ago(ms)) } }
+                    @if dead {
+                        td { (f.action("requeue", &[
+                            ("machine", &r.machine), ("entity_id", &r.entity_id.to_string()),
+                            ("version", &r.version.to_string()),
+                        ], "Requeue")) }
+                    }
                 }
             }
         }
     };
     // The same filter, from its first page or after a key.
     let link = |after: Option<&str>| {
-        let mut parts: Vec<String> = fields
-            .iter()
-            .filter(|(_, v)| !v.is_empty())
-            .map(|(k, v)| format!("{k}={}", urlencoding(v)))
+        let mut parts: Vec<String> = (!dead)
+            .then(|| "status=pending".to_string())
+            .into_iter()
             .collect();
+        parts.extend(
+            fields
+                .iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(k, v)| format!("{k}={}", urlencoding(v))),
+        );
         parts.extend(after.map(|a| format!("after={}", urlencoding(a))));
         format!("outbox?{}", parts.join("&"))
     };
@@ -154,14 +180,33 @@ pub(in crate::admin) async fn dead_events<S: AdminStore>(
             @if let Some(n) = &next { a href=(link(Some(n))) { "Next page →" } }
         }
     };
-    answer(&seen, "Dead events", notice(&app, &q), data, body)
+    let title = if dead {
+        "Dead events"
+    } else {
+        "Events waiting to be published"
+    };
+    answer(&seen, title, notice(&app, &q), data, body)
 }
 
-pub(in crate::admin) async fn parked_flows<S: AdminStore>(
+/// The flows of one listing, `?which=parked` (the default), `running`, `stuck` (their
+/// lease run out, for the recovery job) or `finished`: counted, paged by kind and key.
+pub(in crate::admin) async fn flows<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
+    let (listing, which) = match q.get("which").map_or("parked", |w| w.trim()) {
+        "parked" | "" => (Listing::Parked, "parked"),
+        "running" => (Listing::Running, "running"),
+        "stuck" => (Listing::Stuck, "stuck"),
+        "finished" => (Listing::Finished, "finished"),
+        other => {
+            let why =
+                format!("a listing of flows is parked, running, stuck or finished, not {other:?}");
+            return (StatusCode::BAD_REQUEST, why).into_response();
+        }
+    };
+    let parked = listing == Listing::Parked;
     // The page after a flow: its kind and key, as the link to the next page gives them.
     let after = match (q.get("after_kind"), q.get("after_key")) {
         (Some(kind), Some(key)) => Some((kind.as_str(), key.as_str())),
@@ -175,21 +220,19 @@ pub(in crate::admin) async fn parked_flows<S: AdminStore>(
         Ok(flows) => flows,
         Err(e) => return failed(&e),
     };
-    let (mut rows, parked) = match tokio::try_join!(
-        flows.list(Listing::Parked, after, PAGE + 1),
-        flows.count(Listing::Parked)
-    ) {
-        Ok(read) => read,
-        Err(e) => return failed(&e),
-    };
+    let (mut rows, count) =
+        match tokio::try_join!(flows.list(listing, after, PAGE + 1), flows.count(listing)) {
+            Ok(read) => read,
+            Err(e) => return failed(&e),
+        };
     let next = (rows.len() > PAGE as usize).then(|| {
         rows.truncate(PAGE as usize);
         rows.last()
             .map(|l| (l.flow.kind.clone(), l.flow.flow_key.clone()))
     });
     let next = next.flatten();
-    let data = json!({ "count": parked, "next": next.as_ref().map(|(kind, key)| json!({"kind": kind, "key": key})),
-        "parked": rows.iter().map(|l| json!({
+    let data = json!({ "count": count, "next": next.as_ref().map(|(kind, key)| json!({"kind": kind, "key": key})),
+        which: rows.iter().map(|l| json!({
         "kind": l.flow.kind, "flow_key": l.flow.flow_key, "version": l.flow.version,
         "status": l.flow.status, "park_reason": l.flow.park_reason, "step_at": l.flow.step_at,
         "last_error": l.flow.last_error, "known": l.known,
@@ -199,8 +242,14 @@ pub(in crate::admin) async fn parked_flows<S: AdminStore>(
         @if app.flows.is_none() {
             p { "No flows are registered with this page: it lists them, and resumes none." }
         }
-        p id="count" { (shown(parked, rows.len(), after.is_some() || next.is_some(), "flows are parked")) }
-        table id="parked" {
+        p.tabs {
+            @for (i, w) in ["parked", "running", "stuck", "finished"].into_iter().enumerate() {
+                @if i > 0 { " · " }
+                a.here[w == which] href=(format!("flows?which={w}")) { (w) }
+            }
+        }
+        p id="count" { (shown(count, rows.len(), after.is_some() || next.is_some(), &format!("flows are {which}"))) }
+        table id=(which) {
             tr { th { "Kind" } th { "Key" } th { "Version" } th { "Status" } th { "Reason" }
                  th { "Step" } th { "Last error" } th {} }
             @for l in &rows {
@@ -214,7 +263,8 @@ pub(in crate::admin) async fn parked_flows<S: AdminStore>(
                     td { (l.flow.step_at) }
                     td.err { (long_text(l.flow.last_error.as_deref().unwrap_or(""), Some(&whole))) }
                     td {
-                        @if l.known {
+                        @if !parked {
+                        } @else if l.known {
                             (resume_actions(f, &l.flow.kind, &l.flow.flow_key))
                         } @else {
                             "version not registered here"
@@ -227,25 +277,43 @@ pub(in crate::admin) async fn parked_flows<S: AdminStore>(
     let body = html! {
         (body)
         p id="pages" {
-            @if after.is_some() { a href="flows" { "← First page" } " " }
+            @if after.is_some() { a href=(format!("flows?which={which}")) { "← First page" } " " }
             @if let Some((kind, key)) = &next {
-                a href=(format!("flows?after_kind={}&after_key={}", urlencoding(kind), urlencoding(key))) {
+                a href=(format!("flows?which={which}&after_kind={}&after_key={}", urlencoding(kind), urlencoding(key))) {
                     "Next page →"
                 }
             }
         }
     };
-    answer(&seen, "Parked flows", notice(&app, &q), data, body)
+    let title = format!("Flows {which}");
+    answer(&seen, &title, notice(&app, &q), data, body)
 }
 
-pub(in crate::admin) async fn dead_timers<S: AdminStore>(
+/// The timers of one status, `?status=dead` (the default) or `pending` (earliest due
+/// first): the first page, and how many there are.
+pub(in crate::admin) async fn timers<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
+    let (status, which) = match q.get("status").map_or("dead", |w| w.trim()) {
+        "dead" | "" => ("DEAD", "dead"),
+        "pending" => ("PENDING", "pending"),
+        other => {
+            let why = format!("a status of the list is dead or pending, not {other:?}");
+            return (StatusCode::BAD_REQUEST, why).into_response();
+        }
+    };
     let timers = Timers::new(app.store().clone());
-    let (rows, dead) = match tokio::try_join!(timers.dead(i64::from(PAGE)), timers.stats()) {
-        Ok((rows, stats)) => (rows, u64::try_from(stats.dead).unwrap_or(0)),
+    let (rows, count) = match tokio::try_join!(app.timers_in(status, PAGE), timers.stats()) {
+        Ok((rows, stats)) => {
+            let n = if status == "DEAD" {
+                stats.dead
+            } else {
+                stats.pending
+            };
+            (rows, u64::try_from(n).unwrap_or(0))
+        }
         Err(e) => return failed(&e),
     };
     let read = rows.len();
@@ -257,8 +325,8 @@ pub(in crate::admin) async fn dead_timers<S: AdminStore>(
         .map(|c| c.to_string())
         .collect();
     let data = json!({
-        "count": dead,
-        "dead": rows.iter().map(|t| json!({
+        "count": count,
+        which: rows.iter().map(|t| json!({
             "machine": t.machine, "entity_id": t.entity_id, "event": t.event, "ref_id": t.ref_id,
             "due_at": t.due_at, "attempts": t.attempts, "last_error": t.last_error,
         })).collect::<Vec<_>>(),
@@ -266,7 +334,11 @@ pub(in crate::admin) async fn dead_timers<S: AdminStore>(
     });
     let f = &seen.frame;
     let body = html! {
-        p id="count" { (shown(dead, read, read as u64 >= u64::from(PAGE), "timers are dead")) }
+        p.tabs {
+            a.here[which == "dead"] href="timers" { "Dead" } " · "
+            a.here[which == "pending"] href="timers?status=pending" { "Pending, earliest due first" }
+        }
+        p id="count" { (shown(count, read, read as u64 >= u64::from(PAGE), &format!("timers are {which}"))) }
         table id="timers" {
             tr { th { "Machine" } th { "Entity" } th { "Event" } th { "Reference" } th { "Due" }
                  th { "Attempts" } th { "Last error" } th {} }
@@ -278,7 +350,7 @@ pub(in crate::admin) async fn dead_timers<S: AdminStore>(
                     td { a href=(entity_link(&t.machine, t.entity_id)) { (t.entity_id) } }
                     td { a href=(whole) { (t.event) } }
                     td { (t.ref_id) }
-                    td { (time_text(t.due_at)) }
+                    td { (at(t.due_at)) }
                     td { (t.attempts) }
                     td.err { (long_text(t.last_error.as_deref().unwrap_or(""), Some(&whole))) }
                     td { (timer_actions(f, &key, &t.status)) }
@@ -290,7 +362,12 @@ pub(in crate::admin) async fn dead_timers<S: AdminStore>(
             ul { @for c in &corrupt { li { (c) } } }
         }
     };
-    answer(&seen, "Dead timers", notice(&app, &q), data, body)
+    let title = if which == "dead" {
+        "Dead timers"
+    } else {
+        "Pending timers"
+    };
+    answer(&seen, title, notice(&app, &q), data, body)
 }
 
 pub(in crate::admin) async fn stuck_records<S: AdminStore>(

@@ -11,7 +11,7 @@ mod overview;
 
 pub(in crate::admin) use detail::{event, flow, timer};
 pub(in crate::admin) use entity::{entity, graph, search};
-pub(in crate::admin) use lists::{dead_events, dead_timers, parked_flows, stuck_records};
+pub(in crate::admin) use lists::{events, flows, stuck_records, timers};
 pub(in crate::admin) use overview::{audit, overview};
 
 use std::collections::HashMap;
@@ -145,6 +145,44 @@ fn long_text(text: &str, whole_at: Option<&str>) -> Markup {
             }
         }
     }
+}
+
+/// A span of `ms` milliseconds in words, the way an operator reads an age: "just now",
+/// "42 s", "3 min", "5 h", "2 d".
+fn span_words(ms: i64) -> String {
+    let s = ms.unsigned_abs() / 1000;
+    match s {
+        0 => "just now".into(),
+        1..60 => format!("{s} s"),
+        60..3600 => format!("{} min", s / 60),
+        3600..86_400 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86_400),
+    }
+}
+
+/// An age of `ms` milliseconds: "3 min ago", with the exact time (UTC) on hover.
+fn ago(ms: i64) -> Markup {
+    let at = chrono::Utc::now() - chrono::Duration::milliseconds(ms);
+    when(at.timestamp_millis(), ms)
+}
+
+/// A time, `at_ms` since the epoch: "3 min ago" or "in 5 min" by this server's clock,
+/// with the exact time on hover.
+fn at(at_ms: i64) -> Markup {
+    when(
+        at_ms,
+        chrono::Utc::now().timestamp_millis().saturating_sub(at_ms),
+    )
+}
+
+fn when(at_ms: i64, ago_ms: i64) -> Markup {
+    let words = span_words(ago_ms);
+    let words = match (ago_ms < 0, words.as_str()) {
+        (_, "just now") => words,
+        (true, _) => format!("in {words}"),
+        (false, _) => format!("{words} ago"),
+    };
+    html! { span.when title=(super::ops::time_text(at_ms)) { (words) } }
 }
 
 /// The link to an outbox event's page.

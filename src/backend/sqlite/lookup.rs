@@ -1,6 +1,6 @@
 //! The operators' lookups on SQLite.
 
-use crate::admin::lookup::{DeadFilter, EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord};
+use crate::admin::lookup::{EventFilter, EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord};
 use crate::backend::lookup_sql;
 use crate::backend::lookup_sql::LookupStatements;
 use crate::backend::names::PerNamespace;
@@ -96,22 +96,32 @@ impl LookupStore for SqliteStore {
         lookup_sql::stuck::<Sqlite>(conn, LOOKUP.get(self.names()), scope, limit).await
     }
 
-    async fn dead_events(
+    async fn events_in(
         &self,
         conn: &mut SqliteConnection,
-        filter: &DeadFilter<'_>,
+        status: &str,
+        filter: &EventFilter<'_>,
         after: Option<&EventKey>,
         limit: i64,
     ) -> Result<Vec<EventRow>, sqlx::Error> {
-        lookup_sql::dead::<Sqlite>(conn, LOOKUP.get(self.names()), filter, after, limit).await
+        lookup_sql::events_in::<Sqlite>(
+            conn,
+            LOOKUP.get(self.names()),
+            status,
+            filter,
+            after,
+            limit,
+        )
+        .await
     }
 
-    async fn count_dead_events(
+    async fn count_events_in(
         &self,
         conn: &mut SqliteConnection,
-        filter: &DeadFilter<'_>,
+        status: &str,
+        filter: &EventFilter<'_>,
     ) -> Result<i64, sqlx::Error> {
-        lookup_sql::count_dead::<Sqlite>(conn, LOOKUP.get(self.names()), filter).await
+        lookup_sql::count_events_in::<Sqlite>(conn, LOOKUP.get(self.names()), status, filter).await
     }
 
     async fn count_stuck_records(
