@@ -1,11 +1,13 @@
 //! The admin mode (feature `admin`; `--admin-history N` or `--only admin`): the
 //! operators' page over a database the size of a live one — N history rows, N/10 outbox
-//! rows (1 in 100 dead) and N/100 idempotency records (1 in 100 stuck), of entities of
-//! their own (negative ids) — its overview, a search by reference and an entity's
-//! timeline timed through the router; then the engine's hot path alone and with the
-//! overview polled every second, alternating. Its line is `admin backend=… history=…
-//! overview_p50_ms=… overview_p99_ms=… search_p99_ms=… entity_p99_ms=…
-//! polled_vs_alone=…`.
+//! rows (1 in 100 dead, 1 in 100 waiting), N/100 idempotency records (1 in 100 stuck),
+//! N/100 timers (1 in 100 dead, the rest pending) and N/100 flows (1 in 100 parked, the
+//! rest finished), of entities and keys of their own — its overview, a search by
+//! reference, an entity's timeline and every list timed through the router; then the
+//! engine's hot path alone and with the overview polled every second, alternating. Its
+//! lines are `admin backend=… history=… overview_p50_ms=… overview_p99_ms=…
+//! search_p99_ms=… entity_p99_ms=… polled_vs_alone=…` and `admin_lists backend=…
+//! history=… <list>_p99_ms=… … max_p99_ms=…`.
 
 use orderly::admin::{Admin, Viewer};
 use tower::ServiceExt;
@@ -30,6 +32,12 @@ async fn clear<B: BenchDb>(db: &B) -> Result<(), BoxError> {
     ))
     .await?;
     db.exec("DELETE FROM orderly_idempotency_records WHERE scope = 'admin-bench'".into())
+        .await?;
+    db.exec(format!(
+        "DELETE FROM orderly_timers WHERE entity_id <= {FIRST}"
+    ))
+    .await?;
+    db.exec("DELETE FROM orderly_flows WHERE kind = 'admin-bench'".into())
         .await?;
     Ok(())
 }
@@ -72,10 +80,10 @@ async fn seed<B: BenchDb>(db: &B, history: i64) -> Result<(), BoxError> {
          to_status, ref_id, status, last_error)",
         history / 10,
         |i| {
-            let (status, error) = if i % 100 == 0 {
-                ("DEAD", "'the broker refused it'")
-            } else {
-                ("PUBLISHED", "NULL")
+            let (status, error) = match i % 100 {
+                0 => ("DEAD", "'the broker refused it'"),
+                1 => ("PENDING", "NULL"),
+                _ => ("PUBLISHED", "NULL"),
             };
             format!(
                 "('OrderMachine', {}, 1, 'OrderPaid', 'Pay', 'Created', 'Paid', 'adm-{i}', \
@@ -100,6 +108,46 @@ async fn seed<B: BenchDb>(db: &B, history: i64) -> Result<(), BoxError> {
             format!(
                 "('admin-bench', 'key-{i}', NULL, '{status}', {token}, 1, {lease}, \
                  {now} + 86400000, NULL, FALSE, {now}, {now})"
+            )
+        },
+    )
+    .await?;
+    // Timers due a day from now (no job fires them), 1 in 100 dead.
+    fill(
+        db,
+        "INSERT INTO orderly_timers (machine, entity_id, event, ref_id, due_at, next_at, \
+         status, last_error, created_at)",
+        history / 100,
+        |i| {
+            let (status, error) = if i % 100 == 0 {
+                ("DEAD", "'it kept failing'")
+            } else {
+                ("PENDING", "NULL")
+            };
+            format!(
+                "('OrderMachine', {}, 'Cancel', 'adm-t-{i}', {now} + 86400000 + {i}, \
+                 {now} + 86400000 + {i}, '{status}', {error}, {now})",
+                FIRST - i
+            )
+        },
+    )
+    .await?;
+    // Flows, 1 in 100 parked, the rest finished.
+    fill(
+        db,
+        "INSERT INTO orderly_flows (kind, flow_key, version, input_hash, input, status, \
+         park_reason, step_at, owner_token, attempt, lease_until, output, last_error, \
+         created_at, updated_at)",
+        history / 100,
+        |i| {
+            let (status, reason, output) = if i % 100 == 0 {
+                ("RUNNING", "'NEEDS_RECONCILIATION'", "NULL")
+            } else {
+                ("COMPLETED", "NULL", "'{}'")
+            };
+            format!(
+                "('admin-bench', 'flow-{i:09}', 1, 'h', '1', '{status}', {reason}, 0, 'gone', 1, \
+                 0, {output}, NULL, {now}, {now})"
             )
         },
     )
@@ -193,6 +241,64 @@ pub(crate) async fn admin_pass<B: BenchDb>(
             s.percentile(0.99)
         );
     }
+    // Every list, first pages and a page deep in the middle.
+    let middle = format!("OrderMachine:{}:1", FIRST - history / 20);
+    let lists = [
+        ("dead", "/outbox?format=json".to_string()),
+        (
+            "dead_filtered",
+            "/outbox?machine=OrderMachine&error=refused&format=json".to_string(),
+        ),
+        ("dead_after", format!("/outbox?after={middle}&format=json")),
+        ("backlog", "/outbox?status=pending&format=json".to_string()),
+        ("flows_parked", "/flows?format=json".to_string()),
+        (
+            "flows_finished",
+            "/flows?which=finished&format=json".to_string(),
+        ),
+        ("timers_dead", "/timers?format=json".to_string()),
+        (
+            "timers_pending",
+            "/timers?status=pending&format=json".to_string(),
+        ),
+        ("records_stuck", "/records?format=json".to_string()),
+        ("audit", "/audit?format=json".to_string()),
+        (
+            "event",
+            format!("/event?id=OrderMachine:{FIRST}:1&format=json"),
+        ),
+        (
+            "flow",
+            "/flow?kind=admin-bench&key=flow-000000000&format=json".to_string(),
+        ),
+        (
+            "entity_older",
+            format!(
+                "/entity?machine=OrderMachine&id={}&before=3&format=json",
+                FIRST - history / 8
+            ),
+        ),
+    ];
+    let mut listed = Vec::new();
+    for (name, uri) in &lists {
+        let s = ask(&router, uri).await?;
+        println!(
+            "  admin {name:<15} {ASKS} asks  p50 {:>8.3} ms  p99 {:>8.3} ms",
+            s.percentile(0.5),
+            s.percentile(0.99)
+        );
+        listed.push((*name, s.percentile(0.99)));
+    }
+    let max = listed.iter().map(|(_, p)| *p).fold(0.0, f64::max);
+    let lists_line = format!(
+        "admin_lists backend={} history={history} {} max_p99_ms={max:.3}",
+        args.backend,
+        listed
+            .iter()
+            .map(|(name, p)| format!("{name}_p99_ms={p:.3}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
 
     // The hot path alone, and with the overview polled every second, alternating.
     db.reset().await?;
@@ -236,7 +342,7 @@ pub(crate) async fn admin_pass<B: BenchDb>(
     clear(&**db).await?;
     Ok(format!(
         "admin backend={} history={history} overview_p50_ms={:.3} overview_p99_ms={:.3} \
-         search_p99_ms={:.3} entity_p99_ms={:.3} polled_vs_alone={:.2}",
+         search_p99_ms={:.3} entity_p99_ms={:.3} polled_vs_alone={:.2}\n{lists_line}",
         args.backend,
         overview.percentile(0.5),
         overview.percentile(0.99),
