@@ -121,6 +121,33 @@ where
     (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
 }
 
+/// A destructive or bulk action asks first: a form without `confirm=yes` is answered
+/// with a page saying what it would do (`what`), whose one button posts the same fields
+/// again with `confirm=yes` (and a fresh token), beside a link back to `back`. Nothing
+/// is done or recorded until then.
+fn confirmed(seen: &Seen, form: &Fields, to: &str, what: &str, back: &str) -> Option<Response> {
+    if form.get("confirm").is_some_and(|c| c == "yes") {
+        return None;
+    }
+    let mut fields: Vec<(&str, &str)> = form
+        .iter()
+        .filter(|(k, _)| k.as_str() != "csrf" && k.as_str() != "confirm")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    fields.sort_unstable();
+    fields.push(("confirm", "yes"));
+    let body = maud::html! {
+        p id="confirm" { (what) }
+        p {
+            (seen.frame.action(to, &fields, "Yes, do it"))
+            " "
+            a href=(back) { "No, go back" }
+        }
+    };
+    let page = seen.frame.page("Are you sure?", None, body).into_string();
+    Some(axum::response::Html(page).into_response())
+}
+
 /// A form field that does not read: 400, nothing done, nothing recorded.
 fn bad_input(e: &Error) -> Response {
     (StatusCode::BAD_REQUEST, e.to_string()).into_response()
@@ -171,6 +198,19 @@ pub(super) async fn requeue_matching<S: AdminStore>(
         Err(e) => return bad_input(&e),
     };
     let target = filter.describe();
+    // Asked first, with how many it would act on now.
+    if form.get("confirm").is_none_or(|c| c != "yes") {
+        let n = match app.count_events("DEAD", &filter).await {
+            Ok(n) => n,
+            Err(e) => return super::seen::failed(&e),
+        };
+        let what = format!(
+            "Requeue {target}: {n} now (the requeue acts on those dead when it reads them)?"
+        );
+        if let Some(ask) = confirmed(&seen, &form, "requeue-matching", &what, "outbox") {
+            return ask;
+        }
+    }
     done(
         &app,
         &seen,
@@ -205,6 +245,17 @@ pub(super) async fn resume<S: AdminStore>(
         ));
     }
     let target = format!("flow {kind} {key}: {how_name}");
+    if how_name == "compensate"
+        && let Some(ask) = confirmed(
+            &seen,
+            &form,
+            "resume",
+            &format!("Compensate flow {kind} {key}: undo the steps it completed, newest first?"),
+            "flows",
+        )
+    {
+        return ask;
+    }
     let (kind, key) = (kind.to_string(), key.to_string());
     done(
         &app,
@@ -236,6 +287,13 @@ pub(super) async fn release<S: AdminStore>(
         ));
     }
     let target = format!("record {scope} {key}");
+    let what = format!(
+        "Release record {scope} {key}: its holder is taken to be gone, and the next claim \
+         of the key runs its request again?"
+    );
+    if let Some(ask) = confirmed(&seen, &form, "release", &what, "records") {
+        return ask;
+    }
     let (scope, key) = (scope.to_string(), key.to_string());
     done(
         &app,
@@ -283,6 +341,17 @@ async fn on_timer<S: AdminStore>(app: App<S>, seen: Seen, form: Fields, what: On
         Err(e) => return bad_input(&e),
     };
     let target = format!("{machine} {entity_id} {event} {ref_id}");
+    if what == OnTimer::Cancel
+        && let Some(ask) = confirmed(
+            &seen,
+            &form,
+            "cancel-timer",
+            &format!("Cancel timer {event} {ref_id} of {machine} {entity_id}: it will not fire?"),
+            "timers",
+        )
+    {
+        return ask;
+    }
     let action = match what {
         OnTimer::Rearm => "timers.rearm",
         OnTimer::Cancel => "timers.cancel",

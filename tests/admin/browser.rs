@@ -461,6 +461,24 @@ async fn admin_page_in_a_browser() {
     .click()
     .await
     .unwrap();
+    // Asked first; confirmed with the page's one button.
+    let ask = c
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("confirm"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(ask.starts_with("Release record"), "{ask}");
+    shot("confirm.png").await;
+    c.find(Locator::XPath("//button[text()='Yes, do it']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     let notice = c
         .wait()
         .at_most(Duration::from_secs(20))

@@ -369,6 +369,7 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
             ("event", ""),
             ("error", error),
             ("csrf", token.as_str()),
+            ("confirm", "yes"),
         ]
     };
     // The few come after the many in key order: the filter is the statement's, so the
@@ -490,6 +491,34 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.contains("message id"), "{body}");
+    // Asked first: without confirm=yes, a page saying how many it would requeue, whose
+    // one button posts the same fields confirmed; nothing done, nothing recorded.
+    let audit_before = count(&exec, "SELECT COUNT(*) FROM orderly_audit").await;
+    let unconfirmed = &bulk("schema")[..4];
+    let (status, ask, _) = page
+        .post("alice", "/admin/requeue-matching", unconfirmed)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{ask}");
+    assert!(
+        ask.contains(&format!(
+            "Requeue dead events where machine=Shop, error=schema: {OTHERS} now"
+        )) && ask.contains("name=\"confirm\" value=\"yes\"")
+            && ask.contains("action=\"requeue-matching\""),
+        "{ask}"
+    );
+    assert_eq!(
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM orderly_outbox WHERE status = 'DEAD'"
+        )
+        .await,
+        dead_now,
+        "nothing requeued before the confirmation"
+    );
+    assert_eq!(
+        count(&exec, "SELECT COUNT(*) FROM orderly_audit").await,
+        audit_before
+    );
     let (status, body, location) = page
         .post("alice", "/admin/requeue-matching", &bulk("schema"))
         .await;
@@ -654,7 +683,19 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         ("scope", SCOPE),
         ("key", STUCK_KEY),
         ("csrf", token.as_str()),
+        ("confirm", "yes"),
     ];
+    let (status, ask, _) = page.post("alice", "/admin/release", &release[..3]).await;
+    assert_eq!(status, StatusCode::OK, "{ask}");
+    assert!(
+        ask.contains("Are you sure?") && ask.contains("Yes, do it"),
+        "{ask}"
+    );
+    assert_eq!(
+        page.json("bob", "/admin").await["records"]["stuck"],
+        1,
+        "asked, not done"
+    );
     let (status, body, location) = page.post("alice", "/admin/release", &release).await;
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
     assert!(location.unwrap().contains("1+changed"));
@@ -724,8 +765,17 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     assert_eq!(pending["count"], 1, "{pending}");
     assert_eq!(pending["pending"][0]["entity_id"], 99_999, "{pending}");
     assert_eq!(page.json("bob", "/admin/timers").await["count"], 0);
+    let (status, ask, _) = page.post("alice", "/admin/cancel-timer", &key).await;
+    assert_eq!(status, StatusCode::OK, "asked first: {ask}");
+    assert!(
+        ask.contains("Cancel timer Cancel late of Shop 99999"),
+        "{ask}"
+    );
+    let confirmed: Vec<(&str, &str)> = key.iter().copied().chain([("confirm", "yes")]).collect();
     assert_eq!(
-        page.post("alice", "/admin/cancel-timer", &key).await.0,
+        page.post("alice", "/admin/cancel-timer", &confirmed)
+            .await
+            .0,
         StatusCode::SEE_OTHER
     );
     assert_eq!(
