@@ -109,6 +109,17 @@ impl EventFilter<'_> {
     }
 }
 
+/// A page of outbox events as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventPage {
+    /// The rows that read as events, in key order.
+    pub rows: Vec<EventRow>,
+    /// How many rows the read returned, counting those that do not read as events (left
+    /// out of `rows`, named in the log): a page that read its whole limit may have more
+    /// after it.
+    pub read: usize,
+}
+
 /// Whether `row`'s key comes after `after` in key order (machine, entity, version).
 fn past(row: &EventRow, after: Option<&EventKey>) -> bool {
     after.is_none_or(|k| {
@@ -217,7 +228,7 @@ pub trait LookupStore: Store {
         filter: &EventFilter<'_>,
         after: Option<&EventKey>,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send
+    ) -> impl Future<Output = Result<EventPage, sqlx::Error>> + Send
     where
         Self: OutboxStore,
     {
@@ -225,7 +236,8 @@ pub trait LookupStore: Store {
             let mut rows = self.list_events(conn, status, i64::MAX).await?;
             rows.retain(|r| filter.matches(r) && past(r, after));
             rows.truncate(usize::try_from(limit).unwrap_or(0));
-            Ok(rows)
+            let read = rows.len();
+            Ok(EventPage { rows, read })
         }
     }
 

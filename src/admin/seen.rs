@@ -106,20 +106,29 @@ impl<S: AdminStore> FromRequestParts<App<S>> for Seen {
         } else {
             mount.to_string()
         };
+        // A NUL in a query value is no text a database takes (PostgreSQL refuses it):
+        // a 400, before any read.
+        if let Some(query) = parts.uri.query()
+            && form_urlencoded::parse(query.as_bytes())
+                .any(|(k, v)| k.contains('\0') || v.contains('\0'))
+        {
+            return Err((StatusCode::BAD_REQUEST, "a query value holds a NUL").into_response());
+        }
         let json = parts
             .uri
             .query()
             .is_some_and(|q| q.split('&').any(|p| p == "format=json"));
         // A browser without a session is given one with the page: the tokens of its
         // forms hold in that session only (the cookie is the page's, sent to no script
-        // and on no request from another site).
+        // and with no POST from another site; `Lax`, not `Strict`, so that a link
+        // followed from elsewhere keeps the session of the tabs already open).
         let (session, new_session) = match session_of(parts) {
             Some(session) => (session, None),
             None => {
                 let session = hex::encode(uuid::Uuid::new_v4().as_bytes());
                 let secure = if over_https(parts) { "; Secure" } else { "" };
                 let cookie = format!(
-                    "{SESSION_COOKIE}={session}; Path={home}; HttpOnly; SameSite=Strict{secure}"
+                    "{SESSION_COOKIE}={session}; Path={home}; HttpOnly; SameSite=Lax{secure}"
                 );
                 (session, Some(cookie))
             }

@@ -3,7 +3,7 @@
 
 use sqlx::Executor;
 
-use crate::admin::lookup::{EventFilter, EventsBy, FlowHit, RecordHit, StuckRecord};
+use crate::admin::lookup::{EventFilter, EventPage, EventsBy, FlowHit, RecordHit, StuckRecord};
 use crate::backend::names::Names;
 use crate::backend::outbox_sql::readable;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
@@ -221,7 +221,7 @@ pub(crate) async fn events_in<DB: Binds>(
     filter: &EventFilter<'_>,
     after: Option<&EventKey>,
     limit: i64,
-) -> Result<Vec<EventRow>, sqlx::Error>
+) -> Result<EventPage, sqlx::Error>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     EventRow: for<'r> sqlx::FromRow<'r, DB::Row>,
@@ -244,7 +244,10 @@ where
         Arg::I64(limit),
     ];
     let rows = s.in_status.query::<DB>(&args)?.fetch_all(conn).await?;
-    Ok(readable(&rows))
+    Ok(EventPage {
+        rows: readable(&rows),
+        read: rows.len(),
+    })
 }
 
 /// [`LookupStore::count_events_in`](crate::admin::lookup::LookupStore::count_events_in).

@@ -320,7 +320,8 @@ crate::support::text::shown_row!(FlowRow {
     updated_at: plain,
 });
 
-/// A step row as read: its error (text for people) lossily, as [`FlowRow`]'s.
+/// A step row as read: its error (text for people) lossily, as [`FlowRow`]'s (the
+/// runner copies it into a compensated flow's outcome, U+FFFD and all).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepRow {
     /// The step's position.

@@ -599,6 +599,15 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         html.contains("outbox?status=pending&amp;after="),
         "its next page keeps the status"
     );
+    // A NUL in a query value: a 400 on every backend (PostgreSQL refuses it in a text).
+    for uri in [
+        "/admin/outbox?machine=a%00b",
+        "/admin/event?id=Sh%00op:1:1",
+        "/admin/flow?kind=legacy&key=L%00",
+    ] {
+        let (status, body, _) = page.call("bob", "GET", uri, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
+    }
     let (status, body, _) = page
         .call("bob", "GET", "/admin/outbox?status=gone", None)
         .await;

@@ -105,6 +105,17 @@ impl<S: AdminStore> Admin<S> {
             }
             progress(requeued);
             match next {
+                // A page that ends where the last one did made no progress: its keys
+                // do not read back as stored (on SQLite, a machine whose bytes are not
+                // UTF-8, read lossily), and reading on would loop.
+                Some(key) if after.as_ref() == Some(&key) => {
+                    let why = format!(
+                        "the dead events cannot be read past {} {} v{}: a key that does not \
+                         read back as stored",
+                        key.machine, key.entity_id, key.version
+                    );
+                    return Err((Error::InvalidInput(why), requeued));
+                }
                 Some(key) => after = Some(key),
                 None => return Ok(requeued),
             }

@@ -78,21 +78,25 @@ impl<S: AdminStore> Admin<S> {
     ) -> Result<(Vec<EventRow>, Option<EventKey>)> {
         let store = &self.store;
         let matching = filter.events();
-        let mut rows = Lease::run(store, async |c| {
+        let page = Lease::run(store, async |c| {
             store
                 .events_in(c, status, &matching, after, i64::from(limit) + 1)
                 .await
         })
         .await?;
-        let next = (rows.len() > limit as usize).then(|| {
-            rows.truncate(limit as usize);
-            rows.last().map(|r| EventKey {
+        // More follow if the read filled its limit, rows that do not read as events
+        // counted (left out, they would end the pages early).
+        let mut rows = page.rows;
+        rows.truncate(limit as usize);
+        let next = (page.read > limit as usize)
+            .then(|| rows.last())
+            .flatten()
+            .map(|r| EventKey {
                 machine: r.machine.clone(),
                 entity_id: r.entity_id,
                 version: r.version,
-            })
-        });
-        Ok((rows, next.flatten()))
+            });
+        Ok((rows, next))
     }
 
     /// How many events in `status` `filter` matches (of the dead: what a requeue of

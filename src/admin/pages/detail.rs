@@ -167,7 +167,7 @@ pub(in crate::admin) async fn flow<S: AdminStore>(
                     td { (s.attempt) }
                     td { (s.downstream_key.as_deref().unwrap_or("")) }
                     td { (at(s.started_at)) }
-                    td { (s.finished_at.map_or_else(String::new, |end| format!("{} ms", end - s.started_at))) }
+                    td { (s.finished_at.map_or_else(String::new, |end| format!("{} ms", end.saturating_sub(s.started_at)))) }
                     td.err { (long_text(s.error.as_deref().unwrap_or(""), None)) }
                     td { (long_text(s.output.as_deref().unwrap_or(""), None)) }
                 }

@@ -162,8 +162,7 @@ fn span_words(ms: i64) -> String {
 
 /// An age of `ms` milliseconds: "3 min ago", with the exact time (UTC) on hover.
 fn ago(ms: i64) -> Markup {
-    let at = chrono::Utc::now() - chrono::Duration::milliseconds(ms);
-    when(at.timestamp_millis(), ms)
+    when(chrono::Utc::now().timestamp_millis().saturating_sub(ms), ms)
 }
 
 /// A time, `at_ms` since the epoch: "3 min ago" or "in 5 min" by this server's clock,

@@ -1,6 +1,8 @@
 //! The operators' lookups on SQLite.
 
-use crate::admin::lookup::{EventFilter, EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord};
+use crate::admin::lookup::{
+    EventFilter, EventPage, EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord,
+};
 use crate::backend::lookup_sql;
 use crate::backend::lookup_sql::LookupStatements;
 use crate::backend::names::PerNamespace;
@@ -103,7 +105,7 @@ impl LookupStore for SqliteStore {
         filter: &EventFilter<'_>,
         after: Option<&EventKey>,
         limit: i64,
-    ) -> Result<Vec<EventRow>, sqlx::Error> {
+    ) -> Result<EventPage, sqlx::Error> {
         lookup_sql::events_in::<Sqlite>(
             conn,
             LOOKUP.get(self.names()),
