@@ -153,6 +153,15 @@ fn bad_input(e: &Error) -> Response {
     (StatusCode::BAD_REQUEST, e.to_string()).into_response()
 }
 
+/// The event a form names by machine, entity id and version.
+fn form_event(form: &Fields) -> Result<EventKey> {
+    Ok(EventKey {
+        machine: field(form, "machine")?.to_string(),
+        entity_id: int(form, "entity_id")?,
+        version: int(form, "version")?,
+    })
+}
+
 pub(super) async fn requeue<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
@@ -161,14 +170,7 @@ pub(super) async fn requeue<S: AdminStore>(
     if let Some(no) = allowed(&app, &seen, &form) {
         return no;
     }
-    let key = (|| {
-        Ok::<_, Error>(EventKey {
-            machine: field(&form, "machine")?.to_string(),
-            entity_id: int(&form, "entity_id")?,
-            version: int(&form, "version")?,
-        })
-    })();
-    let key = match key {
+    let key = match form_event(&form) {
         Ok(key) => key,
         Err(e) => return bad_input(&e),
     };
@@ -180,6 +182,38 @@ pub(super) async fn requeue<S: AdminStore>(
         "outbox.requeue",
         target,
         async move |app| app.requeue_one(&key).await,
+    )
+    .await
+}
+
+/// Discards one dead event (deleted, never published), once the operator confirms.
+pub(super) async fn discard<S: AdminStore>(
+    State(app): State<App<S>>,
+    seen: Seen,
+    Form(form): Form<Fields>,
+) -> Response {
+    if let Some(no) = allowed(&app, &seen, &form) {
+        return no;
+    }
+    let key = match form_event(&form) {
+        Ok(key) => key,
+        Err(e) => return bad_input(&e),
+    };
+    let target = format!("{} {} v{}", key.machine, key.entity_id, key.version);
+    let what = format!(
+        "Discard dead event {target}: it is deleted and never published, and the entity's \
+         later events are published without it?"
+    );
+    if let Some(ask) = confirmed(&seen, &form, "discard", &what, "outbox") {
+        return ask;
+    }
+    done(
+        &app,
+        &seen,
+        "outbox",
+        "outbox.discard",
+        target,
+        async move |app| app.discard_one(&key).await,
     )
     .await
 }

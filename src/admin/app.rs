@@ -24,6 +24,7 @@ impl<S: AdminStore> Admin<S> {
             .route("/graph", get(pages::graph::<S>))
             .route("/audit", get(pages::audit::<S>))
             .route("/requeue", post(actions::requeue::<S>))
+            .route("/discard", post(actions::discard::<S>))
             .route("/requeue-matching", post(actions::requeue_matching::<S>))
             .route("/resume", post(actions::resume::<S>))
             .route("/rearm", post(actions::rearm::<S>))

@@ -152,6 +152,56 @@ crate::support::text::shown_row!(StuckRecord {
     age_ms: plain,
 });
 
+/// Which records held in `PROCESSING` a list shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Held {
+    /// Their lease run out (inside their retention): their holder is likely gone.
+    Stuck,
+    /// Their lease still running: a request at work now.
+    InFlight,
+}
+
+/// The record a page of held records starts after, in the list's order (lease end,
+/// scope, key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldKey {
+    /// Its lease's end, in milliseconds since the epoch.
+    pub lease_until: i64,
+    /// Its scope.
+    pub scope: String,
+    /// Its key.
+    pub idem_key: String,
+}
+
+/// A record held in `PROCESSING` (its texts read lossily: a byte that is not UTF-8
+/// shows as U+FFFD).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HeldRecord {
+    /// Its scope.
+    pub scope: String,
+    /// Its key.
+    pub idem_key: String,
+    /// How many times it was claimed.
+    pub attempt: i32,
+    /// Its lease's end, in milliseconds since the epoch.
+    pub lease_until: i64,
+    /// Milliseconds left on its lease, by the database's clock (negative once run out:
+    /// how long it has been stuck).
+    pub lease_left_ms: i64,
+    /// Milliseconds since it was claimed first.
+    pub age_ms: i64,
+}
+
+crate::support::text::shown_row!(HeldRecord {
+    scope: text,
+    idem_key: text,
+    attempt: plain,
+    lease_until: plain,
+    lease_left_ms: plain,
+    age_ms: plain,
+});
+
 /// A backend of the operators' lookups. Each read is one statement and returns at most
 /// `limit` rows.
 pub trait LookupStore: Store {
@@ -279,6 +329,46 @@ pub trait LookupStore: Store {
         async move {
             let rows = self.stuck_records(conn, scope, i64::MAX).await?;
             Ok(rows.len() as i64)
+        }
+    }
+
+    /// Up to `limit` records of every scope, or of `scope`, held in `PROCESSING` as
+    /// `held` says, after `after` in lease order (lease end, scope, key): a page of them.
+    /// The default answers that this store does not page them; the backends read a page
+    /// in one statement.
+    fn held_records(
+        &self,
+        conn: &mut Self::Conn,
+        held: Held,
+        scope: Option<&str>,
+        after: Option<&HeldKey>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<HeldRecord>, sqlx::Error>> + Send {
+        let _ = (conn, held, scope, after, limit);
+        async {
+            Err(sqlx::Error::InvalidArgument(
+                "this store does not page the records held in PROCESSING".into(),
+            ))
+        }
+    }
+
+    /// How many records of every scope, or of `scope`, are held in `PROCESSING` as
+    /// `held` says. The default counts the stuck by
+    /// [`count_stuck_records`](Self::count_stuck_records) and answers that this store
+    /// does not count those in flight; the backends count in one statement.
+    fn count_held_records(
+        &self,
+        conn: &mut Self::Conn,
+        held: Held,
+        scope: Option<&str>,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send {
+        async move {
+            match held {
+                Held::Stuck => self.count_stuck_records(conn, scope).await,
+                Held::InFlight => Err(sqlx::Error::InvalidArgument(
+                    "this store does not count the records in flight".into(),
+                )),
+            }
         }
     }
 }

@@ -38,6 +38,7 @@ mod page;
 mod pages;
 pub(crate) mod panel;
 mod seen;
+mod trend;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -15,11 +15,16 @@ pub(super) fn hardening() -> [(&'static str, &'static str); 5] {
     let policy = POLICY.get_or_init(|| {
         use base64::Engine as _;
         use sha2::Digest as _;
-        // The one style the page embeds, by its hash: no other style, no script.
-        let style = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(CSS));
+        // The one style and the one script the page embeds, by their hashes: no other
+        // style or script runs; the script reads the page's own site only.
+        let hash = |text: &str| {
+            base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(text))
+        };
+        let (style, script) = (hash(CSS), hash(LIVE));
         format!(
-            "default-src 'none'; style-src 'sha256-{style}'; img-src 'self' data:; \
-             form-action 'self'; frame-ancestors 'none'; base-uri 'self'"
+            "default-src 'none'; style-src 'sha256-{style}'; script-src 'sha256-{script}'; \
+             connect-src 'self'; img-src 'self' data:; form-action 'self'; \
+             frame-ancestors 'none'; base-uri 'self'"
         )
     });
     [
@@ -30,6 +35,14 @@ pub(super) fn hardening() -> [(&'static str, &'static str); 5] {
         ("referrer-policy", "same-origin"),
     ]
 }
+
+/// The overview's one script: every 5 s it reads the overview's live part (its counts
+/// and charts, rendered and escaped on the server) and puts it in place, with no reload
+/// of the page; a read that fails leaves what is shown.
+pub(super) const LIVE: &str = "(function(){var live=document.getElementById('live');if(!live)return;\
+setInterval(function(){fetch(location.pathname+'?part=live',{credentials:'same-origin'})\
+.then(function(r){return r.ok?r.text():null}).then(function(t){if(t!==null){live.innerHTML=t;\
+live.setAttribute('data-refreshed',String(Date.now()));}}).catch(function(){});},5000);})();";
 
 /// The page's style: embedded, nothing fetched.
 const CSS: &str = "
@@ -46,6 +59,9 @@ td.err{color:#a4262c;max-width:32em;word-break:break-word}
 .cards{display:flex;gap:1em;flex-wrap:wrap}
 .card{background:#fff;border:1px solid #dde1e6;padding:.6em 1em;min-width:11em}
 .card .n{font-size:1.6em;font-weight:600}
+.charts{display:flex;gap:1.5em;flex-wrap:wrap;margin-top:1em}
+.chart{margin:0;background:#fff;border:1px solid #dde1e6;padding:.5em .8em}
+.chart .small{color:#5b6670;font-size:.85em}
 a.card{color:inherit;text-decoration:none}
 #picture{overflow:auto;background:#fff;border:1px solid #dde1e6}
 .bad{color:#a4262c}.ok{color:#107c10}

@@ -23,6 +23,10 @@ pub struct Admin<S: AdminStore> {
     secret: Vec<u8>,
     /// How long a CSRF token a page drew is taken.
     csrf_lifetime: std::time::Duration,
+    /// The overview's counts over the last hour.
+    pub(super) trend: super::trend::Trend,
+    /// How often they are sampled.
+    pub(super) sample_every: std::time::Duration,
 }
 
 impl<S: AdminStore> std::fmt::Debug for Admin<S> {
@@ -78,6 +82,8 @@ impl<S: AdminStore> Admin<S> {
             resolver: Arc::new(|_: &Parts| Viewer::none()),
             secret: secret.to_vec(),
             csrf_lifetime: CSRF_LIFETIME,
+            trend: super::trend::Trend::default(),
+            sample_every: super::trend::SAMPLE_EVERY,
         }
     }
 
@@ -111,6 +117,14 @@ impl<S: AdminStore> Admin<S> {
     /// second): a form left open longer is refused, and drawn again by reloading it.
     pub fn csrf_lifetime(mut self, lifetime: std::time::Duration) -> Self {
         self.csrf_lifetime = lifetime.max(std::time::Duration::from_secs(1));
+        self
+    }
+
+    /// How often the overview's counts are sampled for its charts of the last hour
+    /// (default 15 s, at least 100 ms). The sampling starts with the first look at the
+    /// overview and reads the overview's counts each time.
+    pub fn sample_every(mut self, every: std::time::Duration) -> Self {
+        self.sample_every = every.max(std::time::Duration::from_millis(100));
         self
     }
 

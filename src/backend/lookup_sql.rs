@@ -3,7 +3,9 @@
 
 use sqlx::Executor;
 
-use crate::admin::lookup::{EventFilter, EventPage, EventsBy, FlowHit, RecordHit, StuckRecord};
+use crate::admin::lookup::{
+    EventFilter, EventPage, EventsBy, FlowHit, Held, HeldKey, HeldRecord, RecordHit, StuckRecord,
+};
 use crate::backend::names::Names;
 use crate::backend::outbox_sql::readable;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
@@ -37,6 +39,12 @@ pub(crate) struct LookupStatements {
     in_status: Statement,
     /// How many events of a status a filter matches: 1 to 5 as `in_status`'s.
     count_in_status: Statement,
+    /// Records stuck, then in flight, in lease order after a key: 1 scope (`NULL` for
+    /// all), 2 lease end, 3 scope, 4 key of the record to read past (2 `NULL` for the
+    /// first page), 5 limit.
+    held: [Statement; 2],
+    /// How many records are stuck, then in flight: 1 scope (`NULL` for all).
+    held_count: [Statement; 2],
 }
 
 impl LookupStatements {
@@ -82,6 +90,29 @@ impl LookupStatements {
                 stuck_where(scope)
             ))
         };
+        let held_where = |held: Held| {
+            let lease = match held {
+                Held::Stuck => format!("lease_until <= {now} AND expires_at > {now}"),
+                Held::InFlight => format!("lease_until > {now}"),
+            };
+            format!("status = 'PROCESSING' AND {lease} AND (?1 IS NULL OR scope = ?1)")
+        };
+        let held = |held: Held| {
+            s(format!(
+                "SELECT scope, idem_key, attempt, lease_until, lease_until - {now} AS lease_left_ms, \
+                        {now} - created_at AS age_ms \
+                 FROM {records} WHERE {} AND (?2 IS NULL OR lease_until > ?2 OR (lease_until = ?2 \
+                     AND (scope > ?3 OR (scope = ?3 AND idem_key > ?4)))) \
+                 ORDER BY lease_until, scope, idem_key LIMIT ?5",
+                held_where(held)
+            ))
+        };
+        let held_count = |held: Held| {
+            s(format!(
+                "SELECT COUNT(*) FROM {records} WHERE {}",
+                held_where(held)
+            ))
+        };
         let matching = format!(
             "o.status = ?1 AND (?2 IS NULL OR o.machine = ?2) AND (?3 IS NULL OR o.event = ?3) \
              AND (?4 IS NULL OR {position}(o.last_error, ?4) > 0) AND (?5 IS NULL OR {age_ms} >= ?5)"
@@ -122,6 +153,8 @@ impl LookupStatements {
             stuck_of_scope: stuck("scope = ?1 AND ", "?2"),
             stuck_count: stuck_count(""),
             stuck_count_of_scope: stuck_count("scope = ?1 AND "),
+            held: [held(Held::Stuck), held(Held::InFlight)],
+            held_count: [held_count(Held::Stuck), held_count(Held::InFlight)],
         }
     }
 }
@@ -304,4 +337,55 @@ where
             .query_scalar::<DB, i64>(&[Arg::Str(scope)])?,
     };
     query.fetch_one(conn).await
+}
+
+/// The index of `held`'s statements.
+fn held_index(held: Held) -> usize {
+    match held {
+        Held::Stuck => 0,
+        Held::InFlight => 1,
+    }
+}
+
+/// [`LookupStore::held_records`](crate::admin::lookup::LookupStore::held_records).
+pub(crate) async fn held<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    held: Held,
+    scope: Option<&str>,
+    after: Option<&HeldKey>,
+    limit: i64,
+) -> Result<Vec<HeldRecord>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    HeldRecord: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let args = [
+        Arg::OptStr(scope),
+        Arg::OptI64(after.map(|a| a.lease_until)),
+        Arg::OptStr(after.map(|a| a.scope.as_str())),
+        Arg::OptStr(after.map(|a| a.idem_key.as_str())),
+        Arg::I64(limit),
+    ];
+    s.held[held_index(held)]
+        .query_as::<DB, HeldRecord>(&args)?
+        .fetch_all(conn)
+        .await
+}
+
+/// [`LookupStore::count_held_records`](crate::admin::lookup::LookupStore::count_held_records).
+pub(crate) async fn count_held<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    held: Held,
+    scope: Option<&str>,
+) -> Result<i64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.held_count[held_index(held)]
+        .query_scalar::<DB, i64>(&[Arg::OptStr(scope)])?
+        .fetch_one(conn)
+        .await
 }

@@ -102,6 +102,8 @@ pub(crate) struct OutboxStatements {
     failed_locked: Statement,
     /// A dead event back to PENDING: 1 machine, 2 entity id, 3 version.
     requeue: Statement,
+    /// A dead event deleted: 1 machine, 2 entity id, 3 version.
+    discard: Statement,
     /// Events in a status, in key order: 1 status, 2 limit.
     list: Statement,
     /// A claim's events published, their keys as `OR`ed groups, sized by the batch:
@@ -134,6 +136,10 @@ impl OutboxStatements {
             requeue: s(format!(
                 "UPDATE {outbox} SET status = 'PENDING', attempts = 0, owner_token = NULL, \
                      lease_until = 0, next_at = 0 \
+                 WHERE machine = ?1 AND entity_id = ?2 AND version = ?3 AND status = 'DEAD'"
+            )),
+            discard: s(format!(
+                "DELETE FROM {outbox} \
                  WHERE machine = ?1 AND entity_id = ?2 AND version = ?3 AND status = 'DEAD'"
             )),
             list: s(format!(
@@ -222,6 +228,24 @@ where
         Arg::I64(key.version),
     ];
     let done = s.requeue.query::<DB>(&args)?.execute(conn).await?;
+    Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`OutboxStore::discard_event`](crate::outbox::OutboxStore::discard_event).
+pub(crate) async fn discard_event<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &OutboxStatements,
+    key: &EventKey,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let args = [
+        Arg::Str(&key.machine),
+        Arg::I64(key.entity_id),
+        Arg::I64(key.version),
+    ];
+    let done = s.discard.query::<DB>(&args)?.execute(conn).await?;
     Ok(DB::rows_affected(&done) == 1)
 }
 

@@ -147,6 +147,13 @@ pub(super) enum OutboxCmd {
         #[arg(long)]
         all: bool,
     },
+    /// Discard one dead event by its message id: deleted, never published (the entity's
+    /// later events are published without it); recorded in the audit trail.
+    Discard {
+        /// The event's message id (machine:entity_id:version).
+        #[arg(long)]
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -204,6 +204,15 @@ impl<S: AdminStore> Cli<S> {
                     Err(e) => out.fail(&e),
                 }
             }
+            Command::Outbox(OutboxCmd::Discard { id }) => {
+                let key = match event_key(&id) {
+                    Ok(key) => key,
+                    Err(e) => return out.fail(&e),
+                };
+                let target = format!("{} {} v{}", key.machine, key.entity_id, key.version);
+                let acted = a.discard_one(&key).await;
+                self.acted(who, "outbox.discard", &target, acted, out).await
+            }
             Command::Outbox(OutboxCmd::Requeue { filter, id, all }) => {
                 if let Some(id) = id {
                     let key = match event_key(&id) {

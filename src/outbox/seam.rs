@@ -96,6 +96,22 @@ pub trait OutboxStore: Store {
         key: &EventKey,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// Deletes a `DEAD` event, never to be published (an operator's decision); whether
+    /// it was dead. The entity's later events are published without it. The default
+    /// answers that this store does not discard; every backend of orderly does.
+    fn discard_event(
+        &self,
+        conn: &mut Self::Conn,
+        key: &EventKey,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+        let _ = (conn, key);
+        async {
+            Err(sqlx::Error::InvalidArgument(
+                "this outbox store does not discard dead events".into(),
+            ))
+        }
+    }
+
     /// Deletes up to `limit` `PUBLISHED` events published more than `retention_ms` ago;
     /// how many went.
     fn purge_published(

@@ -109,6 +109,16 @@ impl<S: OutboxStore> Outbox<S> {
         .await
     }
 
+    /// Deletes a dead event: it is never published, and the entity's later events are
+    /// published without it. Whether it was dead (a pending or published event, or one
+    /// requeued meanwhile, is left as it is).
+    pub async fn discard(&self, key: &EventKey) -> Result<bool> {
+        Lease::run(&self.store, async |c| {
+            self.store.discard_event(c, key).await
+        })
+        .await
+    }
+
     /// Deletes up to `batch` events published more than `retention` ago (never a pending
     /// or dead one); how many went. Call it until it returns less than `batch`.
     pub async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {

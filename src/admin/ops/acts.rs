@@ -73,6 +73,15 @@ impl<S: AdminStore> Admin<S> {
             .map_err(|e| (e, 0))
     }
 
+    /// Discards one dead event: deleted, never published.
+    pub(crate) async fn discard_one(&self, key: &EventKey) -> Acted {
+        Outbox::new(self.store.clone())
+            .discard(key)
+            .await
+            .map(i64::from)
+            .map_err(|e| (e, 0))
+    }
+
     /// Requeues every dead event `filter` matches, a batch at a time; `progress` is
     /// told the count so far after each batch.
     pub(crate) async fn requeue_matching(

@@ -8,7 +8,7 @@ use super::views::{
     TimerCounts, TimerLine, message_id,
 };
 use crate::admin::AdminStore;
-use crate::admin::lookup::{EventsBy, StuckRecord};
+use crate::admin::lookup::{EventsBy, Held, HeldKey, HeldRecord, StuckRecord};
 use crate::admin::panel::PAGE;
 use crate::admin::panel::{Admin, LIST_MAX};
 use crate::error::Error;
@@ -161,6 +161,43 @@ impl<S: AdminStore> Admin<S> {
             .find(|t| t.event == key.event && t.ref_id == key.ref_id))
     }
 
+    /// Up to `limit` records of one scope or of all held in PROCESSING as `held` says,
+    /// after `after` in lease order, and the record to read the next page after if there
+    /// are more.
+    pub(crate) async fn held_page(
+        &self,
+        held: Held,
+        scope: Option<&str>,
+        after: Option<&HeldKey>,
+        limit: u32,
+    ) -> Result<(Vec<HeldRecord>, Option<HeldKey>)> {
+        let store = &self.store;
+        let mut rows = Lease::run(store, async |c| {
+            store
+                .held_records(c, held, scope, after, i64::from(limit) + 1)
+                .await
+        })
+        .await?;
+        let more = rows.len() > limit as usize;
+        rows.truncate(limit as usize);
+        let next = more.then(|| rows.last()).flatten().map(|r| HeldKey {
+            lease_until: r.lease_until,
+            scope: r.scope.clone(),
+            idem_key: r.idem_key.clone(),
+        });
+        Ok((rows, next))
+    }
+
+    /// How many records of one scope or of all are held in PROCESSING as `held` says.
+    pub(crate) async fn count_held(&self, held: Held, scope: Option<&str>) -> Result<u64> {
+        let store = &self.store;
+        let n = Lease::run(store, async |c| {
+            store.count_held_records(c, held, scope).await
+        })
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// How many records of one scope or of all are stuck in PROCESSING past their lease.
     pub(crate) async fn count_stuck(&self, scope: Option<&str>) -> Result<u64> {
         let store = &self.store;
@@ -176,6 +213,7 @@ impl<S: AdminStore> Admin<S> {
         let parked = flows.count(Listing::Parked).await?;
         let running = flows.count(Listing::Running).await?;
         let stuck = self.count_stuck(None).await?;
+        let in_flight = self.count_held(Held::InFlight, None).await?;
         Ok(Overview {
             outbox: OutboxCounts {
                 pending: outbox.pending,
@@ -191,7 +229,7 @@ impl<S: AdminStore> Admin<S> {
                 oldest_late_ms: timers.oldest_late_ms,
             },
             flows: FlowCounts { parked, running },
-            records: RecordCounts { stuck },
+            records: RecordCounts { stuck, in_flight },
             machines: self.machines.keys().map(|m| m.to_string()).collect(),
         })
     }

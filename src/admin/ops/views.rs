@@ -148,6 +148,7 @@ pub(crate) struct FlowCounts {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RecordCounts {
     pub(crate) stuck: u64,
+    pub(crate) in_flight: u64,
 }
 
 /// A history row found by its reference, with its machine.

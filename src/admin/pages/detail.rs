@@ -78,10 +78,11 @@ pub(in crate::admin) async fn event<S: AdminStore>(
             tr { th { "Written" } td { @if let Some(ms) = row.age_ms { (ago(ms)) } } }
         }
         @if row.status == "DEAD" {
-            p { (f.action("requeue", &[
-                ("machine", &row.machine), ("entity_id", &row.entity_id.to_string()),
+            @let key = [
+                ("machine", row.machine.as_str()), ("entity_id", &row.entity_id.to_string()),
                 ("version", &row.version.to_string()),
-            ], "Requeue")) }
+            ];
+            p { (f.action("requeue", &key, "Requeue")) " " (f.action("discard", &key, "Discard")) }
         }
         h2 { "Last error" }
         div.err { (whole(row.last_error.as_deref())) }

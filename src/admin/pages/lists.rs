@@ -14,6 +14,7 @@ use super::{
     timer_actions, timer_link, urlencoding,
 };
 use crate::admin::AdminStore;
+use crate::admin::lookup::{Held, HeldKey};
 use crate::admin::ops::{Filter, event_key, id_of};
 use crate::admin::panel::{App, PAGE};
 use crate::admin::seen::{Seen, failed};
@@ -149,10 +150,11 @@ pub(in crate::admin) async fn events<S: AdminStore>(
                     td.err { (long_text(r.last_error.as_deref().unwrap_or(""), Some(&event))) }
                     td { @if let Some(ms) = r.age_ms { (ago(ms)) } }
                     @if dead {
-                        td { (f.action("requeue", &[
-                            ("machine", &r.machine), ("entity_id", &r.entity_id.to_string()),
+                        @let key = [
+                            ("machine", r.machine.as_str()), ("entity_id", &r.entity_id.to_string()),
                             ("version", &r.version.to_string()),
-                        ], "Requeue")) }
+                        ];
+                        td { (f.action("requeue", &key, "Requeue")) " " (f.action("discard", &key, "Discard")) }
                     }
                 }
             }
@@ -370,40 +372,121 @@ pub(in crate::admin) async fn timers<S: AdminStore>(
     answer(&seen, title, notice(&app, &q), data, body)
 }
 
+/// The idempotency records held in PROCESSING, `?which=stuck` (the default: their lease
+/// run out) or `inflight` (at work now), of one scope or of all: counted, paged in lease
+/// order.
 pub(in crate::admin) async fn stuck_records<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
+    let (held, stuck) = match q.get("which").map_or("stuck", |w| w.trim()) {
+        "stuck" | "" => (Held::Stuck, true),
+        "inflight" => (Held::InFlight, false),
+        other => {
+            let why = format!("a list of records is stuck or inflight, not {other:?}");
+            return (StatusCode::BAD_REQUEST, why).into_response();
+        }
+    };
     let scope = q.get("scope").map(|s| s.trim()).filter(|s| !s.is_empty());
-    let (rows, stuck) = match tokio::try_join!(app.stuck_records(scope), app.count_stuck(scope)) {
+    // The page after a record: its lease's end, scope and key, as the next link gives them.
+    let after = match q
+        .get("after_lease")
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty())
+    {
+        None => None,
+        Some(lease) => match lease.parse() {
+            Ok(lease_until) => Some(HeldKey {
+                lease_until,
+                scope: q.get("after_scope").cloned().unwrap_or_default(),
+                idem_key: q.get("after_key").cloned().unwrap_or_default(),
+            }),
+            Err(_) => {
+                let why = format!("after_lease is an integer, not {lease:?}");
+                return (StatusCode::BAD_REQUEST, why).into_response();
+            }
+        },
+    };
+    let read = tokio::try_join!(
+        app.held_page(held, scope, after.as_ref(), PAGE),
+        app.count_held(held, scope)
+    );
+    let ((rows, next), count) = match read {
         Ok(read) => read,
         Err(e) => return failed(&e),
     };
-    let data = json!({ "count": stuck, "stuck": rows });
+    let list = if stuck { "stuck" } else { "in_flight" };
+    let data = json!({ "count": count, list: rows, "next": next.as_ref().map(|n| json!({
+        "lease_until": n.lease_until, "scope": n.scope, "idem_key": n.idem_key,
+    })) });
     let f = &seen.frame;
+    let releases = |scope: &str| {
+        stuck
+            && app
+                .records
+                .as_ref()
+                .is_some_and(|rec| rec.scope_config(scope).is_some())
+    };
+    let what = if stuck {
+        "records are stuck"
+    } else {
+        "records are in flight"
+    };
     let body = html! {
+        p.tabs {
+            a.here[stuck] href="records" { "Stuck" } " · " a.here[!stuck] href="records?which=inflight" { "In flight" }
+        }
         form method="get" action="records" {
+            @if !stuck { input type="hidden" name="which" value="inflight"; }
             "Scope " input type="text" name="scope" value=(scope.unwrap_or(""));
             " " button type="submit" { "Filter" }
         }
-        @if app.records.is_none() {
+        @if app.records.is_none() && stuck {
             p { "No idempotency records are registered with this page: it lists them, and releases none." }
         }
-        p id="count" { (shown(stuck, rows.len(), rows.len() as u64 >= u64::from(PAGE), "records are stuck")) }
-        table id="stuck" {
-            tr { th { "Scope" } th { "Key" } th { "Attempt" } th { "Stuck for" } th { "Claimed" } th {} }
+        p id="count" { (shown(count, rows.len(), after.is_some() || next.is_some(), what)) }
+        table id=(list) {
+            tr { th { "Scope" } th { "Key" } th { "Attempt" }
+                 th { (if stuck { "Stuck for" } else { "Lease left" }) } th { "Claimed" } @if stuck { th {} } }
             @for r in &rows {
                 tr {
                     td { (r.scope) } td { (r.idem_key) } td { (r.attempt) }
-                    td { (format!("{:.0} s", r.stuck_ms as f64 / 1000.0)) }
-                    td { (format!("{:.0} s ago", r.age_ms as f64 / 1000.0)) }
-                    td { @if app.records.as_ref().is_some_and(|rec| rec.scope_config(&r.scope).is_some()) {
-                        (f.action("release", &[("scope", &r.scope), ("key", &r.idem_key)], "Release"))
-                    } }
+                    td { (format!("{:.0} s", r.lease_left_ms.unsigned_abs() as f64 / 1000.0)) }
+                    td { (ago(r.age_ms)) }
+                    @if stuck {
+                        td { @if releases(&r.scope) {
+                            (f.action("release", &[("scope", &r.scope), ("key", &r.idem_key)], "Release"))
+                        } }
+                    }
                 }
             }
         }
     };
-    answer(&seen, "Stuck records", notice(&app, &q), data, body)
+    let link = |after: Option<&HeldKey>| {
+        let mut parts: Vec<String> = Vec::new();
+        if !stuck {
+            parts.push("which=inflight".into());
+        }
+        parts.extend(scope.map(|s| format!("scope={}", urlencoding(s))));
+        if let Some(a) = after {
+            parts.push(format!("after_lease={}", a.lease_until));
+            parts.push(format!("after_scope={}", urlencoding(&a.scope)));
+            parts.push(format!("after_key={}", urlencoding(&a.idem_key)));
+        }
+        format!("records?{}", parts.join("&"))
+    };
+    let body = html! {
+        (body)
+        p id="pages" {
+            @if after.is_some() { a href=(link(None)) { "← First page" } " " }
+            @if let Some(n) = &next { a href=(link(Some(n))) { "Next page →" } }
+        }
+    };
+    let title = if stuck {
+        "Stuck records"
+    } else {
+        "Records in flight"
+    };
+    answer(&seen, title, notice(&app, &q), data, body)
 }

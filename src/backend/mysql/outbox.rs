@@ -84,6 +84,14 @@ impl OutboxStore for MySqlStore {
         outbox_sql::requeue_event::<MySql>(conn, STATEMENTS.get(self.names()), key).await
     }
 
+    async fn discard_event(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &EventKey,
+    ) -> Result<bool, sqlx::Error> {
+        outbox_sql::discard_event::<MySql>(conn, STATEMENTS.get(self.names()), key).await
+    }
+
     async fn list_events(
         &self,
         conn: &mut MySqlConnection,

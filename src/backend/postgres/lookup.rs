@@ -1,7 +1,8 @@
 //! The operators' lookups on PostgreSQL.
 
 use crate::admin::lookup::{
-    EventFilter, EventPage, EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord,
+    EventFilter, EventPage, EventsBy, FlowHit, Held, HeldKey, HeldRecord, LookupStore, RecordHit,
+    StuckRecord,
 };
 use crate::backend::lookup_sql;
 use crate::backend::lookup_sql::LookupStatements;
@@ -133,5 +134,26 @@ impl LookupStore for PgStore {
         scope: Option<&str>,
     ) -> Result<i64, sqlx::Error> {
         lookup_sql::count_stuck::<Postgres>(conn, LOOKUP.get(self.names()), scope).await
+    }
+
+    async fn held_records(
+        &self,
+        conn: &mut PgConnection,
+        held: Held,
+        scope: Option<&str>,
+        after: Option<&HeldKey>,
+        limit: i64,
+    ) -> Result<Vec<HeldRecord>, sqlx::Error> {
+        let s = LOOKUP.get(self.names());
+        lookup_sql::held::<Postgres>(conn, s, held, scope, after, limit).await
+    }
+
+    async fn count_held_records(
+        &self,
+        conn: &mut PgConnection,
+        held: Held,
+        scope: Option<&str>,
+    ) -> Result<i64, sqlx::Error> {
+        lookup_sql::count_held::<Postgres>(conn, LOOKUP.get(self.names()), held, scope).await
     }
 }

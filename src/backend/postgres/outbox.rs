@@ -74,6 +74,14 @@ impl OutboxStore for PgStore {
         outbox_sql::requeue_event::<Postgres>(conn, STATEMENTS.get(self.names()), key).await
     }
 
+    async fn discard_event(
+        &self,
+        conn: &mut PgConnection,
+        key: &EventKey,
+    ) -> Result<bool, sqlx::Error> {
+        outbox_sql::discard_event::<Postgres>(conn, STATEMENTS.get(self.names()), key).await
+    }
+
     async fn list_events(
         &self,
         conn: &mut PgConnection,

@@ -1,7 +1,8 @@
 //! The operators' lookups on SQLite.
 
 use crate::admin::lookup::{
-    EventFilter, EventPage, EventsBy, FlowHit, LookupStore, RecordHit, StuckRecord,
+    EventFilter, EventPage, EventsBy, FlowHit, Held, HeldKey, HeldRecord, LookupStore, RecordHit,
+    StuckRecord,
 };
 use crate::backend::lookup_sql;
 use crate::backend::lookup_sql::LookupStatements;
@@ -132,5 +133,26 @@ impl LookupStore for SqliteStore {
         scope: Option<&str>,
     ) -> Result<i64, sqlx::Error> {
         lookup_sql::count_stuck::<Sqlite>(conn, LOOKUP.get(self.names()), scope).await
+    }
+
+    async fn held_records(
+        &self,
+        conn: &mut SqliteConnection,
+        held: Held,
+        scope: Option<&str>,
+        after: Option<&HeldKey>,
+        limit: i64,
+    ) -> Result<Vec<HeldRecord>, sqlx::Error> {
+        let s = LOOKUP.get(self.names());
+        lookup_sql::held::<Sqlite>(conn, s, held, scope, after, limit).await
+    }
+
+    async fn count_held_records(
+        &self,
+        conn: &mut SqliteConnection,
+        held: Held,
+        scope: Option<&str>,
+    ) -> Result<i64, sqlx::Error> {
+        lookup_sql::count_held::<Sqlite>(conn, LOOKUP.get(self.names()), held, scope).await
     }
 }

@@ -79,6 +79,14 @@ impl OutboxStore for SqliteStore {
         outbox_sql::requeue_event::<Sqlite>(conn, STATEMENTS.get(self.names()), key).await
     }
 
+    async fn discard_event(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &EventKey,
+    ) -> Result<bool, sqlx::Error> {
+        outbox_sql::discard_event::<Sqlite>(conn, STATEMENTS.get(self.names()), key).await
+    }
+
     async fn list_events(
         &self,
         conn: &mut SqliteConnection,
