@@ -75,10 +75,16 @@ impl Trend {
         }
     }
 
-    /// The samples kept, oldest first.
-    pub(super) fn samples(&self) -> Vec<Sample> {
+    /// The samples kept, oldest first, and `o` (the counts now) last, so that a chart
+    /// ends where the cards stand.
+    pub(super) fn samples_to(&self, o: &Overview) -> Vec<Sample> {
         let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-        samples.iter().map(|(_, s)| *s).collect()
+        let mut shown: Vec<Sample> = samples.iter().map(|(_, s)| *s).collect();
+        let now = Sample::of(o);
+        if shown.last().is_none_or(|last| last.at_ms < now.at_ms) {
+            shown.push(now);
+        }
+        shown
     }
 }
 
@@ -121,15 +127,25 @@ pub(super) fn chart(id: &str, label: &str, samples: &[Sample], of: fn(&Sample) -
         .iter()
         .zip(&values)
         .map(|(s, v)| {
-            let x = if samples.len() < 2 {
-                W
-            } else {
-                (s.at_ms - first) as f64 / span * W
-            };
+            let x = (s.at_ms - first) as f64 / span * W;
             let y = if max > 0.0 { H - v / max * H } else { H };
             format!("{x:.1},{y:.1}")
         })
         .collect();
+    // One sample is a level line across.
+    let points = match points.as_slice() {
+        [one] => {
+            let y = one.split_once(',').map_or("0", |(_, y)| y);
+            vec![format!("0,{y}"), format!("{W},{y}")]
+        }
+        _ => points,
+    };
+    let secs = (last - first).max(0) / 1000;
+    let over = if secs < 120 {
+        format!("{secs} s")
+    } else {
+        format!("{} min", secs / 60)
+    };
     let now = values.last().copied().unwrap_or(0.0);
     html! {
         figure.chart id=(id) {
@@ -139,8 +155,8 @@ pub(super) fn chart(id: &str, label: &str, samples: &[Sample], of: fn(&Sample) -
                 polyline fill="none" stroke="#2f6fd6" stroke-width="1.5" points=(points.join(" ")) {}
             }
             figcaption.small {
-                (samples.len()) " samples over "
-                (format!("{:.0}", (last - first).max(0) as f64 / 60_000.0)) " min"
+                (samples.len()) (if samples.len() == 1 { " sample" } else { " samples" })
+                " over the last " (over)
             }
         }
     }

@@ -55,6 +55,7 @@ async fn admin_page_in_a_browser() {
     let exec = exec_on!(store.pool());
     let Fixture {
         flows,
+        records,
         down,
         router,
         exec,
@@ -124,6 +125,37 @@ async fn admin_page_in_a_browser() {
         .unwrap();
     assert_eq!(header, "rgb(29, 35, 41)", "the page's style did not apply");
     shot("overview.png").await;
+    // The overview refreshes its counts in place, with no reload: an event requeued by
+    // hand shows within a few seconds in a page that kept its script state.
+    c.execute("window.kept = 'this page'", vec![])
+        .await
+        .unwrap();
+    (exec.run)("UPDATE orderly_outbox SET status = 'PENDING' WHERE entity_id = 2".into()).await;
+    let dead_card = format!("Events dead\n{}", total - 1);
+    let refreshed = server::eventually(Duration::from_secs(15), || {
+        let (c, dead_card) = (c.clone(), dead_card.clone());
+        async move {
+            let cards = c
+                .find(Locator::Css(".cards"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            cards.contains(&dead_card)
+        }
+    })
+    .await;
+    assert!(refreshed, "the overview's counts did not refresh");
+    let kept = c.execute("return window.kept", vec![]).await.unwrap();
+    assert_eq!(kept, "this page", "the page reloaded");
+    let charts = c
+        .find_all(Locator::Css("#live figure.chart svg polyline"))
+        .await
+        .unwrap();
+    assert_eq!(charts.len(), 4);
+    shot("overview-live.png").await;
+    (exec.run)("UPDATE orderly_outbox SET status = 'DEAD' WHERE entity_id = 2".into()).await;
 
     // Another site may not frame the page: its frame shows the browser's refusal, not
     // the page (nor the page's own answer to a viewer it does not know).
@@ -266,7 +298,10 @@ async fn admin_page_in_a_browser() {
 
     // A dead event requeued with its button.
     c.goto(&format!("{base}/outbox")).await.unwrap();
-    let buttons = c.find_all(Locator::Css("#dead button")).await.unwrap();
+    let buttons = c
+        .find_all(Locator::Css("#dead form[action=\"requeue\"] button"))
+        .await
+        .unwrap();
     assert_eq!(buttons.len(), total as usize);
     buttons[0].click().await.unwrap();
     let notice = c
@@ -280,7 +315,7 @@ async fn admin_page_in_a_browser() {
         .unwrap();
     assert!(notice.ends_with(": 1 changed"), "{notice}");
     assert_eq!(
-        c.find_all(Locator::Css("#dead button"))
+        c.find_all(Locator::Css("#dead form[action=\"requeue\"] button"))
             .await
             .unwrap()
             .len(),
@@ -546,5 +581,47 @@ async fn admin_page_in_a_browser() {
         total as usize
     );
     shot("read-only.png").await;
+
+    // More stuck records than a page: the next page by its link, and back.
+    futures_util::stream::iter(0..501)
+        .for_each_concurrent(8, |i| {
+            let records = records.clone();
+            async move {
+                let claimed = records
+                    .claim(SCOPE, &format!("many-{i}"), &1)
+                    .await
+                    .unwrap();
+                assert!(matches!(claimed, Claim::Claimed(_)));
+            }
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.goto(&format!("{base}/records")).await.unwrap();
+    let count = || async {
+        c.find(Locator::Id("count"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    assert_eq!(count().await, "501 records are stuck; this page shows 500.");
+    c.find(Locator::LinkText("Next page →"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::LinkText("← First page"))
+        .await
+        .unwrap();
+    assert_eq!(count().await, "501 records are stuck; this page shows 1.");
+    assert_eq!(
+        c.find_all(Locator::Css("#stuck tr")).await.unwrap().len(),
+        2
+    );
+    shot("records-next-page.png").await;
     c.close().await.unwrap();
 }

@@ -29,7 +29,7 @@ pub(in crate::admin) async fn overview<S: AdminStore>(
         Err(e) => return failed(&e),
     };
     app.trend.add(&o, app.sample_every);
-    let samples = app.trend.samples();
+    let samples = app.trend.samples_to(&o);
     let live = live(&o, &samples);
     if q.get("part").is_some_and(|p| p == "live") {
         return Html(live.into_string()).into_response();
