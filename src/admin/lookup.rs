@@ -152,6 +152,19 @@ crate::support::text::shown_row!(StuckRecord {
     age_ms: plain,
 });
 
+/// What a search by prefix found in the page's own store: records and flows whose key,
+/// and outbox events whose reference, starts with it.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct PrefixHits {
+    /// Idempotency records, by key.
+    pub records: Vec<RecordHit>,
+    /// Flows, by key.
+    pub flows: Vec<FlowHit>,
+    /// Outbox events, by reference.
+    pub events: Vec<EventRow>,
+}
+
 /// Which records held in `PROCESSING` a list shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -369,6 +382,44 @@ pub trait LookupStore: Store {
                     "this store does not count the records in flight".into(),
                 )),
             }
+        }
+    }
+
+    /// Up to `limit` history rows of any entity whose reference starts with `prefix`, by
+    /// entity and version (as [`by_ref`](Self::by_ref), a read of the history table
+    /// whole; case counts). The default answers that this store does not search by
+    /// prefix; the backends do.
+    fn by_ref_prefix(
+        &self,
+        conn: &mut Self::Conn,
+        prefix: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<RefRow>, sqlx::Error>> + Send {
+        let _ = (conn, prefix, limit);
+        async {
+            Err(sqlx::Error::InvalidArgument(
+                "this store does not search by prefix".into(),
+            ))
+        }
+    }
+
+    /// Up to `limit` each of the records and flows whose key, and the outbox events whose
+    /// reference, starts with `prefix` (case counts). The default answers that this store
+    /// does not search by prefix; the backends do, in one statement each.
+    fn by_prefix(
+        &self,
+        conn: &mut Self::Conn,
+        prefix: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<PrefixHits, sqlx::Error>> + Send
+    where
+        Self: OutboxStore,
+    {
+        let _ = (conn, prefix, limit);
+        async {
+            Err(sqlx::Error::InvalidArgument(
+                "this store does not search by prefix".into(),
+            ))
         }
     }
 }

@@ -4,7 +4,8 @@
 use sqlx::Executor;
 
 use crate::admin::lookup::{
-    EventFilter, EventPage, EventsBy, FlowHit, Held, HeldKey, HeldRecord, RecordHit, StuckRecord,
+    EventFilter, EventPage, EventsBy, FlowHit, Held, HeldKey, HeldRecord, PrefixHits, RecordHit,
+    StuckRecord,
 };
 use crate::backend::names::Names;
 use crate::backend::outbox_sql::readable;
@@ -20,6 +21,9 @@ pub(crate) struct LookupStatements {
     flows: Statement,
     /// 1 reference, 2 limit.
     events_by_ref: Statement,
+    /// Records, flows and events whose key (of an event, its reference) starts with a
+    /// text: 1 text, 2 limit.
+    prefixed: [Statement; 3],
     /// 1 machine, 2 entity, 3 limit.
     events_of_entity: Statement,
     /// 1 machine, 2 entity, 3 version, 4 limit.
@@ -139,6 +143,18 @@ impl LookupStatements {
                  WHERE flow_key = ?1 ORDER BY kind LIMIT ?2"
             )),
             events_by_ref: events("o.ref_id = ?1", key, "?2"),
+            prefixed: [
+                s(format!(
+                    "SELECT scope, idem_key, status, attempt, lease_until - {now} AS lease_left_ms, \
+                            {now} - created_at AS age_ms \
+                     FROM {records} WHERE {position}(idem_key, ?1) = 1 ORDER BY idem_key, scope LIMIT ?2"
+                )),
+                s(format!(
+                    "SELECT kind, flow_key, status, park_reason FROM {flows} \
+                     WHERE {position}(flow_key, ?1) = 1 ORDER BY flow_key, kind LIMIT ?2"
+                )),
+                events(&format!("{position}(o.ref_id, ?1) = 1"), key, "?2"),
+            ],
             events_of_entity: events(
                 "o.machine = ?1 AND o.entity_id = ?2",
                 "o.version DESC",
@@ -174,6 +190,43 @@ where
         .query_as::<DB, RecordHit>(&[Arg::Str(key), Arg::I64(limit)])?
         .fetch_all(conn)
         .await
+}
+
+/// [`LookupStore::by_prefix`](crate::admin::lookup::LookupStore::by_prefix): a row
+/// that does not read as an event is left out (and named in the log).
+pub(crate) async fn prefixed<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    prefix: &str,
+    limit: i64,
+) -> Result<PrefixHits, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    RecordHit: for<'r> sqlx::FromRow<'r, DB::Row>,
+    FlowHit: for<'r> sqlx::FromRow<'r, DB::Row>,
+    EventRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+    &'static str: sqlx::ColumnIndex<DB::Row>,
+    String: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    i32: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+{
+    let args = [Arg::Str(prefix), Arg::I64(limit)];
+    let [records, flows, events] = &s.prefixed;
+    let records = records
+        .query_as::<DB, RecordHit>(&args)?
+        .fetch_all(&mut *conn)
+        .await?;
+    let flows = flows
+        .query_as::<DB, FlowHit>(&args)?
+        .fetch_all(&mut *conn)
+        .await?;
+    let rows = events.query::<DB>(&args)?.fetch_all(&mut *conn).await?;
+    Ok(PrefixHits {
+        records,
+        flows,
+        events: readable(&rows),
+    })
 }
 
 /// [`LookupStore::flows_by_key`](crate::admin::lookup::LookupStore::flows_by_key).

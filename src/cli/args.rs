@@ -70,6 +70,10 @@ pub(super) enum Command {
     Search {
         /// What to look for.
         term: String,
+        /// Everything whose reference or key starts with the term (case counts): a read
+        /// of the history table whole, as an exact search is.
+        #[arg(long)]
+        prefix: bool,
     },
     /// Outbox events in the dead state.
     #[command(subcommand)]

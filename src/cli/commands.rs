@@ -118,7 +118,7 @@ impl<S: AdminStore> Cli<S> {
                 }),
                 Err(e) => out.fail(&e),
             },
-            Command::Search { term } => match a.search(&term).await {
+            Command::Search { term, prefix } => match a.search(&term, prefix).await {
                 Ok(found) => {
                     let n = found.count();
                     out.show(&found, || {

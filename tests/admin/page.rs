@@ -256,6 +256,51 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         "{html}"
     );
     assert!(!html.contains(HOSTILE), "a raw script on the page");
+    // By prefix: what starts with the term, case counting; the first 100 of a kind.
+    let found = page.json("bob", "/admin/search?q=pay-100&prefix=1").await;
+    let mut refs: Vec<i64> = found["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["order_id"].as_i64().unwrap())
+        .collect();
+    refs.sort_unstable();
+    let expected: Vec<i64> = (2..=total)
+        .filter(|id| format!("pay-{id}").starts_with("pay-100"))
+        .collect();
+    assert_eq!(refs, expected, "{found}");
+    assert_eq!(found["events"].as_array().unwrap().len(), expected.len());
+    assert_eq!(
+        found["entities"],
+        serde_json::json!([]),
+        "no entity by prefix"
+    );
+    let found = page.json("bob", "/admin/search?q=PAY-100&prefix=1").await;
+    assert_eq!(
+        found["history"],
+        serde_json::json!([]),
+        "case counts: {found}"
+    );
+    let found = page.json("bob", "/admin/search?q=req-st&prefix=1").await;
+    assert_eq!(found["records"][0]["idem_key"], STUCK_KEY, "{found}");
+    let found = page.json("bob", "/admin/search?q=L-&prefix=1").await;
+    let keys: Vec<&str> = found["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["flow_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["L-1", "L-2"], "{found}");
+    let html = page.get("bob", "/admin/search?q=pay-&prefix=1").await;
+    assert!(
+        html.contains("(starts with)") && html.contains("Only the first 100 of a kind"),
+        "{html}"
+    );
+    // Characters a LIKE pattern would take as wildcards are text here.
+    let found = page.json("bob", "/admin/search?q=pay-1%25&prefix=1").await;
+    assert_eq!(found["history"], serde_json::json!([]), "{found}");
+    let found = page.json("bob", "/admin/search?q=pay_1&prefix=1").await;
+    assert_eq!(found["history"], serde_json::json!([]), "{found}");
     let (status, body, _) = page.call("bob", "GET", "/admin/search?q=a%0Ab", None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let (status, body, _) = page

@@ -306,8 +306,9 @@ impl<S: AdminStore> Admin<S> {
     /// Everything `term` names: history rows of every registered machine (or of the
     /// page's own store if none is) made with it as their reference, records and flows
     /// with it as their key, outbox events with it as their reference or message id, and
-    /// for an integer, the entities with that id.
-    pub(crate) async fn search(&self, term: &str) -> Result<Found> {
+    /// for an integer, the entities with that id. With `prefix`, everything whose
+    /// reference or key starts with it (no message id, no entity).
+    pub(crate) async fn search(&self, term: &str, prefix: bool) -> Result<Found> {
         let term = term.trim();
         if term.is_empty() {
             return Err(Error::InvalidInput("a search needs a term".into()));
@@ -315,6 +316,7 @@ impl<S: AdminStore> Admin<S> {
         crate::support::input::validate_reference("a search term", term)?;
         let mut found = Found {
             term: term.to_string(),
+            prefix,
             history: Vec::new(),
             records: Vec::new(),
             flows: Vec::new(),
@@ -327,12 +329,17 @@ impl<S: AdminStore> Admin<S> {
             self.machines.iter().map(|(n, m)| (*n, m.store())).collect()
         };
         for (machine, store) in &stores {
-            let rows = Lease::run(*store, async |c| store.by_ref(c, term, FOUND_MAX).await).await?;
+            let rows = Lease::run(*store, async |c| match prefix {
+                false => store.by_ref(c, term, FOUND_MAX).await,
+                true => store.by_ref_prefix(c, term, FOUND_MAX).await,
+            })
+            .await?;
             found.history.extend(rows.into_iter().map(|row| HistoryHit {
                 machine: machine.to_string(),
                 row,
             }));
-            if let Ok(id) = term.parse::<i64>()
+            if !prefix
+                && let Ok(id) = term.parse::<i64>()
                 && Lease::run(*store, async |c| store.get(c, id).await)
                     .await?
                     .is_some()
@@ -341,6 +348,14 @@ impl<S: AdminStore> Admin<S> {
             }
         }
         let store = &self.store;
+        if prefix {
+            let hits =
+                Lease::run(store, async |c| store.by_prefix(c, term, FOUND_MAX).await).await?;
+            found.records = hits.records;
+            found.flows = hits.flows;
+            found.events = hits.events.into_iter().map(Event::from).collect();
+            return Ok(found);
+        }
         found.records = Lease::run(store, async |c| {
             store.records_by_key(c, term, FOUND_MAX).await
         })

@@ -165,6 +165,8 @@ pub(crate) struct HistoryHit {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Found {
     pub(crate) term: String,
+    /// Whether it found what starts with the term.
+    pub(crate) prefix: bool,
     pub(crate) history: Vec<HistoryHit>,
     pub(crate) records: Vec<RecordHit>,
     pub(crate) flows: Vec<FlowHit>,
@@ -173,6 +175,18 @@ pub(crate) struct Found {
 }
 
 impl Found {
+    /// Whether a kind filled its limit (there may be more of it).
+    pub(crate) fn full(&self) -> bool {
+        [
+            self.history.len(),
+            self.records.len(),
+            self.flows.len(),
+            self.events.len(),
+        ]
+        .into_iter()
+        .any(|n| n as i64 >= super::FOUND_MAX)
+    }
+
     /// How many things it found.
     pub(crate) fn count(&self) -> usize {
         self.history.len()

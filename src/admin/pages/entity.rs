@@ -12,6 +12,7 @@ use super::{
     answer, entity_link, events_table, flow_link, long_text, lookup, timer_link, urlencoding,
 };
 use crate::admin::AdminStore;
+use crate::admin::ops::FOUND_MAX;
 use crate::admin::ops::time_text;
 use crate::admin::panel::App;
 use crate::admin::seen::{Seen, failed};
@@ -125,7 +126,8 @@ pub(in crate::admin) async fn search<S: AdminStore>(
         let body = html! { p { "Search by a reference, an idempotency key, a flow key, a message id or an entity id: the box at the top." } };
         return answer(&seen, "Search", None, json!({}), body);
     }
-    let found = match app.search(term).await {
+    let prefix = q.get("prefix").is_some_and(|p| !p.is_empty() && p != "0");
+    let found = match app.search(term, prefix).await {
         Ok(found) => found,
         Err(e @ Error::InvalidInput(_)) => {
             return (StatusCode::BAD_REQUEST, e.to_string()).into_response();
@@ -135,7 +137,15 @@ pub(in crate::admin) async fn search<S: AdminStore>(
     let data = json!(found);
     let entity = entity_link;
     let body = html! {
-        p id="found" { (found.count()) " found for " b { (found.term) } "." }
+        form method="get" action="search" {
+            input type="search" name="q" value=(found.term);
+            label { " " input type="checkbox" name="prefix" value="1" checked[prefix]; " starts with" }
+            " " button type="submit" { "Search" }
+        }
+        p id="found" {
+            (found.count()) " found for " b { (found.term) } @if prefix { " (starts with)" } "."
+            @if found.full() { " Only the first " (FOUND_MAX) " of a kind are shown: narrow the search." }
+        }
         @if !found.entities.is_empty() {
             h2 { "Entities" }
             ul { @for (m, id) in &found.entities {

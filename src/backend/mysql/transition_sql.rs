@@ -60,6 +60,8 @@ pub(super) struct Sql {
     #[cfg(feature = "admin")]
     pub(super) by_ref: SqlStr,
     #[cfg(feature = "admin")]
+    pub(super) by_ref_prefix: SqlStr,
+    #[cfg(feature = "admin")]
     pub(super) by_status: SqlStr,
     pub(super) batch_reads: BatchReads,
     /// The statements of a unit of several requests, whose text depends on its size.
@@ -181,6 +183,11 @@ impl Sql {
             by_ref: read(format!(
                 "SELECT order_id, seq, from_status, to_status, event FROM {h} \
                  WHERE ref_id = ? ORDER BY order_id, seq LIMIT ?"
+            )),
+            #[cfg(feature = "admin")]
+            by_ref_prefix: read(format!(
+                "SELECT order_id, seq, from_status, to_status, event FROM {h} \
+                 WHERE INSTR(ref_id, ?) = 1 ORDER BY order_id, seq LIMIT ?"
             )),
             batch_reads: BatchReads::new(|n| priors_sql(&h, n, causal)),
         }

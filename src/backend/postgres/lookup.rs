@@ -1,8 +1,8 @@
 //! The operators' lookups on PostgreSQL.
 
 use crate::admin::lookup::{
-    EventFilter, EventPage, EventsBy, FlowHit, Held, HeldKey, HeldRecord, LookupStore, RecordHit,
-    StuckRecord,
+    EventFilter, EventPage, EventsBy, FlowHit, Held, HeldKey, HeldRecord, LookupStore, PrefixHits,
+    RecordHit, StuckRecord,
 };
 use crate::backend::lookup_sql;
 use crate::backend::lookup_sql::LookupStatements;
@@ -37,6 +37,28 @@ impl LookupStore for PgStore {
             .bind(limit)
             .fetch_all(conn)
             .await
+    }
+
+    async fn by_ref_prefix(
+        &self,
+        conn: &mut PgConnection,
+        prefix: &str,
+        limit: i64,
+    ) -> Result<Vec<RefRow>, sqlx::Error> {
+        sqlx::query_as(self.transitions.by_ref_prefix.clone())
+            .bind(prefix)
+            .bind(limit)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn by_prefix(
+        &self,
+        conn: &mut PgConnection,
+        prefix: &str,
+        limit: i64,
+    ) -> Result<PrefixHits, sqlx::Error> {
+        lookup_sql::prefixed::<Postgres>(conn, LOOKUP.get(self.names()), prefix, limit).await
     }
 
     async fn history_page(

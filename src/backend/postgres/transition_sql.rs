@@ -47,6 +47,8 @@ pub(super) struct Sql {
     #[cfg(feature = "admin")]
     pub(super) by_ref: SqlStr,
     #[cfg(feature = "admin")]
+    pub(super) by_ref_prefix: SqlStr,
+    #[cfg(feature = "admin")]
     pub(super) by_status: SqlStr,
     pub(super) batch_reads: BatchReads,
 }
@@ -258,6 +260,12 @@ impl Sql {
                 "SELECT order_id::bigint AS order_id, seq::bigint AS seq, from_status::text AS from_status, \
                         to_status::text AS to_status, event::text AS event \
                  FROM {h} WHERE ref_id = $1 ORDER BY order_id, seq LIMIT $2"
+            )),
+            #[cfg(feature = "admin")]
+            by_ref_prefix: sql(format!(
+                "SELECT order_id::bigint AS order_id, seq::bigint AS seq, from_status::text AS from_status, \
+                        to_status::text AS to_status, event::text AS event \
+                 FROM {h} WHERE strpos(ref_id, $1) = 1 ORDER BY order_id, seq LIMIT $2"
             )),
             batch_reads: BatchReads::new(|n| priors_sql(&h, n)),
         }

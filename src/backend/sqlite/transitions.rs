@@ -52,6 +52,8 @@ pub(super) struct Sql {
     #[cfg(feature = "admin")]
     pub(super) by_ref: SqlStr,
     #[cfg(feature = "admin")]
+    pub(super) by_ref_prefix: SqlStr,
+    #[cfg(feature = "admin")]
     pub(super) by_status: SqlStr,
     /// The statements of a unit of several requests, whose text depends on its size.
     pub(super) units: super::units::UnitStatements,
@@ -133,6 +135,11 @@ impl Sql {
             by_ref: sql(format!(
                 "SELECT order_id, seq, from_status, to_status, event FROM {h} \
                  WHERE ref_id = ?1 ORDER BY order_id, seq LIMIT ?2"
+            )),
+            #[cfg(feature = "admin")]
+            by_ref_prefix: sql(format!(
+                "SELECT order_id, seq, from_status, to_status, event FROM {h} \
+                 WHERE instr(ref_id, ?1) = 1 ORDER BY order_id, seq LIMIT ?2"
             )),
         }
     }
