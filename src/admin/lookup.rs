@@ -422,4 +422,26 @@ pub trait LookupStore: Store {
             ))
         }
     }
+
+    /// How many timers are in `status` (`DEAD`, `PENDING`): the count of one list, read
+    /// by the timers' index alone. The default reads the timers' counts
+    /// ([`TimerStore::timer_stats`](crate::timer::TimerStore::timer_stats)); the backends
+    /// count in one statement.
+    fn count_timers_in(
+        &self,
+        conn: &mut Self::Conn,
+        status: &str,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send
+    where
+        Self: crate::timer::TimerStore,
+    {
+        async move {
+            let stats = self.timer_stats(conn).await?;
+            Ok(match status {
+                "DEAD" => stats.dead,
+                "PENDING" => stats.pending,
+                _ => 0,
+            })
+        }
+    }
 }

@@ -49,6 +49,8 @@ pub(crate) struct LookupStatements {
     held: [Statement; 2],
     /// How many records are stuck, then in flight: 1 scope (`NULL` for all).
     held_count: [Statement; 2],
+    /// How many timers are in a status: 1 status.
+    timers_in: Statement,
 }
 
 impl LookupStatements {
@@ -68,6 +70,7 @@ impl LookupStatements {
             outbox,
             records,
             flows,
+            timers,
             ..
         } = n;
         let s = |sql: String| Statement::shared(sql, params);
@@ -171,6 +174,7 @@ impl LookupStatements {
             stuck_count_of_scope: stuck_count("scope = ?1 AND "),
             held: [held(Held::Stuck), held(Held::InFlight)],
             held_count: [held_count(Held::Stuck), held_count(Held::InFlight)],
+            timers_in: s(format!("SELECT COUNT(*) FROM {timers} WHERE status = ?1")),
         }
     }
 }
@@ -439,6 +443,22 @@ where
 {
     s.held_count[held_index(held)]
         .query_scalar::<DB, i64>(&[Arg::OptStr(scope)])?
+        .fetch_one(conn)
+        .await
+}
+
+/// [`LookupStore::count_timers_in`](crate::admin::lookup::LookupStore::count_timers_in).
+pub(crate) async fn count_timers<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    status: &str,
+) -> Result<i64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.timers_in
+        .query_scalar::<DB, i64>(&[Arg::Str(status)])?
         .fetch_one(conn)
         .await
 }

@@ -188,6 +188,13 @@ impl<S: AdminStore> Admin<S> {
         Ok((rows, next))
     }
 
+    /// How many timers are in `status` (`DEAD`, `PENDING`).
+    pub(crate) async fn count_timers(&self, status: &str) -> Result<u64> {
+        let store = &self.store;
+        let n = Lease::run(store, async |c| store.count_timers_in(c, status).await).await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// How many records of one scope or of all are held in PROCESSING as `held` says.
     pub(crate) async fn count_held(&self, held: Held, scope: Option<&str>) -> Result<u64> {
         let store = &self.store;

@@ -20,7 +20,7 @@ use crate::admin::panel::{App, PAGE};
 use crate::admin::seen::{Seen, failed};
 use crate::flow::Listing;
 use crate::outbox::Outbox;
-use crate::timer::{TimerKey, Timers};
+use crate::timer::TimerKey;
 
 /// How many there are in all (`what`: "flows are parked"), and when not all are
 /// shown, how many this page shows.
@@ -306,18 +306,11 @@ pub(in crate::admin) async fn timers<S: AdminStore>(
             return (StatusCode::BAD_REQUEST, why).into_response();
         }
     };
-    let timers = Timers::new(app.store().clone());
-    let (rows, count) = match tokio::try_join!(app.timers_in(status, PAGE), timers.stats()) {
-        Ok((rows, stats)) => {
-            let n = if status == "DEAD" {
-                stats.dead
-            } else {
-                stats.pending
-            };
-            (rows, u64::try_from(n).unwrap_or(0))
-        }
-        Err(e) => return failed(&e),
-    };
+    let (rows, count) =
+        match tokio::try_join!(app.timers_in(status, PAGE), app.count_timers(status)) {
+            Ok(read) => read,
+            Err(e) => return failed(&e),
+        };
     let read = rows.len();
     let (rows, corrupt): (Vec<_>, Vec<_>) = rows.into_iter().partition(Result::is_ok);
     let rows: Vec<_> = rows.into_iter().flatten().collect();

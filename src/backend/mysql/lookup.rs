@@ -170,4 +170,12 @@ impl LookupStore for MySqlStore {
     ) -> Result<i64, sqlx::Error> {
         lookup_sql::count_held::<MySql>(conn, LOOKUP.get(self.names()), held, scope).await
     }
+
+    async fn count_timers_in(
+        &self,
+        conn: &mut MySqlConnection,
+        status: &str,
+    ) -> Result<i64, sqlx::Error> {
+        lookup_sql::count_timers::<MySql>(conn, LOOKUP.get(self.names()), status).await
+    }
 }

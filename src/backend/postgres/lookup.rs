@@ -178,4 +178,12 @@ impl LookupStore for PgStore {
     ) -> Result<i64, sqlx::Error> {
         lookup_sql::count_held::<Postgres>(conn, LOOKUP.get(self.names()), held, scope).await
     }
+
+    async fn count_timers_in(
+        &self,
+        conn: &mut PgConnection,
+        status: &str,
+    ) -> Result<i64, sqlx::Error> {
+        lookup_sql::count_timers::<Postgres>(conn, LOOKUP.get(self.names()), status).await
+    }
 }

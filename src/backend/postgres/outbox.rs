@@ -343,14 +343,19 @@ static INBOX_PURGE: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     .into_sql_str()
 });
 
-/// The statement of `list_corrupt`, built once per namespace.
+/// The statement of `list_corrupt`, built once per namespace. The rows are found first
+/// (through the status index: the unknown statuses and the pending rows) and ordered
+/// after, behind `OFFSET 0`: with the order and limit in the same query the planner
+/// expects the few corrupt rows early in the primary key and reads the whole outbox
+/// through it (450 ms at a million rows, none found).
 static LIST_CORRUPT: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
-        "SELECT o.machine, o.entity_id::text AS entity_id, o.version::text AS version, o.status, \
-             CASE WHEN {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
-                  ELSE 'claimed by ' || COALESCE(o.owner_token, '?') || ' with a lease past the longest a relay takes' END AS reason \
-         FROM {outbox} AS o WHERE {corrupt} \
-         ORDER BY o.machine, o.entity_id, o.version LIMIT $2",
+        "SELECT c.machine, c.entity_id::text AS entity_id, c.version::text AS version, c.status, c.reason \
+         FROM (SELECT o.machine, o.entity_id, o.version, o.status, \
+                   CASE WHEN {UNKNOWN_STATUS} THEN 'a status orderly never writes' \
+                        ELSE 'claimed by ' || COALESCE(o.owner_token, '?') || ' with a lease past the longest a relay takes' END AS reason \
+               FROM {outbox} AS o WHERE {corrupt} OFFSET 0) AS c \
+         ORDER BY c.machine, c.entity_id, c.version LIMIT $2",
         outbox = n.outbox,
         corrupt = corrupt()
     )).into_sql_str()

@@ -177,4 +177,12 @@ impl LookupStore for SqliteStore {
     ) -> Result<i64, sqlx::Error> {
         lookup_sql::count_held::<Sqlite>(conn, LOOKUP.get(self.names()), held, scope).await
     }
+
+    async fn count_timers_in(
+        &self,
+        conn: &mut SqliteConnection,
+        status: &str,
+    ) -> Result<i64, sqlx::Error> {
+        lookup_sql::count_timers::<Sqlite>(conn, LOOKUP.get(self.names()), status).await
+    }
 }
