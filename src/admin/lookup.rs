@@ -347,8 +347,10 @@ pub trait LookupStore: Store {
 
     /// Up to `limit` records of every scope, or of `scope`, held in `PROCESSING` as
     /// `held` says, after `after` in lease order (lease end, scope, key): a page of them.
-    /// The default answers that this store does not page them; the backends read a page
-    /// in one statement.
+    /// The default reads the first page of the stuck by
+    /// [`stuck_records`](Self::stuck_records) (their lease ends taken from this process's
+    /// clock) and answers that this store pages no further and lists none in flight; the
+    /// backends read a page in one statement.
     fn held_records(
         &self,
         conn: &mut Self::Conn,
@@ -357,11 +359,25 @@ pub trait LookupStore: Store {
         after: Option<&HeldKey>,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<HeldRecord>, sqlx::Error>> + Send {
-        let _ = (conn, held, scope, after, limit);
-        async {
-            Err(sqlx::Error::InvalidArgument(
-                "this store does not page the records held in PROCESSING".into(),
-            ))
+        async move {
+            if held != Held::Stuck || after.is_some() {
+                return Err(sqlx::Error::InvalidArgument(
+                    "this store does not page the records held in PROCESSING".into(),
+                ));
+            }
+            let now = chrono::Utc::now().timestamp_millis();
+            let rows = self.stuck_records(conn, scope, limit).await?;
+            Ok(rows
+                .into_iter()
+                .map(|r| HeldRecord {
+                    scope: r.scope,
+                    idem_key: r.idem_key,
+                    attempt: r.attempt,
+                    lease_until: now.saturating_sub(r.stuck_ms),
+                    lease_left_ms: r.stuck_ms.saturating_neg(),
+                    age_ms: r.age_ms,
+                })
+                .collect())
         }
     }
 

@@ -38,10 +38,11 @@ pub(super) fn hardening() -> [(&'static str, &'static str); 5] {
 
 /// The overview's one script: every 5 s it reads the overview's live part (its counts
 /// and charts, rendered and escaped on the server) and puts it in place, with no reload
-/// of the page; a read that fails leaves what is shown.
+/// of the page, while the page is in view; a read that fails or is redirected (a login
+/// page) leaves what is shown.
 pub(super) const LIVE: &str = "(function(){var live=document.getElementById('live');if(!live)return;\
-setInterval(function(){fetch(location.pathname+'?part=live',{credentials:'same-origin'})\
-.then(function(r){return r.ok?r.text():null}).then(function(t){if(t!==null){live.innerHTML=t;\
+setInterval(function(){if(document.hidden)return;fetch(location.pathname+'?part=live',{credentials:'same-origin'})\
+.then(function(r){return r.ok&&!r.redirected?r.text():null}).then(function(t){if(t!==null){live.innerHTML=t;\
 live.setAttribute('data-refreshed',String(Date.now()));}}).catch(function(){});},5000);})();";
 
 /// The page's style: embedded, nothing fetched.

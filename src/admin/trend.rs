@@ -55,14 +55,15 @@ pub(super) struct Trend {
 }
 
 impl Trend {
-    /// Keeps `o` as a sample unless the last one is younger than `every`; drops those
-    /// older than the span.
+    /// Keeps `o` as a sample unless the last one is younger than three quarters of
+    /// `every` (a tick whose read returned early still counts); drops those older than
+    /// the span.
     pub(super) fn add(&self, o: &Overview, every: Duration) {
         let now = Instant::now();
         let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         if samples
             .back()
-            .is_some_and(|(at, _)| now.duration_since(*at) < every)
+            .is_some_and(|(at, _)| now.duration_since(*at) < every * 3 / 4)
         {
             return;
         }
@@ -116,6 +117,15 @@ impl<S: AdminStore> Admin<S> {
 pub(super) fn chart(id: &str, label: &str, samples: &[Sample], of: fn(&Sample) -> f64) -> Markup {
     const W: f64 = 240.0;
     const H: f64 = 48.0;
+    // At most a point a pixel: every k-th sample, and the last.
+    let stride = samples.len().div_ceil(W as usize).max(1);
+    let samples: Vec<Sample> = samples
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % stride == 0 || *i + 1 == samples.len())
+        .map(|(_, s)| *s)
+        .collect();
+    let samples = samples.as_slice();
     let values: Vec<f64> = samples.iter().map(of).collect();
     let max = values.iter().copied().fold(0.0, f64::max);
     let (first, last) = (

@@ -810,7 +810,14 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         "the list says how many there are"
     );
 
-    // Every stuck record, page after page by the next link, each once.
+    // Every stuck record, page after page by the next link, each once; all with one
+    // lease end, so that the pages turn on the scope and key alone.
+    (exec.run)(
+        "UPDATE orderly_idempotency_records SET lease_until = 1000 \
+         WHERE scope = 'checkout' AND status = 'PROCESSING'"
+            .into(),
+    )
+    .await;
     let mut seen_keys = std::collections::BTreeSet::new();
     let mut uri = "/admin/records?format=json".to_string();
     let mut pages = 0;

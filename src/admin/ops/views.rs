@@ -148,7 +148,8 @@ pub(crate) struct FlowCounts {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RecordCounts {
     pub(crate) stuck: u64,
-    pub(crate) in_flight: u64,
+    /// `None` where the store does not count them.
+    pub(crate) in_flight: Option<u64>,
 }
 
 /// A history row found by its reference, with its machine.

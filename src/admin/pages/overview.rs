@@ -28,7 +28,6 @@ pub(in crate::admin) async fn overview<S: AdminStore>(
         Ok(o) => o,
         Err(e) => return failed(&e),
     };
-    app.trend.add(&o, app.sample_every);
     let samples = app.trend.samples_to(&o);
     let live = live(&o, &samples);
     if q.get("part").is_some_and(|p| p == "live") {
@@ -78,7 +77,7 @@ fn live(o: &Overview, samples: &[Sample]) -> Markup {
             (card("Flows parked", o.flows.parked.to_string(), o.flows.parked > 0, "flows"))
             (card("Flows running", o.flows.running.to_string(), false, "flows?which=running"))
             (card("Records stuck", o.records.stuck.to_string(), o.records.stuck > 0, "records"))
-            (card("Records in flight", o.records.in_flight.to_string(), false, "records?which=inflight"))
+            (card("Records in flight", o.records.in_flight.map_or_else(|| "?".to_string(), |n| n.to_string()), false, "records?which=inflight"))
             (card("Timers due", o.timers.due.to_string(), false, "timers?status=pending"))
             (card("Timers dead", o.timers.dead.to_string(), o.timers.dead > 0, "timers"))
             (card("Oldest lateness", secs(o.timers.oldest_late_ms), false, "timers?status=pending"))
