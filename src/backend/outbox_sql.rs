@@ -213,10 +213,11 @@ where
     crate::backend::units::end_rules_unit::<DB>(conn, true, 0).await
 }
 
-/// [`OutboxStore::requeue_event`](crate::outbox::OutboxStore::requeue_event).
-pub(crate) async fn requeue_event<DB: Binds>(
+/// Runs `statement` on the event of `key` (1 machine, 2 entity id, 3 version); whether
+/// it changed that one row.
+async fn on_event<DB: Binds>(
     conn: &mut DB::Connection,
-    s: &OutboxStatements,
+    statement: &Statement,
     key: &EventKey,
 ) -> Result<bool, sqlx::Error>
 where
@@ -227,8 +228,20 @@ where
         Arg::I64(key.entity_id),
         Arg::I64(key.version),
     ];
-    let done = s.requeue.query::<DB>(&args)?.execute(conn).await?;
+    let done = statement.query::<DB>(&args)?.execute(conn).await?;
     Ok(DB::rows_affected(&done) == 1)
+}
+
+/// [`OutboxStore::requeue_event`](crate::outbox::OutboxStore::requeue_event).
+pub(crate) async fn requeue_event<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &OutboxStatements,
+    key: &EventKey,
+) -> Result<bool, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    on_event::<DB>(conn, &s.requeue, key).await
 }
 
 /// [`OutboxStore::discard_event`](crate::outbox::OutboxStore::discard_event).
@@ -240,13 +253,7 @@ pub(crate) async fn discard_event<DB: Binds>(
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    let args = [
-        Arg::Str(&key.machine),
-        Arg::I64(key.entity_id),
-        Arg::I64(key.version),
-    ];
-    let done = s.discard.query::<DB>(&args)?.execute(conn).await?;
-    Ok(DB::rows_affected(&done) == 1)
+    on_event::<DB>(conn, &s.discard, key).await
 }
 
 /// [`OutboxStore::list_events`](crate::outbox::OutboxStore::list_events). A row that does
