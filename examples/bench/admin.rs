@@ -272,6 +272,13 @@ pub(crate) async fn admin_pass<B: BenchDb>(
             "timers_pending",
             "/timers?status=pending&format=json".to_string(),
         ),
+        (
+            "timers_after",
+            format!(
+                "/timers?status=pending&after_at={}&after_id=0&format=json",
+                chrono::Utc::now().timestamp_millis() + 86_400_000 + history / 200
+            ),
+        ),
         ("records_stuck", "/records?format=json".to_string()),
         ("audit", "/audit?format=json".to_string()),
         (

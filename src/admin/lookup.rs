@@ -6,6 +6,7 @@
 use std::future::Future;
 
 use crate::outbox::{EventKey, EventRow, OutboxStore};
+use crate::store::timers::ClaimedTimer;
 use crate::store::{RawTransition, RefRow, Store};
 
 /// An idempotency record found by its key (its texts read lossily: a byte that is not
@@ -214,6 +215,28 @@ crate::support::text::shown_row!(HeldRecord {
     lease_left_ms: plain,
     age_ms: plain,
 });
+
+/// Where a timer stands in the timers' lists, which are in the order of their next
+/// attempt: a page starts after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerAt {
+    /// When the job tries it next, in milliseconds since the epoch (its due time until a
+    /// failed attempt puts it later).
+    pub next_at: i64,
+    /// Its row's id.
+    pub id: i64,
+}
+
+/// A page of timers: each row as read, and where the next page starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TimerPage {
+    /// The timers, each as read (a row that does not read as a timer, as such).
+    pub rows: Vec<ClaimedTimer>,
+    /// Where the next page starts: `None` when this page read fewer rows than asked for,
+    /// or when the store pages no further.
+    pub next: Option<TimerAt>,
+}
 
 /// A backend of the operators' lookups. Each read is one statement and returns at most
 /// `limit` rows.
@@ -436,6 +459,33 @@ pub trait LookupStore: Store {
             Err(sqlx::Error::InvalidArgument(
                 "this store does not search by prefix".into(),
             ))
+        }
+    }
+
+    /// Up to `limit` timers in `status` (`DEAD`, `PENDING`) after `after`, in the order
+    /// of their next attempt (then of their id), read by the timers' index: a page of
+    /// them. The default reads the first page by
+    /// [`TimerStore::list_timers`](crate::timer::TimerStore::list_timers) (earliest due
+    /// first) and answers that this store pages no further; the backends read a page in
+    /// one statement.
+    fn timers_page(
+        &self,
+        conn: &mut Self::Conn,
+        status: &str,
+        after: Option<&TimerAt>,
+        limit: i64,
+    ) -> impl Future<Output = Result<TimerPage, sqlx::Error>> + Send
+    where
+        Self: crate::timer::TimerStore,
+    {
+        async move {
+            if after.is_some() {
+                return Err(sqlx::Error::InvalidArgument(
+                    "this store does not page the timers".into(),
+                ));
+            }
+            let rows = self.list_timers(conn, status, limit).await?;
+            Ok(TimerPage { rows, next: None })
         }
     }
 

@@ -1,16 +1,17 @@
 //! The operators' lookups, shared by every backend: written once with `?N` parameters,
 //! each backend's millisecond clock and its outbox event columns.
 
-use sqlx::Executor;
+use sqlx::{Executor, Row};
 
 use crate::admin::lookup::{
     EventFilter, EventPage, EventsBy, FlowHit, Held, HeldKey, HeldRecord, PrefixHits, RecordHit,
-    StuckRecord,
+    StuckRecord, TimerAt, TimerPage,
 };
 use crate::backend::names::Names;
 use crate::backend::outbox_sql::readable;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::outbox::{EventKey, EventRow};
+use crate::store::timers::TimerRow;
 
 /// The statements, built once per backend.
 #[derive(Debug)]
@@ -36,11 +37,13 @@ pub(crate) struct LookupStatements {
     stuck_count: Statement,
     /// How many records of a scope are stuck: 1 scope.
     stuck_count_of_scope: Statement,
-    /// Events of a status a filter matches, past a key, in key order: 1 status,
-    /// 2 machine, 3 event, 4 text of the last error, 5 age in ms (2 to 5 each `NULL` for
-    /// any), 6 machine, 7 entity, 8 version of the key to read past (6 `NULL` for the
-    /// first page), 9 limit.
-    in_status: Statement,
+    /// Events of a status a filter matches, in key order: 1 status, 2 machine, 3 event,
+    /// 4 text of the last error, 5 age in ms (2 to 5 each `NULL` for any); the first
+    /// page, 6 limit; then a page past a key, 6 machine, 7 entity, 8 version of the key
+    /// to read past, 9 limit. (Two statements: the key compared as a row is where the
+    /// index scan starts, where an `OR` of it with `NULL` would be a filter on every
+    /// entry before it.)
+    in_status: [Statement; 2],
     /// How many events of a status a filter matches: 1 to 5 as `in_status`'s.
     count_in_status: Statement,
     /// Records stuck, then in flight, in lease order after a key: 1 scope (`NULL` for
@@ -51,6 +54,10 @@ pub(crate) struct LookupStatements {
     held_count: [Statement; 2],
     /// How many timers are in a status: 1 status.
     timers_in: Statement,
+    /// Timers of a status in the order of their next attempt, with it (`next_at`):
+    /// 1 status; the first page, 2 limit; then a page past a timer, 2 its next attempt,
+    /// 3 its id, 4 limit.
+    timers_page: [Statement; 2],
 }
 
 impl LookupStatements {
@@ -125,14 +132,10 @@ impl LookupStatements {
              AND (?4 IS NULL OR {position}(o.last_error, ?4) > 0) AND (?5 IS NULL OR {age_ms} >= ?5)"
         );
         LookupStatements {
-            in_status: events(
-                &format!(
-                    "{matching} AND (?6 IS NULL OR o.machine > ?6 OR (o.machine = ?6 AND \
-                     (o.entity_id > ?7 OR (o.entity_id = ?7 AND o.version > ?8))))"
-                ),
-                key,
-                "?9",
-            ),
+            in_status: [
+                events(&matching, key, "?6"),
+                events(&format!("{matching} AND ({key}) > (?6, ?7, ?8)"), key, "?9"),
+            ],
             count_in_status: s(format!(
                 "SELECT COUNT(*) FROM {outbox} AS o WHERE {matching}"
             )),
@@ -175,6 +178,19 @@ impl LookupStatements {
             held: [held(Held::Stuck), held(Held::InFlight)],
             held_count: [held_count(Held::Stuck), held_count(Held::InFlight)],
             timers_in: s(format!("SELECT COUNT(*) FROM {timers} WHERE status = ?1")),
+            timers_page: {
+                let page = |past: &str, limit: &str| {
+                    s(format!(
+                        "SELECT {}, t.next_at AS next_at FROM {timers} AS t \
+                         WHERE t.status = ?1{past} ORDER BY t.next_at, t.id LIMIT {limit}",
+                        crate::backend::timer_sql::columns(now)
+                    ))
+                };
+                [
+                    page("", "?2"),
+                    page(" AND (t.next_at, t.id) > (?2, ?3)", "?4"),
+                ]
+            },
         }
     }
 }
@@ -322,18 +338,26 @@ where
     i32: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
 {
     let [status, machine, event, error, older] = filter_args(status, filter);
-    let args = [
-        status,
-        machine,
-        event,
-        error,
-        older,
-        Arg::OptStr(after.map(|k| k.machine.as_str())),
-        Arg::I64(after.map_or(0, |k| k.entity_id)),
-        Arg::I64(after.map_or(0, |k| k.version)),
-        Arg::I64(limit),
-    ];
-    let rows = s.in_status.query::<DB>(&args)?.fetch_all(conn).await?;
+    let rows = match after {
+        None => {
+            let args = [status, machine, event, error, older, Arg::I64(limit)];
+            s.in_status[0].query::<DB>(&args)?.fetch_all(conn).await?
+        }
+        Some(k) => {
+            let args = [
+                status,
+                machine,
+                event,
+                error,
+                older,
+                Arg::Str(&k.machine),
+                Arg::I64(k.entity_id),
+                Arg::I64(k.version),
+                Arg::I64(limit),
+            ];
+            s.in_status[1].query::<DB>(&args)?.fetch_all(conn).await?
+        }
+    };
     Ok(EventPage {
         rows: readable(&rows),
         read: rows.len(),
@@ -461,4 +485,50 @@ where
         .query_scalar::<DB, i64>(&[Arg::Str(status)])?
         .fetch_one(conn)
         .await
+}
+
+/// [`LookupStore::timers_page`](crate::admin::lookup::LookupStore::timers_page): each row
+/// decoded on its own; the next page starts after the last row whose place reads.
+pub(crate) async fn timers_page<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    status: &str,
+    after: Option<&TimerAt>,
+    limit: i64,
+) -> Result<TimerPage, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    TimerRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+    &'static str: sqlx::ColumnIndex<DB::Row>,
+    i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+{
+    let rows = match after {
+        None => {
+            let args = [Arg::Str(status), Arg::I64(limit)];
+            s.timers_page[0].query::<DB>(&args)?.fetch_all(conn).await?
+        }
+        Some(a) => {
+            let args = [
+                Arg::Str(status),
+                Arg::I64(a.next_at),
+                Arg::I64(a.id),
+                Arg::I64(limit),
+            ];
+            s.timers_page[1].query::<DB>(&args)?.fetch_all(conn).await?
+        }
+    };
+    let full = i64::try_from(rows.len()).is_ok_and(|n| n >= limit);
+    let next = rows.iter().rev().find_map(|r| {
+        Some(TimerAt {
+            next_at: r.try_get("next_at").ok()?,
+            id: r.try_get("id").ok()?,
+        })
+    });
+    Ok(TimerPage {
+        rows: rows
+            .iter()
+            .map(crate::backend::timer_sql::decoded)
+            .collect(),
+        next: next.filter(|_| full),
+    })
 }

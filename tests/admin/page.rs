@@ -962,6 +962,58 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         ]
     );
 
+    // Timers past a page: 601 pending, their next attempts in three ties, read page
+    // after page by the next link, each once, in the order of their next attempt.
+    let values: Vec<String> = (1..=601)
+        .map(|i| {
+            let at = 4_102_444_800_000_i64 + i64::from(i % 3);
+            format!("('Paged', {i}, 'Cancel', 'p', {at}, {at}, 'PENDING', 0)")
+        })
+        .collect();
+    (exec.run)(format!(
+        "INSERT INTO orderly_timers (machine, entity_id, event, ref_id, due_at, next_at, \
+         status, created_at) VALUES {}",
+        values.join(", ")
+    ))
+    .await;
+    let (mut seen_timers, mut dues, mut pages) = (std::collections::BTreeSet::new(), vec![], 0);
+    let mut uri = "/admin/timers?status=pending&format=json".to_string();
+    loop {
+        let listed = page.json("bob", &uri).await;
+        assert_eq!(listed["count"], 601, "{listed}");
+        for t in listed["pending"].as_array().unwrap() {
+            assert!(
+                seen_timers.insert(t["entity_id"].as_i64().unwrap()),
+                "{t} listed twice"
+            );
+            dues.push(t["due_at"].as_i64().unwrap());
+        }
+        pages += 1;
+        let Some(next) = listed["next"].as_object() else {
+            break;
+        };
+        uri = format!(
+            "/admin/timers?status=pending&format=json&after_at={}&after_id={}",
+            next["next_at"], next["id"]
+        );
+    }
+    assert_eq!((pages, seen_timers.len()), (2, 601));
+    assert!(dues.is_sorted(), "in the order of their next attempt");
+    let html = page.get("bob", "/admin/timers?status=pending").await;
+    assert!(
+        html.contains("601 timers are pending; this page shows 500.")
+            && html.contains("timers?status=pending&amp;after_at="),
+        "the list counts and links its next page"
+    );
+    for uri in [
+        "/admin/timers?after_at=soon&after_id=1",
+        "/admin/timers?after_at=1",
+    ] {
+        let (status, body, _) = page.call("bob", "GET", uri, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
+    }
+    (exec.run)("DELETE FROM orderly_timers WHERE machine = 'Paged'".into()).await;
+
     // Discard a dead event: asked first (nothing done, nothing recorded), then deleted,
     // recorded; never a pending one; refused to a read-only viewer.
     (exec.run)("UPDATE orderly_outbox SET status = 'DEAD' WHERE entity_id = 3".into()).await;

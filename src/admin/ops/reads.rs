@@ -127,16 +127,17 @@ impl<S: AdminStore> Admin<S> {
         .await
     }
 
-    /// Up to `limit` timers in `status` (`DEAD`, `PENDING`), earliest due first; rows
-    /// that do not read as timers as such.
-    pub(crate) async fn timers_in(
+    /// Up to `limit` timers in `status` (`DEAD`, `PENDING`) after `after`, next attempt
+    /// first; rows that do not read as timers as such.
+    pub(crate) async fn timers_page(
         &self,
         status: &str,
+        after: Option<&crate::admin::lookup::TimerAt>,
         limit: u32,
-    ) -> Result<Vec<crate::store::timers::ClaimedTimer>> {
+    ) -> Result<crate::admin::lookup::TimerPage> {
         let store = &self.store;
         Lease::run(store, async |c| {
-            store.list_timers(c, status, i64::from(limit)).await
+            store.timers_page(c, status, after, i64::from(limit)).await
         })
         .await
     }
@@ -220,18 +221,28 @@ impl<S: AdminStore> Admin<S> {
 
     /// The overview's counts.
     pub(crate) async fn overview(&self) -> Result<Overview> {
-        let outbox = Outbox::new(self.store.clone()).stats().await?;
-        let timers = Timers::new(self.store.clone()).stats().await?;
         let flows = self.flows_here()?;
-        let parked = flows.count(Listing::Parked).await?;
-        let running = flows.count(Listing::Running).await?;
-        let stuck = self.count_stuck(None).await?;
         // A store of one's own may not count them (its default answers so): unknown.
-        let in_flight = match self.count_held(Held::InFlight, None).await {
-            Ok(n) => Some(n),
-            Err(Error::InvalidInput(_)) => None,
-            Err(e) => return Err(e),
+        let in_flight = async {
+            match self.count_held(Held::InFlight, None).await {
+                Ok(n) => Ok(Some(n)),
+                Err(Error::InvalidInput(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
         };
+        // Every count at once, each on a connection of its own.
+        let (events, timed) = (
+            Outbox::new(self.store.clone()),
+            Timers::new(self.store.clone()),
+        );
+        let (outbox, timers, parked, running, stuck, in_flight) = tokio::try_join!(
+            events.stats(),
+            timed.stats(),
+            flows.count(Listing::Parked),
+            flows.count(Listing::Running),
+            self.count_stuck(None),
+            in_flight
+        )?;
         Ok(Overview {
             outbox: OutboxCounts {
                 pending: outbox.pending,

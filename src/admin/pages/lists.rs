@@ -14,7 +14,7 @@ use super::{
     timer_actions, timer_link, urlencoding,
 };
 use crate::admin::AdminStore;
-use crate::admin::lookup::{Held, HeldKey};
+use crate::admin::lookup::{Held, HeldKey, TimerAt};
 use crate::admin::ops::{Filter, event_key, id_of};
 use crate::admin::panel::{App, PAGE};
 use crate::admin::seen::{Seen, failed};
@@ -57,24 +57,24 @@ pub(in crate::admin) async fn events<S: AdminStore>(
         Ok(after) => after,
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     };
-    let (rows, next) = match app.events_page(status, &filter, after.as_ref(), PAGE).await {
-        Ok(page) => page,
-        Err(e) => return failed(&e),
+    // The page; what "Requeue every match" acts on, counted by the same filter; and with
+    // the dead, the rows orderly never writes (a key that is not an integer, a status it
+    // does not know, a column of the wrong type), which are not events: listed apart, as
+    // stored. Three reads at once, each on a connection of its own.
+    let corrupt = async {
+        match dead {
+            true => Outbox::new(app.store().clone()).corrupt(PAGE).await,
+            false => Ok(Vec::new()),
+        }
     };
-    // What "Requeue every match" acts on, counted by the same filter.
-    let matching = match app.count_events(status, &filter).await {
-        Ok(n) => n,
+    let read = tokio::try_join!(
+        app.events_page(status, &filter, after.as_ref(), PAGE),
+        app.count_events(status, &filter),
+        corrupt
+    );
+    let ((rows, next), matching, corrupt) = match read {
+        Ok(read) => read,
         Err(e) => return failed(&e),
-    };
-    // Rows orderly never writes (a key that is not an integer, a status it does not
-    // know, a column of the wrong type) are not events: listed apart, as stored, with
-    // the dead.
-    let corrupt = match dead {
-        true => match Outbox::new(app.store().clone()).corrupt(PAGE).await {
-            Ok(rows) => rows,
-            Err(e) => return failed(&e),
-        },
-        false => Vec::new(),
     };
     let next = next.as_ref().map(id_of);
     let list = if dead { "dead" } else { "pending" };
@@ -291,8 +291,8 @@ pub(in crate::admin) async fn flows<S: AdminStore>(
     answer(&seen, &title, notice(&app, &q), data, body)
 }
 
-/// The timers of one status, `?status=dead` (the default) or `pending` (earliest due
-/// first): the first page, and how many there are.
+/// The timers of one status, `?status=dead` (the default) or `pending`, in the order of
+/// their next attempt: counted, paged by that and their id.
 pub(in crate::admin) async fn timers<S: AdminStore>(
     State(app): State<App<S>>,
     seen: Seen,
@@ -306,13 +306,35 @@ pub(in crate::admin) async fn timers<S: AdminStore>(
             return (StatusCode::BAD_REQUEST, why).into_response();
         }
     };
-    let (rows, count) =
-        match tokio::try_join!(app.timers_in(status, PAGE), app.count_timers(status)) {
-            Ok(read) => read,
-            Err(e) => return failed(&e),
-        };
-    let read = rows.len();
-    let (rows, corrupt): (Vec<_>, Vec<_>) = rows.into_iter().partition(Result::is_ok);
+    // The page after a timer: its next attempt and id, as the next link gives them.
+    let number = |name: &str| -> Result<Option<i64>, String> {
+        match q.get(name).map(|v| v.trim()).filter(|v| !v.is_empty()) {
+            None => Ok(None),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("{name} is an integer, not {v:?}")),
+        }
+    };
+    let after = match (number("after_at"), number("after_id")) {
+        (Ok(Some(next_at)), Ok(Some(id))) => Some(TimerAt { next_at, id }),
+        (Ok(None), Ok(None)) => None,
+        (Err(why), _) | (_, Err(why)) => return (StatusCode::BAD_REQUEST, why).into_response(),
+        _ => {
+            let why = "a page after a timer names both after_at and after_id";
+            return (StatusCode::BAD_REQUEST, why).into_response();
+        }
+    };
+    let read = tokio::try_join!(
+        app.timers_page(status, after.as_ref(), PAGE),
+        app.count_timers(status)
+    );
+    let (page, count) = match read {
+        Ok(read) => read,
+        Err(e) => return failed(&e),
+    };
+    let (next, read) = (page.next, page.rows.len());
+    let (rows, corrupt): (Vec<_>, Vec<_>) = page.rows.into_iter().partition(Result::is_ok);
     let rows: Vec<_> = rows.into_iter().flatten().collect();
     let corrupt: Vec<String> = corrupt
         .into_iter()
@@ -321,19 +343,33 @@ pub(in crate::admin) async fn timers<S: AdminStore>(
         .collect();
     let data = json!({
         "count": count,
+        "next": next.map(|n| json!({"next_at": n.next_at, "id": n.id})),
         which: rows.iter().map(|t| json!({
             "machine": t.machine, "entity_id": t.entity_id, "event": t.event, "ref_id": t.ref_id,
             "due_at": t.due_at, "attempts": t.attempts, "last_error": t.last_error,
         })).collect::<Vec<_>>(),
         "corrupt": corrupt,
     });
+    let link = |after: Option<TimerAt>| {
+        let mut parts: Vec<String> = Vec::new();
+        if which == "pending" {
+            parts.push("status=pending".into());
+        }
+        if let Some(a) = after {
+            parts.push(format!("after_at={}&after_id={}", a.next_at, a.id));
+        }
+        format!("timers?{}", parts.join("&"))
+    };
     let f = &seen.frame;
     let body = html! {
         p.tabs {
             a.here[which == "dead"] href="timers" { "Dead" } " · "
-            a.here[which == "pending"] href="timers?status=pending" { "Pending, earliest due first" }
+            a.here[which == "pending"] href="timers?status=pending" { "Pending" }
         }
-        p id="count" { (shown(count, read, read as u64 >= u64::from(PAGE), &format!("timers are {which}"))) }
+        p id="count" {
+            (shown(count, read, after.is_some() || next.is_some(), &format!("timers are {which}")))
+            " In the order of their next attempt."
+        }
         table id="timers" {
             tr { th { "Machine" } th { "Entity" } th { "Event" } th { "Reference" } th { "Due" }
                  th { "Attempts" } th { "Last error" } th {} }
@@ -355,6 +391,10 @@ pub(in crate::admin) async fn timers<S: AdminStore>(
         @if !corrupt.is_empty() {
             h2 { "Rows that do not read" }
             ul { @for c in &corrupt { li { (c) } } }
+        }
+        p id="pages" {
+            @if after.is_some() { a href=(link(None)) { "← First page" } " " }
+            @if let Some(n) = next { a href=(link(Some(n))) { "Next page →" } }
         }
     };
     let title = if which == "dead" {

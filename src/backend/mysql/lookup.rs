@@ -2,7 +2,7 @@
 
 use crate::admin::lookup::{
     EventFilter, EventPage, EventsBy, FlowHit, Held, HeldKey, HeldRecord, LookupStore, PrefixHits,
-    RecordHit, StuckRecord,
+    RecordHit, StuckRecord, TimerAt, TimerPage,
 };
 use crate::backend::lookup_sql;
 use crate::backend::lookup_sql::LookupStatements;
@@ -177,5 +177,16 @@ impl LookupStore for MySqlStore {
         status: &str,
     ) -> Result<i64, sqlx::Error> {
         lookup_sql::count_timers::<MySql>(conn, LOOKUP.get(self.names()), status).await
+    }
+
+    async fn timers_page(
+        &self,
+        conn: &mut MySqlConnection,
+        status: &str,
+        after: Option<&TimerAt>,
+        limit: i64,
+    ) -> Result<TimerPage, sqlx::Error> {
+        let s = LOOKUP.get(self.names());
+        lookup_sql::timers_page::<MySql>(conn, s, status, after, limit).await
     }
 }

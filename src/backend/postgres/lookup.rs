@@ -2,7 +2,7 @@
 
 use crate::admin::lookup::{
     EventFilter, EventPage, EventsBy, FlowHit, Held, HeldKey, HeldRecord, LookupStore, PrefixHits,
-    RecordHit, StuckRecord,
+    RecordHit, StuckRecord, TimerAt, TimerPage,
 };
 use crate::backend::lookup_sql;
 use crate::backend::lookup_sql::LookupStatements;
@@ -185,5 +185,16 @@ impl LookupStore for PgStore {
         status: &str,
     ) -> Result<i64, sqlx::Error> {
         lookup_sql::count_timers::<Postgres>(conn, LOOKUP.get(self.names()), status).await
+    }
+
+    async fn timers_page(
+        &self,
+        conn: &mut PgConnection,
+        status: &str,
+        after: Option<&TimerAt>,
+        limit: i64,
+    ) -> Result<TimerPage, sqlx::Error> {
+        let s = LOOKUP.get(self.names());
+        lookup_sql::timers_page::<Postgres>(conn, s, status, after, limit).await
     }
 }
