@@ -489,6 +489,23 @@ pub trait LookupStore: Store {
         }
     }
 
+    /// How many events were published in the last `ms` milliseconds, by the database's
+    /// clock: read by the outbox's index on `(status, next_at)`, where a published
+    /// event's `next_at` is when it was published. The default answers that this store
+    /// does not count them; the backends count in one statement.
+    fn count_published_since(
+        &self,
+        conn: &mut Self::Conn,
+        ms: i64,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send {
+        let _ = (conn, ms);
+        async {
+            Err(sqlx::Error::InvalidArgument(
+                "this store does not count the events published lately".into(),
+            ))
+        }
+    }
+
     /// How many timers are in `status` (`DEAD`, `PENDING`): the count of one list, read
     /// by the timers' index alone. The default reads the timers' counts
     /// ([`TimerStore::timer_stats`](crate::timer::TimerStore::timer_stats)); the backends

@@ -29,6 +29,9 @@ pub(crate) struct Sample {
     pub(crate) pending: u64,
     /// Dead events.
     pub(crate) dead: u64,
+    /// Events published in the minute before (`None` where the store does not count
+    /// them).
+    pub(crate) published: Option<u64>,
     /// Timers due and not fired.
     pub(crate) timers_due: i64,
     /// Parked flows.
@@ -41,6 +44,7 @@ impl Sample {
             at_ms: chrono::Utc::now().timestamp_millis(),
             pending: o.outbox.pending,
             dead: o.outbox.dead,
+            published: o.outbox.published_last_minute,
             timers_due: o.timers.due,
             parked: o.flows.parked,
         }

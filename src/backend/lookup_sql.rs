@@ -54,6 +54,10 @@ pub(crate) struct LookupStatements {
     held_count: [Statement; 2],
     /// How many timers are in a status: 1 status.
     timers_in: Statement,
+    /// How many events were published in the last milliseconds: 1 milliseconds (a
+    /// published event's `next_at` is when it was published: a range of the status
+    /// index).
+    published_since: Statement,
     /// Timers of a status in the order of their next attempt, with it (`next_at`):
     /// 1 status; the first page, 2 limit; then a page past a timer, 2 its next attempt,
     /// 3 its id, 4 limit.
@@ -178,6 +182,9 @@ impl LookupStatements {
             held: [held(Held::Stuck), held(Held::InFlight)],
             held_count: [held_count(Held::Stuck), held_count(Held::InFlight)],
             timers_in: s(format!("SELECT COUNT(*) FROM {timers} WHERE status = ?1")),
+            published_since: s(format!(
+                "SELECT COUNT(*) FROM {outbox} WHERE status = 'PUBLISHED' AND next_at > {now} - ?1"
+            )),
             timers_page: {
                 let page = |past: &str, limit: &str| {
                     s(format!(
@@ -483,6 +490,22 @@ where
 {
     s.timers_in
         .query_scalar::<DB, i64>(&[Arg::Str(status)])?
+        .fetch_one(conn)
+        .await
+}
+
+/// [`LookupStore::count_published_since`](crate::admin::lookup::LookupStore::count_published_since).
+pub(crate) async fn count_published<DB: Binds>(
+    conn: &mut DB::Connection,
+    s: &LookupStatements,
+    ms: i64,
+) -> Result<i64, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    s.published_since
+        .query_scalar::<DB, i64>(&[Arg::I64(ms)])?
         .fetch_one(conn)
         .await
 }

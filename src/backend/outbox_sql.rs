@@ -152,7 +152,7 @@ impl OutboxStatements {
                 BySize::new(move |n| {
                     format!(
                         "UPDATE {outbox} SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-                             last_error = NULL, published_at = {now} \
+                             last_error = NULL, published_at = {now}, next_at = {now} \
                          WHERE owner_token = ? AND status = 'PENDING' AND {keys}",
                         keys = keys_in("", n)
                     )

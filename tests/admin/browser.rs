@@ -153,7 +153,7 @@ async fn admin_page_in_a_browser() {
         .find_all(Locator::Css("#live figure.chart svg polyline"))
         .await
         .unwrap();
-    assert_eq!(charts.len(), 4);
+    assert_eq!(charts.len(), 5, "published, pending, dead, timers, parked");
     shot("overview-live.png").await;
     (exec.run)("UPDATE orderly_outbox SET status = 'DEAD' WHERE entity_id = 2".into()).await;
 

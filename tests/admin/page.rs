@@ -1128,6 +1128,24 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         overview.contains("<div id=\"live\">") && overview.contains("id=\"chart-pending\""),
         "{overview}"
     );
+    // The throughput: what a relay publishes now counts as published in the last minute,
+    // and is charted.
+    let published = |o: serde_json::Value| o["outbox"]["published_last_minute"].as_u64().unwrap();
+    let before = published(sampled.json("bob", "/admin").await);
+    let (sink, _received) = orderly::outbox::ChannelSink::new();
+    let round = orderly::outbox::Relay::new(flows.store().clone(), sink)
+        .relay_once()
+        .await
+        .unwrap();
+    assert!(round.published > 0, "{round:?}");
+    let after = published(sampled.json("bob", "/admin").await);
+    assert_eq!(after, before + round.published as u64);
+    let live = sampled.get("bob", "/admin?part=live").await;
+    assert!(
+        live.contains("id=\"chart-published\"")
+            && live.contains(&format!("Events published a minute: <b>{after}</b> now")),
+        "{live}"
+    );
 
     // A long timeline is paged, newest first, 500 at a time, read by the history's key:
     // entity 2 with 1,200 more rows (versions 2 to 1,201).

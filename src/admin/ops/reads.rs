@@ -230,18 +230,30 @@ impl<S: AdminStore> Admin<S> {
                 Err(e) => Err(e),
             }
         };
+        let published = async {
+            let store = &self.store;
+            let read = Lease::run(store, async |c| {
+                store.count_published_since(c, 60_000).await
+            });
+            match read.await {
+                Ok(n) => Ok(Some(u64::try_from(n).unwrap_or(0))),
+                Err(Error::InvalidInput(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
         // Every count at once, each on a connection of its own.
         let (events, timed) = (
             Outbox::new(self.store.clone()),
             Timers::new(self.store.clone()),
         );
-        let (outbox, timers, parked, running, stuck, in_flight) = tokio::try_join!(
+        let (outbox, timers, parked, running, stuck, in_flight, published) = tokio::try_join!(
             events.stats(),
             timed.stats(),
             flows.count(Listing::Parked),
             flows.count(Listing::Running),
             self.count_stuck(None),
-            in_flight
+            in_flight,
+            published
         )?;
         Ok(Overview {
             outbox: OutboxCounts {
@@ -250,6 +262,7 @@ impl<S: AdminStore> Admin<S> {
                 corrupt: outbox.corrupt,
                 oldest_pending_ms: u64::try_from(outbox.oldest_pending.as_millis())
                     .unwrap_or(u64::MAX),
+                published_last_minute: published,
             },
             timers: TimerCounts {
                 pending: timers.pending,

@@ -127,6 +127,9 @@ pub(crate) struct OutboxCounts {
     pub(crate) dead: u64,
     pub(crate) corrupt: u64,
     pub(crate) oldest_pending_ms: u64,
+    /// Published in the last minute (the throughput); `None` where the store does not
+    /// count them.
+    pub(crate) published_last_minute: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]

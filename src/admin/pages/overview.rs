@@ -73,6 +73,7 @@ fn live(o: &Overview, samples: &[Sample]) -> Markup {
         div.cards {
             (card("Events pending", o.outbox.pending.to_string(), false, "outbox?status=pending"))
             (card("Events dead", o.outbox.dead.to_string(), o.outbox.dead > 0, "outbox"))
+            (card("Published, last minute", o.outbox.published_last_minute.map_or_else(|| "?".to_string(), |n| n.to_string()), false, "outbox?status=pending"))
             (card("Oldest pending", secs(o.outbox.oldest_pending_ms.try_into().unwrap_or(i64::MAX)), false, "outbox?status=pending"))
             (card("Flows parked", o.flows.parked.to_string(), o.flows.parked > 0, "flows"))
             (card("Flows running", o.flows.running.to_string(), false, "flows?which=running"))
@@ -83,6 +84,9 @@ fn live(o: &Overview, samples: &[Sample]) -> Markup {
             (card("Oldest lateness", secs(o.timers.oldest_late_ms), false, "timers?status=pending"))
         }
         div.charts {
+            @if o.outbox.published_last_minute.is_some() {
+                (chart("chart-published", "Events published a minute", samples, |s| s.published.unwrap_or(0) as f64))
+            }
             (chart("chart-pending", "Events pending", samples, |s| s.pending as f64))
             (chart("chart-dead", "Events dead", samples, |s| s.dead as f64))
             (chart("chart-timers", "Timers due", samples, |s| s.timers_due as f64))

@@ -189,4 +189,12 @@ impl LookupStore for MySqlStore {
         let s = LOOKUP.get(self.names());
         lookup_sql::timers_page::<MySql>(conn, s, status, after, limit).await
     }
+
+    async fn count_published_since(
+        &self,
+        conn: &mut MySqlConnection,
+        ms: i64,
+    ) -> Result<i64, sqlx::Error> {
+        lookup_sql::count_published::<MySql>(conn, LOOKUP.get(self.names()), ms).await
+    }
 }

@@ -400,7 +400,7 @@ static PUBLISHED_LOCKED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
         "UPDATE {KEYS} STRAIGHT_JOIN {outbox} AS o FORCE INDEX (PRIMARY) \
              ON o.machine = k.m AND o.entity_id = k.e AND o.version = k.v \
          SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-             last_error = NULL, published_at = {NOW}, attempts = {ATTEMPT} \
+             last_error = NULL, published_at = {NOW}, next_at = {NOW}, attempts = {ATTEMPT} \
          WHERE o.status = 'PENDING'",
         outbox = n.outbox
     ))

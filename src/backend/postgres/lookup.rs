@@ -197,4 +197,12 @@ impl LookupStore for PgStore {
         let s = LOOKUP.get(self.names());
         lookup_sql::timers_page::<Postgres>(conn, s, status, after, limit).await
     }
+
+    async fn count_published_since(
+        &self,
+        conn: &mut PgConnection,
+        ms: i64,
+    ) -> Result<i64, sqlx::Error> {
+        lookup_sql::count_published::<Postgres>(conn, LOOKUP.get(self.names()), ms).await
+    }
 }

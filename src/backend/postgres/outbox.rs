@@ -268,7 +268,7 @@ static LOCK_EVENTS: PerNamespace<SqlStr> = PerNamespace::new(|n| {
 static PUBLISHED_LOCKED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
         "UPDATE {outbox} SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-             last_error = NULL, published_at = {NOW}, attempts = {ATTEMPT} \
+             last_error = NULL, published_at = {NOW}, next_at = {NOW}, attempts = {ATTEMPT} \
          WHERE status = 'PENDING' AND (machine, entity_id, version) IN \
                (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]))",
         outbox = n.outbox
@@ -280,7 +280,7 @@ static PUBLISHED_LOCKED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
 static MARK_PUBLISHED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     AssertSqlSafe(format!(
         "UPDATE {outbox} SET status = 'PUBLISHED', owner_token = NULL, lease_until = 0, \
-             last_error = NULL, published_at = {NOW} \
+             last_error = NULL, published_at = {NOW}, next_at = {NOW} \
          WHERE owner_token = $1 AND status = 'PENDING' \
            AND (machine, entity_id, version) IN \
                (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bigint[]))",

@@ -196,4 +196,12 @@ impl LookupStore for SqliteStore {
         let s = LOOKUP.get(self.names());
         lookup_sql::timers_page::<Sqlite>(conn, s, status, after, limit).await
     }
+
+    async fn count_published_since(
+        &self,
+        conn: &mut SqliteConnection,
+        ms: i64,
+    ) -> Result<i64, sqlx::Error> {
+        lookup_sql::count_published::<Sqlite>(conn, LOOKUP.get(self.names()), ms).await
+    }
 }
