@@ -15,7 +15,7 @@ use futures_util::FutureExt;
 
 use super::Access;
 use super::AdminStore;
-use super::ops::{Acted, Filter, OnTimer, resume_how};
+use super::ops::{Acted, Filter, OnDead, OnTimer, resume_how};
 use super::panel::App;
 use super::seen::{Seen, refused};
 use crate::error::Error;
@@ -224,6 +224,26 @@ pub(super) async fn requeue_matching<S: AdminStore>(
     seen: Seen,
     Form(form): Form<Fields>,
 ) -> Response {
+    on_matching(app, seen, form, OnDead::Requeue).await
+}
+
+/// Discards every dead event the filter matches, a batch at a time, recorded once.
+pub(super) async fn discard_matching<S: AdminStore>(
+    State(app): State<App<S>>,
+    seen: Seen,
+    Form(form): Form<Fields>,
+) -> Response {
+    on_matching(app, seen, form, OnDead::Discard).await
+}
+
+/// A bulk action on the dead events a filter matches, once the operator confirms it
+/// (asked with how many it would act on now).
+async fn on_matching<S: AdminStore>(
+    app: App<S>,
+    seen: Seen,
+    form: Fields,
+    what: OnDead,
+) -> Response {
     if let Some(no) = allowed(&app, &seen, &form) {
         return no;
     }
@@ -232,16 +252,28 @@ pub(super) async fn requeue_matching<S: AdminStore>(
         Err(e) => return bad_input(&e),
     };
     let target = filter.describe();
-    // Asked first, with how many it would act on now.
     if form.get("confirm").is_none_or(|c| c != "yes") {
         let n = match app.count_events("DEAD", &filter).await {
             Ok(n) => n,
             Err(e) => return super::seen::failed(&e),
         };
-        let what = format!(
-            "Requeue {target}: {n} now (the requeue acts on those dead when it reads them)?"
-        );
-        if let Some(ask) = confirmed(&seen, &form, "requeue-matching", &what, "outbox") {
+        let (to, ask) = match what {
+            OnDead::Requeue => (
+                "requeue-matching",
+                format!(
+                    "Requeue {target}: {n} now (the requeue acts on those dead when it reads them)?"
+                ),
+            ),
+            OnDead::Discard => (
+                "discard-matching",
+                format!(
+                    "Discard {target}: {n} now (the discard acts on those dead when it reads \
+                     them)? Each is deleted and never published, and its entity's later \
+                     events are published without it."
+                ),
+            ),
+        };
+        if let Some(ask) = confirmed(&seen, &form, to, &ask, "outbox") {
             return ask;
         }
     }
@@ -249,9 +281,9 @@ pub(super) async fn requeue_matching<S: AdminStore>(
         &app,
         &seen,
         "outbox",
-        "outbox.requeue",
+        what.action(),
         target,
-        async move |app| app.requeue_matching(&filter, &mut |_| {}).await,
+        async move |app| app.on_matching(&filter, what, &mut |_| {}).await,
     )
     .await
 }

@@ -26,6 +26,7 @@ impl<S: AdminStore> Admin<S> {
             .route("/requeue", post(actions::requeue::<S>))
             .route("/discard", post(actions::discard::<S>))
             .route("/requeue-matching", post(actions::requeue_matching::<S>))
+            .route("/discard-matching", post(actions::discard_matching::<S>))
             .route("/resume", post(actions::resume::<S>))
             .route("/rearm", post(actions::rearm::<S>))
             .route("/cancel-timer", post(actions::cancel_timer::<S>))

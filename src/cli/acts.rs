@@ -4,7 +4,8 @@
 use super::out::Out;
 use super::{Cli, Exit, args};
 use crate::admin::AdminStore;
-use crate::admin::ops::{Acted, OnTimer};
+use crate::admin::ops::{Acted, Filter, OnDead, OnTimer, event_key};
+use crate::error::Error;
 use crate::timer::TimerKey;
 
 impl<S: AdminStore> Cli<S> {
@@ -25,6 +26,51 @@ impl<S: AdminStore> Cli<S> {
         let target = format!("{} {} {} {}", t.machine, t.entity_id, t.event, t.ref_id);
         let (action, acted) = self.admin.on_timer(&key, what).await;
         self.acted(who, action, &target, acted, out).await
+    }
+
+    /// Requeues or discards dead events: one by its message id, or every match of a
+    /// filter (a filter or `--all` named: an empty filter alone acts on nothing).
+    pub(super) async fn on_dead(
+        &self,
+        who: &str,
+        what: OnDead,
+        filter: args::FilterArgs,
+        id: Option<String>,
+        all: bool,
+        out: &mut Out<'_>,
+    ) -> Exit {
+        let (a, action) = (&self.admin, what.action());
+        if let Some(id) = id {
+            let key = match event_key(&id) {
+                Ok(key) => key,
+                Err(e) => return out.fail(&e),
+            };
+            let target = format!("{} {} v{}", key.machine, key.entity_id, key.version);
+            let acted = match what {
+                OnDead::Requeue => a.requeue_one(&key).await,
+                OnDead::Discard => a.discard_one(&key).await,
+            };
+            return self.acted(who, action, &target, acted, out).await;
+        }
+        let filter = filter.filter();
+        if filter == Filter::default() && !all {
+            let verb = action.trim_start_matches("outbox.");
+            return out.fail(&Error::InvalidInput(format!(
+                "name the dead events to {verb}: --id, a filter, or --all"
+            )));
+        }
+        let err = &mut *out.err;
+        let past = match what {
+            OnDead::Requeue => "requeued",
+            OnDead::Discard => "discarded",
+        };
+        let acted = a
+            .on_matching(&filter, what, &mut |n| {
+                let _ = writeln!(err, "{past} {n} so far");
+            })
+            .await;
+        self.acted(who, action, &filter.describe(), acted, out)
+            .await
     }
 
     /// Records an action in the audit trail, prints what it did, and its exit code:

@@ -151,12 +151,18 @@ pub(super) enum OutboxCmd {
         #[arg(long)]
         all: bool,
     },
-    /// Discard one dead event by its message id: deleted, never published (the entity's
-    /// later events are published without it); recorded in the audit trail.
+    /// Discard dead events, by message id or every match of a filter: each deleted,
+    /// never published (its entity's later events are published without it); recorded
+    /// in the audit trail.
     Discard {
-        /// The event's message id (machine:entity_id:version).
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// One event, by its message id (machine:entity_id:version).
+        #[arg(long, conflicts_with_all = ["machine", "event", "error", "older_than", "all"])]
+        id: Option<String>,
+        /// Every dead event (required when no filter is given).
         #[arg(long)]
-        id: String,
+        all: bool,
     },
 }
 

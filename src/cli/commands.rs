@@ -5,7 +5,7 @@ use super::args::{Command, Exit, FlowsCmd, OutboxCmd, RecordsCmd, TimersCmd};
 use super::out::Out;
 use super::table::Table;
 use crate::admin::AdminStore;
-use crate::admin::ops::{Event, Filter, OnTimer, event_key, id_of, resume_how, time_text};
+use crate::admin::ops::{Event, OnDead, OnTimer, event_key, id_of, resume_how, time_text};
 use crate::admin::panel::LIST_MAX;
 use crate::error::Error;
 use crate::flow::Listing;
@@ -204,38 +204,12 @@ impl<S: AdminStore> Cli<S> {
                     Err(e) => out.fail(&e),
                 }
             }
-            Command::Outbox(OutboxCmd::Discard { id }) => {
-                let key = match event_key(&id) {
-                    Ok(key) => key,
-                    Err(e) => return out.fail(&e),
-                };
-                let target = format!("{} {} v{}", key.machine, key.entity_id, key.version);
-                let acted = a.discard_one(&key).await;
-                self.acted(who, "outbox.discard", &target, acted, out).await
-            }
             Command::Outbox(OutboxCmd::Requeue { filter, id, all }) => {
-                if let Some(id) = id {
-                    let key = match event_key(&id) {
-                        Ok(key) => key,
-                        Err(e) => return out.fail(&e),
-                    };
-                    let target = format!("{} {} v{}", key.machine, key.entity_id, key.version);
-                    let acted = a.requeue_one(&key).await;
-                    return self.acted(who, "outbox.requeue", &target, acted, out).await;
-                }
-                let filter = filter.filter();
-                if filter == Filter::default() && !all {
-                    return out.fail(&Error::InvalidInput(
-                        "name the dead events to requeue: --id, a filter, or --all".into(),
-                    ));
-                }
-                let err = &mut *out.err;
-                let acted = a
-                    .requeue_matching(&filter, &mut |n| {
-                        let _ = writeln!(err, "requeued {n} so far");
-                    })
-                    .await;
-                self.acted(who, "outbox.requeue", &filter.describe(), acted, out)
+                self.on_dead(who, OnDead::Requeue, filter, id, all, out)
+                    .await
+            }
+            Command::Outbox(OutboxCmd::Discard { filter, id, all }) => {
+                self.on_dead(who, OnDead::Discard, filter, id, all, out)
                     .await
             }
             Command::Flows(FlowsCmd::Parked { kind }) => {

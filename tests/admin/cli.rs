@@ -145,6 +145,10 @@ pub(super) async fn cli_suite<S: AdminStore>(store: S, exec: Exec<S>, url: &str)
         &["outbox", "requeue"][..],
         &["outbox", "requeue", "--older-than", "soon"],
         &["outbox", "requeue", "--id", "Shop:one:1"],
+        &["outbox", "discard"],
+        &[
+            "outbox", "discard", "--id", "Shop:1:1", "--error", "gateway",
+        ],
         &["flows", "resume", "legacy", "L-1", "--how", "later"],
         &["graph", "Nope"],
         &["history", "Shop", "one"],
@@ -223,6 +227,28 @@ pub(super) async fn cli_suite<S: AdminStore>(store: S, exec: Exec<S>, url: &str)
             .0,
         Exit::Ok
     );
+    // Discard: never a pending event (Shop:1:1 was requeued); every dead match of a
+    // filter, deleted.
+    let (code, done) = cli_json(&c, &["outbox", "discard", "--id", "Shop:1:1"]).await;
+    assert_eq!((code, done["changed"].as_i64()), (Exit::NotFound, Some(0)));
+    (exec.run)(
+        "UPDATE orderly_outbox SET status = 'DEAD', last_error = 'discard me' \
+         WHERE machine = 'Shop' AND entity_id IN (2, 3, 4)"
+            .into(),
+    )
+    .await;
+    let (code, _, err) = cli(&c, &["outbox", "discard", "--error", "discard me"]).await;
+    assert_eq!(code, Exit::Ok, "{err}");
+    assert!(err.contains("discarded 3 so far"), "{err}");
+    assert_eq!(
+        count(
+            &exec,
+            "SELECT COUNT(*) FROM orderly_outbox WHERE machine = 'Shop' AND entity_id IN (2, 3, 4)"
+        )
+        .await,
+        0
+    );
+    assert_eq!(dead().await, total - FEW - 1, "the others left dead");
     let (code, audit) = cli_json(&c, &["audit"]).await;
     assert_eq!(code, Exit::Ok);
     let actions: Vec<(&str, i64)> = audit
@@ -239,6 +265,8 @@ pub(super) async fn cli_suite<S: AdminStore>(store: S, exec: Exec<S>, url: &str)
     assert_eq!(
         actions,
         [
+            ("outbox.discard", 3),
+            ("outbox.discard", 0),
             ("timers.cancel", 1),
             ("timers.rearm", 1),
             ("flows.resume", 1),
@@ -250,8 +278,8 @@ pub(super) async fn cli_suite<S: AdminStore>(store: S, exec: Exec<S>, url: &str)
             ("outbox.requeue", FEW),
         ]
     );
-    assert_eq!(audit[8]["who"], "ops-bot");
-    assert_eq!(audit[8]["target"], "dead events where error=gateway");
+    assert_eq!(audit[10]["who"], "ops-bot");
+    assert_eq!(audit[10]["target"], "dead events where error=gateway");
 
     // The binary: the same reads with nothing registered, and its exit codes.
     let (code, out, err) = binary(

@@ -1091,6 +1091,74 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // Discard every match: asked first with how many, then deleted, recorded once; the
+    // pending events and the dead of other filters left alone.
+    (exec.run)(
+        "UPDATE orderly_outbox SET status = 'DEAD', last_error = 'discard me' \
+         WHERE machine = 'Shop' AND entity_id IN (6, 7, 8)"
+            .into(),
+    )
+    .await;
+    (exec.run)(
+        "UPDATE orderly_outbox SET status = 'DEAD', last_error = 'keep me' \
+         WHERE machine = 'Shop' AND entity_id = 9"
+            .into(),
+    )
+    .await;
+    let listed = page.get("alice", "/admin/outbox?error=discard+me").await;
+    assert!(listed.contains("Discard every match (3)"), "{listed}");
+    let matching = [
+        ("machine", ""),
+        ("event", ""),
+        ("error", "discard me"),
+        ("older", ""),
+    ];
+    let before = audited().await;
+    let (status, ask, _) = page
+        .post("alice", "/admin/discard-matching", &with(&matching, &token))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{ask}");
+    assert!(
+        ask.contains("Discard dead events where error=discard me: 3 now")
+            && ask.contains("never published")
+            && ask.contains("action=\"discard-matching\""),
+        "{ask}"
+    );
+    assert_eq!(
+        (rows_of(6).await, audited().await),
+        (1, before),
+        "asked, not done"
+    );
+    let mut confirmed = with(&matching, &token);
+    confirmed.push(("confirm", "yes"));
+    assert_eq!(
+        page.post("bob", "/admin/discard-matching", &confirmed)
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    let (status, body, location) = page
+        .post("alice", "/admin/discard-matching", &confirmed)
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    assert!(location.unwrap().contains("3+changed"));
+    for id in [6, 7, 8] {
+        assert_eq!(rows_of(id).await, 0, "dead event {id} left");
+    }
+    assert_eq!(
+        (rows_of(9).await, rows_of(4).await),
+        (1, 1),
+        "others discarded"
+    );
+    let audit = page.json("bob", "/admin/audit").await;
+    assert_eq!(audit["audit"][0]["action"], "outbox.discard", "{audit}");
+    assert_eq!(
+        audit["audit"][0]["target"],
+        "dead events where error=discard me"
+    );
+    assert_eq!(audit["audit"][0]["affected"], 3);
+    assert_eq!(audited().await, before + 1);
+    (exec.run)("UPDATE orderly_outbox SET status = 'PENDING' WHERE entity_id = 9".into()).await;
 
     // The overview's live part (its counts and charts, which its script reads every few
     // seconds) and its charts of the last hour, sampled by the page's own task: an event

@@ -5,7 +5,7 @@ use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
 
-use super::{Acted, BATCH, Filter, MAX_TARGET, MAX_WHO, OnTimer};
+use super::{Acted, BATCH, Filter, MAX_TARGET, MAX_WHO, OnDead, OnTimer};
 use crate::admin::AdminStore;
 use crate::admin::panel::Admin;
 use crate::error::Error;
@@ -82,37 +82,42 @@ impl<S: AdminStore> Admin<S> {
             .map_err(|e| (e, 0))
     }
 
-    /// Requeues every dead event `filter` matches, a batch at a time; `progress` is
-    /// told the count so far after each batch.
-    pub(crate) async fn requeue_matching(
+    /// Requeues or discards every dead event `filter` matches, a batch at a time;
+    /// `progress` is told the count so far after each batch.
+    pub(crate) async fn on_matching(
         &self,
         filter: &Filter,
+        what: OnDead,
         progress: &mut (dyn FnMut(i64) + Send),
     ) -> Acted {
         let outbox = Outbox::new(self.store.clone());
-        let mut requeued = 0i64;
+        let mut acted_on = 0i64;
         // Each round reads the next batch of matches past the last key read (in key
-        // order, so each dead event is read once) and requeues them, which moves them
-        // out of the dead state. It ends once a round reads the last match.
+        // order, so each dead event is read once) and requeues or deletes them, which
+        // moves them out of the dead state. It ends once a round reads the last match.
         let mut after: Option<EventKey> = None;
         loop {
             let (rows, next) = self
                 .events_page("DEAD", filter, after.as_ref(), BATCH)
                 .await
-                .map_err(|e| (e, requeued))?;
+                .map_err(|e| (e, acted_on))?;
             for r in &rows {
                 let key = EventKey {
                     machine: r.machine.clone(),
                     entity_id: r.entity_id,
                     version: r.version,
                 };
-                match outbox.requeue(&key).await {
-                    Ok(true) => requeued += 1,
+                let acted = match what {
+                    OnDead::Requeue => outbox.requeue(&key).await,
+                    OnDead::Discard => outbox.discard(&key).await,
+                };
+                match acted {
+                    Ok(true) => acted_on += 1,
                     Ok(false) => {}
-                    Err(e) => return Err((e, requeued)),
+                    Err(e) => return Err((e, acted_on)),
                 }
             }
-            progress(requeued);
+            progress(acted_on);
             match next {
                 // A page that ends where the last one did made no progress: its keys
                 // do not read back as stored (on SQLite, a machine whose bytes are not
@@ -123,10 +128,10 @@ impl<S: AdminStore> Admin<S> {
                          read back as stored",
                         key.machine, key.entity_id, key.version
                     );
-                    return Err((Error::InvalidInput(why), requeued));
+                    return Err((Error::InvalidInput(why), acted_on));
                 }
                 Some(key) => after = Some(key),
-                None => return Ok(requeued),
+                None => return Ok(acted_on),
             }
         }
     }

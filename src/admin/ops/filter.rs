@@ -116,6 +116,25 @@ pub(crate) fn resume_how(how: &str, output: Option<&str>) -> Result<Resume> {
     }
 }
 
+/// What a bulk action does to each dead event it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnDead {
+    /// Back to PENDING, to be published.
+    Requeue,
+    /// Deleted, never published.
+    Discard,
+}
+
+impl OnDead {
+    /// Its name in the audit trail.
+    pub(crate) fn action(self) -> &'static str {
+        match self {
+            OnDead::Requeue => "outbox.requeue",
+            OnDead::Discard => "outbox.discard",
+        }
+    }
+}
+
 /// What to do with a timer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OnTimer {

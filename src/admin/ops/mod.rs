@@ -7,10 +7,10 @@ mod filter;
 mod reads;
 mod views;
 
-pub(crate) use filter::{Filter, OnTimer, resume_how};
+pub(crate) use filter::{Filter, OnDead, OnTimer, resume_how};
 pub(crate) use views::*;
 
-/// How many dead events a bulk requeue reads, and requeues, at a time.
+/// How many dead events a bulk requeue or discard reads, and acts on, at a time.
 pub(crate) const BATCH: u32 = 500;
 
 /// How many rows of each kind a search shows.

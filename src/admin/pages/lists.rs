@@ -130,10 +130,13 @@ pub(in crate::admin) async fn events<S: AdminStore>(
             "."
         }
         @if dead && matching > 0 {
-            (f.action("requeue-matching", &[
+            @let filter = [
                 ("machine", field("machine")), ("event", field("event")), ("error", field("error")),
                 ("older", field("older")),
-            ], &format!("Requeue every match ({matching})")))
+            ];
+            (f.action("requeue-matching", &filter, &format!("Requeue every match ({matching})")))
+            " "
+            (f.action("discard-matching", &filter, &format!("Discard every match ({matching})")))
         }
         table id=(list) {
             tr { th { "Machine" } th { "Entity" } th { "Version" } th { "Event" } th { "Reference" }
