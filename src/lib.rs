@@ -191,6 +191,8 @@ mod guides {
     struct Http;
     #[doc = include_str!("../docs/idempotency.md")]
     struct Idempotency;
+    #[doc = include_str!("../docs/observability.md")]
+    struct Observability;
     #[doc = include_str!("../docs/outbox.md")]
     struct Outbox;
     #[doc = include_str!("../docs/testing.md")]

@@ -143,7 +143,9 @@ impl<'a, M: StateMachine, S: Store> TransitionRequest<'a, M, S> {
     /// then sends it with the message, so the consumer's work joins the caller's trace.
     /// Ignored along an edge that emits nothing; not part of the request's identity (a
     /// replay writes no event). The HTTP layer puts the context of a request's
-    /// `traceparent` header in the request's extensions.
+    /// `traceparent` header in the request's extensions. With the `otel` feature, a call
+    /// given none carries its own `orderly.transition` span's context, a child of the
+    /// current span, when a `tracing-opentelemetry` layer records it.
     pub fn trace_context(mut self, context: TraceContext) -> Self {
         self.trace = Some(context);
         self
@@ -332,22 +334,33 @@ impl<'a, M: StateMachine, S: Store> IntoFuture for TransitionRequest<'a, M, S> {
     type Output = Result<Outcome<M::State>>;
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'a>>;
 
+    /// The call runs in its `orderly.transition` span, made when the future is first
+    /// polled: a child of the span current there (so `.into_future().instrument(span)`
+    /// puts it under `span`).
     fn into_future(self) -> Self::IntoFuture {
         let event: &'static str = match &self.event {
             Ok(event) => (*event).into(),
             Err(_) => "unknown",
         };
-        let span = tracing::info_span!(
-            "orderly.transition",
-            machine = M::NAME,
-            event,
-            outcome = tracing::field::Empty,
-        );
-        let started = std::time::Instant::now();
-        Box::pin(
+        #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+        let mut this = self;
+        Box::pin(async move {
+            let span = tracing::info_span!(
+                "orderly.transition",
+                machine = M::NAME,
+                event,
+                outcome = tracing::field::Empty,
+            );
+            // With OpenTelemetry, a call given no trace context carries this span's: the
+            // event it writes joins the caller's trace as this span's child.
+            #[cfg(feature = "otel")]
+            if this.trace.is_none() {
+                this.trace = TraceContext::of_span(&span);
+            }
+            let started = std::time::Instant::now();
             async move {
-                let engine = self.engine;
-                let out = match self.run().await {
+                let engine = this.engine;
+                let out = match this.run().await {
                     Err(e) => Err(engine.explain(e).await),
                     ok => ok,
                 };
@@ -360,8 +373,9 @@ impl<'a, M: StateMachine, S: Store> IntoFuture for TransitionRequest<'a, M, S> {
                 crate::observe::transition(M::NAME, event, outcome, started.elapsed());
                 out
             }
-            .instrument(span),
-        )
+            .instrument(span)
+            .await
+        })
     }
 }
 

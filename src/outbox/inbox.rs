@@ -66,3 +66,37 @@ impl<S: OutboxStore> Inbox<S> {
         out.map_err(db_error::<S>)
     }
 }
+
+/// The span of a consumer's work on one message (`orderly.consume`, kind CONSUMER), from
+/// the message's id and its `traceparent` and `tracestate` headers: run the work in it
+/// (`Instrument::instrument`), and a transition made there is its child. With the `otel`
+/// feature and a `tracing-opentelemetry` layer, the span is a child of the message's
+/// context (the relay's publish span), so the consumer's work joins the trace of the
+/// request that wrote the event. A `traceparent` that does not read is ignored with a
+/// warning: the span then starts where the caller is.
+pub fn consume_span(
+    message_id: &str,
+    traceparent: Option<&str>,
+    tracestate: Option<&str>,
+) -> tracing::Span {
+    let span = tracing::info_span!(
+        "orderly.consume",
+        otel.kind = "consumer",
+        messaging.message.id = message_id,
+    );
+    let context = crate::support::trace::TraceContext::from_values(traceparent, tracestate);
+    if context.is_none()
+        && let Some(bad) = traceparent
+    {
+        tracing::warn!(
+            message_id,
+            traceparent = bad,
+            "a message's traceparent does not read: its trace context is ignored"
+        );
+    }
+    #[cfg(feature = "otel")]
+    if let Some(context) = &context {
+        context.set_parent_of(&span);
+    }
+    span
+}

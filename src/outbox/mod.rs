@@ -33,7 +33,7 @@ mod relay;
 mod seam;
 mod view;
 
-pub use inbox::Inbox;
+pub use inbox::{Inbox, consume_span};
 #[cfg(feature = "kafka")]
 pub use kafka::KafkaSink;
 pub use message::{ChannelSink, Message};

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use tracing::Instrument;
 
 use super::view::Outbox;
 use super::{ClaimedEvent, EventKey, EventRow, Message, OutboxStore, Sink, SinkError};
@@ -210,8 +211,15 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
     /// publishes them concurrently, and records the outcomes: published events in one
     /// statement, each failure on its own (retried after a backoff, or dead).
     pub async fn relay_once(&self) -> Result<RelayRound> {
-        let out = self.relay_round().await;
+        let span = tracing::info_span!(
+            "orderly.relay",
+            claimed = tracing::field::Empty,
+            published = tracing::field::Empty,
+        );
+        let out = self.relay_round().instrument(span.clone()).await;
         if let Ok(r) = &out {
+            span.record("claimed", r.claimed);
+            span.record("published", r.published);
             crate::observe::relay_round(r.published, r.retried, r.dead, r.lost, r.corrupt);
         }
         out
@@ -293,16 +301,38 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
         }
     }
 
-    /// Publishes one event, bounded by the publish timeout.
+    /// Publishes one event, bounded by the publish timeout, in a span of its own (kind
+    /// PRODUCER; with the `otel` feature, a child of the event's stored trace context,
+    /// linked to the round's span, whose own context the message carries).
     async fn publish(&self, row: &EventRow) -> std::result::Result<(), SinkError> {
-        let message = Message::from_row(row);
-        match tokio::time::timeout(self.config.publish_timeout, self.sink.publish(&message)).await {
+        #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+        let mut message = Message::from_row(row);
+        let span = tracing::info_span!(
+            "orderly.publish",
+            otel.kind = "producer",
+            messaging.message.id = %message.id,
+            outcome = tracing::field::Empty,
+        );
+        #[cfg(feature = "otel")]
+        {
+            message.trace = crate::support::otel::producer(&span, row.trace.as_ref());
+        }
+        let publish =
+            tokio::time::timeout(self.config.publish_timeout, self.sink.publish(&message));
+        let outcome = match publish.instrument(span.clone()).await {
             Ok(outcome) => outcome,
             Err(_) => Err(SinkError::retry(format!(
                 "publish timed out after {:?}",
                 self.config.publish_timeout
             ))),
-        }
+        };
+        let label = match &outcome {
+            Ok(()) => "published",
+            Err(e) if e.permanent => "refused",
+            Err(_) => "failed",
+        };
+        span.record("outcome", label);
+        outcome
     }
 
     /// The delay before the next try of an event claimed `attempts` times.
