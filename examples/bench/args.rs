@@ -17,6 +17,8 @@ pub(super) struct Args {
     pub(super) relay_events: i64,
     pub(super) timers: i64,
     pub(super) nats: Option<String>,
+    pub(super) kafka: Option<String>,
+    pub(super) traced: bool,
     /// History rows of the admin mode, if it runs.
     pub(super) admin_history: Option<i64>,
     /// The part run alone, if one is.
@@ -56,6 +58,8 @@ pub(super) fn parse_args() -> Result<Args, BoxError> {
         relay_events: 20_000,
         timers: 20_000,
         nats: None,
+        kafka: None,
+        traced: false,
         admin_history: None,
         only: None,
     };
@@ -81,6 +85,8 @@ pub(super) fn parse_args() -> Result<Args, BoxError> {
             "--relay-events" => args.relay_events = value()?.parse()?,
             "--timers" => args.timers = value()?.parse()?,
             "--nats" => args.nats = Some(value()?),
+            "--kafka" => args.kafka = Some(value()?),
+            "--traced" => args.traced = true,
             "--admin-history" => args.admin_history = Some(value()?.parse()?),
             "--only" => match value()?.as_str() {
                 "guarded" => args.only = Some(Only::Guarded),
@@ -136,6 +142,11 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
   --timers N                        due timers drained by the timer jobs and the hand loops
                                     [20000]
   --nats URL                        relay to NATS JetStream instead of an in-process sink
+  --kafka BROKERS                   also relay to a Kafka-protocol broker (feature `kafka`;
+                                    a topic of the bench's own; a `relay_kafka` line)
+  --traced                          also the outbox and relay passes again with a
+                                    `tracing-opentelemetry` layer recording every span
+                                    (feature `otel`; a `traced` line)
   --only guarded                    the guarded modes alone (a table and a `guarded` line
                                     per concurrency)
   --only relay                      the relays alone (the `relay` line)
@@ -150,5 +161,6 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
   --help                            this text
 
 It prints a table per concurrency and `ratio`, `coalesce`, `records`, `flows`, `outbox`,
-`guarded`, `relay`, `timers`, `deadline` (and `front`, `scale`) lines; docs/benchmarks.md reads them.
+`guarded`, `relay`, `timers`, `deadline` (and `front`, `scale`, `relay_kafka`, `traced`)
+lines; docs/benchmarks.md reads them.
 ";

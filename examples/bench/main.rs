@@ -84,7 +84,10 @@
 //! relays (`relay`) and by four hand-written `SKIP LOCKED` + publish + mark loops
 //! (`relay-hand`), twice each, to the same sink: an in-process channel, or NATS
 //! JetStream with `--nats URL` (feature `nats`; a memory stream of the bench's own). Its
-//! line is `relay backend=… relay_vs_hand=…`.
+//! line is `relay backend=… relay_vs_hand=…`. With `--kafka BROKERS` (feature `kafka`) the
+//! same again to a Kafka-protocol broker (a `relay_kafka …` line), and with `--traced`
+//! (feature `otel`), last, the outbox and relay passes again with every span recorded
+//! by OpenTelemetry (a `traced …` line; `traced.rs`).
 //!
 //! The last lines are one `ratio backend=… c=… engine_vs_floor=… engine_vs_naive=…
 //! replay_vs_engine=…`, one `coalesce backend=… c=… engine_vs_alone=…
@@ -127,6 +130,7 @@ mod http;
 mod lanes;
 mod outbox;
 mod timers;
+mod traced;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -433,6 +437,9 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
                 relay_pass(&db, sink, "channel", args).await?
             }
         });
+        if let Some(brokers) = &args.kafka {
+            ratios.push(traced::relay_kafka(&db, brokers, args).await?);
+        }
     }
     if args.runs(Only::Timers) {
         ratios.push(timers_pass(&db, args).await?);
@@ -444,6 +451,10 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         return Err(
             format!("--admin-history {history}: the admin mode needs the `admin` feature").into(),
         );
+    }
+    // The last pass: it leaves a subscriber recording every span.
+    if args.traced && args.only.is_none() {
+        ratios.push(traced::traced_pass(&db, &emitting, most, args, &ratios).await?);
     }
     for line in scales.into_iter().chain(ratios) {
         println!("{line}");

@@ -27,6 +27,8 @@ pub struct Admin<S: AdminStore> {
     pub(super) trend: super::trend::Trend,
     /// How often they are sampled.
     pub(super) sample_every: std::time::Duration,
+    /// The page's reads at work at once ([`READS_AT_ONCE`]).
+    pub(super) reads: tokio::sync::Semaphore,
 }
 
 impl<S: AdminStore> std::fmt::Debug for Admin<S> {
@@ -46,6 +48,10 @@ pub(crate) const LIST_MAX: u32 = 500;
 
 /// How many rows a list shows.
 pub(super) const PAGE: u32 = LIST_MAX;
+
+/// How many of the page's reads run at once, however many look at it: each holds a
+/// connection of the pool the engine uses.
+pub(crate) const READS_AT_ONCE: usize = 3;
 
 /// How long a CSRF token is taken by default: a working day.
 const CSRF_LIFETIME: std::time::Duration = std::time::Duration::from_secs(8 * 3600);
@@ -84,6 +90,7 @@ impl<S: AdminStore> Admin<S> {
             csrf_lifetime: CSRF_LIFETIME,
             trend: super::trend::Trend::default(),
             sample_every: super::trend::SAMPLE_EVERY,
+            reads: tokio::sync::Semaphore::new(READS_AT_ONCE),
         }
     }
 

@@ -138,7 +138,17 @@ impl LookupStatements {
         LookupStatements {
             in_status: [
                 events(&matching, key, "?6"),
-                events(&format!("{matching} AND ({key}) > (?6, ?7, ?8)"), key, "?9"),
+                // The leading bounds repeat what the row comparison says, for the
+                // planners that start an index range only at a column's own bound
+                // (MySQL, MariaDB).
+                events(
+                    &format!(
+                        "{matching} AND o.machine >= ?6 AND (o.machine > ?6 OR o.entity_id >= ?7) \
+                         AND ({key}) > (?6, ?7, ?8)"
+                    ),
+                    key,
+                    "?9",
+                ),
             ],
             count_in_status: s(format!(
                 "SELECT COUNT(*) FROM {outbox} AS o WHERE {matching}"
@@ -193,9 +203,14 @@ impl LookupStatements {
                         crate::backend::timer_sql::columns(now)
                     ))
                 };
+                // The leading bound repeats what the row comparison says, for the
+                // planners that start an index range only at a column's own bound.
                 [
                     page("", "?2"),
-                    page(" AND (t.next_at, t.id) > (?2, ?3)", "?4"),
+                    page(
+                        " AND t.next_at >= ?2 AND (t.next_at, t.id) > (?2, ?3)",
+                        "?4",
+                    ),
                 ]
             },
         }

@@ -211,7 +211,8 @@ impl<S: OutboxStore, K: Sink> Relay<S, K> {
     /// publishes them concurrently, and records the outcomes: published events in one
     /// statement, each failure on its own (retried after a backoff, or dead).
     pub async fn relay_once(&self) -> Result<RelayRound> {
-        let span = tracing::info_span!(
+        // At debug level: an idle relay runs a round five times a second.
+        let span = tracing::debug_span!(
             "orderly.relay",
             claimed = tracing::field::Empty,
             published = tracing::field::Empty,

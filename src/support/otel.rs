@@ -18,7 +18,7 @@ impl TraceContext {
     }
 
     /// This context as OpenTelemetry's span context of a remote parent.
-    pub fn span_context(&self) -> SpanContext {
+    pub(crate) fn span_context(&self) -> SpanContext {
         let trace_id = TraceId::from_hex(self.trace_id()).unwrap_or(TraceId::INVALID);
         let span_id = SpanId::from_hex(self.parent_id()).unwrap_or(SpanId::INVALID);
         let flags = if self.sampled() {

@@ -962,12 +962,14 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         ]
     );
 
-    // Timers past a page: 601 pending, their next attempts in three ties, read page
-    // after page by the next link, each once, in the order of their next attempt.
+    // Timers past a page: 601 pending, their next attempts in ties of three (broken by
+    // id) and their due times the other way round, read page after page by the next
+    // link, each once, in the order of their next attempt.
     let values: Vec<String> = (1..=601)
         .map(|i| {
-            let at = 4_102_444_800_000_i64 + i64::from(i % 3);
-            format!("('Paged', {i}, 'Cancel', 'p', {at}, {at}, 'PENDING', 0)")
+            let next = 4_102_444_800_000_i64 + i64::from(i / 3);
+            let due = 4_102_444_800_000_i64 - i64::from(i);
+            format!("('Paged', {i}, 'Cancel', 'p', {due}, {next}, 'PENDING', 0)")
         })
         .collect();
     (exec.run)(format!(
@@ -976,7 +978,7 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         values.join(", ")
     ))
     .await;
-    let (mut seen_timers, mut dues, mut pages) = (std::collections::BTreeSet::new(), vec![], 0);
+    let (mut seen_timers, mut order, mut pages) = (std::collections::BTreeSet::new(), vec![], 0);
     let mut uri = "/admin/timers?status=pending&format=json".to_string();
     loop {
         let listed = page.json("bob", &uri).await;
@@ -986,7 +988,7 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
                 seen_timers.insert(t["entity_id"].as_i64().unwrap()),
                 "{t} listed twice"
             );
-            dues.push(t["due_at"].as_i64().unwrap());
+            order.push(t["entity_id"].as_i64().unwrap());
         }
         pages += 1;
         let Some(next) = listed["next"].as_object() else {
@@ -998,7 +1000,11 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
         );
     }
     assert_eq!((pages, seen_timers.len()), (2, 601));
-    assert!(dues.is_sorted(), "in the order of their next attempt");
+    // Entity i was inserted i-th (its id in that order), next attempt i / 3, due -i.
+    assert!(
+        order.is_sorted(),
+        "in the order of their next attempt, then of their id: {order:?}"
+    );
     let html = page.get("bob", "/admin/timers?status=pending").await;
     assert!(
         html.contains("601 timers are pending; this page shows 500.")
@@ -1200,6 +1206,7 @@ pub(super) async fn suite<S: AdminStore>(store: S, exec: Exec<S>) {
     // and is charted.
     let published = |o: serde_json::Value| o["outbox"]["published_last_minute"].as_u64().unwrap();
     let before = published(sampled.json("bob", "/admin").await);
+    assert_eq!(before, 0, "no relay ran before here");
     let (sink, _received) = orderly::outbox::ChannelSink::new();
     let round = orderly::outbox::Relay::new(flows.store().clone(), sink)
         .relay_once()

@@ -374,11 +374,21 @@ pub async fn trace_survives_a_killed_relay<K, F, Fut>(
         from_child > 0 && from_here > 0,
         "both relays published: the child {from_child}, this process {from_here}"
     );
-    // The mangled context: published all the same, without it (with no context, or this
-    // process's publish span's own).
+    // The mangled context: published all the same, without it: with none (by the child,
+    // which records no spans), or with this process's publish span's own, which has no
+    // parent from the row (its parent is local: the round).
     let mangled_id = format!("TraceOrder:{mangled}:1");
     for d in deliveries.iter().filter(|d| d.id == mangled_id) {
-        assert_ne!(d.traceparent.as_deref(), Some("not-a-traceparent"), "{d:?}");
+        if let Some(tp) = &d.traceparent {
+            let publish = by_id
+                .get(&parent_of(tp))
+                .unwrap_or_else(|| panic!("{d:?}: not a publish span's context"));
+            assert_eq!(publish.name, "orderly.publish", "{d:?}");
+            assert!(
+                !publish.parent_span_is_remote,
+                "{d:?}: a parent from the row"
+            );
+        }
     }
     let bad = named("orderly.consume")
         .find(|s| attr(s, "messaging.message.id").as_deref() == Some(bad_id.as_str()))

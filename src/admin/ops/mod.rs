@@ -8,6 +8,7 @@ mod reads;
 mod views;
 
 pub(crate) use filter::{Filter, OnDead, OnTimer, resume_how};
+pub(crate) use reads::unsupported;
 pub(crate) use views::*;
 
 /// How many dead events a bulk requeue or discard reads, and acts on, at a time.

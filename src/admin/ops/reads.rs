@@ -1,6 +1,9 @@
 //! What the page and the command line read: the overview, an entity's timeline, the
 //! search, the audit trail.
 
+use std::future::Future;
+use std::pin::Pin;
+
 use super::FOUND_MAX;
 use super::Filter;
 use super::views::{
@@ -226,7 +229,7 @@ impl<S: AdminStore> Admin<S> {
         let in_flight = async {
             match self.count_held(Held::InFlight, None).await {
                 Ok(n) => Ok(Some(n)),
-                Err(Error::InvalidInput(_)) => Ok(None),
+                Err(e) if unsupported(&e) => Ok(None),
                 Err(e) => Err(e),
             }
         };
@@ -237,23 +240,23 @@ impl<S: AdminStore> Admin<S> {
             });
             match read.await {
                 Ok(n) => Ok(Some(u64::try_from(n).unwrap_or(0))),
-                Err(Error::InvalidInput(_)) => Ok(None),
+                Err(e) if unsupported(&e) => Ok(None),
                 Err(e) => Err(e),
             }
         };
-        // Every count at once, each on a connection of its own.
+        // The counts at once, as many as the page's reads may be.
         let (events, timed) = (
             Outbox::new(self.store.clone()),
             Timers::new(self.store.clone()),
         );
         let (outbox, timers, parked, running, stuck, in_flight, published) = tokio::try_join!(
-            events.stats(),
-            timed.stats(),
-            flows.count(Listing::Parked),
-            flows.count(Listing::Running),
-            self.count_stuck(None),
-            in_flight,
-            published
+            self.gated(events.stats()),
+            self.gated(timed.stats()),
+            self.gated(flows.count(Listing::Parked)),
+            self.gated(flows.count(Listing::Running)),
+            self.gated(self.count_stuck(None)),
+            self.gated(in_flight),
+            self.gated(published)
         )?;
         Ok(Overview {
             outbox: OutboxCounts {
@@ -273,6 +276,22 @@ impl<S: AdminStore> Admin<S> {
             flows: FlowCounts { parked, running },
             records: RecordCounts { stuck, in_flight },
             machines: self.machines.keys().map(|m| m.to_string()).collect(),
+        })
+    }
+
+    /// Runs one of the page's reads once fewer than
+    /// [`READS_AT_ONCE`](crate::admin::panel::READS_AT_ONCE) are at work: the page holds
+    /// at most that many of the pool's connections, however many look at it.
+    /// (Boxed: a page joins several, and their futures inline would be one large value
+    /// on the stack.)
+    pub(crate) fn gated<'a, T: 'a>(
+        &'a self,
+        read: impl Future<Output = T> + Send + 'a,
+    ) -> Pin<Box<dyn Future<Output = T> + Send + 'a>> {
+        Box::pin(async move {
+            // The semaphore is never closed.
+            let _permit = self.reads.acquire().await.ok();
+            read.await
         })
     }
 
@@ -420,5 +439,38 @@ impl<S: AdminStore> Admin<S> {
         }
         found.events = events.into_iter().map(Event::from).collect();
         Ok(found)
+    }
+}
+
+/// Whether `e` says the store does not do what was asked (a [`LookupStore`] default's
+/// answer, which the lease passes on as a database error), rather than that it failed.
+///
+/// [`LookupStore`]: crate::admin::lookup::LookupStore
+pub(crate) fn unsupported(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::InvalidInput(_)
+            | Error::Database {
+                source: sqlx::Error::InvalidArgument(_),
+                ..
+            }
+    )
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::unsupported;
+    use crate::store::db_error;
+
+    /// A default's "not supported" comes out of the lease as a database error: still told
+    /// apart from a failure.
+    #[test]
+    fn a_defaults_answer_is_told_apart_from_a_failure() {
+        let default = db_error::<crate::SqliteStore>(sqlx::Error::InvalidArgument(
+            "this store does not count the events published lately".into(),
+        ));
+        assert!(unsupported(&default), "{default:?}");
+        let failed = db_error::<crate::SqliteStore>(sqlx::Error::PoolTimedOut);
+        assert!(!unsupported(&failed), "{failed:?}");
     }
 }

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::admin::AdminStore;
 use crate::admin::lookup::{Held, HeldKey, TimerAt};
-use crate::admin::ops::{Filter, event_key, id_of};
+use crate::admin::ops::{Filter, event_key, id_of, unsupported};
 use crate::admin::panel::{App, PAGE};
 use crate::admin::seen::{Seen, failed};
 use crate::flow::Listing;
@@ -68,9 +68,9 @@ pub(in crate::admin) async fn events<S: AdminStore>(
         }
     };
     let read = tokio::try_join!(
-        app.events_page(status, &filter, after.as_ref(), PAGE),
-        app.count_events(status, &filter),
-        corrupt
+        app.gated(app.events_page(status, &filter, after.as_ref(), PAGE)),
+        app.gated(app.count_events(status, &filter)),
+        app.gated(corrupt)
     );
     let ((rows, next), matching, corrupt) = match read {
         Ok(read) => read,
@@ -329,14 +329,22 @@ pub(in crate::admin) async fn timers<S: AdminStore>(
         }
     };
     let read = tokio::try_join!(
-        app.timers_page(status, after.as_ref(), PAGE),
-        app.count_timers(status)
+        app.gated(app.timers_page(status, after.as_ref(), PAGE)),
+        app.gated(app.count_timers(status))
     );
     let (page, count) = match read {
         Ok(read) => read,
+        // A store of one's own that pages no further (its default) was asked for a page.
+        Err(e) if unsupported(&e) => {
+            return (StatusCode::BAD_REQUEST, e.to_string()).into_response();
+        }
         Err(e) => return failed(&e),
     };
-    let (next, read) = (page.next, page.rows.len());
+    // A page that ends where it began made no progress (on SQLite, a next attempt stored
+    // as text sorts after every number, and a page of those reads back the same): no
+    // next page then.
+    let next = page.next.filter(|n| Some(*n) != after);
+    let read = page.rows.len();
     let (rows, corrupt): (Vec<_>, Vec<_>) = page.rows.into_iter().partition(Result::is_ok);
     let rows: Vec<_> = rows.into_iter().flatten().collect();
     let corrupt: Vec<String> = corrupt
@@ -370,7 +378,7 @@ pub(in crate::admin) async fn timers<S: AdminStore>(
             a.here[which == "pending"] href="timers?status=pending" { "Pending" }
         }
         p id="count" {
-            (shown(count, read, after.is_some() || next.is_some(), &format!("timers are {which}")))
+            (shown(count, read, after.is_some() || next.is_some() || count > read as u64, &format!("timers are {which}")))
             " In the order of their next attempt."
         }
         table id="timers" {
@@ -445,11 +453,16 @@ pub(in crate::admin) async fn stuck_records<S: AdminStore>(
         },
     };
     let read = tokio::try_join!(
-        app.held_page(held, scope, after.as_ref(), PAGE),
-        app.count_held(held, scope)
+        app.gated(app.held_page(held, scope, after.as_ref(), PAGE)),
+        app.gated(app.count_held(held, scope))
     );
     let ((rows, next), count) = match read {
         Ok(read) => read,
+        // A store of one's own that pages no further, or lists none in flight (its
+        // defaults), was asked for that.
+        Err(e) if unsupported(&e) => {
+            return (StatusCode::BAD_REQUEST, e.to_string()).into_response();
+        }
         Err(e) => return failed(&e),
     };
     let list = if stuck { "stuck" } else { "in_flight" };
