@@ -634,6 +634,12 @@ struct OwnBroker {
 
 impl OwnBroker {
     fn start(port: u16) -> Self {
+        Self::start_advertising(port, port)
+    }
+
+    /// Listening on `port`, telling clients to connect to `advertised` (a forwarder in
+    /// front of it).
+    fn start_advertising(port: u16, advertised: u16) -> Self {
         let out = std::process::Command::new("bash")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/tansu.sh"))
             .arg("path")
@@ -646,13 +652,14 @@ impl OwnBroker {
         );
         let bin = String::from_utf8(out.stdout).unwrap().trim().to_string();
         let url = format!("tcp://127.0.0.1:{port}");
+        let advertised = format!("tcp://127.0.0.1:{advertised}");
         let child = std::process::Command::new(&bin)
             .args([
                 "broker",
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised,
             ])
             .args(["--storage-engine", "memory://tansu/"])
             .stdout(std::process::Stdio::null())
@@ -829,4 +836,165 @@ async fn the_relay_waits_through_a_broker_outage() {
         assert_eq!(firsts, expected, "entity {entity} after the restart");
     }
     drop(broker);
+}
+
+/// A TCP forwarder on loopback in front of a broker, which cuts every connection through
+/// it when told (both sockets dropped: the client's request, or its answer, is lost
+/// half-way).
+struct Cutter {
+    port: u16,
+    live: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Cutter {
+    /// A forwarder to `upstream`, on the free port `port`.
+    async fn start(port: u16, upstream: u16) -> Cutter {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let live: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let accept = tokio::spawn({
+            let live = live.clone();
+            async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let task = tokio::spawn(async move {
+                        if let Ok(mut server) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                        {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                    live.lock().unwrap().push(task);
+                }
+            }
+        });
+        Cutter { port, live, accept }
+    }
+
+    /// Cuts every connection open now: how many were.
+    fn cut(&self) -> usize {
+        let mut live = self.live.lock().unwrap();
+        let open = live.iter().filter(|t| !t.is_finished()).count();
+        for task in live.drain(..) {
+            task.abort();
+        }
+        open
+    }
+}
+
+impl Drop for Cutter {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Every connection to the broker is cut every 250 ms while a relay publishes 600 events
+/// of 20 entities from SQLite (through a forwarder the broker advertises, so the producer
+/// reconnects through it). Read back once the relay drained the outbox: every event is
+/// there, each entity's first copies in version order, and every record there twice is
+/// one whose publish was tried again (its row counts more than one attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Tansu binary (.ci/tansu.sh); .ci/run runs it"]
+async fn cut_connections_lose_and_reorder_nothing() {
+    let (entities, per_entity) = (20, 30);
+    let (broker_port, cutter_port) = (free_port(), free_port());
+    let cutter = Cutter::start(cutter_port, broker_port).await;
+    let _broker = OwnBroker::start_advertising(broker_port, cutter_port);
+    let brokers = format!("127.0.0.1:{cutter_port}");
+    let topic = format!("o{}", server::unique_db_name());
+    read_back_at(&brokers, &["create", &topic, "2"]);
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::demo(&format!("sqlite://{}", dir.path().join("o.db").display()))
+        .await
+        .unwrap();
+    for sql in seed_sql(entities, per_entity) {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    let sink = KafkaSink::connect_with(&brokers, &topic, [("message.timeout.ms", "1000")])
+        .await
+        .unwrap();
+    let relay = Relay::new(store.clone(), sink)
+        .with_config(
+            config(8)
+                .claim(Claim::Lease)
+                .lease(Duration::from_secs(3))
+                .publish_timeout(Duration::from_millis(1500))
+                .max_backoff(Duration::from_millis(200)),
+        )
+        .unwrap();
+    let task = drain(relay);
+    let (mut cuts, mut open_at_cut) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !task.is_finished() {
+        assert!(Instant::now() < deadline, "the relay never drained");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let open = cutter.cut();
+        cuts += 1;
+        open_at_cut += open;
+    }
+    task.await.unwrap();
+    assert!(
+        cuts >= 4 && open_at_cut >= 4,
+        "{cuts} cuts found {open_at_cut} connections open: nothing was cut mid-publish"
+    );
+    let retried: HashSet<String> = sqlx::query_as::<_, (i64, i64)>(
+        "SELECT entity_id, version FROM orderly_outbox WHERE attempts > 1",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(e, v)| format!("OrderMachine:{e}:{v}"))
+    .collect();
+    let stats = Outbox::new(store.clone()).stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 0));
+
+    let records = records_at(&brokers, &topic, (entities * per_entity) as usize);
+    let versions = by_entity(&records);
+    let mut copies: HashMap<&str, usize> = HashMap::new();
+    for r in &records {
+        *copies.entry(r.headers["Orderly-Id"].as_str()).or_default() += 1;
+    }
+    let twice: HashSet<String> = copies
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| id.to_string())
+        .collect();
+    eprintln!(
+        "{cuts} cuts ({open_at_cut} connections cut), {} events tried again, {} records there more than once",
+        retried.len(),
+        twice.len()
+    );
+    assert!(
+        twice.is_subset(&retried),
+        "a record twice whose publish was never tried again: {:?}",
+        twice.difference(&retried).collect::<Vec<_>>()
+    );
+    for entity in 1..=entities {
+        let mut seen = HashSet::new();
+        let firsts: Vec<i64> = versions[&entity]
+            .iter()
+            .copied()
+            .filter(|v| seen.insert(*v))
+            .collect();
+        assert_eq!(
+            firsts,
+            (1..=per_entity).collect::<Vec<_>>(),
+            "entity {entity}'s events as the topic holds them"
+        );
+    }
 }
