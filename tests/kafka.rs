@@ -842,7 +842,6 @@ async fn the_relay_waits_through_a_broker_outage() {
 /// it when told (both sockets dropped: the client's request, or its answer, is lost
 /// half-way).
 struct Cutter {
-    port: u16,
     live: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -869,7 +868,7 @@ impl Cutter {
                 }
             }
         });
-        Cutter { port, live, accept }
+        Cutter { live, accept }
     }
 
     /// Cuts every connection open now: how many were.
