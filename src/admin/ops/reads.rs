@@ -457,20 +457,26 @@ pub(crate) fn unsupported(e: &Error) -> bool {
     )
 }
 
-#[cfg(all(test, feature = "sqlite"))]
+#[cfg(test)]
 mod tests {
     use super::unsupported;
-    use crate::store::db_error;
+    use crate::error::Error;
 
-    /// A default's "not supported" comes out of the lease as a database error: still told
-    /// apart from a failure.
+    /// A default's "not supported" comes out of the lease as a database error (the lease
+    /// wraps every driver error so): still told apart from a failure.
     #[test]
     fn a_defaults_answer_is_told_apart_from_a_failure() {
-        let default = db_error::<crate::SqliteStore>(sqlx::Error::InvalidArgument(
-            "this store does not count the events published lately".into(),
-        ));
+        let default = Error::Database {
+            source: sqlx::Error::InvalidArgument(
+                "this store does not count the events published lately".into(),
+            ),
+            retryable: false,
+        };
         assert!(unsupported(&default), "{default:?}");
-        let failed = db_error::<crate::SqliteStore>(sqlx::Error::PoolTimedOut);
+        let failed = Error::Database {
+            source: sqlx::Error::PoolTimedOut,
+            retryable: true,
+        };
         assert!(!unsupported(&failed), "{failed:?}");
     }
 }
