@@ -113,6 +113,32 @@ fn by_entity(records: &[Record]) -> HashMap<i64, Vec<i64>> {
     versions
 }
 
+/// How many times each message id is there.
+fn copies_of(records: &[Record]) -> HashMap<&str, usize> {
+    let mut copies: HashMap<&str, usize> = HashMap::new();
+    for r in records {
+        *copies.entry(r.headers["Orderly-Id"].as_str()).or_default() += 1;
+    }
+    copies
+}
+
+/// Each of `entities` entities' first copies are its `per_entity` versions in order.
+fn assert_firsts_in_order(versions: &HashMap<i64, Vec<i64>>, entities: i64, per_entity: i64) {
+    for entity in 1..=entities {
+        let mut seen = HashSet::new();
+        let firsts: Vec<i64> = versions[&entity]
+            .iter()
+            .copied()
+            .filter(|v| seen.insert(*v))
+            .collect();
+        assert_eq!(
+            firsts,
+            (1..=per_entity).collect::<Vec<_>>(),
+            "entity {entity}'s events as the topic holds them"
+        );
+    }
+}
+
 /// The trace context stored with an event of `seed_sql`: its entity in the trace id, its
 /// version in the parent id.
 fn traceparent(entity: i64, version: i64) -> String {
@@ -294,10 +320,7 @@ async fn four_relays_publish_2000_events_in_order_per_entity() {
     let records = records(&topic, (entities * per_entity) as usize + held.len());
     let versions = by_entity(&records);
     assert!(!held.is_empty(), "the dropped relay held nothing");
-    let mut copies: HashMap<&str, usize> = HashMap::new();
-    for r in &records {
-        *copies.entry(r.headers["Orderly-Id"].as_str()).or_default() += 1;
-    }
+    let copies = copies_of(&records);
     let twice: HashSet<String> = copies
         .iter()
         .filter(|(_, n)| **n > 1)
@@ -311,19 +334,7 @@ async fn four_relays_publish_2000_events_in_order_per_entity() {
         "a record twice that the dropped relay never began: {:?}",
         twice.difference(&started).collect::<Vec<_>>()
     );
-    for entity in 1..=entities {
-        let mut seen = HashSet::new();
-        let firsts: Vec<i64> = versions[&entity]
-            .iter()
-            .copied()
-            .filter(|v| seen.insert(*v))
-            .collect();
-        assert_eq!(
-            firsts,
-            (1..=per_entity).collect::<Vec<_>>(),
-            "entity {entity}'s events as the topic holds them"
-        );
-    }
+    assert_firsts_in_order(&versions, entities, per_entity);
     assert_eq!(
         records.len(),
         (entities * per_entity) as usize + twice.len(),
@@ -585,10 +596,7 @@ async fn a_relay_killed_with_sigkill_another_finishes() {
     // At most every held event twice.
     let records = records(&topic, (entities * per_entity) as usize);
     let versions = by_entity(&records);
-    let mut copies: HashMap<&str, usize> = HashMap::new();
-    for r in &records {
-        *copies.entry(r.headers["Orderly-Id"].as_str()).or_default() += 1;
-    }
+    let copies = copies_of(&records);
     assert!(copies.values().all(|n| *n <= 2), "a record thrice");
     let twice: HashSet<String> = copies
         .iter()
@@ -606,19 +614,7 @@ async fn a_relay_killed_with_sigkill_another_finishes() {
         "a record twice the killed relay did not hold: {:?}",
         twice.difference(&held).collect::<Vec<_>>()
     );
-    for entity in 1..=entities {
-        let mut seen = HashSet::new();
-        let firsts: Vec<i64> = versions[&entity]
-            .iter()
-            .copied()
-            .filter(|v| seen.insert(*v))
-            .collect();
-        assert_eq!(
-            firsts,
-            (1..=per_entity).collect::<Vec<_>>(),
-            "entity {entity}'s events as the topic holds them"
-        );
-    }
+    assert_firsts_in_order(&versions, entities, per_entity);
     assert_eq!(
         records.len(),
         (entities * per_entity) as usize + twice.len()
@@ -964,10 +960,7 @@ async fn cut_connections_lose_and_reorder_nothing() {
 
     let records = records_at(&brokers, &topic, (entities * per_entity) as usize);
     let versions = by_entity(&records);
-    let mut copies: HashMap<&str, usize> = HashMap::new();
-    for r in &records {
-        *copies.entry(r.headers["Orderly-Id"].as_str()).or_default() += 1;
-    }
+    let copies = copies_of(&records);
     let twice: HashSet<String> = copies
         .iter()
         .filter(|(_, n)| **n > 1)
@@ -983,17 +976,5 @@ async fn cut_connections_lose_and_reorder_nothing() {
         "a record twice whose publish was never tried again: {:?}",
         twice.difference(&retried).collect::<Vec<_>>()
     );
-    for entity in 1..=entities {
-        let mut seen = HashSet::new();
-        let firsts: Vec<i64> = versions[&entity]
-            .iter()
-            .copied()
-            .filter(|v| seen.insert(*v))
-            .collect();
-        assert_eq!(
-            firsts,
-            (1..=per_entity).collect::<Vec<_>>(),
-            "entity {entity}'s events as the topic holds them"
-        );
-    }
+    assert_firsts_in_order(&versions, entities, per_entity);
 }
