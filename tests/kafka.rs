@@ -139,6 +139,35 @@ fn assert_firsts_in_order(versions: &HashMap<i64, Vec<i64>>, entities: i64, per_
     }
 }
 
+/// The ids of the events whose rows count more than one attempt: the only ones a record
+/// may be there twice of.
+async fn retried(store: &SqliteStore) -> HashSet<String> {
+    sqlx::query_as::<_, (i64, i64)>(
+        "SELECT entity_id, version FROM orderly_outbox WHERE attempts > 1",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(e, v)| format!("OrderMachine:{e}:{v}"))
+    .collect()
+}
+
+/// Every record there more than once is one of `retried`; returns how many are.
+fn assert_twice_only_if_retried(records: &[Record], retried: &HashSet<String>) -> usize {
+    let twice: HashSet<String> = copies_of(records)
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(id, _)| id.to_string())
+        .collect();
+    assert!(
+        twice.is_subset(retried),
+        "a record twice whose publish was never tried again: {:?}",
+        twice.difference(retried).collect::<Vec<_>>()
+    );
+    twice.len()
+}
+
 /// The trace context stored with an event of `seed_sql`: its entity in the trace id, its
 /// version in the parent id.
 fn traceparent(entity: i64, version: i64) -> String {
@@ -621,21 +650,30 @@ async fn a_relay_killed_with_sigkill_another_finishes() {
     );
 }
 
-/// A Tansu broker of the test's own on a free loopback port, in-memory (a restart starts
-/// it empty), killed by pid when dropped.
+/// Where an [`OwnBroker`] keeps its topics and records.
+#[derive(Clone, Copy)]
+enum Storage {
+    /// In its memory: a restart starts it empty.
+    Memory,
+    /// In the bucket `tansu` of the S3 endpoint on this loopback port ([`OwnS3`]): a
+    /// restart finds them there.
+    S3(u16),
+}
+
+/// A Tansu broker of the test's own on a free loopback port, killed by pid when dropped.
 struct OwnBroker {
     port: u16,
     child: std::process::Child,
 }
 
 impl OwnBroker {
-    fn start(port: u16) -> Self {
-        Self::start_advertising(port, port)
+    fn start(port: u16, storage: Storage) -> Self {
+        Self::start_advertising(port, port, storage)
     }
 
     /// Listening on `port`, telling clients to connect to `advertised` (a forwarder in
     /// front of it).
-    fn start_advertising(port: u16, advertised: u16) -> Self {
+    fn start_advertising(port: u16, advertised: u16, storage: Storage) -> Self {
         let out = std::process::Command::new("bash")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/tansu.sh"))
             .arg("path")
@@ -649,15 +687,25 @@ impl OwnBroker {
         let bin = String::from_utf8(out.stdout).unwrap().trim().to_string();
         let url = format!("tcp://127.0.0.1:{port}");
         let advertised = format!("tcp://127.0.0.1:{advertised}");
-        let child = std::process::Command::new(&bin)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &advertised,
-            ])
-            .args(["--storage-engine", "memory://tansu/"])
+        let mut command = std::process::Command::new(&bin);
+        command.args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &advertised,
+        ]);
+        match storage {
+            Storage::Memory => command.args(["--storage-engine", "memory://tansu/"]),
+            Storage::S3(s3) => command
+                .args(["--storage-engine", "s3://tansu/"])
+                .env("AWS_ENDPOINT", format!("http://127.0.0.1:{s3}"))
+                .env("AWS_ALLOW_HTTP", "true")
+                .env("AWS_ACCESS_KEY_ID", "orderly")
+                .env("AWS_SECRET_ACCESS_KEY", "orderly")
+                .env("AWS_DEFAULT_REGION", "us-east-1"),
+        };
+        let child = command
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -706,13 +754,31 @@ impl Drop for OwnBroker {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the Tansu binary (.ci/tansu.sh); .ci/run runs it"]
 async fn the_relay_waits_through_a_broker_outage() {
+    through_a_broker_kill(Storage::Memory).await;
+}
+
+/// The same outage, with a broker that keeps its topics and records in S3 (an endpoint of
+/// the test's own): it comes back with what it acknowledged before the kill, and the
+/// topic is not created again. Read back across the restart: every one of the 600 events
+/// is there (those recorded published before the kill only in what the broker kept), each
+/// entity's first copies in version order, and every record there twice is one whose
+/// publish was tried again (its row counts more than one attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Tansu binary (.ci/tansu.sh) and moto's S3 server; .ci/run runs it"]
+async fn a_broker_restarted_on_its_kept_data_loses_and_reorders_nothing() {
+    let s3 = OwnS3::start();
+    through_a_broker_kill(Storage::S3(s3.port)).await;
+}
+
+/// The body of the two outage tests: the broker keeps its data in `storage`.
+async fn through_a_broker_kill(storage: Storage) {
     let (entities, per_entity) = (20, 30);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let broker = OwnBroker::start(port);
+    let broker = OwnBroker::start(port, storage);
     let brokers = broker.brokers();
     let topic = format!("o{}", server::unique_db_name());
     read_back_at(&brokers, &["create", &topic, "2"]);
@@ -781,8 +847,10 @@ async fn the_relay_waits_through_a_broker_outage() {
         0
     );
 
-    let broker = OwnBroker::start(port);
-    read_back_at(&brokers, &["create", &topic, "2"]);
+    let broker = OwnBroker::start(port, storage);
+    if let Storage::Memory = storage {
+        read_back_at(&brokers, &["create", &topic, "2"]);
+    }
     let at_restart: HashSet<(i64, i64)> = sqlx::query_as::<_, (i64, i64)>(
         "SELECT entity_id, version FROM orderly_outbox WHERE status = 'PUBLISHED'",
     )
@@ -806,6 +874,16 @@ async fn the_relay_waits_through_a_broker_outage() {
     let stats = Outbox::new(store.clone()).stats().await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 0));
 
+    if let Storage::S3(_) = storage {
+        let records = records_at(&brokers, &topic, (entities * per_entity) as usize);
+        assert_firsts_in_order(&by_entity(&records), entities, per_entity);
+        let twice = assert_twice_only_if_retried(&records, &retried(&store).await);
+        eprintln!(
+            "{} events recorded published before the kill, {twice} records there twice",
+            at_restart.len()
+        );
+        return;
+    }
     let left = (entities * per_entity) as usize - at_restart.len();
     let records = records_at(&brokers, &topic, left);
     let versions = by_entity(&records);
@@ -832,6 +910,66 @@ async fn the_relay_waits_through_a_broker_outage() {
         assert_eq!(firsts, expected, "entity {entity} after the restart");
     }
     drop(broker);
+}
+
+/// An S3 endpoint of the test's own on a free loopback port (moto's server, from PyPI; it
+/// keeps its objects in its memory, so they outlive a broker, not it) with the bucket
+/// `tansu`; killed by pid when dropped.
+struct OwnS3 {
+    port: u16,
+    child: std::process::Child,
+}
+
+impl OwnS3 {
+    fn start() -> Self {
+        let port = free_port();
+        let child = std::process::Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 runs");
+        let s3 = OwnS3 { port, child };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match s3.put("/tansu") {
+                Ok(status) => {
+                    assert!(status.contains(" 200 "), "creating the bucket: {status}");
+                    return s3;
+                }
+                Err(e) => assert!(Instant::now() < deadline, "moto never answered: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// An empty `PUT` of `path`; the answer's status line.
+    fn put(&self, path: &str) -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port))?;
+        write!(
+            stream,
+            "PUT {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer)?;
+        Ok(answer.lines().next().unwrap_or_default().to_string())
+    }
+}
+
+impl Drop for OwnS3 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A TCP forwarder on loopback in front of a broker, which cuts every connection through
@@ -905,7 +1043,7 @@ async fn cut_connections_lose_and_reorder_nothing() {
     let (entities, per_entity) = (20, 30);
     let (broker_port, cutter_port) = (free_port(), free_port());
     let cutter = Cutter::start(cutter_port, broker_port).await;
-    let _broker = OwnBroker::start_advertising(broker_port, cutter_port);
+    let _broker = OwnBroker::start_advertising(broker_port, cutter_port, Storage::Memory);
     let brokers = format!("127.0.0.1:{cutter_port}");
     let topic = format!("o{}", server::unique_db_name());
     read_back_at(&brokers, &["create", &topic, "2"]);
@@ -946,35 +1084,16 @@ async fn cut_connections_lose_and_reorder_nothing() {
         cuts >= 4 && open_at_cut >= 4,
         "{cuts} cuts found {open_at_cut} connections open: nothing was cut mid-publish"
     );
-    let retried: HashSet<String> = sqlx::query_as::<_, (i64, i64)>(
-        "SELECT entity_id, version FROM orderly_outbox WHERE attempts > 1",
-    )
-    .fetch_all(store.pool())
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|(e, v)| format!("OrderMachine:{e}:{v}"))
-    .collect();
+    let retried = retried(&store).await;
     let stats = Outbox::new(store.clone()).stats().await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 0));
 
     let records = records_at(&brokers, &topic, (entities * per_entity) as usize);
-    let versions = by_entity(&records);
-    let copies = copies_of(&records);
-    let twice: HashSet<String> = copies
-        .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(id, _)| id.to_string())
-        .collect();
+    let twice = assert_twice_only_if_retried(&records, &retried);
     eprintln!(
-        "{cuts} cuts ({open_at_cut} connections cut), {} events tried again, {} records there more than once",
+        "{cuts} cuts ({open_at_cut} connections cut), {} events tried again, {twice} records there more than once",
         retried.len(),
-        twice.len()
     );
-    assert!(
-        twice.is_subset(&retried),
-        "a record twice whose publish was never tried again: {:?}",
-        twice.difference(&retried).collect::<Vec<_>>()
-    );
+    let versions = by_entity(&records);
     assert_firsts_in_order(&versions, entities, per_entity);
 }
