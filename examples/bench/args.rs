@@ -28,6 +28,7 @@ pub(super) struct Args {
 /// A part of the bench that can run alone (`--only`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Only {
+    Engine,
     Guarded,
     Relay,
     Hot,
@@ -89,6 +90,7 @@ pub(super) fn parse_args() -> Result<Args, BoxError> {
             "--traced" => args.traced = true,
             "--admin-history" => args.admin_history = Some(value()?.parse()?),
             "--only" => match value()?.as_str() {
+                "engine" => args.only = Some(Only::Engine),
                 "guarded" => args.only = Some(Only::Guarded),
                 "relay" => args.only = Some(Only::Relay),
                 "hot" => args.only = Some(Only::Hot),
@@ -97,7 +99,7 @@ pub(super) fn parse_args() -> Result<Args, BoxError> {
                 "admin" => args.only = Some(Only::Admin),
                 other => {
                     return Err(format!(
-                        "--only {other}: only `guarded`, `relay`, `hot`, `http`, `timers` or `admin` can run alone"
+                        "--only {other}: only `engine`, `guarded`, `relay`, `hot`, `http`, `timers` or `admin` can run alone"
                     )
                     .into());
                 }
@@ -147,6 +149,8 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
   --traced                          also the outbox and relay passes again with a
                                     `tracing-opentelemetry` layer recording every span
                                     (feature `otel`; a `traced` line)
+  --only engine                     the engine mode alone, nothing else (a table per
+                                    concurrency; for a profiler)
   --only guarded                    the guarded modes alone (a table and a `guarded` line
                                     per concurrency)
   --only relay                      the relays alone (the `relay` line)

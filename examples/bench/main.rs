@@ -224,7 +224,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         EngineConfig::default().coalesce_writes(false),
     )?;
     let slice = args.seconds / args.rounds as f64;
-    let concurrency: &[usize] = if args.runs(Only::Guarded) {
+    let concurrency: &[usize] = if args.runs(Only::Guarded) || args.only == Some(Only::Engine) {
         &args.concurrency
     } else {
         &[]
@@ -233,6 +233,10 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         db.reset().await?;
         if args.only == Some(Only::Guarded) {
             ratios.push(guarded_pass(&db, &guarded, c, args).await?);
+            continue;
+        }
+        if args.only == Some(Only::Engine) {
+            engine_alone(&engine, c, args).await?;
             continue;
         }
         if let Some(big) = &big {
@@ -459,6 +463,34 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     for line in scales.into_iter().chain(ratios) {
         println!("{line}");
     }
+    Ok(())
+}
+
+/// The engine mode alone at `c` callers (`--only engine`): one table row, for a
+/// profiler to see nothing else.
+async fn engine_alone<S: Store>(
+    engine: &Engine<OrderMachine, S>,
+    c: usize,
+    args: &Args,
+) -> Result<(), BoxError> {
+    let mut lane = Lane::new(1);
+    let span = args.orders - 1;
+    for round in 1..=i64::from(args.rounds) {
+        let quota = span * round / i64::from(args.rounds);
+        lane.engine_slice(engine, c, args.seconds / args.rounds as f64, quota)
+            .await?;
+    }
+    let s = lane.stats.finish();
+    let (client, other) = s.cpu_per_op();
+    println!(
+        "{c:>3}  {:<12} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9} {client:>10.0} {other:>10.0}",
+        "engine",
+        s.ops,
+        s.throughput(),
+        s.percentile(0.5),
+        s.percentile(0.99),
+        "-"
+    );
     Ok(())
 }
 

@@ -105,20 +105,27 @@ pub(super) async fn run<M: StateMachine, S: Store>(
     loop {
         attempts += 1;
         let mut unreachable = false;
-        let step = match conn.get_for(&engine.store, req.own_unit(engine)).await {
-            Ok(c) => {
-                req.stage.connected();
-                attempt(engine, c, txn, req, first.take().unwrap_or(First::Write)).await
-            }
-            Err(e) => {
-                unreachable = true;
-                // No write goes out while no connection is to be had: the write turn,
-                // if this request holds it, goes on to the requests queued behind it.
-                if let Some(First::Alone(_)) = first {
-                    first = Some(First::Write);
+        let unpooled = match attempts {
+            1 => unpooled_first(engine, txn, req, &mut first).await,
+            _ => None,
+        };
+        let step = match unpooled {
+            Some(step) => step,
+            None => match conn.get_for(&engine.store, req.own_unit(engine)).await {
+                Ok(c) => {
+                    req.stage.connected();
+                    attempt(engine, c, txn, req, first.take().unwrap_or(First::Write)).await
                 }
-                retry_or_fail::<M, S>(e, txn, false)
-            }
+                Err(e) => {
+                    unreachable = true;
+                    // No write goes out while no connection is to be had: the write turn,
+                    // if this request holds it, goes on to the requests queued behind it.
+                    if let Some(First::Alone(_)) = first {
+                        first = Some(First::Write);
+                    }
+                    retry_or_fail::<M, S>(e, txn, false)
+                }
+            },
         };
         let (reason, lost) = match step {
             Step::Done(result) => return result,
@@ -183,6 +190,51 @@ pub(super) async fn run<M: StateMachine, S: Store>(
         }
         tokio::time::sleep(delay).await;
     }
+}
+
+/// The first attempt's apply-first write on a writer of the store's own that needs no
+/// connection of the pool's ([`Store::apply_first_unpooled`]), for a request written
+/// outside a caller's transaction and not in a unit of its own: the step if the write
+/// settled it (applied, a version reused, the caller gone, a failure); `None` if the store
+/// has no such writer now, or the write found the request not applied (`first` then
+/// says so: the attempt starts with the read, on a connection).
+async fn unpooled_first<M: StateMachine, S: Store>(
+    engine: &Engine<M, S>,
+    txn: Txn,
+    req: &Req<'_, M>,
+    first: &mut Option<First<S>>,
+) -> Option<Step<M::State>> {
+    if txn != Txn::Own || req.own_unit(engine) || matches!(first, Some(First::NotApplied)) {
+        return None;
+    }
+    let request = request_of(engine, req);
+    let write = engine.store.apply_first_unpooled(&request)?;
+    if !req.stage.wrote() {
+        return Some(Step::Done(Err(abandoned(req))));
+    }
+    let written = write.await;
+    // The write is done: requests queued behind it go in the next batch.
+    *first = Some(First::NotApplied);
+    let key = req.key;
+    Some(match written {
+        Ok(FirstWrite::Applied { from, to, version }) => {
+            Step::Done(parse_state::<M>(key.order_id, &from).and_then(|from| {
+                let to = parse_state::<M>(key.order_id, &to)?;
+                Ok(Outcome::Applied { from, to, version })
+            }))
+        }
+        Ok(FirstWrite::OutboxTaken) => Step::Done(Err(outbox_taken(key))),
+        Ok(FirstWrite::NotApplied) => return None,
+        Ok(FirstWrite::NotTried) => {
+            *first = Some(First::Write);
+            return None;
+        }
+        Err(e) => {
+            // The next attempt writes again (or reads back what this one sent).
+            *first = None;
+            retry_or_fail::<M, S>(e, txn, true)
+        }
+    })
 }
 
 /// One attempt: the apply-first write (inside a caller's transaction in a savepoint, and

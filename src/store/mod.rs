@@ -141,6 +141,21 @@ pub trait Store: Schema + Clone + Send + Sync + 'static {
         requests: &[Request<'_>],
     ) -> impl Future<Output = Result<Vec<FirstWrite>, sqlx::Error>> + Send;
 
+    /// The apply-first unit of one request, as [`apply_first`](Self::apply_first) writes
+    /// it, on a writer of the store's own that needs no connection of the pool's
+    /// (SQLite's writer thread, once started); `None` where the store has none now, and
+    /// the engine then takes a connection and calls `apply_first`. A lone caller whose
+    /// write applies then never takes a connection it would not use: taking one and giving
+    /// it back costs a call to it (sqlx tests every connection it takes back) and a task.
+    /// A request recorded before is [`FirstWrite::NotApplied`], as from `apply_first`.
+    fn apply_first_unpooled(
+        &self,
+        request: &Request<'_>,
+    ) -> Option<impl Future<Output = Result<FirstWrite, sqlx::Error>> + Send> {
+        let _ = request;
+        None::<std::future::Ready<Result<FirstWrite, sqlx::Error>>>
+    }
+
     /// The apply-first write of one request inside the caller's transaction: as
     /// [`apply_first`](Self::apply_first), the update along the event's edge judged on
     /// the latest committed row (which it locks) and the history row, with no read
