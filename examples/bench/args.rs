@@ -29,6 +29,7 @@ pub(super) struct Args {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Only {
     Engine,
+    Layers,
     Guarded,
     Relay,
     Hot,
@@ -91,6 +92,7 @@ pub(super) fn parse_args() -> Result<Args, BoxError> {
             "--admin-history" => args.admin_history = Some(value()?.parse()?),
             "--only" => match value()?.as_str() {
                 "engine" => args.only = Some(Only::Engine),
+                "layers" => args.only = Some(Only::Layers),
                 "guarded" => args.only = Some(Only::Guarded),
                 "relay" => args.only = Some(Only::Relay),
                 "hot" => args.only = Some(Only::Hot),
@@ -99,7 +101,7 @@ pub(super) fn parse_args() -> Result<Args, BoxError> {
                 "admin" => args.only = Some(Only::Admin),
                 other => {
                     return Err(format!(
-                        "--only {other}: only `engine`, `guarded`, `relay`, `hot`, `http`, `timers` or `admin` can run alone"
+                        "--only {other}: only `engine`, `layers`, `guarded`, `relay`, `hot`, `http`, `timers` or `admin` can run alone"
                     )
                     .into());
                 }
@@ -151,6 +153,8 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
                                     (feature `otel`; a `traced` line)
   --only engine                     the engine mode alone, nothing else (a table per
                                     concurrency; for a profiler)
+  --only layers                     the records and flows modes alone (their tables,
+                                    `records` and `flows` lines per concurrency)
   --only guarded                    the guarded modes alone (a table and a `guarded` line
                                     per concurrency)
   --only relay                      the relays alone (the `relay` line)

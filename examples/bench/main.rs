@@ -224,11 +224,12 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         EngineConfig::default().coalesce_writes(false),
     )?;
     let slice = args.seconds / args.rounds as f64;
-    let concurrency: &[usize] = if args.runs(Only::Guarded) || args.only == Some(Only::Engine) {
-        &args.concurrency
-    } else {
-        &[]
-    };
+    let concurrency: &[usize] =
+        if args.runs(Only::Guarded) || matches!(args.only, Some(Only::Engine | Only::Layers)) {
+            &args.concurrency
+        } else {
+            &[]
+        };
     for &c in concurrency {
         db.reset().await?;
         if args.only == Some(Only::Guarded) {
@@ -237,6 +238,11 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         }
         if args.only == Some(Only::Engine) {
             engine_alone(&engine, c, args).await?;
+            continue;
+        }
+        if args.only == Some(Only::Layers) {
+            ratios.push(records_pass(&db, &engine, &records, c, args).await?);
+            ratios.push(flows_pass(&db, &flows, c, args).await?);
             continue;
         }
         if let Some(big) = &big {

@@ -175,7 +175,12 @@ impl<S: Store> Writes<S> {
     async fn write(&self, mut batch: Vec<Queued>) {
         batch.sort_by_key(|q| q.key.order_id);
         let unit = async {
-            let mut lease = Lease::acquire(&self.store).await?;
+            // On a writer of the store's own, the unit takes no connection of the pool's.
+            let unpooled = self.store.writes_unpooled();
+            let mut lease = match unpooled {
+                true => None,
+                false => Some(Lease::acquire(&self.store).await?),
+            };
             let (sent, gone): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut batch)
                 .into_iter()
                 .partition(|q| q.stage.wrote());
@@ -184,11 +189,30 @@ impl<S: Store> Writes<S> {
             }
             batch = sent;
             if batch.is_empty() {
-                lease.release();
+                if let Some(lease) = lease {
+                    lease.release();
+                }
                 return Ok(Vec::new());
             }
             let requests: Vec<Request<'_>> = batch.iter().map(Queued::request).collect();
-            let written = self.store.apply_first(lease.conn(), &requests).await;
+            let unpooled = match unpooled {
+                true => self.store.apply_first_unpooled(&requests).await.transpose(),
+                false => None,
+            };
+            let written = match unpooled {
+                Some(written) => written,
+                // Through a connection: the store's unit, or one request at a time where
+                // a row met a unique key.
+                None => {
+                    let mut lease = match lease.take() {
+                        Some(lease) => lease,
+                        None => Lease::acquire(&self.store).await?,
+                    };
+                    let written = self.store.apply_first(lease.conn(), &requests).await;
+                    lease.release_after(&written);
+                    written
+                }
+            };
             if written.is_ok() {
                 if requests.len() > 1 {
                     self.units.fetch_add(1, Relaxed);
@@ -196,7 +220,6 @@ impl<S: Store> Writes<S> {
                 }
                 crate::observe::write_unit(S::BACKEND, requests.len());
             }
-            lease.release_after(&written);
             written
         };
         let written = match tokio::time::timeout(self.limit, unit).await {

@@ -204,28 +204,35 @@ async fn unpooled_first<M: StateMachine, S: Store>(
     req: &Req<'_, M>,
     first: &mut Option<First<S>>,
 ) -> Option<Step<M::State>> {
-    if txn != Txn::Own || req.own_unit(engine) || matches!(first, Some(First::NotApplied)) {
+    if txn != Txn::Own
+        || req.own_unit(engine)
+        || matches!(first, Some(First::NotApplied))
+        || !engine.store.writes_unpooled()
+    {
         return None;
     }
     let request = request_of(engine, req);
-    let write = engine.store.apply_first_unpooled(&request)?;
     if !req.stage.wrote() {
         return Some(Step::Done(Err(abandoned(req))));
     }
-    let written = write.await;
+    let written = engine
+        .store
+        .apply_first_unpooled(std::slice::from_ref(&request))
+        .await;
     // The write is done: requests queued behind it go in the next batch.
     *first = Some(First::NotApplied);
     let key = req.key;
-    Some(match written {
-        Ok(FirstWrite::Applied { from, to, version }) => {
+    Some(match written.map(|w| w.map(|mut w| w.pop())) {
+        Ok(Some(Some(FirstWrite::Applied { from, to, version }))) => {
             Step::Done(parse_state::<M>(key.order_id, &from).and_then(|from| {
                 let to = parse_state::<M>(key.order_id, &to)?;
                 Ok(Outcome::Applied { from, to, version })
             }))
         }
-        Ok(FirstWrite::OutboxTaken) => Step::Done(Err(outbox_taken(key))),
-        Ok(FirstWrite::NotApplied) => return None,
-        Ok(FirstWrite::NotTried) => {
+        Ok(Some(Some(FirstWrite::OutboxTaken))) => Step::Done(Err(outbox_taken(key))),
+        // Not applied, or a row met a unique key: the read tells which.
+        Ok(Some(Some(FirstWrite::NotApplied)) | None) => return None,
+        Ok(Some(Some(FirstWrite::NotTried) | None)) => {
             *first = Some(First::Write);
             return None;
         }

@@ -141,19 +141,27 @@ pub trait Store: Schema + Clone + Send + Sync + 'static {
         requests: &[Request<'_>],
     ) -> impl Future<Output = Result<Vec<FirstWrite>, sqlx::Error>> + Send;
 
-    /// The apply-first unit of one request, as [`apply_first`](Self::apply_first) writes
-    /// it, on a writer of the store's own that needs no connection of the pool's
-    /// (SQLite's writer thread, once started); `None` where the store has none now, and
-    /// the engine then takes a connection and calls `apply_first`. A lone caller whose
-    /// write applies then never takes a connection it would not use: taking one and giving
-    /// it back costs a call to it (sqlx tests every connection it takes back) and a task.
-    /// A request recorded before is [`FirstWrite::NotApplied`], as from `apply_first`.
+    /// Whether the store can write an apply-first unit now on a writer of its own that
+    /// needs no connection of the pool's ([`apply_first_unpooled`](Self::apply_first_unpooled)):
+    /// SQLite's writer thread, once started. By default it cannot.
+    fn writes_unpooled(&self) -> bool {
+        false
+    }
+
+    /// The apply-first unit of `requests`, as [`apply_first`](Self::apply_first) writes
+    /// it, on the store's own writer, with no connection of the pool's; called where
+    /// [`writes_unpooled`](Self::writes_unpooled). A lone caller whose write applies then
+    /// never takes a connection it would not use: taking one and giving it back costs a
+    /// call to it (sqlx tests every connection it takes back) and a task. `Ok(None)` if
+    /// nothing was written and the unit is to go through a connection (`apply_first`):
+    /// a row met a unique key (a request recorded before, or a version reused), or the
+    /// writer is gone.
     fn apply_first_unpooled(
         &self,
-        request: &Request<'_>,
-    ) -> Option<impl Future<Output = Result<FirstWrite, sqlx::Error>> + Send> {
-        let _ = request;
-        None::<std::future::Ready<Result<FirstWrite, sqlx::Error>>>
+        requests: &[Request<'_>],
+    ) -> impl Future<Output = Result<Option<Vec<FirstWrite>>, sqlx::Error>> + Send {
+        let _ = requests;
+        async { Ok(None) }
     }
 
     /// The apply-first write of one request inside the caller's transaction: as

@@ -208,30 +208,29 @@ impl Store for SqliteStore {
     /// key, that is undone and each request goes in a savepoint of its own. Events with
     /// several source states are not tried: the recorded `from` would need the matched
     /// row.
-    /// On the store's writer, once it runs: one hand-off to its thread and one back, and
-    /// no connection of the pool's.
-    fn apply_first_unpooled(
+    fn writes_unpooled(&self) -> bool {
+        self.writer
+            .get()
+            .is_some_and(|w| w.as_ref().is_some_and(super::writer::Writer::alive))
+    }
+
+    /// On the store's writer: one hand-off to its thread and one back.
+    async fn apply_first_unpooled(
         &self,
-        request: &Request<'_>,
-    ) -> Option<impl Future<Output = Result<FirstWrite, sqlx::Error>> + Send> {
-        let writer = self.writer.get()?.as_ref().filter(|w| w.alive())?;
-        if !request.has_one_edge() {
-            return None;
+        requests: &[Request<'_>],
+    ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
+        if !requests.iter().any(Request::has_one_edge) {
+            return Ok(Some(vec![FirstWrite::NotTried; requests.len()]));
         }
-        Some(async move {
-            let unit = std::slice::from_ref(request);
-            Ok(
-                match writer
-                    .write_unit(std::sync::Arc::clone(&self.transitions), unit)
-                    .await?
-                {
-                    Some(mut written) => written.pop().unwrap_or(FirstWrite::NotTried),
-                    // Its history row, or its outbox row, met a unique key: nothing
-                    // written. The engine reads and judges (a replay, or a version reused).
-                    None => FirstWrite::NotApplied,
-                },
-            )
-        })
+        let writer = self.writer.get().and_then(Option::as_ref);
+        match writer.filter(|w| w.alive()) {
+            Some(writer) if crate::backend::distinct_entities(requests) => {
+                writer
+                    .write_unit(std::sync::Arc::clone(&self.transitions), requests)
+                    .await
+            }
+            _ => Ok(None),
+        }
     }
 
     async fn apply_first(
