@@ -89,6 +89,11 @@
 //! (feature `otel`), last, the outbox and relay passes again with every span recorded
 //! by OpenTelemetry (a `traced …` line; `traced.rs`).
 //!
+//! A `call backend=… c=… reference=… engine_vs_reference=… engine_client_us=…
+//! records_vs_hand=… flows_vs_hand=…` line per concurrency gathers the cost of one call:
+//! the engine over pgbench (PostgreSQL), the direct loop (SQLite) or the floor, its
+//! client CPU a call, and the layers over their hand-written writes.
+//!
 //! The last lines are one `ratio backend=… c=… engine_vs_floor=… engine_vs_naive=…
 //! replay_vs_engine=…`, one `coalesce backend=… c=… engine_vs_alone=…
 //! engine_vs_floor_batch=… engine_p99_ms=… alone_p99_ms=…` (and `engine_vs_driver=…` on
@@ -396,7 +401,8 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         // in its time (at least 50 per client).
         let transitions = ((applied.throughput() * args.seconds) as i64).max(50 * c as i64);
         let transitions = (transitions as u64).div_ceil(c as u64) as i64 * c as i64;
-        if let Some(pgbench) = db.pgbench_floor(c, transitions).await? {
+        let pgbench = db.pgbench_floor(c, transitions).await?;
+        if let Some(pgbench) = pgbench {
             ratios.push(format!(
                 "pgbench backend={} c={c} transitions={transitions} pgbench_per_s={pgbench:.0} engine_vs_pgbench={:.2}",
                 args.backend,
@@ -420,8 +426,27 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
                 String::new()
             }
         ));
-        ratios.push(records_pass(&db, &engine, &records, c, args).await?);
-        ratios.push(flows_pass(&db, &flows, c, args).await?);
+        let records_line = records_pass(&db, &engine, &records, c, args).await?;
+        let flows_line = flows_pass(&db, &flows, c, args).await?;
+        // The cost of one call, in one line: the engine against the cheapest reference
+        // there is (pgbench on PostgreSQL, the direct loop on SQLite, the floor
+        // elsewhere), its client CPU a call, and the layers against their hand-written
+        // writes.
+        let (reference, per_s) = match pgbench {
+            Some(per_s) => ("pgbench", per_s),
+            None if direct.ops > 0 => ("direct", direct.throughput()),
+            None => ("floor", f),
+        };
+        ratios.push(format!(
+            "call backend={} c={c} reference={reference} engine_vs_reference={:.2} engine_client_us={:.0} records_vs_hand={} flows_vs_hand={}",
+            args.backend,
+            applied.throughput() / per_s,
+            applied.cpu_per_op().0,
+            field(&records_line, "records_vs_hand").unwrap_or("-"),
+            field(&flows_line, "flow_vs_hand").unwrap_or("-"),
+        ));
+        ratios.push(records_line);
+        ratios.push(flows_line);
         ratios.push(outbox_pass(&db, &emitting, c, args).await?);
         ratios.push(guarded_pass(&db, &guarded, c, args).await?);
     }
@@ -470,6 +495,12 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         println!("{line}");
     }
     Ok(())
+}
+
+/// The value of `key=` in a printed line.
+fn field<'l>(line: &'l str, key: &str) -> Option<&'l str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// The engine mode alone at `c` callers (`--only engine`): one table row, for a
