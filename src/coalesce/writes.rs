@@ -170,8 +170,9 @@ impl<S: Store> Writes<S> {
 
     /// One unit for `batch` (its requests in the order of their entities, so that two
     /// batches lock rows in the same order), and each request's answer. A request whose
-    /// caller stopped waiting before the unit had its connection is left out: nothing is
-    /// sent for it, as its caller was told.
+    /// caller stopped waiting before the unit was ready to go (its connection taken, or,
+    /// on a writer of the store's own, at once) is left out: nothing is sent for it, as
+    /// its caller was told.
     async fn write(&self, mut batch: Vec<Queued>) {
         batch.sort_by_key(|q| q.key.order_id);
         let unit = async {

@@ -212,6 +212,11 @@ async fn unpooled_first<M: StateMachine, S: Store>(
         return None;
     }
     let request = request_of(engine, req);
+    // A request the store does not try first sends nothing here: its attempt goes as
+    // ever, on a connection.
+    if !request.has_one_edge() {
+        return None;
+    }
     if !req.stage.wrote() {
         return Some(Step::Done(Err(abandoned(req))));
     }
@@ -230,9 +235,13 @@ async fn unpooled_first<M: StateMachine, S: Store>(
             }))
         }
         Ok(Some(Some(FirstWrite::OutboxTaken))) => Step::Done(Err(outbox_taken(key))),
-        // Not applied, or a row met a unique key: the read tells which.
-        Ok(Some(Some(FirstWrite::NotApplied)) | None) => return None,
-        Ok(Some(Some(FirstWrite::NotTried) | None)) => {
+        Ok(Some(Some(FirstWrite::NotApplied))) => return None,
+        // A row met a unique key. Only the history's, if the request writes no outbox
+        // row: recorded before, which the read tells. Otherwise (the outbox's, a version
+        // reused), or with the writer gone, nothing was written: the attempt writes on a
+        // connection, which tells which key it was.
+        Ok(None) if !request.emits_any() && engine.store.writes_unpooled() => return None,
+        Ok(None | Some(Some(FirstWrite::NotTried) | None)) => {
             *first = Some(First::Write);
             return None;
         }

@@ -94,6 +94,21 @@ pub async fn emitting_edges_write_their_event_with_the_transition<B: Backend>(b:
         "{err:?}"
     );
     assert_order(&e, 4, Created, 0, 0).await;
+    // Told so by the first attempt: an engine allowed one attempt says the same.
+    let once: Eng<B> = Engine::with_config(
+        b.store(Duration::from_secs(10)).await,
+        super::config(B::POLICY).max_attempts(1),
+    )
+    .unwrap();
+    // A write applied first, so that a store with a writer of its own has it running.
+    e.create(5).await.unwrap();
+    assert!(once.transition(5, Pay, "p-5").await.unwrap().is_applied());
+    let err = once.transition(4, Pay, "p-4").await.unwrap_err();
+    assert!(
+        matches!(err, Error::CorruptState { order_id: 4, .. }),
+        "{err:?}"
+    );
+    assert_order(&e, 4, Created, 0, 0).await;
     let mut tx = b.begin().await;
     let err = e
         .transition(4, Pay, "p-4")

@@ -201,13 +201,6 @@ impl Store for SqliteStore {
         super::errors::classify(err)
     }
 
-    /// The floor's statements for one request: `BEGIN IMMEDIATE`; the update guarded by the
-    /// status, returning the new version; the history insert; `COMMIT`. For several of
-    /// distinct entities, one `BEGIN IMMEDIATE`, one update for all, one multi-row
-    /// history insert (and one of outbox rows), one `COMMIT`; if a row meets a unique
-    /// key, that is undone and each request goes in a savepoint of its own. Events with
-    /// several source states are not tried: the recorded `from` would need the matched
-    /// row.
     fn writes_unpooled(&self) -> bool {
         self.writer
             .get()
@@ -233,6 +226,13 @@ impl Store for SqliteStore {
         }
     }
 
+    /// The floor's statements for one request: `BEGIN IMMEDIATE`; the update guarded by the
+    /// status, returning the new version; the history insert; `COMMIT`. For several of
+    /// distinct entities, one `BEGIN IMMEDIATE`, one update for all, one multi-row
+    /// history insert (and one of outbox rows), one `COMMIT`; if a row meets a unique
+    /// key, that is undone and each request goes in a savepoint of its own. Events with
+    /// several source states are not tried: the recorded `from` would need the matched
+    /// row.
     async fn apply_first(
         &self,
         conn: &mut SqliteConnection,
