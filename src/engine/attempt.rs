@@ -4,7 +4,7 @@
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-use super::input::parse_state;
+use super::input::applied;
 use super::judge::{self, Refusal, Verdict};
 use super::req::{Conn, Req, abandoned, outbox_taken};
 use super::settle::{own_write, settle};
@@ -229,10 +229,7 @@ async fn unpooled_first<M: StateMachine, S: Store>(
     let key = req.key;
     Some(match written.map(|w| w.map(|mut w| w.pop())) {
         Ok(Some(Some(FirstWrite::Applied { from, to, version }))) => {
-            Step::Done(parse_state::<M>(key.order_id, &from).and_then(|from| {
-                let to = parse_state::<M>(key.order_id, &to)?;
-                Ok(Outcome::Applied { from, to, version })
-            }))
+            Step::Done(applied::<M>(key.order_id, &from, &to, version))
         }
         Ok(Some(Some(FirstWrite::OutboxTaken))) => Step::Done(Err(outbox_taken(key))),
         Ok(Some(Some(FirstWrite::NotApplied))) => return None,
@@ -302,11 +299,7 @@ async fn attempt<M: StateMachine, S: Store>(
         drop(slot);
         first = match written.map(|mut w| w.pop()) {
             Ok(Some(FirstWrite::Applied { from, to, version })) => {
-                let applied = parse_state::<M>(key.order_id, &from).and_then(|from| {
-                    let to = parse_state::<M>(key.order_id, &to)?;
-                    Ok(Outcome::Applied { from, to, version })
-                });
-                return Step::Done(applied);
+                return Step::Done(applied::<M>(key.order_id, &from, &to, version));
             }
             Ok(Some(FirstWrite::OutboxTaken)) => return Step::Done(Err(outbox_taken(key))),
             Ok(Some(not)) => not,

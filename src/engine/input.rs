@@ -56,6 +56,20 @@ pub(super) fn parse_state<M: StateMachine>(order_id: i64, value: &str) -> Result
     })
 }
 
+/// The outcome of a write that applied, as the store reported it: its states parsed.
+pub(super) fn applied<M: StateMachine>(
+    order_id: i64,
+    from: &str,
+    to: &str,
+    version: i64,
+) -> Result<crate::engine::Outcome<M::State>> {
+    Ok(crate::engine::Outcome::Applied {
+        from: parse_state::<M>(order_id, from)?,
+        to: parse_state::<M>(order_id, to)?,
+        version,
+    })
+}
+
 /// A stored version, checked: below 0, or at the largest (which has no next, so the
 /// entity could never move again), it was written outside orderly.
 pub(super) fn parse_version(order_id: i64, version: i64) -> Result<i64> {

@@ -2,7 +2,7 @@
 //! engine's side, turning a write unit's answer about a request into the transition's
 //! outcome or the way its first attempt starts.
 
-use super::input::parse_state;
+use super::input::applied;
 use super::req::{Conn, Req, abandoned, outbox_taken};
 use super::{Engine, Outcome};
 use crate::coalesce::queue::Entered;
@@ -51,11 +51,7 @@ pub(super) async fn first_turn<M: StateMachine, S: Store>(
     };
     match answer {
         Ok(Answer::Written(FirstWrite::Applied { from, to, version })) => {
-            let key = req.key;
-            Err(parse_state::<M>(key.order_id, &from).and_then(|from| {
-                let to = parse_state::<M>(key.order_id, &to)?;
-                Ok(Outcome::Applied { from, to, version })
-            }))
+            Err(applied::<M>(req.key.order_id, &from, &to, version))
         }
         Ok(Answer::Written(FirstWrite::OutboxTaken)) => Err(Err(outbox_taken(req.key))),
         Ok(Answer::Written(FirstWrite::NotApplied)) => Ok(First::NotApplied),
