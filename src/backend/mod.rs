@@ -35,6 +35,8 @@ mod classify;
 pub(crate) mod errors;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod flow_sql;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod kept;
 #[cfg(all(
     feature = "admin",
     any(feature = "sqlite", feature = "postgres", feature = "mysql")

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::queue::{Drain, Entered, Queue, Turn};
-use crate::store::{Audit, FirstWrite, Key, Lease, OwnedKey, Request, Store};
+use crate::store::{Audit, FirstWrite, Key, Lease, OwnedKey, Request, Store, Unpooled};
 use crate::support::detach::Stage;
 use crate::support::trace::TraceContext;
 
@@ -168,6 +168,17 @@ impl<S: Store> Writes<S> {
         })
     }
 
+    /// The requests of `batch` whose callers still wait, each marked as sent; the others
+    /// are told they were left out.
+    fn to_send(&self, batch: Vec<Queued>) -> Vec<Queued> {
+        let (sent, gone): (Vec<Queued>, Vec<Queued>) =
+            batch.into_iter().partition(|q| q.stage.wrote());
+        for queued in gone {
+            let _ = queued.reply.send(Answer::Abandoned);
+        }
+        sent
+    }
+
     /// One unit for `batch` (its requests in the order of their entities, so that two
     /// batches lock rows in the same order), and each request's answer. A request whose
     /// caller stopped waiting before the unit was ready to go (its connection taken, or,
@@ -182,32 +193,44 @@ impl<S: Store> Writes<S> {
                 true => None,
                 false => Some(Lease::acquire(&self.store).await?),
             };
-            let (sent, gone): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut batch)
-                .into_iter()
-                .partition(|q| q.stage.wrote());
-            for queued in gone {
-                let _ = queued.reply.send(Answer::Abandoned);
-            }
-            batch = sent;
+            batch = self.to_send(std::mem::take(&mut batch));
             if batch.is_empty() {
                 if let Some(lease) = lease {
                     lease.release();
                 }
                 return Ok(Vec::new());
             }
-            let requests: Vec<Request<'_>> = batch.iter().map(Queued::request).collect();
+            let mut requests: Vec<Request<'_>> = batch.iter().map(Queued::request).collect();
             let unpooled = match unpooled {
-                true => self.store.apply_first_unpooled(&requests).await.transpose(),
-                false => None,
+                true => self.store.apply_first_unpooled(&requests).await,
+                false => Ok(Unpooled::NoWriter),
             };
             let written = match unpooled {
-                Some(written) => written,
+                Ok(Unpooled::Written(written)) => Ok(written),
+                Err(e) => Err(e),
                 // Through a connection: the store's unit, or one request at a time where
                 // a row met a unique key.
-                None => {
+                Ok(other) => {
                     let mut lease = match lease.take() {
                         Some(lease) => lease,
-                        None => Lease::acquire(&self.store).await?,
+                        None => {
+                            drop(requests);
+                            // No writer was free: nothing was sent. The callers still
+                            // waiting once a connection is had go.
+                            if other == Unpooled::NoWriter {
+                                batch.iter().for_each(|q| q.stage.wrote_nothing());
+                            }
+                            let lease = Lease::acquire(&self.store).await?;
+                            if other == Unpooled::NoWriter {
+                                batch = self.to_send(std::mem::take(&mut batch));
+                                if batch.is_empty() {
+                                    lease.release();
+                                    return Ok(Vec::new());
+                                }
+                            }
+                            requests = batch.iter().map(Queued::request).collect();
+                            lease
+                        }
                     };
                     let written = self.store.apply_first(lease.conn(), &requests).await;
                     lease.release_after(&written);

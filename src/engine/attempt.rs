@@ -14,7 +14,7 @@ use super::{Engine, Outcome};
 use crate::error::Error;
 use crate::error::Result;
 use crate::machine::StateMachine;
-use crate::store::{ErrorClass, FirstWrite, Store, Txn, Written, db_error};
+use crate::store::{ErrorClass, FirstWrite, Store, Txn, Unpooled, Written, db_error};
 
 /// A request on the engine's own connections: read first if the policy says so, then
 /// the retry loop; counted once for [`ReadFirst::Adaptive`](super::ReadFirst::Adaptive).
@@ -227,18 +227,30 @@ async fn unpooled_first<M: StateMachine, S: Store>(
     // The write is done: requests queued behind it go in the next batch.
     *first = Some(First::NotApplied);
     let key = req.key;
-    Some(match written.map(|w| w.map(|mut w| w.pop())) {
-        Ok(Some(Some(FirstWrite::Applied { from, to, version }))) => {
-            Step::Done(applied::<M>(key.order_id, &from, &to, version))
-        }
-        Ok(Some(Some(FirstWrite::OutboxTaken))) => Step::Done(Err(outbox_taken(key))),
-        Ok(Some(Some(FirstWrite::NotApplied))) => return None,
+    Some(match written {
+        Ok(Unpooled::Written(mut written)) => match written.pop() {
+            Some(FirstWrite::Applied { from, to, version }) => {
+                Step::Done(applied::<M>(key.order_id, &from, &to, version))
+            }
+            Some(FirstWrite::OutboxTaken) => Step::Done(Err(outbox_taken(key))),
+            Some(FirstWrite::NotApplied) => return None,
+            Some(FirstWrite::NotTried) | None => {
+                *first = Some(First::Write);
+                return None;
+            }
+        },
         // A row met a unique key. Only the history's, if the request writes no outbox
         // row: recorded before, which the read tells. Otherwise (the outbox's, a version
-        // reused), or with the writer gone, nothing was written: the attempt writes on a
-        // connection, which tells which key it was.
-        Ok(None) if !request.emits_any() && engine.store.writes_unpooled() => return None,
-        Ok(None | Some(Some(FirstWrite::NotTried) | None)) => {
+        // reused) nothing was written: the attempt writes on a connection, which tells
+        // which key it was.
+        Ok(Unpooled::KeyMet) if !request.emits_any() => return None,
+        // No writer free: nothing was sent.
+        Ok(Unpooled::NoWriter) => {
+            req.stage.wrote_nothing();
+            *first = Some(First::Write);
+            return None;
+        }
+        Ok(_) => {
             *first = Some(First::Write);
             return None;
         }

@@ -46,7 +46,9 @@ mod unit;
 pub use errors::ErrorClass;
 pub(crate) use errors::db_error;
 pub(crate) use lease::Lease;
-pub use requests::{Apply, Audit, FirstWrite, Key, Observed, OwnedKey, Request, Txn, Written};
+pub use requests::{
+    Apply, Audit, FirstWrite, Key, Observed, OwnedKey, Request, Txn, Unpooled, Written,
+};
 pub use rows::{Entity, PositionedPrior, Prior, RawTransition, RefRow};
 pub use schema::Schema;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -141,27 +143,28 @@ pub trait Store: Schema + Clone + Send + Sync + 'static {
         requests: &[Request<'_>],
     ) -> impl Future<Output = Result<Vec<FirstWrite>, sqlx::Error>> + Send;
 
-    /// Whether the store can write an apply-first unit now on a writer of its own that
-    /// needs no connection of the pool's ([`apply_first_unpooled`](Self::apply_first_unpooled)):
-    /// SQLite's writer thread, once started. By default it cannot.
+    /// Whether the store writes apply-first units on a writer of its own that needs no
+    /// connection of the pool's ([`apply_first_unpooled`](Self::apply_first_unpooled)):
+    /// SQLite's writer thread, once started; PostgreSQL's and MySQL's connection kept out
+    /// of the pool between a lone caller's units. By default it does not.
     fn writes_unpooled(&self) -> bool {
         false
     }
 
     /// The apply-first unit of `requests`, as [`apply_first`](Self::apply_first) writes
-    /// it, on the store's own writer, with no connection of the pool's; called where
+    /// it, on the store's own writer, with no connection taken from the pool; called where
     /// [`writes_unpooled`](Self::writes_unpooled). A lone caller whose write applies then
-    /// never takes a connection it would not use: taking one and giving it back costs a
-    /// call to it (sqlx tests every connection it takes back) and a task. `Ok(None)` if
-    /// nothing was written and the unit is to go through a connection (`apply_first`):
-    /// a row met a unique key (a request recorded before, or a version reused), or the
-    /// writer is gone.
+    /// never takes a connection from the pool and gives it back: sqlx tests every
+    /// connection it takes back (a round trip to the server, on a task of its own).
+    /// [`Unpooled::KeyMet`] or [`Unpooled::NoWriter`] if nothing was written: the unit
+    /// then goes through a connection (`apply_first`). An error leaves the writer ready
+    /// for the next unit.
     fn apply_first_unpooled(
         &self,
         requests: &[Request<'_>],
-    ) -> impl Future<Output = Result<Option<Vec<FirstWrite>>, sqlx::Error>> + Send {
+    ) -> impl Future<Output = Result<Unpooled, sqlx::Error>> + Send {
         let _ = requests;
-        async { Ok(None) }
+        async { Ok(Unpooled::NoWriter) }
     }
 
     /// The apply-first write of one request inside the caller's transaction: as

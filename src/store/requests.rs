@@ -173,6 +173,24 @@ pub enum FirstWrite {
     OutboxTaken,
 }
 
+/// What a store's own writer did with an apply-first unit
+/// ([`Store::apply_first_unpooled`](super::Store::apply_first_unpooled)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unpooled {
+    /// The unit went: one answer per request, in order, as
+    /// [`apply_first`](super::Store::apply_first) gives them.
+    Written(Vec<FirstWrite>),
+    /// Nothing was written: a row met a unique key the writer does not tell apart (the
+    /// history's, a request recorded before; or the outbox's, a version reused). The unit
+    /// goes through a connection, whose [`apply_first`](super::Store::apply_first) tells
+    /// which.
+    KeyMet,
+    /// Nothing was sent: the store has no writer free now (none, gone, or busy). The unit
+    /// goes through a connection of the pool's.
+    NoWriter,
+}
+
 /// A conditional write the engine has decided on after reading.
 #[derive(Debug, Clone, Copy)]
 pub struct Apply<'a> {

@@ -190,9 +190,15 @@ impl Stage {
         let before = self
             .0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                (s & Self::ABANDONED == 0).then_some(Self::WROTE)
+                (s & Self::ABANDONED == 0).then_some(s | Self::WROTE)
             });
         before.is_ok()
+    }
+
+    /// The write marked [`wrote`](Self::wrote) was not sent after all (the store had no
+    /// writer free): the call is as it was before.
+    pub(crate) fn wrote_nothing(&self) {
+        self.0.fetch_and(!Self::WROTE, Ordering::AcqRel);
     }
 
     /// The caller stopped waiting.
@@ -207,7 +213,7 @@ impl Stage {
 
     /// Whether its write was sent.
     pub(crate) fn sent_a_write(&self) -> bool {
-        self.0.load(Ordering::Acquire) & !Self::ABANDONED == Self::WROTE
+        self.0.load(Ordering::Acquire) & Self::WROTE != 0
     }
 }
 

@@ -115,6 +115,9 @@ pub struct PgStore {
     /// orderly's tables in the configured namespace.
     names: Arc<Names>,
     transitions: Arc<transition_sql::Sql>,
+    /// The connection a lone caller's units go on between them, unless turned off
+    /// ([`keep_connection`](Self::keep_connection)).
+    kept: Option<crate::backend::kept::Kept<sqlx::Postgres>>,
 }
 
 impl PgStore {
@@ -152,7 +155,22 @@ impl PgStore {
             transitions: Arc::new(transition_sql::Sql::new(&tables, &names)),
             tables: Arc::new(tables),
             names: Arc::new(names),
+            kept: Some(Default::default()),
         }
+    }
+
+    /// Whether the apply-first units of the transition layer (a lone caller's, a batch's)
+    /// go on a connection kept out of the pool between them; on by default. Taking a
+    /// connection from the pool and giving it back costs a round trip to the server each
+    /// time (sqlx tests every connection it takes back). The kept connection is only ever
+    /// one the pool holds idle (tested as the pool tests the connections it hands out,
+    /// but without the pool's `before_acquire` hook: turn this off if you rely on one),
+    /// goes back to the pool after a unit that finds none idle at the pool's size limit
+    /// and after 10 ms with no unit, and is closed, never given back, when its unit fails
+    /// or is dropped. Off, every unit takes a connection from the pool.
+    pub fn keep_connection(mut self, keep: bool) -> Self {
+        self.kept = keep.then(Default::default);
+        self
     }
 
     /// orderly's tables in this store's namespace.

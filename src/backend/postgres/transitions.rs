@@ -14,7 +14,7 @@ use crate::backend::units::{end_unit, undo};
 use crate::backend::{BATCH_READ_MAX, in_place};
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, OwnedKey, PositionedPrior, Prior,
-    RawTransition, Request, Store, Txn, Written,
+    RawTransition, Request, Store, Txn, Unpooled, Written,
 };
 
 impl Store for PgStore {
@@ -58,6 +58,29 @@ impl Store for PgStore {
 
     fn classify(err: &sqlx::Error) -> ErrorClass {
         super::errors::classify(err)
+    }
+
+    fn writes_unpooled(&self) -> bool {
+        self.kept.is_some()
+    }
+
+    /// On the connection kept between units ([`PgStore::keep_connection`]), or one the
+    /// pool holds idle.
+    async fn apply_first_unpooled(
+        &self,
+        requests: &[Request<'_>],
+    ) -> Result<Unpooled, sqlx::Error> {
+        let taken = match &self.kept {
+            Some(kept) => kept.take(&self.pool).await,
+            None => None,
+        };
+        let Some(mut taken) = taken else {
+            return Ok(Unpooled::NoWriter);
+        };
+        // A unit that fails leaves its connection to be closed, never kept.
+        let written = self.apply_first(taken.conn(), requests).await?;
+        taken.keep(&self.pool);
+        Ok(Unpooled::Written(written))
     }
 
     /// One statement for one request, any number of source states, atomic on its own.

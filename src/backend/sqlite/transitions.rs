@@ -14,7 +14,7 @@ use crate::backend::stepwise::Stepwise;
 use crate::backend::units::{end_unit, undo};
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, Prior, RawTransition, Request, Store,
-    Tables, Txn, Written,
+    Tables, Txn, Unpooled, Written,
 };
 
 /// Every statement of the layer, for one pair of tables.
@@ -211,18 +211,20 @@ impl Store for SqliteStore {
     async fn apply_first_unpooled(
         &self,
         requests: &[Request<'_>],
-    ) -> Result<Option<Vec<FirstWrite>>, sqlx::Error> {
+    ) -> Result<Unpooled, sqlx::Error> {
         if !requests.iter().any(Request::has_one_edge) {
-            return Ok(Some(vec![FirstWrite::NotTried; requests.len()]));
+            return Ok(Unpooled::Written(vec![
+                FirstWrite::NotTried;
+                requests.len()
+            ]));
         }
         let writer = self.writer.get().and_then(Option::as_ref);
         match writer.filter(|w| w.alive()) {
-            Some(writer) if crate::backend::distinct_entities(requests) => {
-                writer
-                    .write_unit(std::sync::Arc::clone(&self.transitions), requests)
-                    .await
-            }
-            _ => Ok(None),
+            Some(writer) if crate::backend::distinct_entities(requests) => Ok(writer
+                .write_unit(std::sync::Arc::clone(&self.transitions), requests)
+                .await?
+                .map_or(Unpooled::KeyMet, Unpooled::Written)),
+            _ => Ok(Unpooled::NoWriter),
         }
     }
 

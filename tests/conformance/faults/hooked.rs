@@ -77,6 +77,15 @@ impl<S: Store> Store for Hooked<S> {
     ) -> Result<Vec<FirstWrite>, sqlx::Error> {
         self.seen(self.inner.apply_first(conn, requests).await)
     }
+    fn writes_unpooled(&self) -> bool {
+        self.inner.writes_unpooled()
+    }
+    async fn apply_first_unpooled(
+        &self,
+        requests: &[Request<'_>],
+    ) -> Result<Unpooled, sqlx::Error> {
+        self.seen(self.inner.apply_first_unpooled(requests).await)
+    }
     async fn observe(
         &self,
         conn: &mut Self::Conn,

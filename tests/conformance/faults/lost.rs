@@ -292,3 +292,81 @@ pub async fn caller_transaction_cut_at_each_statement<B: Networked>(
         assert_eq!(again, expected, "{case}");
     }
 }
+
+/// PostgreSQL and MySQL write a lone caller's units on a connection kept out of the pool
+/// between them. Right after a unit it stays out of the pool (longer than sqlx's test of
+/// a connection given back would take), and it goes back after a moment with no unit.
+/// Killed while kept, the next call is still answered right: its unit fails, the
+/// connection is closed, and the request is read back and written again. A pool of one
+/// is never starved by it: the application's own query gets the connection.
+pub async fn a_kept_connection_goes_back_and_dies_harmlessly<B: Networked>(b: &B) {
+    let direct = engine(b).await;
+    for id in 1..=6 {
+        direct.create(id).await.unwrap();
+    }
+    let store = b.store_at(b.server().port(), 4).await;
+    let e: Eng<B> = with_policy(store.clone(), ReadFirst::Never);
+    let back = || async {
+        let (size, idle) = B::pool_counts(&store);
+        size as usize == idle
+    };
+    // The first unit may find no connection idle yet (the pool's one is being tested on
+    // its way back): it goes through the pool.
+    assert_eq!(
+        e.transition(1, Pay, "p-1").await.unwrap(),
+        applied(Created, Paid, 1)
+    );
+    assert!(eventually(Duration::from_secs(5), back).await);
+    let mut longest = Duration::ZERO;
+    for id in [2, 3] {
+        assert_eq!(
+            e.transition(id, Pay, "p-1").await.unwrap(),
+            applied(Created, Paid, 1)
+        );
+        let start = std::time::Instant::now();
+        while !back().await && start.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            back().await,
+            "the kept connection never went back to the pool"
+        );
+        longest = longest.max(start.elapsed());
+    }
+    assert!(
+        longest >= Duration::from_millis(15),
+        "the unit's connection was back in the pool after {longest:?}: it was never kept"
+    );
+
+    // Killed while kept: the call after it fails on it, and is answered right.
+    assert_eq!(
+        e.transition(4, Pay, "p-1").await.unwrap(),
+        applied(Created, Paid, 1)
+    );
+    assert!(b.kill_sessions().await >= 1, "no session to kill");
+    assert_eq!(
+        e.transition(5, Pay, "p-1").await.unwrap(),
+        applied(Created, Paid, 1)
+    );
+    assert_order(&direct, 5, Paid, 1, 1).await;
+    assert_pool_clean(b, &store).await;
+
+    // A pool of one: the application's own queries are not starved.
+    let store = b.store_at(b.server().port(), 1).await;
+    let e: Eng<B> = with_policy(store.clone(), ReadFirst::Never);
+    assert_eq!(
+        e.transition(6, Pay, "p-1").await.unwrap(),
+        applied(Created, Paid, 1)
+    );
+    for _ in 0..3 {
+        let own = tokio::time::timeout(Duration::from_secs(1), Store::acquire(&store)).await;
+        assert!(
+            own.is_ok_and(|c| c.is_ok()),
+            "the application's query was starved"
+        );
+        assert_eq!(
+            e.transition(6, Pay, "p-1").await.unwrap(),
+            replayed(Created, Paid, 1)
+        );
+    }
+}

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use orderly::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Observed, OwnedKey, Prior, RawTransition, Request,
-    Store, Txn, Written,
+    Store, Txn, Unpooled, Written,
 };
 use orderly::{Engine, Error, Outcome, ReadFirst};
 use proptest::prelude::Rng;
