@@ -19,6 +19,8 @@ pub(super) struct Args {
     pub(super) nats: Option<String>,
     pub(super) kafka: Option<String>,
     pub(super) traced: bool,
+    /// Every unit through the pool (`keep_connection(false)` on PostgreSQL and MySQL).
+    pub(super) pooled_units: bool,
     /// History rows of the admin mode, if it runs.
     pub(super) admin_history: Option<i64>,
     /// The part run alone, if one is.
@@ -62,6 +64,7 @@ pub(super) fn parse_args() -> Result<Args, BoxError> {
         nats: None,
         kafka: None,
         traced: false,
+        pooled_units: false,
         admin_history: None,
         only: None,
     };
@@ -89,6 +92,7 @@ pub(super) fn parse_args() -> Result<Args, BoxError> {
             "--nats" => args.nats = Some(value()?),
             "--kafka" => args.kafka = Some(value()?),
             "--traced" => args.traced = true,
+            "--pooled-units" => args.pooled_units = true,
             "--admin-history" => args.admin_history = Some(value()?.parse()?),
             "--only" => match value()?.as_str() {
                 "engine" => args.only = Some(Only::Engine),
@@ -151,6 +155,9 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
   --traced                          also the outbox and relay passes again with a
                                     `tracing-opentelemetry` layer recording every span
                                     (feature `otel`; a `traced` line)
+  --pooled-units                    every unit of the engine takes a connection from the
+                                    pool and gives it back (PostgreSQL, MySQL:
+                                    `keep_connection(false)`), to compare
   --only engine                     the engine mode alone, nothing else (a table per
                                     concurrency; for a profiler)
   --only layers                     the records and flows modes alone (their tables,

@@ -10,6 +10,9 @@ use std::str::FromStr;
 
 pub struct Db {
     pool: PgPool,
+    /// Whether the engine's units go on a connection kept out of the pool (not with
+    /// `--pooled-units`).
+    keep: bool,
 }
 
 /// Finished idempotency records and flows of each lane (the library's and the
@@ -91,7 +94,10 @@ impl Db {
         .execute(&pool)
         .await?;
         sqlx::raw_sql("VACUUM ANALYZE").execute(&pool).await?;
-        Ok(Db { pool })
+        Ok(Db {
+            pool,
+            keep: !args.pooled_units,
+        })
     }
 }
 
@@ -228,10 +234,10 @@ impl BenchDb for Db {
     }
 
     fn engine(&self) -> Engine<OrderMachine, PgStore> {
-        Engine::new(PgStore::new(
-            self.pool.clone(),
-            orderly::Tables::new("orders").unwrap(),
-        ))
+        Engine::new(
+            PgStore::new(self.pool.clone(), orderly::Tables::new("orders").unwrap())
+                .keep_connection(self.keep),
+        )
         .expect("valid machine")
     }
 
