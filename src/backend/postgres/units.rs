@@ -117,13 +117,7 @@ impl PgStore {
                 edges.3.push(r.emits.get(i).copied().flatten());
             }
         }
-        // Planned for its arrays at every execution: a prepared statement's generic plan
-        // cannot know how many entities the arrays hold, and PostgreSQL, switching to it
-        // after five executions on a connection, chose one that scanned the whole entity
-        // table for each unit (on a connection that wrote every unit, 2.5 ms a unit of 8
-        // where the custom plans took 0.9).
         let query = sqlx::query_as::<_, PositionedPrior>(statement.clone())
-            .persistent(false)
             .bind(
                 requests
                     .iter()
