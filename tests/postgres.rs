@@ -236,6 +236,14 @@ async fn connection_cut_under_a_coalesced_unit() {
 
 /// `conformance::connection_cut_under_coalesced_claims_answers_each_claim`, cut at the
 /// text of the batch of claims (sent once per connection, in its `Parse`).
+/// The connection PostgreSQL keeps out of the pool between units (MySQL keeps none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kept_connection_goes_back_and_dies_harmlessly() {
+    let b = <Pg>::fresh().await;
+    conformance::a_kept_connection_goes_back_and_dies_harmlessly(&b).await;
+    b.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn connection_cut_under_coalesced_claims() {
     let b = <Pg>::fresh().await;

@@ -52,11 +52,18 @@ const BACKENDS: [(&str, &str, bool); 3] = [
 ];
 
 /// Bodies that apply to some backends only, and why.
-const NOT_ON: [(&str, &str, &str); 1] = [(
-    "deadlock_scenario",
-    "sqlite",
-    "one writer at a time: SQLite has no deadlocks",
-)];
+const NOT_ON: [(&str, &str, &str); 2] = [
+    (
+        "deadlock_scenario",
+        "sqlite",
+        "one writer at a time: SQLite has no deadlocks",
+    ),
+    (
+        "a_kept_connection_goes_back_and_dies_harmlessly",
+        "mysql",
+        "MySQL keeps no connection out of the pool",
+    ),
+];
 
 /// `(name, bound)` of every `pub async fn name<B: Bound>` in the suite.
 fn bodies() -> Vec<(String, String)> {

@@ -9,9 +9,6 @@ use std::str::FromStr;
 
 pub struct Db {
     pool: MySqlPool,
-    /// Whether the engine's units go on a connection kept out of the pool (not with
-    /// `--pooled-units`).
-    keep: bool,
 }
 
 impl Db {
@@ -55,10 +52,7 @@ impl Db {
         sqlx::raw_sql("ANALYZE TABLE orders, orderly_transitions")
             .execute(&pool)
             .await?;
-        Ok(Db {
-            pool,
-            keep: !args.pooled_units,
-        })
+        Ok(Db { pool })
     }
 }
 
@@ -207,10 +201,10 @@ impl BenchDb for Db {
     }
 
     fn engine(&self) -> Engine<OrderMachine, MySqlStore> {
-        Engine::new(
-            MySqlStore::new(self.pool.clone(), orderly::Tables::new("orders").unwrap())
-                .keep_connection(self.keep),
-        )
+        Engine::new(MySqlStore::new(
+            self.pool.clone(),
+            orderly::Tables::new("orders").unwrap(),
+        ))
         .expect("valid machine")
     }
 

@@ -1,5 +1,5 @@
-//! A connection of the pool's kept out of it between apply-first units (PostgreSQL,
-//! MySQL): a lone caller's next unit goes on it without taking a connection from the
+//! A connection of the pool's kept out of it between apply-first units (PostgreSQL): a
+//! lone caller's next unit goes on it without taking a connection from the
 //! pool and giving it back, which costs a round trip to the server each time (sqlx tests
 //! every connection it takes back) and a task.
 //!

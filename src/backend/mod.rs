@@ -35,7 +35,7 @@ mod classify;
 pub(crate) mod errors;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod flow_sql;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "postgres")]
 pub(crate) mod kept;
 #[cfg(all(
     feature = "admin",

@@ -145,8 +145,8 @@ pub trait Store: Schema + Clone + Send + Sync + 'static {
 
     /// Whether the store writes apply-first units on a writer of its own that needs no
     /// connection of the pool's ([`apply_first_unpooled`](Self::apply_first_unpooled)):
-    /// SQLite's writer thread, once started; PostgreSQL's and MySQL's connection kept out
-    /// of the pool between a lone caller's units. By default it does not.
+    /// SQLite's writer thread, once started; PostgreSQL's connection kept out of the pool
+    /// between units. By default it does not.
     fn writes_unpooled(&self) -> bool {
         false
     }

@@ -387,7 +387,6 @@ macro_rules! conformance {
             a_timer_job_killed_by_sigkill_inside_its_batch_undoes_it_whole,
             a_batch_held_up_by_the_applications_lock_is_undone_in_time,
             a_record_met_by_contention_is_made_again,
-            a_kept_connection_goes_back_and_dies_harmlessly,
         );
     };
     (@tests $backend:ty; $($name:ident),+ $(,)?) => {

@@ -168,9 +168,6 @@ pub struct MySqlStore {
     /// Whether the transition layer coalesces writes on a Galera node
     /// ([`coalesce_on_galera`](Self::coalesce_on_galera)).
     galera_units: bool,
-    /// The connection a lone caller's units go on between them, unless turned off
-    /// ([`keep_connection`](Self::keep_connection)).
-    kept: Option<crate::backend::kept::Kept<sqlx::MySql>>,
 }
 
 impl MySqlStore {
@@ -214,22 +211,7 @@ impl MySqlStore {
             names: Arc::new(names),
             galera: Arc::default(),
             galera_units: false,
-            kept: Some(Default::default()),
         }
-    }
-
-    /// Whether the apply-first units of the transition layer (a lone caller's, a batch's)
-    /// go on a connection kept out of the pool between them; on by default. Taking a
-    /// connection from the pool and giving it back costs a round trip to the server each
-    /// time (sqlx tests every connection it takes back). The kept connection is only ever
-    /// one the pool holds idle (tested as the pool tests the connections it hands out,
-    /// but without the pool's `before_acquire` hook: turn this off if you rely on one),
-    /// goes back to the pool after a unit that finds none idle at the pool's size limit
-    /// and after 10 ms with no unit, and is closed, never given back, when its unit fails
-    /// or is dropped. Off, every unit takes a connection from the pool.
-    pub fn keep_connection(mut self, keep: bool) -> Self {
-        self.kept = keep.then(Default::default);
-        self
     }
 
     /// orderly's tables in this store's namespace.

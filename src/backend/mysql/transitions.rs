@@ -17,7 +17,7 @@ use crate::backend::units::{end_unit, undo};
 use crate::backend::{BATCH_READ_MAX, in_place};
 use crate::store::{
     Apply, Entity, ErrorClass, FirstWrite, Key, Lease, Observed, OwnedKey, PositionedPrior, Prior,
-    RawTransition, Request, Store, Txn, Unpooled, Written,
+    RawTransition, Request, Store, Txn, Written,
 };
 
 impl MySqlStore {
@@ -104,31 +104,6 @@ impl Store for MySqlStore {
 
     fn classify(err: &sqlx::Error) -> ErrorClass {
         super::errors::classify(err)
-    }
-
-    /// Once the server is known (a Galera node or not: the first connection borrowed
-    /// asks).
-    fn writes_unpooled(&self) -> bool {
-        self.kept.is_some() && self.causal_reads().is_some()
-    }
-
-    /// On the connection kept between units ([`MySqlStore::keep_connection`]), or one the
-    /// pool holds idle.
-    async fn apply_first_unpooled(
-        &self,
-        requests: &[Request<'_>],
-    ) -> Result<Unpooled, sqlx::Error> {
-        let taken = match &self.kept {
-            Some(kept) if self.causal_reads().is_some() => kept.take(&self.pool).await,
-            _ => None,
-        };
-        let Some(mut taken) = taken else {
-            return Ok(Unpooled::NoWriter);
-        };
-        // A unit that fails leaves its connection to be closed, never kept.
-        let written = self.apply_first(taken.conn(), requests).await?;
-        taken.keep(&self.pool);
-        Ok(Unpooled::Written(written))
     }
 
     /// The floor's statements for one request: `BEGIN`; the update guarded by the

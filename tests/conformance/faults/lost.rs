@@ -293,8 +293,8 @@ pub async fn caller_transaction_cut_at_each_statement<B: Networked>(
     }
 }
 
-/// PostgreSQL and MySQL write a lone caller's units on a connection kept out of the pool
-/// between them. Right after a unit it stays out of the pool (longer than sqlx's test of
+/// PostgreSQL writes a lone caller's units on a connection kept out of the pool between
+/// them. Right after a unit it stays out of the pool (longer than sqlx's test of
 /// a connection given back would take), and it goes back after a moment with no unit.
 /// Killed while kept, the next call is still answered right: its unit fails, the
 /// connection is closed, and the request is read back and written again. A pool of one
