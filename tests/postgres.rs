@@ -234,8 +234,6 @@ async fn connection_cut_under_a_coalesced_unit() {
     b.cleanup().await;
 }
 
-/// `conformance::connection_cut_under_coalesced_claims_answers_each_claim`, cut at the
-/// text of the batch of claims (sent once per connection, in its `Parse`).
 /// The connection PostgreSQL keeps out of the pool between units (MySQL keeps none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kept_connection_goes_back_and_dies_harmlessly() {
@@ -244,6 +242,8 @@ async fn a_kept_connection_goes_back_and_dies_harmlessly() {
     b.cleanup().await;
 }
 
+/// `conformance::connection_cut_under_coalesced_claims_answers_each_claim`, cut at the
+/// text of the batch of claims (sent once per connection, in its `Parse`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn connection_cut_under_coalesced_claims() {
     let b = <Pg>::fresh().await;

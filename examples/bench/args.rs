@@ -19,7 +19,7 @@ pub(super) struct Args {
     pub(super) nats: Option<String>,
     pub(super) kafka: Option<String>,
     pub(super) traced: bool,
-    /// Every unit through the pool (`keep_connection(false)` on PostgreSQL and MySQL).
+    /// Every unit through the pool (`keep_connection(false)` on PostgreSQL).
     pub(super) pooled_units: bool,
     /// History rows of the admin mode, if it runs.
     pub(super) admin_history: Option<i64>,
@@ -156,7 +156,7 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
                                     `tracing-opentelemetry` layer recording every span
                                     (feature `otel`; a `traced` line)
   --pooled-units                    every unit of the engine takes a connection from the
-                                    pool and gives it back (PostgreSQL, MySQL:
+                                    pool and gives it back (PostgreSQL:
                                     `keep_connection(false)`), to compare
   --only engine                     the engine mode alone, nothing else (a table per
                                     concurrency; for a profiler)

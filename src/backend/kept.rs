@@ -1,14 +1,15 @@
 //! A connection of the pool's kept out of it between apply-first units (PostgreSQL): a
-//! lone caller's next unit goes on it without taking a connection from the
-//! pool and giving it back, which costs a round trip to the server each time (sqlx tests
-//! every connection it takes back) and a task.
+//! lone caller's next unit goes on it without taking a connection from the pool and
+//! giving it back, which costs a round trip to the server each time (sqlx tests every
+//! connection it takes back) and a task.
 //!
-//! The pool is never starved by it: a connection is taken only where the pool has one
-//! idle (never one it would open, never one a waiting task is owed; tested as the pool
-//! tests the connections it hands out, but without the pool's `before_acquire` hook), it
-//! goes back to the pool after a unit that leaves the pool with none idle at its size
-//! limit, and after [`IDLE`] with no unit. A connection whose unit failed or was dropped
-//! mid-conversation is closed, never kept nor given back.
+//! The pool is never starved by it. A connection is taken only where the pool has one
+//! idle (never one it would open, never one a waiting task is owed), tested as the pool
+//! tests the connections it hands out (but without its `before_acquire` hook). It goes
+//! back to the pool after a unit that leaves the pool with none idle at its size limit,
+//! 10 to 20 ms after the last unit ([`IDLE`]), and once the pool is closed. A connection
+//! whose unit failed or was dropped mid-conversation is closed, never kept nor given
+//! back.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -16,7 +17,8 @@ use std::time::Duration;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
-/// How long the kept connection waits for a unit before it goes back to the pool.
+/// How often the reaper looks: the kept connection goes back to the pool once a whole
+/// `IDLE` passed with no unit, 10 to 20 ms after the last.
 pub(crate) const IDLE: Duration = Duration::from_millis(10);
 
 /// The kept connection, shared by a store's clones.
@@ -62,6 +64,17 @@ struct State<DB: Database> {
     reaper: bool,
 }
 
+/// A connection still kept when the last of the store's clones and its reaper are gone
+/// (a runtime shut down under them) is closed, not given back: giving back starts a task,
+/// and no runtime may be left to run it.
+impl<DB: Database> Drop for State<DB> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
 fn lock<DB: Database>(state: &Mutex<State<DB>>) -> std::sync::MutexGuard<'_, State<DB>> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -72,6 +85,11 @@ impl<DB: Database> Kept<DB> {
     /// off): one that fails the test is closed. `None` if neither is free.
     pub(crate) async fn take(&self, pool: &Pool<DB>) -> Option<Taken<'_, DB>> {
         let kept = lock(&self.state).conn.take();
+        if pool.is_closed() {
+            // Closing waits for every connection: this one goes at once.
+            drop(kept.map(PoolConnection::detach));
+            return None;
+        }
         if let Some(conn) = kept {
             return Some(self.taken(conn));
         }
@@ -120,7 +138,7 @@ impl<DB: Database> Taken<'_, DB> {
         };
         let full = pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections();
         let mut state = lock(&self.kept.state);
-        if full || state.conn.is_some() {
+        if full || pool.is_closed() || state.conn.is_some() {
             drop(state);
             drop(conn);
             return;
@@ -129,7 +147,7 @@ impl<DB: Database> Taken<'_, DB> {
         state.units = state.units.wrapping_add(1);
         if !state.reaper {
             state.reaper = true;
-            tokio::spawn(reap(Arc::clone(&self.kept.state)));
+            tokio::spawn(reap(Reaper(Arc::clone(&self.kept.state))));
         }
     }
 }
@@ -143,13 +161,30 @@ impl<DB: Database> Drop for Taken<'_, DB> {
     }
 }
 
-/// Gives the kept connection back to the pool once a whole [`IDLE`] passed with no unit;
-/// ends when no connection is kept (a unit that keeps one again starts another).
-async fn reap<DB: Database>(state: Arc<Mutex<State<DB>>>) {
+/// The reaper's hold on the kept connection. Dropped with its task unfinished (its
+/// runtime shut down), it closes the connection and lets a later unit start another.
+struct Reaper<DB: Database>(Arc<Mutex<State<DB>>>);
+
+impl<DB: Database> Drop for Reaper<DB> {
+    fn drop(&mut self) {
+        let mut s = lock(&self.0);
+        if s.reaper {
+            s.reaper = false;
+            let conn = s.conn.take();
+            drop(s);
+            drop(conn.map(PoolConnection::detach));
+        }
+    }
+}
+
+/// Gives the kept connection back to the pool once a whole [`IDLE`] passed with no unit
+/// (so 10 to 20 ms after the last); ends when no connection is kept (a unit that keeps
+/// one again starts another).
+async fn reap<DB: Database>(reaper: Reaper<DB>) {
     let mut seen = None;
     loop {
         tokio::time::sleep(IDLE).await;
-        let mut s = lock(&state);
+        let mut s = lock(&reaper.0);
         if s.conn.is_none() || seen == Some(s.units) {
             s.reaper = false;
             let conn = s.conn.take();
@@ -210,6 +245,27 @@ mod tests {
             .await
             .expect("the pool was starved")
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_closed_pool_gets_the_kept_connection_back() {
+        let pool = pool(2).await;
+        let kept = Kept::default();
+        kept.take(&pool)
+            .await
+            .expect("an idle connection")
+            .keep(&pool);
+        assert!(kept.holds());
+        let closed = tokio::time::timeout(Duration::from_secs(2), async {
+            let closing = pool.close();
+            // A unit after the close takes nothing, and lets the kept connection go.
+            assert!(kept.take(&pool).await.is_none());
+            closing.await;
+        });
+        closed
+            .await
+            .expect("the pool's close waited on the kept connection");
+        assert!(!kept.holds());
     }
 
     #[tokio::test]

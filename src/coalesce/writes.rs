@@ -215,8 +215,9 @@ impl<S: Store> Writes<S> {
                         Some(lease) => lease,
                         None => {
                             drop(requests);
-                            // No writer was free: nothing was sent. The callers still
-                            // waiting once a connection is had go.
+                            // No writer was free: nothing was sent (a queued caller has
+                            // sent no write before its batch). The callers still waiting
+                            // once a connection is had go.
                             if other == Unpooled::NoWriter {
                                 batch.iter().for_each(|q| q.stage.wrote_nothing());
                             }

@@ -217,6 +217,8 @@ async fn unpooled_first<M: StateMachine, S: Store>(
     if !request.has_one_edge() {
         return None;
     }
+    // A write sent before (a batch that failed) stays sent whatever this one does.
+    let sent_before = req.stage.sent_a_write();
     if !req.stage.wrote() {
         return Some(Step::Done(Err(abandoned(req))));
     }
@@ -246,7 +248,9 @@ async fn unpooled_first<M: StateMachine, S: Store>(
         Ok(Unpooled::KeyMet) if !request.emits_any() => return None,
         // No writer free: nothing was sent.
         Ok(Unpooled::NoWriter) => {
-            req.stage.wrote_nothing();
+            if !sent_before {
+                req.stage.wrote_nothing();
+            }
             *first = Some(First::Write);
             return None;
         }

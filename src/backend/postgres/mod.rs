@@ -163,11 +163,12 @@ impl PgStore {
     /// go on a connection kept out of the pool between them; on by default. Taking a
     /// connection from the pool and giving it back costs a round trip to the server each
     /// time (sqlx tests every connection it takes back). The kept connection is only ever
-    /// one the pool holds idle (tested as the pool tests the connections it hands out,
-    /// but without the pool's `before_acquire` hook: turn this off if you rely on one),
-    /// goes back to the pool after a unit that finds none idle at the pool's size limit
-    /// and after 10 ms with no unit, and is closed, never given back, when its unit fails
-    /// or is dropped. Off, every unit takes a connection from the pool.
+    /// one the pool holds idle, tested as the pool tests the connections it hands out. It
+    /// goes back to the pool after a unit that finds none idle at the pool's size limit,
+    /// 10 to 20 ms after the last unit, and when the pool is closed; it is closed, never
+    /// given back, when its unit fails or is dropped. Between units it skips the pool's
+    /// `before_acquire` and `after_release` hooks and its `max_lifetime`: turn this off if
+    /// you rely on them. Off, every unit takes a connection from the pool.
     pub fn keep_connection(mut self, keep: bool) -> Self {
         self.kept = keep.then(Default::default);
         self
