@@ -234,6 +234,15 @@ async fn connection_cut_under_a_coalesced_unit() {
     b.cleanup().await;
 }
 
+/// `conformance::a_unit_cut_with_no_connection_left_is_never_unsent`: a unit's
+/// parameters travel in its `Bind`, sent with its `Execute`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_coalesced_unit_cut_with_no_connection_left() {
+    let b = <Pg>::fresh().await;
+    conformance::a_unit_cut_with_no_connection_left_is_never_unsent(&b).await;
+    b.cleanup().await;
+}
+
 /// The connection PostgreSQL keeps out of the pool between units (MySQL keeps none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kept_connection_goes_back_and_dies_harmlessly() {

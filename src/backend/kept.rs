@@ -147,7 +147,10 @@ impl<DB: Database> Taken<'_, DB> {
         state.units = state.units.wrapping_add(1);
         if !state.reaper {
             state.reaper = true;
-            tokio::spawn(reap(Reaper(Arc::clone(&self.kept.state))));
+            tokio::spawn(reap(Reaper {
+                state: Arc::clone(&self.kept.state),
+                done: false,
+            }));
         }
     }
 }
@@ -163,11 +166,18 @@ impl<DB: Database> Drop for Taken<'_, DB> {
 
 /// The reaper's hold on the kept connection. Dropped with its task unfinished (its
 /// runtime shut down), it closes the connection and lets a later unit start another.
-struct Reaper<DB: Database>(Arc<Mutex<State<DB>>>);
+struct Reaper<DB: Database> {
+    state: Arc<Mutex<State<DB>>>,
+    /// Its task ended as it should (the flag is then another reaper's, if any).
+    done: bool,
+}
 
 impl<DB: Database> Drop for Reaper<DB> {
     fn drop(&mut self) {
-        let mut s = lock(&self.0);
+        if self.done {
+            return;
+        }
+        let mut s = lock(&self.state);
         if s.reaper {
             s.reaper = false;
             let conn = s.conn.take();
@@ -180,13 +190,14 @@ impl<DB: Database> Drop for Reaper<DB> {
 /// Gives the kept connection back to the pool once a whole [`IDLE`] passed with no unit
 /// (so 10 to 20 ms after the last); ends when no connection is kept (a unit that keeps
 /// one again starts another).
-async fn reap<DB: Database>(reaper: Reaper<DB>) {
+async fn reap<DB: Database>(mut reaper: Reaper<DB>) {
     let mut seen = None;
     loop {
         tokio::time::sleep(IDLE).await;
-        let mut s = lock(&reaper.0);
+        let mut s = lock(&reaper.state);
         if s.conn.is_none() || seen == Some(s.units) {
             s.reaper = false;
+            reaper.done = true;
             let conn = s.conn.take();
             drop(s);
             // Back to the pool (outside the lock: sqlx starts its test of it).

@@ -876,3 +876,69 @@ pub async fn coalesced_engine_agrees_with_the_model<B: Backend>(b: &B) {
         Ok(())
     }
 }
+
+/// A unit that the server commits and whose reply is cut (the client never hears), with
+/// no connection to be had afterwards (the proxy refuses new ones; the pool's one
+/// connection was the cut one). The cut is at the parameters of one request, so it lands
+/// on the unit that carries it, a batch or a lone write. No request whose transition the
+/// database holds is answered as if nothing had been sent (`Unavailable`, or a deadline
+/// with nothing in doubt): each is `Applied` or in doubt.
+pub async fn a_unit_cut_with_no_connection_left_is_never_unsent<B: Networked>(b: &B) {
+    use crate::server::{Cut, Proxy};
+    let direct = writer(b).await;
+    let mut held_in_doubt = 0;
+    for round in 0..10_i64 {
+        // References of one length: none holds another.
+        let ids: Vec<i64> = (0..16).map(|i| 1000 * (round + 1) + 100 + i).collect();
+        for id in &ids {
+            direct.create(*id).await.unwrap();
+        }
+        // The last caller's reference: likely queued behind the first, in a batch.
+        let pattern: &'static [u8] = format!("pay-{}", ids[15]).into_bytes().leak();
+        let proxy = Proxy::start(b.server(), Cut::ReplyTo(pattern)).await;
+        proxy.refuse_after_cut();
+        let config = super::config(ReadFirst::Never)
+            .in_doubt_timeout(Duration::from_millis(300))
+            .deadline(Duration::from_secs(3));
+        let e: Eng<B> = Engine::with_config(b.store_at(proxy.port, 1).await, config).unwrap();
+        let calls: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let e = e.clone();
+                tokio::spawn(async move { (id, e.transition(id, Pay, &format!("pay-{id}")).await) })
+            })
+            .collect();
+        for call in calls {
+            let (id, answer) = call.await.unwrap();
+            let held = b
+                .scalar(&format!("SELECT version FROM orders WHERE id = {id}"))
+                .await
+                == 1;
+            if !held {
+                continue;
+            }
+            match &answer {
+                Ok(outcome) => assert_eq!(outcome, &applied(Created, Paid, 1), "order {id}"),
+                Err(Error::InDoubt { .. } | Error::DeadlineExceeded { in_doubt: true, .. }) => {
+                    held_in_doubt += 1;
+                }
+                Err(other) => panic!(
+                    "order {id}: the database holds its transition, and it was answered {other:?}"
+                ),
+            }
+        }
+        assert_eq!(
+            proxy.cuts(),
+            1,
+            "the proxy never cut: the test shows nothing"
+        );
+        if held_in_doubt > 1 {
+            break;
+        }
+    }
+    // More than one: a batch's requests, not only a lone write's.
+    assert!(
+        held_in_doubt > 1,
+        "no batch that the database holds was cut: the test shows nothing"
+    );
+}
