@@ -155,9 +155,10 @@ usage: bench [options]   (cargo run --release --all-features --example bench -- 
   --traced                          also the outbox and relay passes again with a
                                     `tracing-opentelemetry` layer recording every span
                                     (feature `otel`; a `traced` line)
-  --pooled-units                    every unit of the engine takes a connection from the
-                                    pool and gives it back (PostgreSQL:
-                                    `keep_connection(false)`), to compare
+  --pooled-units                    every conversation of the store's (units, claims,
+                                    steps) takes a connection from the pool and gives it
+                                    back (PostgreSQL: `keep_connection(false)`), to
+                                    compare
   --only engine                     the engine mode alone, nothing else (a table per
                                     concurrency; for a profiler)
   --only layers                     the records and flows modes alone (their tables,

@@ -10,8 +10,8 @@ use std::str::FromStr;
 
 pub struct Db {
     pool: PgPool,
-    /// Whether the engine's units go on a connection kept out of the pool (not with
-    /// `--pooled-units`).
+    /// Whether the stores keep a connection out of the pool between their conversations
+    /// (not with `--pooled-units`).
     keep: bool,
 }
 

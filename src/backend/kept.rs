@@ -1,25 +1,35 @@
-//! A connection of the pool's kept out of it between apply-first units (PostgreSQL): a
-//! lone caller's next unit goes on it without taking a connection from the pool and
-//! giving it back, which costs a round trip to the server each time (sqlx tests every
-//! connection it takes back) and a task.
+//! A connection of the pool's kept out of it between a store's conversations
+//! (PostgreSQL): a lone caller's next unit, claim or step goes on it without taking a
+//! connection from the pool and giving it back, which costs a round trip to the server
+//! each time (sqlx tests every connection it takes back) and a task.
 //!
-//! The pool is never starved by it. A connection is taken only where the pool has one
-//! idle (never one it would open, never one a waiting task is owed), tested as the pool
-//! tests the connections it hands out (but without its `before_acquire` hook). It goes
-//! back to the pool after a unit that leaves the pool with none idle at its size limit,
-//! 10 to 20 ms after the last unit ([`IDLE`]), and once the pool is closed. A connection
-//! whose unit failed or was dropped mid-conversation is closed, never kept nor given
-//! back.
+//! The pool is never starved by it. An apply-first unit takes a connection only where the
+//! pool has one idle (never one it would open, never one a waiting task is owed); every
+//! other conversation takes the kept one ([`Kept::take_kept`]) or else borrows from the
+//! pool as ever. Each is tested as the pool tests the connections it hands out (but
+//! without its `before_acquire` hook): one taken from the pool, and the kept one if it
+//! sat kept longer than [`FRESH`] (1 ms), so that conversations back to back pay no
+//! test. It goes back to the pool after a conversation that leaves the pool with
+//! none idle at its size limit, 10 to 20 ms after the last one ([`IDLE`]), and once the
+//! pool is closed. A connection whose conversation failed on it or was dropped midway is
+//! closed, never kept nor given back.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
 /// How often the reaper looks: the kept connection goes back to the pool once a whole
-/// `IDLE` passed with no unit, 10 to 20 ms after the last.
+/// `IDLE` passed with no conversation on it, 10 to 20 ms after the last.
 pub(crate) const IDLE: Duration = Duration::from_millis(10);
+
+/// A connection kept longer than this since its last conversation is tested before its
+/// next (where the pool tests what it hands out): one killed while kept is then found
+/// dead before a statement is sent on it, unless it died within this last moment, as a
+/// pooled one can between its test and its statement. A streak of conversations, back
+/// to back, pays no test.
+pub(crate) const FRESH: Duration = Duration::from_millis(1);
 
 /// The kept connection, shared by a store's clones.
 pub(crate) struct Kept<DB: Database> {
@@ -47,7 +57,8 @@ impl<DB: Database> Default for Kept<DB> {
         Kept {
             state: Arc::new(Mutex::new(State {
                 conn: None,
-                units: 0,
+                since: Instant::now(),
+                uses: 0,
                 reaper: false,
             })),
         }
@@ -55,11 +66,13 @@ impl<DB: Database> Default for Kept<DB> {
 }
 
 struct State<DB: Database> {
-    /// The connection, while no unit uses it.
+    /// The connection, while no conversation uses it.
     conn: Option<PoolConnection<DB>>,
-    /// Counts the units that gave it back: the reaper gives it to the pool only after a
-    /// whole [`IDLE`] in which this did not move.
-    units: u64,
+    /// When it was last given back.
+    since: Instant,
+    /// Counts the conversations that gave it back: the reaper gives it to the pool only
+    /// after a whole [`IDLE`] in which this did not move.
+    uses: u64,
     /// Whether a reaper task watches it.
     reaper: bool,
 }
@@ -82,16 +95,14 @@ fn lock<DB: Database>(state: &Mutex<State<DB>>) -> std::sync::MutexGuard<'_, Sta
 impl<DB: Database> Kept<DB> {
     /// The kept connection, or else one the pool holds idle, tested first as the pool
     /// tests the connections it hands out (unless the pool's `test_before_acquire` is
-    /// off): one that fails the test is closed. `None` if neither is free.
+    /// off; the kept one only if kept longer than [`FRESH`]): one that fails the test is
+    /// closed. `None` if neither is free.
     pub(crate) async fn take(&self, pool: &Pool<DB>) -> Option<Taken<'_, DB>> {
-        let kept = lock(&self.state).conn.take();
-        if pool.is_closed() {
-            // Closing waits for every connection: this one goes at once.
-            drop(kept.map(PoolConnection::detach));
-            return None;
+        if let Some(taken) = self.kept_one(pool).await {
+            return Some(taken);
         }
-        if let Some(conn) = kept {
-            return Some(self.taken(conn));
+        if pool.is_closed() {
+            return None;
         }
         let mut taken = self.taken(pool.try_acquire()?);
         if pool.options().get_test_before_acquire() {
@@ -99,6 +110,56 @@ impl<DB: Database> Kept<DB> {
             sqlx::Connection::ping(taken.conn()).await.ok()?;
         }
         Some(taken)
+    }
+
+    /// The kept connection for a conversation of the store's own (a claim, a flow's
+    /// step, any statement borrowed through the store's `acquire`), tested as
+    /// [`take`](Self::take) tests it: `None` if none is kept, or if the kept one fails
+    /// its test (it is then closed). Given back through [`give_back`](Self::give_back).
+    pub(crate) async fn take_kept(&self, pool: &Pool<DB>) -> Option<PoolConnection<DB>> {
+        self.kept_one(pool).await?.conn.take()
+    }
+
+    /// The kept connection, tested if kept longer than [`FRESH`].
+    async fn kept_one(&self, pool: &Pool<DB>) -> Option<Taken<'_, DB>> {
+        let (kept, since) = {
+            let mut state = lock(&self.state);
+            (state.conn.take(), state.since)
+        };
+        if pool.is_closed() {
+            // Closing waits for every connection: this one goes at once.
+            drop(kept.map(PoolConnection::detach));
+            return None;
+        }
+        let mut taken = self.taken(kept?);
+        if since.elapsed() > FRESH && pool.options().get_test_before_acquire() {
+            // Dropped or failed, the test leaves the connection to be closed.
+            sqlx::Connection::ping(taken.conn()).await.ok()?;
+        }
+        Some(taken)
+    }
+
+    /// A connection whose conversation ended cleanly: kept for the next, or given back
+    /// to the pool where the pool has no connection idle at its size limit (a task may
+    /// wait for one), is closed, or another is kept already.
+    pub(crate) fn give_back(&self, conn: PoolConnection<DB>, pool: &Pool<DB>) {
+        let full = pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections();
+        let mut state = lock(&self.state);
+        if full || pool.is_closed() || state.conn.is_some() {
+            drop(state);
+            drop(conn);
+            return;
+        }
+        state.conn = Some(conn);
+        state.since = Instant::now();
+        state.uses = state.uses.wrapping_add(1);
+        if !state.reaper {
+            state.reaper = true;
+            tokio::spawn(reap(Reaper {
+                state: Arc::clone(&self.state),
+                done: false,
+            }));
+        }
     }
 
     fn taken(&self, conn: PoolConnection<DB>) -> Taken<'_, DB> {
@@ -129,28 +190,10 @@ impl<DB: Database> Taken<'_, DB> {
         self.conn.as_mut().expect("taken until kept or dropped")
     }
 
-    /// After a unit that ended cleanly: kept for the next unit, or given back to the pool
-    /// where the pool has no connection idle at its size limit (a task may wait for one)
-    /// or another is kept already.
+    /// After a unit that ended cleanly: kept for the next ([`Kept::give_back`]).
     pub(crate) fn keep(mut self, pool: &Pool<DB>) {
-        let Some(conn) = self.conn.take() else {
-            return;
-        };
-        let full = pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections();
-        let mut state = lock(&self.kept.state);
-        if full || pool.is_closed() || state.conn.is_some() {
-            drop(state);
-            drop(conn);
-            return;
-        }
-        state.conn = Some(conn);
-        state.units = state.units.wrapping_add(1);
-        if !state.reaper {
-            state.reaper = true;
-            tokio::spawn(reap(Reaper {
-                state: Arc::clone(&self.kept.state),
-                done: false,
-            }));
+        if let Some(conn) = self.conn.take() {
+            self.kept.give_back(conn, pool);
         }
     }
 }
@@ -187,15 +230,15 @@ impl<DB: Database> Drop for Reaper<DB> {
     }
 }
 
-/// Gives the kept connection back to the pool once a whole [`IDLE`] passed with no unit
-/// (so 10 to 20 ms after the last); ends when no connection is kept (a unit that keeps
-/// one again starts another).
+/// Gives the kept connection back to the pool once a whole [`IDLE`] passed with no
+/// conversation on it (so 10 to 20 ms after the last); ends when no connection is kept
+/// (the next to be kept starts another).
 async fn reap<DB: Database>(mut reaper: Reaper<DB>) {
     let mut seen = None;
     loop {
         tokio::time::sleep(IDLE).await;
         let mut s = lock(&reaper.state);
-        if s.conn.is_none() || seen == Some(s.units) {
+        if s.conn.is_none() || seen == Some(s.uses) {
             s.reaper = false;
             reaper.done = true;
             let conn = s.conn.take();
@@ -204,7 +247,7 @@ async fn reap<DB: Database>(mut reaper: Reaper<DB>) {
             drop(conn);
             return;
         }
-        seen = Some(s.units);
+        seen = Some(s.uses);
     }
 }
 
@@ -277,6 +320,48 @@ mod tests {
             .await
             .expect("the pool's close waited on the kept connection");
         assert!(!kept.holds());
+    }
+
+    #[tokio::test]
+    async fn a_conversation_takes_the_kept_connection_and_gives_it_back() {
+        let pool = pool(3).await;
+        let kept = Kept::default();
+        assert!(kept.take_kept(&pool).await.is_none(), "nothing is kept yet");
+        let conn = pool.acquire().await.unwrap();
+        kept.give_back(conn, &pool);
+        assert!(kept.holds());
+        let conn = kept.take_kept(&pool).await.expect("the kept connection");
+        assert!(!kept.holds());
+        assert_eq!((pool.size(), pool.num_idle()), (1, 0));
+        // A second one given back while one is kept goes to the pool.
+        let other = pool.acquire().await.unwrap();
+        kept.give_back(conn, &pool);
+        kept.give_back(other, &pool);
+        assert!(kept.holds());
+        // (The pool tests it on its way back, on a task of its own.)
+        let back = async {
+            while pool.num_idle() != 1 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(2), back)
+            .await
+            .expect("the second connection never went back to the pool");
+        assert_eq!(pool.size(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_closed_pool_lends_no_kept_connection() {
+        let pool = pool(2).await;
+        let kept = Kept::default();
+        kept.give_back(pool.acquire().await.unwrap(), &pool);
+        // Closing the pool: the kept connection is not handed out, and is closed.
+        let closing = pool.close();
+        assert!(kept.take_kept(&pool).await.is_none());
+        assert!(!kept.holds());
+        tokio::time::timeout(Duration::from_secs(2), closing)
+            .await
+            .expect("the pool's close waited on the kept connection");
     }
 
     #[tokio::test]

@@ -19,6 +19,8 @@ use super::{ErrorClass, Store};
 /// A connection borrowed from a store's pool: closed on drop unless released.
 pub(crate) struct Lease<S: Store> {
     conn: Option<S::Pooled>,
+    /// The store it goes back to ([`Store::give_back`]).
+    store: S,
     /// The writer's turn a write lease holds (dropped after the connection).
     _turn: Option<super::WriteTurn>,
     /// Taken for a write: with the writer's turn, where the store hands them out.
@@ -30,7 +32,7 @@ impl<S: Store> Lease<S> {
     pub(crate) async fn acquire(store: &S) -> Result<Self, sqlx::Error> {
         let conn = store.acquire().await?;
         crate::support::detach::mark_connected();
-        Ok(Lease::held(conn))
+        Ok(Lease::held(store, conn))
     }
 
     /// Borrows a connection for a write, after taking the store's writer's turn (if it
@@ -41,6 +43,7 @@ impl<S: Store> Lease<S> {
         crate::support::detach::mark_connected();
         Ok(Lease {
             conn: Some(conn),
+            store: store.clone(),
             _turn: turn,
             for_write: true,
         })
@@ -52,10 +55,11 @@ impl<S: Store> Lease<S> {
         self.for_write
     }
 
-    /// Holds a connection already borrowed.
-    pub(crate) fn held(conn: S::Pooled) -> Self {
+    /// Holds a connection already borrowed from `store`.
+    pub(crate) fn held(store: &S, conn: S::Pooled) -> Self {
         Lease {
             conn: Some(conn),
+            store: store.clone(),
             _turn: None,
             for_write: false,
         }
@@ -74,10 +78,12 @@ impl<S: Store> Lease<S> {
             .expect("a lease holds its connection until it is released or dropped")
     }
 
-    /// Returns the connection to the pool: the work on it ran to its end, and no
-    /// transaction of orderly's is open on it.
-    pub(crate) fn release(self) {
-        drop(self.into_inner());
+    /// Gives the connection back to its store ([`Store::give_back`]): the work on it ran
+    /// to its end, and no transaction of orderly's is open on it.
+    pub(crate) fn release(mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.store.give_back(conn);
+        }
     }
 
     /// Runs one `statement` of `store` on a leased connection: the connection goes back

@@ -96,6 +96,14 @@ pub trait Store: Schema + Clone + Send + Sync + 'static {
     /// Borrows a connection from the pool.
     fn acquire(&self) -> impl Future<Output = Result<Self::Pooled, sqlx::Error>> + Send;
 
+    /// Takes back a connection borrowed with [`acquire`](Self::acquire) whose conversation
+    /// ran to its end, no transaction left open on it. By default it goes back to the
+    /// pool; a store may keep it for its next borrower (PostgreSQL's kept connection,
+    /// [`PgStore::keep_connection`](crate::PgStore::keep_connection)).
+    fn give_back(&self, conn: Self::Pooled) {
+        drop(conn);
+    }
+
     /// Runs one statement that returns no rows (the DDL and the column probes of
     /// [`Engine::create_tables`](crate::Engine::create_tables), written by the store's
     /// [`Schema`]). The default runs nothing.

@@ -90,7 +90,7 @@ impl Store for MySqlStore {
         }
         // Until the server has answered, the connection is mid-conversation: a lease
         // closes it if this future is dropped or the question fails.
-        let mut lease = Lease::<Self>::held(conn);
+        let mut lease = Lease::<Self>::held(self, conn);
         self.detect_galera(lease.conn()).await?;
         lease.into_inner().ok_or(sqlx::Error::PoolClosed)
     }

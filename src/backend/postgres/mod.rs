@@ -159,16 +159,19 @@ impl PgStore {
         }
     }
 
-    /// Whether the apply-first units of the transition layer (a lone caller's, a batch's)
-    /// go on a connection kept out of the pool between them; on by default. Taking a
-    /// connection from the pool and giving it back costs a round trip to the server each
-    /// time (sqlx tests every connection it takes back). The kept connection is only ever
-    /// one the pool holds idle, tested as the pool tests the connections it hands out. It
-    /// goes back to the pool after a unit that finds none idle at the pool's size limit,
-    /// 10 to 20 ms after the last unit, and when the pool is closed; it is closed, never
-    /// given back, when its unit fails or is dropped. Between units it skips the pool's
-    /// `before_acquire` and `after_release` hooks and its `max_lifetime`: turn this off if
-    /// you rely on them. Off, every unit takes a connection from the pool.
+    /// Whether the store keeps a connection out of the pool between its conversations (the
+    /// transition layer's apply-first units, a lone caller's and a batch's; reads; the
+    /// idempotency records' and flows' statements and transactions; the outbox's and
+    /// timers'); on by default. Taking a connection from the pool and giving it back
+    /// costs a round trip to the server each time (sqlx tests every connection it takes
+    /// back). The kept connection is only ever one the pool held, tested as the pool
+    /// tests the connections it hands out once it sat kept longer than 1 ms (back to
+    /// back conversations pay no test). It goes back to the pool after a conversation that finds none idle at the
+    /// pool's size limit, 10 to 20 ms after the last one, and when the pool is closed; it
+    /// is closed, never given back, when its conversation fails on it or is dropped. While
+    /// kept it skips the pool's `before_acquire` and `after_release` hooks and its
+    /// `max_lifetime`: turn this off if you rely on them. Off, every conversation takes a
+    /// connection from the pool.
     pub fn keep_connection(mut self, keep: bool) -> Self {
         self.kept = keep.then(Default::default);
         self

@@ -38,8 +38,22 @@ impl Store for PgStore {
     const BATCH_READ_MAX: usize = BATCH_READ_MAX;
     const BATCHES_WRITES: bool = true;
 
+    /// The connection kept between conversations ([`PgStore::keep_connection`]), or one
+    /// of the pool's.
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
+        if let Some(kept) = &self.kept
+            && let Some(conn) = kept.take_kept(&self.pool).await
+        {
+            return Ok(conn);
+        }
         self.pool.acquire().await.map_err(super::refused)
+    }
+
+    fn give_back(&self, conn: Self::Pooled) {
+        match &self.kept {
+            Some(kept) => kept.give_back(conn, &self.pool),
+            None => drop(conn),
+        }
     }
 
     async fn run_sql(&self, conn: &mut Self::Conn, sql: String) -> Result<(), sqlx::Error> {

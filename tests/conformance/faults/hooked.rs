@@ -64,6 +64,9 @@ impl<S: Store> Store for Hooked<S> {
     async fn acquire(&self) -> Result<Self::Pooled, sqlx::Error> {
         self.inner.acquire().await
     }
+    fn give_back(&self, conn: Self::Pooled) {
+        self.inner.give_back(conn)
+    }
     fn discard(conn: Self::Pooled) {
         S::discard(conn)
     }

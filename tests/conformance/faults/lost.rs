@@ -296,9 +296,12 @@ pub async fn caller_transaction_cut_at_each_statement<B: Networked>(
 /// PostgreSQL writes a lone caller's units on a connection kept out of the pool between
 /// them. Right after a unit it stays out of the pool (longer than sqlx's test of
 /// a connection given back would take), and it goes back after a moment with no unit.
-/// Killed while kept, the next call is still answered right: its unit fails, the
-/// connection is closed, and the request is read back and written again. A pool of one
-/// is never starved by it: the application's own query gets the connection.
+/// Killed while kept, the next call is still answered right (the connection, kept
+/// longer than 1 ms, is tested before the unit and closed). The
+/// idempotency records' statements go on the same connection, which is tested before
+/// each of their conversations as the pool tests its own: killed while kept, the next
+/// completion still lands. A pool of one is never starved by it: the application's own
+/// query gets the connection.
 pub async fn a_kept_connection_goes_back_and_dies_harmlessly<B: Networked>(b: &B) {
     let direct = engine(b).await;
     for id in 1..=6 {
@@ -349,6 +352,57 @@ pub async fn a_kept_connection_goes_back_and_dies_harmlessly<B: Networked>(b: &B
         applied(Created, Paid, 1)
     );
     assert_order(&direct, 5, Paid, 1, 1).await;
+    assert_pool_clean(b, &store).await;
+
+    // The idempotency records' statements go on it too: a claim's connection stays out
+    // of the pool after the claim, and goes back.
+    let records = orderly::Records::new(store.clone())
+        .scope(
+            "kept",
+            orderly::ScopeConfig::new(Duration::from_secs(30), Duration::from_secs(3600)),
+        )
+        .unwrap();
+    let mut longest = Duration::ZERO;
+    for key in ["k-1", "k-2"] {
+        assert!(eventually(Duration::from_secs(5), back).await);
+        let claim = records.claim("kept", key, &1).await.unwrap();
+        assert!(matches!(claim, orderly::Claim::Claimed(_)), "{claim:?}");
+        let start = std::time::Instant::now();
+        while !back().await && start.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        longest = longest.max(start.elapsed());
+    }
+    assert!(
+        longest >= Duration::from_millis(15),
+        "the claim's connection was back in the pool after {longest:?}: it was never kept"
+    );
+    // Killed while kept: the pool's test of the connections it hands out
+    // (`test_before_acquire`, on by default) applies to the kept one, so the next
+    // conversation goes on a live connection.
+    let orderly::Claim::Claimed(held) = records.claim("kept", "k-3", &1).await.unwrap() else {
+        panic!("k-3 was not granted");
+    };
+    let (size, idle) = B::pool_counts(&store);
+    assert!(
+        size as usize > idle,
+        "no connection was kept when the sessions were killed"
+    );
+    assert!(b.kill_sessions().await >= 1, "no session to kill");
+    let mut conn = Store::acquire(&store).await.unwrap();
+    Store::run_sql(&store, &mut conn, "SELECT 1".into())
+        .await
+        .expect("the store handed out the killed connection");
+    Store::give_back(&store, conn);
+    // (The records' claims and completions would also survive a statement failed on a
+    // lost connection: each reads the record back, on another connection.)
+    let claim = records.claim("kept", "k-4", &1).await.unwrap();
+    assert!(matches!(claim, orderly::Claim::Claimed(_)), "{claim:?}");
+    records.complete(&held, &"done").await.unwrap();
+    assert_eq!(
+        records.claim("kept", "k-3", &1).await.unwrap(),
+        orderly::Claim::Replayed(orderly::Stored::Succeeded(r#""done""#.into()))
+    );
     assert_pool_clean(b, &store).await;
 
     // A pool of one: the application's own queries are not starved.
