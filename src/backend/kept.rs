@@ -11,8 +11,8 @@
 //! sat kept longer than [`FRESH`] (1 ms), so that conversations back to back pay no
 //! test. It goes back to the pool after a conversation that leaves the pool with
 //! none idle at its size limit, 10 to 20 ms after the last one ([`IDLE`]), and once the
-//! pool is closed. A connection whose conversation failed on it or was dropped midway is
-//! closed, never kept nor given back.
+//! pool is closed. A connection that was lost, whose conversation was dropped midway, or
+//! whose apply-first unit failed is closed, never kept nor given back.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};

@@ -9,7 +9,8 @@
 //!
 //! So the engine never relies on the driver's guards: a [`Lease`] closes its connection
 //! when it is dropped, and only [`Lease::release`], called once the engine's work on the
-//! connection has run to its end, returns it to the pool. Closing the socket makes the
+//! connection has run to its end, gives it back to its store (to the pool, or, on
+//! PostgreSQL, kept for the store's next conversation). Closing the socket makes the
 //! server roll back whatever was open. The price of a cancelled call is one reconnect;
 //! a call that completes pays nothing.
 
@@ -66,6 +67,7 @@ impl<S: Store> Lease<S> {
     }
 
     /// Hands the connection on, its conversation finished.
+    #[cfg(feature = "mysql")]
     pub(crate) fn into_inner(mut self) -> Option<S::Pooled> {
         self.conn.take()
     }
@@ -87,7 +89,7 @@ impl<S: Store> Lease<S> {
     }
 
     /// Runs one `statement` of `store` on a leased connection: the connection goes back
-    /// to the pool once the statement ran to its end, and is closed if it was lost or
+    /// to its store once the statement ran to its end, and is closed if it was lost or
     /// the future dropped. Errors are the store's, judged as [`db_error`] judges them.
     pub(crate) async fn run<T>(
         store: &S,

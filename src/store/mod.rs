@@ -93,7 +93,9 @@ pub trait Store: Schema + Clone + Send + Sync + 'static {
         Self::BATCHES_WRITES
     }
 
-    /// Borrows a connection from the pool.
+    /// Borrows a connection: from the pool, or one the store keeps out of it between
+    /// its conversations (PostgreSQL's kept connection, which skipped the pool's
+    /// `before_acquire` hook).
     fn acquire(&self) -> impl Future<Output = Result<Self::Pooled, sqlx::Error>> + Send;
 
     /// Takes back a connection borrowed with [`acquire`](Self::acquire) whose conversation

@@ -377,6 +377,7 @@ pub async fn records_dead_database_answers_within_the_deadline<B: Networked>(b: 
             })
         })
         .collect();
+    let mut late = None;
     for call in calls {
         let (answer, took) = tokio::time::timeout(Duration::from_secs(20), call)
             .await
@@ -392,6 +393,7 @@ pub async fn records_dead_database_answers_within_the_deadline<B: Networked>(b: 
             "{err:?}"
         );
         assert!(err.is_retryable());
+        late.get_or_insert(err);
     }
     proxy.thaw();
     // The late completion, answered in doubt, may have been sent before the freeze held
@@ -400,7 +402,14 @@ pub async fn records_dead_database_answers_within_the_deadline<B: Networked>(b: 
     // refused. Otherwise this holder's completion lands.
     let stored = match direct.complete(&held, &"done").await {
         Ok(()) => "done",
-        Err(Error::LeaseLost { .. }) => "late",
+        Err(Error::LeaseLost { .. }) => {
+            // Landed, so it must have been answered in doubt, never as unsent.
+            assert!(
+                matches!(late, Some(Error::DeadlineExceeded { in_doubt: true, .. })),
+                "the late completion landed, and was answered {late:?}"
+            );
+            "late"
+        }
         Err(e) => panic!("the holder's completion after the thaw: {e:?}"),
     };
     assert_eq!(

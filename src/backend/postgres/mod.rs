@@ -168,7 +168,8 @@ impl PgStore {
     /// tests the connections it hands out once it sat kept longer than 1 ms (back to
     /// back conversations pay no test). It goes back to the pool after a conversation that finds none idle at the
     /// pool's size limit, 10 to 20 ms after the last one, and when the pool is closed; it
-    /// is closed, never given back, when its conversation fails on it or is dropped. While
+    /// is closed, never given back, when it is lost, when its conversation is dropped,
+    /// and when an apply-first unit fails on it. While
     /// kept it skips the pool's `before_acquire` and `after_release` hooks and its
     /// `max_lifetime`: turn this off if you rely on them. Off, every conversation takes a
     /// connection from the pool.
