@@ -565,7 +565,7 @@ pub async fn a_timer_job_killed_by_sigkill_inside_its_batch_undoes_it_whole<B: N
     let deadline = Instant::now() + Duration::from_secs(30);
     while b.lock_waits().await + b.open_transactions().await > 0 {
         assert!(Instant::now() < deadline, "the killed session stayed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(super::outbox::cancel::POLL).await;
     }
     assert_eq!(
         b.scalar("SELECT COUNT(*) FROM orderly_transitions WHERE event = 'Cancel'")

@@ -2,7 +2,7 @@
 //! many entities, a poison event, a relay dropped at every await point or killed with
 //! SIGKILL, shutdown, purge, and events committed with `Records::run`.
 
-mod cancel;
+pub(crate) mod cancel;
 mod events;
 mod killed;
 mod relays;
