@@ -206,12 +206,10 @@ impl<P: Policy> conformance::Networked for Pg<P> {
         PgStore::new(pool, conformance::app_tables())
     }
 
-    /// Each session is gone when this returns (`pg_terminate_backend` waits for it), so
-    /// that no statement sent after it can still be answered by one.
     async fn kill_sessions(&self) -> usize {
         let killed = self
             .scalar(
-                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
                  WHERE datname = current_database() AND pid <> pg_backend_pid() \
                  AND backend_type = 'client backend') AS k",
             )
