@@ -268,6 +268,18 @@ mod tests {
         pool
     }
 
+    /// Waits (2 s at most) until the pool holds `idle` connections idle.
+    async fn until_idle(pool: &Pool<sqlx::Sqlite>, idle: usize, never: &str) {
+        let back = async {
+            while pool.num_idle() != idle {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(2), back)
+            .await
+            .expect(never);
+    }
+
     #[tokio::test]
     async fn a_kept_connection_goes_back_to_the_pool_when_idle() {
         let pool = pool(2).await;
@@ -276,14 +288,7 @@ mod tests {
         taken.keep(&pool);
         assert!(kept.holds());
         assert_eq!(pool.num_idle(), 0, "the kept connection is out of the pool");
-        let back = async {
-            while pool.num_idle() != 1 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(2), back)
-            .await
-            .expect("the kept connection never went back to the pool");
+        until_idle(&pool, 1, "the kept connection never went back to the pool").await;
         assert!(!kept.holds());
     }
 
@@ -339,14 +344,12 @@ mod tests {
         kept.give_back(other, &pool);
         assert!(kept.holds());
         // (The pool tests it on its way back, on a task of its own.)
-        let back = async {
-            while pool.num_idle() != 1 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(2), back)
-            .await
-            .expect("the second connection never went back to the pool");
+        until_idle(
+            &pool,
+            1,
+            "the second connection never went back to the pool",
+        )
+        .await;
         assert_eq!(pool.size(), 2);
     }
 
