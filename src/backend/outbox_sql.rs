@@ -8,7 +8,7 @@
 use sqlx::Executor;
 
 use crate::backend::names::Names;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "sqlite")]
 use crate::backend::sql::BySize;
 use crate::backend::sql::{Arg, Binds, Params, Statement};
 use crate::outbox::{ClaimedEvent, CorruptEvent, EventKey, EventRow, FailedEvent};
@@ -79,7 +79,7 @@ pub(crate) const UNKNOWN_STATUS: &str = "(o.status < 'DEAD' OR (o.status > 'DEAD
 
 /// `({alias}machine = ? AND {alias}entity_id = ? AND {alias}version = ?) OR …`, one group
 /// per key; `alias` is a table alias with its dot (`"o."`), or `""`.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "sqlite")]
 pub(crate) fn keys_in(alias: &str, n: usize) -> String {
     let one = format!("({alias}machine = ? AND {alias}entity_id = ? AND {alias}version = ?)");
     format!("({})", vec![one; n.max(1)].join(" OR "))
@@ -108,8 +108,8 @@ pub(crate) struct OutboxStatements {
     list: Statement,
     /// A claim's events published, their keys as `OR`ed groups, sized by the batch:
     /// 1 token, then machine, entity id and version of each (plain `?`s, bound in order;
-    /// PostgreSQL has its own statement).
-    #[cfg(any(feature = "sqlite", feature = "mysql"))]
+    /// PostgreSQL and MySQL/MariaDB have their own statements).
+    #[cfg(feature = "sqlite")]
     mark_published: BySize,
 }
 
@@ -146,7 +146,7 @@ impl OutboxStatements {
                 "SELECT {columns} FROM {outbox} AS o WHERE o.status = ?1 \
                  ORDER BY o.machine, o.entity_id, o.version LIMIT ?2"
             )),
-            #[cfg(any(feature = "sqlite", feature = "mysql"))]
+            #[cfg(feature = "sqlite")]
             mark_published: {
                 let (now, outbox) = (now.to_string(), outbox.clone());
                 BySize::new(move |n| {
@@ -341,9 +341,10 @@ where
 }
 
 /// [`OutboxStore::mark_published`](crate::outbox::OutboxStore::mark_published) with the
-/// batch's keys as `OR`ed groups (MySQL/MariaDB, SQLite, whose plain `?`s bind in order;
-/// PostgreSQL matches them against arrays, which it plans cheaper).
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+/// batch's keys as `OR`ed groups (SQLite, whose plain `?`s bind in order; PostgreSQL
+/// matches them against arrays, MySQL/MariaDB joins them as a JSON table: each plans
+/// those cheaper).
+#[cfg(feature = "sqlite")]
 pub(crate) async fn mark_published_or_keys<DB: Binds>(
     conn: &mut DB::Connection,
     s: &OutboxStatements,

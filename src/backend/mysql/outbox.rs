@@ -15,10 +15,8 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::MySqlStore;
 use crate::backend::names::{Names, PerNamespace};
-use crate::backend::outbox_sql::{
-    self, ATTEMPT, OutboxStatements, UNKNOWN_STATUS, claimed, keys_in,
-};
-use crate::backend::sql::{BySize, Params};
+use crate::backend::outbox_sql::{self, ATTEMPT, OutboxStatements, UNKNOWN_STATUS, claimed};
+use crate::backend::sql::Params;
 use crate::idempotency::RecordStore;
 use crate::outbox::{
     ClaimEvents, ClaimedEvent, CorruptRow, EventKey, EventRow, FailedEvent, OutboxStore, StatsRow,
@@ -107,8 +105,18 @@ impl OutboxStore for MySqlStore {
         token: &str,
         keys: &[EventKey],
     ) -> Result<u64, sqlx::Error> {
-        outbox_sql::mark_published_or_keys::<MySql>(conn, STATEMENTS.get(self.names()), token, keys)
-            .await
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let keys = keys
+            .iter()
+            .map(|k| (k.machine.as_str(), k.entity_id, k.version));
+        let done = sqlx::query(MARK_PUBLISHED.get(self.names()).clone())
+            .bind(keys_json(keys))
+            .bind(token)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn claim_events(
@@ -129,16 +137,15 @@ impl OutboxStore for MySqlStore {
         // The earlier-event test again, on a snapshot that sees every event committed
         // before the ones the locking read found; the survivors' rows, as they are (they
         // are locked), each decoded on its own.
-        let mut query = sqlx::query(CLAIM_EVENTS_RECHECK.get(self.names()).get(locked.len()));
-        for (machine, entity_id, version) in &locked {
-            query = query.bind(machine).bind(entity_id).bind(version);
-        }
-        let mut rows: Vec<ClaimedEvent> = query
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(claimed)
-            .collect();
+        let chosen = keys_json(locked.iter().map(|(m, e, v)| (m.as_str(), *e, *v)));
+        let mut rows: Vec<ClaimedEvent> =
+            sqlx::query(CLAIM_EVENTS_RECHECK.get(self.names()).clone())
+                .bind(chosen)
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(claimed)
+                .collect();
         // A row whose key does not read cannot be handed over (nor set aside): it is left
         // as it is. (The key's columns are typed; it does not happen.)
         rows.retain(|row| row.as_ref().map_or_else(|c| c.key.is_some(), |_| true));
@@ -157,16 +164,17 @@ impl OutboxStore for MySqlStore {
                 Err(c) => c.key.clone(),
             })
             .collect();
-        let mut update = sqlx::query(CLAIM_EVENTS_HAND_OVER.get(self.names()).get(keys.len()))
+        let kept = keys_json(
+            keys.iter()
+                .map(|k| (k.machine.as_str(), k.entity_id, k.version)),
+        );
+        let handed = sqlx::query(CLAIM_EVENTS_HAND_OVER.get(self.names()).clone())
+            .bind(&kept)
             .bind(c.token)
-            .bind(c.lease_ms);
-        for key in &keys {
-            update = update
-                .bind(&key.machine)
-                .bind(key.entity_id)
-                .bind(key.version);
-        }
-        let handed = update.execute(&mut *tx).await?.rows_affected();
+            .bind(c.lease_ms)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
         tx.commit().await?;
         if handed == keys.len() as u64 {
             for row in rows.iter_mut().flatten() {
@@ -179,14 +187,9 @@ impl OutboxStore for MySqlStore {
         // on a Galera node another node's write set could roll the transaction back
         // during that read without an error: the read would answer rows the claim no
         // longer holds.)
-        let mut read =
-            sqlx::query(CLAIM_EVENTS_TAKEN.get(self.names()).get(keys.len())).bind(c.token);
-        for key in &keys {
-            read = read
-                .bind(&key.machine)
-                .bind(key.entity_id)
-                .bind(key.version);
-        }
+        let read = sqlx::query(CLAIM_EVENTS_TAKEN.get(self.names()).clone())
+            .bind(&kept)
+            .bind(c.token);
         Ok(read.fetch_all(conn).await?.iter().map(claimed).collect())
     }
 
@@ -324,36 +327,51 @@ static CLAIM_EVENTS_CHOOSE: PerNamespace<SqlStr> = PerNamespace::new(|n| {
     .into_sql_str()
 });
 
-/// The statements of `claim_events` sized by the events they name (the re-check, the
-/// hand-over, the read-back of what the claim holds), built once per namespace and size.
-static CLAIM_EVENTS_RECHECK: PerNamespace<BySize> = PerNamespace::new(|n| {
-    let (outbox, head) = (n.outbox.clone(), head(n));
-    BySize::new(move |size| {
-        format!(
-            "SELECT {EVENT_COLUMNS} FROM {outbox} AS o WHERE {} AND {head}",
-            keys_in("o.", size)
-        )
-    })
+/// The statements of `claim_events` that name the chosen events (the re-check, the
+/// hand-over, the read-back of what the claim holds), each joining its one parameter
+/// ([`KEYS`]) to the rows by the primary key; built once per namespace.
+static CLAIM_EVENTS_RECHECK: PerNamespace<SqlStr> = PerNamespace::new(|n| {
+    AssertSqlSafe(format!(
+        "SELECT {EVENT_COLUMNS} FROM {KEYS} STRAIGHT_JOIN {outbox} AS o FORCE INDEX (PRIMARY) \
+             ON o.machine = k.m AND o.entity_id = k.e AND o.version = k.v \
+         WHERE {head}",
+        outbox = n.outbox,
+        head = head(n)
+    ))
+    .into_sql_str()
 });
-static CLAIM_EVENTS_HAND_OVER: PerNamespace<BySize> = PerNamespace::new(|n| {
-    let outbox = n.outbox.clone();
-    BySize::new(move |size| {
-        format!(
-            "UPDATE {outbox} SET owner_token = ?, lease_until = {NOW} + ?, \
-                 attempts = LEAST(GREATEST(attempts, 0) + 1, 2147483647) \
-             WHERE status = 'PENDING' AND next_at <= {NOW} AND lease_until <= {NOW} AND {}",
-            keys_in("", size)
-        )
-    })
+static CLAIM_EVENTS_HAND_OVER: PerNamespace<SqlStr> = PerNamespace::new(|n| {
+    AssertSqlSafe(format!(
+        "UPDATE {KEYS} STRAIGHT_JOIN {outbox} AS o FORCE INDEX (PRIMARY) \
+             ON o.machine = k.m AND o.entity_id = k.e AND o.version = k.v \
+         SET o.owner_token = ?, o.lease_until = {NOW} + ?, \
+             o.attempts = LEAST(GREATEST(o.attempts, 0) + 1, 2147483647) \
+         WHERE o.status = 'PENDING' AND o.next_at <= {NOW} AND o.lease_until <= {NOW}",
+        outbox = n.outbox
+    ))
+    .into_sql_str()
 });
-static CLAIM_EVENTS_TAKEN: PerNamespace<BySize> = PerNamespace::new(|n| {
-    let outbox = n.outbox.clone();
-    BySize::new(move |size| {
-        format!(
-            "SELECT {EVENT_COLUMNS} FROM {outbox} WHERE owner_token = ? AND {}",
-            keys_in("", size)
-        )
-    })
+static CLAIM_EVENTS_TAKEN: PerNamespace<SqlStr> = PerNamespace::new(|n| {
+    AssertSqlSafe(format!(
+        "SELECT {EVENT_COLUMNS} FROM {KEYS} STRAIGHT_JOIN {outbox} AS o FORCE INDEX (PRIMARY) \
+             ON o.machine = k.m AND o.entity_id = k.e AND o.version = k.v \
+         WHERE o.owner_token = ?",
+        outbox = n.outbox
+    ))
+    .into_sql_str()
+});
+
+/// The statement of `mark_published` (claims by lease), built once per namespace.
+static MARK_PUBLISHED: PerNamespace<SqlStr> = PerNamespace::new(|n| {
+    AssertSqlSafe(format!(
+        "UPDATE {KEYS} STRAIGHT_JOIN {outbox} AS o FORCE INDEX (PRIMARY) \
+             ON o.machine = k.m AND o.entity_id = k.e AND o.version = k.v \
+         SET o.status = 'PUBLISHED', o.owner_token = NULL, o.lease_until = 0, \
+             o.last_error = NULL, o.published_at = {NOW}, o.next_at = {NOW} \
+         WHERE o.owner_token = ? AND o.status = 'PENDING'",
+        outbox = n.outbox
+    ))
+    .into_sql_str()
 });
 
 /// A batch's keys as a table `k (m, e, v)`, from one parameter: the keys as a JSON array
