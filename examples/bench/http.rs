@@ -4,14 +4,18 @@
 
 use super::*;
 
+// Shared with the suites that build the example service.
+#[path = "../../tests/example_service/cargo.rs"]
+mod cargo;
+use cargo::plain_cargo;
+
 /// The skus seeded for the cold runs (each request takes one at random).
 pub(crate) const COLD_SKUS: usize = 1000;
 
 /// The example service's binary, built as this bench was (debug or release).
 fn service_binary() -> Result<std::path::PathBuf, BoxError> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let release = !cfg!(debug_assertions);
-    let mut build = std::process::Command::new(cargo);
+    let mut build = plain_cargo();
     build.args(["build", "-q", "--example", "service", "--all-features"]);
     if release {
         build.arg("--release");

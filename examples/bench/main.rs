@@ -102,6 +102,7 @@
 //! one `outbox backend=… c=… outbox_vs_hand=… replay_vs_outbox=…` and one `guarded
 //! backend=… c=… guarded_vs_hand=… replay_vs_guarded=…` per concurrency, and the
 //! `relay …` line, for scripts.
+//! On stderr, each pass's wall time (`# pass records c=8: 2.1 s`), and the setup's.
 //!
 //! With `--admin-history N` (or `--only admin`), the admin mode (`admin.rs`): the
 //! operators' page timed over a database of N history rows, and the engine with the page
@@ -238,7 +239,7 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     for &c in concurrency {
         db.reset().await?;
         if args.only == Some(Only::Guarded) {
-            ratios.push(guarded_pass(&db, &guarded, c, args).await?);
+            ratios.push(timed("guarded", c, guarded_pass(&db, &guarded, c, args)).await?);
             continue;
         }
         if args.only == Some(Only::Engine) {
@@ -246,13 +247,14 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             continue;
         }
         if args.only == Some(Only::Layers) {
-            ratios.push(records_pass(&db, &engine, &records, c, args).await?);
-            ratios.push(flows_pass(&db, &flows, c, args).await?);
+            ratios.push(timed("records", c, records_pass(&db, &engine, &records, c, args)).await?);
+            ratios.push(timed("flows", c, flows_pass(&db, &flows, c, args)).await?);
             continue;
         }
         if let Some(big) = &big {
             big.reset().await?;
         }
+        let lanes_started = Instant::now();
         let mut big_lane = Lane::new(1 + 2 * share);
         let (mut floor, mut naive, mut applied) =
             (Lane::new(1), Lane::new(1 + share), Lane::new(1 + 2 * share));
@@ -328,6 +330,10 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             })
             .await?;
         }
+        eprintln!(
+            "# pass transitions c={c}: {:.1} s",
+            lanes_started.elapsed().as_secs_f64()
+        );
         let [
             floor,
             naive,
@@ -426,8 +432,9 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
                 String::new()
             }
         ));
-        let records_line = records_pass(&db, &engine, &records, c, args).await?;
-        let flows_line = flows_pass(&db, &flows, c, args).await?;
+        let records_line =
+            timed("records", c, records_pass(&db, &engine, &records, c, args)).await?;
+        let flows_line = timed("flows", c, flows_pass(&db, &flows, c, args)).await?;
         // The cost of one call, in one line: the engine against the cheapest reference
         // there is (pgbench on PostgreSQL, the direct loop on SQLite, the floor
         // elsewhere), its client CPU a call, and the layers against their hand-written
@@ -447,25 +454,32 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
         ));
         ratios.push(records_line);
         ratios.push(flows_line);
-        ratios.push(outbox_pass(&db, &emitting, c, args).await?);
-        ratios.push(guarded_pass(&db, &guarded, c, args).await?);
+        ratios.push(timed("outbox", c, outbox_pass(&db, &emitting, c, args)).await?);
+        ratios.push(timed("guarded", c, guarded_pass(&db, &guarded, c, args)).await?);
     }
     let most = args.concurrency.iter().copied().max().unwrap_or(1);
     if args.runs(Only::Hot) {
-        ratios.push(hot_pass(&db, most, args).await?);
+        ratios.push(timed("hot", most, hot_pass(&db, most, args)).await?);
     }
     if args.runs(Only::Http) {
-        ratios.push(http_pass(&db, most, args).await?);
+        ratios.push(timed("http", most, http_pass(&db, most, args)).await?);
     }
     if args.only.is_none() {
         if let Some(url) = &args.redis {
-            storm_pass(&records, url, args, &mut ratios).await?;
+            timed("front", most, storm_pass(&records, url, args, &mut ratios)).await?;
         }
-        ratios.push(deadline_pass(&db, &engine, &records, &flows, args).await?);
+        ratios.push(
+            timed(
+                "deadline",
+                8,
+                deadline_pass(&db, &engine, &records, &flows, args),
+            )
+            .await?,
+        );
     }
     if args.runs(Only::Relay) {
         ratios.push(match &args.nats {
-            Some(url) => relay_nats(&db, url, args).await?,
+            Some(url) => timed("relay", 4, relay_nats(&db, url, args)).await?,
             None => {
                 let (sink, mut rx) = ChannelSink::new();
                 tokio::spawn(async move { while rx.recv().await.is_some() {} });
@@ -473,15 +487,15 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
             }
         });
         if let Some(brokers) = &args.kafka {
-            ratios.push(traced::relay_kafka(&db, brokers, args).await?);
+            ratios.push(timed("relay_kafka", 4, traced::relay_kafka(&db, brokers, args)).await?);
         }
     }
     if args.runs(Only::Timers) {
-        ratios.push(timers_pass(&db, args).await?);
+        ratios.push(timed("timers", 4, timers_pass(&db, args)).await?);
     }
     if let Some(history) = args.admin_history.filter(|_| args.runs(Only::Admin)) {
         #[cfg(feature = "admin")]
-        ratios.push(admin::admin_pass(&db, most, history, args).await?);
+        ratios.push(timed("admin", most, admin::admin_pass(&db, most, history, args)).await?);
         #[cfg(not(feature = "admin"))]
         return Err(
             format!("--admin-history {history}: the admin mode needs the `admin` feature").into(),
@@ -489,12 +503,31 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     }
     // The last pass: it leaves a subscriber recording every span.
     if args.traced && args.only.is_none() {
-        ratios.push(traced::traced_pass(&db, &emitting, most, args, &ratios).await?);
+        ratios.push(
+            timed(
+                "traced",
+                most,
+                traced::traced_pass(&db, &emitting, most, args, &ratios),
+            )
+            .await?,
+        );
     }
     for line in scales.into_iter().chain(ratios) {
         println!("{line}");
     }
     Ok(())
+}
+
+/// Runs `pass` and prints its name, callers and wall time to stderr (the ratio lines
+/// go to stdout), so that a slow pass shows where a run's time went.
+async fn timed<T>(name: &str, c: usize, pass: impl Future<Output = T>) -> T {
+    let started = Instant::now();
+    let out = pass.await;
+    eprintln!(
+        "# pass {name} c={c}: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    out
 }
 
 /// The value of `key=` in a printed line.
@@ -539,12 +572,14 @@ async fn main() -> Result<(), BoxError> {
     #[allow(unused_macros)]
     macro_rules! start {
         ($backend:ident) => {{
+            let started = Instant::now();
             let db =
                 $backend::Db::setup(&args, pool_size, "orderly_bench", args.history_rows).await?;
             let big = match args.compare_history {
                 Some(n) => Some($backend::Db::setup(&args, pool_size, "orderly_bench_b", n).await?),
                 None => None,
             };
+            eprintln!("# setup: {:.1} s", started.elapsed().as_secs_f64());
             run(db, big, &args).await
         }};
     }

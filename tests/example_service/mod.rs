@@ -2,6 +2,8 @@
 //! suites that drive it over real HTTP.
 #![allow(dead_code)]
 
+mod cargo;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -17,8 +19,7 @@ pub fn binary() -> std::path::PathBuf {
 }
 
 fn build() -> std::path::PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
+    let status = cargo::plain_cargo()
         .args(["build", "-q", "--example", "service", "--all-features"])
         .status()
         .expect("cargo runs");
