@@ -567,7 +567,15 @@ async fn engine_alone<S: Store>(
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = parse_args()?;
-    let pool_size = *args.concurrency.iter().max().unwrap_or(&1) as u32;
+    // As many connections as the most callers; at least four where the relay or timer
+    // passes run: each runs four loops, each holding a connection for its round, and with
+    // fewer they would take turns on the pool instead of racing each other.
+    let loops = if args.runs(Only::Relay) || args.runs(Only::Timers) {
+        4
+    } else {
+        1
+    };
+    let pool_size = (*args.concurrency.iter().max().unwrap_or(&1)).max(loops) as u32;
     // The bench database, and the one with the larger history for `--compare-history`.
     #[allow(unused_macros)]
     macro_rules! start {
