@@ -293,3 +293,15 @@ where
         again.throughput() / run.throughput()
     ))
 }
+
+/// Runs `pass` and prints its name, callers and wall time to stderr (the ratio lines
+/// go to stdout), so that a slow pass shows where a run's time went.
+pub(crate) async fn timed<T>(name: &str, c: usize, pass: impl Future<Output = T>) -> T {
+    let started = Instant::now();
+    let out = pass.await;
+    eprintln!(
+        "# pass {name} c={c}: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    out
+}

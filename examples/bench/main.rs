@@ -518,18 +518,6 @@ async fn run<B: BenchDb>(db: B, big: Option<B>, args: &Args) -> Result<(), BoxEr
     Ok(())
 }
 
-/// Runs `pass` and prints its name, callers and wall time to stderr (the ratio lines
-/// go to stdout), so that a slow pass shows where a run's time went.
-async fn timed<T>(name: &str, c: usize, pass: impl Future<Output = T>) -> T {
-    let started = Instant::now();
-    let out = pass.await;
-    eprintln!(
-        "# pass {name} c={c}: {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    out
-}
-
 /// The value of `key=` in a printed line.
 fn field<'l>(line: &'l str, key: &str) -> Option<&'l str> {
     line.split_whitespace()

@@ -8,23 +8,23 @@ pub fn plain_cargo() -> std::process::Command {
     let mut cargo =
         std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     for (name, _) in std::env::vars_os() {
-        let set_by_cargo = name.to_str().is_some_and(|n| {
-            [
-                "CARGO_PKG_",
-                "CARGO_MANIFEST_",
-                "CARGO_BIN_",
-                "CARGO_CRATE_",
-            ]
-            .iter()
-            .any(|prefix| n.starts_with(prefix))
-                || matches!(
-                    n,
-                    "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR" | "OUT_DIR"
-                )
-        });
+        let set_by_cargo = name
+            .to_str()
+            .is_some_and(|n| SET_BY_CARGO.iter().any(|prefix| n.starts_with(prefix)));
         if set_by_cargo {
             cargo.env_remove(name);
         }
     }
     cargo
 }
+
+/// The variables cargo sets for a crate it runs (names, or the start of names).
+const SET_BY_CARGO: [&str; 7] = [
+    "CARGO_PKG_",
+    "CARGO_MANIFEST_",
+    "CARGO_BIN_",
+    "CARGO_CRATE_",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "OUT_DIR",
+];
