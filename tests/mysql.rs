@@ -253,14 +253,53 @@ async fn deadlocks(b: &My) -> i64 {
     row.1.parse().unwrap()
 }
 
-/// `conformance::connection_cut_under_coalesced_claims_answers_each_claim`: MariaDB does
-/// not coalesce claims, so the cut lands on one claim among many at once, at the first
-/// request carrying a key of the test (a claim's `INSERT IGNORE`, its key in the
-/// parameters).
+/// `conformance::connection_cut_under_coalesced_claims_answers_each_claim`, cut at the
+/// first request carrying a key of the test: the execution of the claim that went alone,
+/// or of a batch's multi-row `INSERT IGNORE` (the keys are in the parameters).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn connection_cut_under_concurrent_claims() {
+async fn connection_cut_under_coalesced_claims() {
     let b = <My>::fresh().await;
     conformance::connection_cut_under_coalesced_claims_answers_each_claim(&b, b"cut-").await;
+    b.cleanup().await;
+}
+
+/// The same, cut at the text of a batch of claims (its rows after the first, sent once
+/// per connection and size, in its prepare).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_cut_at_a_batch_of_claims() {
+    let b = <My>::fresh().await;
+    conformance::connection_cut_under_coalesced_claims_answers_each_claim(
+        &b,
+        b"), (?, ?, ?, 'PROCESSING'",
+    )
+    .await;
+    b.cleanup().await;
+}
+
+/// `conformance::connection_cut_under_coalesced_finishes_answers_each_finish`: a batch of
+/// finishes is one transaction, its finishes' updates and one `COMMIT` (a lone finish
+/// commits by itself): cut as the `COMMIT` goes out, after the server got it, and with
+/// its reply dropped once it committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_cut_under_coalesced_finishes() {
+    let b = <My>::fresh().await;
+    conformance::connection_cut_under_coalesced_finishes_answers_each_finish(
+        &b,
+        &[
+            server::Cut::Request(b"\x03COMMIT"),
+            server::Cut::Forward(b"\x03COMMIT"),
+            server::Cut::ReplyTo(b"\x03COMMIT"),
+        ],
+    )
+    .await;
+    b.cleanup().await;
+}
+
+/// `conformance::finish_in_a_batch_past_its_deadline_is_in_doubt`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn finish_in_a_batch_past_its_deadline_is_in_doubt() {
+    let b = <My>::fresh().await;
+    conformance::finish_in_a_batch_past_its_deadline_is_in_doubt(&b).await;
     b.cleanup().await;
 }
 

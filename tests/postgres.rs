@@ -264,6 +264,35 @@ async fn connection_cut_under_coalesced_claims() {
     b.cleanup().await;
 }
 
+/// `conformance::connection_cut_under_coalesced_finishes_answers_each_finish`: cut at the
+/// text of the batch of finishes (sent once per connection, in its `Parse`), and at its
+/// execution (the request that binds the batch's arrays, a one-dimensional array of
+/// `text` without nulls first: no lone finish binds one), before the server gets it and
+/// after it committed, its reply dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_cut_under_coalesced_finishes() {
+    const ARRAY: &[u8] = b"\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x19";
+    let b = <Pg>::fresh().await;
+    conformance::connection_cut_under_coalesced_finishes_answers_each_finish(
+        &b,
+        &[
+            server::Cut::Request(b"AS f(scope, idem_key, owner_token"),
+            server::Cut::Request(ARRAY),
+            server::Cut::ReplyTo(ARRAY),
+        ],
+    )
+    .await;
+    b.cleanup().await;
+}
+
+/// `conformance::finish_in_a_batch_past_its_deadline_is_in_doubt`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn finish_in_a_batch_past_its_deadline_is_in_doubt() {
+    let b = <Pg>::fresh().await;
+    conformance::finish_in_a_batch_past_its_deadline_is_in_doubt(&b).await;
+    b.cleanup().await;
+}
+
 async fn deadlocks(b: &Pg) -> i64 {
     b.scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
         .await

@@ -1,7 +1,13 @@
-//! Coalesced claims of records (an idempotency record's claim, a flow's start): while one
-//! claim statement is in flight, the new claims that arrive wait and go together in the
-//! next, one statement and one commit for all, as the engine's writes do (docs/design.md,
-//! "Why coalesce writes, and why without a timer?").
+//! Coalesced writes of records: claims (an idempotency record's claim, a flow's start)
+//! and holders' finishes (an idempotency record's completion, failure or release). While
+//! one statement of a kind is in flight, the new writes of that kind that arrive wait
+//! and go together in the next batch, one commit for all (one statement where the store
+//! can), as the engine's writes do (docs/design.md, "Why coalesce writes, and why without
+//! a timer?"). Claims are the case described below. A finish is marked sent as its batch
+//! goes (past its caller's deadline it is then in doubt, not unsent), and a batch that
+//! wrote nothing for it, or failed, leaves it to its ordinary path: the fenced write and,
+//! where that writes nothing, the read-back of what became of it
+//! (`src/idempotency/finish.rs`).
 //!
 //! Nothing waits on purpose: a claim that finds no statement in flight goes at once, with
 //! the ordinary claim statement, on its own task, exactly as without coalescing. A queued
@@ -32,26 +38,37 @@ use crate::store::{Lease, Store};
 /// The most claims in one batch.
 const MAX_BATCH: usize = 64;
 
-/// A claim that can wait in the queue (it owns its values), and the statement that
+/// A write that can wait in the queue (it owns its values), and the statement that
 /// writes a batch of them on store `S`.
 pub(crate) trait Queued<S: Store>: Send + Sync + Sized + 'static {
-    /// The owner token the claim minted.
-    fn token(&self) -> &str;
+    /// What the batch's statement tells a write it wrote (a claim's attempt number).
+    type Answer: Copy + Send + 'static;
+    /// Whether a write the batch wrote for a caller that had left is undone
+    /// ([`release`](Self::release)).
+    const RELEASES: bool = false;
+
     /// Whether its caller stopped waiting: it is left out of the next batch, never sent.
     fn left(&self) -> bool {
         false
     }
-    /// Inserts the claims whose records do not exist yet, in one statement where the
-    /// store can: the tokens of those that hold their records now, with their attempts.
+    /// Called for each write of a batch about to be sent: whether it goes (`false`: its
+    /// caller left, and it is never sent). A write whose caller's answer depends on
+    /// whether it was sent marks it here.
+    fn send(&self) -> bool {
+        !self.left()
+    }
+    /// Writes the batch, in one statement where the store can: an answer for each write,
+    /// in the batch's order, `Some` for those that landed (claims: that hold their
+    /// records now, with their attempts).
     fn write(
         store: &S,
         conn: &mut S::Conn,
         batch: &[Self],
-    ) -> impl Future<Output = Result<Vec<(String, i32)>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<Option<Self::Answer>>, sqlx::Error>> + Send;
 
-    /// Gives up a claim this batch granted to a caller that had left (its receiver
-    /// dropped while the batch was on its way), so its record is not held until its
-    /// lease runs out. The default leaves it to the lease.
+    /// Undoes a write this batch landed for a caller that had left (its receiver
+    /// dropped while the batch was on its way), where [`RELEASES`](Self::RELEASES): a
+    /// claim is given up, so its record is not held until its lease runs out.
     fn release(
         store: &S,
         conn: &mut S::Conn,
@@ -62,55 +79,56 @@ pub(crate) trait Queued<S: Store>: Send + Sync + Sized + 'static {
     }
 }
 
-/// The claims of one [`Records`](crate::Records) or [`Flows`](crate::Flows) and its
-/// clones.
-pub(crate) struct Claims<S, Q> {
+/// The queued writes of one kind of one [`Records`](crate::Records) or
+/// [`Flows`](crate::Flows) and its clones.
+pub(crate) struct Batched<S, Q, A> {
     store: S,
     /// A batch's statement that takes longer than this is dropped (its connection
     /// closed), and its claims go the ordinary way.
     limit: Duration,
-    queue: Queue<Waiting<Q>>,
+    queue: Queue<Waiting<Q, A>>,
     /// Batches of two claims or more, and the claims they carried.
     batches: AtomicU64,
     carried: AtomicU64,
 }
 
-impl<S, Q> std::fmt::Debug for Claims<S, Q> {
+impl<S, Q, A> std::fmt::Debug for Batched<S, Q, A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Claims")
+        f.debug_struct("Batched")
             .field("batches", &self.batches.load(Relaxed))
             .field("carried", &self.carried.load(Relaxed))
             .finish_non_exhaustive()
     }
 }
 
-/// How many claims went in batches of two or more (see
-/// [`Records::coalesced_claims`](crate::Records::coalesced_claims) and
+/// How many claims (or finishes) went in batches of two or more (see
+/// [`Records::coalesced_claims`](crate::Records::coalesced_claims),
+/// [`Records::coalesced_finishes`](crate::Records::coalesced_finishes) and
 /// [`Flows::coalesced_starts`](crate::Flows::coalesced_starts)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CoalescedClaims {
-    /// Statements that carried two claims or more.
+    /// Batches that carried two claims (or finishes) or more.
     pub batches: u64,
-    /// The claims those statements carried.
+    /// The claims (or finishes) those batches carried.
     pub claims: u64,
 }
 
-/// A queued claim. Its answer: `Some(attempt)` if the batch's statement made it the
-/// record's holder, `None` if it wrote nothing for it; the sender dropped if the batch
-/// failed.
-pub(crate) struct Waiting<Q> {
+/// A queued write. Its answer: `Some` if the batch's statement landed it (a claim: made
+/// it the record's holder, with this attempt), `None` if it wrote nothing for it; the
+/// sender dropped if the batch failed or the write was left out.
+pub(crate) struct Waiting<Q, A> {
     claim: Q,
-    reply: oneshot::Sender<Option<i32>>,
+    reply: oneshot::Sender<Option<A>>,
 }
 
-/// A claim's place: the turn (no statement was in flight: this claim goes at once,
+/// A write's place: the turn (no statement was in flight: this write goes at once,
 /// alone, and hands the turn on when its statement is done), or queued for the next
 /// batch, whose answer comes on the receiver.
-pub(crate) type Place<S, Q> = Entered<Claims<S, Q>, oneshot::Receiver<Option<i32>>>;
+pub(crate) type Place<S, Q, A> = Entered<Batched<S, Q, A>, oneshot::Receiver<Option<A>>>;
 
-impl<S: Store, Q: Queued<S>> Claims<S, Q> {
+impl<S: Store, Q: Queued<S, Answer = A>, A: Copy + Send + 'static> Batched<S, Q, A> {
     pub(crate) fn new(store: S, limit: Duration) -> Arc<Self> {
-        Arc::new(Claims {
+        Arc::new(Batched {
             store,
             limit,
             queue: Queue::default(),
@@ -128,7 +146,7 @@ impl<S: Store, Q: Queued<S>> Claims<S, Q> {
 
     /// Takes the turn if no statement is in flight, else queues the claim (`claim()`) for
     /// the next.
-    pub(crate) fn turn(self: &Arc<Self>, claim: impl FnOnce() -> Q) -> Place<S, Q> {
+    pub(crate) fn turn(self: &Arc<Self>, claim: impl FnOnce() -> Q) -> Place<S, Q, A> {
         Queue::enter(self, || {
             let (reply, answer) = oneshot::channel();
             let claim = claim();
@@ -137,10 +155,10 @@ impl<S: Store, Q: Queued<S>> Claims<S, Q> {
     }
 }
 
-impl<S: Store, Q: Queued<S>> Drain for Claims<S, Q> {
-    type Item = Waiting<Q>;
+impl<S: Store, Q: Queued<S, Answer = A>, A: Copy + Send + 'static> Drain for Batched<S, Q, A> {
+    type Item = Waiting<Q, A>;
 
-    fn queue(&self) -> &Queue<Waiting<Q>> {
+    fn queue(&self) -> &Queue<Waiting<Q, A>> {
         &self.queue
     }
 
@@ -149,12 +167,21 @@ impl<S: Store, Q: Queued<S>> Drain for Claims<S, Q> {
         // A caller that stopped waiting has dropped its receiver: its claim is left out,
         // never sent.
         while let Some(batch) = Queue::next(&mut turn, |waiting| {
-            queue::first(waiting, MAX_BATCH, |w: &Waiting<Q>| {
+            queue::first(waiting, MAX_BATCH, |w: &Waiting<Q, A>| {
                 !w.reply.is_closed() && !w.claim.left()
             })
         }) {
-            let (claims, replies): (Vec<Q>, Vec<_>) =
-                batch.into_iter().map(|w| (w.claim, w.reply)).unzip();
+            // Each write is marked sent, or left out (its sender dropped: it goes its
+            // ordinary way, which sends nothing for a caller that left) if its caller
+            // left meanwhile.
+            let (claims, replies): (Vec<Q>, Vec<_>) = batch
+                .into_iter()
+                .filter(|w| w.claim.send())
+                .map(|w| (w.claim, w.reply))
+                .unzip();
+            if claims.is_empty() {
+                continue;
+            }
             let write = async {
                 let mut lease = Lease::acquire_for_write(&self.store).await?;
                 let out = Q::write(&self.store, lease.conn(), &claims).await;
@@ -162,20 +189,18 @@ impl<S: Store, Q: Queued<S>> Drain for Claims<S, Q> {
                 out
             };
             match tokio::time::timeout(self.limit, write).await {
-                Ok(Ok(held)) => {
+                Ok(Ok(answers)) => {
                     if claims.len() > 1 {
                         self.batches.fetch_add(1, Relaxed);
                         self.carried.fetch_add(claims.len() as u64, Relaxed);
                     }
                     let mut left = Vec::new();
-                    for (claim, reply) in claims.iter().zip(replies) {
-                        let attempt = held
-                            .iter()
-                            .find(|(token, _)| token == claim.token())
-                            .map(|(_, attempt)| *attempt);
+                    // (A write without an answer, were the store to give fewer, has its
+                    // sender dropped: it goes its ordinary way.)
+                    for ((claim, reply), attempt) in claims.iter().zip(replies).zip(answers) {
                         // A caller that has given up has dropped its receiver: a claim
                         // granted to it is given up.
-                        if reply.send(attempt).is_err() && attempt.is_some() {
+                        if reply.send(attempt).is_err() && attempt.is_some() && Q::RELEASES {
                             left.push(claim);
                         }
                     }
@@ -214,4 +239,17 @@ impl<S: Store, Q: Queued<S>> Drain for Claims<S, Q> {
             tokio::task::yield_now().await;
         }
     }
+}
+
+/// Each write's answer, in `batch`'s order, from a statement's answers by owner token
+/// (claims mint a token each, so no two in a batch share one).
+pub(crate) fn by_token<Q, A: Copy>(
+    batch: &[Q],
+    token: impl Fn(&Q) -> &str,
+    answers: &[(String, A)],
+) -> Vec<Option<A>> {
+    batch
+        .iter()
+        .map(|q| answers.iter().find(|(t, _)| t == token(q)).map(|(_, a)| *a))
+        .collect()
 }

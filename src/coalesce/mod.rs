@@ -18,7 +18,7 @@
 //! |---|---|
 //! | `queue.rs` | nothing itself: the turn and the queue every kind below shares |
 //! | `reads.rs` | the engine's read-first reads of requests' history rows |
-//! | `claims.rs` | idempotency claims and flow starts: new records inserted together |
+//! | `claims.rs` | idempotency claims and flow starts (new records inserted together), and holders' finishes of records |
 //! | `writes.rs` | transitions' apply-first writes: a batch of requests in one write unit |
 //!
 //! A write unit answers each request in store terms (applied from one state to another,

@@ -11,7 +11,7 @@ use futures_util::future::BoxFuture;
 
 use super::outcome::FlowOutcome;
 use super::{FlowStore, StepSpec};
-use crate::coalesce::claims::Claims;
+use crate::coalesce::claims::Batched;
 use crate::error::Result;
 use crate::support::read_first::FirstRound;
 
@@ -87,7 +87,7 @@ pub struct Flows<S: FlowStore> {
     /// Whether a start reads the flow before its write (shared by clones).
     pub(super) first: FirstRound,
     /// The queue of concurrent starts, on a store that batches them (shared by clones).
-    pub(super) starts: Option<Arc<Claims<S, super::starts::Owned>>>,
+    pub(super) starts: Option<Arc<Batched<S, super::starts::Owned, i32>>>,
     /// What the runner asks at each recorded point (the testing kit's faults).
     pub(super) hook: crate::support::hook::Slot,
 }

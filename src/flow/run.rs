@@ -13,7 +13,7 @@ use super::flows::{Drive, FlowConfig, Flows, Held, millis};
 use super::outcome::{FlowOutcome, Started, is_live, recorded};
 use super::steps::Definition;
 use super::{Flow, FlowRow, FlowStore, StepRow, StepSpec};
-use crate::coalesce::claims::{Claims, CoalescedClaims};
+use crate::coalesce::claims::{Batched, CoalescedClaims};
 use crate::coalesce::queue::Entered;
 use crate::engine::ReadFirst;
 use crate::error::Error;
@@ -54,7 +54,7 @@ impl<S: FlowStore> Flows<S> {
             defs: Arc::default(),
             rounds: Arc::default(),
             first: FirstRound::new(ReadFirst::Adaptive, S::READ_FIRST_FROM),
-            starts: S::BATCHES_STARTS.then(|| Claims::new(store.clone(), START_LIMIT)),
+            starts: S::BATCHES_STARTS.then(|| Batched::new(store.clone(), START_LIMIT)),
             store,
             hook: crate::support::hook::Slot::default(),
         })
@@ -66,7 +66,7 @@ impl<S: FlowStore> Flows<S> {
     /// once, as without. Every start is answered as if it had gone alone. Default on.
     pub fn coalesce_starts(mut self, on: bool) -> Self {
         self.starts =
-            (on && S::BATCHES_STARTS).then(|| Claims::new(self.store.clone(), START_LIMIT));
+            (on && S::BATCHES_STARTS).then(|| Batched::new(self.store.clone(), START_LIMIT));
         self
     }
 

@@ -41,19 +41,23 @@ impl Owned {
 }
 
 impl<S: FlowStore> Queued<S> for Owned {
-    fn token(&self) -> &str {
-        &self.token
-    }
+    /// The attempt number of the start the batch granted.
+    type Answer = i32;
 
     async fn write(
         store: &S,
         conn: &mut S::Conn,
         batch: &[Self],
-    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+    ) -> Result<Vec<Option<i32>>, sqlx::Error> {
         // In the order of their keys, as every batch: two batches of the same keys never
         // wait on each other's rows in opposite orders.
         let mut starts: Vec<NewFlow<'_>> = batch.iter().map(Owned::as_start).collect();
         starts.sort_unstable_by(|a, b| (a.kind, a.key).cmp(&(b.kind, b.key)));
-        store.start_flows(conn, &starts).await
+        let held = store.start_flows(conn, &starts).await?;
+        Ok(crate::coalesce::claims::by_token(
+            batch,
+            |s| &s.token,
+            &held,
+        ))
     }
 }

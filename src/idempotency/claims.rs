@@ -42,9 +42,9 @@ impl Owned {
 }
 
 impl<S: RecordStore> Queued<S> for Owned {
-    fn token(&self) -> &str {
-        &self.token
-    }
+    /// The attempt number of the claim the batch granted.
+    type Answer = i32;
+    const RELEASES: bool = true;
 
     fn left(&self) -> bool {
         self.caller.left()
@@ -54,12 +54,17 @@ impl<S: RecordStore> Queued<S> for Owned {
         store: &S,
         conn: &mut S::Conn,
         batch: &[Self],
-    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+    ) -> Result<Vec<Option<i32>>, sqlx::Error> {
         // In the order of their keys, as every batch: two batches of the same keys never
         // wait on each other's rows in opposite orders.
         let mut claims: Vec<NewClaim<'_>> = batch.iter().map(Owned::as_claim).collect();
         claims.sort_unstable_by(|a, b| (a.scope, a.key).cmp(&(b.scope, b.key)));
-        store.claim_new(conn, &claims).await
+        let held = store.claim_new(conn, &claims).await?;
+        Ok(crate::coalesce::claims::by_token(
+            batch,
+            |c| &c.token,
+            &held,
+        ))
     }
 
     async fn release(store: &S, conn: &mut S::Conn, claim: &Self) -> Result<(), sqlx::Error> {

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::{Claimed, Failure, Finish, RecordStore, Records, millis};
+use crate::coalesce::queue::Entered;
 use crate::error::Error;
 use crate::error::Result;
 use crate::store::{ErrorClass, Lease, Txn, db_error};
@@ -160,10 +161,27 @@ impl<S: RecordStore> Records<S> {
         // An extension leaves the record as it found it, so a read cannot tell whether
         // it landed: a lost one is an error to retry, never taken for success.
         let finishes = finish.status != "PROCESSING";
+        // The first send goes with the finishes in flight, where they are coalesced: a
+        // batch that failed, or left it out, leaves it to be sent its ordinary way.
+        let mut batched = match &self.finishes {
+            Some(queue) if finishes => match queue.turn(|| super::finishes::Owned::new(finish)) {
+                Entered::Alone(turn) => {
+                    let out = write().await;
+                    turn.hand_on();
+                    Some(out)
+                }
+                Entered::Queued(answer) => answer.await.ok().map(|wrote| Ok(wrote.is_some())),
+            },
+            _ => None,
+        };
         let mut sends = 0;
         loop {
             sends += 1;
-            let lost = match write().await {
+            let sent = match batched.take() {
+                Some(sent) => sent,
+                None => write().await,
+            };
+            let lost = match sent {
                 Ok(true) => break Ok(()),
                 Ok(false) if !finishes => break lease_held(held, false),
                 // Nothing written: the record is not this holder's any more, unless this

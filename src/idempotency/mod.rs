@@ -32,6 +32,7 @@ use crate::support::read_first::FirstRound;
 mod claim;
 mod claims;
 mod finish;
+mod finishes;
 #[cfg(feature = "redis")]
 mod front;
 mod recovery;
@@ -94,7 +95,9 @@ pub struct Records<S> {
     /// Every claim and every holder's write is answered within this.
     deadline: Duration,
     /// The queue of concurrent claims, on a store that batches them (shared by clones).
-    claims: Option<Arc<crate::coalesce::claims::Claims<S, claims::Owned>>>,
+    claims: Option<Arc<crate::coalesce::claims::Batched<S, claims::Owned, i32>>>,
+    /// The queue of concurrent finishes (shared by clones), unless turned off.
+    finishes: Option<Arc<crate::coalesce::claims::Batched<S, finishes::Owned, ()>>>,
     #[cfg(feature = "redis")]
     front: Option<Arc<RedisFront>>,
     /// What [`Records::run`] asks at its recorded points (the testing kit's faults).
@@ -177,13 +180,18 @@ impl<S: RecordStore> Records<S> {
     /// Records on `store` with no scopes yet; add them with [`scope`](Self::scope).
     pub fn new(store: S) -> Self {
         let claims = S::BATCHES_CLAIMS
-            .then(|| crate::coalesce::claims::Claims::new(store.clone(), DEFAULT_DEADLINE));
+            .then(|| crate::coalesce::claims::Batched::new(store.clone(), DEFAULT_DEADLINE));
+        let finishes = Some(crate::coalesce::claims::Batched::new(
+            store.clone(),
+            DEFAULT_DEADLINE,
+        ));
         Records {
             store,
             scopes: Arc::default(),
             first: FirstRound::new(ReadFirst::Adaptive, S::READ_FIRST_FROM),
             deadline: DEFAULT_DEADLINE,
             claims,
+            finishes,
             #[cfg(feature = "redis")]
             front: None,
             hook: crate::support::hook::Slot::default(),
@@ -199,17 +207,36 @@ impl<S: RecordStore> Records<S> {
 
     /// Whether concurrent claims are coalesced: while one claim statement is in flight,
     /// the new claims that arrive go together in the next, one statement and one commit
-    /// (on a store that can: PostgreSQL and SQLite). A lone claim goes at once, as
+    /// (every backend's store can). A lone claim goes at once, as
     /// without. Every claim is answered as if it had gone alone. Default on.
     pub fn coalesce_claims(mut self, on: bool) -> Self {
         self.claims = (on && S::BATCHES_CLAIMS)
-            .then(|| crate::coalesce::claims::Claims::new(self.store.clone(), DEFAULT_DEADLINE));
+            .then(|| crate::coalesce::claims::Batched::new(self.store.clone(), DEFAULT_DEADLINE));
         self
     }
 
     /// How many claims went in statements of two or more.
     pub fn coalesced_claims(&self) -> CoalescedClaims {
         self.claims
+            .as_ref()
+            .map(|c| c.coalesced())
+            .unwrap_or_default()
+    }
+
+    /// Whether concurrent finishes are coalesced: while one holder's finish
+    /// ([`complete`](Self::complete), [`fail`](Self::fail), [`release`](Self::release))
+    /// is in flight, the finishes that arrive go together in the next, one transaction
+    /// and one commit (one statement on PostgreSQL). A lone finish goes at once, as
+    /// without. Each is answered as if it had gone alone. Default on.
+    pub fn coalesce_finishes(mut self, on: bool) -> Self {
+        self.finishes =
+            on.then(|| crate::coalesce::claims::Batched::new(self.store.clone(), DEFAULT_DEADLINE));
+        self
+    }
+
+    /// How many finishes went in batches of two or more.
+    pub fn coalesced_finishes(&self) -> CoalescedClaims {
+        self.finishes
             .as_ref()
             .map(|c| c.coalesced())
             .unwrap_or_default()

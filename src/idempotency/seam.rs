@@ -37,8 +37,10 @@ pub trait RecordStore: Store<Conn: sqlx::Connection> {
     /// inserted as PROCESSING under its token, unless a record with its key exists
     /// (then nothing is written for it, whatever its state, and the caller claims it
     /// alone). The tokens of the claims that hold their records now, with their attempt
-    /// numbers; two claims of one key in one call hold it at most once. By default,
-    /// each claim's own [`claim`](Self::claim) in turn.
+    /// numbers (a store that cannot tell which of its rows went in may leave out some
+    /// that did: their claims read their records, and find them under their own tokens);
+    /// two claims of one key in one call hold it at most once. By default, each claim's
+    /// own [`claim`](Self::claim) in turn.
     fn claim_new(
         &self,
         conn: &mut Self::Conn,
@@ -72,6 +74,28 @@ pub trait RecordStore: Store<Conn: sqlx::Connection> {
         finish: &Finish<'_>,
         txn: Txn,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Several holders' finishes (none an extension: each to SUCCEEDED or FAILED), in one
+    /// transaction and one commit, one statement where the store can: the tokens of
+    /// those that wrote (each fenced as [`finish`](Self::finish) is). By default, each
+    /// finish's own statement in turn, inside one transaction.
+    fn finish_many(
+        &self,
+        conn: &mut Self::Conn,
+        finishes: &[Finish<'_>],
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send {
+        async move {
+            let mut tx = Self::begin(conn).await?;
+            let mut wrote = Vec::new();
+            for f in finishes {
+                if self.finish(&mut tx, f, Txn::Own).await? {
+                    wrote.push(f.token.to_string());
+                }
+            }
+            tx.commit().await?;
+            Ok(wrote)
+        }
+    }
 
     /// Up to `limit` records of `scope` in PROCESSING whose lease ran out (and which are
     /// not past their retention), oldest lease first.

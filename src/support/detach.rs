@@ -140,6 +140,13 @@ impl Caller {
         Caller(CALL.try_with(Arc::clone).ok())
     }
 
+    /// Marks its write sent, for a write sent for it on another task (a queued finish):
+    /// `false`, and nothing is to be sent, if its caller stopped waiting. Without a call,
+    /// always sent.
+    pub(crate) fn send(&self) -> bool {
+        self.0.as_ref().is_none_or(|s| s.wrote())
+    }
+
     /// Whether its caller stopped waiting.
     pub(crate) fn left(&self) -> bool {
         self.0

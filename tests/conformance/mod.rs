@@ -8,6 +8,7 @@ pub mod coalesce;
 pub mod cycles;
 pub mod events;
 pub mod faults;
+pub mod finishes;
 pub mod flow_deadline;
 pub mod flows;
 pub mod idempotency;
@@ -28,10 +29,10 @@ pub mod timers;
 // suites share the harness) leaves the rest unused.
 #[allow(unused_imports)]
 pub use self::{
-    audit::*, callers::*, coalesce::*, cycles::*, events::*, faults::*, flow_deadline::*, flows::*,
-    idempotency::*, outbox::*, outcomes::*, reads::*, records_faults::*, records_jobs::*,
-    records_model::*, rules::*, schema::*, storms::*, timer_batches::*, timer_config::*,
-    timer_faults::*, timers::*,
+    audit::*, callers::*, coalesce::*, cycles::*, events::*, faults::*, finishes::*,
+    flow_deadline::*, flows::*, idempotency::*, outbox::*, outcomes::*, reads::*,
+    records_faults::*, records_jobs::*, records_model::*, rules::*, schema::*, storms::*,
+    timer_batches::*, timer_config::*, timer_faults::*, timers::*,
 };
 
 use std::collections::HashMap;
@@ -286,6 +287,8 @@ macro_rules! conformance {
             identical_claims_storm_one_runs,
             coalesced_claims_answer_each_claim_truly,
             claims_dropped_while_queued_are_never_sent,
+            coalesced_finishes_answer_each_finish_truly,
+            finishes_dropped_while_queued_are_never_sent,
             complete_in_commits_with_the_callers_writes,
             expired_records_count_as_absent,
             recovery_applies_the_reconcilers_verdict,

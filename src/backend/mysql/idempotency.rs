@@ -14,7 +14,7 @@ use super::MySqlStore;
 use super::transition_sql::CAUSAL;
 use crate::backend::names::{Names, PerNamespace};
 use crate::backend::records_sql::{self, RecordStatements};
-use crate::backend::sql::Statement;
+use crate::backend::sql::{BySize, Statement};
 use crate::idempotency::{Finish, NewClaim, RecordRow, RecordStore, StuckRow, TakeOver, TokenRow};
 use crate::store::Txn;
 
@@ -140,6 +140,35 @@ impl RecordStore for MySqlStore {
             .map_err(|e| sqlx::Error::Decode(Box::new(e)))
     }
 
+    const BATCHES_CLAIMS: bool = true;
+
+    /// One statement: a row of values per claim, `INSERT IGNORE`d. MySQL returns no rows
+    /// from an insert, so only its count answers: all inserted, each claim holds its
+    /// record (attempt 1); fewer, and which is not told, so none is answered held, and
+    /// each reads its record (under its own token where the batch inserted it).
+    async fn claim_new(
+        &self,
+        conn: &mut MySqlConnection,
+        claims: &[NewClaim<'_>],
+    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+        let mut query = sqlx::query(CLAIM_NEW.get(self.names()).get(claims.len()));
+        for c in claims {
+            query = query
+                .bind(c.scope)
+                .bind(c.key)
+                .bind(c.payload_hash)
+                .bind(c.token)
+                .bind(c.lease_ms)
+                .bind(c.retention_ms);
+        }
+        let inserted = query.execute(conn).await?.rows_affected();
+        Ok(if inserted == claims.len() as u64 {
+            claims.iter().map(|c| (c.token.to_string(), 1)).collect()
+        } else {
+            Vec::new()
+        })
+    }
+
     async fn take_over(
         &self,
         conn: &mut MySqlConnection,
@@ -207,6 +236,26 @@ static CLAIM: PerNamespace<Claim> = PerNamespace::new(|n| {
            AND lease_until <= {NOW} AND expires_at > {NOW}"
         )),
     }
+});
+
+/// The statement of `claim_new`, a row of values per claim, built once per namespace and
+/// size.
+static CLAIM_NEW: PerNamespace<BySize> = PerNamespace::new(|n| {
+    let records = n.records.clone();
+    BySize::new(move |size| {
+        let rows = vec![
+            format!(
+                "(?, ?, ?, 'PROCESSING', ?, 1, {NOW} + ?, {NOW} + ?, NULL, FALSE, {NOW}, {NOW})"
+            );
+            size
+        ]
+        .join(", ");
+        format!(
+            "INSERT IGNORE INTO {records} (scope, idem_key, payload_hash, status, owner_token, \
+             attempt, lease_until, expires_at, result, terminal, created_at, updated_at) \
+             VALUES {rows}"
+        )
+    })
 });
 
 /// The layer's shared statements, built once per namespace: with plain reads, and with

@@ -118,6 +118,32 @@ impl RecordStore for PgStore {
         conn.begin().await
     }
 
+    /// One statement: the finishes as arrays, each record updated where its holder's
+    /// token still holds it.
+    async fn finish_many(
+        &self,
+        conn: &mut PgConnection,
+        finishes: &[Finish<'_>],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let scopes: Vec<&str> = finishes.iter().map(|f| f.scope).collect();
+        let keys: Vec<&str> = finishes.iter().map(|f| f.key).collect();
+        let tokens: Vec<&str> = finishes.iter().map(|f| f.token).collect();
+        let statuses: Vec<&str> = finishes.iter().map(|f| f.status).collect();
+        let results: Vec<Option<&str>> = finishes.iter().map(|f| f.result).collect();
+        let terminals: Vec<bool> = finishes.iter().map(|f| f.terminal).collect();
+        let retentions: Vec<i64> = finishes.iter().map(|f| f.retention_ms).collect();
+        sqlx::query_scalar(FINISH_MANY.get(self.names()).clone())
+            .bind(scopes)
+            .bind(keys)
+            .bind(tokens)
+            .bind(statuses)
+            .bind(results)
+            .bind(terminals)
+            .bind(retentions)
+            .fetch_all(conn)
+            .await
+    }
+
     const BATCHES_CLAIMS: bool = true;
 
     /// One statement: the claims as arrays, inserted `ON CONFLICT DO NOTHING`.
@@ -259,4 +285,22 @@ static CLAIM_NEW: PerNamespace<SqlStr> = PerNamespace::new(|n| {
          RETURNING owner_token::text, attempt::int",
         records = n.records
     )).into_sql_str()
+});
+
+/// The statement of `finish_many`, built once per namespace (the batch goes in as arrays;
+/// no finish in it is an extension, so the lease stays as it is).
+static FINISH_MANY: PerNamespace<SqlStr> = PerNamespace::new(|n| {
+    AssertSqlSafe(format!(
+        "WITH now AS {NOW} \
+         UPDATE {records} AS r SET status = f.status, result = f.result, terminal = f.terminal, \
+             expires_at = {MS} + f.retention_ms, updated_at = {MS} \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], \
+                     $7::bigint[]) \
+              AS f(scope, idem_key, owner_token, status, result, terminal, retention_ms) \
+         WHERE r.scope = f.scope AND r.idem_key = f.idem_key AND r.owner_token = f.owner_token \
+           AND {BY_KEY_PROCESSING} \
+         RETURNING r.owner_token::text",
+        records = n.records
+    ))
+    .into_sql_str()
 });
