@@ -132,7 +132,7 @@
 //! for the next, which carries them all: transitions' writes (one write unit, one
 //! commit; every backend, a Galera node when asked), transitions' reads (PostgreSQL and
 //! MySQL/MariaDB), idempotency claims (every backend), holders' finishes of idempotency
-//! records (every backend) and flow starts (PostgreSQL and SQLite). Each call is
+//! records (every backend) and flow starts (every backend). Each call is
 //! answered as if it had gone alone; a lone call goes at once. There is no timer: a
 //! queue forms only while a statement is in flight. The turn, the queue and every kind
 //! of batch (writes, reads, claims, finishes and starts) live in `src/coalesce/`.

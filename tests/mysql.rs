@@ -276,6 +276,20 @@ async fn connection_cut_at_a_batch_of_claims() {
     b.cleanup().await;
 }
 
+/// `conformance::connection_cut_under_coalesced_starts_runs_each_flow_once`, cut at the
+/// text of a batch of starts (its rows after the first, sent once per connection and
+/// size, in its prepare).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_cut_under_coalesced_starts() {
+    let b = <My>::fresh().await;
+    conformance::connection_cut_under_coalesced_starts_runs_each_flow_once(
+        &b,
+        b"), (?, ?, ?, ?, ?, 'RUNNING'",
+    )
+    .await;
+    b.cleanup().await;
+}
+
 /// `conformance::connection_cut_under_coalesced_finishes_answers_each_finish`: a batch of
 /// finishes is one transaction, its finishes' updates and one `COMMIT` (a lone finish
 /// commits by itself): cut as the `COMMIT` goes out, after the server got it, and with

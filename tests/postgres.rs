@@ -264,21 +264,34 @@ async fn connection_cut_under_coalesced_claims() {
     b.cleanup().await;
 }
 
+/// `conformance::connection_cut_under_coalesced_starts_runs_each_flow_once`, cut at the
+/// text of the batch of starts (sent once per connection, in its `Parse`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_cut_under_coalesced_starts() {
+    let b = <Pg>::fresh().await;
+    conformance::connection_cut_under_coalesced_starts_runs_each_flow_once(
+        &b,
+        b"unnest($1::text[], $2::text[], $3::int[]",
+    )
+    .await;
+    b.cleanup().await;
+}
+
 /// `conformance::connection_cut_under_coalesced_finishes_answers_each_finish`: cut at the
-/// text of the batch of finishes (sent once per connection, in its `Parse`), and at its
-/// execution (the request that binds the batch's arrays, a one-dimensional array of
-/// `text` without nulls first: no lone finish binds one), before the server gets it and
-/// after it committed, its reply dropped.
+/// text of the batch of finishes (sent once per connection and size, in its `Parse`), and
+/// at its execution (its parameters in binary: one finish's retention, 3,600,000 ms in
+/// eight bytes, then the next finish's scope, which no lone finish binds), before the
+/// server gets it and after it committed, its reply dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn connection_cut_under_coalesced_finishes() {
-    const ARRAY: &[u8] = b"\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x19";
+    const ROWS: &[u8] = b"\x00\x00\x00\x08\x00\x00\x00\x00\x00\x36\xee\x80\x00\x00\x00\x08payments";
     let b = <Pg>::fresh().await;
     conformance::connection_cut_under_coalesced_finishes_answers_each_finish(
         &b,
         &[
             server::Cut::Request(b"AS f(scope, idem_key, owner_token"),
-            server::Cut::Request(ARRAY),
-            server::Cut::ReplyTo(ARRAY),
+            server::Cut::Request(ROWS),
+            server::Cut::ReplyTo(ROWS),
         ],
     )
     .await;

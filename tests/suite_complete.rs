@@ -2,7 +2,7 @@
 //! `tests/conformance/` runs on every backend it applies to. A body that is neither in
 //! the `conformance!` lists nor called by each backend's file fails this test.
 
-const BODIES: [&str; 42] = [
+const BODIES: [&str; 43] = [
     include_str!("conformance/mod.rs"),
     include_str!("conformance/finishes.rs"),
     include_str!("conformance/audit.rs"),
@@ -14,6 +14,7 @@ const BODIES: [&str; 42] = [
     include_str!("conformance/faults/identity.rs"),
     include_str!("conformance/flow_deadline.rs"),
     include_str!("conformance/flows/mod.rs"),
+    include_str!("conformance/flows/cuts.rs"),
     include_str!("conformance/flows/definitions.rs"),
     include_str!("conformance/flows/parking.rs"),
     include_str!("conformance/flows/recovery.rs"),

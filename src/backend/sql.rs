@@ -3,7 +3,7 @@
 //! value's place in the list the shared code binds; MySQL's `?1`s become the plain `?`s
 //! its protocol takes, with the values bound in the order they stand.
 
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 use std::sync::{Mutex, PoisonError};
 
 use sqlx::error::BoxDynError;
@@ -199,15 +199,16 @@ impl Statement {
 /// A statement whose text depends on its batch's size (its rows, its keys): built the
 /// first time a size is asked for and kept, so a call formats nothing. Sizes past
 /// [`BySize::KEPT`] (larger than the batches orderly forms by default) are built for
-/// their call, so that what is kept stays small.
-/// (PostgreSQL binds a batch as arrays, in a statement of one text.)
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+/// their call, so that what is kept stays small. (PostgreSQL binds most batches as
+/// arrays, in a statement of one text; a batch joined to a table goes as a `VALUES` list,
+/// whose row count the planner knows.)
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) struct BySize {
     build: Box<dyn Fn(usize) -> String + Send + Sync>,
     kept: Mutex<Vec<Option<SqlStr>>>,
 }
 
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 impl BySize {
     /// The largest size kept.
     pub(crate) const KEPT: usize = 256;
@@ -237,7 +238,7 @@ impl BySize {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 impl std::fmt::Debug for BySize {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BySize").finish_non_exhaustive()
@@ -390,12 +391,12 @@ fn dollar_form(sql: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(any(feature = "sqlite", feature = "mysql"))]
+    #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
     use super::BySize;
     use super::{dollar_form, positional_form};
 
     #[test]
-    #[cfg(any(feature = "sqlite", feature = "mysql"))]
+    #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
     fn statements_by_size_are_built_once_per_size() {
         use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
         static BUILT: AtomicUsize = AtomicUsize::new(0);

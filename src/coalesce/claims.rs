@@ -20,8 +20,9 @@
 //!
 //! A caller that stops waiting while its claim is queued is left out of the batch (its
 //! claim is never sent). Once its batch is in flight, the batch runs for the others on
-//! a task of its own, and the claim may commit: its record then stays held until its
-//! lease runs out, as the record of any claim whose caller went away does. A caller
+//! a task of its own, and the claim may commit: a claim the batch answers held is then
+//! released by the batch, and one it answers not held (MySQL's count that falls short)
+//! reads its record on its own task, finds it its own and releases it. A caller
 //! that stops waiting while its claim goes alone hands the claims queued behind it on
 //! to a drain of their own (`src/coalesce/queue.rs`).
 
@@ -35,7 +36,7 @@ use tokio::sync::oneshot;
 use super::queue::{self, Drain, Entered, Queue, Turn};
 use crate::store::{Lease, Store};
 
-/// The most claims in one batch.
+/// The most writes in one batch.
 const MAX_BATCH: usize = 64;
 
 /// A write that can wait in the queue (it owns its values), and the statement that
@@ -84,7 +85,7 @@ pub(crate) trait Queued<S: Store>: Send + Sync + Sized + 'static {
 pub(crate) struct Batched<S, Q, A> {
     store: S,
     /// A batch's statement that takes longer than this is dropped (its connection
-    /// closed), and its claims go the ordinary way.
+    /// closed), and its writes go the ordinary way.
     limit: Duration,
     queue: Queue<Waiting<Q, A>>,
     /// Batches of two claims or more, and the claims they carried.
@@ -171,25 +172,28 @@ impl<S: Store, Q: Queued<S, Answer = A>, A: Copy + Send + 'static> Drain for Bat
                 !w.reply.is_closed() && !w.claim.left()
             })
         }) {
-            // Each write is marked sent, or left out (its sender dropped: it goes its
-            // ordinary way, which sends nothing for a caller that left) if its caller
-            // left meanwhile.
-            let (claims, replies): (Vec<Q>, Vec<_>) = batch
-                .into_iter()
-                .filter(|w| w.claim.send())
-                .map(|w| (w.claim, w.reply))
-                .unzip();
-            if claims.is_empty() {
-                continue;
-            }
+            let size = batch.len();
+            // Once the batch holds a connection, each write is marked sent, or left out
+            // (its sender dropped: it goes its ordinary way, which sends nothing for a
+            // caller that left) if its caller left meanwhile. A batch that gets no
+            // connection sends nothing: its senders are dropped with it.
             let write = async {
                 let mut lease = Lease::acquire_for_write(&self.store).await?;
+                let (claims, replies): (Vec<Q>, Vec<_>) = batch
+                    .into_iter()
+                    .filter(|w| w.claim.send())
+                    .map(|w| (w.claim, w.reply))
+                    .unzip();
+                if claims.is_empty() {
+                    lease.release();
+                    return Ok((claims, replies, Vec::new()));
+                }
                 let out = Q::write(&self.store, lease.conn(), &claims).await;
                 lease.release_after(&out);
-                out
+                out.map(|answers| (claims, replies, answers))
             };
             match tokio::time::timeout(self.limit, write).await {
-                Ok(Ok(answers)) => {
+                Ok(Ok((claims, replies, answers))) => {
                     if claims.len() > 1 {
                         self.batches.fetch_add(1, Relaxed);
                         self.carried.fetch_add(claims.len() as u64, Relaxed);
@@ -228,10 +232,10 @@ impl<S: Store, Q: Queued<S, Answer = A>, A: Copy + Send + 'static> Drain for Bat
                 // The batch's senders are dropped with it: each of its claims goes on
                 // along the ordinary path, whose read finds a record this batch wrote.
                 Ok(Err(error)) => {
-                    tracing::debug!(%error, size = claims.len(), "coalesced claims failed");
+                    tracing::debug!(%error, size, "coalesced writes failed");
                 }
                 Err(_) => {
-                    tracing::debug!(size = claims.len(), "coalesced claims timed out");
+                    tracing::debug!(size, "coalesced writes timed out");
                 }
             }
             // The callers just answered come back with their next claims once they run;

@@ -62,7 +62,7 @@ impl<S: FlowStore> Flows<S> {
 
     /// Whether concurrent starts are coalesced: while one start statement is in flight,
     /// the new flows that arrive are inserted together by the next, one statement and
-    /// one commit (on a store that can: PostgreSQL and SQLite). A lone start goes at
+    /// one commit (every backend's store can). A lone start goes at
     /// once, as without. Every start is answered as if it had gone alone. Default on.
     pub fn coalesce_starts(mut self, on: bool) -> Self {
         self.starts =

@@ -75,8 +75,10 @@ impl<S: RecordStore> Queued<S> for Owned {
                 sent.push(i);
             }
         }
-        // In the order of their keys, as every batch: two batches never wait on each
-        // other's rows in opposite orders.
+        // In the order of their keys (where the store writes them in turn, two batches
+        // never wait on each other's rows in opposite orders; PostgreSQL's one statement
+        // locks them in its plan's order, and two batches share no row but a holder's
+        // own twice-finished one).
         sent.sort_unstable_by(|&i, &j| {
             (&batch[i].scope, &batch[i].key).cmp(&(&batch[j].scope, &batch[j].key))
         });

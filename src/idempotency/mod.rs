@@ -244,7 +244,8 @@ impl<S: RecordStore> Records<S> {
 
     /// Every claim, and every holder's write (`complete`, `fail`, `release`, `extend`),
     /// is answered within `deadline`, its retries and read-backs included: past it,
-    /// [`Error::Unavailable`] if it never got a connection, else
+    /// [`Error::Unavailable`] if it never got a connection (of its own, or, for a
+    /// coalesced finish, its batch's), else
     /// [`Error::DeadlineExceeded`] (what it sent may have landed: a claim then holds the
     /// record until its lease runs out, a finish is found by the next claim). Both are
     /// retryable. The work inside [`run`](Self::run) is bounded by the lease, not by

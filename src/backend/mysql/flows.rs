@@ -129,6 +129,36 @@ impl FlowStore for MySqlStore {
         Ok(gone)
     }
 
+    const BATCHES_STARTS: bool = true;
+
+    /// One statement: a row of values per start, `INSERT IGNORE`d, answered by its count
+    /// alone (as the records' claims are): all inserted, each start holds its flow
+    /// (attempt 1); fewer, none is answered held, and each reads its flow (under its own
+    /// token where the batch inserted it).
+    async fn start_flows(
+        &self,
+        conn: &mut MySqlConnection,
+        starts: &[NewFlow<'_>],
+    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+        let mut query = sqlx::query(START_FLOWS.get(self.names()).get(starts.len()));
+        for s in starts {
+            query = query
+                .bind(s.kind)
+                .bind(s.key)
+                .bind(s.version)
+                .bind(s.input_hash)
+                .bind(s.input)
+                .bind(s.token)
+                .bind(s.lease_ms);
+        }
+        let inserted = query.execute(conn).await?.rows_affected();
+        Ok(if inserted == starts.len() as u64 {
+            starts.iter().map(|s| (s.token.to_string(), 1)).collect()
+        } else {
+            Vec::new()
+        })
+    }
+
     async fn start_flow(
         &self,
         conn: &mut MySqlConnection,
@@ -321,6 +351,26 @@ static START_FLOW_INSERT: PerNamespace<SqlStr> = PerNamespace::new(|n| {
          VALUES (?, ?, ?, ?, ?, 'RUNNING', NULL, 0, ?, 1, {NOW} + ?, NULL, NULL, {NOW}, {NOW})",
         flows = n.flows
     )).into_sql_str()
+});
+
+/// The statement of `start_flows`, a row of values per start, built once per namespace
+/// and size.
+static START_FLOWS: PerNamespace<BySize> = PerNamespace::new(|n| {
+    let flows = n.flows.clone();
+    BySize::new(move |size| {
+        let rows = vec![
+            format!(
+                "(?, ?, ?, ?, ?, 'RUNNING', NULL, 0, ?, 1, {NOW} + ?, NULL, NULL, {NOW}, {NOW})"
+            );
+            size
+        ]
+        .join(", ");
+        format!(
+            "INSERT IGNORE INTO {flows} (kind, flow_key, version, input_hash, input, status, \
+             park_reason, step_at, owner_token, attempt, lease_until, output, last_error, \
+             created_at, updated_at) VALUES {rows}"
+        )
+    })
 });
 
 /// The statement of `start_flow` (take over), built once per namespace.

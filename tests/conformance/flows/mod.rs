@@ -21,6 +21,7 @@ use orderly::{Error, Store};
 
 use super::Backend;
 
+mod cuts;
 mod definitions;
 mod parking;
 mod recovery;
@@ -30,7 +31,7 @@ mod waits;
 // The bodies, for `conformance!` (through the suite's own re-export); a binary that runs
 // only some of them leaves the rest unused.
 #[allow(unused_imports)]
-pub use self::{definitions::*, parking::*, recovery::*, runs::*, waits::*};
+pub use self::{cuts::*, definitions::*, parking::*, recovery::*, runs::*, waits::*};
 
 orderly::flow! {
     /// Creating an order: insert it, reserve stock (a warehouse call), use a coupon,
