@@ -19,12 +19,12 @@
 //! record is under the claim's own token.
 //!
 //! A caller that stops waiting while its claim is queued is left out of the batch (its
-//! claim is never sent). Once its batch is in flight, the batch runs for the others on
-//! a task of its own, and the claim may commit: a claim the batch answers held is then
-//! released by the batch, and one it answers not held (MySQL's count that falls short)
-//! reads its record on its own task, finds it its own and releases it. A caller
-//! that stops waiting while its claim goes alone hands the claims queued behind it on
-//! to a drain of their own (`src/coalesce/queue.rs`).
+//! claim is never sent). Once its batch holds a connection, its claim is marked sent
+//! (past its deadline the caller is told it is in doubt) and goes on off the caller's
+//! task: a claim the batch answers held is released, and one it answers not held
+//! (MySQL's count that falls short) reads its record, finds it its own and releases it.
+//! A caller that stops waiting while its claim goes alone hands the claims queued behind
+//! it on to a drain of their own (`src/coalesce/queue.rs`).
 
 use std::future::Future;
 use std::sync::Arc;

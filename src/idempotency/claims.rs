@@ -50,6 +50,14 @@ impl<S: RecordStore> Queued<S> for Owned {
         self.caller.left()
     }
 
+    /// Marks the caller's write sent: one that stops waiting now leaves its claim to go
+    /// on off its task (answered held, the batch releases it; not answered, as after
+    /// MySQL's short count, it reads its record, finds it its own and releases it), and
+    /// is told it is in doubt, not that nothing was sent.
+    fn send(&self) -> bool {
+        self.caller.send()
+    }
+
     async fn write(
         store: &S,
         conn: &mut S::Conn,
