@@ -290,9 +290,136 @@ impl<T: Send + 'static> Drop for Detached<T> {
     }
 }
 
+/// Work that runs on the caller's task while the caller waits and, once the caller stops
+/// waiting (drops this future, or a deadline around it passes), goes on to its end on a
+/// task of its own: a flow, which runs to its end whoever waits for it. Run here rather
+/// than spawned from the start, a call costs no hop between tasks, and usually none
+/// between threads.
+pub(crate) struct Continued<T: Send + 'static> {
+    work: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    /// Set while the work is polled: a drop then is the unwinding of the work's own
+    /// panic, and a future that panicked is never polled again.
+    polling: bool,
+}
+
+impl<T: Send + 'static> Continued<T> {
+    pub(crate) fn new(work: impl Future<Output = T> + Send + 'static) -> Self {
+        Continued {
+            work: Some(Box::pin(work)),
+            polling: false,
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for Continued<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        let Some(work) = this.work.as_mut() else {
+            // Polled after it completed: a caller's bug, not the database's.
+            return Poll::Pending;
+        };
+        this.polling = true;
+        let out = work.as_mut().poll(cx);
+        this.polling = false;
+        if out.is_ready() {
+            this.work = None;
+        }
+        out
+    }
+}
+
+impl<T: Send + 'static> Drop for Continued<T> {
+    fn drop(&mut self) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        // Its own panic unwinding: the work is dropped where it stands.
+        if self.polling {
+            return;
+        }
+        // Without a runtime (it is shutting down) the work is dropped where it stands.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(work);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Stage;
+    use super::{Continued, Stage};
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+
+    /// A future that counts its polls: it panics on the first if `panics`, else is
+    /// pending once and ready on the second.
+    struct Counted {
+        polls: Arc<AtomicUsize>,
+        panics: bool,
+    }
+
+    impl Future for Counted {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            let n = self.polls.fetch_add(1, Ordering::SeqCst);
+            assert!(!self.panics, "the work's own panic");
+            if n == 0 {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        }
+    }
+
+    /// Work whose caller stopped waiting goes on to its end on a task of its own.
+    #[tokio::test]
+    async fn continued_work_left_by_its_caller_runs_to_its_end() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let mut work = Box::pin(Continued::new(Counted {
+            polls: polls.clone(),
+            panics: false,
+        }));
+        let waker = std::task::Waker::noop();
+        assert!(
+            work.as_mut()
+                .poll(&mut Context::from_waker(waker))
+                .is_pending()
+        );
+        drop(work);
+        for _ in 0..100 {
+            if polls.load(Ordering::SeqCst) == 2 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(polls.load(Ordering::SeqCst), 2, "the work ran to its end");
+    }
+
+    /// Work that panicked while polled is dropped where it stands: never polled again.
+    #[tokio::test]
+    async fn continued_work_that_panicked_is_never_polled_again() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let mut work = Box::pin(Continued::new(Counted {
+            polls: polls.clone(),
+            panics: true,
+        }));
+        let waker = std::task::Waker::noop();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = work.as_mut().poll(&mut Context::from_waker(waker));
+        }));
+        assert!(caught.is_err(), "the work's panic is the caller's");
+        drop(work);
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "polled once, never again");
+    }
 
     /// A call abandoned before its write never sends it; one abandoned after still counts
     /// its write as sent (the answer "in doubt" stays true).
