@@ -278,13 +278,17 @@ async fn connection_cut_at_a_batch_of_claims() {
 
 /// `conformance::connection_cut_under_coalesced_starts_runs_each_flow_once`, cut at the
 /// text of a batch of starts (its rows after the first, sent once per connection and
-/// size, in its prepare).
+/// size, in its prepare), and with the answer to its execution dropped (its parameters
+/// in binary: one start's lease, 30,000 ms in eight bytes, then the next start's kind,
+/// which a lone start binds only to take over a flow whose lease ran out, and none does
+/// here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn connection_cut_under_coalesced_starts() {
     let b = <My>::fresh().await;
     conformance::connection_cut_under_coalesced_starts_runs_each_flow_once(
         &b,
         b"), (?, ?, ?, ?, ?, 'RUNNING'",
+        b"\x30\x75\x00\x00\x00\x00\x00\x00\x04shop",
     )
     .await;
     b.cleanup().await;

@@ -265,13 +265,16 @@ async fn connection_cut_under_coalesced_claims() {
 }
 
 /// `conformance::connection_cut_under_coalesced_starts_runs_each_flow_once`, cut at the
-/// text of the batch of starts (sent once per connection, in its `Parse`).
+/// text of the batch of starts (sent once per connection, in its `Parse`), and with the
+/// answer to its execution dropped (its parameters in binary: the array of kinds, two
+/// elements of it in a row, which no lone start binds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn connection_cut_under_coalesced_starts() {
     let b = <Pg>::fresh().await;
     conformance::connection_cut_under_coalesced_starts_runs_each_flow_once(
         &b,
         b"unnest($1::text[], $2::text[], $3::int[]",
+        b"\x00\x00\x00\x04shop\x00\x00\x00\x04shop",
     )
     .await;
     b.cleanup().await;

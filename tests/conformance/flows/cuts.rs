@@ -4,20 +4,23 @@ use super::*;
 use crate::conformance::faults::Networked;
 use crate::server::{Cut, Proxy};
 
-/// Under 32 starts at once, a connection is cut as the request holding `pattern` goes
-/// out, or right after the server got it (a batch of starts: its statement's text). The
-/// flows run through the proxy. Every start is answered `Completed`, not replayed, and
+/// Under 32 starts at once, a connection is cut as the request holding `text` goes out,
+/// or right after the server got it (a batch of starts: its statement's text, sent
+/// before anything runs); and once the request holding `rows` (a batch's execution:
+/// bytes only a batch of two or more binds) was answered, the answer dropped: the batch
+/// committed, and none of its starts heard. The flows run through the proxy. Every start is answered `Completed`, not replayed, and
 /// its flow's local steps ran once (a batch that failed is never taken for another's
 /// start, nor run twice). A round in which nothing was cut shows nothing: after five,
 /// the test fails.
 pub async fn connection_cut_under_coalesced_starts_runs_each_flow_once<B: Networked>(
     b: &B,
-    pattern: &'static [u8],
+    text: &'static [u8],
+    rows: &'static [u8],
 ) {
     let world = Arc::new(World::default());
     b.exec("CREATE TABLE flow_effects (flow_key VARCHAR(255) NOT NULL, what VARCHAR(64) NOT NULL)")
         .await;
-    for (n, cut) in [Cut::Forward(pattern), Cut::Request(pattern)]
+    for (n, cut) in [Cut::Forward(text), Cut::Request(text), Cut::ReplyTo(rows)]
         .into_iter()
         .enumerate()
     {
