@@ -31,9 +31,9 @@ pub struct FlowConfig {
     /// The longest wait between retries.
     pub max_backoff: Duration,
     /// How long [`Flows::start`] and [`Flows::resume`] wait for the flow before they
-    /// answer [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded) (`in_doubt`: the flow goes on). A flow runs on the
-    /// caller's task while the caller waits; a caller that stops waiting (this deadline, a
-    /// client timeout, a dropped future) leaves it to run to its end on a task of its own, and a re-send is answered
+    /// answer [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded) (`in_doubt`: the flow goes on). A flow runs on a
+    /// task of its own: a caller that stops waiting (this deadline, a client timeout, a
+    /// dropped future) leaves it to run to its end, and a re-send is answered
     /// [`Error::InFlight`](crate::Error::InFlight) while it runs, then its recorded outcome. Default 30 s.
     pub deadline: Duration,
 }

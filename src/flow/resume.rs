@@ -24,7 +24,7 @@ impl<S: FlowStore> Flows<S> {
     /// - [`Resume::Compensate`]: the started step did not take effect and the flow stops:
     ///   the steps before it are compensated. Only for a running flow, before the pivot.
     ///
-    /// Like a start, it goes on to its end if its caller stops waiting, answered within
+    /// Like a start, it runs on a task of its own, answered within
     /// [`FlowConfig::deadline`](super::FlowConfig::deadline).
     pub async fn resume(&self, kind: &str, key: &str, how: Resume) -> Result<FlowOutcome> {
         // A label names only a kind registered here: a caller's unknown one could be

@@ -19,7 +19,6 @@ use crate::engine::ReadFirst;
 use crate::error::Error;
 use crate::error::Result;
 use crate::store::{ErrorClass, Lease, db_error};
-use crate::support::detach::Continued;
 use crate::support::input::{fingerprint_of, validate_reference};
 use crate::support::read_first::FirstRound;
 
@@ -154,9 +153,9 @@ impl<S: FlowStore> Flows<S> {
     /// [`Error::FlowVersion`]. A flow whose runner died (its lease ran out) is taken
     /// over and resumed.
     ///
-    /// The flow runs on the caller's task: if this future is dropped part way, or
+    /// The flow runs on a task of its own: if this future is dropped part way, or
     /// [`FlowConfig::deadline`] passes ([`Error::DeadlineExceeded`]), the flow goes on to
-    /// its end on a task of its own; a re-send meanwhile is [`Error::InFlight`]. If a step panics (or the
+    /// its end; a re-send meanwhile is [`Error::InFlight`]. If a step panics (or the
     /// runtime shuts down under it), the flow stays held until its lease runs out; then
     /// the recovery job (or the next start) resumes it.
     pub async fn start<D: Flow, P: Serialize + ?Sized>(
@@ -368,19 +367,21 @@ fn judge(row: &FlowRow, hash: &str, version: i32, specs: &[StepSpec]) -> Option<
     })
 }
 
-/// Runs `work` here and waits for it at most `deadline`: past it, or if the caller stops
-/// waiting, the work goes on to its end on a task of its own. A panic in it is the
-/// caller's. Without a runtime, it runs here to its end.
+/// Runs `work` on a task of its own and waits for it at most `deadline`: past it, or if
+/// the caller stops waiting, the work goes on to its end. A panic in it is the caller's
+/// again (the task's is caught). Without a runtime to spawn on, it runs here.
 pub(super) async fn off_task<T: Send + 'static>(
     deadline: Duration,
     work: impl Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
-    if tokio::runtime::Handle::try_current().is_err() {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return work.await;
-    }
-    match tokio::time::timeout(deadline, Continued::new(work)).await {
-        Ok(answer) => answer,
-        Err(_) => Err(Error::DeadlineExceeded {
+    };
+    match tokio::time::timeout(deadline, runtime.spawn(work)).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down: the flow stays held until its lease runs out.
+        Ok(Err(_)) | Err(_) => Err(Error::DeadlineExceeded {
             deadline,
             in_doubt: true,
         }),

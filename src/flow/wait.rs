@@ -154,7 +154,7 @@ impl<S: FlowStore> Flows<S> {
             input: None,
         };
         let flows = self.clone();
-        // Run on, on a task of its own (the job does not wait for it): a failure leaves the flow
+        // Run on as a start's flow runs, on a task of its own: a failure leaves the flow
         // held until its lease runs out, then the recovery job resumes it.
         tokio::spawn(async move {
             if let Err(e) = def.drive(&flows, held.clone(), false).await {
