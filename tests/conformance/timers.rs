@@ -129,10 +129,10 @@ pub async fn timers_are_armed_by_the_unit_that_enters_their_state<B: Backend>(b:
 /// A move that arms a timer (`Unpay`, back into `Created`) inside a caller's
 /// transaction, dropped after each of its polls in turn (the update, the history row,
 /// the timer's insert, the release), each statement prepared afresh where a driver
-/// prepares: the caller wrote a row before the call and writes
-/// one after it. The caller's connection answers within 2 s; a commit that succeeds holds
-/// both of the caller's rows, and the move with its timer or neither; a commit that fails
-/// holds nothing.
+/// prepares: the caller wrote a row before the call and writes one after it. The
+/// caller's connection answers within [`HUNG`](crate::conformance::rules::HUNG); a commit
+/// that succeeds holds both of the caller's rows, and the move with its timer or neither;
+/// a commit that fails holds nothing.
 pub async fn a_dropped_call_that_arms_a_timer_keeps_the_callers_writes<B: Backend>(b: &B) {
     let e = timed_engine(b).await;
     b.exec("DROP TABLE IF EXISTS caller_rows").await;
@@ -143,7 +143,7 @@ pub async fn a_dropped_call_that_arms_a_timer_keeps_the_callers_writes<B: Backen
         e.create(id).await.unwrap();
         e.transition(id, Pay, &format!("pay-{id}")).await.unwrap();
     }
-    let wait = Duration::from_secs(2);
+    let wait = crate::conformance::rules::HUNG;
     let mut dropped = 0;
     for (i, &id) in ids.iter().enumerate() {
         let insert =

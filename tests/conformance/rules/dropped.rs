@@ -249,7 +249,7 @@ impl Tally {
 /// How long the caller's next statement or commit may take before the connection counts
 /// as hung: far above a slow commit's time (a Galera node's commit waits for its turn in
 /// the cluster's order, which a loaded machine stretches), far below forever.
-const HUNG: Duration = Duration::from_secs(10);
+pub(crate) const HUNG: Duration = Duration::from_secs(10);
 
 pub(crate) async fn cut_call<B: Backend>(
     b: &B,
