@@ -33,6 +33,21 @@ impl Driver {
     }
 }
 
+/// The text of the first element `css` matches on the overview, read again when the
+/// page replaced the element between the find and the read (it refreshes its counts in
+/// place: a WebDriver then answers "stale element reference").
+async fn live_text(c: &fantoccini::Client, css: &str) -> String {
+    for _ in 0..20 {
+        let found = c.find(fantoccini::Locator::Css(css)).await.unwrap();
+        match found.text().await {
+            Ok(text) => return text,
+            Err(e) if e.is_stale_element_reference() => continue,
+            Err(e) => panic!("{css}: {e:?}"),
+        }
+    }
+    panic!("{css}: replaced under every one of 20 reads");
+}
+
 impl Drop for Driver {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -105,13 +120,7 @@ async fn admin_page_in_a_browser() {
         .unwrap();
     c.goto(&base).await.unwrap();
     assert_eq!(c.title().await.unwrap(), "Overview · orderly");
-    let cards = c
-        .find(Locator::Css(".cards"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let cards = live_text(&c, ".cards").await;
     assert!(cards.contains(&format!("Events dead\n{total}")), "{cards}");
     assert!(cards.contains("Flows parked\n2"), "{cards}");
     assert!(cards.contains("Records stuck\n1"), "{cards}");
@@ -134,16 +143,7 @@ async fn admin_page_in_a_browser() {
     let dead_card = format!("Events dead\n{}", total - 1);
     let refreshed = server::eventually(Duration::from_secs(15), || {
         let (c, dead_card) = (c.clone(), dead_card.clone());
-        async move {
-            let cards = c
-                .find(Locator::Css(".cards"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            cards.contains(&dead_card)
-        }
+        async move { live_text(&c, ".cards").await.contains(&dead_card) }
     })
     .await;
     assert!(refreshed, "the overview's counts did not refresh");
