@@ -240,17 +240,17 @@ impl Tally {
     }
 }
 
+/// How long the caller's next statement or commit may take before the connection counts
+/// as hung: far above a slow commit's time (a Galera node's commit waits for its turn in
+/// the cluster's order, which a loaded machine stretches), far below forever.
+pub(crate) const HUNG: Duration = Duration::from_secs(10);
+
 /// The caller begins, writes a row, makes the call (`Ship`, guarded, whose effect takes
 /// stock, of a paid order; or `Cancel`, an edge with no rules, of an open one) cut as
 /// `cut` says, writes a second row and commits. Checked: the connection answers within
 /// [`HUNG`]; a commit that succeeds kept both of the caller's rows; one that fails kept
 /// nothing, the unit's writes included; an answered call's move committed. Returns what
 /// became of the call, and how long it ran.
-/// How long the caller's next statement or commit may take before the connection counts
-/// as hung: far above a slow commit's time (a Galera node's commit waits for its turn in
-/// the cluster's order, which a loaded machine stretches), far below forever.
-pub(crate) const HUNG: Duration = Duration::from_secs(10);
-
 pub(crate) async fn cut_call<B: Backend>(
     b: &B,
     e: &Shop_<B>,
